@@ -1,0 +1,49 @@
+"""jobfence: make background jobs safe to scale out and to retry.
+
+Locks with fencing tokens and lost-lease detection, fenced writes, a transactional inbox for
+exactly-once effects, whole-unit retries, and a toolkit that reproduces races
+deterministically. See https://github.com/jobfence/jobfence (docs/ in the repository).
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BackendError,
+    ClaimInProgress,
+    ConfigurationError,
+    ConflictError,
+    FingerprintMismatch,
+    InboxError,
+    JobfenceError,
+    LockError,
+    LockLost,
+    LockTimeout,
+    SchemaMissing,
+    StaleToken,
+    StaleVersion,
+)
+from .locks import Lease, Locks
+from .locks_async import AsyncLease, AsyncLocks
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AsyncLease",
+    "AsyncLocks",
+    "BackendError",
+    "ClaimInProgress",
+    "ConfigurationError",
+    "ConflictError",
+    "FingerprintMismatch",
+    "InboxError",
+    "JobfenceError",
+    "Lease",
+    "LockError",
+    "LockLost",
+    "LockTimeout",
+    "Locks",
+    "SchemaMissing",
+    "StaleToken",
+    "StaleVersion",
+    "__version__",
+]

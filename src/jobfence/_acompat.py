@@ -1,0 +1,51 @@
+"""Concurrency primitives for the async code path (the sync twin is ``_compat``).
+
+The ``*_async`` modules use only these names, so that the generated sync modules get threads,
+``threading.Event`` and ``threading.Lock`` by renaming ``_acompat`` to ``_compat``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["Event", "Lock", "Worker", "current_worker", "spawn", "wait_event"]
+
+Event = asyncio.Event
+Lock = asyncio.Lock
+Worker = asyncio.Task
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds pass; return whether it is set."""
+    if event.is_set():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
+    return event.is_set()
+
+
+def spawn(fn: Callable[[], Awaitable[Any]], name: str) -> asyncio.Task[Any]:
+    """Run ``fn`` in the background: a task on the running loop."""
+    return asyncio.get_running_loop().create_task(fn(), name=name)  # type: ignore[arg-type]
+
+
+def worker_alive(worker: asyncio.Task[Any] | None) -> bool:
+    if worker is None or worker.done():
+        return False
+    try:
+        return worker.get_loop() is asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+
+
+def current_worker() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None

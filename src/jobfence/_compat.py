@@ -1,0 +1,37 @@
+"""Concurrency primitives for the sync code path (the async twin is ``_acompat``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Event", "Lock", "Worker", "current_worker", "spawn", "wait_event"]
+
+Event = threading.Event
+Lock = threading.Lock
+Worker = threading.Thread
+
+
+def wait_event(event: threading.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds pass; return whether it is set."""
+    if event.is_set():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    return event.wait(timeout)
+
+
+def spawn(fn: Callable[[], Any], name: str) -> threading.Thread:
+    """Run ``fn`` in the background: a daemon thread."""
+    thread = threading.Thread(target=fn, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def worker_alive(worker: threading.Thread | None) -> bool:
+    return worker is not None and worker.is_alive()
+
+
+def current_worker() -> threading.Thread:
+    return threading.current_thread()

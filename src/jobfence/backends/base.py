@@ -1,0 +1,65 @@
+# Generated from backends/base_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""The lock backend interface (async source of ``base.py``).
+
+A backend is a small plugin chosen by URL scheme. Every method is one atomic operation on
+the server (a Lua script, one SQL statement or transaction) with the owner check done there.
+Names arrive validated (non-empty, <= 1024 bytes of UTF-8); ``ttl`` is in seconds, > 0.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from ._types import LockCapabilities, RenewItem
+
+__all__ = ["LockBackend"]
+
+
+class LockBackend(abc.ABC):
+    """Four verbs (acquire, release, extend, renew) plus waiting, and a close."""
+
+    #: short backend name used in errors and metrics ("redis", "sqlite", ...)
+    kind: str = "?"
+    capabilities: LockCapabilities
+
+    @abc.abstractmethod
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        """One attempt to take ``name`` for ``owner``; return the fencing token or ``None``.
+
+        ``wait`` is ``None`` for a plain try. Otherwise the caller is about to wait up to
+        ``wait`` seconds: a backend with a waiter queue records ``owner`` in it (or refreshes
+        its entry), so that :meth:`release` can hand the lease over.
+        """
+
+    @abc.abstractmethod
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Block until ``name`` may be free, at most ``timeout`` seconds.
+
+        Return a fencing token if the lease was handed to ``owner`` while it waited, else
+        ``None`` (the caller then tries :meth:`acquire` again). May return early; must not
+        block past ``timeout``.
+        """
+
+    @abc.abstractmethod
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        """``owner`` stops waiting. Return its token if the lease was handed to it meanwhile."""
+
+    @abc.abstractmethod
+    def release(self, name: str, owner: str) -> bool:
+        """Free ``name`` if ``owner`` holds it; return whether it did."""
+
+    @abc.abstractmethod
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        """Set the remaining lifetime to ``ttl`` if ``owner`` holds ``name``."""
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend many leases in one round trip where the backend can; one bool per item."""
+        return [self.extend(name, owner, ttl) for name, owner, ttl in items]
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Leases still held are left to expire."""

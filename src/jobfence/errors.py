@@ -1,0 +1,143 @@
+"""The exceptions jobfence raises.
+
+Every exception derives from :class:`JobfenceError`::
+
+    JobfenceError
+    ├── ConfigurationError      bad URL, bad argument (names the argument and what is allowed)
+    ├── BackendError            a backend operation failed; the driver error is ``__cause__``
+    │   └── SchemaMissing       a table jobfence needs does not exist (run ``install()``)
+    ├── LockError
+    │   ├── LockTimeout         ``acquire(timeout=...)`` gave up
+    │   └── LockLost            the lease is no longer held (expired, renewal failed, taken over)
+    ├── StaleToken              a fenced write offered a token older than one already seen
+    ├── InboxError
+    │   ├── ClaimInProgress     another live worker owns the idempotency key
+    │   └── FingerprintMismatch the key was used before with another payload
+    └── ConflictError           optimistic-concurrency conflict
+        └── StaleVersion        a versioned update found another version
+
+Messages never contain passwords: URLs are masked before they are shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "ClaimInProgress",
+    "ConfigurationError",
+    "ConflictError",
+    "FingerprintMismatch",
+    "InboxError",
+    "JobfenceError",
+    "LockError",
+    "LockLost",
+    "LockTimeout",
+    "SchemaMissing",
+    "StaleToken",
+    "StaleVersion",
+]
+
+
+class JobfenceError(Exception):
+    """Root of every error jobfence raises."""
+
+
+class ConfigurationError(JobfenceError, ValueError):
+    """A bad URL or argument. ``argument`` names it; the message says what is allowed."""
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class BackendError(JobfenceError):
+    """A backend operation failed. The driver's exception is chained as ``__cause__``."""
+
+    def __init__(self, message: str, *, backend: str = "", operation: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.operation = operation
+
+
+class SchemaMissing(BackendError):
+    """A table jobfence needs is missing; the message names the ``install()`` call to run."""
+
+
+class LockError(JobfenceError):
+    """Base class of lock errors. ``name`` is the lock name."""
+
+    def __init__(self, message: str, *, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LockTimeout(LockError, TimeoutError):
+    """``acquire(..., timeout=...)`` did not get the lease in time."""
+
+
+class LockLost(LockError):
+    """The lease is no longer held: it expired, renewal failed, or someone else holds it now."""
+
+
+class StaleToken(JobfenceError):
+    """A fenced write offered a token older than the newest one that wrote the resource."""
+
+    def __init__(self, resource: str, token: int, newest: int) -> None:
+        super().__init__(
+            f"stale fencing token for resource {resource!r}: offered {token}, "
+            f"but token {newest} has already written it"
+        )
+        self.resource = resource
+        self.token = token
+        self.newest = newest
+
+
+class InboxError(JobfenceError):
+    """Base class of inbox (idempotency) errors. ``key`` is the idempotency key."""
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ClaimInProgress(InboxError):
+    """Another live worker owns the claim on this key."""
+
+    def __init__(
+        self, message: str, *, key: str = "", owner: str | None = None, expires_at: Any = None
+    ) -> None:
+        super().__init__(message, key=key)
+        self.owner = owner
+        self.expires_at = expires_at
+
+
+class FingerprintMismatch(InboxError):
+    """The key was claimed before with a different payload fingerprint."""
+
+
+class ConflictError(JobfenceError):
+    """An optimistic-concurrency conflict: re-run the unit of work from its reads."""
+
+
+class StaleVersion(ConflictError):
+    """A versioned update matched no row at the expected version.
+
+    ``current`` is the row as the database holds it now (``None`` if it was deleted).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str = "",
+        key: Any = None,
+        expected: Any = None,
+        current: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.key = key
+        self.expected = expected
+        self.current = current

@@ -1,0 +1,445 @@
+"""Locks (leases) with fencing tokens -- the async source of ``locks.py``.
+
+``AsyncLocks`` is a client for one backend URL; ``AsyncLease`` is one held lease. The sync
+twins ``Locks`` and ``Lease`` are generated from this file by ``tools/async_to_sync.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio  # async-only
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,  # async-only
+)
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ._clock import get_clock
+from ._hooks import ahook
+from ._url import mask_url
+from ._validate import check_name, check_timeout, check_ttl
+from .backends import open_lock_backend
+from .backends._types import LockCapabilities
+from .backends.base_async import AsyncLockBackend
+from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
+from .renewal_async import AsyncRenewer
+
+__all__ = ["DEFAULT_TTL", "DEFAULT_URL", "AsyncLease", "AsyncLocks"]
+
+log = logging.getLogger("jobfence.locks")
+
+T = TypeVar("T")
+
+DEFAULT_TTL = 30.0
+#: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
+DEFAULT_URL = "sqlite:///jobfence.db"
+#: upper bound of one wait for a wake-up; a lost notification costs at most this much
+DEFAULT_POLL_INTERVAL = 1.0
+
+_HOST = socket.gethostname()[:64]
+
+
+def _new_owner() -> str:
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+class AsyncLease:
+    """A held lease on ``name``.
+
+    ``token`` is the fencing token: it strictly increases per name, so a resource can refuse
+    writes from an older holder (:func:`jobfence.fence`). While ``renew`` is on, the client's
+    renewer keeps the lease alive; if that fails, the lease is *lost*: :attr:`lost` turns
+    true, :meth:`on_lost` callbacks run, :meth:`check` raises :class:`LockLost`, and an
+    ``async with`` body is cancelled and :class:`LockLost` raised.
+    """
+
+    def __init__(
+        self,
+        locks: AsyncLocks,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        started: float,
+        renew: bool,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self.token = token
+        self.ttl = ttl
+        self._locks = locks
+        self._renew = renew
+        self._expires_local = started + ttl
+        self._next_renew = started + ttl / 3 if renew else float("inf")
+        self._lost_reason: str | None = None
+        self._released = False
+        self._callbacks: list[Callable[[AsyncLease], Any]] = []
+        self._mutex = threading.Lock()
+        # begin-async-only
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled_for_loss = False
+        # end-async-only
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("lost" if self.lost else "held")
+        return f"<{type(self).__name__} {self.name!r} token={self.token} {state}>"
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def _next_check(self) -> float:
+        return min(self._next_renew, self._expires_local)
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was lost (renewal failed, expired, deleted behind our back)."""
+        if self._lost_reason is not None:
+            return True
+        return not self._released and get_clock().monotonic() >= self._expires_local
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def held(self) -> bool:
+        """Held as far as this process knows: neither released nor lost."""
+        return not self._released and not self.lost
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds left before the lease expires unless renewed (local, conservative)."""
+        return max(0.0, self._expires_local - get_clock().monotonic())
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lease is still held."""
+        if self._released:
+            raise LockLost(f"the lease on {self.name!r} was released", name=self.name)
+        if self.lost:
+            reason = self._lost_reason or "its ttl ran out without renewal"
+            raise LockLost(
+                f"the lease on {self.name!r} (token {self.token}) was lost: {reason}",
+                name=self.name,
+            )
+
+    def on_lost(self, callback: Callable[[AsyncLease], Any]) -> None:
+        """Call ``callback(lease)`` when the lease is lost (at once if it already is).
+
+        Callbacks run in the renewer (a thread for ``Locks``, a task for ``AsyncLocks``);
+        keep them short. They do not run after a normal release.
+        """
+        with self._mutex:
+            if self._lost_reason is None:
+                self._callbacks.append(callback)
+                return
+        self._run_callback(callback)
+
+    def _run_callback(self, callback: Callable[[AsyncLease], Any]) -> None:
+        try:
+            # begin-async-only
+            result = callback(self)
+            if asyncio.iscoroutine(result):
+                asyncio.get_running_loop().create_task(result)
+            # end-async-only
+            # begin-sync-only
+            # callback(self)
+            # end-sync-only
+        except Exception:
+            log.exception("on_lost callback for %r raised", self.name)
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._lost_reason is not None or self._released:
+                return
+            self._lost_reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning("lease on %r (token %s) lost: %s", self.name, self.token, reason)
+        # begin-async-only
+        task = self._task
+        if task is not None and not task.done():
+            self._cancelled_for_loss = True
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        # end-async-only
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    def _renewed(self, sent: float) -> None:
+        self._expires_local = sent + self.ttl
+        self._next_renew = sent + self.ttl / 3
+
+    # -- operations ----------------------------------------------------------------------
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the remaining lifetime to ``ttl`` (default: the lease's ttl).
+
+        Raises :class:`LockLost` if the lease is no longer held. A new ``ttl`` also becomes
+        the ttl used by later renewals.
+        """
+        new_ttl = self.ttl if ttl is None else check_ttl(ttl)
+        self.check()
+        sent = get_clock().monotonic()
+        ok = await self._locks._call(
+            "lock.extend", self.name, self._locks.backend.extend(self.name, self.owner, new_ttl)
+        )
+        if not ok:
+            self._locks._renewer.discard(self)
+            self._mark_lost("extend found the lease gone or held by another owner")
+            self.check()
+        self.ttl = new_ttl
+        self._renewed(sent)
+
+    async def release(self) -> bool:
+        """Give the lease back. Returns False if it was no longer held by us."""
+        if self._released:
+            return False
+        self._released = True
+        self._locks._renewer.discard(self)
+        return bool(
+            await self._locks._call(
+                "lock.release", self.name, self._locks.backend.release(self.name, self.owner)
+            )
+        )
+
+    async def __aenter__(self) -> AsyncLease:
+        # begin-async-only
+        self._task = asyncio.current_task()
+        # end-async-only
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # begin-async-only
+        self._task = None
+        if self._cancelled_for_loss and exc_type is asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and hasattr(current, "uncancel"):
+                current.uncancel()
+            await self._release_quietly()
+            raise LockLost(
+                f"the lease on {self.name!r} (token {self.token}) was lost while its block "
+                f"ran: {self._lost_reason}",
+                name=self.name,
+            ) from exc
+        # end-async-only
+        was_lost = self.lost
+        if exc is not None:
+            await self._release_quietly()
+            return
+        released = await self.release()
+        if was_lost or not released:
+            self._mark_lost("the lease was not held any more when its block ended")
+            raise LockLost(
+                f"the lease on {self.name!r} (token {self.token}) was lost before its block "
+                f"ended: {self._lost_reason}",
+                name=self.name,
+            )
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self.release()
+        except JobfenceError as err:
+            log.warning("releasing %r failed (it will expire): %s", self.name, err)
+
+
+# begin-async-only
+class AsyncAcquireContext:
+    """What :meth:`AsyncLocks.acquire` returns: await it, or use it with ``async with``."""
+
+    def __init__(self, coro: Awaitable[AsyncLease]) -> None:
+        self._coro = coro
+        self._lease: AsyncLease | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._coro
+        return await self._lease.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(exc_type, exc, tb)
+
+
+# end-async-only
+
+
+class AsyncLocks:
+    """A lock client for one backend, chosen by URL.
+
+    ``AsyncLocks("redis://localhost:6379/0")``, ``"postgresql://..."``, ``"mysql://..."``,
+    ``"sqlite:///path/file.db"`` or ``"memory://"``. Without a URL, ``$JOBFENCE_URL`` or the
+    embedded SQLite file ``jobfence.db`` in the working directory is used.
+
+    ``namespace`` prefixes every key or row this client creates (default ``"jobfence"``);
+    ``poll_interval`` bounds a single wait for a wake-up. Other keyword options go to the
+    backend (see its documentation).
+    """
+
+    def __init__(
+        self,
+        url: str | AsyncLockBackend | None = None,
+        *,
+        namespace: str = "jobfence",
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        **options: Any,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace or len(namespace) > 64:
+            raise ConfigurationError(
+                f"namespace must be a non-empty str of at most 64 characters, got {namespace!r}",
+                argument="namespace",
+            )
+        self.poll_interval = check_ttl(poll_interval, argument="poll_interval")
+        if isinstance(url, AsyncLockBackend):
+            self.backend = url
+            self.url = f"{url.kind}://"
+        else:
+            if url is None:
+                url = os.environ.get("JOBFENCE_URL") or DEFAULT_URL
+            self.backend = open_lock_backend(url, asynchronous=True, namespace=namespace, **options)
+            self.url = mask_url(url)
+        self.namespace = namespace
+        self._renewer = AsyncRenewer(self.backend.renew)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    @property
+    def capabilities(self) -> LockCapabilities:
+        return self.backend.capabilities
+
+    async def _call(self, operation: str, name: str, pending: Awaitable[T]) -> T:
+        await ahook(operation, name=name, backend=self.backend.kind)
+        try:
+            return await pending
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{self.backend.kind} backend ({self.url}): {operation} of {name!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                backend=self.backend.kind,
+                operation=operation,
+            ) from exc
+
+    def _lease(
+        self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
+    ) -> AsyncLease:
+        lease = AsyncLease(self, name, owner, token, ttl, started, renew)
+        self._renewer.add(lease)
+        return lease
+
+    async def try_acquire(
+        self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True
+    ) -> AsyncLease | None:
+        """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
+        self._check_open()
+        name = check_name(name)
+        ttl = check_ttl(ttl)
+        owner = _new_owner()
+        started = get_clock().monotonic()
+        token = await self._call(
+            "lock.acquire", name, self.backend.acquire(name, owner, ttl, wait=None)
+        )
+        if token is None:
+            return None
+        return self._lease(name, owner, token, ttl, started, renew)
+
+    async def _acquire(
+        self, name: str, ttl: float, timeout: float | None, renew: bool
+    ) -> AsyncLease:
+        clock = get_clock()
+        owner = _new_owner()
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        backend = self.backend
+        while True:
+            started = clock.monotonic()
+            remaining = None if deadline is None else deadline - started
+            wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
+            token = await self._call(
+                "lock.acquire", name, backend.acquire(name, owner, ttl, wait=wait)
+            )
+            if token is not None:
+                return self._lease(name, owner, token, ttl, started, renew)
+            if remaining is not None and remaining <= 0:
+                break
+            limit = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+            token = await self._call("lock.wait", name, backend.wait(name, owner, limit))
+            if token is not None:
+                return self._lease(name, owner, token, ttl, started, renew)
+        token = await self._call("lock.cancel_wait", name, backend.cancel_wait(name, owner))
+        if token is not None:  # handed to us just as we gave up: keep it
+            return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
+        raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
+
+    # begin-async-only
+    def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        timeout: float | None = None,
+        renew: bool = True,
+    ) -> AsyncAcquireContext:
+        """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
+
+        ``await locks.acquire(...)`` returns the :class:`AsyncLease`;
+        ``async with locks.acquire(...) as lease:`` also releases it on exit.
+        Raises :class:`LockTimeout` when the timeout passes.
+        """
+        self._check_open()
+        return AsyncAcquireContext(
+            self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
+        )
+
+    # end-async-only
+    # begin-sync-only
+    # def acquire(
+    #     self,
+    #     name: str,
+    #     *,
+    #     ttl: float = DEFAULT_TTL,
+    #     timeout: float | None = None,
+    #     renew: bool = True,
+    # ) -> Lease:
+    #     """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
+    #
+    #     Returns the :class:`Lease`; ``with locks.acquire(...) as lease:`` also releases it
+    #     on exit. Raises :class:`LockTimeout` when the timeout passes.
+    #     """
+    #     self._check_open()
+    #     return self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
+    #
+    # end-sync-only
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this Locks client is closed", argument="self")
+
+    async def close(self) -> None:
+        """Stop the renewer and close the backend's connections."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._renewer.close()
+        await self.backend.close()
+
+    async def __aenter__(self) -> AsyncLocks:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

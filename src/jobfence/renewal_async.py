@@ -1,0 +1,121 @@
+"""Background renewal of leases (async source of ``renewal.py``).
+
+One renewer per client: a task on the event loop for ``AsyncLocks``, one daemon thread for
+``Locks`` -- never one per lease. It wakes when the earliest lease is due (about ``ttl / 3``
+after its last successful renewal), renews *every* lease that is due or nearly due in one
+batched backend call (one round trip per tick), and marks a lease lost when the backend says
+it is gone or when its local deadline passes before a renewal got through.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _acompat
+from ._clock import get_clock
+from ._hooks import ahook
+
+if TYPE_CHECKING:
+    from .locks_async import AsyncLease
+
+__all__ = ["AsyncRenewer"]
+
+#: how long an idle renewer sleeps before looking again
+IDLE_WAIT = 1.0
+#: leases due within this fraction of their ttl are renewed in the same batch
+BATCH_WINDOW = 0.15
+#: after a failed round trip, try again after this fraction of the ttl (bounded)
+RETRY_FRACTION = 0.1
+
+
+class AsyncRenewer:
+    def __init__(
+        self,
+        renew: Callable[[Sequence[tuple[str, str, float]]], Any],
+        *,
+        name: str = "jobfence-renewer",
+    ) -> None:
+        self._renew = renew
+        self._name = name
+        self._leases: dict[int, AsyncLease] = {}
+        self._mutex = threading.Lock()
+        self._wake = _acompat.Event()
+        self._wake_at = float("inf")
+        self._worker: Any = None
+        self._closed = False
+
+    def add(self, lease: AsyncLease) -> None:
+        with self._mutex:
+            self._leases[id(lease)] = lease
+            start = not _acompat.worker_alive(self._worker)
+            if start:
+                self._worker = _acompat.spawn(self._run, self._name)
+            elif lease._next_check < self._wake_at:
+                self._wake.set()
+
+    def discard(self, lease: AsyncLease) -> None:
+        with self._mutex:
+            self._leases.pop(id(lease), None)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    async def _run(self) -> None:
+        clock = get_clock()
+        while not self._closed:
+            with self._mutex:
+                leases = list(self._leases.values())
+            now = clock.monotonic()
+            for lease in leases:
+                if lease._expires_local <= now:
+                    self.discard(lease)
+                    lease._mark_lost("its ttl ran out before a renewal got through")
+            with self._mutex:
+                leases = [lease for lease in self._leases.values() if lease._renew]
+                nonrenewing = [lease for lease in self._leases.values() if not lease._renew]
+            due = [lease for lease in leases if lease._next_renew <= now + BATCH_WINDOW * lease.ttl]
+            if not due or min(lease._next_renew for lease in due) > now:
+                due = []
+            if due:
+                await self._renew_batch(due)
+                continue
+            next_at = min(
+                [lease._next_check for lease in leases]
+                + [lease._expires_local for lease in nonrenewing]
+                + [now + IDLE_WAIT]
+            )
+            self._wake.clear()
+            self._wake_at = next_at
+            await _acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
+            self._wake_at = float("inf")
+
+    async def _renew_batch(self, due: list[AsyncLease]) -> None:
+        clock = get_clock()
+        sent = clock.monotonic()
+        items = [(lease.name, lease.owner, lease.ttl) for lease in due]
+        try:
+            await ahook("lock.renew", names=[item[0] for item in items])
+            results = await self._renew(items)
+        except Exception as exc:
+            now = clock.monotonic()
+            for lease in due:
+                if lease._expires_local <= now:
+                    self.discard(lease)
+                    lease._mark_lost(f"renewal could not reach the backend: {exc!r}")
+                else:
+                    lease._next_renew = now + min(1.0, max(0.01, RETRY_FRACTION * lease.ttl))
+            return
+        for lease, ok in zip(due, results, strict=True):
+            if lease._released:
+                continue
+            if ok:
+                lease._renewed(sent)
+            else:
+                self.discard(lease)
+                lease._mark_lost("renewal found the lease gone or held by another owner")
