@@ -1,0 +1,196 @@
+"""Helpers shared by the sync and async SQLite lock backends (hand-written, not generated).
+
+Both twins must share one process-wide waiter registry, so that a release through a sync
+``Locks`` wakes an ``AsyncLocks`` waiter on the same file and vice versa; it lives here, with
+the URL parsing, the options and the SQL loader.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from .._url import BackendURL
+from ..errors import ConfigurationError
+from ._types import LockCapabilities
+
+__all__ = [
+    "CAPABILITIES",
+    "SCHEMA_VERSION",
+    "WAITERS",
+    "SQLiteOptions",
+    "check_namespace",
+    "load_queries",
+    "sqlite_path",
+]
+
+SCHEMA_VERSION = 1
+DEFAULT_BUSY_TIMEOUT = 5.0
+DEFAULT_POLL_INITIAL = 0.002
+DEFAULT_POLL_MAX = 0.05
+
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=False
+)
+
+
+def check_namespace(namespace: object) -> str:
+    """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise ConfigurationError(
+            "namespace must be an SQL identifier for the sqlite backend: a letter or '_' "
+            f"then up to 62 letters, digits or '_'; got {namespace!r}",
+            argument="namespace",
+        )
+    return namespace
+
+
+def load_queries(prefix: str) -> dict[str, str]:
+    """The sections of ``sql/sqlite_locks.sql`` with ``{prefix}`` filled in.
+
+    ``schema`` keeps its comments (it is run as a script); every other section is reduced to
+    its one statement.
+    """
+    text = resources.files("jobfence.backends").joinpath("sql/sqlite_locks.sql")
+    source = text.read_text(encoding="utf-8").replace("{prefix}", prefix)
+    parts = _SECTION.split(source)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name != "schema":
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            body = "\n".join(lines).strip().rstrip(";")
+        queries[name] = body.strip()
+    return queries
+
+
+def sqlite_path(url: BackendURL) -> str:
+    """The absolute file path of a ``sqlite:///`` lock URL; ConfigurationError if unusable."""
+    hint = (
+        "use sqlite:///relative/path.db or sqlite:////absolute/path.db "
+        "(memory:// for locks within one process)"
+    )
+    if url.host or url.port:
+        raise ConfigurationError(
+            f"url {url.masked} names a host; a SQLite URL has none: {hint}", argument="url"
+        )
+    path = url.path[1:] if url.path.startswith("/") else ""
+    if not path or path == ":memory:" or path.startswith("file:") or "mode=memory" in url.raw:
+        raise ConfigurationError(
+            f"url {url.masked} names no database file; an in-memory SQLite database cannot be "
+            f"shared between processes, so it cannot hold locks: {hint}",
+            argument="url",
+        )
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise ConfigurationError(
+            f"url {url.masked} names a directory, not a database file: {hint}", argument="url"
+        )
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise ConfigurationError(
+            f"url {url.masked}: the directory {directory!r} does not exist (jobfence does not "
+            "create it); create it first or point the URL at an existing directory",
+            argument="url",
+        )
+    return path
+
+
+def _seconds(value: object, argument: str, low: float, high: float) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not (low <= number <= high):
+        raise ConfigurationError(
+            f"{argument} must be a number of seconds from {low} to {high}, got {value!r}",
+            argument=argument,
+        )
+    return number
+
+
+class SQLiteOptions:
+    """The backend's options, from the URL query and keyword arguments (keywords win)."""
+
+    def __init__(self, url: BackendURL, options: dict[str, Any]) -> None:
+        merged: dict[str, Any] = {**url.options, **options}
+        allowed = ("busy_timeout", "synchronous", "poll_initial", "poll_max")
+        unknown = sorted(set(merged) - set(allowed))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown sqlite option {unknown[0]!r}; allowed: " + ", ".join(allowed),
+                argument=unknown[0],
+            )
+        self.busy_timeout = _seconds(
+            merged.get("busy_timeout", DEFAULT_BUSY_TIMEOUT), "busy_timeout", 0.0, 3600.0
+        )
+        synchronous = str(merged.get("synchronous", "full")).lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}",
+                argument="synchronous",
+            )
+        self.synchronous = synchronous
+        self.poll_initial = _seconds(
+            merged.get("poll_initial", DEFAULT_POLL_INITIAL), "poll_initial", 0.0001, 86400.0
+        )
+        self.poll_max = _seconds(
+            merged.get("poll_max", DEFAULT_POLL_MAX), "poll_max", self.poll_initial, 86400.0
+        )
+
+
+class _Waiters:
+    """Process-wide waiters per (file, namespace, name), so a release wakes one at once.
+
+    Shared by the sync and async twins and by every backend instance on the same file: a
+    release wakes the longest-registered waiter of this process (a thread's
+    ``threading.Event.set`` or a task's thread-safe ``call_soon_threadsafe(event.set)``).
+    Waiters in other processes are not reachable; they poll.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queues: dict[tuple[str, str, str], OrderedDict[int, Callable[[], None]]] = {}
+
+    def add(self, key: tuple[str, str, str], wake: Callable[[], None]) -> int:
+        with self._mutex:
+            ticket = id(wake)
+            self._queues.setdefault(key, OrderedDict())[ticket] = wake
+            return ticket
+
+    def remove(self, key: tuple[str, str, str], ticket: int) -> None:
+        with self._mutex:
+            queue = self._queues.get(key)
+            if queue is not None:
+                queue.pop(ticket, None)
+                if not queue:
+                    del self._queues[key]
+
+    def notify(self, key: tuple[str, str, str]) -> None:
+        """Wake the first registered waiter on ``key`` (it then tries to acquire)."""
+        with self._mutex:
+            queue = self._queues.get(key)
+            if not queue:
+                return
+            _, wake = queue.popitem(last=False)
+            if not queue:
+                del self._queues[key]
+        try:
+            wake()
+        except RuntimeError:  # its event loop is closed: nobody is waiting there any more
+            pass
+
+    def count(self, key: tuple[str, str, str]) -> int:
+        with self._mutex:
+            return len(self._queues.get(key, ()))
+
+
+WAITERS = _Waiters()

@@ -1,0 +1,102 @@
+-- SQLite lock backend (sqlite:///path): schema and statements.
+--
+-- Loaded by jobfence/backends/sqlite_async.py (and its generated twin sqlite.py). The file is
+-- split into sections, each starting with a line "-- name: <section>". "{prefix}" is replaced
+-- by the client's namespace (validated as an SQL identifier: ^[A-Za-z_][A-Za-z0-9_]{0,62}$)
+-- before use; parameters are sqlite3 named parameters (":name").
+--
+-- Time: every expiry is measured by ONE clock, the SQLite host clock, as unix seconds with
+-- millisecond resolution:
+--     (julianday('now') - 2440587.5) * 86400.0
+-- SQLite evaluates 'now' once per statement, so it is the same value everywhere in a statement.
+-- All processes using the file run on the same host and so share this clock. Python's clocks
+-- are never written into these tables.
+--
+-- Transactions: the connection runs with isolation_level=None (explicit transactions). Every
+-- operation that reads before it writes runs in one short "BEGIN IMMEDIATE" transaction (it
+-- takes the write lock first, so two processes never deadlock upgrading a read lock); the
+-- single-statement operations run as their own autocommit transaction. A busy timeout makes
+-- concurrent processes queue for the write lock instead of failing.
+
+
+-- name: schema
+-- Idempotent: safe to run from any number of processes at once (inside BEGIN IMMEDIATE).
+-- A lease: at most one row per name. A row whose expires_at <= now is free for the taking.
+CREATE TABLE IF NOT EXISTS {prefix}_locks (
+    name        TEXT PRIMARY KEY,    -- the lock name, any UTF-8 text (bound, never spliced)
+    owner       TEXT NOT NULL,       -- the holder's owner id (host:pid:uuid)
+    token       INTEGER NOT NULL,    -- the fencing token handed out with this lease
+    expires_at  REAL NOT NULL        -- unix seconds, SQLite host clock
+) WITHOUT ROWID;
+-- The fencing-token counter of each name. It outlives the lease rows (a released or expired
+-- lease deletes its row, never its counter), so tokens strictly increase per name.
+CREATE TABLE IF NOT EXISTS {prefix}_lock_tokens (
+    name   TEXT PRIMARY KEY,
+    token  INTEGER NOT NULL          -- the last token handed out for name
+) WITHOUT ROWID;
+-- One row per jobfence component that keeps tables in this database.
+CREATE TABLE IF NOT EXISTS {prefix}_schema (
+    component  TEXT PRIMARY KEY,
+    version    INTEGER NOT NULL
+);
+INSERT INTO {prefix}_schema (component, version) VALUES ('locks', 1)
+    ON CONFLICT (component) DO NOTHING;
+
+
+-- name: schema_version
+-- -> (version) of the locks tables, one row.
+SELECT version FROM {prefix}_schema WHERE component = 'locks';
+
+
+-- name: peek
+-- Params: :name, :owner.
+-- -> (owner_holds, token, remaining) of the live lease on :name, or no row when it is free:
+--    owner_holds is 1 when :owner holds it, remaining its lifetime left in seconds.
+SELECT owner = :owner,
+       token,
+       expires_at - (julianday('now') - 2440587.5) * 86400.0
+  FROM {prefix}_locks
+ WHERE name = :name
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
+
+-- name: next_token
+-- Params: :name. Run inside the acquire transaction, only when the lease is being granted.
+-- -> (token): the name's next fencing token. A missing counter row (first use, or deleted)
+--    is seeded from the current time in microseconds, so tokens never go backwards even if
+--    the counter was lost; afterwards each grant adds 1.
+INSERT INTO {prefix}_lock_tokens (name, token)
+     VALUES (:name, CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))
+ON CONFLICT (name) DO UPDATE SET token = token + 1
+  RETURNING token;
+
+
+-- name: grant
+-- Params: :name, :owner, :token, :ttl (seconds). Run in the acquire transaction after peek
+-- found the name free: replaces an expired row, if any.
+INSERT OR REPLACE INTO {prefix}_locks (name, owner, token, expires_at)
+     VALUES (:name, :owner, :token, (julianday('now') - 2440587.5) * 86400.0 + :ttl);
+
+
+-- name: release
+-- Params: :name, :owner. Owner-checked; an expired lease is not released (it is free already).
+-- Changes one row when :owner held the live lease.
+DELETE FROM {prefix}_locks
+ WHERE name = :name
+   AND owner = :owner
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
+
+-- name: extend
+-- Params: :name, :owner, :ttl (seconds). Owner-checked; an expired lease cannot be extended
+-- (someone else may have seen it free). Changes one row when :owner held the live lease.
+UPDATE {prefix}_locks
+   SET expires_at = (julianday('now') - 2440587.5) * 86400.0 + :ttl
+ WHERE name = :name
+   AND owner = :owner
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
+
+-- name: force_release
+-- Params: :name. Deletes the lease whoever holds it (tests, operator tools). Keeps the counter.
+DELETE FROM {prefix}_locks WHERE name = :name;

@@ -1,0 +1,256 @@
+# Generated from backends/sqlite_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``sqlite:///path`` -- the embedded lock backend (async source of ``sqlite.py``).
+
+Leases are rows in a SQLite file, so every process on one host that opens the same file
+shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
+``sqlite:////abs/path.db`` absolute (SQLAlchemy's convention). The SQL lives in
+``sql/sqlite_locks.sql``.
+
+* Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
+  writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
+  timeout, so concurrent processes queue for the write lock instead of failing; ``database is
+  locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
+* Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
+* Fencing tokens come from a per-name counter row that outlives the lease row; a missing
+  counter is seeded from the current time in microseconds, so tokens never go backwards.
+* Waiting: SQLite cannot notify other processes, so :meth:`wait` polls with a short growing
+  backoff (2 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
+  at once (a process-wide registry per file, namespace and name).
+
+URL / keyword options: ``busy_timeout`` (seconds, default 5), ``synchronous`` (``full``
+default, ``normal`` trades durability on power loss for speed), ``poll_initial`` and
+``poll_max`` (seconds, the wait backoff).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _compat
+from .._clock import get_clock
+from .._url import BackendURL
+from ..errors import BackendError, ConfigurationError
+from ._sqlite_common import (
+    CAPABILITIES,
+    SCHEMA_VERSION,
+    WAITERS,
+    SQLiteOptions,
+    check_namespace,
+    load_queries,
+    sqlite_path,
+)
+from ._types import RenewItem
+from .base import LockBackend
+
+__all__ = ["SQLiteLockBackend"]
+
+
+class SQLiteLockBackend(LockBackend):
+    """Leases in a SQLite file, shared by every process on this host that opens the file.
+
+    The connection is opened lazily on first use (the constructor needs no event loop) and
+    guarded by a lock, so one backend serves the caller threads/tasks and the renewer.
+    """
+
+    kind = "sqlite"
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        self.namespace = check_namespace(namespace)
+        self.path = sqlite_path(url)
+        self.options = SQLiteOptions(url, options)
+        self.queries = load_queries(namespace)
+        self._key_prefix = (os.path.realpath(self.path), namespace)
+        self._conn: sqlite3.Connection | None = None
+        self._mutex = _compat.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} namespace={self.namespace!r}>"
+
+    # -- connection ----------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        if self._conn is not None:
+            return self._conn
+        if self._closed:
+            raise ConfigurationError("this sqlite lock backend is closed", argument="self")
+        pending = sqlite3.connect(
+            self.path,
+            timeout=self.options.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn = pending
+        try:
+            self._setup(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        cursor = conn.execute("PRAGMA journal_mode")
+        row = cursor.fetchone()
+        if row is None or str(row[0]).lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
+        try:
+            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + "\nCOMMIT;")
+        except BaseException:
+            self._rollback(conn)
+            raise
+        cursor = conn.execute(self.queries["schema_version"])
+        row = cursor.fetchone()
+        version = None if row is None else int(row[0])
+        if version != SCHEMA_VERSION:
+            raise BackendError(
+                f"the sqlite lock tables {self.namespace}_* in {self.path!r} have schema "
+                f"version {version}; this jobfence supports version {SCHEMA_VERSION}",
+                backend=self.kind,
+                operation="install",
+            )
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:  # no transaction open (it failed to start, or already ended)
+            pass
+
+    def install(self) -> None:
+        """Create the tables now (they are also created on first use)."""
+        with self._mutex:
+            self._connection()
+
+    def _key(self, name: str) -> tuple[str, str, str]:
+        return (*self._key_prefix, name)
+
+    # -- the verbs -----------------------------------------------------------------------
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        q = self.queries
+        with self._mutex:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = conn.execute(q["peek"], {"name": name, "owner": owner})
+                row = cursor.fetchone()
+                if row is not None:  # a live lease: ours (return its token) or not
+                    conn.execute("COMMIT")
+                    return int(row[1]) if row[0] else None
+                cursor = conn.execute(q["next_token"], {"name": name})
+                token_row = cursor.fetchone()
+                assert token_row is not None
+                token = int(token_row[0])
+                conn.execute(q["grant"], {"name": name, "owner": owner, "token": token, "ttl": ttl})
+                conn.execute("COMMIT")
+                return token
+            except BaseException:
+                self._rollback(conn)
+                raise
+
+    def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
+        """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(self.queries["peek"], {"name": name, "owner": owner})
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return bool(row[0]), int(row[1]), float(row[2])
+
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.
+
+        Polls the lease row with a growing backoff, never sleeping past the row's expiry,
+        and wakes at once when a release happens in this process.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + max(0.0, timeout)
+        key = self._key(name)
+        event = _compat.Event()
+        wake = event.set
+        ticket = WAITERS.add(key, wake)  # before the first look: no release goes unseen
+        try:
+            delay = self.options.poll_initial
+            while True:
+                state = self._peek(name, owner)
+                if state is None:
+                    return None  # free: the caller acquires now
+                holds, token, left = state
+                if holds:
+                    return token
+                remaining = deadline - clock.monotonic()
+                if remaining <= 0:
+                    return None
+                if _compat.wait_event(event, min(delay, remaining, left + 0.001)):
+                    return None  # a release in this process
+                delay = min(delay * 2, self.options.poll_max)
+        finally:
+            WAITERS.remove(key, ticket)
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        """Nothing is queued in SQLite; return ``owner``'s token if it holds ``name``."""
+        state = self._peek(name, owner)
+        return state[1] if state is not None and state[0] else None
+
+    def release(self, name: str, owner: str) -> bool:
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(self.queries["release"], {"name": name, "owner": owner})
+            released = cursor.rowcount == 1
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(
+                self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
+            )
+            return cursor.rowcount == 1
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every item in ONE transaction; one bool per item."""
+        if not items:
+            return []
+        statement = self.queries["extend"]
+        results: list[bool] = []
+        with self._mutex:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for name, owner, ttl in items:
+                    cursor = conn.execute(statement, {"name": name, "owner": owner, "ttl": ttl})
+                    results.append(cursor.rowcount == 1)
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback(conn)
+                raise
+        return results
+
+    def force_release(self, name: str) -> bool:
+        """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(self.queries["force_release"], {"name": name})
+            released = cursor.rowcount == 1
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Leases still held are left to expire."""
+        with self._mutex:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()

@@ -1,0 +1,277 @@
+"""``sqlite:///path`` -- the embedded lock backend (async source of ``sqlite.py``).
+
+Leases are rows in a SQLite file, so every process on one host that opens the same file
+shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
+``sqlite:////abs/path.db`` absolute (SQLAlchemy's convention). The SQL lives in
+``sql/sqlite_locks.sql``.
+
+* Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
+  writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
+  timeout, so concurrent processes queue for the write lock instead of failing; ``database is
+  locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
+* Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
+* Fencing tokens come from a per-name counter row that outlives the lease row; a missing
+  counter is seeded from the current time in microseconds, so tokens never go backwards.
+* Waiting: SQLite cannot notify other processes, so :meth:`wait` polls with a short growing
+  backoff (2 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
+  at once (a process-wide registry per file, namespace and name).
+
+URL / keyword options: ``busy_timeout`` (seconds, default 5), ``synchronous`` (``full``
+default, ``normal`` trades durability on power loss for speed), ``poll_initial`` and
+``poll_max`` (seconds, the wait backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio  # async-only
+import os
+import threading  # async-only
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from .. import _acompat
+from .._clock import get_clock
+from .._url import BackendURL
+from ..errors import BackendError, ConfigurationError
+from ._sqlite_common import (
+    CAPABILITIES,
+    SCHEMA_VERSION,
+    WAITERS,
+    SQLiteOptions,
+    check_namespace,
+    load_queries,
+    sqlite_path,
+)
+from ._types import RenewItem
+from .base_async import AsyncLockBackend
+
+__all__ = ["AsyncSQLiteLockBackend"]
+
+
+class AsyncSQLiteLockBackend(AsyncLockBackend):
+    """Leases in a SQLite file, shared by every process on this host that opens the file.
+
+    The connection is opened lazily on first use (the constructor needs no event loop) and
+    guarded by a lock, so one backend serves the caller threads/tasks and the renewer.
+    """
+
+    kind = "sqlite"
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        self.namespace = check_namespace(namespace)
+        self.path = sqlite_path(url)
+        self.options = SQLiteOptions(url, options)
+        self.queries = load_queries(namespace)
+        self._key_prefix = (os.path.realpath(self.path), namespace)
+        self._conn: aiosqlite.Connection | None = None
+        self._mutex = _acompat.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} namespace={self.namespace!r}>"
+
+    # -- connection ----------------------------------------------------------------------
+    async def _connection(self) -> aiosqlite.Connection:
+        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        if self._conn is not None:
+            return self._conn
+        if self._closed:
+            raise ConfigurationError("this sqlite lock backend is closed", argument="self")
+        pending = aiosqlite.connect(
+            self.path,
+            timeout=self.options.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        # begin-async-only
+        # aiosqlite runs the connection in a non-daemon thread: an unclosed client must not
+        # keep the interpreter from exiting (SQLite is crash-safe either way).
+        thread = getattr(pending, "_thread", None)
+        if isinstance(thread, threading.Thread) and not thread.is_alive():
+            thread.daemon = True
+        # end-async-only
+        conn = await pending
+        try:
+            await self._setup(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    async def _setup(self, conn: aiosqlite.Connection) -> None:
+        cursor = await conn.execute("PRAGMA journal_mode")
+        row = await cursor.fetchone()
+        if row is None or str(row[0]).lower() != "wal":
+            await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
+        try:
+            await conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + "\nCOMMIT;")
+        except BaseException:
+            await self._rollback(conn)
+            raise
+        cursor = await conn.execute(self.queries["schema_version"])
+        row = await cursor.fetchone()
+        version = None if row is None else int(row[0])
+        if version != SCHEMA_VERSION:
+            raise BackendError(
+                f"the sqlite lock tables {self.namespace}_* in {self.path!r} have schema "
+                f"version {version}; this jobfence supports version {SCHEMA_VERSION}",
+                backend=self.kind,
+                operation="install",
+            )
+
+    @staticmethod
+    async def _rollback(conn: aiosqlite.Connection) -> None:
+        try:
+            await conn.execute("ROLLBACK")
+        except Exception:  # no transaction open (it failed to start, or already ended)
+            pass
+
+    async def install(self) -> None:
+        """Create the tables now (they are also created on first use)."""
+        async with self._mutex:
+            await self._connection()
+
+    def _key(self, name: str) -> tuple[str, str, str]:
+        return (*self._key_prefix, name)
+
+    # -- the verbs -----------------------------------------------------------------------
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        q = self.queries
+        async with self._mutex:
+            conn = await self._connection()
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = await conn.execute(q["peek"], {"name": name, "owner": owner})
+                row = await cursor.fetchone()
+                if row is not None:  # a live lease: ours (return its token) or not
+                    await conn.execute("COMMIT")
+                    return int(row[1]) if row[0] else None
+                cursor = await conn.execute(q["next_token"], {"name": name})
+                token_row = await cursor.fetchone()
+                assert token_row is not None
+                token = int(token_row[0])
+                await conn.execute(
+                    q["grant"], {"name": name, "owner": owner, "token": token, "ttl": ttl}
+                )
+                await conn.execute("COMMIT")
+                return token
+            except BaseException:
+                await self._rollback(conn)
+                raise
+
+    async def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
+        """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
+        async with self._mutex:
+            conn = await self._connection()
+            cursor = await conn.execute(self.queries["peek"], {"name": name, "owner": owner})
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        return bool(row[0]), int(row[1]), float(row[2])
+
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.
+
+        Polls the lease row with a growing backoff, never sleeping past the row's expiry,
+        and wakes at once when a release happens in this process.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + max(0.0, timeout)
+        key = self._key(name)
+        event = _acompat.Event()
+        # begin-async-only
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        # end-async-only
+        # begin-sync-only
+        # wake = event.set
+        # end-sync-only
+        ticket = WAITERS.add(key, wake)  # before the first look: no release goes unseen
+        try:
+            delay = self.options.poll_initial
+            while True:
+                state = await self._peek(name, owner)
+                if state is None:
+                    return None  # free: the caller acquires now
+                holds, token, left = state
+                if holds:
+                    return token
+                remaining = deadline - clock.monotonic()
+                if remaining <= 0:
+                    return None
+                if await _acompat.wait_event(event, min(delay, remaining, left + 0.001)):
+                    return None  # a release in this process
+                delay = min(delay * 2, self.options.poll_max)
+        finally:
+            WAITERS.remove(key, ticket)
+
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
+        """Nothing is queued in SQLite; return ``owner``'s token if it holds ``name``."""
+        state = await self._peek(name, owner)
+        return state[1] if state is not None and state[0] else None
+
+    async def release(self, name: str, owner: str) -> bool:
+        async with self._mutex:
+            conn = await self._connection()
+            cursor = await conn.execute(self.queries["release"], {"name": name, "owner": owner})
+            released = cursor.rowcount == 1
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
+        async with self._mutex:
+            conn = await self._connection()
+            cursor = await conn.execute(
+                self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
+            )
+            return cursor.rowcount == 1
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every item in ONE transaction; one bool per item."""
+        if not items:
+            return []
+        statement = self.queries["extend"]
+        results: list[bool] = []
+        async with self._mutex:
+            conn = await self._connection()
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                for name, owner, ttl in items:
+                    cursor = await conn.execute(
+                        statement, {"name": name, "owner": owner, "ttl": ttl}
+                    )
+                    results.append(cursor.rowcount == 1)
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback(conn)
+                raise
+        return results
+
+    async def force_release(self, name: str) -> bool:
+        """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
+        async with self._mutex:
+            conn = await self._connection()
+            cursor = await conn.execute(self.queries["force_release"], {"name": name})
+            released = cursor.rowcount == 1
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    async def close(self) -> None:
+        """Close the connection; idempotent. Leases still held are left to expire."""
+        async with self._mutex:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await conn.close()
