@@ -58,6 +58,7 @@ _DOTTED = [
     (re.compile(r"\bredis\.asyncio\b"), "redis"),
     (re.compile(r"\bfrom redis import asyncio as (\w+)"), r"import redis as \1"),
     (re.compile(r"\basynchronous=True\b"), "asynchronous=False"),
+    (re.compile(r"\bAwaitable\[([^\[\]]+)\]"), r"\1"),
 ]
 _WORD = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
@@ -110,19 +111,24 @@ def convert(text: str, src_name: str) -> str:
     return _format(HEADER.format(src=src_name) + code, src_name)
 
 
-def _format(code: str, src_name: str) -> str:
-    """Format with ruff, so the generated file is stable and lint-clean."""
+def _ruff(args: list[str], code: str, src_name: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--stdin-filename", src_name, "-"],
+        [sys.executable, "-m", "ruff", *args, "--stdin-filename", src_name, "-"],
         input=code,
         capture_output=True,
         text=True,
         check=False,
         cwd=ROOT,
     )
-    if result.returncode != 0:
-        raise SystemExit(f"ruff format failed on the sync twin of {src_name}:\n{result.stderr}")
+    if result.returncode != 0 and not result.stdout:
+        raise SystemExit(f"ruff {args[0]} failed on the sync twin of {src_name}:\n{result.stderr}")
     return result.stdout
+
+
+def _format(code: str, src_name: str) -> str:
+    """Drop imports only the async code used, sort imports and format, all with ruff."""
+    code = _ruff(["check", "--fix-only", "--select", "F401,I001", "--quiet"], code, src_name)
+    return _ruff(["format"], code, src_name)
 
 
 def targets() -> list[tuple[Path, Path]]:

@@ -14,9 +14,9 @@ import socket
 import threading
 import uuid
 from collections.abc import (
-    Awaitable,
     Callable,
 )
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -166,7 +166,9 @@ class Lease:
         self.check()
         sent = get_clock().monotonic()
         ok = self._locks._call(
-            "lock.extend", self.name, self._locks.backend.extend(self.name, self.owner, new_ttl)
+            "lock.extend",
+            self.name,
+            lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
         )
         if not ok:
             self._locks._renewer.discard(self)
@@ -183,7 +185,9 @@ class Lease:
         self._locks._renewer.discard(self)
         return bool(
             self._locks._call(
-                "lock.release", self.name, self._locks.backend.release(self.name, self.owner)
+                "lock.release",
+                self.name,
+                lambda: self._locks.backend.release(self.name, self.owner),
             )
         )
 
@@ -263,10 +267,11 @@ class Locks:
     def capabilities(self) -> LockCapabilities:
         return self.backend.capabilities
 
-    def _call(self, operation: str, name: str, pending: Awaitable[T]) -> T:
-        hook(operation, name=name, backend=self.backend.kind)
+    def _call(self, operation: str, name: str, call: Callable[[], T]) -> T:
+        """Run one backend operation through the I/O hook; wrap driver errors."""
         try:
-            return pending
+            hook(operation, name=name, backend=self.backend.kind)
+            return call()
         except JobfenceError:
             raise
         except Exception as exc:
@@ -293,7 +298,9 @@ class Locks:
         ttl = check_ttl(ttl)
         owner = _new_owner()
         started = get_clock().monotonic()
-        token = self._call("lock.acquire", name, self.backend.acquire(name, owner, ttl, wait=None))
+        token = self._call(
+            "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
+        )
         if token is None:
             return None
         return self._lease(name, owner, token, ttl, started, renew)
@@ -307,16 +314,18 @@ class Locks:
             started = clock.monotonic()
             remaining = None if deadline is None else deadline - started
             wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
-            token = self._call("lock.acquire", name, backend.acquire(name, owner, ttl, wait=wait))
+            token = self._call(
+                "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
+            )
             if token is not None:
                 return self._lease(name, owner, token, ttl, started, renew)
             if remaining is not None and remaining <= 0:
                 break
             limit = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
-            token = self._call("lock.wait", name, backend.wait(name, owner, limit))
+            token = self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
             if token is not None:
                 return self._lease(name, owner, token, ttl, started, renew)
-        token = self._call("lock.cancel_wait", name, backend.cancel_wait(name, owner))
+        token = self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it
             return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)

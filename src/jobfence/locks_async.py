@@ -17,6 +17,7 @@ from collections.abc import (
     Callable,
     Generator,  # async-only
 )
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -183,7 +184,9 @@ class AsyncLease:
         self.check()
         sent = get_clock().monotonic()
         ok = await self._locks._call(
-            "lock.extend", self.name, self._locks.backend.extend(self.name, self.owner, new_ttl)
+            "lock.extend",
+            self.name,
+            lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
         )
         if not ok:
             self._locks._renewer.discard(self)
@@ -200,7 +203,9 @@ class AsyncLease:
         self._locks._renewer.discard(self)
         return bool(
             await self._locks._call(
-                "lock.release", self.name, self._locks.backend.release(self.name, self.owner)
+                "lock.release",
+                self.name,
+                lambda: self._locks.backend.release(self.name, self.owner),
             )
         )
 
@@ -322,10 +327,11 @@ class AsyncLocks:
     def capabilities(self) -> LockCapabilities:
         return self.backend.capabilities
 
-    async def _call(self, operation: str, name: str, pending: Awaitable[T]) -> T:
-        await ahook(operation, name=name, backend=self.backend.kind)
+    async def _call(self, operation: str, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one backend operation through the I/O hook; wrap driver errors."""
         try:
-            return await pending
+            await ahook(operation, name=name, backend=self.backend.kind)
+            return await call()
         except JobfenceError:
             raise
         except Exception as exc:
@@ -353,7 +359,7 @@ class AsyncLocks:
         owner = _new_owner()
         started = get_clock().monotonic()
         token = await self._call(
-            "lock.acquire", name, self.backend.acquire(name, owner, ttl, wait=None)
+            "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
         )
         if token is None:
             return None
@@ -371,17 +377,17 @@ class AsyncLocks:
             remaining = None if deadline is None else deadline - started
             wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
             token = await self._call(
-                "lock.acquire", name, backend.acquire(name, owner, ttl, wait=wait)
+                "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
             )
             if token is not None:
                 return self._lease(name, owner, token, ttl, started, renew)
             if remaining is not None and remaining <= 0:
                 break
             limit = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
-            token = await self._call("lock.wait", name, backend.wait(name, owner, limit))
+            token = await self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
             if token is not None:
                 return self._lease(name, owner, token, ttl, started, renew)
-        token = await self._call("lock.cancel_wait", name, backend.cancel_wait(name, owner))
+        token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it
             return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)

@@ -58,6 +58,12 @@ class AsyncLockBackend(abc.ABC):
         """Extend many leases in one round trip where the backend can; one bool per item."""
         return [await self.extend(name, owner, ttl) for name, owner, ttl in items]
 
+    async def force_release(self, name: str) -> bool:
+        """Administrative: drop the lease on ``name`` whoever holds it (the holder will find
+        it lost at its next renewal). Used by ``jobfence locks release`` and by tests of
+        lost-lease detection. Returns whether a lease was dropped."""
+        raise NotImplementedError(f"{type(self).__name__} must implement force_release()")
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. Leases still held are left to expire."""

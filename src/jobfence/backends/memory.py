@@ -76,6 +76,10 @@ class MemoryStore:
             del self.queues[name]
         return None
 
+    def _waiter(self, name: str, owner: str) -> _Waiter | None:
+        queue = self.queues.get(name)
+        return None if queue is None else queue.get(owner)
+
     def _hand_off(self, name: str, now: float) -> bool:
         head = self._head(name, now)
         if head is None:
@@ -122,7 +126,7 @@ class MemoryStore:
                 return lease.token, 0.0
             if lease is None:
                 return None, 0.0
-            waiter = self.queues.get(name, {}).get(owner)
+            waiter = self._waiter(name, owner)
             if waiter is not None:
                 waiter.wakers.append(wake)
             return None, max(0.0, min(timeout, lease.expires - now))
@@ -130,7 +134,7 @@ class MemoryStore:
     def finish_wait(self, name: str, owner: str, wake: Callable[[], None]) -> int | None:
         now = get_clock().monotonic()
         with self.mutex:
-            waiter = self.queues.get(name, {}).get(owner)
+            waiter = self._waiter(name, owner)
             if waiter is not None and wake in waiter.wakers:
                 waiter.wakers.remove(wake)
             lease = self._live(name, now)
@@ -168,10 +172,15 @@ class MemoryStore:
             lease.expires = now + ttl
             return True
 
-    def delete(self, name: str) -> None:
-        """Drop a lease behind its holder's back (tests of lost-lease detection)."""
+    def force_release(self, name: str) -> bool:
+        """Drop a lease behind its holder's back (admin; tests of lost-lease detection)."""
+        now = get_clock().monotonic()
         with self.mutex:
-            self.leases.pop(name, None)
+            if self._live(name, now) is None:
+                return False
+            del self.leases[name]
+            self._hand_off(name, now)
+            return True
 
 
 _stores: dict[str, MemoryStore] = {}
@@ -224,6 +233,9 @@ class MemoryLockBackend(LockBackend):
     def extend(self, name: str, owner: str, ttl: float) -> bool:
         return self.store.extend(name, owner, ttl)
 
+    def force_release(self, name: str) -> bool:
+        return self.store.force_release(name)
+
     def close(self) -> None:
         pass
 
@@ -264,6 +276,9 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
 
     async def extend(self, name: str, owner: str, ttl: float) -> bool:
         return self.store.extend(name, owner, ttl)
+
+    async def force_release(self, name: str) -> bool:
+        return self.store.force_release(name)
 
     async def close(self) -> None:
         pass

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install jobfence with its test dependencies, make sure the services are up, run every check
+# and the whole test suite. Extra arguments go to pytest (e.g. -k redis, -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import jobfence, redis, psycopg, pymysql, aiosqlite, pytest" \
+  || { echo "test.sh: installing the test dependencies failed" >&2; exit 1; }
+
+bash scripts/services.sh
+
+echo "== generated sync twins are current"
+.venv/bin/python tools/async_to_sync.py --check
+echo "== ruff"
+.venv/bin/ruff check src tests tools benchmarks examples
+.venv/bin/ruff format --check src tools >/dev/null
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/pytest "$@"

@@ -1,0 +1,70 @@
+"""Run one test body against the sync and the async API.
+
+Tests are written once, as ``async def``; the ``sync`` flavour runs every call of the sync
+``Locks``/``Lease`` in a worker thread (``asyncio.to_thread``), so both twins are exercised
+by exactly the same assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import jobfence
+
+
+class LeaseW:
+    def __init__(self, lease: Any, sync: bool) -> None:
+        self.lease = lease
+        self.sync = sync
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.lease, item)
+
+    async def extend(self, ttl: float | None = None) -> None:
+        if self.sync:
+            await asyncio.to_thread(self.lease.extend, ttl)
+        else:
+            await self.lease.extend(ttl)
+
+    async def release(self) -> bool:
+        if self.sync:
+            return bool(await asyncio.to_thread(self.lease.release))
+        return bool(await self.lease.release())
+
+
+class LocksW:
+    def __init__(self, url: str, namespace: str, sync: bool, **options: Any) -> None:
+        self.sync = sync
+        cls = jobfence.Locks if sync else jobfence.AsyncLocks
+        self.locks: Any = cls(url, namespace=namespace, **options)
+
+    @property
+    def capabilities(self) -> Any:
+        return self.locks.capabilities
+
+    async def try_acquire(self, name: str, **kw: Any) -> LeaseW | None:
+        if self.sync:
+            lease = await asyncio.to_thread(lambda: self.locks.try_acquire(name, **kw))
+        else:
+            lease = await self.locks.try_acquire(name, **kw)
+        return None if lease is None else LeaseW(lease, self.sync)
+
+    async def acquire(self, name: str, **kw: Any) -> LeaseW:
+        if self.sync:
+            lease = await asyncio.to_thread(lambda: self.locks.acquire(name, **kw))
+        else:
+            lease = await self.locks.acquire(name, **kw)
+        return LeaseW(lease, self.sync)
+
+    async def force_release(self, name: str) -> bool:
+        backend = self.locks.backend
+        if self.sync:
+            return bool(await asyncio.to_thread(backend.force_release, name))
+        return bool(await backend.force_release(name))
+
+    async def close(self) -> None:
+        if self.sync:
+            await asyncio.to_thread(self.locks.close)
+        else:
+            await self.locks.close()

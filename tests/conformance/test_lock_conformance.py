@@ -1,0 +1,274 @@
+"""The lock contract, run against every backend, with the sync and the async API.
+
+What DESIGN.md promises ("Lease semantics, the same on every backend"), checked on memory,
+SQLite, Redis, PostgreSQL (each mode) and MySQL/MariaDB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import jobfence
+from jobfence.backends import LOCK_BACKENDS
+from tests.conformance import _mutex_worker
+from tests.conformance.backends import SPECS
+from tests.conformance.conftest import Env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _name() -> str:
+    return "job:" + uuid.uuid4().hex[:8]
+
+
+def test_every_registered_backend_is_in_the_suite() -> None:
+    registered = {module for module, _cls, _extra in LOCK_BACKENDS.values()}
+    covered = {spec.module for spec in SPECS}
+    assert registered <= covered, (
+        f"lock backends not run through the conformance suite: {sorted(registered - covered)}"
+    )
+
+
+async def test_try_acquire_returns_none_while_held(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    lease = await a.try_acquire(name, ttl=10)
+    assert lease is not None and lease.token > 0
+    assert await b.try_acquire(name, ttl=10) is None
+    assert await a.try_acquire(name, ttl=10) is None  # not re-entrant: a new owner each call
+    assert await lease.release() is True
+    assert await lease.release() is False  # second release: no longer held
+
+
+async def test_same_name_can_be_held_again_right_after_release(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    tokens = []
+    for client in (a, b, a, b):
+        lease = await client.try_acquire(name, ttl=10)
+        assert lease is not None
+        tokens.append(lease.token)
+        assert await lease.release()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4  # strictly increasing
+
+
+async def test_acquire_raises_lock_timeout_near_its_timeout(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    held = await a.try_acquire(name, ttl=10)
+    assert held is not None
+    started = time.monotonic()
+    with pytest.raises(jobfence.LockTimeout) as info:
+        await b.acquire(name, ttl=10, timeout=0.6)
+    elapsed = time.monotonic() - started
+    assert 0.55 <= elapsed < 3.0, elapsed
+    assert info.value.name == name
+    assert isinstance(info.value, jobfence.LockError)
+    # the timed-out waiter left nothing behind: after release the name is free for others
+    assert await held.release()
+    again = await b.try_acquire(name, ttl=10)
+    assert again is not None and again.token > held.token
+    await again.release()
+
+
+async def test_waiter_gets_the_lease_when_the_holder_releases(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    held = await a.try_acquire(name, ttl=10)
+    assert held is not None
+    waiter = asyncio.create_task(b.acquire(name, ttl=10, timeout=30))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # still held: the waiter must wait
+    assert await held.release()
+    got = await asyncio.wait_for(waiter, 30)
+    assert got.token > held.token
+    assert await a.try_acquire(name, ttl=10) is None
+    assert await got.release()
+
+
+async def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    old = await a.try_acquire(name, ttl=0.4, renew=False)
+    assert old is not None
+    if not env.client().capabilities.ttl_expiry:
+        # a mode that does not honour ttl (declared by capability): the lease outlives its ttl
+        await asyncio.sleep(0.6)
+        assert await b.try_acquire(name, ttl=0.4) is None
+        assert await old.release()
+        return
+    new = await b.acquire(name, ttl=10, timeout=10)  # expiry lets another client take over
+    assert new.token > old.token
+    assert old.lost
+    with pytest.raises(jobfence.LockLost):
+        old.check()
+    with pytest.raises(jobfence.LockLost):
+        await old.extend()
+    assert await old.release() is False
+    # the new holder is untouched
+    assert await a.try_acquire(name, ttl=10) is None
+    new.check()
+    await new.extend(10)
+    assert await new.release() is True
+
+
+async def test_renewal_keeps_a_lease_alive_past_several_ttls(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    lease = await a.try_acquire(name, ttl=0.5)
+    assert lease is not None
+    await asyncio.sleep(1.8)  # > 3 ttls: only renewal can keep it
+    assert not lease.lost
+    lease.check()
+    assert await b.try_acquire(name, ttl=0.5) is None
+    assert await lease.release() is True
+
+
+async def test_deleted_lease_is_detected_as_lost_within_one_renewal_interval(env: Env) -> None:
+    a, admin = env.client(), env.client()
+    name = _name()
+    ttl = 0.9
+    lease = await a.try_acquire(name, ttl=ttl)
+    assert lease is not None
+    lost = threading.Event()
+    lease.on_lost(lambda _lease: lost.set())
+    assert await admin.force_release(name)
+    # renewals run every ttl/3; allow one interval plus the round trip and scheduling slack
+    assert await asyncio.to_thread(lost.wait, ttl / 3 + 1.0)
+    assert lease.lost
+    with pytest.raises(jobfence.LockLost):
+        lease.check()
+    assert await lease.release() is False
+
+
+async def test_on_lost_registered_after_loss_runs_at_once(env: Env) -> None:
+    a = env.client()
+    name = _name()
+    lease = await a.try_acquire(name, ttl=0.3, renew=False)
+    assert lease is not None
+    await asyncio.sleep(0.4)
+    called = []
+    lease.on_lost(called.append)
+    assert called == [lease.lease]
+
+
+async def test_block_exit_raises_lock_lost_when_the_lease_was_lost(env: Env) -> None:
+    a, admin = env.client(), env.client()
+    name = _name()
+    if env.flavour == "async":
+        locks = a.locks
+        started = asyncio.Event()
+        with pytest.raises(jobfence.LockLost):
+            async with locks.acquire(name, ttl=0.6, timeout=5):
+                started.set()
+                await admin.force_release(name)
+                await asyncio.sleep(30)  # cancelled by the loss of the lease
+                pytest.fail("the body should have been cancelled")
+    else:
+
+        def body() -> None:
+            with a.locks.acquire(name, ttl=0.6, timeout=5) as lease:
+                a.locks.backend.force_release(name)
+                gone = threading.Event()
+                lease.on_lost(lambda _l: gone.set())
+                assert gone.wait(5)
+
+        with pytest.raises(jobfence.LockLost):
+            await asyncio.to_thread(body)
+
+
+async def test_sync_and_async_clients_interoperate(env: Env) -> None:
+    sync, aio = env.client("sync"), env.client("async")
+    name = _name()
+    held = await sync.try_acquire(name, ttl=10)
+    assert held is not None
+    assert await aio.try_acquire(name, ttl=10) is None
+    waiter = asyncio.create_task(aio.acquire(name, ttl=10, timeout=30))
+    await asyncio.sleep(0.05)
+    assert await held.release()
+    got = await asyncio.wait_for(waiter, 30)
+    assert got.token > held.token
+    assert await sync.try_acquire(name, ttl=10) is None
+    assert await got.release()
+
+
+async def test_extend_resets_the_lifetime_and_fails_once_lost(env: Env) -> None:
+    a, b = env.client(), env.client()
+    name = _name()
+    lease = await a.try_acquire(name, ttl=0.5, renew=False)
+    assert lease is not None
+    await lease.extend(5)
+    await asyncio.sleep(0.7)  # past the original ttl: only the extension keeps it
+    assert not lease.lost
+    assert await b.try_acquire(name, ttl=1) is None
+    assert await a.force_release(name)
+    with pytest.raises(jobfence.LockLost):
+        await lease.extend()
+    assert lease.lost
+
+
+def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path) -> None:
+    """8 workers do read-sleep-write on a shared counter file: no increment may be lost."""
+    workers, iterations = 8, 5
+    name = _name()
+    counter = tmp_path / "counter.txt"
+    counter.write_text("0")
+    cross_process = env.client().capabilities.cross_process
+    if cross_process:
+        ctx = multiprocessing.get_context("spawn")
+        start, results = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_mutex_worker.run,
+                args=(
+                    env.url,
+                    env.namespace,
+                    name,
+                    str(counter),
+                    iterations,
+                    env.flavour,
+                    start,
+                    results,
+                ),
+            )
+            for _ in range(workers)
+        ]
+        for p in procs:
+            p.start()
+    else:  # an in-process backend: the workers are threads
+        start, results = threading.Event(), queue.Queue()
+        procs = [
+            threading.Thread(
+                target=_mutex_worker.run,
+                args=(
+                    env.url,
+                    env.namespace,
+                    name,
+                    str(counter),
+                    iterations,
+                    env.flavour,
+                    start,
+                    results,
+                ),
+            )
+            for _ in range(workers)
+        ]
+        for p in procs:
+            p.start()
+    start.set()
+    holds = [h for _ in range(workers) for h in results.get(timeout=100)]
+    for p in procs:
+        p.join(30)
+    assert int(counter.read_text()) == workers * iterations
+    seen = sorted(v for v, _t in holds)
+    assert seen == list(range(workers * iterations))  # every read saw the previous write
+    tokens_in_hold_order = [t for _v, t in sorted(holds)]
+    assert tokens_in_hold_order == sorted(set(tokens_in_hold_order))  # strictly increasing
