@@ -19,7 +19,7 @@ _COMMENT = re.compile(r"--[^\n]*")
 
 @cache
 def load_sections(filename: str) -> dict[str, str]:
-    text = files("jobfence.backends").joinpath("sql", filename).read_text(encoding="utf-8")
+    text = files("jobfence.backends").joinpath("sql").joinpath(filename).read_text(encoding="utf-8")
     parts = _SECTION.split(text)
     sections: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
