@@ -1,0 +1,1 @@
+"""The ``jobfence`` command line."""
