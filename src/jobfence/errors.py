@@ -13,8 +13,9 @@ Every exception derives from :class:`JobfenceError`::
     ├── InboxError
     │   ├── ClaimInProgress     another live worker owns the idempotency key
     │   └── FingerprintMismatch the key was used before with another payload
-    └── ConflictError           optimistic-concurrency conflict
-        └── StaleVersion        a versioned update found another version
+    ├── ConflictError           optimistic-concurrency conflict
+    │   └── StaleVersion        a versioned update found another version
+    └── CommitOutcomeUnknown    a commit may or may not have been applied (connection lost)
 
 Messages never contain passwords: URLs are masked before they are shown.
 """
@@ -26,6 +27,7 @@ from typing import Any
 __all__ = [
     "BackendError",
     "ClaimInProgress",
+    "CommitOutcomeUnknown",
     "ConfigurationError",
     "ConflictError",
     "FingerprintMismatch",
@@ -141,3 +143,12 @@ class StaleVersion(ConflictError):
         self.key = key
         self.expected = expected
         self.current = current
+
+
+class CommitOutcomeUnknown(JobfenceError):
+    """A commit may or may not have been applied (the connection died while COMMIT was in flight).
+
+    Raise it (``raise CommitOutcomeUnknown("...") from exc``) where your code knows a commit's
+    outcome is unknown; the testing toolkit raises it for "commit applied but reported failed".
+    :func:`jobfence.retry_unit` retries it only for protected units (see docs/retries.md).
+    """
