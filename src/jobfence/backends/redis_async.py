@@ -1,0 +1,242 @@
+"""``redis://`` / ``rediss://`` -- the Redis lock backend (async source of ``redis.py``).
+
+Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis-py's
+``register_script`` reloads a script the server forgot, e.g. after a restart), or a
+``BLPOP`` while waiting. Lifetimes are measured by the Redis server's clock (``PX``).
+
+Key layout for lock name ``N`` in namespace ``S`` (``N`` sits between literal braces, so all
+keys of one name share a Redis Cluster hash tag; names are only ever passed as KEYS/ARGV)::
+
+    S:lock:{N}           STRING "<token>:<owner>", PX = the lease ttl
+    S:tok:{N}            STRING fencing-token counter; seeded from the server's TIME in
+                         microseconds when missing; expires max(10 * ttl, 1 day) after use
+    S:q:{N}              ZSET   waiting owners scored by arrival (FIFO queue)
+    S:qd:{N}             HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+    S:wake:{N}:<owner>   LIST   the token, pushed when the lease is handed to <owner>
+
+Waiting is by notification with a fair FIFO hand-off: a denied ``acquire(..., wait=w)``
+puts the owner in the queue (deadline = server now + ``w`` + ``waiter_slack``, refreshed on
+every retry); ``release`` gives the lease straight to the first live waiter (new token, its
+own ttl) and pushes the token onto that waiter's wake list, so exactly one waiter wakes and
+it already owns the lease. :meth:`wait` is a ``BLPOP`` on that list, bounded by the time
+left on the current lease (a lease that expires without a release wakes nobody).
+
+Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
+entry's deadline. Every other keyword option, and the URL's query options, go to
+``redis.asyncio.Redis.from_url`` (``socket_timeout`` default 5 s, ``socket_connect_timeout``
+default 5 s, and one immediate retry on a connection error instead of redis-py's backoff, so
+an unreachable server is reported in milliseconds and a lost lease is noticed in time).
+Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+
+from .._clock import get_clock
+from .._url import BackendURL
+from ..errors import ConfigurationError
+from ._types import LockCapabilities, RenewItem
+from .base_async import AsyncLockBackend
+
+__all__ = ["AsyncRedisLockBackend"]
+
+CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
+)
+
+#: options this backend reads itself (never handed to redis-py)
+OWN_OPTIONS = ("waiter_slack",)
+DEFAULT_WAITER_SLACK = 1.0
+DEFAULT_SOCKET_TIMEOUT = 5.0
+#: a BLPOP may last at most this fraction of the socket timeout (the reply must beat it)
+_BLPOP_SHARE = 0.8
+#: expiry hints kept for owners between a denied acquire and their wait
+_MAX_HINTS = 10_000
+
+
+def _script(name: str, *, with_lib: bool = True) -> str:
+    folder = resources.files("jobfence.backends") / "lua"
+    body = (folder / name).read_text(encoding="utf-8")
+    if with_lib:
+        body = (folder / "lock_lib.lua").read_text(encoding="utf-8") + "\n" + body
+    return body
+
+
+def _ms(seconds: float) -> int:
+    """Seconds -> whole milliseconds, at least 1."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _slack(url: BackendURL, options: dict[str, Any]) -> float:
+    raw = options.pop("waiter_slack", url.options.get("waiter_slack", DEFAULT_WAITER_SLACK))
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (0.0 <= value <= 3600.0):
+        raise ConfigurationError(
+            f"waiter_slack must be a number of seconds between 0 and 3600, got {raw!r}",
+            argument="waiter_slack",
+        )
+    return value
+
+
+class AsyncRedisLockBackend(AsyncLockBackend):
+    """Leases in Redis, with fencing tokens, batched renewal and fair FIFO hand-off."""
+
+    kind = "redis"
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError(
+                f"namespace must be a non-empty str, got {namespace!r}", argument="namespace"
+            )
+        self.namespace = namespace
+        self.url = url.masked
+        self._slack_ms = round(_slack(url, options) * 1000)
+        allowed = set(inspect.signature(Redis.__init__).parameters) - {"self"}
+        allowed.add("connection_class")  # a connection-pool option
+        for key in options:
+            if key not in allowed:
+                raise ConfigurationError(
+                    f"unknown option {key!r} for the redis backend; allowed: waiter_slack "
+                    "and the keyword arguments of redis.Redis (socket_timeout, "
+                    "max_connections, ssl_ca_certs, ...)",
+                    argument=key,
+                )
+        kwargs: dict[str, Any] = {
+            "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+            "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
+            "retry": Retry(NoBackoff(), 1),
+        }
+        kwargs.update(options)
+        try:
+            self._client: Redis = Redis.from_url(url.without_options(*OWN_OPTIONS), **kwargs)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"invalid redis url {url.masked}: {exc}", argument="url"
+            ) from None
+        timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
+        self._acquire = self._client.register_script(_script("lock_acquire.lua"))
+        self._release = self._client.register_script(_script("lock_release.lua"))
+        self._cancel = self._client.register_script(_script("lock_cancel_wait.lua"))
+        self._renew: AsyncScript = self._client.register_script(
+            _script("lock_renew.lua", with_lib=False)
+        )
+        # owner -> local monotonic time when the lease it waits for expires (a wait bound)
+        self._hints: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
+
+    # -- keys ----------------------------------------------------------------------------
+    def _keys(self, name: str) -> list[str]:
+        """lock, tok, q, qd keys of ``name``."""
+        ns = self.namespace
+        return [
+            f"{ns}:lock:{{{name}}}",
+            f"{ns}:tok:{{{name}}}",
+            f"{ns}:q:{{{name}}}",
+            f"{ns}:qd:{{{name}}}",
+        ]
+
+    def lock_key(self, name: str) -> str:
+        return f"{self.namespace}:lock:{{{name}}}"
+
+    def queue_key(self, name: str) -> str:
+        return f"{self.namespace}:q:{{{name}}}"
+
+    def wake_prefix(self, name: str) -> str:
+        return f"{self.namespace}:wake:{{{name}}}:"
+
+    # -- operations ----------------------------------------------------------------------
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        result = int(
+            await self._acquire(
+                self._keys(name),
+                (
+                    owner,
+                    _ms(ttl),
+                    -1 if wait is None else _ms(wait),
+                    self.wake_prefix(name),
+                    self._slack_ms,
+                ),
+            )
+        )
+        if result > 0:
+            return result
+        if wait is not None:
+            if len(self._hints) > _MAX_HINTS:
+                self._hints.clear()
+            self._hints[owner] = get_clock().monotonic() + (-1 - result) / 1000
+        return None
+
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        limit = timeout
+        expires = self._hints.pop(owner, None)
+        if expires is not None:  # nobody is woken when a lease expires: look again then
+            limit = min(limit, expires - get_clock().monotonic() + 0.002)
+        if self._blpop_cap is not None:
+            limit = min(limit, self._blpop_cap)
+        if limit < 0.001:
+            return None
+        reply = await self._client.blpop([self.wake_prefix(name) + owner], _ms(limit) / 1000)
+        return None if reply is None else int(reply[1])
+
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
+        self._hints.pop(owner, None)
+        ns = self.namespace
+        result = await self._cancel(
+            [
+                f"{ns}:lock:{{{name}}}",
+                f"{ns}:q:{{{name}}}",
+                f"{ns}:qd:{{{name}}}",
+                self.wake_prefix(name) + owner,
+            ],
+            (owner,),
+        )
+        return None if result is None else int(result)
+
+    async def release(self, name: str, owner: str) -> bool:
+        result = await self._release(self._keys(name), (owner, self.wake_prefix(name), "0"))
+        return bool(result)
+
+    async def force_release(self, name: str) -> bool:
+        """Drop the lease on ``name`` whoever holds it; the next live waiter gets it."""
+        result = await self._release(self._keys(name), ("", self.wake_prefix(name), "1"))
+        return bool(result)
+
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
+        result = await self._renew([self.lock_key(name)], (owner, _ms(ttl)))
+        return bool(result[0])
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every lease in ``items`` with one script call (one round trip)."""
+        if not items:
+            return []
+        keys: list[str] = []
+        args: list[str | int] = []
+        for name, owner, ttl in items:
+            keys.append(self.lock_key(name))
+            args.append(owner)
+            args.append(_ms(ttl))
+        result = await self._renew(keys, args)
+        return [bool(ok) for ok in result]
+
+    async def close(self) -> None:
+        self._hints.clear()
+        await self._client.aclose()

@@ -1,0 +1,497 @@
+"""The Redis lock backend against a real Redis (tests/servers.py REDIS_URL).
+
+Each test works in its own namespace and deletes its keys afterwards. Command counting uses
+a private, disposable redis-server, so no other client can disturb the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+
+import jobfence
+from jobfence._url import parse_url
+from jobfence.backends.redis import RedisLockBackend
+from jobfence.backends.redis_async import AsyncRedisLockBackend
+from tests.reliability._redis_server import RedisServer
+from tests.servers import REDIS_URL
+
+pytestmark = pytest.mark.timeout(60)
+
+SOURCES = Path(jobfence.__file__).parent / "backends"
+
+
+# -- fixtures ----------------------------------------------------------------------------
+@pytest.fixture
+def ns() -> Iterator[str]:
+    namespace = "t" + uuid.uuid4().hex[:12]
+    yield namespace
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()  # fail (not skip) when Redis is unreachable
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def araw() -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def backend(ns: str) -> Iterator[RedisLockBackend]:
+    b = RedisLockBackend(parse_url(REDIS_URL), namespace=ns)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def private_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def _name() -> str:
+    return "job:" + uuid.uuid4().hex[:8]
+
+
+def _key(ns: str, kind: str, name: str) -> bytes:
+    return f"{ns}:{kind}:{{{name}}}".encode()
+
+
+def _holder(raw: redis.Redis, ns: str, name: str) -> tuple[int, str] | None:
+    value = raw.get(_key(ns, "lock", name))
+    if value is None:
+        return None
+    token, _, owner = value.decode().partition(":")
+    return int(token), owner
+
+
+# -- one round trip per operation -------------------------------------------------------
+class CountingConnection(redis.Connection):
+    """Counts requests written to the socket: one per round trip (a pipeline is one too)."""
+
+    sent = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        CountingConnection.sent += 1
+        super().send_packed_command(command, check_health)  # type: ignore[arg-type]
+
+
+class AsyncCountingConnection(redis.asyncio.Connection):
+    sent = 0
+
+    async def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        AsyncCountingConnection.sent += 1
+        await super().send_packed_command(command, check_health)  # type: ignore[arg-type]
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
+
+
+def test_every_operation_is_one_round_trip(private_redis: RedisServer) -> None:
+    """Counted on both ends: one request leaves the client, one EVALSHA reaches the server."""
+    observer = redis.Redis.from_url(private_redis.url)
+    locks = jobfence.Locks(private_redis.url, namespace="rt", connection_class=CountingConnection)
+    backend = locks.backend
+    try:
+        warm = locks.try_acquire("warm-up", ttl=30)  # connects, loads the scripts
+        assert warm is not None
+        warm.extend()
+        warm.release()
+        results = []
+
+        def measure(fn: Callable[[], object]) -> tuple[int, int]:
+            evalsha = _calls(observer).get("evalsha", 0)
+            sent = CountingConnection.sent
+            results.append(fn())
+            return CountingConnection.sent - sent, _calls(observer)["evalsha"] - evalsha
+
+        # the default path: renew=True
+        assert measure(lambda: locks.try_acquire("a", ttl=30)) == (1, 1)
+        lease = results[-1]
+        assert isinstance(lease, jobfence.Lease)
+        assert measure(lambda: locks.try_acquire("a", ttl=30)) == (1, 1)
+        assert results[-1] is None
+        assert measure(lease.extend) == (1, 1)
+        others = [locks.try_acquire(n, ttl=30) for n in ("b", "c")]
+        items = [(x.name, x.owner, 30.0) for x in [lease, *others] if x is not None]
+        assert measure(lambda: backend.renew(items)) == (1, 1)
+        assert results[-1] == [True, True, True]
+        assert measure(lease.release) == (1, 1)
+        assert results[-1] is True
+        for other in others:
+            assert other is not None
+            other.release()
+    finally:
+        locks.close()
+        observer.close()
+
+
+async def test_async_acquire_and_release_are_one_round_trip_each(
+    private_redis: RedisServer,
+) -> None:
+    locks = jobfence.AsyncLocks(
+        private_redis.url, namespace="rt-async", connection_class=AsyncCountingConnection
+    )
+    try:
+        warm = await locks.try_acquire("warm-up", ttl=30)
+        assert warm is not None
+        await warm.release()
+        sent = AsyncCountingConnection.sent
+        lease = await locks.try_acquire("a", ttl=30)
+        assert lease is not None
+        assert AsyncCountingConnection.sent - sent == 1
+        assert await lease.release()
+        assert AsyncCountingConnection.sent - sent == 2
+    finally:
+        await locks.close()
+
+
+# -- ownership -----------------------------------------------------------------------------
+def test_release_and_extend_are_owner_only(ns: str, raw: redis.Redis) -> None:
+    name = _name()
+    with jobfence.Locks(REDIS_URL, namespace=ns) as locks:
+        lease = locks.try_acquire(name, ttl=10)
+        assert lease is not None
+        before = raw.get(_key(ns, "lock", name))
+        assert locks.backend.release(name, "intruder") is False
+        assert locks.backend.extend(name, "intruder", 100) is False
+        assert raw.get(_key(ns, "lock", name)) == before  # untouched
+        assert raw.pttl(_key(ns, "lock", name)) <= 10_000
+        assert _holder(raw, ns, name) == (lease.token, lease.owner)
+        assert lease.release() is True
+        assert raw.exists(_key(ns, "lock", name)) == 0
+        assert lease.release() is False
+
+
+def test_renew_reports_each_lease(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
+    a, b, gone = _name(), _name(), _name()
+    assert backend.acquire(a, "oa", 5) is not None
+    assert backend.acquire(b, "ob", 5) is not None
+    result = backend.renew([(a, "oa", 60), (b, "someone-else", 60), (gone, "og", 60)])
+    assert result == [True, False, False]
+    assert raw.pttl(_key(ns, "lock", a)) > 5_000  # ttl replaced
+    assert raw.pttl(_key(ns, "lock", b)) <= 5_000  # foreign lease untouched
+    assert backend.renew([]) == []
+
+
+def test_try_acquire_never_enqueues(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
+    name = _name()
+    assert backend.acquire(name, "holder", 10) is not None
+    assert backend.acquire(name, "trier", 10) is None
+    assert raw.exists(_key(ns, "q", name), _key(ns, "qd", name)) == 0
+
+
+# -- waiting: fair FIFO hand-off ----------------------------------------------------------
+async def _until(predicate: object, timeout: float = 5.0) -> None:
+    """Poll an async predicate (the state change is the event we wait for)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_fifo_hand_off_to_three_waiters(ns: str, araw: redis.asyncio.Redis) -> None:
+    name = _name()
+    qkey = _key(ns, "q", name)
+    holder_client = jobfence.AsyncLocks(REDIS_URL, namespace=ns)
+    clients = [jobfence.AsyncLocks(REDIS_URL, namespace=ns) for _ in range(3)]
+    order: list[tuple[int, int, str]] = []
+    try:
+        holder = await holder_client.try_acquire(name, ttl=10)
+        assert holder is not None
+
+        async def waiter(i: int) -> None:
+            lease = await clients[i].acquire(name, ttl=10, timeout=20)
+            order.append((i, lease.token, lease.owner))
+            await lease.release()  # hands over to the next one in line
+
+        tasks = []
+        for i in range(3):  # enqueue one by one: each is in the queue before the next starts
+            tasks.append(asyncio.create_task(waiter(i)))
+            await _until(lambda i=i: _zcard_is(araw, qkey, i + 1))
+        queued = [m.decode() for m in await araw.zrange(qkey, 0, -1)]
+
+        assert await holder.release()
+
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert [i for i, _, _ in order] == [0, 1, 2]
+        assert [owner for _, _, owner in order] == queued  # in queue (arrival) order
+        tokens = [holder.token] + [t for _, t, _ in order]
+        assert tokens == sorted(tokens) and len(set(tokens)) == 4
+        assert await araw.exists(qkey) == 0
+    finally:
+        for c in [holder_client, *clients]:
+            await c.close()
+
+
+async def _zcard_is(client: redis.asyncio.Redis, key: bytes, n: int) -> bool:
+    return int(await client.zcard(key)) == n
+
+
+def test_waiter_owns_the_lease_when_it_wakes(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    name = _name()
+    t1 = backend.acquire(name, "holder", 10)
+    assert t1 is not None
+    assert backend.acquire(name, "w", 10, wait=10) is None
+    assert raw.zrange(_key(ns, "q", name), 0, -1) == [b"w"]
+    assert backend.release(name, "holder") is True
+    # before the waiter does anything, the lease is already its own
+    held = _holder(raw, ns, name)
+    assert held is not None and held[1] == "w" and held[0] > t1
+    assert backend.wait(name, "w", 5) == held[0]  # the wake-up carries the token
+    assert raw.exists(_key(ns, "wake", name) + b":w") == 0  # consumed
+    # a retry after a missed wake-up finds the lease already held by the same owner
+    assert backend.acquire(name, "w", 10, wait=10) == held[0]
+    assert backend.release(name, "w") is True
+    assert raw.exists(_key(ns, "lock", name)) == 0  # nobody else waits: just deleted
+
+
+async def test_blocked_waiter_is_woken_with_its_token(ns: str, araw: redis.asyncio.Redis) -> None:
+    name = _name()
+    b = AsyncRedisLockBackend(parse_url(REDIS_URL), namespace=ns)
+    try:
+        t1 = await b.acquire(name, "holder", 10)
+        assert t1 is not None
+        assert await b.acquire(name, "w", 10, wait=10) is None
+        waiting = asyncio.create_task(b.wait(name, "w", 5))
+        await _until(lambda: _blocked_clients(araw))
+        assert await b.release(name, "holder")
+        token = await asyncio.wait_for(waiting, 5)
+        assert token is not None and token > t1
+    finally:
+        await b.close()
+
+
+async def _blocked_clients(client: redis.asyncio.Redis) -> bool:
+    return int((await client.info("clients"))["blocked_clients"]) > 0
+
+
+def test_dead_waiter_is_skipped_after_its_deadline(ns: str, raw: redis.Redis) -> None:
+    name = _name()
+    b = RedisLockBackend(parse_url(REDIS_URL), namespace=ns, waiter_slack=0.05)
+    try:
+        assert b.acquire(name, "holder", 10) is not None
+        assert b.acquire(name, "dead", 10, wait=0.05) is None  # never polls again
+        assert b.acquire(name, "live", 10, wait=30) is None
+        assert raw.zrange(_key(ns, "q", name), 0, -1) == [b"dead", b"live"]
+        deadline = int(raw.hget(_key(ns, "qd", name), "dead").split(b":")[0])
+        while _server_ms(raw) <= deadline:  # wait for the server clock to pass it
+            pass
+        assert b.release(name, "holder") is True
+        held = _holder(raw, ns, name)
+        assert held is not None and held[1] == "live"
+        assert raw.zrange(_key(ns, "q", name), 0, -1) == []
+        assert raw.exists(_key(ns, "wake", name) + b":dead") == 0
+        assert b.wait(name, "live", 5) == held[0]
+    finally:
+        b.close()
+
+
+def _server_ms(raw: redis.Redis) -> int:
+    seconds, micros = raw.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_expired_lease_goes_to_the_queue_head(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    """Fairness after an expiry: a newcomer does not overtake the first waiter."""
+    name = _name()
+    assert backend.acquire(name, "holder", 0.15) is not None  # will expire, never released
+    assert backend.acquire(name, "w1", 10, wait=10) is None
+    while raw.exists(_key(ns, "lock", name)):  # the lease expires on the server's clock
+        pass
+    assert backend.acquire(name, "newcomer", 10) is None
+    held = _holder(raw, ns, name)
+    assert held is not None and held[1] == "w1"
+    # w1's next look (its wait was bounded by the expiry) finds the lease its own
+    assert backend.wait(name, "w1", 5) in (None, held[0])
+    assert backend.acquire(name, "w1", 10, wait=10) == held[0]
+    assert backend.release(name, "w1")
+
+
+def test_queue_head_takes_the_free_lease_itself(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    name = _name()
+    assert backend.acquire(name, "holder", 0.1) is not None
+    assert backend.acquire(name, "w1", 10, wait=10) is None
+    while raw.exists(_key(ns, "lock", name)):
+        pass
+    token = backend.acquire(name, "w1", 10, wait=10)
+    assert token is not None and _holder(raw, ns, name) == (token, "w1")
+    assert raw.exists(_key(ns, "q", name)) == 0
+
+
+def test_cancel_wait(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
+    name = _name()
+    assert backend.acquire(name, "holder", 10) is not None
+    assert backend.acquire(name, "w1", 10, wait=10) is None
+    assert backend.acquire(name, "w2", 10, wait=10) is None
+    assert backend.cancel_wait(name, "w1") is None
+    assert raw.zrange(_key(ns, "q", name), 0, -1) == [b"w2"]
+    assert backend.release(name, "holder")  # handed to w2 ...
+    token = backend.cancel_wait(name, "w2")  # ... who gives up just then: it keeps the lease
+    assert token is not None and _holder(raw, ns, name) == (token, "w2")
+    assert raw.exists(_key(ns, "wake", name) + b":w2") == 0
+    assert raw.exists(_key(ns, "q", name), _key(ns, "qd", name)) == 0
+
+
+def test_force_release_hands_off(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
+    name = _name()
+    assert backend.force_release(name) is False
+    assert backend.acquire(name, "holder", 10) is not None
+    assert backend.acquire(name, "w", 10, wait=10) is None
+    assert backend.force_release(name) is True
+    held = _holder(raw, ns, name)
+    assert held is not None and held[1] == "w"
+
+
+# -- names, keys, source -------------------------------------------------------------------
+ODD_NAMES = [
+    "q'uote\"double",
+    "back\\slash\\",
+    "{brace}",
+    "}{",
+    "a}:b{",
+    "ünïcødé 🔒 名前",
+    "%s %d %%",
+    "]]--[[ end",
+    "KEYS[1]",
+    "\" .. redis.call('FLUSHDB') .. \"",
+    "*?[^]",
+    "line\nbreak\ttab",
+    "nul\x00byte",
+    "x" * 1024,
+]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES, ids=range(len(ODD_NAMES)))
+def test_names_with_metacharacters(ns: str, raw: redis.Redis, name: str) -> None:
+    with jobfence.Locks(REDIS_URL, namespace=ns) as a, jobfence.Locks(REDIS_URL, namespace=ns) as b:
+        lease = a.try_acquire(name, ttl=10)
+        assert lease is not None
+        assert b.try_acquire(name, ttl=10) is None
+        assert _holder(raw, ns, name) == (lease.token, lease.owner)
+        lease.extend(20)
+        assert raw.pttl(_key(ns, "lock", name)) > 10_000
+        got: list[jobfence.Lease] = []
+        thread = threading.Thread(target=lambda: got.append(b.acquire(name, timeout=10)))
+        thread.start()
+        while raw.zcard(_key(ns, "q", name)) == 0:  # the waiter is queued
+            pass
+        assert lease.release() is True  # hands over through the name's wake list
+        thread.join(10)
+        assert got and got[0].token > lease.token
+        assert _holder(raw, ns, name) == (got[0].token, got[0].owner)
+        assert got[0].release() is True
+        assert raw.exists(_key(ns, "lock", name)) == 0
+    assert raw.dbsize() > 0  # nothing flushed the database
+
+
+def test_keys_are_namespaced(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
+    name = "marker-" + uuid.uuid4().hex
+    assert backend.acquire(name, "holder", 10) is not None
+    assert backend.acquire(name, "w1", 10, wait=10) is None
+    assert backend.acquire(name, "w2", 10, wait=10) is None
+    assert backend.release(name, "holder")  # leaves a wake list for w1
+    keys = sorted(k.decode() for k in raw.scan_iter(match=f"*{name}*", count=1000))
+    assert keys == sorted(
+        [
+            f"{ns}:lock:{{{name}}}",
+            f"{ns}:tok:{{{name}}}",
+            f"{ns}:q:{{{name}}}",
+            f"{ns}:qd:{{{name}}}",
+            f"{ns}:wake:{{{name}}}:w1",
+        ]
+    )
+    # every key but the token counter has an expiry; the counter's is long (>= 1 day)
+    for key in keys:
+        assert raw.pttl(key) > 0, key
+    assert raw.pttl(f"{ns}:tok:{{{name}}}") > 86_000_000
+
+
+def test_no_keys_command_in_the_source() -> None:
+    files = [SOURCES / "redis_async.py", SOURCES / "redis.py", *sorted(SOURCES.glob("lua/*.lua"))]
+    assert len(files) >= 5
+    lua_keys = re.compile(r"""redis\.p?call\(\s*['"]keys['"]""", re.IGNORECASE)
+    py_keys = re.compile(r"""\.keys\(|['"]KEYS['"]""")
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert not lua_keys.search(text), path
+        if path.suffix == ".py":
+            assert not py_keys.search(text), path
+
+
+# -- sync and async together ----------------------------------------------------------------
+async def test_sync_and_async_clients_share_locks(ns: str) -> None:
+    name = _name()
+    sync_locks = jobfence.Locks(REDIS_URL, namespace=ns)
+    async_locks = jobfence.AsyncLocks(REDIS_URL, namespace=ns)
+    try:
+        held = sync_locks.try_acquire(name, ttl=10)
+        assert held is not None
+        assert await async_locks.try_acquire(name, ttl=10) is None
+
+        async def take() -> jobfence.AsyncLease:
+            return await async_locks.acquire(name, ttl=10, timeout=10)
+
+        waiting = asyncio.create_task(take())
+        await asyncio.sleep(0)  # let it enqueue before the release (hand-off either way)
+        assert await asyncio.to_thread(held.release)
+        lease = await asyncio.wait_for(waiting, 10)
+        assert lease.token > held.token
+        assert await asyncio.to_thread(sync_locks.try_acquire, name) is None
+        assert await lease.release()
+        again = await asyncio.to_thread(sync_locks.try_acquire, name)
+        assert again is not None and again.token > lease.token
+        again.release()
+    finally:
+        await asyncio.to_thread(sync_locks.close)
+        await async_locks.close()
+
+
+# -- configuration -------------------------------------------------------------------------
+def test_options() -> None:
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        jobfence.Locks(REDIS_URL, socket_timout=3)
+    assert info.value.argument == "socket_timout"
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        jobfence.Locks(REDIS_URL + "?waiter_slack=abc")
+    assert info.value.argument == "waiter_slack"
+    sep = "&" if "?" in REDIS_URL else "?"
+    locks = jobfence.Locks(REDIS_URL + sep + "waiter_slack=0.25&socket_timeout=2")
+    try:
+        assert locks.backend._slack_ms == 250
+        assert locks.backend._blpop_cap == pytest.approx(1.6)
+        assert locks.capabilities.fifo and locks.capabilities.handoff
+        assert locks.capabilities.tokens_survive_data_loss
+    finally:
+        locks.close()
