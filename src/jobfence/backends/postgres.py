@@ -1,0 +1,644 @@
+# Generated from backends/postgres_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``postgresql://`` -- the PostgreSQL lock backend (async source of ``postgres.py``).
+
+Built on psycopg 3: its asyncio connection class here, the blocking one in the generated twin.
+The SQL lives in ``sql/postgres_locks.sql``. Two modes, chosen by the URL option ``?mode=``:
+
+``mode=lease`` (default)
+    A lease is a row in ``{namespace}_locks`` with an expiry measured by the server's
+    ``clock_timestamp()``; ``ttl`` is honoured (a paused holder loses its lease). Every
+    operation is ONE autocommit statement -- acquire (token bump + conditional upsert, one
+    CTE), release, extend, and the batched renewal of every due lease -- so this mode also
+    works behind PgBouncer in transaction pooling mode. Waiters sleep on LISTEN/NOTIFY (one
+    dedicated listener connection per client; release notifies in the same statement), never
+    longer than the core's poll interval or the holder's remaining lifetime. Behind PgBouncer
+    transaction pooling LISTEN does not work: set ``?notify=false`` and waiters just poll.
+
+``mode=session``
+    Session advisory locks. Each held lock sits on its own dedicated connection (taken from a
+    small idle pool; never multiplexed, because advisory locks are re-entrant per session, so
+    two owners sharing a session would both "get" the lock). ``try_acquire`` is
+    ``pg_try_advisory_lock``; a waiting ``acquire`` is a blocking ``pg_advisory_lock`` with
+    ``lock_timeout`` set to the wait, so waiters queue IN THE SERVER in arrival order and a
+    release hands the lock straight to the next waiter (fifo and hand-off). The lock is held
+    as long as its connection lives: ``ttl`` is NOT honoured (a paused holder keeps it);
+    renewal is a liveness check of each holding connection (it still holds the lock in
+    ``pg_locks``), so a dropped or terminated connection becomes a lost lease within one
+    renewal interval. Needs session pooling or direct connections (not PgBouncer
+    transaction pooling).
+
+Keys: a lock name maps to the signed 64-bit advisory key :func:`advisory_key` (the first 8
+bytes of BLAKE2b over the namespace and the full name) -- no 32-bit space, no truncation of
+the name. Fencing tokens (both modes) come from a per-name counter row in
+``{namespace}_lock_tokens``, bumped in the statement that grants the lock; a missing counter
+is seeded from the server time in microseconds, so tokens never go backwards.
+
+URL / keyword options (keywords win; everything else in the URL goes to libpq unchanged):
+``mode`` (``lease`` | ``session``), ``notify`` (``true`` | ``false``, lease mode),
+``pool_size`` (idle connections kept for reuse, default 4), ``prepare_threshold`` (psycopg's;
+``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import Connection
+from psycopg.pq import TransactionStatus
+
+from .. import _compat
+from .._clock import get_clock
+from .._url import BackendURL
+from ..errors import BackendError, ConfigurationError
+from ._types import LockCapabilities, RenewItem
+from .base import LockBackend
+
+__all__ = [
+    "LEASE_CAPABILITIES",
+    "MODES",
+    "SCHEMA_VERSION",
+    "SESSION_CAPABILITIES",
+    "PostgresLockBackend",
+    "advisory_key",
+    "load_queries",
+]
+
+log = logging.getLogger("jobfence.backends.postgres")
+
+SCHEMA_VERSION = 1
+MODES = ("lease", "session")
+OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold")
+DEFAULT_POOL_SIZE = 4
+#: the listener wakes this often to notice that its client was closed
+LISTEN_TICK = 0.5
+#: after the listener failed to start, waiters poll for this long before it is tried again
+LISTEN_RETRY = 5.0
+
+LEASE_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
+)
+SESSION_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=False, fifo=True, handoff=True, tokens_survive_data_loss=True
+)
+
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
+_MAX_NAMESPACE = 63 - len("_lock_tokens")
+_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+Conn = Connection[tuple[Any, ...]]
+
+
+def advisory_key(namespace: str, name: str) -> int:
+    """The session advisory-lock key of ``name``: a signed 64-bit integer (PostgreSQL bigint).
+
+    The first 8 bytes (big-endian, two's complement) of BLAKE2b, personalised with
+    ``b"jobfence.lock"``, over ``namespace + "\\0" + name`` in UTF-8. Stable across processes,
+    machines and versions (it is part of the on-server format); it uses the full 64 bits, so
+    two names collide with probability about 2**-64, not 2**-32 as with a 32-bit hash.
+    """
+    data = namespace.encode("utf-8") + b"\0" + name.encode("utf-8")
+    digest = hashlib.blake2b(data, digest_size=8, person=b"jobfence.lock").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _schema_key(namespace: str) -> int:
+    digest = hashlib.blake2b(
+        namespace.encode("utf-8"), digest_size=8, person=b"jobfence.schema"
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _halves(key: int) -> dict[str, int]:
+    """The key as pg_locks shows it: classid (high 32 bits) and objid (low 32 bits)."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return {"hi": unsigned >> 32, "lo": unsigned & 0xFFFFFFFF}
+
+
+def check_namespace(namespace: object) -> str:
+    """The namespace prefixes table names: an SQL identifier short enough for every table."""
+    if (
+        not isinstance(namespace, str)
+        or not _NAMESPACE.match(namespace)
+        or len(namespace) > _MAX_NAMESPACE
+    ):
+        raise ConfigurationError(
+            "namespace must be an SQL identifier for the postgres backend: a letter or '_' "
+            f"then letters, digits or '_', at most {_MAX_NAMESPACE} characters (the table "
+            f"names {{namespace}}_lock_tokens must fit PostgreSQL's 63); got {namespace!r}",
+            argument="namespace",
+        )
+    return namespace
+
+
+def load_queries(namespace: str) -> dict[str, str]:
+    """The sections of ``sql/postgres_locks.sql`` for ``namespace`` (already validated).
+
+    ``schema`` keeps its comments (it runs as one script); every other section is reduced to
+    its one statement.
+    """
+    source = (
+        resources.files("jobfence.backends")
+        .joinpath("sql/postgres_locks.sql")
+        .read_text(encoding="utf-8")
+    )
+    source = source.replace("{prefix}", namespace).replace(
+        "{schema_key}", str(_schema_key(namespace))
+    )
+    parts = _SECTION.split(source)
+    queries: dict[str, str] = {}
+    for section, body in zip(parts[1::2], parts[2::2], strict=True):
+        if section != "schema":
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            body = "\n".join(ln.split(" -- ", 1)[0].rstrip() for ln in lines)
+            body = body.strip().rstrip(";")
+        queries[section] = body.strip()
+    return queries
+
+
+def _option_bool(value: object, argument: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"{argument} must be true or false (also 1/0, yes/no, on/off), got {value!r}",
+        argument=argument,
+    )
+
+
+def _option_int(value: object, argument: str, low: int, high: int) -> int:
+    try:
+        number = int(str(value).strip()) if not isinstance(value, bool) else -1
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise ConfigurationError(
+            f"{argument} must be an integer from {low} to {high}, got {value!r}",
+            argument=argument,
+        )
+    return number
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    mode: str
+    notify: bool
+    pool_size: int
+    prepare_threshold: int | None
+
+    @classmethod
+    def parse(cls, url: BackendURL, options: dict[str, Any]) -> PostgresOptions:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown postgres option {unknown[0]!r}; allowed: " + ", ".join(OPTIONS),
+                argument=unknown[0],
+            )
+        merged: dict[str, Any] = {
+            **{k: v for k, v in url.options.items() if k in OPTIONS},
+            **options,
+        }
+        mode = str(merged.get("mode", "lease")).strip().lower()
+        if mode not in MODES:
+            raise ConfigurationError(
+                f"mode must be one of {', '.join(MODES)} (lease honours ttl and works behind "
+                f"PgBouncer transaction pooling; session uses session advisory locks), "
+                f"got {merged.get('mode')!r}",
+                argument="mode",
+            )
+        threshold_raw = merged.get("prepare_threshold", 5)
+        threshold = (
+            None
+            if threshold_raw is None or str(threshold_raw).strip().lower() in ("none", "off")
+            else _option_int(threshold_raw, "prepare_threshold", 0, 1_000_000)
+        )
+        return cls(
+            mode=mode,
+            notify=_option_bool(merged.get("notify", True), "notify"),
+            pool_size=_option_int(merged.get("pool_size", DEFAULT_POOL_SIZE), "pool_size", 0, 1000),
+            prepare_threshold=threshold,
+        )
+
+
+class _Waiter:
+    """A lease-mode waiter of this process: woken by a NOTIFY for its name."""
+
+    __slots__ = ("event", "left", "notified")
+
+    def __init__(self) -> None:
+        self.event = _compat.Event()
+        self.notified = False
+        self.left: float | None = None  # the holder's remaining lifetime at the last attempt
+
+
+@dataclass
+class _Held:
+    """A session-mode lock: the connection that holds it, its key and its token."""
+
+    conn: Conn
+    key: int
+    token: int
+
+
+class PostgresLockBackend(LockBackend):
+    """Leases in PostgreSQL (``mode=lease``, default) or session advisory locks
+    (``mode=session``). See the module docstring and ``docs/backends/postgres.md``.
+
+    Connections are opened lazily (the constructor needs no event loop), with autocommit, and
+    kept in a small idle pool; the tables are created on first use (or by :meth:`install`).
+    """
+
+    kind = "postgres"
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        self.namespace = check_namespace(namespace)
+        self.url = url
+        self.options = PostgresOptions.parse(url, options)
+        self.mode = self.options.mode
+        self.capabilities = SESSION_CAPABILITIES if self.mode == "session" else LEASE_CAPABILITIES
+        self.queries = load_queries(namespace)
+        self._conninfo = url.without_options(*OPTIONS)
+        self._idle: list[Conn] = []
+        self._held: dict[tuple[str, str], _Held] = {}
+        self._waiters: dict[str, dict[str, _Waiter]] = {}
+        self._mutex = threading.Lock()  # guards _idle, _held, _waiters (never across I/O)
+        self._schema_mutex = _compat.Lock()
+        self._listener_mutex = _compat.Lock()
+        self._installed = False
+        self._listener: Any = None
+        self._listener_up = False
+        self._listener_retry_at = 0.0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.url.masked} mode={self.mode} "
+            f"namespace={self.namespace!r}>"
+        )
+
+    # -- connections ---------------------------------------------------------------------
+    def _connect(self) -> Conn:
+        if self._closed:
+            raise ConfigurationError("this postgres lock backend is closed", argument="self")
+        try:
+            return Connection.connect(
+                self._conninfo,
+                autocommit=True,
+                prepare_threshold=self.options.prepare_threshold,
+            )
+        except psycopg.Error as exc:
+            password = self.url.password
+            if password and password in str(exc):  # never let a driver message leak it
+                raise type(exc)(str(exc).replace(password, "***")) from None
+            raise
+
+    def _take(self) -> Conn:
+        with self._mutex:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed and not conn.broken:
+                    return conn
+        return self._connect()
+
+    def _give(self, conn: Conn) -> None:
+        """Return a healthy idle connection to the pool (or close it)."""
+        if (
+            not self._closed
+            and not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            with self._mutex:
+                if len(self._idle) < self.options.pool_size:
+                    self._idle.append(conn)
+                    return
+        self._drop(conn)
+
+    @staticmethod
+    def _drop(conn: Conn) -> None:
+        """Close a connection (which also frees every session lock it holds)."""
+        try:
+            conn.close()
+        except Exception:  # already broken: nothing left to close
+            pass
+
+    def _run(
+        self, query: str, params: dict[str, Any] | None = None
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Run one autocommit statement on a pooled connection: (rows, rowcount)."""
+        self._ready()
+        conn = self._take()
+        try:
+            cursor = conn.execute(query, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+            rowcount = cursor.rowcount
+        except BaseException:
+            self._give(conn)  # kept only if it is idle and healthy
+            raise
+        self._give(conn)
+        return rows, rowcount
+
+    # -- schema --------------------------------------------------------------------------
+    def _ready(self) -> None:
+        if not self._installed:
+            self.install()
+
+    def install(self) -> None:
+        """Create the tables now, idempotently (they are also created on first use)."""
+        with self._schema_mutex:
+            if self._installed:
+                return
+            conn = self._take()
+            try:
+                try:
+                    conn.execute(self.queries["schema"])
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                    # another component created a shared table at the same instant without
+                    # our advisory lock: it exists now, so the second run only finds it
+                    conn.execute(self.queries["schema"])
+                cursor = conn.execute(self.queries["schema_version"])
+                row = cursor.fetchone()
+            except BaseException:
+                self._give(conn)
+                raise
+            self._give(conn)
+            version = None if row is None else int(row[0])
+            if version != SCHEMA_VERSION:
+                raise BackendError(
+                    f"the postgres lock tables {self.namespace}_* have schema version "
+                    f"{version}; this jobfence supports version {SCHEMA_VERSION}",
+                    backend=self.kind,
+                    operation="install",
+                )
+            self._installed = True
+
+    # -- the verbs -----------------------------------------------------------------------
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        if self.mode == "session":
+            return self._session_acquire(name, owner, wait)
+        if wait is not None:
+            if self.options.notify:
+                self._ensure_listener()  # LISTEN before looking: no release goes unseen
+            self._register(name, owner)
+        rows, _ = self._run(self.queries["acquire"], {"name": name, "owner": owner, "ttl": ttl})
+        token, left = rows[0] if rows else (None, None)
+        if token is not None:
+            if wait is not None:
+                self._unregister(name, owner)
+            return int(token)
+        if wait is not None:
+            with self._mutex:
+                waiter = self._waiters.get(name, {}).get(owner)
+                if waiter is not None:
+                    waiter.left = None if left is None else float(left)
+        return None
+
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Lease mode: sleep until a NOTIFY for ``name``, the holder's expiry or ``timeout``.
+
+        Session mode waits in the server inside :meth:`acquire`, so this returns at once.
+        """
+        if self.mode == "session":
+            return None
+        with self._mutex:
+            waiter = self._waiters.get(name, {}).get(owner)
+        limit = max(0.0, timeout)
+        if waiter is not None and waiter.left is not None:
+            limit = min(limit, max(0.0, waiter.left) + 0.001)
+        if waiter is not None and self._listener_up:
+            if not waiter.notified:
+                _compat.wait_event(waiter.event, limit)
+        else:
+            get_clock().sleep(limit)
+        return None
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        """Nothing is queued on the server between attempts; forget the local waiter."""
+        if self.mode == "session":
+            return None
+        self._unregister(name, owner)
+        return None
+
+    def release(self, name: str, owner: str) -> bool:
+        if self.mode == "session":
+            return self._session_release(name, owner)
+        rows, _ = self._run(self.queries["release"], {"name": name, "owner": owner})
+        return bool(rows[0][0])
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        if self.mode == "session":
+            return self._session_alive(name, owner)
+        _, rowcount = self._run(self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl})
+        return rowcount == 1
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Lease mode: ONE statement for every item. Session mode: a liveness check of each
+        holding connection (one round trip per held lock, on its own connection)."""
+        if not items:
+            return []
+        if self.mode == "session":
+            return [self._session_alive(name, owner) for name, owner, _ttl in items]
+        rows, _ = self._run(
+            self.queries["renew"],
+            {
+                "names": [item[0] for item in items],
+                "owners": [item[1] for item in items],
+                "ttls": [float(item[2]) for item in items],
+            },
+        )
+        return [bool(row[1]) for row in rows]
+
+    def force_release(self, name: str) -> bool:
+        """Drop the lease on ``name`` whoever holds it (tests, operator tools).
+
+        Lease mode deletes the row; session mode terminates the holding backend (needs the
+        ``pg_signal_backend`` role, superuser, or the same role as the holder).
+        """
+        if self.mode == "session":
+            params = _halves(advisory_key(self.namespace, name))
+            rows, _ = self._run(self.queries["session_force_release"], params)
+            return any(bool(row[0]) for row in rows)
+        rows, _ = self._run(self.queries["force_release"], {"name": name})
+        return bool(rows[0][0])
+
+    def close(self) -> None:
+        """Close every connection; idempotent. Lease-mode leases are left to expire; closing
+        a session-mode connection frees its lock at once."""
+        self._closed = True
+        with self._mutex:
+            conns = [*self._idle, *(held.conn for held in self._held.values())]
+            self._idle.clear()
+            self._held.clear()
+        for conn in conns:
+            self._drop(conn)
+
+    # -- lease mode: waiting -------------------------------------------------------------
+    def _register(self, name: str, owner: str) -> None:
+        with self._mutex:
+            per_name = self._waiters.setdefault(name, {})
+            waiter = per_name.get(owner)
+            if waiter is None:
+                waiter = per_name[owner] = _Waiter()
+            waiter.notified = False
+            waiter.left = None
+            waiter.event.clear()
+
+    def _unregister(self, name: str, owner: str) -> None:
+        with self._mutex:
+            per_name = self._waiters.get(name)
+            if per_name is not None:
+                per_name.pop(owner, None)
+                if not per_name:
+                    del self._waiters[name]
+
+    def _wake(self, name: str | None) -> None:
+        """A NOTIFY for ``name`` arrived (``None``: the listener stopped; wake everyone)."""
+        with self._mutex:
+            if name is None:
+                waiters = [w for per_name in self._waiters.values() for w in per_name.values()]
+            else:
+                waiters = list(self._waiters.get(name, {}).values())
+            for waiter in waiters:
+                waiter.notified = True
+                waiter.event.set()
+
+    def _ensure_listener(self) -> None:
+        """Start the LISTEN connection unless it runs; on failure, waiters poll for a while."""
+        if self._listener_up and _compat.worker_alive(self._listener):
+            return
+        clock = get_clock()
+        if self._closed or clock.monotonic() < self._listener_retry_at:
+            return
+        with self._listener_mutex:
+            if self._listener_up and _compat.worker_alive(self._listener):
+                return
+            try:
+                conn = self._connect()
+            except Exception as exc:
+                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
+                log.warning("postgres LISTEN connection failed (waiters poll): %s", exc)
+                return
+            try:
+                conn.execute(self.queries["listen"])
+            except Exception as exc:
+                self._drop(conn)
+                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
+                log.warning("postgres LISTEN failed (waiters poll): %s", exc)
+                return
+            self._listener_up = True
+            self._listener = _compat.spawn(
+                lambda: self._listen(conn), f"jobfence-postgres-listener-{self.namespace}"
+            )
+
+    def _listen(self, conn: Conn) -> None:
+        try:
+            while not self._closed:
+                for note in conn.notifies(timeout=LISTEN_TICK):
+                    self._wake(note.payload)
+        except Exception as exc:
+            if not self._closed:
+                log.warning("postgres LISTEN connection lost (waiters poll): %s", exc)
+        finally:
+            self._listener_up = False
+            self._wake(None)  # let every waiter look again now
+            self._drop(conn)
+
+    # -- session mode --------------------------------------------------------------------
+    def _session_acquire(self, name: str, owner: str, wait: float | None) -> int | None:
+        with self._mutex:
+            mine = self._held.get((name, owner))
+        if mine is not None:
+            return mine.token
+        self._ready()
+        key = advisory_key(self.namespace, name)
+        conn = self._take()
+        try:
+            if wait is None or wait <= 0:
+                cursor = conn.execute(self.queries["session_try"], {"key": key, "name": name})
+                row = cursor.fetchone()
+            else:
+                limit_ms = max(1, math.ceil(wait * 1000))
+                try:
+                    cursor = conn.execute(
+                        self.queries["session_lock"],
+                        {"key": key, "name": name, "lock_timeout": f"{limit_ms}ms"},
+                    )
+                    row = cursor.fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    # the lock may have been granted in the instant the timeout fired:
+                    # look on this very connection, and keep it if we got it
+                    row = None
+                    cursor = conn.execute(self.queries["session_held"], _halves(key))
+                    held = cursor.fetchone()
+                    if held is not None and held[0]:
+                        cursor = conn.execute(self.queries["session_bump"], {"name": name})
+                        row = cursor.fetchone()
+        except BaseException:
+            self._drop(conn)  # closing the session frees anything it may hold
+            raise
+        if row is None:
+            self._give(conn)
+            return None
+        token = int(row[0])
+        with self._mutex:
+            self._held[(name, owner)] = _Held(conn, key, token)
+        return token
+
+    def _session_release(self, name: str, owner: str) -> bool:
+        with self._mutex:
+            held = self._held.pop((name, owner), None)
+        if held is None:
+            return False
+        try:
+            cursor = held.conn.execute(self.queries["session_unlock"], {"key": held.key})
+            row = cursor.fetchone()
+        except BaseException:
+            broken = held.conn.broken or held.conn.closed
+            self._drop(held.conn)  # closing the session frees the lock in any case
+            if broken:
+                return False  # the session was gone, and its lock with it
+            raise
+        unlocked = bool(row is not None and row[0])
+        if unlocked:
+            self._give(held.conn)
+        else:
+            log.warning("pg_advisory_unlock of %r found it not held by its session", name)
+            self._drop(held.conn)
+        return unlocked
+
+    def _session_alive(self, name: str, owner: str) -> bool:
+        """Does the connection holding ``name`` for ``owner`` still hold the lock?"""
+        with self._mutex:
+            held = self._held.get((name, owner))
+        if held is None:
+            return False
+        try:
+            cursor = held.conn.execute(self.queries["session_held"], _halves(held.key))
+            row = cursor.fetchone()
+        except psycopg.Error:
+            if not (held.conn.broken or held.conn.closed):
+                raise
+            with self._mutex:
+                if self._held.get((name, owner)) is held:
+                    del self._held[(name, owner)]
+            self._drop(held.conn)
+            return False
+        return bool(row is not None and row[0])

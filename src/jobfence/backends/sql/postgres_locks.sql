@@ -1,0 +1,236 @@
+-- PostgreSQL lock backend (postgresql://...): schema and statements.
+--
+-- Loaded by jobfence/backends/postgres_async.py (and its generated twin postgres.py). The file
+-- is split into sections, each starting with a line "-- name: <section>". "{prefix}" is
+-- replaced by the client's namespace (validated as an SQL identifier,
+-- ^[A-Za-z_][A-Za-z0-9_]{0,50}$, and always double-quoted, so its case is kept) before use.
+-- Parameters are psycopg named parameters ("%(name)s"); a literal percent sign would be "%%".
+--
+-- Time: every expiry is measured by ONE clock, the PostgreSQL server's clock_timestamp()
+-- (the real time at each call, not the start of the transaction). Client clocks are never
+-- written into these tables.
+--
+-- Transactions: every statement except "schema" runs as ONE autocommit statement, so the
+-- default (lease) mode works behind PgBouncer in transaction pooling mode. Session mode
+-- ("session_*" sections) keeps each held lock on its own dedicated connection.
+--
+-- Fencing tokens: a per-name counter row in {prefix}_lock_tokens that outlives every lease. A
+-- missing counter row (first use of a name, or the table was lost) is seeded from the server
+-- time in microseconds, so tokens never go backwards; afterwards each grant adds 1.
+
+
+-- name: schema
+-- Idempotent; run as ONE simple-protocol script, i.e. one implicit transaction. The
+-- transaction-scoped advisory lock ({schema_key} is replaced by a 64-bit key derived from the
+-- namespace) makes concurrent first uses wait for each other instead of racing on the
+-- catalogue (CREATE TABLE IF NOT EXISTS is not safe against a concurrent CREATE).
+SELECT pg_advisory_xact_lock({schema_key});
+-- A lease: at most one row per name. A row whose expires_at <= clock_timestamp() is free.
+CREATE TABLE IF NOT EXISTS "{prefix}_locks" (
+    name        text PRIMARY KEY,        -- the lock name, any text (bound, never spliced)
+    owner       text NOT NULL,           -- the holder's owner id (host:pid:uuid)
+    token       bigint NOT NULL,         -- the fencing token handed out with this lease
+    expires_at  timestamptz NOT NULL     -- server clock
+);
+-- The fencing-token counter of each name (one row per name ever locked; never deleted).
+CREATE TABLE IF NOT EXISTS "{prefix}_lock_tokens" (
+    name   text PRIMARY KEY,
+    token  bigint NOT NULL               -- the last token handed out for name
+);
+-- One row per jobfence component that keeps tables under this prefix.
+CREATE TABLE IF NOT EXISTS "{prefix}_schema" (
+    component  text PRIMARY KEY,
+    version    integer NOT NULL
+);
+INSERT INTO "{prefix}_schema" (component, version) VALUES ('locks', 1)
+    ON CONFLICT (component) DO NOTHING;
+
+
+-- name: schema_version
+-- -> (version) of the locks tables, one row.
+SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
+
+
+-- name: acquire
+-- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds, float).
+-- ONE statement: look at the current row; only if no live lease exists, bump the name's
+-- counter and insert/take over the row (ON CONFLICT re-checks expiry against the newest row
+-- version, so of two clients racing for an expired lease exactly one wins; the loser only
+-- leaves a gap in the token sequence). The counter row is locked before the lease row by
+-- every statement that touches both, so two acquirers cannot deadlock.
+-- -> one row (token, seconds_left):
+--      (token, NULL)  the lease was granted to %(owner)s (or it already held it);
+--      (NULL, left)   another owner holds it for `left` more seconds;
+--    or no row: someone else won a race for a free/expired lease just now.
+WITH cur AS MATERIALIZED (
+    SELECT owner, token, expires_at, expires_at > clock_timestamp() AS live
+      FROM "{prefix}_locks"
+     WHERE name = %(name)s
+), bumped AS (
+    INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
+    SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
+    ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+    RETURNING t.token
+), granted AS (
+    INSERT INTO "{prefix}_locks" AS l (name, owner, token, expires_at)
+    SELECT %(name)s, %(owner)s, bumped.token,
+           clock_timestamp() + %(ttl)s * interval '1 second'
+      FROM bumped
+    ON CONFLICT (name) DO UPDATE
+       SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
+     WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
+    RETURNING l.token
+)
+SELECT token, NULL::float8 FROM granted
+UNION ALL
+SELECT CASE WHEN owner = %(owner)s THEN token END,
+       extract(epoch FROM expires_at - clock_timestamp())::float8
+  FROM cur
+ WHERE live;
+
+
+-- name: release
+-- Lease mode. Params: %(name)s, %(owner)s. Owner-checked. The row is deleted even if it has
+-- expired (nobody took it over, so it is ours to clean up), but only a LIVE lease counts as
+-- released. pg_notify wakes the waiters LISTENing on "{prefix}_locks"; it is delivered when
+-- this statement's transaction commits, i.e. after the row is gone.
+-- -> (released bool, notified count), one row.
+WITH gone AS (
+    DELETE FROM "{prefix}_locks"
+     WHERE name = %(name)s AND owner = %(owner)s
+    RETURNING name, expires_at > clock_timestamp() AS live
+), woken AS (
+    SELECT pg_notify('{prefix}_locks', name) FROM gone
+)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
+
+
+-- name: extend
+-- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds). Owner-checked; an expired
+-- lease cannot be extended (someone else may have seen it free). Changes one row on success.
+UPDATE "{prefix}_locks"
+   SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+ WHERE name = %(name)s
+   AND owner = %(owner)s
+   AND expires_at > clock_timestamp();
+
+
+-- name: renew
+-- Lease mode. Params: %(names)s text[], %(owners)s text[], %(ttls)s float8[] (seconds), three
+-- arrays of the same length. ONE statement extends every live lease an item names.
+-- -> one row per item, in item order: (item number, renewed bool).
+WITH item AS (
+    SELECT *
+      FROM unnest(%(names)s::text[], %(owners)s::text[], %(ttls)s::float8[])
+           WITH ORDINALITY AS i(name, owner, ttl, n)
+), renewed AS (
+    UPDATE "{prefix}_locks" AS l
+       SET expires_at = clock_timestamp() + item.ttl * interval '1 second'
+      FROM item
+     WHERE l.name = item.name
+       AND l.owner = item.owner
+       AND l.expires_at > clock_timestamp()
+    RETURNING item.n
+)
+SELECT item.n, renewed.n IS NOT NULL
+  FROM item LEFT JOIN renewed ON renewed.n = item.n
+ ORDER BY item.n;
+
+
+-- name: force_release
+-- Lease mode. Params: %(name)s. Deletes the lease whoever holds it (tests, operator tools);
+-- keeps the counter. -> (released bool, notified count), one row.
+WITH gone AS (
+    DELETE FROM "{prefix}_locks" WHERE name = %(name)s
+    RETURNING name, expires_at > clock_timestamp() AS live
+), woken AS (
+    SELECT pg_notify('{prefix}_locks', name) FROM gone
+)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
+
+
+-- name: listen
+-- Lease mode, on the dedicated listener connection. release/force_release notify this
+-- channel with the lock name as payload.
+LISTEN "{prefix}_locks";
+
+
+-- name: session_try
+-- Session mode. Params: %(key)s (bigint advisory-lock key), %(name)s.
+-- pg_try_advisory_lock never waits. When it gets the lock, the same statement bumps the name's
+-- counter (the lock holder is the only one bumping it, so the counter row is never contended).
+-- -> (token) when the lock was taken, no row otherwise.
+INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
+SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+ WHERE pg_try_advisory_lock(%(key)s)
+ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+RETURNING t.token;
+
+
+-- name: session_lock
+-- Session mode. Params: %(key)s, %(name)s, %(lock_timeout)s (text such as '1500ms', never
+-- '0': 0 would mean "no limit").
+-- Waits IN THE SERVER, in PostgreSQL's lock queue (first come, first served), for at most
+-- lock_timeout, which is set for this statement's transaction only (set_config(..., true)).
+-- On timeout the statement fails with SQLSTATE 55P03 (lock_not_available); the caller then
+-- runs session_held, because the lock can be granted in the instant the timeout fires.
+-- -> (token), one row, once the lock is granted.
+WITH limited AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true)
+), locked AS MATERIALIZED (
+    SELECT pg_advisory_lock(%(key)s) FROM limited
+)
+INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
+SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM locked
+ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+RETURNING t.token;
+
+
+-- name: session_bump
+-- Session mode. Params: %(name)s. Bumps the counter for a lock this session already holds
+-- (after the lock_timeout race). -> (token), one row.
+INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
+VALUES (%(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+RETURNING t.token;
+
+
+-- name: session_held
+-- Session mode, on the connection that should hold the lock. Params: %(hi)s, %(lo)s: the
+-- high and low 32 bits (as unsigned numbers) of the bigint key; pg_locks shows a bigint
+-- advisory key as classid = high half, objid = low half, objsubid = 1.
+-- -> (held bool): this session holds the lock. Also proves the connection is alive.
+SELECT EXISTS (
+    SELECT 1
+      FROM pg_locks
+     WHERE locktype = 'advisory'
+       AND pid = pg_backend_pid()
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = %(hi)s::bigint::oid
+       AND objid = %(lo)s::bigint::oid
+       AND objsubid = 1
+       AND granted
+);
+
+
+-- name: session_unlock
+-- Session mode, on the holding connection. Params: %(key)s.
+-- -> (unlocked bool): false means this session did not hold the lock (always checked).
+SELECT pg_advisory_unlock(%(key)s);
+
+
+-- name: session_force_release
+-- Session mode, from any connection. Params: %(hi)s, %(lo)s (see session_held).
+-- Terminates every backend holding the advisory lock, which frees it; the holder's liveness
+-- check then fails and its lease is marked lost. Needs pg_signal_backend or superuser (or
+-- the same role). -> (terminated bool) per holder; no row when nobody held it.
+SELECT pg_terminate_backend(pid)
+  FROM pg_locks
+ WHERE locktype = 'advisory'
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND classid = %(hi)s::bigint::oid
+   AND objid = %(lo)s::bigint::oid
+   AND objsubid = 1
+   AND granted;
