@@ -1,0 +1,61 @@
+"""Loading the inbox's SQL files (hand-written, shared by the sync and async backends).
+
+Each file under ``sql/`` has sections introduced by ``-- name: <section>``; ``{table}`` is
+replaced by a validated table name and ``?`` is the neutral placeholder, converted here for the
+driver (``%s`` for psycopg and PyMySQL, literal ``%`` doubled).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from importlib import resources
+
+from .._inbox_types import check_table
+
+__all__ = ["load_queries", "to_format"]
+
+_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+#: macros used by the SQL files (documented at the top of each file)
+_MACROS = {
+    "sqlite": {"{now}": "((julianday('now') - 2440587.5) * 86400.0)"},
+    "mysql": {
+        "{take}": (
+            "(expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL"
+            " OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint)))"
+        )
+    },
+    "postgresql": {},
+}
+
+
+def _strip(body: str) -> str:
+    lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+    return "\n".join(lines).strip()
+
+
+@lru_cache(maxsize=64)
+def _load(dialect: str, table: str) -> dict[str, tuple[str, ...]]:
+    stem = {"postgresql": "postgres", "mysql": "mysql", "sqlite": "sqlite"}[dialect]
+    path = resources.files("jobfence.inbox_backends").joinpath(f"sql/{stem}_inbox.sql")
+    source = path.read_text(encoding="utf-8")
+    for macro, text in _MACROS[dialect].items():
+        source = source.replace(macro, text)
+    source = source.replace("{table}", check_table(table))
+    parts = _SECTION.split(source)
+    queries: dict[str, tuple[str, ...]] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        statements = [s.strip() for s in _strip(body).split(";") if s.strip()]
+        queries[name] = tuple(statements)
+    return queries
+
+
+def load_queries(dialect: str, table: str) -> dict[str, tuple[str, ...]]:
+    """Every section of the dialect's file as a tuple of statements (no trailing ``;``)."""
+    return _load(dialect, table)
+
+
+def to_format(sql: str) -> str:
+    """``?`` -> ``%s`` (psycopg, PyMySQL); a literal ``%`` is doubled."""
+    return sql.replace("%", "%%").replace("?", "%s")

@@ -1,0 +1,63 @@
+# Generated from inbox_backends/base_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""The inbox backend interface (async source of ``base.py``).
+
+Each verb is ONE atomic operation on the server -- a conditional insert / upsert, a Lua
+script, or one statement inside the store's mutex -- with the owner check done there, never a
+read followed by a write decided in Python. Keys arrive validated (non-empty, <= 1024 bytes of
+UTF-8); ``ttl`` and ``retention`` are seconds > 0; results arrive serialised (bytes).
+"""
+
+from __future__ import annotations
+
+import abc
+
+from .._inbox_types import ClaimRecord, InboxCapabilities
+
+__all__ = ["InboxBackend"]
+
+
+class InboxBackend(abc.ABC):
+    """claim / complete / release, plus install, purge and close."""
+
+    #: short backend name used in errors ("redis", "postgres", ...)
+    kind: str = "?"
+    capabilities: InboxCapabilities
+    #: the validated table name (SQL) or key prefix (Redis, memory)
+    table: str
+
+    @abc.abstractmethod
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        """Take ``key`` for ``owner`` if it is unknown, or in progress past its deadline, or
+        completed past its retention; otherwise report the record that is there.
+
+        A takeover of an expired in-progress claim increments ``attempt``; it does not happen
+        when both fingerprints are set and differ (the caller raises ``FingerprintMismatch``).
+        """
+
+    @abc.abstractmethod
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        """Store ``result`` and mark ``key`` completed for ``retention`` seconds, if ``owner``
+        still owns the claim. Returns whether it did."""
+
+    @abc.abstractmethod
+    def release(self, key: str, owner: str) -> bool:
+        """Give ``key`` back (the next claim takes it over, ``attempt`` + 1) if ``owner`` owns
+        the in-progress claim. Returns whether it did."""
+
+    @abc.abstractmethod
+    def purge(self, retention: float) -> int:
+        """Delete completed records past their retention, and in-progress records abandoned
+        for longer than ``retention`` past their deadline. Returns how many were deleted."""
+
+    @abc.abstractmethod
+    def install(self) -> None:
+        """Create the schema if it is missing (idempotent)."""
+
+    @abc.abstractmethod
+    def drop(self) -> None:
+        """Delete the table / every key this backend stored (tests, uninstall)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,132 @@
+"""``postgresql://`` inbox backend on psycopg 3 (async source of ``postgres.py``).
+
+Every verb is one statement from ``sql/postgres_inbox.sql`` on an autocommit connection: the
+claim is a single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING`` (inside
+a CTE that also reads the blocking record), so one round trip decides and reports it. The
+table is created on first use (or by ``install()``), under an advisory lock so that many
+processes starting at once do not race on ``CREATE TABLE``.
+
+URL options: ``table`` (default ``jobfence_inbox``), ``max_idle`` (pooled idle connections).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from .._inbox_types import (
+    DEFAULT_TABLE,
+    ClaimRecord,
+    ClaimState,
+    InboxCapabilities,
+    as_utc,
+    check_table,
+)
+from .._sqlconn import is_undefined_table
+from .._url import BackendURL
+from ._pool_async import AsyncConnPool
+from ._sql import load_queries, to_format
+from .base_async import AsyncInboxBackend
+
+__all__ = ["AsyncPostgresInboxBackend"]
+
+#: pg_advisory_xact_lock key serialising concurrent installs (any fixed 64-bit number)
+_INSTALL_LOCK = 0x6A6F62_66656E6365
+_OPTIONS = ("table", "max_idle")
+
+
+def _record(row: Sequence[Any]) -> ClaimRecord:
+    mine, state, owner, attempt, fingerprint, result, expires_at = row
+    return ClaimRecord(
+        mine=bool(mine),
+        state=ClaimState(state),
+        attempt=int(attempt),
+        owner=owner,
+        fingerprint=fingerprint,
+        result=None if result is None else bytes(result),
+        expires_at=as_utc(expires_at),
+    )
+
+
+class AsyncPostgresInboxBackend(AsyncInboxBackend):
+    kind = "postgres"
+    capabilities = InboxCapabilities(cross_process=True, transactional=True)
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        self.table = check_table(url.options.get("table", table))
+        self._conninfo = url.without_options(*_OPTIONS)
+        if self._conninfo.startswith("postgres://"):
+            self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
+        self._sql = {
+            name: tuple(to_format(s) for s in stmts)
+            for name, stmts in load_queries("postgresql", self.table).items()
+        }
+        self._installed = False
+        self._pool = AsyncConnPool(
+            self._connect, self._close, max_idle=int(url.options.get("max_idle", 8))
+        )
+
+    async def _connect(self) -> Any:
+        return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+
+    @staticmethod
+    async def _close(conn: Any) -> None:
+        await conn.close()
+
+    async def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+        (sql,) = self._sql[name]
+        for _ in range(2):
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(sql, params)
+                    rows = await cur.fetchall() if cur.description else []
+                    return rows, cur.rowcount
+            except psycopg.Error as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                await self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def install(self) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+            for statement in self._sql["schema"]:
+                await conn.execute(statement)
+        self._installed = True
+
+    async def claim(
+        self, key: str, owner: str, fingerprint: str | None, ttl: float
+    ) -> ClaimRecord:
+        while True:
+            rows, _ = await self._run("claim", (key, owner, fingerprint, ttl, key))
+            if rows:
+                return _record(rows[0])
+            # the blocking row was committed after this statement's snapshot: look again
+
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        _, count = await self._run("complete", (result, retention, key, owner))
+        return count == 1
+
+    async def release(self, key: str, owner: str) -> bool:
+        _, count = await self._run("release", (key, owner))
+        return count == 1
+
+    async def purge(self, retention: float) -> int:
+        _, count = await self._run("purge", (retention,))
+        return max(count, 0)
+
+    async def drop(self) -> None:
+        """Drop the table and its schema row (tests, uninstall)."""
+        async with self._pool.connection() as conn:
+            for statement in self._sql["drop"]:
+                try:
+                    await conn.execute(statement)
+                except psycopg.errors.UndefinedTable:
+                    pass
+        self._installed = False
+
+    async def close(self) -> None:
+        await self._pool.close()

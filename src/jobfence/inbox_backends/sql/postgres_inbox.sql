@@ -1,0 +1,106 @@
+-- jobfence inbox, PostgreSQL (schema version 1).
+--
+-- {table} is replaced by the validated table name (default jobfence_inbox); ``?`` is the
+-- positional placeholder (converted to the driver's). Migration tools: run the ``schema``
+-- section with {table} filled in.
+--
+-- One row per idempotency key:
+--   state        'in_progress' | 'completed'
+--   owner        the live claim's owner (host:pid:uuid); NULL after release
+--   attempt      1 for the first claim, +1 for each takeover of an expired/released claim
+--   fingerprint  the payload digest the key was first claimed with (NULL: not given)
+--   applied      claim_in() committed the key's effect in the caller's transaction
+--   result       the serialised result stored by complete()
+--   expires_at   in progress: the claim's deadline; completed: the end of its retention
+
+-- name: schema
+CREATE TABLE IF NOT EXISTS {table} (
+    k           text PRIMARY KEY,
+    state       text NOT NULL,
+    owner       text,
+    attempt     integer NOT NULL DEFAULT 1,
+    fingerprint text,
+    applied     boolean NOT NULL DEFAULT false,
+    result      bytea,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
+CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
+    table_name text PRIMARY KEY,
+    version    integer NOT NULL
+);
+INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
+    ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;
+
+-- name: claim
+-- ONE statement. Params: 1 key, 2 owner, 3 fingerprint (or NULL), 4 ttl seconds, 5 key.
+-- The upsert takes the key if it is new, or in progress past its deadline (a dead or
+-- released worker: attempt + 1), or completed past its retention (a fresh record, attempt 1);
+-- a takeover is refused when both fingerprints are set and differ. The second branch returns
+-- the record that stopped us. Returns (mine, state, owner, attempt, fingerprint, result,
+-- expires_at); no row only if the blocking row was inserted concurrently after this
+-- statement's snapshot (the caller then runs it again).
+WITH taken AS (
+    INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
+    VALUES (?, 'in_progress', ?, 1, ?, false,
+            clock_timestamp() + CAST(? AS double precision) * interval '1 second')
+    ON CONFLICT (k) DO UPDATE SET
+        state = 'in_progress',
+        owner = EXCLUDED.owner,
+        attempt = CASE WHEN t.state = 'completed' THEN 1 ELSE t.attempt + 1 END,
+        fingerprint = EXCLUDED.fingerprint,
+        applied = (t.applied AND t.state = 'in_progress'),
+        result = NULL,
+        expires_at = EXCLUDED.expires_at
+    WHERE t.expires_at <= clock_timestamp()
+      AND (t.state = 'completed' OR t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
+           OR t.fingerprint = EXCLUDED.fingerprint)
+    RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at
+)
+SELECT mine, state, owner, attempt, fingerprint, result, expires_at FROM taken
+UNION ALL
+SELECT false, state, owner, attempt, fingerprint, result, expires_at
+FROM {table} WHERE k = ? AND NOT EXISTS (SELECT 1 FROM taken);
+
+-- name: complete
+-- Params: 1 result, 2 retention seconds, 3 key, 4 owner. Owner-checked; one row or none.
+UPDATE {table}
+SET state = 'completed', result = ?,
+    expires_at = clock_timestamp() + CAST(? AS double precision) * interval '1 second'
+WHERE k = ? AND owner = ?
+  AND NOT (state = 'completed' AND expires_at <= clock_timestamp());
+
+-- name: release
+-- Params: 1 key, 2 owner. The next claim takes the key over (attempt + 1).
+UPDATE {table}
+SET owner = NULL, expires_at = LEAST(expires_at, clock_timestamp())
+WHERE k = ? AND owner = ? AND state = 'in_progress';
+
+-- name: purge
+-- Params: 1 retention seconds (how long an abandoned in-progress claim is kept past its
+-- deadline). Completed records go when their retention ends.
+DELETE FROM {table}
+WHERE (state = 'completed' AND expires_at <= clock_timestamp())
+   OR (state = 'in_progress'
+       AND expires_at <= clock_timestamp() - CAST(? AS double precision) * interval '1 second');
+
+-- name: claim_in
+-- Runs inside the CALLER's transaction; ONE statement. Params: 1 key, 2 fingerprint (or NULL),
+-- 3 retention seconds. Inserts the processed-marker, or marks a key that claim() holds as
+-- applied; affects one row iff this transaction is the first to apply the key's effect. A
+-- concurrent duplicate waits on the unique key, then affects nothing.
+INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
+VALUES (?, 'completed', NULL, 1, ?, true,
+        now() + CAST(? AS double precision) * interval '1 second')
+ON CONFLICT (k) DO UPDATE SET applied = true
+WHERE NOT t.applied
+  AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
+       OR t.fingerprint = EXCLUDED.fingerprint);
+
+-- name: fingerprint
+-- Params: 1 key. Read only when claim_in was refused and a fingerprint was given.
+SELECT fingerprint FROM {table} WHERE k = ?;
+
+-- name: drop
+DROP TABLE IF EXISTS {table};
+DELETE FROM jobfence_inbox_schema WHERE table_name = '{table}';

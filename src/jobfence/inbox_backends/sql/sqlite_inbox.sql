@@ -1,0 +1,84 @@
+-- jobfence inbox, SQLite (schema version 1).
+--
+-- {table} is replaced by the validated table name (default jobfence_inbox); ``?`` is the
+-- placeholder. Times are Unix epoch seconds (REAL) from SQLite's clock, i.e. the host's:
+--   {now} = (julianday('now') - 2440587.5) * 86400.0  (constant within one statement)
+-- Columns as in postgres_inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
+-- fingerprint, applied (claim_in committed the effect), result, expires_at.
+
+-- name: schema
+CREATE TABLE IF NOT EXISTS {table} (
+    k           TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    owner       TEXT,
+    attempt     INTEGER NOT NULL DEFAULT 1,
+    fingerprint TEXT,
+    applied     INTEGER NOT NULL DEFAULT 0,
+    result      BLOB,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
+CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
+    table_name TEXT PRIMARY KEY,
+    version    INTEGER NOT NULL
+);
+INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
+    ON CONFLICT (table_name) DO UPDATE SET version = excluded.version;
+
+-- name: claim
+-- ONE statement (SQLite runs writers one at a time). Params: 1 key, 2 owner, 3 fingerprint,
+-- 4 ttl seconds. Same rule as PostgreSQL: take a new key, an in-progress key past its
+-- deadline (attempt + 1, refused if both fingerprints are set and differ) or a completed key
+-- past retention (attempt 1). Returns the taken row, or no row when the key is held: then
+-- the ``peek`` statement reads the record that stopped us.
+INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
+VALUES (?, 'in_progress', ?, 1, ?, 0, {now} + ?)
+ON CONFLICT (k) DO UPDATE SET
+    state = 'in_progress',
+    owner = excluded.owner,
+    attempt = CASE WHEN {table}.state = 'completed' THEN 1 ELSE {table}.attempt + 1 END,
+    fingerprint = excluded.fingerprint,
+    applied = ({table}.applied AND {table}.state = 'in_progress'),
+    result = NULL,
+    expires_at = excluded.expires_at
+WHERE {table}.expires_at <= {now}
+  AND ({table}.state = 'completed' OR {table}.fingerprint IS NULL
+       OR excluded.fingerprint IS NULL OR {table}.fingerprint = excluded.fingerprint)
+RETURNING 1, state, owner, attempt, fingerprint, result, expires_at;
+
+-- name: peek
+-- Params: 1 key.
+SELECT 0, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = ?;
+
+-- name: complete
+-- Params: 1 result, 2 retention seconds, 3 key, 4 owner. Owner-checked.
+UPDATE {table} SET state = 'completed', result = ?, expires_at = {now} + ?
+WHERE k = ? AND owner = ? AND NOT (state = 'completed' AND expires_at <= {now});
+
+-- name: release
+-- Params: 1 key, 2 owner.
+UPDATE {table} SET owner = NULL, expires_at = MIN(expires_at, {now})
+WHERE k = ? AND owner = ? AND state = 'in_progress';
+
+-- name: purge
+-- Params: 1 retention seconds for abandoned in-progress claims.
+DELETE FROM {table}
+WHERE (state = 'completed' AND expires_at <= {now})
+   OR (state = 'in_progress' AND expires_at <= {now} - ?);
+
+-- name: claim_in
+-- Runs inside the CALLER's transaction; ONE statement. Params: 1 key, 2 fingerprint,
+-- 3 retention seconds. Changes one row iff this transaction is the first to apply the key.
+INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
+VALUES (?, 'completed', NULL, 1, ?, 1, {now} + ?)
+ON CONFLICT (k) DO UPDATE SET applied = 1
+WHERE NOT {table}.applied
+  AND ({table}.fingerprint IS NULL OR excluded.fingerprint IS NULL
+       OR {table}.fingerprint = excluded.fingerprint);
+
+-- name: fingerprint
+SELECT fingerprint FROM {table} WHERE k = ?;
+
+-- name: drop
+DROP TABLE IF EXISTS {table};
+DELETE FROM jobfence_inbox_schema WHERE table_name = '{table}';
