@@ -22,8 +22,12 @@ from .errors import (
     StaleToken,
     StaleVersion,
 )
+from .fencing import fence
+from .fencing_async import fence_async
 from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
+from .versioned import versioned_update
+from .versioned_async import versioned_update_async
 
 __version__ = "0.1.0.dev0"
 
@@ -46,4 +50,8 @@ __all__ = [
     "StaleToken",
     "StaleVersion",
     "__version__",
+    "fence",
+    "fence_async",
+    "versioned_update",
+    "versioned_update_async",
 ]
