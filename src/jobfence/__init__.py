@@ -7,9 +7,11 @@ deterministically. See https://github.com/jobfence/jobfence (docs/ in the reposi
 
 from __future__ import annotations
 
+from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
     ClaimInProgress,
+    CommitOutcomeUnknown,
     ConfigurationError,
     ConflictError,
     FingerprintMismatch,
@@ -26,6 +28,7 @@ from .fencing import fence
 from .fencing_async import fence_async
 from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
+from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
 from .versioned import versioned_update
 from .versioned_async import versioned_update_async
 
@@ -36,6 +39,7 @@ __all__ = [
     "AsyncLocks",
     "BackendError",
     "ClaimInProgress",
+    "CommitOutcomeUnknown",
     "ConfigurationError",
     "ConflictError",
     "FingerprintMismatch",
@@ -46,12 +50,19 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "Locks",
+    "RetryPolicy",
     "SchemaMissing",
     "StaleToken",
     "StaleVersion",
+    "UnprotectedRetryWarning",
     "__version__",
     "fence",
     "fence_async",
+    "is_commit_outcome_unknown",
+    "is_conflict",
+    "is_transient",
+    "retry_unit",
+    "retrying",
     "versioned_update",
     "versioned_update_async",
 ]
