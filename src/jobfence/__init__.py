@@ -7,6 +7,7 @@ deterministically. See https://github.com/jobfence/jobfence (docs/ in the reposi
 
 from __future__ import annotations
 
+from ._inbox_types import ClaimLost, ClaimState
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
@@ -26,6 +27,8 @@ from .errors import (
 )
 from .fencing import fence
 from .fencing_async import fence_async
+from .inbox import Claim, Inbox
+from .inbox_async import AsyncClaim, AsyncInbox
 from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
@@ -35,14 +38,20 @@ from .versioned_async import versioned_update_async
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AsyncClaim",
+    "AsyncInbox",
     "AsyncLease",
     "AsyncLocks",
     "BackendError",
+    "Claim",
     "ClaimInProgress",
+    "ClaimLost",
+    "ClaimState",
     "CommitOutcomeUnknown",
     "ConfigurationError",
     "ConflictError",
     "FingerprintMismatch",
+    "Inbox",
     "InboxError",
     "JobfenceError",
     "Lease",

@@ -25,9 +25,7 @@ class AsyncInboxBackend(abc.ABC):
     table: str
 
     @abc.abstractmethod
-    async def claim(
-        self, key: str, owner: str, fingerprint: str | None, ttl: float
-    ) -> ClaimRecord:
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         """Take ``key`` for ``owner`` if it is unknown, or in progress past its deadline, or
         completed past its retention; otherwise report the record that is there.
 

@@ -171,9 +171,7 @@ class AsyncMemoryInboxBackend(AsyncInboxBackend):
         self.table = check_table(url.options.get("table", table))
         self.store = get_inbox_store(url, self.table)
 
-    async def claim(
-        self, key: str, owner: str, fingerprint: str | None, ttl: float
-    ) -> ClaimRecord:
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         return self.store.claim(key, owner, fingerprint, ttl)
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:

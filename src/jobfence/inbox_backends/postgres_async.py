@@ -97,9 +97,7 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
                 await conn.execute(statement)
         self._installed = True
 
-    async def claim(
-        self, key: str, owner: str, fingerprint: str | None, ttl: float
-    ) -> ClaimRecord:
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         while True:
             rows, _ = await self._run("claim", (key, owner, fingerprint, ttl, key))
             if rows:

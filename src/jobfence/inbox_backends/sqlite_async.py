@@ -114,9 +114,7 @@ class AsyncSQLiteInboxBackend(AsyncInboxBackend):
                 raise
         self._installed = True
 
-    async def claim(
-        self, key: str, owner: str, fingerprint: str | None, ttl: float
-    ) -> ClaimRecord:
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         while True:
             rows, _ = await self._run("claim", (key, owner, fingerprint, ttl))
             if not rows:

@@ -52,9 +52,10 @@ SELECT owner <=> ?, state, owner, attempt, fingerprint, result, expires_at
 FROM {table} WHERE k = ?;
 
 -- name: complete
--- Params: 1 result, 2 retention microseconds, 3 key, 4 owner. Owner-checked.
+-- Params: 1 result as hex text (UNHEX: aiomysql cannot send bytes with PyMySQL >= 1.1),
+-- 2 retention microseconds, 3 key, 4 owner. Owner-checked.
 UPDATE {table}
-SET state = 'completed', result = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+SET state = 'completed', result = UNHEX(?), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE k = ? AND owner = ? AND NOT (state = 'completed' AND expires_at <= UTC_TIMESTAMP(6));
 
 -- name: release
