@@ -1,0 +1,170 @@
+-- MySQL 8 / MariaDB 10.6+ lock backend (mysql://, mariadb://): schema and statements.
+--
+-- Loaded by jobfence/backends/_mysql_common.py for mysql_async.py and its generated twin
+-- mysql.py. The file is split into sections, each starting with a line "-- name: <section>";
+-- a section holds ONE statement (comment lines are stripped before it is sent). "{prefix}" is
+-- replaced by the client's namespace (validated as an SQL identifier). Parameters are PyMySQL
+-- "pyformat" placeholders, %(name)s, always bound by the driver, never spliced. (Because the
+-- driver formats with "%", a statement must not contain a bare percent sign.) Name hashes
+-- travel as lowercase hex text and are decoded with UNHEX() (binary parameters are not
+-- escaped reliably by every aiomysql/PyMySQL pair).
+--
+-- Time: every expiry is measured by ONE clock, the database server's, as UTC_TIMESTAMP(6)
+-- (microseconds, independent of the session time zone and of daylight saving). MySQL evaluates
+-- it once per statement, so it is the same value everywhere in a statement. Client clocks are
+-- never written into these tables; ttls travel as integer microseconds (%(ttl_us)s).
+--
+-- Connections run in autocommit mode with READ COMMITTED isolation (no gap locks), so every
+-- statement below is its own short InnoDB transaction that locks at most the rows it names.
+--
+-- Fencing tokens: the token lives in the lease row, which is never deleted (release and
+-- force_release only mark it free), so the row is the per-name counter. A new token is
+--     GREATEST(previous token + 1, microseconds since 1970 on the server clock)
+-- so tokens strictly increase per name, and they keep increasing even if the table is lost
+-- (dropped, restored from an older backup): the server clock has moved past every token
+-- handed out before, as long as fewer than one lease per microsecond was granted per name.
+
+
+-- name: create_schema_table
+-- One row per jobfence component that keeps tables under this prefix.
+CREATE TABLE IF NOT EXISTS `{prefix}_schema` (
+    component  VARCHAR(64) NOT NULL PRIMARY KEY,
+    version    INT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+
+-- name: create_locks_table
+-- One row per lock name ever used. A row whose expires_at <= UTC_TIMESTAMP(6) is free.
+-- name_hash is the key because names (up to 1024 bytes of UTF-8) exceed InnoDB's key limit.
+-- next_owner/next_until: the one waiter "next in line" (see acquire); NULL when nobody is.
+CREATE TABLE IF NOT EXISTS `{prefix}_locks` (
+    name_hash   BINARY(32)     NOT NULL PRIMARY KEY,  -- SHA-256 of the UTF-8 name
+    name        VARCHAR(1024)  NOT NULL,              -- the name, for people and tools
+    owner       VARCHAR(255)   NOT NULL,              -- holder (host:pid:uuid); '' when free
+    token       BIGINT         NOT NULL,              -- fencing token of the latest grant
+    expires_at  DATETIME(6)    NOT NULL,              -- UTC, server clock
+    next_owner  VARCHAR(255)   NULL,                  -- the waiter next in line
+    next_until  DATETIME(6)    NULL                   -- ...until then (UTC, server clock)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+
+-- name: record_schema_version
+-- Params: %(version)s. Idempotent; never lowers a version written by a newer jobfence.
+INSERT INTO `{prefix}_schema` (component, version) VALUES ('locks', %(version)s)
+    ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version));
+
+
+-- name: schema_version
+-- -> (version) of the locks tables, one row.
+SELECT version FROM `{prefix}_schema` WHERE component = 'locks';
+
+
+-- name: acquire
+-- ONE statement, ONE round trip. Params: %(hash)s, %(name)s, %(owner)s, %(ttl_us)s,
+-- %(window_us)s (NULL for a plain try; else how long, in microseconds, this caller may stay
+-- "next in line" without trying again).
+-- Result, read from the OK packet (no result set):
+--   insert_id (cursor.lastrowid) > 0  -> acquired; insert_id IS the fencing token
+--                                        (set with LAST_INSERT_ID(expr), per connection)
+--   insert_id = 0, affected rows = 2  -> not acquired; the caller is now next in line
+--   insert_id = 0, affected rows = 0  -> not acquired
+-- The row's primary key makes InnoDB lock it for the whole statement, so concurrent acquires
+-- of one name are serialised and each sees the previous one's result.
+--
+-- The caller takes the row when it is
+--   (a) live and already its own (a retried acquire whose reply was lost: same token), or
+--   (b) free (expired or released) and no OTHER live waiter is next in line.
+-- Rule (b) keeps a releasing worker from re-taking the lock ahead of a worker that has been
+-- waiting: the waiter next in line gets it (it retries within a few milliseconds). It is not a
+-- queue: only one waiter is next in line, and only until next_until.
+--
+-- The ON DUPLICATE KEY UPDATE assignments run left to right and each one sees the columns the
+-- earlier ones set (MySQL and MariaDB's default; MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode
+-- is reset for these connections). So the decision is made ONCE, by the first assignment, and
+-- recorded in `owner`: after it, owner = VALUES(owner) holds exactly when the caller takes the
+-- row (an expired row of the caller's own that it may not take is reset to '').
+INSERT INTO `{prefix}_locks` (name_hash, name, owner, token, expires_at, next_owner, next_until)
+VALUES (
+    UNHEX(%(hash)s), %(name)s, %(owner)s,
+    LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))),
+    UTC_TIMESTAMP(6) + INTERVAL %(ttl_us)s MICROSECOND,
+    NULL, NULL
+)
+ON DUPLICATE KEY UPDATE
+    owner = IF(
+        (expires_at > UTC_TIMESTAMP(6) AND owner = VALUES(owner))
+        OR (expires_at <= UTC_TIMESTAMP(6)
+            AND (next_owner IS NULL OR next_owner = VALUES(owner)
+                 OR next_until <= UTC_TIMESTAMP(6))),
+        VALUES(owner),
+        IF(owner = VALUES(owner), '', owner)),
+    -- taken: a new token (or the same one for case (a)); else LAST_INSERT_ID(0) reports 0
+    token = IF(owner = VALUES(owner),
+        LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6), token,
+                          GREATEST(token + 1, VALUES(token)))),
+        token + LAST_INSERT_ID(0)),
+    expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at),
+    -- next in line: the taker stops being it; a waiter becomes it when nobody else (live) is
+    next_owner = IF(owner = VALUES(owner),
+        IF(next_owner = VALUES(owner), NULL, next_owner),
+        IF(%(window_us)s IS NOT NULL
+           AND (next_owner IS NULL OR next_owner = VALUES(owner)
+                OR next_until <= UTC_TIMESTAMP(6)),
+           VALUES(owner), next_owner)),
+    next_until = IF(owner = VALUES(owner),
+        IF(next_owner IS NULL, NULL, next_until),
+        IF(next_owner = VALUES(owner),
+           UTC_TIMESTAMP(6) + INTERVAL %(window_us)s MICROSECOND, next_until));
+
+
+-- name: release
+-- Params: %(hash)s, %(owner)s. Affected rows 1 -> released; 0 -> not held by owner (free,
+-- expired, or someone else's). The row stays (it carries the token counter); next_owner too.
+UPDATE `{prefix}_locks`
+   SET owner = '', expires_at = '1970-01-01 00:00:00'
+ WHERE name_hash = UNHEX(%(hash)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(6);
+
+
+-- name: extend
+-- Params: %(hash)s, %(owner)s, %(ttl_us)s. Affected rows 1 -> extended. An expired lease is
+-- never extended (someone may be about to take it). Affected rows 0 -> not held, except in
+-- the (harmless) case that the new expiry equals the old one to the microsecond; the caller
+-- then asks "held" to tell the two apart.
+UPDATE `{prefix}_locks`
+   SET expires_at = UTC_TIMESTAMP(6) + INTERVAL %(ttl_us)s MICROSECOND
+ WHERE name_hash = UNHEX(%(hash)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(6);
+
+
+-- name: renew
+-- Many leases in ONE statement. Built by the caller (positional %s parameters):
+--   {hashes}  "UNHEX(%s), ..."            one name_hash per item (lets the PK index be used)
+--   {pairs}   "(UNHEX(%s), %s), ..."      (name_hash, owner) per item
+--   {ttl_us}  "%s" when every item has the same ttl, else
+--             "CASE WHEN name_hash = UNHEX(%s) AND owner = %s THEN %s ... END"
+-- Affected rows = number of items -> all renewed (the usual case, one round trip). Fewer ->
+-- the caller asks "held" which items are still held (a second round trip, failures only).
+UPDATE `{prefix}_locks`
+   SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl_us} MICROSECOND
+ WHERE name_hash IN ({hashes}) AND (name_hash, owner) IN ({pairs})
+   AND expires_at > UTC_TIMESTAMP(6);
+
+
+-- name: held
+-- Built by the caller: {hashes} as for renew. -> (hex name_hash, owner) of every live lease
+-- among those names.
+SELECT LOWER(HEX(name_hash)), owner FROM `{prefix}_locks`
+ WHERE name_hash IN ({hashes}) AND expires_at > UTC_TIMESTAMP(6);
+
+
+-- name: cancel_wait
+-- Params: %(hash)s, %(owner)s. A waiter that gives up stops being next in line.
+UPDATE `{prefix}_locks` SET next_owner = NULL, next_until = NULL
+ WHERE name_hash = UNHEX(%(hash)s) AND next_owner = %(owner)s;
+
+
+-- name: force_release
+-- Params: %(hash)s (hex). Administrative: free the lease whoever holds it (its holder finds it lost
+-- at its next renewal). Affected rows 1 -> a live lease was dropped.
+UPDATE `{prefix}_locks`
+   SET owner = '', expires_at = '1970-01-01 00:00:00'
+ WHERE name_hash = UNHEX(%(hash)s) AND expires_at > UTC_TIMESTAMP(6);
