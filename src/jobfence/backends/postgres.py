@@ -71,6 +71,7 @@ __all__ = [
     "PostgresLockBackend",
     "advisory_key",
     "load_queries",
+    "stored_name",
 ]
 
 log = logging.getLogger("jobfence.backends.postgres")
@@ -95,6 +96,7 @@ _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
 _MAX_NAMESPACE = 63 - len("_lock_tokens")
 _SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_ESCAPE = "\ufffe"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -112,6 +114,18 @@ def advisory_key(namespace: str, name: str) -> int:
     data = namespace.encode("utf-8") + b"\0" + name.encode("utf-8")
     digest = hashlib.blake2b(data, digest_size=8, person=b"jobfence.lock").digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def stored_name(name: str) -> str:
+    """``name`` as the tables store it: unchanged, unless PostgreSQL ``text`` cannot hold it.
+
+    ``text`` cannot contain NUL, so a name with a NUL character -- or one starting with the
+    escape mark U+FFFE, to keep the mapping one-to-one -- is stored as U+FFFE followed by the
+    hex of its UTF-8 bytes. Every other name is stored as it is (readable for operators).
+    """
+    if "\0" in name or name.startswith(_ESCAPE):
+        return _ESCAPE + name.encode("utf-8").hex()
+    return name
 
 
 def _schema_key(namespace: str) -> int:
@@ -394,6 +408,7 @@ class PostgresLockBackend(LockBackend):
     ) -> int | None:
         if self.mode == "session":
             return self._session_acquire(name, owner, wait)
+        name = stored_name(name)
         if wait is not None:
             if self.options.notify:
                 self._ensure_listener()  # LISTEN before looking: no release goes unseen
@@ -418,6 +433,7 @@ class PostgresLockBackend(LockBackend):
         """
         if self.mode == "session":
             return None
+        name = stored_name(name)
         with self._mutex:
             waiter = self._waiters.get(name, {}).get(owner)
         limit = max(0.0, timeout)
@@ -434,19 +450,21 @@ class PostgresLockBackend(LockBackend):
         """Nothing is queued on the server between attempts; forget the local waiter."""
         if self.mode == "session":
             return None
-        self._unregister(name, owner)
+        self._unregister(stored_name(name), owner)
         return None
 
     def release(self, name: str, owner: str) -> bool:
         if self.mode == "session":
             return self._session_release(name, owner)
-        rows, _ = self._run(self.queries["release"], {"name": name, "owner": owner})
+        rows, _ = self._run(self.queries["release"], {"name": stored_name(name), "owner": owner})
         return bool(rows[0][0])
 
     def extend(self, name: str, owner: str, ttl: float) -> bool:
         if self.mode == "session":
             return self._session_alive(name, owner)
-        _, rowcount = self._run(self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl})
+        _, rowcount = self._run(
+            self.queries["extend"], {"name": stored_name(name), "owner": owner, "ttl": ttl}
+        )
         return rowcount == 1
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
@@ -459,7 +477,7 @@ class PostgresLockBackend(LockBackend):
         rows, _ = self._run(
             self.queries["renew"],
             {
-                "names": [item[0] for item in items],
+                "names": [stored_name(item[0]) for item in items],
                 "owners": [item[1] for item in items],
                 "ttls": [float(item[2]) for item in items],
             },
@@ -476,7 +494,7 @@ class PostgresLockBackend(LockBackend):
             params = _halves(advisory_key(self.namespace, name))
             rows, _ = self._run(self.queries["session_force_release"], params)
             return any(bool(row[0]) for row in rows)
-        rows, _ = self._run(self.queries["force_release"], {"name": name})
+        rows, _ = self._run(self.queries["force_release"], {"name": stored_name(name)})
         return bool(rows[0][0])
 
     def close(self) -> None:
@@ -569,17 +587,18 @@ class PostgresLockBackend(LockBackend):
             return mine.token
         self._ready()
         key = advisory_key(self.namespace, name)
+        params = {"key": key, "name": stored_name(name)}
         conn = self._take()
         try:
             if wait is None or wait <= 0:
-                cursor = conn.execute(self.queries["session_try"], {"key": key, "name": name})
+                cursor = conn.execute(self.queries["session_try"], params)
                 row = cursor.fetchone()
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
                 try:
                     cursor = conn.execute(
                         self.queries["session_lock"],
-                        {"key": key, "name": name, "lock_timeout": f"{limit_ms}ms"},
+                        {**params, "lock_timeout": f"{limit_ms}ms"},
                     )
                     row = cursor.fetchone()
                 except psycopg.errors.LockNotAvailable:
@@ -589,7 +608,7 @@ class PostgresLockBackend(LockBackend):
                     cursor = conn.execute(self.queries["session_held"], _halves(key))
                     held = cursor.fetchone()
                     if held is not None and held[0]:
-                        cursor = conn.execute(self.queries["session_bump"], {"name": name})
+                        cursor = conn.execute(self.queries["session_bump"], params)
                         row = cursor.fetchone()
         except BaseException:
             self._drop(conn)  # closing the session frees anything it may hold

@@ -70,6 +70,7 @@ __all__ = [
     "AsyncPostgresLockBackend",
     "advisory_key",
     "load_queries",
+    "stored_name",
 ]
 
 log = logging.getLogger("jobfence.backends.postgres")
@@ -94,6 +95,7 @@ _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
 _MAX_NAMESPACE = 63 - len("_lock_tokens")
 _SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_ESCAPE = "\ufffe"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -111,6 +113,18 @@ def advisory_key(namespace: str, name: str) -> int:
     data = namespace.encode("utf-8") + b"\0" + name.encode("utf-8")
     digest = hashlib.blake2b(data, digest_size=8, person=b"jobfence.lock").digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def stored_name(name: str) -> str:
+    """``name`` as the tables store it: unchanged, unless PostgreSQL ``text`` cannot hold it.
+
+    ``text`` cannot contain NUL, so a name with a NUL character -- or one starting with the
+    escape mark U+FFFE, to keep the mapping one-to-one -- is stored as U+FFFE followed by the
+    hex of its UTF-8 bytes. Every other name is stored as it is (readable for operators).
+    """
+    if "\0" in name or name.startswith(_ESCAPE):
+        return _ESCAPE + name.encode("utf-8").hex()
+    return name
 
 
 def _schema_key(namespace: str) -> int:
@@ -393,6 +407,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
     ) -> int | None:
         if self.mode == "session":
             return await self._session_acquire(name, owner, wait)
+        name = stored_name(name)
         if wait is not None:
             if self.options.notify:
                 await self._ensure_listener()  # LISTEN before looking: no release goes unseen
@@ -419,6 +434,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         """
         if self.mode == "session":
             return None
+        name = stored_name(name)
         with self._mutex:
             waiter = self._waiters.get(name, {}).get(owner)
         limit = max(0.0, timeout)
@@ -435,20 +451,22 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         """Nothing is queued on the server between attempts; forget the local waiter."""
         if self.mode == "session":
             return None
-        self._unregister(name, owner)
+        self._unregister(stored_name(name), owner)
         return None
 
     async def release(self, name: str, owner: str) -> bool:
         if self.mode == "session":
             return await self._session_release(name, owner)
-        rows, _ = await self._run(self.queries["release"], {"name": name, "owner": owner})
+        rows, _ = await self._run(
+            self.queries["release"], {"name": stored_name(name), "owner": owner}
+        )
         return bool(rows[0][0])
 
     async def extend(self, name: str, owner: str, ttl: float) -> bool:
         if self.mode == "session":
             return await self._session_alive(name, owner)
         _, rowcount = await self._run(
-            self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
+            self.queries["extend"], {"name": stored_name(name), "owner": owner, "ttl": ttl}
         )
         return rowcount == 1
 
@@ -462,7 +480,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         rows, _ = await self._run(
             self.queries["renew"],
             {
-                "names": [item[0] for item in items],
+                "names": [stored_name(item[0]) for item in items],
                 "owners": [item[1] for item in items],
                 "ttls": [float(item[2]) for item in items],
             },
@@ -479,7 +497,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             params = _halves(advisory_key(self.namespace, name))
             rows, _ = await self._run(self.queries["session_force_release"], params)
             return any(bool(row[0]) for row in rows)
-        rows, _ = await self._run(self.queries["force_release"], {"name": name})
+        rows, _ = await self._run(self.queries["force_release"], {"name": stored_name(name)})
         return bool(rows[0][0])
 
     async def close(self) -> None:
@@ -581,17 +599,18 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             return mine.token
         await self._ready()
         key = advisory_key(self.namespace, name)
+        params = {"key": key, "name": stored_name(name)}
         conn = await self._take()
         try:
             if wait is None or wait <= 0:
-                cursor = await conn.execute(self.queries["session_try"], {"key": key, "name": name})
+                cursor = await conn.execute(self.queries["session_try"], params)
                 row = await cursor.fetchone()
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
                 try:
                     cursor = await conn.execute(
                         self.queries["session_lock"],
-                        {"key": key, "name": name, "lock_timeout": f"{limit_ms}ms"},
+                        {**params, "lock_timeout": f"{limit_ms}ms"},
                     )
                     row = await cursor.fetchone()
                 except psycopg.errors.LockNotAvailable:
@@ -601,7 +620,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                     cursor = await conn.execute(self.queries["session_held"], _halves(key))
                     held = await cursor.fetchone()
                     if held is not None and held[0]:
-                        cursor = await conn.execute(self.queries["session_bump"], {"name": name})
+                        cursor = await conn.execute(self.queries["session_bump"], params)
                         row = await cursor.fetchone()
         except BaseException:
             await self._drop(conn)  # closing the session frees anything it may hold
