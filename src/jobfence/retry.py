@@ -95,7 +95,7 @@ def mark_protected() -> None:
 def _tenacity() -> Any:
     try:
         import tenacity
-        import tenacity.asyncio
+
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "jobfence.retry_unit needs tenacity: pip install 'jobfence[retry]'"
@@ -280,7 +280,7 @@ class RetryPolicy:
     async def acall(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``await fn(*args, **kwargs)`` under this policy (async)."""
         run = _Run(self, fn, args, kwargs)
-        retrying = _tenacity().asyncio.AsyncRetrying(**run.tenacity_options(is_async=True))
+        retrying = _tenacity().AsyncRetrying(**run.tenacity_options(is_async=True))
 
         async def attempt() -> R:
             token = run.start_attempt()
@@ -323,7 +323,7 @@ class RetryPolicy:
         """``async for attempt in retrying(...): with attempt: ...`` (async)."""
         run = _Run(self, None, (), {})
         options = run.tenacity_options(is_async=True)
-        async for manager in _tenacity().asyncio.AsyncRetrying(**options):
+        async for manager in _tenacity().AsyncRetrying(**options):
             yield Attempt(run, manager)
 
 
