@@ -14,9 +14,14 @@
 -- default (lease) mode works behind PgBouncer in transaction pooling mode. Session mode
 -- ("session_*" sections) keeps each held lock on its own dedicated connection.
 --
--- Fencing tokens: a per-name counter row in {prefix}_lock_tokens that outlives every lease. A
--- missing counter row (first use of a name, or the table was lost) is seeded from the server
--- time in microseconds, so tokens never go backwards; afterwards each grant adds 1.
+-- Fencing tokens: a per-name counter row in {prefix}_lock_tokens that outlives every lease.
+-- Each grant sets it to greatest(previous + 1, server time in microseconds since the epoch):
+-- always strictly increasing, and -- because grants of one name are serialised and take far
+-- longer than a microsecond -- never ahead of the server clock by more than a few units. So a
+-- counter row that goes missing (first use of a name, a dropped table) or loses its last
+-- updates (a crash with synchronous_commit=off, a failover to a lagging replica) resumes above
+-- every token handed out before, as long as the server clock did not step back by more than
+-- the outage lasted.
 
 
 -- name: schema
@@ -70,7 +75,7 @@ WITH cur AS MATERIALIZED (
     INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
     SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
      WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
-    ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+    ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
     RETURNING t.token
 ), granted AS (
     INSERT INTO "{prefix}_locks" AS l (name, owner, token, expires_at)
@@ -164,7 +169,7 @@ LISTEN "{prefix}_locks";
 INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
 SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
  WHERE pg_try_advisory_lock(%(key)s)
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
@@ -184,7 +189,7 @@ WITH limited AS MATERIALIZED (
 INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
 SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM locked
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
@@ -193,7 +198,7 @@ RETURNING t.token;
 -- (after the lock_timeout race). -> (token), one row.
 INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
 VALUES (%(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
