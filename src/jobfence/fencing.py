@@ -4,13 +4,12 @@
 
 A lease can end while its holder still believes it holds it (a GC pause, SIGSTOP, a network
 partition longer than the TTL). Another worker then takes the lease, with a larger fencing
-token, and writes. When the paused holder wakes up and writes, :func:`fence` (sync twin:
-``jobfence.fence``) rejects it: called first thing inside the transaction that makes the
-write, it records ``token`` for ``resource`` in the table ``jobfence_fences`` and raises
-:class:`~jobfence.errors.StaleToken` if a newer token has already been recorded. Because the
-record is part of the caller's transaction, it commits or rolls back with the business write,
-and the row lock it holds until then makes concurrent fenced transactions on one resource
-take turns::
+token, and writes. When the paused holder wakes up and writes, :func:`fence` rejects
+it: called first thing inside the transaction that makes the write, it records ``token`` for
+``resource`` in the table ``jobfence_fences`` and raises :class:`~jobfence.errors.StaleToken`
+if a newer token has already been recorded. Because the record is part of the caller's
+transaction, it commits or rolls back with the business write, and the row lock it holds
+until then makes concurrent fenced transactions on one resource take turns::
 
     with conn.transaction():
         jobfence.fence(conn, "inventory:42", lease.token)
@@ -21,7 +20,7 @@ PostgreSQL and SQLite use ``INSERT ... ON CONFLICT DO UPDATE ... WHERE old <= ne
 RETURNING``; MySQL/MariaDB use ``INSERT ... ON DUPLICATE KEY UPDATE`` keeping the larger token
 and reporting the result through ``LAST_INSERT_ID(expr)``. Equal tokens pass (the same holder
 may fence several times). The table is never created implicitly: run :func:`install`
-(sync: ``jobfence.fencing.install``) once, or apply the shipped SQL with your migration tool.
+once, or apply the shipped SQL with your migration tool. See docs/fencing.md.
 """
 
 from __future__ import annotations
