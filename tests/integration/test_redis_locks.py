@@ -76,7 +76,9 @@ def _name() -> str:
 
 
 def _key(ns: str, kind: str, name: str) -> bytes:
-    return f"{ns}:{kind}:{{{name}}}".encode()
+    """The lease key ("lock") or a key derived from it ("tok", "q", "qd", "w")."""
+    base = f"{ns}:lock:{{{name}}}"
+    return (base if kind == "lock" else f"{base}:{kind}").encode()
 
 
 def _holder(raw: redis.Redis, ns: str, name: str) -> tuple[int, str] | None:
@@ -266,7 +268,7 @@ def test_waiter_owns_the_lease_when_it_wakes(
     held = _holder(raw, ns, name)
     assert held is not None and held[1] == "w" and held[0] > t1
     assert backend.wait(name, "w", 5) == held[0]  # the wake-up carries the token
-    assert raw.exists(_key(ns, "wake", name) + b":w") == 0  # consumed
+    assert raw.exists(_key(ns, "w", name) + b":w") == 0  # consumed
     # a retry after a missed wake-up finds the lease already held by the same owner
     assert backend.acquire(name, "w", 10, wait=10) == held[0]
     assert backend.release(name, "w") is True
@@ -308,7 +310,7 @@ def test_dead_waiter_is_skipped_after_its_deadline(ns: str, raw: redis.Redis) ->
         held = _holder(raw, ns, name)
         assert held is not None and held[1] == "live"
         assert raw.zrange(_key(ns, "q", name), 0, -1) == []
-        assert raw.exists(_key(ns, "wake", name) + b":dead") == 0
+        assert raw.exists(_key(ns, "w", name) + b":dead") == 0
         assert b.wait(name, "live", 5) == held[0]
     finally:
         b.close()
@@ -360,7 +362,7 @@ def test_cancel_wait(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> No
     assert backend.release(name, "holder")  # handed to w2 ...
     token = backend.cancel_wait(name, "w2")  # ... who gives up just then: it keeps the lease
     assert token is not None and _holder(raw, ns, name) == (token, "w2")
-    assert raw.exists(_key(ns, "wake", name) + b":w2") == 0
+    assert raw.exists(_key(ns, "w", name) + b":w2") == 0
     assert raw.exists(_key(ns, "q", name), _key(ns, "qd", name)) == 0
 
 
@@ -426,16 +428,16 @@ def test_keys_are_namespaced(ns: str, raw: redis.Redis, backend: RedisLockBacken
     assert keys == sorted(
         [
             f"{ns}:lock:{{{name}}}",
-            f"{ns}:tok:{{{name}}}",
-            f"{ns}:q:{{{name}}}",
-            f"{ns}:qd:{{{name}}}",
-            f"{ns}:wake:{{{name}}}:w1",
+            f"{ns}:lock:{{{name}}}:tok",
+            f"{ns}:lock:{{{name}}}:q",
+            f"{ns}:lock:{{{name}}}:qd",
+            f"{ns}:lock:{{{name}}}:w:w1",
         ]
     )
     # every key but the token counter has an expiry; the counter's is long (>= 1 day)
     for key in keys:
         assert raw.pttl(key) > 0, key
-    assert raw.pttl(f"{ns}:tok:{{{name}}}") > 86_000_000
+    assert raw.pttl(f"{ns}:lock:{{{name}}}:tok") > 86_000_000
 
 
 def test_no_keys_command_in_the_source() -> None:

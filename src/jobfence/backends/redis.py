@@ -6,15 +6,18 @@ Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis
 ``register_script`` reloads a script the server forgot, e.g. after a restart), or a
 ``BLPOP`` while waiting. Lifetimes are measured by the Redis server's clock (``PX``).
 
-Key layout for lock name ``N`` in namespace ``S`` (``N`` sits between literal braces, so all
-keys of one name share a Redis Cluster hash tag; names are only ever passed as KEYS/ARGV)::
+Key layout for lock name ``N`` in namespace ``S``. ``N`` sits between literal braces, so all
+keys of one name share a Redis Cluster hash tag; names are only ever passed as KEYS/ARGV.
+A script gets the lease key ``L`` and derives the others by suffix (a lease key always ends
+with ``}``, a derived key never does, so they cannot clash; list leases with
+``SCAN MATCH S:lock:*`` and keep the keys ending in ``}``)::
 
-    S:lock:{N}           STRING "<token>:<owner>", PX = the lease ttl
-    S:tok:{N}            STRING fencing-token counter; seeded from the server's TIME in
+    L = S:lock:{N}       STRING "<token>:<owner>", PX = the lease ttl
+    L:tok                STRING fencing-token counter; seeded from the server's TIME in
                          microseconds when missing; expires max(10 * ttl, 1 day) after use
-    S:q:{N}              ZSET   waiting owners scored by arrival (FIFO queue)
-    S:qd:{N}             HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
-    S:wake:{N}:<owner>   LIST   the token, pushed when the lease is handed to <owner>
+    L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
+    L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+    L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
 
 Waiting is by notification with a fair FIFO hand-off: a denied ``acquire(..., wait=w)``
 puts the owner in the queue (deadline = server now + ``w`` + ``waiter_slack``, refreshed on
@@ -144,47 +147,25 @@ class RedisLockBackend(LockBackend):
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
 
     # -- keys ----------------------------------------------------------------------------
-    def _keys(self, name: str) -> list[str]:
-        """lock, tok, q, qd keys of ``name``."""
-        ns = self.namespace
-        return [
-            f"{ns}:lock:{{{name}}}",
-            f"{ns}:tok:{{{name}}}",
-            f"{ns}:q:{{{name}}}",
-            f"{ns}:qd:{{{name}}}",
-        ]
-
     def lock_key(self, name: str) -> str:
+        """The lease key of ``name``; every other key of the name derives from it."""
         return f"{self.namespace}:lock:{{{name}}}"
-
-    def queue_key(self, name: str) -> str:
-        return f"{self.namespace}:q:{{{name}}}"
-
-    def wake_prefix(self, name: str) -> str:
-        return f"{self.namespace}:wake:{{{name}}}:"
 
     # -- operations ----------------------------------------------------------------------
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        result = int(
-            self._acquire(
-                self._keys(name),
-                (
-                    owner,
-                    _ms(ttl),
-                    -1 if wait is None else _ms(wait),
-                    self.wake_prefix(name),
-                    self._slack_ms,
-                ),
-            )
-        )
+        key = f"{self.namespace}:lock:{{{name}}}"
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        if wait is None:  # a plain try: the short path
+            result = int(self._acquire((key,), (owner, ttl_ms)))
+            return result if result > 0 else None
+        result = int(self._acquire((key,), (owner, ttl_ms, _ms(wait), self._slack_ms)))
         if result > 0:
             return result
-        if wait is not None:
-            if len(self._hints) > _MAX_HINTS:
-                self._hints.clear()
-            self._hints[owner] = get_clock().monotonic() + (-1 - result) / 1000
+        if len(self._hints) > _MAX_HINTS:
+            self._hints.clear()
+        self._hints[owner] = get_clock().monotonic() + (-1 - result) / 1000
         return None
 
     def wait(self, name: str, owner: str, timeout: float) -> int | None:
@@ -196,44 +177,33 @@ class RedisLockBackend(LockBackend):
             limit = min(limit, self._blpop_cap)
         if limit < 0.001:
             return None
-        reply = self._client.blpop([self.wake_prefix(name) + owner], _ms(limit) / 1000)
+        reply = self._client.blpop([self.lock_key(name) + ":w:" + owner], _ms(limit) / 1000)
         return None if reply is None else int(reply[1])
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
         self._hints.pop(owner, None)
-        ns = self.namespace
-        result = self._cancel(
-            [
-                f"{ns}:lock:{{{name}}}",
-                f"{ns}:q:{{{name}}}",
-                f"{ns}:qd:{{{name}}}",
-                self.wake_prefix(name) + owner,
-            ],
-            (owner,),
-        )
+        result = self._cancel((self.lock_key(name),), (owner,))
         return None if result is None else int(result)
 
     def release(self, name: str, owner: str) -> bool:
-        result = self._release(self._keys(name), (owner, self.wake_prefix(name), "0"))
-        return bool(result)
+        return bool(self._release((f"{self.namespace}:lock:{{{name}}}",), (owner,)))
 
     def force_release(self, name: str) -> bool:
         """Drop the lease on ``name`` whoever holds it; the next live waiter gets it."""
-        result = self._release(self._keys(name), ("", self.wake_prefix(name), "1"))
-        return bool(result)
+        return bool(self._release((self.lock_key(name),), ("", "force")))
 
     def extend(self, name: str, owner: str, ttl: float) -> bool:
-        result = self._renew([self.lock_key(name)], (owner, _ms(ttl)))
+        result = self._renew((self.lock_key(name),), (owner, _ms(ttl)))
         return bool(result[0])
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend every lease in ``items`` with one script call (one round trip)."""
         if not items:
             return []
-        keys: list[str] = []
+        ns = self.namespace
+        keys = [f"{ns}:lock:{{{name}}}" for name, _, _ in items]
         args: list[str | int] = []
-        for name, owner, ttl in items:
-            keys.append(self.lock_key(name))
+        for _, owner, ttl in items:
             args.append(owner)
             args.append(_ms(ttl))
         result = self._renew(keys, args)

@@ -1,18 +1,18 @@
--- jobfence Redis lock backend: helpers shared by the lock_*.lua scripts.
+-- jobfence Redis lock backend: helpers shared by lock_acquire.lua, lock_release.lua and
+-- lock_cancel_wait.lua (this file is prepended to each when the backend loads it).
 --
--- This file is prepended to lock_acquire.lua, lock_release.lua and lock_cancel_wait.lua when
--- the backend loads them (one EVALSHA per operation; the helpers are local functions).
+-- Key layout for a lock name N in namespace S. N sits between literal braces, so all keys
+-- of one name share a Redis Cluster hash tag; N is only ever data (KEYS/ARGV), never code.
+-- A script receives the lease key L = "S:lock:{N}" as KEYS[1] and derives the others by
+-- suffix (a lease key always ends with "}", a derived key never does, so they can't clash):
 --
--- Key layout for a lock name N in namespace S (N goes between literal braces, so every key
--- of one name shares a Redis Cluster hash tag; N is only ever passed as KEYS/ARGV data):
---
---   S:lock:{N}           STRING  "<token>:<owner>"  with PX = the lease ttl (server clock)
---   S:tok:{N}            STRING  fencing-token counter (INCR); seeded from TIME in
---                                microseconds when missing; PEXPIRE max(10 * ttl, 1 day)
---   S:q:{N}              ZSET    waiting owners, scored by arrival sequence (FIFO)
---   S:qd:{N}             HASH    owner -> "<deadline_ms>:<ttl_ms>" of each waiter
---   S:wake:{N}:<owner>   LIST    one token pushed when the lease is handed to <owner>;
---                                the waiter BLPOPs it; PEXPIRE = the handed lease's ttl
+--   L              STRING  "<token>:<owner>", PX = the lease ttl (server clock)
+--   L..":tok"      STRING  fencing-token counter (INCR); seeded from TIME in microseconds
+--                          when missing, expiring max(10 * ttl, 1 day) after the seeding
+--   L..":q"        ZSET    waiting owners scored by arrival sequence (the FIFO queue)
+--   L..":qd"       HASH    owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+--   L..":w:"..O    LIST    owner O's wake list: the token, pushed when the lease is
+--                          handed to O; PEXPIRE = the handed lease's ttl
 --
 -- Numbers are formatted with string.format('%d'): Lua's own number-to-string conversion
 -- prints 16-digit tokens in exponent notation.
@@ -23,17 +23,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Next fencing token of KEYS tok. A missing counter (first use, expired after a long idle
--- time, or a server restart that lost its data) is seeded with the server time in
--- microseconds: tokens issued before can not have outrun that clock, so the new ones are
--- larger than every earlier one.
-local function next_token(tok, ttl_ms)
-  if redis.call('EXISTS', tok) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', tok, t[1] .. string.format('%06d', tonumber(t[2])))
-  end
+-- The next fencing token of lease key L. A missing counter (first use, a day or more
+-- after it was seeded, or a server restart that lost its data) is seeded with the server
+-- time in microseconds: no earlier token can have outrun that clock (that would take more
+-- than a million leases per second), so the new tokens are larger than every earlier one.
+-- The counter expires max(10 * ttl, 1 day) after its seeding, so the counters of names no
+-- longer used do not pile up; reseeding a busy name is harmless for the same reason (its
+-- tokens jump ahead to the clock). Only the seeding sets the expiry: one write less on
+-- every acquire.
+local function next_token(L, ttl_ms)
+  local tok = L .. ':tok'
   local n = redis.call('INCR', tok)
-  redis.call('PEXPIRE', tok, string.format('%d', math.max(ttl_ms * 10, 86400000)))
+  if n == 1 then
+    local t = redis.call('TIME')
+    n = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+    redis.call('SET', tok, string.format('%d', n), 'PX',
+      string.format('%d', math.max(tonumber(ttl_ms) * 10, 86400000)))
+  end
   return n
 end
 
@@ -43,15 +49,17 @@ local function split_lease(v)
   return string.sub(v, sep + 1), tonumber(string.sub(v, 1, sep - 1))
 end
 
--- Give the lease to owner for ttl_ms; return its token.
-local function grant(lock, tok, owner, ttl_ms)
-  local n = next_token(tok, ttl_ms)
-  redis.call('SET', lock, string.format('%d', n) .. ':' .. owner, 'PX', string.format('%d', ttl_ms))
+-- Give the lease L to owner for ttl_ms (a decimal string); return its token.
+local function grant(L, owner, ttl_ms)
+  local n = next_token(L, ttl_ms)
+  redis.call('SET', L, string.format('%d', n) .. ':' .. owner, 'PX', ttl_ms)
   return n
 end
 
--- The first waiter whose deadline has not passed, and its ttl; dead entries are purged.
-local function live_head(q, qd, now)
+-- The first waiter whose deadline has not passed, and its ttl in ms (a decimal string);
+-- dead entries are purged.
+local function live_head(L, now)
+  local q, qd = L .. ':q', L .. ':qd'
   while true do
     local first = redis.call('ZRANGE', q, 0, 0)
     if #first == 0 then
@@ -62,7 +70,7 @@ local function live_head(q, qd, now)
     if d then
       local sep = string.find(d, ':', 1, true)
       if tonumber(string.sub(d, 1, sep - 1)) > now then
-        return o, tonumber(string.sub(d, sep + 1))
+        return o, string.sub(d, sep + 1)
       end
     end
     redis.call('ZREM', q, o)
@@ -70,24 +78,25 @@ local function live_head(q, qd, now)
   end
 end
 
--- Remove owner from the queue of its name.
-local function dequeue(q, qd, owner)
-  redis.call('ZREM', q, owner)
-  redis.call('HDEL', qd, owner)
+-- Remove owner from the queue of L.
+local function dequeue(L, owner)
+  redis.call('ZREM', L .. ':q', owner)
+  redis.call('HDEL', L .. ':qd', owner)
 end
 
--- Hand the lease to the queue's live head (it leaves the queue, owns the lease, and one
--- token is pushed onto its wake list). Returns the head's ttl_ms, or nil if nobody waits.
-local function hand_off(lock, tok, q, qd, wake_prefix, now)
-  local head, ttl_ms = live_head(q, qd, now)
+-- Hand L to the queue's live head: it leaves the queue, owns the lease (new token, its own
+-- ttl), and the token is pushed onto its wake list -- one waiter woken, already the owner.
+-- Returns the head's ttl in ms (a string), or nil if nobody live waits.
+local function hand_off(L, now)
+  local head, ttl_ms = live_head(L, now)
   if not head then
     return nil
   end
-  dequeue(q, qd, head)
-  local n = grant(lock, tok, head, ttl_ms)
-  local wake = wake_prefix .. head
+  dequeue(L, head)
+  local n = grant(L, head, ttl_ms)
+  local wake = L .. ':w:' .. head
   redis.call('DEL', wake)
   redis.call('LPUSH', wake, string.format('%d', n))
-  redis.call('PEXPIRE', wake, string.format('%d', ttl_ms))
+  redis.call('PEXPIRE', wake, ttl_ms)
   return ttl_ms
 end

@@ -1,6 +1,6 @@
 -- jobfence Redis lock backend: extend one lease or renew many, in one call.
 --
--- KEYS[i]        S:lock:{N_i}
+-- KEYS[i]        S:lock:{N_i}, the lease key of name i
 -- ARGV[2i - 1]   owner of lease i
 -- ARGV[2i]       its new ttl in ms (replaces the remaining lifetime)
 --
