@@ -8,14 +8,18 @@ interleave workers and inject faults at exactly these points: a hook may block, 
 
 Stable point names (part of the public testing contract):
 
-=================  ==============================================
+====================  ===========================================
 ``lock.acquire``   one acquire attempt (``name``)
 ``lock.release``   release (``name``)
 ``lock.extend``    extend (``name``)
 ``lock.renew``     one batched renewal round trip (``names``)
 ``lock.wait``      wait for a release notification (``name``)
+``fence.check``    a fenced write's token check (``resource``, ``token``)
+``versioned.update`` a versioned update (``table``, ``key``, ``version``)
+``inbox.claim``    an idempotency claim (``key``); also ``inbox.complete``,
+                   ``inbox.release``, ``inbox.claim_in``
 ``sleep``          any sleep jobfence performs (``seconds``)
-=================  ==============================================
+====================  ===========================================
 """
 
 from __future__ import annotations
