@@ -257,8 +257,8 @@ class Inbox:
 
     def _call(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
         """Call the I/O hook, then ``fn(*args)``; wrap driver errors in BackendError."""
+        hook(operation, key=key, backend=self.backend.kind)
         try:
-            hook(operation, key=key, backend=self.backend.kind)
             return fn(*args)
         except JobfenceError:
             raise

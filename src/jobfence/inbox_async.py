@@ -260,8 +260,8 @@ class AsyncInbox:
         self, operation: str, key: str | None, fn: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
         """Call the I/O hook, then ``fn(*args)``; wrap driver errors in BackendError."""
+        await ahook(operation, key=key, backend=self.backend.kind)
         try:
-            await ahook(operation, key=key, backend=self.backend.kind)
             return await fn(*args)
         except JobfenceError:
             raise

@@ -13,6 +13,7 @@ URL options: ``table`` (default ``jobfence_inbox``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,12 +58,13 @@ class MySQLInboxBackend(InboxBackend):
             "port": url.port or 3306,
             "user": url.username or "root",
             "password": url.password or "",
-            "db": url.path.lstrip("/") or None,
             "charset": "utf8mb4",
             "autocommit": True,
             # one round trip for claim + the read of its outcome; rowcount = matched rows
             "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
         }
+        database = url.path.lstrip("/") or None
+        self._params["database"] = database
         q = {
             name: tuple(to_format(s) for s in st)
             for name, st in load_queries("mysql", self.table).items()
@@ -101,8 +103,10 @@ class MySQLInboxBackend(InboxBackend):
 
     def install(self) -> None:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            for statement in self._sql["schema"]:
-                cur.execute(statement)
+            with warnings.catch_warnings():  # "table already exists" notes
+                warnings.simplefilter("ignore")
+                for statement in self._sql["schema"]:
+                    cur.execute(statement)
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:

@@ -1,0 +1,331 @@
+"""One conformance suite for every inbox backend, sync and async.
+
+Each test runs on memory, sqlite, redis, postgres and mysql, through ``Inbox`` (in a worker
+thread) and ``AsyncInbox``, on a table of its own that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jobfence
+from jobfence import ClaimLost, ClaimState, FingerprintMismatch, InboxError
+from jobfence._hooks import set_hook
+from jobfence.inbox_backends import INBOX_BACKENDS
+from tests.conformance.inbox_support import (
+    INBOX_SPECS,
+    InboxEnv,
+    InboxSpec,
+    claim_and_hang,
+    claim_worker,
+    ienv,
+    inbox_flavour,
+    inbox_spec,
+    new_table,
+)
+
+__all__ = ["ienv", "inbox_flavour", "inbox_spec"]  # fixtures, imported to be registered
+
+FORK = multiprocessing.get_context("fork")
+
+
+async def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any:
+    """Claim ``key`` until the claim is NEW (the previous claim's ttl ran out)."""
+    deadline = time.monotonic() + within
+    while True:
+        claim = await inbox.claim(key, **kw)
+        if claim.state is ClaimState.NEW or time.monotonic() > deadline:
+            return claim
+        await asyncio.sleep(0.05)
+
+
+def test_every_registered_inbox_backend_is_in_the_suite() -> None:
+    registered = {module for module, _cls, _extra in INBOX_BACKENDS.values()}
+    covered = {spec.module for spec in INBOX_SPECS}
+    assert registered == covered, f"inbox backends missing from the suite: {registered - covered}"
+
+
+async def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    first = await inbox.claim("order:1", ttl=30)
+    assert first.state is ClaimState.NEW
+    assert first.attempt == 1
+    assert first.owned
+    second = await inbox.claim("order:1", ttl=30)
+    assert second.state is ClaimState.IN_PROGRESS
+    assert second.owner == first.owner and second.owner is not None
+    assert second.attempt == 1
+    assert second.expires_at == first.expires_at
+    assert second.result is None
+    with pytest.raises(InboxError):
+        await second.complete("not mine")
+    # another key is independent
+    assert (await inbox.claim("order:2")).state is ClaimState.NEW
+
+
+async def test_result_is_replayed_after_completion(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("order:7", fingerprint="abc")
+    result = {"charged": 1250, "items": ["a", "b"], "note": "naïve ✓"}
+    await claim.complete(result)
+    assert claim.state is ClaimState.COMPLETED
+    again = await inbox.claim("order:7", fingerprint="abc")
+    assert again.state is ClaimState.COMPLETED
+    assert again.result == result
+    assert again.attempt == 1
+    # another client (other flavour) sees the same record
+    other = ienv.inbox("async" if ienv.sync else "sync")
+    replay = await other.claim("order:7")
+    assert replay.state is ClaimState.COMPLETED and replay.result == result
+
+
+async def test_none_is_a_result_too(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    await (await inbox.claim("k")).complete()
+    replay = await inbox.claim("k")
+    assert replay.state is ClaimState.COMPLETED and replay.result is None
+
+
+async def test_fingerprint_mismatch_is_never_a_silent_replay(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("pay:1", fingerprint="digest-A")
+    with pytest.raises(FingerprintMismatch) as info:
+        await inbox.claim("pay:1", fingerprint="digest-B")
+    assert info.value.key == "pay:1"
+    await claim.complete("paid A")
+    with pytest.raises(FingerprintMismatch):
+        await inbox.claim("pay:1", fingerprint="digest-B")
+    same = await inbox.claim("pay:1", fingerprint="digest-A")
+    assert same.state is ClaimState.COMPLETED and same.result == "paid A"
+    # no fingerprint given: nothing to compare
+    assert (await inbox.claim("pay:1")).result == "paid A"
+
+
+async def test_release_lets_a_redelivery_retry(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    first = await inbox.claim("msg:1", ttl=60)
+    assert await first.release() is True
+    assert await first.release() is False
+    retry = await inbox.claim("msg:1", ttl=60)
+    assert retry.state is ClaimState.NEW
+    assert retry.attempt == 2
+    with pytest.raises(ClaimLost):
+        await first.complete("too late")
+    await retry.complete("done")
+    assert (await inbox.claim("msg:1")).result == "done"
+
+
+async def test_expired_claim_is_taken_over_and_the_old_owner_cannot_complete(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    stale = await inbox.claim("job:1", ttl=0.3)
+    assert stale.state is ClaimState.NEW
+    fresh = await wait_for_new(inbox, "job:1", within=5, ttl=60)
+    assert fresh.state is ClaimState.NEW
+    assert fresh.attempt == 2
+    with pytest.raises(ClaimLost):
+        await stale.complete("stale result")
+    assert await stale.release() is False
+    await fresh.complete("fresh result")
+    replay = await inbox.claim("job:1")
+    assert replay.state is ClaimState.COMPLETED
+    assert replay.result == "fresh result"
+    assert replay.attempt == 2
+
+
+async def test_takeover_with_another_fingerprint_is_a_mismatch(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    await inbox.claim("job:2", ttl=0.2, fingerprint="one")
+    await asyncio.sleep(0.3)
+    with pytest.raises(FingerprintMismatch):
+        await inbox.claim("job:2", fingerprint="two")
+    taken = await inbox.claim("job:2", fingerprint="one")
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+
+
+async def test_purge_removes_expired_completed_and_abandoned_records_only(
+    ienv: InboxEnv,
+) -> None:
+    short = ienv.inbox(retention=0.2)
+    long = ienv.inbox(retention=3600)
+    abandoned = await short.claim("d", ttl=0.05)  # its worker "died"
+    assert abandoned.state is ClaimState.NEW
+    await (await short.claim("a")).complete("expires soon")
+    await asyncio.sleep(0.5)  # past a's retention, and d's deadline + retention
+    await (await long.claim("c")).complete("kept")
+    live = await long.claim("b", ttl=60)
+    assert live.state is ClaimState.NEW
+    purged = await short.purge()
+    if short.capabilities.native_expiry:
+        assert purged == 0  # the server expired them by itself
+    else:
+        assert purged == 2
+    assert (await long.purge()) == 0  # nothing else is due
+    kept = await long.claim("c")
+    assert kept.state is ClaimState.COMPLETED and kept.result == "kept"
+    busy = await long.claim("b")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == live.owner
+    gone_a = await long.claim("a")
+    assert gone_a.state is ClaimState.NEW and gone_a.attempt == 1
+    gone_d = await long.claim("d")  # a takeover would say attempt 2: the record was removed
+    assert gone_d.state is ClaimState.NEW and gone_d.attempt == 1
+
+
+async def test_serializer_is_pluggable(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox(serializer=pickle)
+    await (await inbox.claim("p")).complete({1, 2, 3})
+    assert (await inbox.claim("p")).result == {1, 2, 3}
+
+
+async def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    seen: list[tuple[str, Any]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point.startswith("inbox."):
+            seen.append((point, info.get("key")))
+            if point == "inbox.claim" and info.get("key") == "boom":
+                raise RuntimeError("injected before the claim")
+
+    old = set_hook(hook)
+    try:
+        claim = await inbox.claim("h")
+        await claim.release()
+        claim = await inbox.claim("h")
+        await claim.complete(1)
+        with pytest.raises(RuntimeError):
+            await inbox.claim("boom")
+    finally:
+        set_hook(old)
+    assert seen == [
+        ("inbox.claim", "h"),
+        ("inbox.release", "h"),
+        ("inbox.claim", "h"),
+        ("inbox.complete", "h"),
+        ("inbox.claim", "boom"),
+    ]
+    # the failing hook ran BEFORE the I/O: the key was never claimed
+    assert (await inbox.claim("boom")).state is ClaimState.NEW
+
+
+async def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("ctx", ttl=60)
+    with pytest.raises(ValueError):
+        if ienv.sync:
+            with claim.claim:
+                raise ValueError("work failed")
+        else:
+            async with claim.claim:
+                raise ValueError("work failed")
+    retry = await inbox.claim("ctx", ttl=60)
+    assert retry.state is ClaimState.NEW and retry.attempt == 2
+
+
+# -- many processes -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", INBOX_SPECS, ids=[s.id for s in INBOX_SPECS])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_16_concurrent_claimants_exactly_one_is_new(
+    spec: InboxSpec, flavour: str, tmp_path: Path
+) -> None:
+    env = InboxEnv(spec, flavour, tmp_path)
+    key = "contended:" + new_table()
+    results: list[tuple[str, str | None, int]] = []
+    try:
+        if not jobfence.Inbox(env.url, table=env.table).capabilities.cross_process:
+            # one process holds the store: 16 threads claim at the same moment instead
+            inbox = jobfence.Inbox(env.url, table=env.table)
+            barrier = threading.Barrier(16)
+            lock = threading.Lock()
+
+            def run() -> None:
+                barrier.wait()
+                c = inbox.claim(key, ttl=60)
+                with lock:
+                    results.append((c.state.value, c.owner, c.attempt))
+
+            threads = [threading.Thread(target=run) for _ in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+        else:
+            barrier = FORK.Barrier(16)
+            out = FORK.Queue()
+            procs = [
+                FORK.Process(
+                    target=claim_worker,
+                    args=(env.url, env.table, key, flavour == "sync", barrier, out),
+                )
+                for _ in range(16)
+            ]
+            for p in procs:
+                p.start()
+            results = [out.get(timeout=60) for _ in procs]
+            for p in procs:
+                p.join(10)
+        errors = [r for r in results if r[0] == "error"]
+        assert not errors, errors
+        assert len(results) == 16
+        states = sorted(r[0] for r in results)
+        assert states.count("new") == 1, states
+        assert states.count("in_progress") == 15, states
+        owners = {r[1] for r in results}
+        assert len(owners) == 1, "every duplicate must name the one winner as the owner"
+        assert {r[2] for r in results} == {1}
+    finally:
+        asyncio.run(env.aclose())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [s for s in INBOX_SPECS if s.id != "memory"], ids=lambda s: s.id)
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_kill_9_mid_work_then_takeover_after_ttl(
+    spec: InboxSpec, flavour: str, tmp_path: Path
+) -> None:
+    env = InboxEnv(spec, flavour, tmp_path)
+    key = "crash:1"
+    out = FORK.Queue()
+    child = FORK.Process(
+        target=claim_and_hang, args=(env.url, env.table, key, 1.0, flavour == "sync", out)
+    )
+    child.start()
+    try:
+        state, owner, attempt = out.get(timeout=30)
+        assert (state, attempt) == ("new", 1), owner
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL
+
+        async def after_crash() -> None:
+            inbox = env.inbox()
+            blocked = await inbox.claim(key)
+            # the dead worker's claim still counts until its ttl runs out
+            if blocked.state is ClaimState.IN_PROGRESS:
+                assert blocked.owner == owner
+            taken = await wait_for_new(inbox, key, within=10, ttl=30)
+            assert taken.state is ClaimState.NEW
+            assert taken.attempt == 2
+            await taken.complete("recovered")
+            replay = await inbox.claim(key)
+            assert replay.result == "recovered" and replay.attempt == 2
+
+        asyncio.run(after_crash())
+    finally:
+        if child.is_alive():
+            child.kill()
+        asyncio.run(env.aclose())
