@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import uuid
+import warnings
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
@@ -325,7 +326,9 @@ class Inbox:
             retention = int(self.retention * 1_000_000)
         try:
             hook("inbox.claim_in", key=key, backend=sc.dialect)
-            res = sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+            with warnings.catch_warnings():  # pymysql warns on every ignored duplicate
+                warnings.filterwarnings("ignore", message="Duplicate entry")
+                res = sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
@@ -332,7 +333,9 @@ class AsyncInbox:
             retention = int(self.retention * 1_000_000)
         try:
             await ahook("inbox.claim_in", key=key, backend=sc.dialect)
-            res = await sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+            with warnings.catch_warnings():  # aiomysql warns on every ignored duplicate
+                warnings.filterwarnings("ignore", message="Duplicate entry")
+                res = await sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":
