@@ -105,7 +105,7 @@ def micros(seconds: float) -> int:
 
 
 def renew_statement(
-    template: str, items: Sequence[tuple[bytes, str, float]]
+    template: str, items: Sequence[tuple[str, str, float]]
 ) -> tuple[str, list[Any]]:
     """Fill the ``renew`` template for ``items`` of (hash, owner, ttl): (sql, positional args)."""
     hashes = ", ".join(["UNHEX(%s)"] * len(items))

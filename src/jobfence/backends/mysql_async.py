@@ -219,7 +219,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         window = None
         if wait is not None and self.options.next_in_line > 0:
             window = micros(min(self.options.next_in_line, max(wait, 0.001)))
-        affected, token, _ = await self._execute(
+        _, token, _ = await self._execute(
             self.queries["acquire"],
             {
                 "hash": name_hash(name),
@@ -229,14 +229,14 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                 "window_us": window,
             },
         )
-        if token > 0:
+        if token > 1:
             self._forget(name, owner)
             return token
         if wait is not None:
             if len(self._backoff) > _MAX_WAITING:
                 self._backoff.clear()
                 self._next.clear()
-            if affected == 2:
+            if token == 1:
                 self._next.add((name, owner))
             else:
                 self._next.discard((name, owner))

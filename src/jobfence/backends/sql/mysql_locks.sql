@@ -63,11 +63,11 @@ SELECT version FROM `{prefix}_schema` WHERE component = 'locks';
 -- ONE statement, ONE round trip. Params: %(hash)s, %(name)s, %(owner)s, %(ttl_us)s,
 -- %(window_us)s (NULL for a plain try; else how long, in microseconds, this caller may stay
 -- "next in line" without trying again).
--- Result, read from the OK packet (no result set):
---   insert_id (cursor.lastrowid) > 0  -> acquired; insert_id IS the fencing token
---                                        (set with LAST_INSERT_ID(expr), per connection)
---   insert_id = 0, affected rows = 2  -> not acquired; the caller is now next in line
---   insert_id = 0, affected rows = 0  -> not acquired
+-- Result, read from the OK packet (no result set): insert_id (cursor.lastrowid), set with
+-- LAST_INSERT_ID(expr) (per connection, so concurrent clients never see each other's):
+--   insert_id > 1  -> acquired; insert_id IS the fencing token (tokens are > 10^15)
+--   insert_id = 1  -> not acquired; the caller is (still) next in line
+--   insert_id = 0  -> not acquired
 -- The row's primary key makes InnoDB lock it for the whole statement, so concurrent acquires
 -- of one name are serialised and each sees the previous one's result.
 --
@@ -75,14 +75,19 @@ SELECT version FROM `{prefix}_schema` WHERE component = 'locks';
 --   (a) live and already its own (a retried acquire whose reply was lost: same token), or
 --   (b) free (expired or released) and no OTHER live waiter is next in line.
 -- Rule (b) keeps a releasing worker from re-taking the lock ahead of a worker that has been
--- waiting: the waiter next in line gets it (it retries within a few milliseconds). It is not a
--- queue: only one waiter is next in line, and only until next_until.
+-- waiting: the waiter next in line gets it (it polls every few milliseconds). It is not a
+-- queue: only one waiter is next in line, and only until next_until, which it pushes forward
+-- while it keeps polling (only when half of its window has passed, so that most polls write
+-- nothing and cost no commit).
 --
 -- The ON DUPLICATE KEY UPDATE assignments run left to right and each one sees the columns the
 -- earlier ones set (MySQL and MariaDB's default; MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode
 -- is reset for these connections). So the decision is made ONCE, by the first assignment, and
 -- recorded in `owner`: after it, owner = VALUES(owner) holds exactly when the caller takes the
 -- row (an expired row of the caller's own that it may not take is reset to '').
+-- "Becomes/stays next in line" (NIL below) is judged on next_owner/next_until before their
+-- own assignments:  %(window_us)s IS NOT NULL AND (next_owner IS NULL
+--                   OR next_owner = VALUES(owner) OR next_until <= UTC_TIMESTAMP(6))
 INSERT INTO `{prefix}_locks` (name_hash, name, owner, token, expires_at, next_owner, next_until)
 VALUES (
     UNHEX(%(hash)s), %(name)s, %(owner)s,
@@ -98,13 +103,20 @@ ON DUPLICATE KEY UPDATE
                  OR next_until <= UTC_TIMESTAMP(6))),
         VALUES(owner),
         IF(owner = VALUES(owner), '', owner)),
-    -- taken: a new token (or the same one for case (a)); else LAST_INSERT_ID(0) reports 0
+    -- taken: a new token (or the same one for case (a)) becomes the insert_id; not taken:
+    -- token is unchanged and insert_id = 1 when NIL, else 0
     token = IF(owner = VALUES(owner),
         LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6), token,
                           GREATEST(token + 1, VALUES(token)))),
-        token + LAST_INSERT_ID(0)),
+        token + LAST_INSERT_ID(
+            %(window_us)s IS NOT NULL
+            AND (next_owner IS NULL OR next_owner = VALUES(owner)
+                 OR next_until <= UTC_TIMESTAMP(6)))
+        - (%(window_us)s IS NOT NULL
+           AND (next_owner IS NULL OR next_owner = VALUES(owner)
+                OR next_until <= UTC_TIMESTAMP(6)))),
     expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at),
-    -- next in line: the taker stops being it; a waiter becomes it when nobody else (live) is
+    -- the taker stops being next in line; a waiter becomes it when NIL
     next_owner = IF(owner = VALUES(owner),
         IF(next_owner = VALUES(owner), NULL, next_owner),
         IF(%(window_us)s IS NOT NULL
@@ -113,7 +125,9 @@ ON DUPLICATE KEY UPDATE
            VALUES(owner), next_owner)),
     next_until = IF(owner = VALUES(owner),
         IF(next_owner IS NULL, NULL, next_until),
-        IF(next_owner = VALUES(owner),
+        IF(next_owner = VALUES(owner)
+           AND (next_until IS NULL
+                OR next_until <= UTC_TIMESTAMP(6) + INTERVAL (%(window_us)s DIV 2) MICROSECOND),
            UTC_TIMESTAMP(6) + INTERVAL %(window_us)s MICROSECOND, next_until));
 
 
