@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Inbox claims: jobfence against a hand-written idempotency insert, side by side in one run.
+
+For each backend, in interleaved rounds (median of the rounds, µs per claim of a NEW key):
+
+  (a) hand-written baseline on the same driver, autocommit, table ``(k PRIMARY KEY)``:
+      PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING``, MariaDB ``INSERT IGNORE``, SQLite
+      ``INSERT OR IGNORE``, Redis ``SET k 1 NX PX``
+  (b) jobfence ``Inbox.claim(key)`` (sync), and the duplicate path (claim of a held key)
+  (c) ``Inbox.claim_in(conn, key)`` inside a caller transaction vs the same hand-written insert
+      inside the same kind of transaction (begin, statement, commit)
+
+Round trips per claim are counted, not assumed: PostgreSQL from libpq's protocol trace (one
+``Sync`` per request/response exchange), MariaDB by counting the driver's commands, Redis by
+counting the commands sent (and INFO commandstats' EVALSHA delta), SQLite (in-process, no
+network) by the statements its trace callback sees.
+
+Usage: ``python benchmarks/bench_inbox.py [--ops 400] [--rounds 5] [--only postgres,...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
+
+import jobfence
+
+
+def per_op(fn: Callable[[str], Any], ops: int) -> float:
+    keys = [uuid.uuid4().hex for _ in range(ops)]
+    start = time.perf_counter()
+    for k in keys:
+        fn(k)
+    return (time.perf_counter() - start) / ops * 1e6
+
+
+def interleave(cases: dict[str, Callable[[str], Any]], ops: int, rounds: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():  # warm-up (connections, prepared statements)
+        per_op(fn, 20)
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].append(per_op(fn, ops))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def report(backend: str, timings: dict[str, float], base: str, trips: dict[str, Any]) -> None:
+    print(f"\n== {backend}")
+    for name, us in timings.items():
+        ratio = f"{us / timings[base]:.2f}x" if name != base else "1.00x (baseline)"
+        print(f"  {name:<44} {us:8.1f} µs   {ratio}")
+    for name, value in trips.items():
+        print(f"  round trips per {name:<31} {value}")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+def bench_postgres(ops: int, rounds: int) -> None:
+    import psycopg
+
+    table = "bench_inbox_" + uuid.uuid4().hex[:8]
+    inbox = jobfence.Inbox(POSTGRES_URL, table=table)
+    inbox.install()
+    raw = psycopg.connect(POSTGRES_URL, autocommit=True)
+    raw.execute(f"CREATE TABLE {table}_raw (k text PRIMARY KEY)")
+    txconn = psycopg.connect(POSTGRES_URL)
+    held = uuid.uuid4().hex
+    inbox.claim(held)
+
+    def baseline(k: str) -> None:
+        raw.execute(f"INSERT INTO {table}_raw (k) VALUES (%s) ON CONFLICT DO NOTHING", (k,))
+
+    def baseline_tx(k: str) -> None:
+        txconn.execute(f"INSERT INTO {table}_raw (k) VALUES (%s) ON CONFLICT DO NOTHING", (k,))
+        txconn.commit()
+
+    def claim_in(k: str) -> None:
+        inbox.claim_in(txconn, k)
+        txconn.commit()
+
+    try:
+        timings = interleave(
+            {
+                "hand-written INSERT ON CONFLICT DO NOTHING": baseline,
+                "Inbox.claim (NEW)": inbox.claim,
+                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
+                "hand-written insert in a transaction": baseline_tx,
+                "Inbox.claim_in in a transaction": claim_in,
+            },
+            ops,
+            rounds,
+        )
+        trips = {
+            "claim (NEW)": _pg_trips(inbox, lambda: inbox.claim(uuid.uuid4().hex)),
+            "claim (duplicate)": _pg_trips(inbox, lambda: inbox.claim(held)),
+        }
+        report(
+            "PostgreSQL (psycopg, sync)",
+            timings,
+            "hand-written INSERT ON CONFLICT DO NOTHING",
+            trips,
+        )
+    finally:
+        txconn.close()
+        raw.execute(f"DROP TABLE {table}_raw")
+        raw.close()
+        inbox.drop()
+        inbox.close()
+
+
+def _pg_trips(inbox: Any, op: Callable[[], Any], n: int = 50) -> float:
+    op()
+    conn = inbox.backend._pool._idle[-1]
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        for _ in range(n):
+            op()
+        conn.pgconn.untrace()
+        trace.seek(0)
+        syncs = sum(1 for line in trace if "\tF\t" in line and "Sync" in line)
+    return syncs / n
+
+
+# -- MariaDB ------------------------------------------------------------------------------
+
+
+def bench_mysql(ops: int, rounds: int) -> None:
+    import pymysql
+
+    table = "bench_inbox_" + uuid.uuid4().hex[:8]
+    inbox = jobfence.Inbox(MYSQL_URL, table=table)
+    inbox.install()
+    kw: dict[str, Any] = {"host": "127.0.0.1", "user": "root", "database": "test"}
+    raw = pymysql.connect(**kw, autocommit=True)
+    txconn = pymysql.connect(**kw)
+    with raw.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table}_raw (k VARBINARY(1024) PRIMARY KEY)")
+    held = uuid.uuid4().hex
+    inbox.claim(held)
+
+    def baseline(k: str) -> None:
+        with raw.cursor() as cur:
+            cur.execute(f"INSERT IGNORE INTO {table}_raw (k) VALUES (%s)", (k,))
+
+    def baseline_tx(k: str) -> None:
+        with txconn.cursor() as cur:
+            cur.execute(f"INSERT IGNORE INTO {table}_raw (k) VALUES (%s)", (k,))
+        txconn.commit()
+
+    def claim_in(k: str) -> None:
+        inbox.claim_in(txconn, k)
+        txconn.commit()
+
+    try:
+        timings = interleave(
+            {
+                "hand-written INSERT IGNORE": baseline,
+                "Inbox.claim (NEW)": inbox.claim,
+                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
+                "hand-written insert in a transaction": baseline_tx,
+                "Inbox.claim_in in a transaction": claim_in,
+            },
+            ops,
+            rounds,
+        )
+        trips = {
+            "claim (NEW)": _mysql_trips(inbox, lambda: inbox.claim(uuid.uuid4().hex)),
+            "claim (duplicate)": _mysql_trips(inbox, lambda: inbox.claim(held)),
+            "claim_in (without commit)": _mysql_conn_trips(
+                txconn, lambda: inbox.claim_in(txconn, uuid.uuid4().hex)
+            ),
+        }
+        report("MariaDB (PyMySQL)", timings, "hand-written INSERT IGNORE", trips)
+    finally:
+        txconn.rollback()
+        txconn.close()
+        with raw.cursor() as cur:
+            cur.execute(f"DROP TABLE {table}_raw")
+        raw.close()
+        inbox.drop()
+        inbox.close()
+
+
+def _mysql_conn_trips(conn: Any, op: Callable[[], Any], n: int = 50) -> float:
+    count = 0
+    original = conn._execute_command
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        nonlocal count
+        count += 1
+        return original(*args, **kw)
+
+    conn._execute_command = counting
+    try:
+        for _ in range(n):
+            op()
+    finally:
+        conn._execute_command = original
+    return count / n
+
+
+def _mysql_trips(inbox: Any, op: Callable[[], Any]) -> float:
+    op()
+    return _mysql_conn_trips(inbox.backend._pool._idle[-1], op)
+
+
+# -- SQLite -------------------------------------------------------------------------------
+
+
+def bench_sqlite(ops: int, rounds: int) -> None:
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "bench.db")
+    inbox = jobfence.Inbox(f"sqlite:///{path}", table="bench_inbox")
+    inbox.install()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("CREATE TABLE bench_raw (k TEXT PRIMARY KEY)")
+    txconn = sqlite3.connect(path)
+    held = uuid.uuid4().hex
+    inbox.claim(held)
+
+    def baseline(k: str) -> None:
+        raw.execute("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)", (k,))
+
+    def baseline_tx(k: str) -> None:
+        txconn.execute("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)", (k,))
+        txconn.commit()
+
+    def claim_in(k: str) -> None:
+        inbox.claim_in(txconn, k)
+        txconn.commit()
+
+    timings = interleave(
+        {
+            "hand-written INSERT OR IGNORE": baseline,
+            "Inbox.claim (NEW)": inbox.claim,
+            "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
+            "hand-written insert in a transaction": baseline_tx,
+            "Inbox.claim_in in a transaction": claim_in,
+        },
+        ops,
+        rounds,
+    )
+    inbox.claim(uuid.uuid4().hex)
+    conn = inbox.backend._pool._idle[-1]
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    inbox.claim(uuid.uuid4().hex)
+    new = len(statements)
+    statements.clear()
+    inbox.claim(held)
+    dup = len(statements)
+    conn.set_trace_callback(None)
+    report(
+        "SQLite (sqlite3, WAL)",
+        timings,
+        "hand-written INSERT OR IGNORE",
+        {"claim (NEW), statements": new, "claim (duplicate), statements": dup},
+    )
+    raw.close()
+    txconn.close()
+    inbox.close()
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+
+def bench_redis(ops: int, rounds: int) -> None:
+    import redis
+
+    table = "bench_inbox_" + uuid.uuid4().hex[:8]
+    inbox = jobfence.Inbox(REDIS_URL, table=table)
+    raw = redis.Redis.from_url(REDIS_URL)
+    held = uuid.uuid4().hex
+    inbox.claim(held)
+
+    def baseline(k: str) -> None:
+        raw.set(f"{table}raw:{k}", 1, nx=True, px=300_000)
+
+    try:
+        timings = interleave(
+            {
+                "hand-written SET NX PX": baseline,
+                "Inbox.claim (NEW)": inbox.claim,
+                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
+            },
+            ops,
+            rounds,
+        )
+        sent = 0
+        conn_cls = redis.connection.AbstractConnection
+        original = conn_cls.send_packed_command
+
+        def counting(self: Any, *args: Any, **kw: Any) -> Any:
+            nonlocal sent
+            sent += 1
+            return original(self, *args, **kw)
+
+        before = raw.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        conn_cls.send_packed_command = counting  # type: ignore[method-assign]
+        try:
+            for _ in range(100):
+                inbox.claim(uuid.uuid4().hex)
+        finally:
+            conn_cls.send_packed_command = original  # type: ignore[method-assign]
+        after = raw.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        report(
+            "Redis (redis-py, sync)",
+            timings,
+            "hand-written SET NX PX",
+            {
+                "claim (NEW), client sends": sent / 100,
+                "claim, server EVALSHA delta": f"{(after - before) / 100:.2f} (shared server)",
+            },
+        )
+    finally:
+        inbox.drop()
+        for key in raw.scan_iter(match=f"{table}raw:*", count=1000):
+            raw.delete(key)
+        raw.close()
+        inbox.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="postgres,mysql,sqlite,redis")
+    args = parser.parse_args()
+    benches = {
+        "postgres": bench_postgres,
+        "mysql": bench_mysql,
+        "sqlite": bench_sqlite,
+        "redis": bench_redis,
+    }
+    for name in args.only.split(","):
+        benches[name](args.ops, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
