@@ -12,7 +12,9 @@ Uncontended acquire+release, interleaved rounds, median of the rounds (µs per p
 Contended hand-off: 4 processes loop on one name for a fixed time, each holding the lock for
 a 1 ms critical section (``time.sleep(0.001)``). Reports ops/s against the ideal (1000/s, and
 the ideal given what ``sleep(0.001)`` really takes here) and each worker's share (1.0 = a fair
-quarter). jobfence (``acquire``, fair FIFO hand-off) against redis-py ``Lock(blocking=True)``.
+quarter). jobfence (``acquire``, fair FIFO hand-off) against redis-py ``Lock(blocking=True)``,
+and, as a reference for what the machine allows, one process running the same loop alone
+(no contention: every cycle is sleep + release + acquire, one after the other).
 
 Usage: ``python benchmarks/bench_redis_locks.py [--url redis://127.0.0.1:6379/0]
 [--rounds 31] [--ops 400] [--seconds 3] [--workers 4]``
@@ -253,6 +255,16 @@ def main() -> None:
     per_sleep = sleep_cost()
     sleep_ideal = 1 / per_sleep
     crows: list[tuple[str, str, str, str, str]] = []
+    solo, _ = contended(args.url, "jobfence", 1, args.seconds)
+    crows.append(
+        (
+            "(reference) jobfence, 1 process alone: the same loop without contention",
+            f"{solo:.0f}",
+            f"{solo / 1000:.0%}",
+            f"{solo / sleep_ideal:.0%}",
+            "-",
+        )
+    )
     for kind, label in (
         ("jobfence", "jobfence Locks.acquire (FIFO hand-off)"),
         ("redis-py", "redis-py Lock(blocking=True), sleep=0.1 (default)"),
