@@ -189,6 +189,17 @@ def test_release_and_extend_are_owner_only(ns: str, raw: redis.Redis) -> None:
         assert lease.release() is False
 
 
+def test_foreign_value_is_nobodys_lease(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    name = _name()
+    raw.set(_key(ns, "lock", name), "not written by jobfence", px=10_000)
+    assert backend.acquire(name, "o", 10) is None
+    assert backend.release(name, "o") is False
+    assert backend.renew([(name, "o", 10)]) == [False]
+    assert raw.get(_key(ns, "lock", name)) == b"not written by jobfence"
+
+
 def test_renew_reports_each_lease(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
     a, b, gone = _name(), _name(), _name()
     assert backend.acquire(a, "oa", 5) is not None

@@ -43,9 +43,13 @@ local function next_token(L, ttl_ms)
   return n
 end
 
--- Owner and token of a lease value "<token>:<owner>" (the owner may contain ':').
+-- Owner and token of a lease value "<token>:<owner>" (the owner may contain ':');
+-- nil for a value jobfence did not write (then nobody's owner check passes).
 local function split_lease(v)
   local sep = string.find(v, ':', 1, true)
+  if not sep then
+    return nil, nil
+  end
   return string.sub(v, sep + 1), tonumber(string.sub(v, 1, sep - 1))
 end
 

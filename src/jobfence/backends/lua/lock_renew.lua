@@ -13,7 +13,7 @@ for i = 1, #KEYS do
   local v = redis.call('GET', KEYS[i])
   if v then
     local sep = string.find(v, ':', 1, true)
-    if string.sub(v, sep + 1) == ARGV[2 * i - 1] then
+    if sep and string.sub(v, sep + 1) == ARGV[2 * i - 1] then
       redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
       ok = 1
     end
