@@ -464,7 +464,7 @@ def test_no_keys_command_in_the_source() -> None:
 
 
 # -- sync and async together ----------------------------------------------------------------
-async def test_sync_and_async_clients_share_locks(ns: str) -> None:
+async def test_sync_and_async_clients_share_locks(ns: str, araw: redis.asyncio.Redis) -> None:
     name = _name()
     sync_locks = jobfence.Locks(REDIS_URL, namespace=ns)
     async_locks = jobfence.AsyncLocks(REDIS_URL, namespace=ns)
@@ -477,7 +477,7 @@ async def test_sync_and_async_clients_share_locks(ns: str) -> None:
             return await async_locks.acquire(name, ttl=10, timeout=10)
 
         waiting = asyncio.create_task(take())
-        await asyncio.sleep(0)  # let it enqueue before the release (hand-off either way)
+        await _until(lambda: _zcard_is(araw, _key(ns, "q", name), 1))  # it waits in line
         assert await asyncio.to_thread(held.release)
         lease = await asyncio.wait_for(waiting, 10)
         assert lease.token > held.token
