@@ -23,10 +23,17 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
         return True
     if timeout is not None and timeout <= 0:
         return False
+    # Not asyncio.wait_for: on Python < 3.12 it can swallow a cancellation that arrives as
+    # the inner wait completes, and a background loop would then never stop.
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_task(event.wait())
+    timer = loop.call_later(timeout, waiter.cancel) if timeout is not None else None
     try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
-        pass
+        await asyncio.wait({waiter})
+    finally:
+        if timer is not None:
+            timer.cancel()
+        waiter.cancel()
     return event.is_set()
 
 

@@ -310,25 +310,40 @@ class Locks:
         owner = _new_owner()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
-        while True:
-            started = clock.monotonic()
-            remaining = None if deadline is None else deadline - started
-            wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
-            token = self._call(
-                "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
-            )
-            if token is not None:
-                return self._lease(name, owner, token, ttl, started, renew)
-            if remaining is not None and remaining <= 0:
-                break
-            limit = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
-            token = self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
-            if token is not None:
-                return self._lease(name, owner, token, ttl, started, renew)
+        try:
+            while True:
+                started = clock.monotonic()
+                remaining = None if deadline is None else deadline - started
+                wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
+                token = self._call(
+                    "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
+                )
+                if token is not None:
+                    return self._lease(name, owner, token, ttl, started, renew)
+                if remaining is not None and remaining <= 0:
+                    break
+                limit = (
+                    self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+                )
+                token = self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
+                if token is not None:
+                    return self._lease(name, owner, token, ttl, started, renew)
+        except BaseException:
+            # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
+            # give back a lease that may have been handed to us meanwhile
+            self._abandon(name, owner)
+            raise
         token = self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it
             return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
+
+    def _abandon(self, name: str, owner: str) -> None:
+        try:
+            if self.backend.cancel_wait(name, owner) is not None:
+                self.backend.release(name, owner)
+        except Exception as exc:
+            log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     def acquire(
         self,

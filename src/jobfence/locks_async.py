@@ -372,25 +372,51 @@ class AsyncLocks:
         owner = _new_owner()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
-        while True:
-            started = clock.monotonic()
-            remaining = None if deadline is None else deadline - started
-            wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
-            token = await self._call(
-                "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
-            )
-            if token is not None:
-                return self._lease(name, owner, token, ttl, started, renew)
-            if remaining is not None and remaining <= 0:
-                break
-            limit = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
-            token = await self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
-            if token is not None:
-                return self._lease(name, owner, token, ttl, started, renew)
+        try:
+            while True:
+                started = clock.monotonic()
+                remaining = None if deadline is None else deadline - started
+                wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
+                token = await self._call(
+                    "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
+                )
+                if token is not None:
+                    return self._lease(name, owner, token, ttl, started, renew)
+                if remaining is not None and remaining <= 0:
+                    break
+                limit = (
+                    self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+                )
+                token = await self._call(
+                    "lock.wait", name, partial(backend.wait, name, owner, limit)
+                )
+                if token is not None:
+                    return self._lease(name, owner, token, ttl, started, renew)
+        except BaseException:
+            # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
+            # give back a lease that may have been handed to us meanwhile
+            # begin-async-only
+            cleanup = asyncio.ensure_future(self._abandon(name, owner))
+            try:
+                await asyncio.shield(cleanup)
+            except BaseException:
+                pass
+            # end-async-only
+            # begin-sync-only
+            # self._abandon(name, owner)
+            # end-sync-only
+            raise
         token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it
             return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
+
+    async def _abandon(self, name: str, owner: str) -> None:
+        try:
+            if await self.backend.cancel_wait(name, owner) is not None:
+                await self.backend.release(name, owner)
+        except Exception as exc:
+            log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     # begin-async-only
     def acquire(

@@ -272,3 +272,35 @@ def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path
     assert seen == list(range(workers * iterations))  # every read saw the previous write
     tokens_in_hold_order = [t for _v, t in sorted(holds)]
     assert tokens_in_hold_order == sorted(set(tokens_in_hold_order))  # strictly increasing
+
+
+async def test_a_cancelled_waiter_leaves_nothing_behind(env: Env) -> None:
+    """A waiter cancelled mid-wait must not be handed the lease later (it would block the
+    name for a whole ttl)."""
+    from jobfence._hooks import set_hook
+
+    holder, newcomer = env.client(), env.client()
+    waiter = env.client("async")
+    name = _name()
+    held = await holder.try_acquire(name, ttl=10)
+    assert held is not None
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.Event()
+
+    def hook(point: str, **info: object) -> None:
+        if point == "lock.wait" and info.get("name") == name:
+            loop.call_soon_threadsafe(waiting.set)
+
+    old = set_hook(hook)
+    try:
+        task = asyncio.create_task(waiter.acquire(name, ttl=10, timeout=None))
+        await asyncio.wait_for(waiting.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        set_hook(old)
+    assert await held.release()
+    again = await newcomer.try_acquire(name, ttl=10)
+    assert again is not None, "the cancelled waiter still blocks the name"
+    assert await again.release()

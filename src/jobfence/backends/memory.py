@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._acompat import wait_event
 from .._clock import get_clock
 from .._url import BackendURL
 from ._types import LockCapabilities
@@ -262,10 +263,7 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
         token, limit = self.store.prepare_wait(name, owner, timeout, wake)
         if token is not None or limit <= 0:
             return token
-        try:
-            await asyncio.wait_for(event.wait(), limit)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(event, limit)
         return self.store.finish_wait(name, owner, wake)
 
     async def cancel_wait(self, name: str, owner: str) -> int | None:

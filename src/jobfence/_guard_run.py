@@ -1,0 +1,90 @@
+# Generated from _guard_run_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""The body of :func:`jobfence.guarded` (async source of ``_guard_run.py``).
+
+lock -> claim -> run (with retries) -> complete -> release, with the failure rules:
+
+* a duplicate (claim COMPLETED) returns the stored result without running;
+* a claim owned by another live worker raises :class:`ClaimInProgress`;
+* an exception in the function releases the claim (a redelivery may retry) and re-raises;
+* a lost lease releases the claim -- never completes it -- and raises :class:`LockLost`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ._guard_spec import GuardSpec, current_lease_var
+from .errors import ClaimInProgress, JobfenceError, LockTimeout
+
+__all__ = ["run_guarded"]
+
+log = logging.getLogger("jobfence.guard")
+
+_SKIPPED = object()
+
+
+def _release_claim(claim: Any) -> None:
+    try:
+        claim.release()
+    except JobfenceError as err:  # the claim will expire after its ttl
+        log.warning("releasing the claim on %r failed: %s", claim.key, err)
+
+
+def run_guarded(
+    spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    arguments = spec.arguments(args, kwargs)
+    lease = None
+    if spec.locks is not None and spec.lock is not None:
+        name = spec.lock_name(arguments)
+        if spec.timeout == 0:
+            lease = spec.locks.try_acquire(name, ttl=spec.ttl)
+            if lease is None and spec.if_locked == "raise":
+                raise LockTimeout(f"{name!r} is held by another worker", name=name)
+        else:
+            try:
+                lease = spec.locks.acquire(name, ttl=spec.ttl, timeout=spec.timeout)
+            except LockTimeout:
+                if spec.if_locked == "raise":
+                    raise
+        if lease is None:
+            return spec.skipped_result
+    with lease if lease is not None else contextlib.nullcontext():
+        claim = None
+        if spec.inbox is not None and spec.key is not None:
+            key = spec.key_name(arguments)
+            claim = spec.inbox.claim(
+                key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl
+            )
+            state = claim.state.value
+            if state == "completed":
+                return claim.result
+            if state == "in_progress":
+                owner = getattr(claim, "owner", None)
+                until = getattr(claim, "expires_at", None)
+                raise ClaimInProgress(
+                    f"{key!r} is being processed by another worker ({owner}, until {until})",
+                    key=key,
+                    owner=owner,
+                    expires_at=until,
+                )
+        token = current_lease_var.set(lease)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            if claim is not None:
+                _release_claim(claim)
+            raise
+        finally:
+            current_lease_var.reset(token)
+        if lease is not None and lease.lost:
+            if claim is not None:
+                _release_claim(claim)
+            lease.check()  # raises LockLost
+        if claim is not None:
+            claim.complete(result)
+        return result

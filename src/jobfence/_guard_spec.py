@@ -1,0 +1,126 @@
+"""Validated configuration of one :func:`jobfence.guarded` function (shared by sync and async)."""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import inspect
+import json
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._validate import check_name, check_timeout, check_ttl
+from .errors import ConfigurationError
+
+NameSpec = str | Callable[..., str] | None
+
+#: the lease of the guarded call running in this context (thread or task)
+current_lease_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "jobfence_current_lease", default=None
+)
+
+
+def _check_template(template: NameSpec, argument: str, signature: inspect.Signature) -> None:
+    if template is None or callable(template):
+        return
+    if not isinstance(template, str) or not template:
+        raise ConfigurationError(
+            f"{argument} must be a non-empty str template such as 'inventory:{{product_id}}' "
+            f"or a callable taking the function's arguments, got {template!r}",
+            argument=argument,
+        )
+    params = set(signature.parameters)
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{argument} template {template!r}: {exc}", argument=argument
+        ) from None
+    for field in fields:
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root not in params:
+            raise ConfigurationError(
+                f"{argument} template {template!r} names {{{field}}}, but the function's "
+                f"parameters are: {', '.join(sorted(params)) or '(none)'}",
+                argument=argument,
+            )
+
+
+@dataclass
+class GuardSpec:
+    signature: inspect.Signature
+    locks: Any
+    inbox: Any
+    lock: NameSpec
+    key: NameSpec
+    ttl: float
+    timeout: float | None
+    claim_ttl: float
+    fingerprint: bool | Callable[..., str] | None
+    if_locked: str
+    skipped_result: Any = None
+
+    def __post_init__(self) -> None:
+        if self.locks is None and self.inbox is None:
+            raise ConfigurationError("guarded needs locks=..., inbox=... or both", argument="locks")
+        if self.locks is not None and self.lock is None:
+            raise ConfigurationError(
+                "guarded(locks=...) needs lock='name template' (e.g. 'inventory:{product_id}')",
+                argument="lock",
+            )
+        if self.inbox is not None and self.key is None:
+            raise ConfigurationError(
+                "guarded(inbox=...) needs key='key template' (e.g. 'order:{order_id}')",
+                argument="key",
+            )
+        if self.lock is not None and self.locks is None:
+            raise ConfigurationError("guarded(lock=...) needs locks=...", argument="locks")
+        if self.key is not None and self.inbox is None:
+            raise ConfigurationError("guarded(key=...) needs inbox=...", argument="inbox")
+        _check_template(self.lock, "lock", self.signature)
+        _check_template(self.key, "key", self.signature)
+        self.ttl = check_ttl(self.ttl)
+        self.claim_ttl = check_ttl(self.claim_ttl, argument="claim_ttl")
+        self.timeout = check_timeout(self.timeout)
+        if self.if_locked not in ("raise", "skip"):
+            raise ConfigurationError(
+                f"if_locked must be 'raise' or 'skip', got {self.if_locked!r}",
+                argument="if_locked",
+            )
+        if not (
+            self.fingerprint is None
+            or isinstance(self.fingerprint, bool)
+            or callable(self.fingerprint)
+        ):
+            raise ConfigurationError(
+                "fingerprint must be None, True (hash the arguments) or a callable",
+                argument="fingerprint",
+            )
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"guarded function called with bad arguments: {exc}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def _name(self, spec: NameSpec, arguments: dict[str, Any], argument: str) -> str:
+        value = spec(**arguments) if callable(spec) else str(spec).format_map(arguments)
+        return check_name(value, argument=argument)
+
+    def lock_name(self, arguments: dict[str, Any]) -> str:
+        return self._name(self.lock, arguments, "lock")
+
+    def key_name(self, arguments: dict[str, Any]) -> str:
+        return self._name(self.key, arguments, "key")
+
+    def fingerprint_of(self, arguments: dict[str, Any]) -> str | None:
+        if self.fingerprint is None or self.fingerprint is False:
+            return None
+        if not isinstance(self.fingerprint, bool):
+            return str(self.fingerprint(**arguments))
+        canonical = json.dumps(arguments, sort_keys=True, default=repr, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,120 @@
+"""``@jobfence.guarded``: the two-layer pattern (lock + inbox) as one decorator.
+
+.. code-block:: python
+
+    @jobfence.guarded(locks=locks, inbox=inbox,
+                      lock="inventory:{product_id}", key="order:{order_id}")
+    def process_order(order_id, product_id, qty): ...
+
+For each call: take the lease named by ``lock`` (waiting up to ``timeout``), claim the
+idempotency key ``key`` (a duplicate returns the stored result without running; a key owned
+by another live worker raises ``ClaimInProgress``), run the function (re-run whole on conflicts
+and transient errors when ``attempts > 1``), store the result, release the lease. Inside,
+:func:`current_lease` returns the lease. If the lease is lost, the claim is released -- never
+completed -- and ``LockLost`` is raised. Works with only ``locks``, only ``inbox``, or both;
+decorates sync functions (with ``Locks``/``Inbox``) and ``async def`` functions (with
+``AsyncLocks``/``AsyncInbox``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ._guard_run import run_guarded
+from ._guard_run_async import run_guarded_async
+from ._guard_spec import GuardSpec, NameSpec, current_lease_var
+from .errors import ConfigurationError
+
+__all__ = ["current_lease", "guarded"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def current_lease() -> Any:
+    """The lease of the guarded call running in this thread or task (``None`` outside one)."""
+    return current_lease_var.get()
+
+
+def _check_flavour(fn: Callable[..., Any], locks: Any, inbox: Any) -> None:
+    is_async = inspect.iscoroutinefunction(fn)
+    for argument, client in (("locks", locks), ("inbox", inbox)):
+        if client is None:
+            continue
+        client_async = type(client).__name__.startswith("Async")
+        if client_async != is_async:
+            want = "an Async client (AsyncLocks/AsyncInbox)" if is_async else "a sync client"
+            raise ConfigurationError(
+                f"{argument}: {fn.__qualname__} is {'async' if is_async else 'sync'}, so it "
+                f"needs {want}; got {type(client).__name__}",
+                argument=argument,
+            )
+
+
+def guarded(
+    *,
+    locks: Any = None,
+    inbox: Any = None,
+    lock: NameSpec = None,
+    key: NameSpec = None,
+    ttl: float = 30.0,
+    timeout: float | None = None,
+    claim_ttl: float = 300.0,
+    fingerprint: bool | Callable[..., str] | None = None,
+    attempts: int = 1,
+    if_locked: str = "raise",
+    skipped_result: Any = None,
+) -> Callable[[F], F]:
+    """Guard a job function with a lease, an idempotency claim, or both.
+
+    ``lock``/``key`` are ``str.format`` templates over the function's arguments
+    (``"inventory:{product_id}"``) or callables receiving the arguments by name.
+    ``timeout``: seconds to wait for the lease (``None`` waits, ``0`` tries once); when it
+    passes, ``LockTimeout`` is raised, or with ``if_locked="skip"`` the call returns
+    ``skipped_result`` without running. ``fingerprint=True`` hashes the arguments so a key
+    reused with other arguments raises ``FingerprintMismatch``. ``attempts > 1`` re-runs the
+    whole function on conflicts and transient errors (:func:`jobfence.retry_unit`).
+    """
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigurationError(
+            f"attempts must be an int >= 1, got {attempts!r}", argument="attempts"
+        )
+
+    def decorate(fn: F) -> F:
+        _check_flavour(fn, locks, inbox)
+        spec = GuardSpec(
+            signature=inspect.signature(fn),
+            locks=locks,
+            inbox=inbox,
+            lock=lock,
+            key=key,
+            ttl=ttl,
+            timeout=timeout,
+            claim_ttl=claim_ttl,
+            fingerprint=fingerprint,
+            if_locked=if_locked,
+            skipped_result=skipped_result,
+        )
+        body: Callable[..., Any] = fn
+        if attempts > 1:
+            from .retry import retry_unit
+
+            body = retry_unit(attempts=attempts)(fn)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return await run_guarded_async(spec, body, args, kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return run_guarded(spec, body, args, kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

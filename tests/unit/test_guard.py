@@ -1,0 +1,210 @@
+"""``@jobfence.guarded``: lock -> claim -> run -> complete -> release, on the memory backends."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+import jobfence
+from jobfence.guard import current_lease, guarded
+
+
+def _url() -> str:
+    return f"memory://{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def locks() -> jobfence.Locks:
+    return jobfence.Locks(_url())
+
+
+@pytest.fixture
+def inbox() -> jobfence.Inbox:
+    return jobfence.Inbox(_url())
+
+
+def test_duplicates_return_the_stored_result_without_running(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    runs: list[Any] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", key="order:{order_id}")
+    def process(order_id: int, product_id: int, qty: int) -> dict[str, int]:
+        lease = current_lease()
+        assert lease is not None and lease.name == f"inventory:{product_id}" and lease.held
+        runs.append(lease.token)
+        return {"order": order_id, "left": 10 - qty}
+
+    assert process(1, 7, 3) == {"order": 1, "left": 7}
+    assert process(1, 7, 3) == {"order": 1, "left": 7}  # redelivery: replayed
+    assert process(order_id=1, product_id=7, qty=3) == {"order": 1, "left": 7}
+    assert len(runs) == 1
+    assert process(2, 7, 5) == {"order": 2, "left": 5}
+    assert len(runs) == 2 and runs[1] > runs[0]
+    assert current_lease() is None
+    # the lease was released after each call
+    assert locks.try_acquire("inventory:7", ttl=1) is not None
+
+
+def test_a_claim_in_progress_elsewhere_raises(inbox: jobfence.Inbox) -> None:
+    other = inbox.claim("order:9", ttl=60)
+    assert other.state is jobfence.ClaimState.NEW
+
+    @guarded(inbox=inbox, key="order:{order_id}")
+    def process(order_id: int) -> int:
+        pytest.fail("must not run while another worker owns the claim")
+
+    with pytest.raises(jobfence.ClaimInProgress) as info:
+        process(9)
+    assert info.value.key == "order:9"
+
+
+def test_an_exception_releases_the_claim_so_a_redelivery_runs_again(
+    inbox: jobfence.Inbox,
+) -> None:
+    attempts: list[int] = []
+
+    @guarded(inbox=inbox, key="order:{order_id}")
+    def process(order_id: int) -> str:
+        attempts.append(order_id)
+        if len(attempts) == 1:
+            raise RuntimeError("payment provider down")
+        return "charged"
+
+    with pytest.raises(RuntimeError):
+        process(5)
+    assert process(5) == "charged"
+    assert process(5) == "charged"
+    assert attempts == [5, 5]
+
+
+def test_a_lost_lease_releases_the_claim_and_never_completes_it(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", key="order:{order_id}")
+    def process(order_id: int, product_id: int) -> str:
+        runs.append(order_id)
+        if len(runs) == 1:
+            assert locks.backend.force_release(f"inventory:{product_id}")  # lease taken away
+            lease = current_lease()
+            assert lease is not None
+            with pytest.raises(jobfence.LockLost):
+                lease.extend()
+        return "done"
+
+    with pytest.raises(jobfence.LockLost):
+        process(3, 1)
+    claim = inbox.claim("order:3", ttl=60)
+    assert claim.state is jobfence.ClaimState.NEW  # released, not completed
+    claim.release()
+    assert process(3, 1) == "done"
+    assert runs == [3, 3]
+
+
+def test_only_a_lock(locks: jobfence.Locks) -> None:
+    @guarded(locks=locks, lock="report:{day}", timeout=0)
+    def report(day: str) -> str:
+        return f"report {day}"
+
+    assert report("mon") == "report mon"
+    held = locks.try_acquire("report:tue", ttl=5)
+    assert held is not None
+    with pytest.raises(jobfence.LockTimeout):
+        report("tue")
+    held.release()
+
+
+def test_if_locked_skip_returns_the_skipped_result(locks: jobfence.Locks) -> None:
+    ran: list[str] = []
+
+    @guarded(
+        locks=locks, lock="sync:{tenant}", timeout=0, if_locked="skip", skipped_result="skipped"
+    )
+    def sync(tenant: str) -> str:
+        ran.append(tenant)
+        return "ran"
+
+    held = locks.try_acquire("sync:acme", ttl=5)
+    assert held is not None
+    assert sync("acme") == "skipped" and ran == []
+    held.release()
+    assert sync("acme") == "ran"
+
+
+def test_callable_names_and_fingerprints(inbox: jobfence.Inbox) -> None:
+    @guarded(inbox=inbox, key=lambda order_id, amount: f"order:{order_id}", fingerprint=True)
+    def charge(order_id: int, amount: int) -> int:
+        return amount
+
+    assert charge(1, 100) == 100
+    assert charge(1, 100) == 100
+    with pytest.raises(jobfence.FingerprintMismatch):
+        charge(1, 999)  # same key, other payload: never a silent replay
+
+
+def test_attempts_rerun_the_whole_function_on_transient_errors(inbox: jobfence.Inbox) -> None:
+    calls: list[int] = []
+
+    import redis
+
+    @guarded(inbox=inbox, key="job2:{n}", attempts=3)
+    def job2(n: int) -> int:
+        calls.append(n)
+        if len(calls) < 3:
+            raise redis.ConnectionError("connection reset")
+        return n * 2
+
+    assert job2(4) == 8 and calls == [4, 4, 4]
+
+
+def test_bad_configuration_is_reported_at_decoration(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    with pytest.raises(jobfence.ConfigurationError) as info:
+
+        @guarded(locks=locks, lock="inventory:{product}")
+        def f(product_id: int) -> None: ...
+
+    assert info.value.argument == "lock" and "product_id" in str(info.value)
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        guarded(locks=locks)
+        guarded(locks=locks)(lambda: None)
+    assert info.value.argument == "lock"
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        guarded()(lambda: None)
+    with pytest.raises(jobfence.ConfigurationError) as info:
+
+        @guarded(locks=locks, lock="x")
+        async def g() -> None: ...
+
+    assert info.value.argument == "locks" and "AsyncLocks" in str(info.value)
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        guarded(inbox=inbox, key="k", attempts=0)
+    assert info.value.argument == "attempts"
+
+
+async def test_async_guarded_and_the_body_is_cancelled_when_the_lease_is_lost() -> None:
+    locks = jobfence.AsyncLocks(_url())
+    inbox = jobfence.AsyncInbox(_url())
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="inv:{pid}", key="order:{oid}", ttl=0.6)
+    async def process(oid: int, pid: int) -> int:
+        runs.append(oid)
+        lease = current_lease()
+        assert lease is not None and lease.held
+        if len(runs) == 1:
+            await locks.backend.force_release(f"inv:{pid}")
+            await asyncio.sleep(30)  # cancelled when the renewer finds the lease gone
+        return oid
+
+    with pytest.raises(jobfence.LockLost):
+        await asyncio.wait_for(process(1, 2), 10)
+    assert await process(1, 2) == 1  # the claim was released, so the redelivery runs
+    assert await process(1, 2) == 1  # and now it is completed: replayed
+    assert runs == [1, 1]
