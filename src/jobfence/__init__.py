@@ -7,11 +7,12 @@ deterministically. See https://github.com/jobfence/jobfence (docs/ in the reposi
 
 from __future__ import annotations
 
-from ._inbox_types import ClaimLost, ClaimState
+from ._inbox_types import ClaimState
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
     ClaimInProgress,
+    ClaimLost,
     CommitOutcomeUnknown,
     ConfigurationError,
     ConflictError,
@@ -27,6 +28,7 @@ from .errors import (
 )
 from .fencing import fence
 from .fencing_async import fence_async
+from .guard import current_lease, guarded
 from .inbox import Claim, Inbox
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks import Lease, Locks
@@ -65,8 +67,10 @@ __all__ = [
     "StaleVersion",
     "UnprotectedRetryWarning",
     "__version__",
+    "current_lease",
     "fence",
     "fence_async",
+    "guarded",
     "is_commit_outcome_unknown",
     "is_conflict",
     "is_transient",

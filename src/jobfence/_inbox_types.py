@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from ._validate import MAX_NAME_BYTES
-from .errors import ConfigurationError, InboxError
+from .errors import ClaimLost, ConfigurationError
 
 __all__ = [
     "DEFAULT_CLAIM_TTL",
@@ -50,11 +50,6 @@ class ClaimState(str, enum.Enum):
     NEW = "new"
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
-
-
-class ClaimLost(InboxError):
-    """``complete()`` on a claim this worker no longer owns (it expired and was taken over,
-    was released, or was purged): the result was not stored."""
 
 
 @dataclass(frozen=True)

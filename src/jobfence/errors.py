@@ -12,6 +12,7 @@ Every exception derives from :class:`JobfenceError`::
     ├── StaleToken              a fenced write offered a token older than one already seen
     ├── InboxError
     │   ├── ClaimInProgress     another live worker owns the idempotency key
+    │   ├── ClaimLost           complete() on a claim this worker no longer owns
     │   └── FingerprintMismatch the key was used before with another payload
     ├── ConflictError           optimistic-concurrency conflict
     │   └── StaleVersion        a versioned update found another version
@@ -27,6 +28,7 @@ from typing import Any
 __all__ = [
     "BackendError",
     "ClaimInProgress",
+    "ClaimLost",
     "CommitOutcomeUnknown",
     "ConfigurationError",
     "ConflictError",
@@ -113,6 +115,11 @@ class ClaimInProgress(InboxError):
         super().__init__(message, key=key)
         self.owner = owner
         self.expires_at = expires_at
+
+
+class ClaimLost(InboxError):
+    """``complete()`` on a claim this worker no longer owns (it expired and was taken over,
+    was released, or was purged): the result was not stored."""
 
 
 class FingerprintMismatch(InboxError):
