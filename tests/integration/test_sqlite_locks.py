@@ -444,3 +444,35 @@ async def test_async_client_end_to_end(db: Path) -> None:
     finally:
         await locks.close()
         await locks.close()  # idempotent
+
+
+def _open_and_acquire(path: str, start: Any, out: Any) -> None:
+    start.wait()
+    try:
+        with jobfence.Locks(f"sqlite:///{path}") as locks:
+            lease = locks.acquire("first-use", ttl=5, timeout=30)
+            lease.release()
+        out.put("ok")
+    except Exception as exc:  # reported to the parent, which fails the test
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_many_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Creating the schema and switching to WAL races when processes open a new file
+    together; none of them may fail with 'database is locked'."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(3):
+        path = tmp_path / f"fresh-{round_}.db"
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=_open_and_acquire, args=(str(path), start, out)) for _ in range(8)
+        ]
+        for p in procs:
+            p.start()
+        start.set()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert results == ["ok"] * 8, results

@@ -87,12 +87,34 @@ class SQLiteLockBackend(LockBackend):
         )
         conn = pending
         try:
-            self._setup(conn)
+            self._setup_retrying(conn)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         return conn
+
+    def _setup_retrying(self, conn: sqlite3.Connection) -> None:
+        """Run :meth:`_setup`, retrying while another process holds the file.
+
+        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
+        waiting for the busy timeout, when several processes open a new file together.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + self.options.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._setup(conn)
+                return
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                if ("locked" not in message and "busy" not in message) or (
+                    clock.monotonic() + delay > deadline
+                ):
+                    raise
+            clock.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         cursor = conn.execute("PRAGMA journal_mode")

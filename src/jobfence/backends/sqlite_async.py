@@ -95,12 +95,34 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         # end-async-only
         conn = await pending
         try:
-            await self._setup(conn)
+            await self._setup_retrying(conn)
         except BaseException:
             await conn.close()
             raise
         self._conn = conn
         return conn
+
+    async def _setup_retrying(self, conn: aiosqlite.Connection) -> None:
+        """Run :meth:`_setup`, retrying while another process holds the file.
+
+        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
+        waiting for the busy timeout, when several processes open a new file together.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + self.options.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                await self._setup(conn)
+                return
+            except aiosqlite.OperationalError as exc:
+                message = str(exc).lower()
+                if ("locked" not in message and "busy" not in message) or (
+                    clock.monotonic() + delay > deadline
+                ):
+                    raise
+            await clock.asleep(delay)
+            delay = min(delay * 2, 0.1)
 
     async def _setup(self, conn: aiosqlite.Connection) -> None:
         cursor = await conn.execute("PRAGMA journal_mode")
