@@ -112,8 +112,11 @@ async def _make_async_locks(url: str, ns: str) -> jobfence.AsyncLocks:
     return jobfence.AsyncLocks(url, namespace=ns)
 
 
-def jobfence_async(url: str, ns: str, loop: asyncio.AbstractEventLoop) -> Callable[[int], None]:
+def jobfence_async(
+    url: str, ns: str, loop: asyncio.AbstractEventLoop, opened: list[jobfence.AsyncLocks]
+) -> Callable[[int], None]:
     locks = loop.run_until_complete(_make_async_locks(url, ns))
+    opened.append(locks)
 
     async def body(n: int) -> None:
         for _ in range(n):
@@ -146,13 +149,14 @@ def hand_written_async(url: str, ns: str, loop: asyncio.AbstractEventLoop) -> Ca
 def uncontended(url: str, rounds: int, ops: int) -> list[tuple[str, float]]:
     ns = "bench" + uuid.uuid4().hex[:8]
     loop = asyncio.new_event_loop()
+    opened: list[jobfence.AsyncLocks] = []
     variants: list[tuple[str, Callable[[int], None]]] = [
         ("(a) hand-written INSERT ON CONFLICT + DELETE", hand_written(url, ns)),
         ("(b) pg_try_advisory_lock + unlock (no write)", advisory(url, ns)),
         ("(c) jobfence Locks lease, renew=True (default)", jobfence_sync(url, ns, True)),
         ("(d) jobfence Locks lease, renew=False", jobfence_sync(url, ns, False)),
         ("(e) jobfence Locks session, renew=True", jobfence_sync(url, ns, True, "session")),
-        ("(f) jobfence AsyncLocks lease, renew=True", jobfence_async(url, ns, loop)),
+        ("(f) jobfence AsyncLocks lease, renew=True", jobfence_async(url, ns, loop, opened)),
         ("(g) hand-written (a) on psycopg async", hand_written_async(url, ns, loop)),
     ]
     try:
@@ -166,6 +170,9 @@ def uncontended(url: str, rounds: int, ops: int) -> list[tuple[str, float]]:
                 run(ops)
                 samples[label].append((time.perf_counter() - started) / ops * 1e6)
     finally:
+        for locks in opened:
+            loop.run_until_complete(locks.close())
+        loop.run_until_complete(asyncio.sleep(0.05))  # let the closed renewer task finish
         loop.close()
         _cleanup(url, ns)
     return [(label, statistics.median(samples[label])) for label, _ in variants]

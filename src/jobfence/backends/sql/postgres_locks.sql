@@ -62,7 +62,8 @@ SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
 -- counter and insert/take over the row (ON CONFLICT re-checks expiry against the newest row
 -- version, so of two clients racing for an expired lease exactly one wins; the loser only
 -- leaves a gap in the token sequence). The counter row is locked before the lease row by
--- every statement that touches both, so two acquirers cannot deadlock.
+-- every statement that touches both, so two acquirers cannot deadlock. Only a grant is a
+-- durable commit (see "relaxed").
 -- -> one row (token, seconds_left):
 --      (token, NULL)  the lease was granted to %(owner)s (or it already held it);
 --      (NULL, left)   another owner holds it for `left` more seconds;
@@ -86,13 +87,20 @@ WITH cur AS MATERIALIZED (
        SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
      WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
     RETURNING l.token
+), relaxed AS MATERIALIZED (
+    -- not granted: nothing worth a disk flush was written (at most a counter bump that lost
+    -- a race, which the counter's time floor covers), so do not wait for one
+    SELECT set_config('synchronous_commit', 'off', true) AS setting
+     WHERE NOT EXISTS (SELECT 1 FROM granted)
 )
 SELECT token, NULL::float8 FROM granted
 UNION ALL
 SELECT CASE WHEN owner = %(owner)s THEN token END,
        extract(epoch FROM expires_at - clock_timestamp())::float8
   FROM cur
- WHERE live;
+ WHERE live
+UNION ALL
+SELECT NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluates "relaxed"
 
 
 -- name: release
@@ -100,15 +108,22 @@ SELECT CASE WHEN owner = %(owner)s THEN token END,
 -- expired (nobody took it over, so it is ours to clean up), but only a LIVE lease counts as
 -- released. pg_notify wakes the waiters LISTENing on "{prefix}_locks"; it is delivered when
 -- this statement's transaction commits, i.e. after the row is gone.
--- -> (released bool, notified count), one row.
+-- The commit does not wait for the WAL flush (synchronous_commit=off for this transaction
+-- only): a release lost in a server crash leaves the lease to expire, which is safe, and the
+-- next holder does not wait for a disk flush on the hand-off path.
+-- -> (released bool, notified count, relaxed count), one row.
 WITH gone AS (
     DELETE FROM "{prefix}_locks"
      WHERE name = %(name)s AND owner = %(owner)s
     RETURNING name, expires_at > clock_timestamp() AS live
 ), woken AS (
     SELECT pg_notify('{prefix}_locks', name) FROM gone
+), relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) FROM gone LIMIT 1
 )
-SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken),
+       (SELECT count(*) FROM relaxed)
+  FROM gone;
 
 
 -- name: extend
@@ -165,9 +180,16 @@ LISTEN "{prefix}_locks";
 -- Session mode. Params: %(key)s (bigint advisory-lock key), %(name)s.
 -- pg_try_advisory_lock never waits. When it gets the lock, the same statement bumps the name's
 -- counter (the lock holder is the only one bumping it, so the counter row is never contended).
+-- The bump commits without waiting for the WAL flush (synchronous_commit=off, this transaction
+-- only): the lock itself lives in server memory and dies with a crash anyway, and a bump lost
+-- in a crash is covered by the counter's time floor (see the top of this file).
 -- -> (token) when the lock was taken, no row otherwise.
+WITH relaxed AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
 SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM relaxed
  WHERE pg_try_advisory_lock(%(key)s)
 ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
@@ -177,12 +199,14 @@ RETURNING t.token;
 -- Session mode. Params: %(key)s, %(name)s, %(lock_timeout)s (text such as '1500ms', never
 -- '0': 0 would mean "no limit").
 -- Waits IN THE SERVER, in PostgreSQL's lock queue (first come, first served), for at most
--- lock_timeout, which is set for this statement's transaction only (set_config(..., true)).
+-- lock_timeout, which is set for this statement's transaction only (set_config(..., true)),
+-- like synchronous_commit=off for the token bump (see session_try).
 -- On timeout the statement fails with SQLSTATE 55P03 (lock_not_available); the caller then
 -- runs session_held, because the lock can be granted in the instant the timeout fires.
 -- -> (token), one row, once the lock is granted.
 WITH limited AS MATERIALIZED (
-    SELECT set_config('lock_timeout', %(lock_timeout)s, true)
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('synchronous_commit', 'off', true)
 ), locked AS MATERIALIZED (
     SELECT pg_advisory_lock(%(key)s) FROM limited
 )
@@ -196,8 +220,12 @@ RETURNING t.token;
 -- name: session_bump
 -- Session mode. Params: %(name)s. Bumps the counter for a lock this session already holds
 -- (after the lock_timeout race). -> (token), one row.
+WITH relaxed AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-VALUES (%(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+  FROM relaxed
 ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
