@@ -440,7 +440,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         limit = max(0.0, timeout)
         if waiter is not None and waiter.left is not None:
             limit = min(limit, max(0.0, waiter.left) + 0.001)
-        if waiter is not None and self._listener_up:
+        if waiter is not None and self._listening():
             if not waiter.notified:
                 await _acompat.wait_event(waiter.event, limit)
         else:
@@ -550,15 +550,19 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 waiter.notified = True
                 waiter.event.set()
 
+    def _listening(self) -> bool:
+        """Is the LISTEN connection up (and its task/thread alive, e.g. not on a closed loop)?"""
+        return self._listener_up and _acompat.worker_alive(self._listener)
+
     async def _ensure_listener(self) -> None:
         """Start the LISTEN connection unless it runs; on failure, waiters poll for a while."""
-        if self._listener_up and _acompat.worker_alive(self._listener):
+        if self._listening():
             return
         clock = get_clock()
         if self._closed or clock.monotonic() < self._listener_retry_at:
             return
         async with self._listener_mutex:
-            if self._listener_up and _acompat.worker_alive(self._listener):
+            if self._listening():
                 return
             try:
                 conn = await self._connect()
