@@ -127,7 +127,11 @@ def _ruff(args: list[str], code: str, src_name: str) -> str:
 
 def _format(code: str, src_name: str) -> str:
     """Drop imports only the async code used, sort imports and format, all with ruff."""
-    code = _ruff(["check", "--fix-only", "--select", "F401,I001", "--quiet"], code, src_name)
+    code = _ruff(
+        ["check", "--fix-only", "--unsafe-fixes", "--select", "F401,I001,SIM117", "--quiet"],
+        code,
+        src_name,
+    )
     return _ruff(["format"], code, src_name)
 
 

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["Event", "Lock", "Worker", "current_worker", "spawn", "wait_event"]
+__all__ = ["Event", "Lock", "Worker", "current_worker", "join", "spawn", "wait_event"]
 
 Event = asyncio.Event
 Lock = asyncio.Lock
@@ -40,6 +40,15 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
 def spawn(fn: Callable[[], Awaitable[Any]], name: str) -> asyncio.Task[Any]:
     """Run ``fn`` in the background: a task on the running loop."""
     return asyncio.get_running_loop().create_task(fn(), name=name)  # type: ignore[arg-type]
+
+
+async def join(worker: asyncio.Task[Any] | None, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) for a background task of this loop to finish."""
+    if worker is None or worker.done():
+        return
+    if worker.get_loop() is not asyncio.get_running_loop():
+        return
+    await asyncio.wait({worker}, timeout=timeout)
 
 
 def worker_alive(worker: asyncio.Task[Any] | None) -> bool:

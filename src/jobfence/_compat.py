@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Event", "Lock", "Worker", "current_worker", "spawn", "wait_event"]
+__all__ = ["Event", "Lock", "Worker", "current_worker", "join", "spawn", "wait_event"]
 
 Event = threading.Event
 Lock = threading.Lock
@@ -27,6 +27,12 @@ def spawn(fn: Callable[[], Any], name: str) -> threading.Thread:
     thread = threading.Thread(target=fn, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def join(worker: threading.Thread | None, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) for a background thread to finish."""
+    if worker is not None and worker.is_alive() and worker is not threading.current_thread():
+        worker.join(timeout)
 
 
 def worker_alive(worker: threading.Thread | None) -> bool:

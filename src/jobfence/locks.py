@@ -361,6 +361,24 @@ class Locks:
         self._check_open()
         return self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
 
+    def install(self) -> None:
+        """Create the backend's tables now (idempotent; SQL backends also do it on first use).
+
+        Run it from a deploy step when the application's database user may not create tables.
+        The SQL ships in ``jobfence/backends/sql/`` for migration tools.
+        """
+        self._check_open()
+        self._call("lock.install", "*", self.backend.install)
+
+    def force_release(self, name: str) -> bool:
+        """Administrative: drop the lease on ``name`` whoever holds it. Its holder finds the
+        lease lost at its next renewal. Returns whether a lease was dropped."""
+        self._check_open()
+        name = check_name(name)
+        return bool(
+            self._call("lock.force_release", name, partial(self.backend.force_release, name))
+        )
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this Locks client is closed", argument="self")

@@ -458,6 +458,24 @@ class AsyncLocks:
     #
     # end-sync-only
 
+    async def install(self) -> None:
+        """Create the backend's tables now (idempotent; SQL backends also do it on first use).
+
+        Run it from a deploy step when the application's database user may not create tables.
+        The SQL ships in ``jobfence/backends/sql/`` for migration tools.
+        """
+        self._check_open()
+        await self._call("lock.install", "*", self.backend.install)
+
+    async def force_release(self, name: str) -> bool:
+        """Administrative: drop the lease on ``name`` whoever holds it. Its holder finds the
+        lease lost at its next renewal. Returns whether a lease was dropped."""
+        self._check_open()
+        name = check_name(name)
+        return bool(
+            await self._call("lock.force_release", name, partial(self.backend.force_release, name))
+        )
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this Locks client is closed", argument="self")

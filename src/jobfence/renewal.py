@@ -64,9 +64,11 @@ class Renewer:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop renewing and wait (at most ``timeout`` s) for the worker to finish."""
         self._closed = True
         self._wake.set()
+        _compat.join(self._worker, timeout)
 
     def _run(self) -> None:
         clock = get_clock()

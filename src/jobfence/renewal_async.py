@@ -62,9 +62,11 @@ class AsyncRenewer:
     def __len__(self) -> int:
         return len(self._leases)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop renewing and wait (at most ``timeout`` s) for the worker to finish."""
         self._closed = True
         self._wake.set()
+        await _acompat.join(self._worker, timeout)
 
     async def _run(self) -> None:
         clock = get_clock()

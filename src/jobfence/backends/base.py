@@ -60,6 +60,10 @@ class LockBackend(abc.ABC):
         """Extend many leases in one round trip where the backend can; one bool per item."""
         return [self.extend(name, owner, ttl) for name, owner, ttl in items]
 
+    def install(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Create the backend's tables now (idempotent). Backends without a schema do nothing;
+        SQL backends also create them on first use of their own connection."""
+
     def force_release(self, name: str) -> bool:
         """Administrative: drop the lease on ``name`` whoever holds it (the holder will find
         it lost at its next renewal). Used by ``jobfence locks release`` and by tests of

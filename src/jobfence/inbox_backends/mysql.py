@@ -102,9 +102,9 @@ class MySQLInboxBackend(InboxBackend):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def install(self) -> None:
-        with self._pool.connection() as conn, conn.cursor() as cur:
-            with warnings.catch_warnings():  # "table already exists" notes
-                warnings.simplefilter("ignore")
+        with warnings.catch_warnings():  # hide the server's "table already exists" notes
+            warnings.simplefilter("ignore")
+            with self._pool.connection() as conn, conn.cursor() as cur:
                 for statement in self._sql["schema"]:
                     cur.execute(statement)
         self._installed = True

@@ -103,9 +103,9 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def install(self) -> None:
-        async with self._pool.connection() as conn, conn.cursor() as cur:
-            with warnings.catch_warnings():  # "table already exists" notes
-                warnings.simplefilter("ignore")
+        with warnings.catch_warnings():  # hide the server's "table already exists" notes
+            warnings.simplefilter("ignore")
+            async with self._pool.connection() as conn, conn.cursor() as cur:
                 for statement in self._sql["schema"]:
                     await cur.execute(statement)
         self._installed = True
