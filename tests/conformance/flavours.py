@@ -58,10 +58,15 @@ class LocksW:
         return LeaseW(lease, self.sync)
 
     async def force_release(self, name: str) -> bool:
-        backend = self.locks.backend
         if self.sync:
-            return bool(await asyncio.to_thread(backend.force_release, name))
-        return bool(await backend.force_release(name))
+            return bool(await asyncio.to_thread(self.locks.force_release, name))
+        return bool(await self.locks.force_release(name))
+
+    async def install(self) -> None:
+        if self.sync:
+            await asyncio.to_thread(self.locks.install)
+        else:
+            await self.locks.install()
 
     async def close(self) -> None:
         if self.sync:

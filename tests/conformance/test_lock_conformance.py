@@ -304,3 +304,18 @@ async def test_a_cancelled_waiter_leaves_nothing_behind(env: Env) -> None:
     again = await newcomer.try_acquire(name, ttl=10)
     assert again is not None, "the cancelled waiter still blocks the name"
     assert await again.release()
+
+
+async def test_install_is_idempotent_and_force_release_frees_a_name(env: Env) -> None:
+    admin, worker = env.client(), env.client()
+    await admin.install()
+    await admin.install()
+    name = _name()
+    lease = await worker.try_acquire(name, ttl=10, renew=False)
+    assert lease is not None
+    assert await admin.force_release(name) is True
+    assert await admin.force_release(name) is False  # nothing left to drop
+    again = await admin.try_acquire(name, ttl=10)
+    assert again is not None and again.token > lease.token
+    assert await lease.release() is False
+    assert await again.release() is True
