@@ -51,6 +51,7 @@ from .errors import (
 from .inbox_backends import open_inbox_backend
 from .inbox_backends._sql import load_queries
 from .inbox_backends.base import InboxBackend
+from .retry import mark_protected
 
 __all__ = ["DEFAULT_URL", "Claim", "Inbox"]
 
@@ -329,6 +330,9 @@ class Inbox:
             with warnings.catch_warnings():  # pymysql warns on every ignored duplicate
                 warnings.filterwarnings("ignore", message="Duplicate entry")
                 res = sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+            # From here a repeat of this unit's commit is detectable (its next claim_in sees
+            # the marker), so retry_unit may re-run it after "commit outcome unknown".
+            mark_protected()
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":

@@ -49,6 +49,7 @@ from .errors import (
 from .inbox_backends import open_inbox_backend
 from .inbox_backends._sql import load_queries
 from .inbox_backends.base_async import AsyncInboxBackend
+from .retry import mark_protected
 
 __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
 
@@ -86,9 +87,7 @@ class AsyncClaim:
     raises or ends without :meth:`complete`.
     """
 
-    def __init__(
-        self, inbox: AsyncInbox, key: str, record: ClaimRecord, owner: str | None
-    ) -> None:
+    def __init__(self, inbox: AsyncInbox, key: str, record: ClaimRecord, owner: str | None) -> None:
         self._inbox = inbox
         self.key = key
         self.state = ClaimState.NEW if record.mine else record.state
@@ -228,9 +227,10 @@ class AsyncInbox:
         self.retention = check_ttl(retention, argument="retention")
         if serializer is None:
             serializer = JSONSerializer()
-        elif not (callable(getattr(serializer, "dumps", None)) and callable(
-            getattr(serializer, "loads", None)
-        )):
+        elif not (
+            callable(getattr(serializer, "dumps", None))
+            and callable(getattr(serializer, "loads", None))
+        ):
             raise ConfigurationError(
                 "serializer must have dumps(obj) -> str | bytes and loads(bytes) -> obj "
                 f"(e.g. the json or pickle module), got {serializer!r}",
@@ -336,12 +336,13 @@ class AsyncInbox:
             with warnings.catch_warnings():  # aiomysql warns on every ignored duplicate
                 warnings.filterwarnings("ignore", message="Duplicate entry")
                 res = await sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+            # From here a repeat of this unit's commit is detectable (its next claim_in sees
+            # the marker), so retry_unit may re-run it after "commit outcome unknown".
+            mark_protected()
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":
-                res = await sc.execute(
-                    queries["claim_in_held"][0], (key, fingerprint, fingerprint)
-                )
+                res = await sc.execute(queries["claim_in_held"][0], (key, fingerprint, fingerprint))
                 if res.rowcount == 1:
                     return True
             if fingerprint is not None:
