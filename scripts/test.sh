@@ -19,7 +19,7 @@ echo "== generated sync twins are current"
 .venv/bin/python tools/async_to_sync.py --check
 echo "== ruff"
 .venv/bin/ruff check src tests tools benchmarks examples
-.venv/bin/ruff format --check src tools >/dev/null
+.venv/bin/ruff format --check src tools
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
