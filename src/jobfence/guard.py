@@ -27,6 +27,7 @@ from ._guard_run import run_guarded
 from ._guard_run_async import run_guarded_async
 from ._guard_spec import GuardSpec, NameSpec, current_lease_var
 from .errors import ConfigurationError
+from .retry import RetryPolicy
 
 __all__ = ["current_lease", "guarded"]
 
@@ -64,6 +65,7 @@ def guarded(
     claim_ttl: float = 300.0,
     fingerprint: bool | Callable[..., str] | None = None,
     attempts: int = 1,
+    retry: RetryPolicy | None = None,
     if_locked: str = "raise",
     skipped_result: Any = None,
 ) -> Callable[[F], F]:
@@ -75,12 +77,26 @@ def guarded(
     passes, ``LockTimeout`` is raised, or with ``if_locked="skip"`` the call returns
     ``skipped_result`` without running. ``fingerprint=True`` hashes the arguments so a key
     reused with other arguments raises ``FingerprintMismatch``. ``attempts > 1`` re-runs the
-    whole function on conflicts and transient errors (:func:`jobfence.retry_unit`).
+    whole function on conflicts and transient errors (:func:`jobfence.retry_unit`);
+    ``retry=RetryPolicy(...)`` gives full control (backoff, deadline, ``on_retry`` for metrics).
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(
             f"attempts must be an int >= 1, got {attempts!r}", argument="attempts"
         )
+    if retry is not None:
+        if not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(
+                f"retry must be a jobfence.RetryPolicy, got {retry!r}", argument="retry"
+            )
+        if attempts != 1:
+            raise ConfigurationError(
+                "give either attempts=N or retry=RetryPolicy(attempts=N, ...), not both",
+                argument="retry",
+            )
+    policy: RetryPolicy | None = retry
+    if policy is None and attempts > 1:
+        policy = RetryPolicy(attempts=attempts)
 
     def decorate(fn: F) -> F:
         _check_flavour(fn, locks, inbox)
@@ -97,11 +113,7 @@ def guarded(
             if_locked=if_locked,
             skipped_result=skipped_result,
         )
-        body: Callable[..., Any] = fn
-        if attempts > 1:
-            from .retry import retry_unit
-
-            body = retry_unit(attempts=attempts)(fn)
+        body: Callable[..., Any] = fn if policy is None else policy(fn)
 
         if inspect.iscoroutinefunction(fn):
 

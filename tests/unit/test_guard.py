@@ -162,6 +162,32 @@ def test_attempts_rerun_the_whole_function_on_transient_errors(inbox: jobfence.I
     assert job2(4) == 8 and calls == [4, 4, 4]
 
 
+def test_a_retry_policy_gives_full_control(inbox: jobfence.Inbox) -> None:
+    import redis
+
+    seen: list[tuple[int, float]] = []
+    policy = jobfence.RetryPolicy(
+        attempts=4, backoff=0, on_retry=lambda n, exc, d: seen.append((n, d))
+    )
+    calls: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}", retry=policy)
+    def job(n: int) -> int:
+        calls.append(n)
+        if len(calls) < 4:
+            raise redis.TimeoutError("slow")
+        return n
+
+    assert job(1) == 1 and len(calls) == 4
+    assert [n for n, _ in seen] == [1, 2, 3]
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        guarded(inbox=inbox, key="k", retry=policy, attempts=3)
+    assert info.value.argument == "retry"
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        guarded(inbox=inbox, key="k", retry=3)
+    assert info.value.argument == "retry"
+
+
 def test_bad_configuration_is_reported_at_decoration(
     locks: jobfence.Locks, inbox: jobfence.Inbox
 ) -> None:
