@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 from .._url import BackendURL
 from ..errors import ConfigurationError
 from ._types import LockCapabilities
+from ._waiters import LocalWaiters
 
 __all__ = [
     "CAPABILITIES",
@@ -252,54 +251,5 @@ class MySQLOptions:
         return f"{self.unix_socket or self.host}:{self.port}/{self.database}"
 
 
-class _Waiters:
-    """Process-wide waiters per (server, namespace, name), so a release wakes one at once.
-
-    Shared by the sync and async twins and by every backend instance on the same server: a
-    release wakes one waiter of this process (a thread's ``threading.Event.set`` or a task's
-    thread-safe ``call_soon_threadsafe(event.set)``), preferring the one that is next in line
-    on the server. Waiters in other processes are not reachable; they poll.
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._queues: dict[tuple[str, str, str], OrderedDict[int, tuple[str, Callable[[], None]]]]
-        self._queues = {}
-
-    def add(self, key: tuple[str, str, str], owner: str, wake: Callable[[], None]) -> int:
-        with self._mutex:
-            ticket = id(wake)
-            self._queues.setdefault(key, OrderedDict())[ticket] = (owner, wake)
-            return ticket
-
-    def remove(self, key: tuple[str, str, str], ticket: int) -> None:
-        with self._mutex:
-            queue = self._queues.get(key)
-            if queue is not None:
-                queue.pop(ticket, None)
-                if not queue:
-                    del self._queues[key]
-
-    def notify(self, key: tuple[str, str, str], prefer: Callable[[str], bool]) -> None:
-        """Wake one waiter on ``key``: the first whose owner ``prefer`` accepts, else the first."""
-        with self._mutex:
-            queue = self._queues.get(key)
-            if not queue:
-                return
-            ticket = next((t for t, (owner, _w) in queue.items() if prefer(owner)), None)
-            if ticket is None:
-                ticket = next(iter(queue))
-            _owner, wake = queue.pop(ticket)
-            if not queue:
-                del self._queues[key]
-        try:
-            wake()
-        except RuntimeError:  # its event loop is closed: nobody is waiting there any more
-            pass
-
-    def count(self, key: tuple[str, str, str]) -> int:
-        with self._mutex:
-            return len(self._queues.get(key, ()))
-
-
-WAITERS = _Waiters()
+#: process-wide in-process wake-ups, shared by the sync and async twins
+WAITERS = LocalWaiters()

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from .._url import BackendURL
 from ..errors import ConfigurationError
 from ._types import LockCapabilities
+from ._waiters import LocalWaiters
 
 __all__ = [
     "CAPABILITIES",
@@ -147,50 +145,5 @@ class SQLiteOptions:
         )
 
 
-class _Waiters:
-    """Process-wide waiters per (file, namespace, name), so a release wakes one at once.
-
-    Shared by the sync and async twins and by every backend instance on the same file: a
-    release wakes the longest-registered waiter of this process (a thread's
-    ``threading.Event.set`` or a task's thread-safe ``call_soon_threadsafe(event.set)``).
-    Waiters in other processes are not reachable; they poll.
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._queues: dict[tuple[str, str, str], OrderedDict[int, Callable[[], None]]] = {}
-
-    def add(self, key: tuple[str, str, str], wake: Callable[[], None]) -> int:
-        with self._mutex:
-            ticket = id(wake)
-            self._queues.setdefault(key, OrderedDict())[ticket] = wake
-            return ticket
-
-    def remove(self, key: tuple[str, str, str], ticket: int) -> None:
-        with self._mutex:
-            queue = self._queues.get(key)
-            if queue is not None:
-                queue.pop(ticket, None)
-                if not queue:
-                    del self._queues[key]
-
-    def notify(self, key: tuple[str, str, str]) -> None:
-        """Wake the first registered waiter on ``key`` (it then tries to acquire)."""
-        with self._mutex:
-            queue = self._queues.get(key)
-            if not queue:
-                return
-            _, wake = queue.popitem(last=False)
-            if not queue:
-                del self._queues[key]
-        try:
-            wake()
-        except RuntimeError:  # its event loop is closed: nobody is waiting there any more
-            pass
-
-    def count(self, key: tuple[str, str, str]) -> int:
-        with self._mutex:
-            return len(self._queues.get(key, ()))
-
-
-WAITERS = _Waiters()
+#: process-wide in-process wake-ups, shared by the sync and async twins
+WAITERS = LocalWaiters()

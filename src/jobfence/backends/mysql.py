@@ -240,7 +240,7 @@ class MySQLLockBackend(LockBackend):
         event = _compat.Event()
         wake = event.set
         wait_key = self._key(name)
-        ticket = WAITERS.add(wait_key, owner, wake)
+        ticket = WAITERS.add(wait_key, wake, owner)
         try:
             _compat.wait_event(event, delay)
         finally:

@@ -271,7 +271,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         # wake = event.set
         # end-sync-only
         wait_key = self._key(name)
-        ticket = WAITERS.add(wait_key, owner, wake)
+        ticket = WAITERS.add(wait_key, wake, owner)
         try:
             await _acompat.wait_event(event, delay)
         finally:
