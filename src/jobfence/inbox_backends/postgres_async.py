@@ -1,8 +1,9 @@
 """``postgresql://`` inbox backend on psycopg 3 (async source of ``postgres.py``).
 
 Every verb is one statement from ``sql/postgres_inbox.sql`` on an autocommit connection: the
-claim is a single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING`` (inside
-a CTE that also reads the blocking record), so one round trip decides and reports it. The
+claim is a single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING``: one
+round trip decides it and, when the key was taken, reports it; a duplicate reads the blocking
+record with a second statement (``peek``; duplicates are the rare path). The
 table is created on first use (or by ``install()``), under an advisory lock so that many
 processes starting at once do not race on ``CREATE TABLE``.
 
@@ -99,10 +100,12 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         while True:
-            rows, _ = await self._run("claim", (key, owner, fingerprint, ttl, key))
+            rows, _ = await self._run("claim", (key, owner, fingerprint, ttl))
+            if not rows:  # a duplicate: read the record that stopped us
+                rows, _ = await self._run("peek", (key,))
             if rows:
                 return _record(rows[0])
-            # the blocking row was committed after this statement's snapshot: look again
+            # purged between the two statements: claim again
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         _, count = await self._run("complete", (result, retention, key, owner))

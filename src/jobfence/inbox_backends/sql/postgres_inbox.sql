@@ -33,34 +33,33 @@ INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
     ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;
 
 -- name: claim
--- ONE statement. Params: 1 key, 2 owner, 3 fingerprint (or NULL), 4 ttl seconds, 5 key.
+-- ONE statement. Params: 1 key, 2 owner, 3 fingerprint (or NULL), 4 ttl seconds.
 -- The upsert takes the key if it is new, or in progress past its deadline (a dead or
 -- released worker: attempt + 1), or completed past its retention (a fresh record, attempt 1);
--- a takeover is refused when both fingerprints are set and differ. The second branch returns
--- the record that stopped us. Returns (mine, state, owner, attempt, fingerprint, result,
--- expires_at); no row only if the blocking row was inserted concurrently after this
--- statement's snapshot (the caller then runs it again).
-WITH taken AS (
-    INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
-    VALUES (?, 'in_progress', ?, 1, ?, false,
-            clock_timestamp() + CAST(? AS double precision) * interval '1 second')
-    ON CONFLICT (k) DO UPDATE SET
-        state = 'in_progress',
-        owner = EXCLUDED.owner,
-        attempt = CASE WHEN t.state = 'completed' THEN 1 ELSE t.attempt + 1 END,
-        fingerprint = EXCLUDED.fingerprint,
-        applied = (t.applied AND t.state = 'in_progress'),
-        result = NULL,
-        expires_at = EXCLUDED.expires_at
-    WHERE t.expires_at <= clock_timestamp()
-      AND (t.state = 'completed' OR t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
-           OR t.fingerprint = EXCLUDED.fingerprint)
-    RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at
-)
-SELECT mine, state, owner, attempt, fingerprint, result, expires_at FROM taken
-UNION ALL
-SELECT false, state, owner, attempt, fingerprint, result, expires_at
-FROM {table} WHERE k = ? AND NOT EXISTS (SELECT 1 FROM taken);
+-- a takeover is refused when both fingerprints are set and differ. Returns (mine, state,
+-- owner, attempt, fingerprint, result, expires_at) when it took the key, no row otherwise
+-- (the caller then reads the blocking record with ``peek``). A plain upsert: folding the
+-- ``peek`` into a CTE made every claim about 50% slower (measured), to save a round trip
+-- only on the duplicate path.
+INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
+VALUES (?, 'in_progress', ?, 1, ?, false,
+        clock_timestamp() + CAST(? AS double precision) * interval '1 second')
+ON CONFLICT (k) DO UPDATE SET
+    state = 'in_progress',
+    owner = EXCLUDED.owner,
+    attempt = CASE WHEN t.state = 'completed' THEN 1 ELSE t.attempt + 1 END,
+    fingerprint = EXCLUDED.fingerprint,
+    applied = (t.applied AND t.state = 'in_progress'),
+    result = NULL,
+    expires_at = EXCLUDED.expires_at
+WHERE t.expires_at <= clock_timestamp()
+  AND (t.state = 'completed' OR t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
+       OR t.fingerprint = EXCLUDED.fingerprint)
+RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at;
+
+-- name: peek
+-- Params: 1 key. The record that stopped a claim (duplicate path only).
+SELECT false, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = ?;
 
 -- name: complete
 -- Params: 1 result, 2 retention seconds, 3 key, 4 owner. Owner-checked; one row or none.
