@@ -23,47 +23,19 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
-import statistics
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _harness
 
+from _harness import inbox_cases, interleave, report
 from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
 
 import jobfence
-
-
-def per_op(fn: Callable[[str], Any], ops: int) -> float:
-    keys = [uuid.uuid4().hex for _ in range(ops)]
-    start = time.perf_counter()
-    for k in keys:
-        fn(k)
-    return (time.perf_counter() - start) / ops * 1e6
-
-
-def interleave(cases: dict[str, Callable[[str], Any]], ops: int, rounds: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():  # warm-up (connections, prepared statements)
-        per_op(fn, 20)
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            samples[name].append(per_op(fn, ops))
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
-def report(backend: str, timings: dict[str, float], base: str, trips: dict[str, Any]) -> None:
-    print(f"\n== {backend}")
-    for name, us in timings.items():
-        ratio = f"{us / timings[base]:.2f}x" if name != base else "1.00x (baseline)"
-        print(f"  {name:<44} {us:8.1f} µs   {ratio}")
-    for name, value in trips.items():
-        print(f"  round trips per {name:<31} {value}")
-
 
 # -- PostgreSQL ---------------------------------------------------------------------------
 
@@ -87,19 +59,14 @@ def bench_postgres(ops: int, rounds: int) -> None:
         txconn.execute(f"INSERT INTO {table}_raw (k) VALUES (%s) ON CONFLICT DO NOTHING", (k,))
         txconn.commit()
 
-    def claim_in(k: str) -> None:
-        inbox.claim_in(txconn, k)
-        txconn.commit()
-
     try:
         timings = interleave(
-            {
-                "hand-written INSERT ON CONFLICT DO NOTHING": baseline,
-                "Inbox.claim (NEW)": inbox.claim,
-                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
-                "hand-written insert in a transaction": baseline_tx,
-                "Inbox.claim_in in a transaction": claim_in,
-            },
+            inbox_cases(
+                inbox,
+                held,
+                ("hand-written INSERT ON CONFLICT DO NOTHING", baseline),
+                (baseline_tx, txconn),
+            ),
             ops,
             rounds,
         )
@@ -160,19 +127,11 @@ def bench_mysql(ops: int, rounds: int) -> None:
             cur.execute(f"INSERT IGNORE INTO {table}_raw (k) VALUES (%s)", (k,))
         txconn.commit()
 
-    def claim_in(k: str) -> None:
-        inbox.claim_in(txconn, k)
-        txconn.commit()
-
     try:
         timings = interleave(
-            {
-                "hand-written INSERT IGNORE": baseline,
-                "Inbox.claim (NEW)": inbox.claim,
-                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
-                "hand-written insert in a transaction": baseline_tx,
-                "Inbox.claim_in in a transaction": claim_in,
-            },
+            inbox_cases(
+                inbox, held, ("hand-written INSERT IGNORE", baseline), (baseline_tx, txconn)
+            ),
             ops,
             rounds,
         )
@@ -238,18 +197,10 @@ def bench_sqlite(ops: int, rounds: int) -> None:
         txconn.execute("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)", (k,))
         txconn.commit()
 
-    def claim_in(k: str) -> None:
-        inbox.claim_in(txconn, k)
-        txconn.commit()
-
     timings = interleave(
-        {
-            "hand-written INSERT OR IGNORE": baseline,
-            "Inbox.claim (NEW)": inbox.claim,
-            "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
-            "hand-written insert in a transaction": baseline_tx,
-            "Inbox.claim_in in a transaction": claim_in,
-        },
+        inbox_cases(
+            inbox, held, ("hand-written INSERT OR IGNORE", baseline), (baseline_tx, txconn)
+        ),
         ops,
         rounds,
     )
@@ -291,11 +242,7 @@ def bench_redis(ops: int, rounds: int) -> None:
 
     try:
         timings = interleave(
-            {
-                "hand-written SET NX PX": baseline,
-                "Inbox.claim (NEW)": inbox.claim,
-                "Inbox.claim (duplicate, IN_PROGRESS)": lambda k: inbox.claim(held),
-            },
+            inbox_cases(inbox, held, ("hand-written SET NX PX", baseline)),
             ops,
             rounds,
         )

@@ -23,23 +23,22 @@ Usage: ``python benchmarks/bench_mysql_locks.py [--url mysql://root@127.0.0.1:33
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import multiprocessing as mp
 import os
-import statistics
-import time
-import uuid
-from collections.abc import Callable
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiomysql
 import pymysql
 
-import jobfence
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _harness, also in workers
 
-TTL = 30
+import _harness as h
+
+import jobfence
 
 
 def _params(url: str) -> dict[str, Any]:
@@ -75,24 +74,20 @@ def _hand_table(url: str, ns: str) -> str:
 
 
 # -- uncontended ----------------------------------------------------------------------------
-def hand_written(url: str, ns: str) -> Callable[[int], None]:
+def hand_written(url: str, ns: str) -> h.Runner:
     table = _hand_table(url, ns)
     cur = _connect(url).cursor()
     insert = f"INSERT IGNORE INTO `{table}` (name, owner) VALUES (%s, %s)"
     delete = f"DELETE FROM `{table}` WHERE name = %s AND owner = %s"
 
-    def run(n: int) -> None:
-        for _ in range(n):
-            owner = uuid.uuid4().hex
-            if cur.execute(insert, ("hand", owner)) != 1:
-                raise RuntimeError("hand-written lock not acquired")
-            if cur.execute(delete, ("hand", owner)) != 1:
-                raise RuntimeError("hand-written lock not released")
-
-    return run
+    return h.owner_pairs(
+        lambda owner: cur.execute(insert, ("hand", owner)) == 1,
+        lambda owner: cur.execute(delete, ("hand", owner)) == 1,
+        "hand-written lock",
+    )
 
 
-def get_lock(url: str, ns: str) -> Callable[[int], None]:
+def get_lock(url: str, ns: str) -> h.Runner:
     cur = _connect(url).cursor()
     name = f"{ns}:get_lock"
 
@@ -108,152 +103,62 @@ def get_lock(url: str, ns: str) -> Callable[[int], None]:
     return run
 
 
-def jobfence_sync(url: str, ns: str, renew: bool) -> Callable[[int], None]:
-    locks = jobfence.Locks(url, namespace=ns)
-    name = f"jobfence-{renew}"
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            lease = locks.try_acquire(name, ttl=TTL, renew=renew)
-            if lease is None:
-                raise RuntimeError("jobfence lock not acquired")
-            if not lease.release():
-                raise RuntimeError("jobfence lock not released")
-
-    return run
+def jobfence_sync(url: str, ns: str, renew: bool) -> h.Runner:
+    return h.jobfence_sync(jobfence.Locks(url, namespace=ns), f"jobfence-{renew}", renew)
 
 
-async def _make_async_locks(url: str, ns: str) -> jobfence.AsyncLocks:
-    return jobfence.AsyncLocks(url, namespace=ns)
+async def _cursor(conn: Any) -> Any:
+    return await conn.cursor()
 
 
-CLOSERS: list[Callable[[], None]] = []
-
-
-def jobfence_async(url: str, ns: str, loop: asyncio.AbstractEventLoop) -> Callable[[int], None]:
-    locks = loop.run_until_complete(_make_async_locks(url, ns))
-    CLOSERS.append(lambda: loop.run_until_complete(locks.close()))
-
-    async def body(n: int) -> None:
-        for _ in range(n):
-            lease = await locks.try_acquire("jobfence-async", ttl=TTL)
-            if lease is None:
-                raise RuntimeError("jobfence async lock not acquired")
-            if not await lease.release():
-                raise RuntimeError("jobfence async lock not released")
-
-    return lambda n: loop.run_until_complete(body(n))
-
-
-def hand_written_async(url: str, ns: str, loop: asyncio.AbstractEventLoop) -> Callable[[int], None]:
+def hand_written_async(url: str, ns: str, scope: h.AsyncScope) -> h.Runner:
     table = _hand_table(url, ns)
-    conn = loop.run_until_complete(aiomysql.connect(db=_db(url), **_params(url)))
-    CLOSERS.append(lambda: loop.run_until_complete(conn.ensure_closed()))
+    conn = scope.run(aiomysql.connect(db=_db(url), **_params(url)))
+    scope.on_close(conn.ensure_closed)
     insert = f"INSERT IGNORE INTO `{table}` (name, owner) VALUES (%s, %s)"
     delete = f"DELETE FROM `{table}` WHERE name = %s AND owner = %s"
+    cur = scope.run(_cursor(conn))  # closed with the connection
 
-    async def body(n: int) -> None:
-        async with conn.cursor() as cur:
-            for _ in range(n):
-                owner = uuid.uuid4().hex
-                if await cur.execute(insert, ("hand-async", owner)) != 1:
-                    raise RuntimeError("hand-written async lock not acquired")
-                if await cur.execute(delete, ("hand-async", owner)) != 1:
-                    raise RuntimeError("hand-written async lock not released")
+    async def execute(statement: str, owner: str) -> bool:
+        return bool(await cur.execute(statement, ("hand-async", owner)) == 1)
 
-    return lambda n: loop.run_until_complete(body(n))
+    return h.owner_pairs_async(
+        partial(execute, insert), partial(execute, delete), "hand-written async lock", scope
+    )
 
 
-def uncontended(url: str, rounds: int, ops: int) -> list[tuple[str, float]]:
-    ns = "bench" + uuid.uuid4().hex[:8]
-    loop = asyncio.new_event_loop()
-    variants: list[tuple[str, Callable[[int], None]]] = [
+def variants(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
+    return [
         ("(a) hand-written INSERT IGNORE + DELETE", hand_written(url, ns)),
         ("(b) GET_LOCK + RELEASE_LOCK (no write)", get_lock(url, ns)),
         ("(c) jobfence Locks, renew=True (default)", jobfence_sync(url, ns, True)),
         ("(d) jobfence Locks, renew=False", jobfence_sync(url, ns, False)),
-        ("(e) jobfence AsyncLocks, renew=True", jobfence_async(url, ns, loop)),
-        ("(f) hand-written (a) on aiomysql", hand_written_async(url, ns, loop)),
+        ("(e) jobfence AsyncLocks, renew=True", h.jobfence_async(url, ns, scope)),
+        ("(f) hand-written (a) on aiomysql", hand_written_async(url, ns, scope)),
     ]
-    try:
-        for _, run in variants:  # warm up: connect, create tables
-            run(max(20, ops // 10))
-        samples: dict[str, list[float]] = {label: [] for label, _ in variants}
-        for i in range(rounds):
-            order = variants[i % len(variants) :] + variants[: i % len(variants)]
-            for label, run in order:
-                started = time.perf_counter()
-                run(ops)
-                samples[label].append((time.perf_counter() - started) / ops * 1e6)
-    finally:
-        for close in CLOSERS:
-            close()
-        loop.close()
-        _cleanup(url, ns)
-    return [(label, statistics.median(samples[label])) for label, _ in variants]
 
 
 # -- contended hand-off -----------------------------------------------------------------------
-def _worker(kind: str, url: str, ns: str, seconds: float, start: Any, ready: Any, out: Any) -> None:
-    count = 0
+@contextmanager
+def _get_lock(cur: Any, name: str) -> Iterator[None]:
+    cur.execute("SELECT GET_LOCK(%s, 30)", (name,))
+    if cur.fetchone()[0] != 1:
+        raise RuntimeError("GET_LOCK timed out")
+    yield
+    cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+
+
+def _worker(kind: str, url: str, ns: str, seconds: float, gate: h.Gate) -> None:
     if kind.startswith("jobfence"):
         options = {"next_in_line": 0} if kind == "jobfence-polling" else {}
         locks = jobfence.Locks(url, namespace=ns, **options)
         locks.backend.install()
-        ready.put(1)
-        start.wait()
-        stop = time.monotonic() + seconds
-        while time.monotonic() < stop:
-            with locks.acquire("contended", ttl=10, timeout=30):
-                time.sleep(0.001)
-                count += 1
+        count = gate.hand_off(lambda: locks.acquire("contended", ttl=10, timeout=30), seconds)
         locks.close()
     else:
         cur = _connect(url).cursor()
-        name = f"{ns}:contended"
-        ready.put(1)
-        start.wait()
-        stop = time.monotonic() + seconds
-        while time.monotonic() < stop:
-            cur.execute("SELECT GET_LOCK(%s, 30)", (name,))
-            if cur.fetchone()[0] != 1:
-                raise RuntimeError("GET_LOCK timed out")
-            time.sleep(0.001)
-            count += 1
-            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
-    out.put(count)
-
-
-def contended(url: str, kind: str, workers: int, seconds: float) -> tuple[float, list[float]]:
-    ns = "bench" + uuid.uuid4().hex[:8]
-    ctx = mp.get_context("spawn")
-    start, ready, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(kind, url, ns, seconds, start, ready, out))
-        for _ in range(workers)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        for _ in procs:
-            ready.get(timeout=60)
-        start.set()
-        counts = [out.get(timeout=seconds + 60) for _ in procs]
-        for p in procs:
-            p.join(30)
-    finally:
-        _cleanup(url, ns)
-    total = sum(counts)
-    fair = total / workers if total else 1
-    return total / seconds, sorted((c / fair for c in counts), reverse=True)
-
-
-def sleep_cost() -> float:
-    n = 200
-    started = time.perf_counter()
-    for _ in range(n):
-        time.sleep(0.001)
-    return (time.perf_counter() - started) / n
+        count = gate.hand_off(lambda: _get_lock(cur, f"{ns}:contended"), seconds)
+    gate.report(count)
 
 
 def _cleanup(url: str, ns: str) -> None:
@@ -271,17 +176,7 @@ def _cleanup(url: str, ns: str) -> None:
 
 # -- report -----------------------------------------------------------------------------------
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "--url", default=os.environ.get("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
-    )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--ops", type=int, default=300)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--skip-contended", action="store_true")
-    args = parser.parse_args()
-
+    args = h.parse_args(__doc__, "MYSQL_URL", "mysql://root@127.0.0.1:3306/test", rounds=5, ops=300)
     conn = _connect(args.url)
     with conn.cursor() as cur:
         cur.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
@@ -293,61 +188,19 @@ def main() -> None:
         f"aiomysql {aiomysql.__version__}; {os.cpu_count()} CPUs; "
         f"{args.rounds} interleaved rounds x {args.ops} ops, median"
     )
-    rows = uncontended(args.url, args.rounds, args.ops)
-    base = rows[0][1]
-    async_base = rows[5][1]
-    table: list[tuple[str, str, str]] = []
-    for label, us in rows:
-        ratio = f"{us / base:.2f}x"
-        if label.startswith("(e)"):
-            ratio += f" ({us / async_base:.2f}x of (f))"
-        table.append((label, f"{us:.0f}", ratio))
-    _print_table("Uncontended acquire+release", ("variant", "µs/op", "vs (a)"), table)
-
-    if args.skip_contended:
-        return
-    per_sleep = sleep_cost()
-    sleep_ideal = 1 / per_sleep
-    crows: list[tuple[str, str, str, str, str]] = []
-    for kind, label in (
-        ("jobfence", "jobfence Locks.acquire (next in line)"),
-        ("jobfence-polling", "jobfence Locks.acquire, next_in_line=0"),
-        ("get_lock", "GET_LOCK(name, 30) (server queue, no ttl)"),
-    ):
-        rate, shares = contended(args.url, kind, args.workers, args.seconds)
-        crows.append(
-            (
-                label,
-                f"{rate:.0f}",
-                f"{rate / 1000:.0%}",
-                f"{rate / sleep_ideal:.0%}",
-                " ".join(f"{s:.2f}" for s in shares),
-            )
-        )
-    _print_table(
-        f"Contended: {args.workers} processes, 1 ms critical sections, {args.seconds:g} s "
-        f"(sleep(0.001) takes {per_sleep * 1000:.3f} ms here: ideal {sleep_ideal:.0f}/s)",
-        ("variant", "ops/s", "of 1000/s", "of sleep-ideal", "worker shares (1.00 = fair)"),
-        crows,
+    h.run_lock_benchmarks(
+        args,
+        variants,
+        _cleanup,
+        _worker,
+        [
+            ("jobfence", "jobfence Locks.acquire (next in line)"),
+            ("jobfence-polling", "jobfence Locks.acquire, next_in_line=0"),
+            ("get_lock", "GET_LOCK(name, 30) (server queue, no ttl)"),
+        ],
+        warmup=max(20, args.ops // 10),
+        async_pair=("(e)", "(f)"),
     )
-
-
-def _print_table(title: str, header: tuple[str, ...], rows: list[Any]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # plain text
-        print(f"\n{title}")
-        print(" | ".join(header))
-        for row in rows:
-            print(" | ".join(row))
-        return
-    table = Table(title=title)
-    for i, column in enumerate(header):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
 
 
 if __name__ == "__main__":
