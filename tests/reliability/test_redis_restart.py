@@ -129,3 +129,33 @@ async def test_unreachable_server_is_a_backend_error_without_the_password(flavou
     assert "***" in str(err)
     assert "secret" not in str(err.__cause__)
     assert "127.0.0.1" in str(err)
+
+
+def test_tokens_keep_increasing_after_a_restart_from_an_older_snapshot(
+    server: RedisServer,
+) -> None:
+    """A restart (or failover) that restores an OLDER counter must not reissue tokens."""
+    import redis
+
+    locks = jobfence.Locks(server.url, namespace="snap")
+    try:
+        first = locks.try_acquire("inventory:7", ttl=30, renew=False)
+        assert first is not None and first.release()
+        client = redis.Redis.from_url(server.url)
+        client.save()  # the snapshot holds the counter as it is now
+        client.close()
+        later = []
+        for _ in range(5):
+            lease = locks.try_acquire("inventory:7", ttl=30, renew=False)
+            assert lease is not None and lease.release()
+            later.append(lease.token)
+        server.restart()  # SIGKILL + start: loads the older snapshot
+        client = redis.Redis.from_url(server.url)
+        restored = int(client.get("snap:lock:{inventory:7}:tok") or 0)
+        client.close()
+        assert restored == first.token < later[-1]  # the counter really went back
+        after = locks.try_acquire("inventory:7", ttl=30, renew=False)
+        assert after is not None
+        assert after.token > later[-1], (first.token, later, after.token)
+    finally:
+        locks.close()

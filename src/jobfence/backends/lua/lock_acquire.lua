@@ -9,7 +9,7 @@
 -- Returns the fencing token (> 0) when owner holds the lease after the call, else
 -- -1 - (ms until the current lease expires), so the caller knows how long a wait may last.
 --
--- Fast path (lease free, nobody queued): GET, EXISTS, INCR of the counter, SET PX. Fairness: a free lease with a live queue goes to the queue's head,
+-- Fast path (lease free, nobody queued): GET, EXISTS, TIME + GET/SET of the counter, SET PX. Fairness: a free lease with a live queue goes to the queue's head,
 -- not to the caller (unless the caller is the head); a waiting caller joins the tail of the
 -- queue or refreshes its entry's deadline.
 

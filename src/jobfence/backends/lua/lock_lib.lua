@@ -7,8 +7,8 @@
 -- suffix (a lease key always ends with "}", a derived key never does, so they can't clash):
 --
 --   L              STRING  "<token>:<owner>", PX = the lease ttl (server clock)
---   L..":tok"      STRING  fencing-token counter (INCR); seeded from TIME in microseconds
---                          when missing, expiring max(10 * ttl, 1 day) after the seeding
+--   L..":tok"      STRING  fencing-token counter: max(counter + 1, TIME in microseconds),
+--                          expiring max(10 * ttl, 1 day) after its last use
 --   L..":q"        ZSET    waiting owners scored by arrival sequence (the FIFO queue)
 --   L..":qd"       HASH    owner -> "<deadline_ms>:<ttl_ms>" of each waiter
 --   L..":w:"..O    LIST    owner O's wake list: the token, pushed when the lease is
@@ -23,23 +23,25 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The next fencing token of lease key L. A missing counter (first use, a day or more
--- after it was seeded, or a server restart that lost its data) is seeded with the server
--- time in microseconds: no earlier token can have outrun that clock (that would take more
--- than a million leases per second), so the new tokens are larger than every earlier one.
--- The counter expires max(10 * ttl, 1 day) after its seeding, so the counters of names no
--- longer used do not pile up; reseeding a busy name is harmless for the same reason (its
--- tokens jump ahead to the clock). Only the seeding sets the expiry: one write less on
--- every acquire.
+-- The next fencing token of lease key L: max(counter + 1, server time in microseconds).
+-- The clock floor applies on EVERY grant, not only when the counter is missing: a restart
+-- that lost the counter, or restored an older one (an RDB snapshot, an AOF missing its last
+-- writes, a failover to a lagging replica), must never hand out a token again. No earlier
+-- token can have outrun the clock (that would take more than a million grants per second
+-- on one name), so the floor is above every token issued before. (A server clock stepped
+-- backwards by more than the outage would defeat it, as on every backend.) The counter
+-- expires max(10 * ttl, 1 day) after its last use, so counters of names no longer used do
+-- not pile up: a reseeded counter starts at the clock, above every earlier token.
 local function next_token(L, ttl_ms)
   local tok = L .. ':tok'
-  local n = redis.call('INCR', tok)
-  if n == 1 then
-    local t = redis.call('TIME')
-    n = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
-    redis.call('SET', tok, string.format('%d', n), 'PX',
-      string.format('%d', math.max(tonumber(ttl_ms) * 10, 86400000)))
+  local t = redis.call('TIME')
+  local n = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+  local prev = tonumber(redis.call('GET', tok))
+  if prev and prev >= n then
+    n = prev + 1
   end
+  redis.call('SET', tok, string.format('%d', n), 'PX',
+    string.format('%d', math.max(tonumber(ttl_ms) * 10, 86400000)))
   return n
 end
 
