@@ -13,8 +13,8 @@ with ``}``, a derived key never does, so they cannot clash; list leases with
 ``SCAN MATCH S:lock:*`` and keep the keys ending in ``}``)::
 
     L = S:lock:{N}       STRING "<token>:<owner>", PX = the lease ttl
-    L:tok                STRING fencing-token counter; seeded from the server's TIME in
-                         microseconds when missing; expires max(10 * ttl, 1 day) after use
+    L:tok                STRING fencing-token counter: max(counter + 1, server TIME in
+                         microseconds) on every grant; expires max(10 * ttl, 1 day) after use
     L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
     L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
     L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
