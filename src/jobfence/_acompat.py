@@ -10,7 +10,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["Event", "Lock", "Worker", "current_worker", "join", "spawn", "wait_event"]
+__all__ = [
+    "Event",
+    "Lock",
+    "Worker",
+    "call_bounded",
+    "current_worker",
+    "join",
+    "spawn",
+    "wait_event",
+]
 
 Event = asyncio.Event
 Lock = asyncio.Lock
@@ -49,6 +58,20 @@ async def join(worker: asyncio.Task[Any] | None, timeout: float) -> None:
     if worker.get_loop() is not asyncio.get_running_loop():
         return
     await asyncio.wait({worker}, timeout=timeout)
+
+
+async def call_bounded(fn: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    """Await ``fn()`` for at most ``timeout`` seconds; raise ``TimeoutError`` after that
+    (the call is cancelled)."""
+    task = asyncio.ensure_future(fn())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:
+        if not task.done():
+            task.cancel()
+    if not done:
+        raise TimeoutError(f"no answer within {timeout:.3f} s")
+    return task.result()
 
 
 def worker_alive(worker: asyncio.Task[Any] | None) -> bool:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Event", "Lock", "Worker", "current_worker", "join", "spawn", "wait_event"]
+__all__ = [
+    "Event",
+    "Lock",
+    "Worker",
+    "call_bounded",
+    "current_worker",
+    "join",
+    "spawn",
+    "wait_event",
+]
 
 Event = threading.Event
 Lock = threading.Lock
@@ -33,6 +43,21 @@ def join(worker: threading.Thread | None, timeout: float) -> None:
     """Wait (at most ``timeout`` s) for a background thread to finish."""
     if worker is not None and worker.is_alive() and worker is not threading.current_thread():
         worker.join(timeout)
+
+
+_bounded_pool = concurrent.futures.ThreadPoolExecutor(
+    max_workers=4, thread_name_prefix="jobfence-bounded"
+)
+
+
+def call_bounded(fn: Callable[[], Any], timeout: float) -> Any:
+    """Call ``fn()`` for at most ``timeout`` seconds; raise ``TimeoutError`` after that (the
+    call goes on in a pool thread: a blocking call cannot be interrupted)."""
+    future = _bounded_pool.submit(fn)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout:.3f} s") from None
 
 
 def worker_alive(worker: threading.Thread | None) -> bool:

@@ -86,5 +86,9 @@ def run_guarded(
                 _release_claim(claim)
             lease.check()  # raises LockLost
         if claim is not None:
-            claim.complete(result)
+            try:
+                claim.complete(result)
+            except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
+                _release_claim(claim)
+                raise
         return result

@@ -84,5 +84,9 @@ async def run_guarded_async(
                 await _release_claim(claim)
             lease.check()  # raises LockLost
         if claim is not None:
-            await claim.complete(result)
+            try:
+                await claim.complete(result)
+            except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
+                await _release_claim(claim)
+                raise
         return result

@@ -81,6 +81,12 @@ class Lease:
         self._released = False
         self._callbacks: list[Callable[[Lease], Any]] = []
         self._mutex = threading.Lock()
+        # a renewal in flight: when it was sent and with which ttl (None: none in flight)
+        self._renew_sent: float | None = None
+        self._renew_ttl = ttl
+        # an extend() finished while that renewal was in flight: the server may apply them
+        # in either order, so the renewal's outcome must not lengthen the local deadline
+        self._raced = False
 
     def __repr__(self) -> str:
         state = "released" if self._released else ("lost" if self.lost else "held")
@@ -141,9 +147,14 @@ class Lease:
         except Exception:
             log.exception("on_lost callback for %r raised", self.name)
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, *, after_release: bool = False) -> None:
+        """Record the loss once and tell the holder (callbacks; cancel an ``with``).
+
+        ``after_release``: the loss was only noticed by the release at the end of the block;
+        the holder is still told.
+        """
         with self._mutex:
-            if self._lost_reason is not None or self._released:
+            if self._lost_reason is not None or (self._released and not after_release):
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
@@ -152,8 +163,38 @@ class Lease:
             self._run_callback(callback)
 
     def _renewed(self, sent: float) -> None:
-        self._expires_local = sent + self.ttl
-        self._next_renew = sent + self.ttl / 3
+        """An extend with ``self.ttl`` sent at ``sent`` succeeded."""
+        with self._mutex:
+            if self._renew_sent is not None:
+                # a renewal with the old ttl is in flight and may land after this extend
+                self._raced = True
+                self._expires_local = min(sent + self.ttl, self._renew_sent + self._renew_ttl)
+            else:
+                self._expires_local = sent + self.ttl
+            self._next_renew = sent + self.ttl / 3
+
+    def _renewal_sent(self, sent: float) -> float:
+        """The renewer is sending a renewal now; returns the ttl it carries."""
+        with self._mutex:
+            self._renew_sent = sent
+            self._renew_ttl = self.ttl
+            self._raced = False
+            return self.ttl
+
+    def _renewal_done(self, ok: bool | None) -> None:
+        """The renewal sent by :meth:`_renewal_sent` finished (``None``: it failed)."""
+        with self._mutex:
+            sent, ttl, raced = self._renew_sent, self._renew_ttl, self._raced
+            self._renew_sent = None
+            self._raced = False
+            if not ok or sent is None:
+                return
+            if raced:  # server order unknown: keep the shorter deadline, renew again soon
+                self._expires_local = min(self._expires_local, sent + ttl)
+                self._next_renew = get_clock().monotonic()
+            else:
+                self._expires_local = sent + ttl
+                self._next_renew = sent + ttl / 3
 
     # -- operations ----------------------------------------------------------------------
     def extend(self, ttl: float | None = None) -> None:
@@ -179,9 +220,10 @@ class Lease:
 
     def release(self) -> bool:
         """Give the lease back. Returns False if it was no longer held by us."""
-        if self._released:
-            return False
-        self._released = True
+        with self._mutex:
+            if self._released:
+                return False
+            self._released = True
         self._locks._renewer.discard(self)
         return bool(
             self._locks._call(
@@ -206,7 +248,12 @@ class Lease:
             return
         released = self.release()
         if was_lost or not released:
-            self._mark_lost("the lease was not held any more when its block ended")
+            self._mark_lost(
+                "its ttl ran out without renewal"
+                if was_lost
+                else "the lease was not held any more when its block ended",
+                after_release=True,
+            )
             raise LockLost(
                 f"the lease on {self.name!r} (token {self.token}) was lost before its block "
                 f"ended: {self._lost_reason}",
@@ -298,9 +345,13 @@ class Locks:
         ttl = check_ttl(ttl)
         owner = _new_owner()
         started = get_clock().monotonic()
-        token = self._call(
-            "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
-        )
+        try:
+            token = self._call(
+                "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
+            )
+        except BaseException:  # the grant may have happened with its reply lost: give it back
+            self._abandon_quietly(name, owner)
+            raise
         if token is None:
             return None
         return self._lease(name, owner, token, ttl, started, renew)
@@ -314,7 +365,11 @@ class Locks:
             while True:
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
-                wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
+                # how long the backend keeps our place in its queue without hearing from us:
+                # we come back at least every poll_interval, so a dead waiter drops out soon
+                wait = self.poll_interval * 3
+                if remaining is not None:
+                    wait = min(wait, max(0.0, remaining))
                 token = self._call(
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
@@ -331,19 +386,24 @@ class Locks:
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
-            self._abandon(name, owner)
+            self._abandon_quietly(name, owner)
             raise
         token = self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
-        if token is not None:  # handed to us just as we gave up: keep it
-            return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
+        if token is not None:  # handed to us just as we gave up: keep it (counted from before)
+            return self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 
     def _abandon(self, name: str, owner: str) -> None:
+        """An acquire was interrupted: leave the wait queue and give back a lease that may
+        have been granted to us meanwhile (even if the reply never reached us)."""
         try:
-            if self.backend.cancel_wait(name, owner) is not None:
-                self.backend.release(name, owner)
+            self.backend.cancel_wait(name, owner)
+            self.backend.release(name, owner)  # owner-checked: a no-op if not ours
         except Exception as exc:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
+
+    def _abandon_quietly(self, name: str, owner: str) -> None:
+        self._abandon(name, owner)
 
     def acquire(
         self,

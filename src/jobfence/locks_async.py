@@ -46,6 +46,22 @@ DEFAULT_POLL_INTERVAL = 1.0
 _HOST = socket.gethostname()[:64]
 
 
+# begin-async-only
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (a sync thread, e.g. a sync renewer)
+        return None
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+# end-async-only
 def _new_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
 
@@ -82,6 +98,12 @@ class AsyncLease:
         self._released = False
         self._callbacks: list[Callable[[AsyncLease], Any]] = []
         self._mutex = threading.Lock()
+        # a renewal in flight: when it was sent and with which ttl (None: none in flight)
+        self._renew_sent: float | None = None
+        self._renew_ttl = ttl
+        # an extend() finished while that renewal was in flight: the server may apply them
+        # in either order, so the renewal's outcome must not lengthen the local deadline
+        self._raced = False
         # begin-async-only
         self._task: asyncio.Task[Any] | None = None
         self._cancelled_for_loss = False
@@ -153,25 +175,72 @@ class AsyncLease:
         except Exception:
             log.exception("on_lost callback for %r raised", self.name)
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, *, after_release: bool = False) -> None:
+        """Record the loss once and tell the holder (callbacks; cancel an ``async with``).
+
+        ``after_release``: the loss was only noticed by the release at the end of the block;
+        the holder is still told.
+        """
         with self._mutex:
-            if self._lost_reason is not None or self._released:
+            if self._lost_reason is not None or (self._released and not after_release):
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
         log.warning("lease on %r (token %s) lost: %s", self.name, self.token, reason)
         # begin-async-only
         task = self._task
-        if task is not None and not task.done():
+        if task is not None and not task.done() and task is not _current_task():
+            # Cancel the block's task, but only while it is still inside the block: a
+            # cancellation delivered after the block ended would hit unrelated code.
             self._cancelled_for_loss = True
-            task.get_loop().call_soon_threadsafe(task.cancel)
+            loop = task.get_loop()
+            if _running_loop() is loop:
+                task.cancel()  # delivered when the task next resumes, inside the block
+            else:
+                loop.call_soon_threadsafe(self._cancel_inside_block, task)
         # end-async-only
         for callback in callbacks:
             self._run_callback(callback)
 
+    # begin-async-only
+    def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
+        if self._task is task and not task.done():
+            task.cancel()
+
+    # end-async-only
     def _renewed(self, sent: float) -> None:
-        self._expires_local = sent + self.ttl
-        self._next_renew = sent + self.ttl / 3
+        """An extend with ``self.ttl`` sent at ``sent`` succeeded."""
+        with self._mutex:
+            if self._renew_sent is not None:
+                # a renewal with the old ttl is in flight and may land after this extend
+                self._raced = True
+                self._expires_local = min(sent + self.ttl, self._renew_sent + self._renew_ttl)
+            else:
+                self._expires_local = sent + self.ttl
+            self._next_renew = sent + self.ttl / 3
+
+    def _renewal_sent(self, sent: float) -> float:
+        """The renewer is sending a renewal now; returns the ttl it carries."""
+        with self._mutex:
+            self._renew_sent = sent
+            self._renew_ttl = self.ttl
+            self._raced = False
+            return self.ttl
+
+    def _renewal_done(self, ok: bool | None) -> None:
+        """The renewal sent by :meth:`_renewal_sent` finished (``None``: it failed)."""
+        with self._mutex:
+            sent, ttl, raced = self._renew_sent, self._renew_ttl, self._raced
+            self._renew_sent = None
+            self._raced = False
+            if not ok or sent is None:
+                return
+            if raced:  # server order unknown: keep the shorter deadline, renew again soon
+                self._expires_local = min(self._expires_local, sent + ttl)
+                self._next_renew = get_clock().monotonic()
+            else:
+                self._expires_local = sent + ttl
+                self._next_renew = sent + ttl / 3
 
     # -- operations ----------------------------------------------------------------------
     async def extend(self, ttl: float | None = None) -> None:
@@ -197,9 +266,10 @@ class AsyncLease:
 
     async def release(self) -> bool:
         """Give the lease back. Returns False if it was no longer held by us."""
-        if self._released:
-            return False
-        self._released = True
+        with self._mutex:
+            if self._released:
+                return False
+            self._released = True
         self._locks._renewer.discard(self)
         return bool(
             await self._locks._call(
@@ -223,16 +293,19 @@ class AsyncLease:
     ) -> None:
         # begin-async-only
         self._task = None
-        if self._cancelled_for_loss and exc_type is asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and hasattr(current, "uncancel"):
-                current.uncancel()
-            await self._release_quietly()
-            raise LockLost(
-                f"the lease on {self.name!r} (token {self.token}) was lost while its block "
-                f"ran: {self._lost_reason}",
-                name=self.name,
-            ) from exc
+        if self._cancelled_for_loss:
+            self._cancelled_for_loss = False
+            current = _current_task()
+            cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
+            if cancelling is not None and cancelling():
+                current.uncancel()  # type: ignore[union-attr]  # ours, not the caller's
+            if exc_type is asyncio.CancelledError:
+                await self._release_quietly()
+                raise LockLost(
+                    f"the lease on {self.name!r} (token {self.token}) was lost while its "
+                    f"block ran: {self._lost_reason}",
+                    name=self.name,
+                ) from exc
         # end-async-only
         was_lost = self.lost
         if exc is not None:
@@ -240,7 +313,12 @@ class AsyncLease:
             return
         released = await self.release()
         if was_lost or not released:
-            self._mark_lost("the lease was not held any more when its block ended")
+            self._mark_lost(
+                "its ttl ran out without renewal"
+                if was_lost
+                else "the lease was not held any more when its block ended",
+                after_release=True,
+            )
             raise LockLost(
                 f"the lease on {self.name!r} (token {self.token}) was lost before its block "
                 f"ended: {self._lost_reason}",
@@ -318,6 +396,9 @@ class AsyncLocks:
             self.url = mask_url(url)
         self.namespace = namespace
         self._renewer = AsyncRenewer(self.backend.renew)
+        # begin-async-only
+        self._cleanups: set[asyncio.Future[Any]] = set()
+        # end-async-only
         self._closed = False
 
     def __repr__(self) -> str:
@@ -358,9 +439,13 @@ class AsyncLocks:
         ttl = check_ttl(ttl)
         owner = _new_owner()
         started = get_clock().monotonic()
-        token = await self._call(
-            "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
-        )
+        try:
+            token = await self._call(
+                "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
+            )
+        except BaseException:  # the grant may have happened with its reply lost: give it back
+            await self._abandon_quietly(name, owner)
+            raise
         if token is None:
             return None
         return self._lease(name, owner, token, ttl, started, renew)
@@ -376,7 +461,11 @@ class AsyncLocks:
             while True:
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
-                wait = self.poll_interval * 3 if remaining is None else max(0.0, remaining)
+                # how long the backend keeps our place in its queue without hearing from us:
+                # we come back at least every poll_interval, so a dead waiter drops out soon
+                wait = self.poll_interval * 3
+                if remaining is not None:
+                    wait = min(wait, max(0.0, remaining))
                 token = await self._call(
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
@@ -395,28 +484,32 @@ class AsyncLocks:
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
-            # begin-async-only
-            cleanup = asyncio.ensure_future(self._abandon(name, owner))
-            try:
-                await asyncio.shield(cleanup)
-            except BaseException:
-                pass
-            # end-async-only
-            # begin-sync-only
-            # self._abandon(name, owner)
-            # end-sync-only
+            await self._abandon_quietly(name, owner)
             raise
         token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
-        if token is not None:  # handed to us just as we gave up: keep it
-            return self._lease(name, owner, token, ttl, clock.monotonic(), renew)
+        if token is not None:  # handed to us just as we gave up: keep it (counted from before)
+            return self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 
     async def _abandon(self, name: str, owner: str) -> None:
+        """An acquire was interrupted: leave the wait queue and give back a lease that may
+        have been granted to us meanwhile (even if the reply never reached us)."""
         try:
-            if await self.backend.cancel_wait(name, owner) is not None:
-                await self.backend.release(name, owner)
+            await self.backend.cancel_wait(name, owner)
+            await self.backend.release(name, owner)  # owner-checked: a no-op if not ours
         except Exception as exc:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
+
+    async def _abandon_quietly(self, name: str, owner: str) -> None:
+        # begin-async-only
+        # in the background: a cancelled acquire must end now, not after more round trips
+        cleanup = asyncio.ensure_future(self._abandon(name, owner))
+        self._cleanups.add(cleanup)
+        cleanup.add_done_callback(self._cleanups.discard)
+        # end-async-only
+        # begin-sync-only
+        # self._abandon(name, owner)
+        # end-sync-only
 
     # begin-async-only
     def acquire(
@@ -485,6 +578,10 @@ class AsyncLocks:
         if self._closed:
             return
         self._closed = True
+        # begin-async-only
+        if self._cleanups:  # interrupted acquires still leaving their queues
+            await asyncio.wait(set(self._cleanups), timeout=5)
+        # end-async-only
         await self._renewer.close()
         await self.backend.close()
 

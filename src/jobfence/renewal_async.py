@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import _acompat
@@ -63,14 +64,21 @@ class AsyncRenewer:
         return len(self._leases)
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Stop renewing and wait (at most ``timeout`` s) for the worker to finish."""
+        """Stop renewing and wait (at most ``timeout`` s) for the worker to finish. Leases
+        still held are no longer renewed: they are marked lost (their holders are told)."""
         self._closed = True
         self._wake.set()
         await _acompat.join(self._worker, timeout)
+        with self._mutex:
+            leases = list(self._leases.values())
+            self._leases.clear()
+        for lease in leases:
+            lease._mark_lost("its Locks client was closed, so it is no longer renewed")
 
     async def _run(self) -> None:
         clock = get_clock()
         while not self._closed:
+            self._wake.clear()  # before looking: an add() from now on wakes the next wait
             with self._mutex:
                 leases = list(self._leases.values())
             now = clock.monotonic()
@@ -92,21 +100,26 @@ class AsyncRenewer:
                 + [lease._expires_local for lease in nonrenewing]
                 + [now + IDLE_WAIT]
             )
-            self._wake.clear()
             self._wake_at = next_at
             await _acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
             self._wake_at = float("inf")
 
+    async def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
+        await ahook("lock.renew", names=[item[0] for item in items])
+        return await self._renew(items)
+
     async def _renew_batch(self, due: list[AsyncLease]) -> None:
         clock = get_clock()
         sent = clock.monotonic()
-        items = [(lease.name, lease.owner, lease.ttl) for lease in due]
+        items = [(lease.name, lease.owner, lease._renewal_sent(sent)) for lease in due]
+        # A renewal that hangs must not hide a loss: give up when the first lease expires.
+        limit = max(0.01, min(lease._expires_local for lease in due) - sent)
         try:
-            await ahook("lock.renew", names=[item[0] for item in items])
-            results = await self._renew(items)
+            results = await _acompat.call_bounded(partial(self._hooked_renew, items), limit)
         except Exception as exc:
             now = clock.monotonic()
             for lease in due:
+                lease._renewal_done(None)
                 if lease._expires_local <= now:
                     self.discard(lease)
                     lease._mark_lost(f"renewal could not reach the backend: {exc!r}")
@@ -114,10 +127,9 @@ class AsyncRenewer:
                     lease._next_renew = now + min(1.0, max(0.01, RETRY_FRACTION * lease.ttl))
             return
         for lease, ok in zip(due, results, strict=True):
+            lease._renewal_done(bool(ok))
             if lease._released:
                 continue
-            if ok:
-                lease._renewed(sent)
-            else:
+            if not ok:
                 self.discard(lease)
                 lease._mark_lost("renewal found the lease gone or held by another owner")

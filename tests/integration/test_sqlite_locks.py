@@ -476,3 +476,30 @@ def test_many_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -
         for p in procs:
             p.join(30)
         assert results == ["ok"] * 8, results
+
+
+async def test_a_cancelled_acquire_does_not_leave_the_file_write_locked(tmp_path: Path) -> None:
+    """Cancelling an acquire while BEGIN IMMEDIATE waits for another writer must not leave
+    the backend's connection inside a write transaction (review finding)."""
+    path = tmp_path / "cancel.db"
+    locks = jobfence.AsyncLocks(f"sqlite:///{path}")
+    try:
+        warm = await locks.try_acquire("warm-up", ttl=5)  # creates the schema
+        assert warm is not None and await warm.release()
+        blocker = sqlite3.connect(path, timeout=0, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the file
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(locks.try_acquire("job", ttl=5), 0.3)
+        blocker.execute("COMMIT")
+        blocker.close()
+        # the backend's own next operation works ...
+        lease = await asyncio.wait_for(locks.try_acquire("job", ttl=5), 10)
+        assert lease is not None
+        # ... and other connections can write to the file again
+        other = sqlite3.connect(path, timeout=2, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        other.close()
+        assert await lease.release()
+    finally:
+        await locks.close()

@@ -106,6 +106,21 @@ def test_a_lost_lease_releases_the_claim_and_never_completes_it(
     assert runs == [3, 3]
 
 
+def test_a_result_that_cannot_be_stored_releases_the_claim(inbox: jobfence.Inbox) -> None:
+    runs: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}")
+    def job(n: int) -> object:
+        runs.append(n)
+        return object() if len(runs) == 1 else "ok"  # not JSON-serialisable the first time
+
+    with pytest.raises(Exception) as info:
+        job(1)
+    assert not isinstance(info.value, jobfence.ClaimInProgress)
+    assert job(1) == "ok"  # the claim was released: the redelivery runs (not ClaimInProgress)
+    assert runs == [1, 1]
+
+
 def test_only_a_lock(locks: jobfence.Locks) -> None:
     @guarded(locks=locks, lock="report:{day}", timeout=0)
     def report(day: str) -> str:

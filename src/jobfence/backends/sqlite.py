@@ -76,6 +76,8 @@ class SQLiteLockBackend(LockBackend):
     def _connection(self) -> sqlite3.Connection:
         """The open connection (call with ``_mutex`` held); opens it and the schema once."""
         if self._conn is not None:
+            if self._conn.in_transaction:  # an interrupted operation left one open
+                self._rollback(self._conn)
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite lock backend is closed", argument="self")
@@ -160,8 +162,10 @@ class SQLiteLockBackend(LockBackend):
         q = self.queries
         with self._mutex:
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                conn.execute("BEGIN IMMEDIATE")
                 cursor = conn.execute(q["peek"], {"name": name, "owner": owner})
                 row = cursor.fetchone()
                 if row is not None:  # a live lease: ours (return its token) or not
@@ -248,8 +252,10 @@ class SQLiteLockBackend(LockBackend):
         results: list[bool] = []
         with self._mutex:
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                conn.execute("BEGIN IMMEDIATE")
                 for name, owner, ttl in items:
                     cursor = conn.execute(statement, {"name": name, "owner": owner, "ttl": ttl})
                     results.append(cursor.rowcount == 1)

@@ -77,6 +77,8 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
     async def _connection(self) -> aiosqlite.Connection:
         """The open connection (call with ``_mutex`` held); opens it and the schema once."""
         if self._conn is not None:
+            if self._conn.in_transaction:  # an interrupted operation left one open
+                await self._rollback(self._conn)
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite lock backend is closed", argument="self")
@@ -168,8 +170,10 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         q = self.queries
         async with self._mutex:
             conn = await self._connection()
-            await conn.execute("BEGIN IMMEDIATE")
             try:
+                # inside the try: an interrupted BEGIN still runs (aiosqlite's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                await conn.execute("BEGIN IMMEDIATE")
                 cursor = await conn.execute(q["peek"], {"name": name, "owner": owner})
                 row = await cursor.fetchone()
                 if row is not None:  # a live lease: ours (return its token) or not
@@ -267,8 +271,10 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         results: list[bool] = []
         async with self._mutex:
             conn = await self._connection()
-            await conn.execute("BEGIN IMMEDIATE")
             try:
+                # inside the try: an interrupted BEGIN still runs (aiosqlite's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                await conn.execute("BEGIN IMMEDIATE")
                 for name, owner, ttl in items:
                     cursor = await conn.execute(
                         statement, {"name": name, "owner": owner, "ttl": ttl}
