@@ -37,6 +37,7 @@ from ._inbox_types import (
     check_fingerprint,
     check_table,
 )
+from ._pgtext import pg_text
 from ._sqlconn import adapt, is_undefined_table
 from ._url import mask_url
 from ._validate import check_name, check_ttl
@@ -327,20 +328,21 @@ class Inbox:
             retention = int(self.retention * 1_000_000)
         try:
             hook("inbox.claim_in", key=key, backend=sc.dialect)
+            db_key = pg_text(key) if sc.dialect == "postgresql" else key
             with warnings.catch_warnings():  # pymysql warns on every ignored duplicate
                 warnings.filterwarnings("ignore", message="Duplicate entry")
-                res = sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+                res = sc.execute(queries["claim_in"][0], (db_key, fingerprint, retention))
             # From here a repeat of this unit's commit is detectable (its next claim_in sees
             # the marker), so retry_unit may re-run it after "commit outcome unknown".
             mark_protected()
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":
-                res = sc.execute(queries["claim_in_held"][0], (key, fingerprint, fingerprint))
+                res = sc.execute(queries["claim_in_held"][0], (db_key, fingerprint, fingerprint))
                 if res.rowcount == 1:
                     return True
             if fingerprint is not None:
-                res = sc.execute(queries["fingerprint"][0], (key,))
+                res = sc.execute(queries["fingerprint"][0], (db_key,))
                 stored = _text(res.rows[0][0]) if res.rows else None
                 if stored is not None and stored != fingerprint:
                     raise FingerprintMismatch(

@@ -35,6 +35,7 @@ from ._inbox_types import (
     check_fingerprint,
     check_table,
 )
+from ._pgtext import pg_text
 from ._sqlconn import adapt_async, is_undefined_table
 from ._url import mask_url
 from ._validate import check_name, check_ttl
@@ -333,20 +334,23 @@ class AsyncInbox:
             retention = int(self.retention * 1_000_000)
         try:
             await ahook("inbox.claim_in", key=key, backend=sc.dialect)
+            db_key = pg_text(key) if sc.dialect == "postgresql" else key
             with warnings.catch_warnings():  # aiomysql warns on every ignored duplicate
                 warnings.filterwarnings("ignore", message="Duplicate entry")
-                res = await sc.execute(queries["claim_in"][0], (key, fingerprint, retention))
+                res = await sc.execute(queries["claim_in"][0], (db_key, fingerprint, retention))
             # From here a repeat of this unit's commit is detectable (its next claim_in sees
             # the marker), so retry_unit may re-run it after "commit outcome unknown".
             mark_protected()
             if res.rowcount == 1:
                 return True
             if sc.dialect == "mysql":
-                res = await sc.execute(queries["claim_in_held"][0], (key, fingerprint, fingerprint))
+                res = await sc.execute(
+                    queries["claim_in_held"][0], (db_key, fingerprint, fingerprint)
+                )
                 if res.rowcount == 1:
                     return True
             if fingerprint is not None:
-                res = await sc.execute(queries["fingerprint"][0], (key,))
+                res = await sc.execute(queries["fingerprint"][0], (db_key,))
                 stored = _text(res.rows[0][0]) if res.rows else None
                 if stored is not None and stored != fingerprint:
                     raise FingerprintMismatch(

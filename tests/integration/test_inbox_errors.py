@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import jobfence
 from jobfence import BackendError, ConfigurationError
+from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
 
 
 @pytest.mark.parametrize("table", ["", "1abc", "a-b", "x; DROP TABLE users", "a" * 64, 5])
@@ -70,3 +74,22 @@ async def test_driver_errors_become_backend_errors_with_the_password_masked(url:
     assert "***" in str(info.value)
     assert info.value.operation == "inbox.claim"
     assert info.value.__cause__ is not None
+
+
+@pytest.mark.parametrize(
+    ("make", "argument"),
+    [
+        (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db?busy_timeout=abc"), "busy_timeout"),
+        (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db?busy_timeout=-1"), "busy_timeout"),
+        (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db?bogus=1"), "bogus"),
+        (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db", bogus=1), "bogus"),
+        (lambda tmp: jobfence.Inbox(POSTGRES_URL + "?max_idle=x"), "max_idle"),
+        (lambda tmp: jobfence.Inbox(POSTGRES_URL, pool=3), "pool"),
+        (lambda tmp: jobfence.Inbox(MYSQL_URL, pool=3), "pool"),
+        (lambda tmp: jobfence.Inbox(REDIS_URL, pool=3), "pool"),
+    ],
+)
+def test_bad_backend_options_name_the_option(make: Any, argument: str, tmp_path: Path) -> None:
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        make(tmp_path)
+    assert info.value.argument == argument

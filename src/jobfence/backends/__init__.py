@@ -38,8 +38,16 @@ _SINGLE_FILE = {"memory"}
 
 
 def load_class(
-    table: dict[str, tuple[str, str, str | None]], url: BackendURL, *, asynchronous: bool, what: str
+    table: dict[str, tuple[str, str, str | None]],
+    url: BackendURL,
+    *,
+    asynchronous: bool,
+    what: str,
+    package: str = __name__,
 ) -> Any:
+    """The backend class for ``url`` from ``table`` (scheme -> module stem, class stem,
+    extra) in ``package``: ``Async<class>`` from ``<module>_async`` for async clients (from
+    ``<module>`` itself for the single-file memory backends)."""
     try:
         module_stem, class_stem, extra = table[url.scheme]
     except KeyError:
@@ -54,9 +62,9 @@ def load_class(
         else (module_stem + "_async")
     )
     try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        module = importlib.import_module(f"{package}.{module_name}")
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith(f"{__name__}."):
+        if exc.name and exc.name.startswith(f"{package}."):
             raise ConfigurationError(
                 f"the {url.scheme}:// {what} backend is not available yet in this version",
                 argument="url",

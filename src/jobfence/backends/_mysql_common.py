@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .._options import option_seconds
 from .._url import BackendURL
 from ..errors import ConfigurationError
 from ._types import LockCapabilities
@@ -151,17 +152,7 @@ def is_deadlock(exc: BaseException) -> bool:
     return _code(exc) in _DEADLOCK_CODES
 
 
-def _seconds(value: object, argument: str, low: float, high: float) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not (low <= number <= high):
-        raise ConfigurationError(
-            f"{argument} must be a number of seconds from {low} to {high}, got {value!r}",
-            argument=argument,
-        )
-    return number
+_seconds = option_seconds
 
 
 @dataclass

@@ -12,6 +12,7 @@ import re
 from importlib import resources
 from typing import Any
 
+from .._options import option_seconds
 from .._url import BackendURL
 from ..errors import ConfigurationError
 from ._types import LockCapabilities
@@ -102,17 +103,7 @@ def sqlite_path(url: BackendURL) -> str:
     return path
 
 
-def _seconds(value: object, argument: str, low: float, high: float) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not (low <= number <= high):
-        raise ConfigurationError(
-            f"{argument} must be a number of seconds from {low} to {high}, got {value!r}",
-            argument=argument,
-        )
-    return number
+_seconds = option_seconds
 
 
 class SQLiteOptions:

@@ -58,6 +58,8 @@ from psycopg.pq import TransactionStatus
 
 from .. import _compat
 from .._clock import get_clock
+from .._options import option_bool, option_int
+from .._pgtext import pg_text
 from .._url import BackendURL
 from ..errors import BackendError, ConfigurationError
 from ._types import LockCapabilities, RenewItem
@@ -96,9 +98,6 @@ _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
 _MAX_NAMESPACE = 63 - len("_lock_tokens")
 _SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_ESCAPE = "\ufffe"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 Conn = Connection[tuple[Any, ...]]
 
@@ -116,16 +115,7 @@ def advisory_key(namespace: str, name: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def stored_name(name: str) -> str:
-    """``name`` as the tables store it: unchanged, unless PostgreSQL ``text`` cannot hold it.
-
-    ``text`` cannot contain NUL, so a name with a NUL character -- or one starting with the
-    escape mark U+FFFE, to keep the mapping one-to-one -- is stored as U+FFFE followed by the
-    hex of its UTF-8 bytes. Every other name is stored as it is (readable for operators).
-    """
-    if "\0" in name or name.startswith(_ESCAPE):
-        return _ESCAPE + name.encode("utf-8").hex()
-    return name
+stored_name = pg_text
 
 
 def _schema_key(namespace: str) -> int:
@@ -182,31 +172,8 @@ def load_queries(namespace: str) -> dict[str, str]:
     return queries
 
 
-def _option_bool(value: object, argument: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigurationError(
-        f"{argument} must be true or false (also 1/0, yes/no, on/off), got {value!r}",
-        argument=argument,
-    )
-
-
-def _option_int(value: object, argument: str, low: int, high: int) -> int:
-    try:
-        number = int(str(value).strip()) if not isinstance(value, bool) else -1
-    except ValueError:
-        number = low - 1
-    if not low <= number <= high:
-        raise ConfigurationError(
-            f"{argument} must be an integer from {low} to {high}, got {value!r}",
-            argument=argument,
-        )
-    return number
+_option_bool = option_bool
+_option_int = option_int
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,10 @@ scheme             backend                                      extra
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from .._url import parse_url
-from ..errors import ConfigurationError
+from ..backends import load_class
 
 __all__ = ["INBOX_BACKENDS", "open_inbox_backend"]
 
@@ -33,36 +32,11 @@ INBOX_BACKENDS: dict[str, tuple[str, str, str | None]] = {
     "mariadb": ("mysql", "MySQLInboxBackend", "mysql"),
 }
 
-#: modules whose sync and async classes live in one hand-written file
-_SINGLE_FILE = {"memory"}
-
 
 def open_inbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
     """Create the inbox backend for ``url`` (a str); ``options`` go to its constructor."""
     parsed = parse_url(url)
-    try:
-        module_stem, class_stem, extra = INBOX_BACKENDS[parsed.scheme]
-    except KeyError:
-        raise ConfigurationError(
-            f"url scheme {parsed.scheme!r} has no inbox backend; allowed: "
-            + ", ".join(f"{s}://" for s in INBOX_BACKENDS),
-            argument="url",
-        ) from None
-    module_name = (
-        module_stem if (module_stem in _SINGLE_FILE or not asynchronous) else module_stem + "_async"
+    cls = load_class(
+        INBOX_BACKENDS, parsed, asynchronous=asynchronous, what="inbox", package=__name__
     )
-    try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith(f"{__name__}."):
-            raise ConfigurationError(
-                f"the {parsed.scheme}:// inbox backend is not available in this version",
-                argument="url",
-            ) from None
-        hint = f" Install it with: pip install 'jobfence[{extra}]'" if extra else ""
-        raise ConfigurationError(
-            f"the {parsed.scheme}:// backend needs the missing package {exc.name!r}.{hint}",
-            argument="url",
-        ) from exc
-    cls = getattr(module, ("Async" if asynchronous else "") + class_stem)
     return cls(parsed, **options)

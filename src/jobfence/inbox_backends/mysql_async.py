@@ -26,6 +26,7 @@ from .._inbox_types import (
     as_utc,
     check_table,
 )
+from .._options import reject_unknown
 from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ._pool_async import AsyncConnPool
@@ -50,6 +51,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(options, ("retention",), "mysql inbox")
         self.table = check_table(url.options.get("table", table))
         self._params: dict[str, Any] = {
             "host": url.host or "127.0.0.1",

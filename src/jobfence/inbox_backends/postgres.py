@@ -27,6 +27,8 @@ from .._inbox_types import (
     as_utc,
     check_table,
 )
+from .._options import option_int, reject_unknown
+from .._pgtext import pg_text
 from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ._pool import ConnPool
@@ -58,6 +60,7 @@ class PostgresInboxBackend(InboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(options, ("retention", "max_idle"), "postgresql inbox")
         self.table = check_table(url.options.get("table", table))
         self._conninfo = url.without_options(*_OPTIONS)
         if self._conninfo.startswith("postgres://"):
@@ -68,7 +71,11 @@ class PostgresInboxBackend(InboxBackend):
         }
         self._installed = False
         self._pool = ConnPool(
-            self._connect, self._close, max_idle=int(url.options.get("max_idle", 8))
+            self._connect,
+            self._close,
+            max_idle=option_int(
+                options.get("max_idle", url.options.get("max_idle", 8)), "max_idle", 0, 1000
+            ),
         )
 
     def _connect(self) -> Any:
@@ -101,6 +108,7 @@ class PostgresInboxBackend(InboxBackend):
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        key = pg_text(key)  # text cannot hold NUL
         while True:
             rows, _ = self._run("claim", (key, owner, fingerprint, ttl))
             if not rows:  # a duplicate: read the record that stopped us
@@ -110,10 +118,12 @@ class PostgresInboxBackend(InboxBackend):
             # purged between the two statements: claim again
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        key = pg_text(key)  # text cannot hold NUL
         _, count = self._run("complete", (result, retention, key, owner))
         return count == 1
 
     def release(self, key: str, owner: str) -> bool:
+        key = pg_text(key)  # text cannot hold NUL
         _, count = self._run("release", (key, owner))
         return count == 1
 

@@ -25,6 +25,8 @@ from .._inbox_types import (
     as_utc,
     check_table,
 )
+from .._options import option_int, reject_unknown
+from .._pgtext import pg_text
 from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ._pool_async import AsyncConnPool
@@ -56,6 +58,7 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(options, ("retention", "max_idle"), "postgresql inbox")
         self.table = check_table(url.options.get("table", table))
         self._conninfo = url.without_options(*_OPTIONS)
         if self._conninfo.startswith("postgres://"):
@@ -66,7 +69,11 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
         }
         self._installed = False
         self._pool = AsyncConnPool(
-            self._connect, self._close, max_idle=int(url.options.get("max_idle", 8))
+            self._connect,
+            self._close,
+            max_idle=option_int(
+                options.get("max_idle", url.options.get("max_idle", 8)), "max_idle", 0, 1000
+            ),
         )
 
     async def _connect(self) -> Any:
@@ -99,6 +106,7 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
         self._installed = True
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        key = pg_text(key)  # text cannot hold NUL
         while True:
             rows, _ = await self._run("claim", (key, owner, fingerprint, ttl))
             if not rows:  # a duplicate: read the record that stopped us
@@ -108,10 +116,12 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
             # purged between the two statements: claim again
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        key = pg_text(key)  # text cannot hold NUL
         _, count = await self._run("complete", (result, retention, key, owner))
         return count == 1
 
     async def release(self, key: str, owner: str) -> bool:
+        key = pg_text(key)  # text cannot hold NUL
         _, count = await self._run("release", (key, owner))
         return count == 1
 

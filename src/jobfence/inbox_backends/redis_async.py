@@ -25,6 +25,7 @@ from .._inbox_types import (
     check_table,
     utc_from_epoch,
 )
+from .._options import reject_unknown
 from .._url import BackendURL
 from .base_async import AsyncInboxBackend
 
@@ -54,6 +55,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         retention: float = DEFAULT_RETENTION,
         **options: Any,
     ) -> None:
+        reject_unknown(options, (), "redis inbox")
         self.table = check_table(url.options.get("table", table))
         self.retention = retention
         self._prefix = f"{self.table}:"

@@ -23,6 +23,7 @@ from .._inbox_types import (
     check_table,
     utc_from_epoch,
 )
+from .._options import option_seconds, reject_unknown
 from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ..backends._sqlite_common import sqlite_path
@@ -51,9 +52,16 @@ class AsyncSQLiteInboxBackend(AsyncInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(url.options, ("table", "busy_timeout"), "sqlite inbox URL")
+        reject_unknown(options, ("retention", "busy_timeout"), "sqlite inbox")
         self.table = check_table(url.options.get("table", table))
         self.path = sqlite_path(url)
-        self.busy_timeout = float(url.options.get("busy_timeout", 30.0))
+        self.busy_timeout = option_seconds(
+            options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
+            "busy_timeout",
+            0.0,
+            3600.0,
+        )
         self._sql = load_queries("sqlite", self.table)
         self._installed = False
         self._pool = AsyncConnPool(self._connect, self._close, max_idle=4)
