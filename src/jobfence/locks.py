@@ -41,6 +41,10 @@ DEFAULT_TTL = 30.0
 DEFAULT_URL = "sqlite:///jobfence.db"
 #: upper bound of one wait for a wake-up; a lost notification costs at most this much
 DEFAULT_POLL_INTERVAL = 1.0
+#: one wait in a server-side queue when the caller waits forever (then it queues again)
+SERVER_WAIT = 3600.0
+#: how long an interrupted acquire waits for its clean-up before leaving it to the background
+CLEANUP_WAIT = 1.0
 
 _HOST = socket.gethostname()[:64]
 
@@ -361,15 +365,19 @@ class Locks:
         owner = _new_owner()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
+        long_waits = backend.capabilities.queue_follows_connection
         try:
             while True:
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
-                # how long the backend keeps our place in its queue without hearing from us:
-                # we come back at least every poll_interval, so a dead waiter drops out soon
-                wait = self.poll_interval * 3
-                if remaining is not None:
-                    wait = min(wait, max(0.0, remaining))
+                if long_waits:  # the server queues us as long as our connection lives
+                    wait = SERVER_WAIT if remaining is None else max(0.0, remaining)
+                else:
+                    # how long the backend keeps our place in its queue without hearing from
+                    # us: we come back every poll_interval, so a dead waiter drops out soon
+                    wait = self.poll_interval * 3
+                    if remaining is not None:
+                        wait = min(wait, max(0.0, remaining))
                 token = self._call(
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )

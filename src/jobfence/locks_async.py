@@ -7,6 +7,7 @@ twins ``Locks`` and ``Lease`` are generated from this file by ``tools/async_to_s
 from __future__ import annotations
 
 import asyncio  # async-only
+import collections.abc  # async-only
 import logging
 import os
 import socket
@@ -42,6 +43,10 @@ DEFAULT_TTL = 30.0
 DEFAULT_URL = "sqlite:///jobfence.db"
 #: upper bound of one wait for a wake-up; a lost notification costs at most this much
 DEFAULT_POLL_INTERVAL = 1.0
+#: one wait in a server-side queue when the caller waits forever (then it queues again)
+SERVER_WAIT = 3600.0
+#: how long an interrupted acquire waits for its clean-up before leaving it to the background
+CLEANUP_WAIT = 1.0
 
 _HOST = socket.gethostname()[:64]
 
@@ -333,15 +338,27 @@ class AsyncLease:
 
 
 # begin-async-only
-class AsyncAcquireContext:
-    """What :meth:`AsyncLocks.acquire` returns: await it, or use it with ``async with``."""
+class AsyncAcquireContext(collections.abc.Coroutine[Any, Any, AsyncLease]):
+    """What :meth:`AsyncLocks.acquire` returns: await it, pass it to
+    ``asyncio.create_task``, or use it with ``async with`` (which also releases)."""
 
-    def __init__(self, coro: Awaitable[AsyncLease]) -> None:
+    def __init__(self, coro: collections.abc.Coroutine[Any, Any, AsyncLease]) -> None:
         self._coro = coro
         self._lease: AsyncLease | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncLease]:
         return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
 
     async def __aenter__(self) -> AsyncLease:
         self._lease = await self._coro
@@ -457,15 +474,19 @@ class AsyncLocks:
         owner = _new_owner()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
+        long_waits = backend.capabilities.queue_follows_connection
         try:
             while True:
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
-                # how long the backend keeps our place in its queue without hearing from us:
-                # we come back at least every poll_interval, so a dead waiter drops out soon
-                wait = self.poll_interval * 3
-                if remaining is not None:
-                    wait = min(wait, max(0.0, remaining))
+                if long_waits:  # the server queues us as long as our connection lives
+                    wait = SERVER_WAIT if remaining is None else max(0.0, remaining)
+                else:
+                    # how long the backend keeps our place in its queue without hearing from
+                    # us: we come back every poll_interval, so a dead waiter drops out soon
+                    wait = self.poll_interval * 3
+                    if remaining is not None:
+                        wait = min(wait, max(0.0, remaining))
                 token = await self._call(
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
@@ -502,10 +523,16 @@ class AsyncLocks:
 
     async def _abandon_quietly(self, name: str, owner: str) -> None:
         # begin-async-only
-        # in the background: a cancelled acquire must end now, not after more round trips
+        # Wait for the clean-up a little (a release right after a cancelled waiter must not
+        # hand it the lease), but not long: a cancelled acquire must end promptly. It goes on
+        # in the background if it takes longer, or if we are cancelled again.
         cleanup = asyncio.ensure_future(self._abandon(name, owner))
         self._cleanups.add(cleanup)
         cleanup.add_done_callback(self._cleanups.discard)
+        try:
+            await asyncio.wait({cleanup}, timeout=CLEANUP_WAIT)
+        except asyncio.CancelledError:
+            pass
         # end-async-only
         # begin-sync-only
         # self._abandon(name, owner)

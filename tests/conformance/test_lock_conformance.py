@@ -288,13 +288,16 @@ async def test_a_cancelled_waiter_leaves_nothing_behind(env: Env) -> None:
     waiting = asyncio.Event()
 
     def hook(point: str, **info: object) -> None:
-        if point == "lock.wait" and info.get("name") == name:
+        # the waiter has started waiting: in lock.wait, or (a server-side queue) blocked in
+        # its acquire attempt
+        if point in ("lock.wait", "lock.acquire") and info.get("name") == name:
             loop.call_soon_threadsafe(waiting.set)
 
     old = set_hook(hook)
     try:
         task = asyncio.create_task(waiter.acquire(name, ttl=10, timeout=None))
         await asyncio.wait_for(waiting.wait(), 10)
+        await asyncio.sleep(0.05)  # let the attempt reach the server (no event to wait for)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

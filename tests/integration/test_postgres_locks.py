@@ -470,3 +470,36 @@ async def test_session_mode_terminated_connection_is_a_lost_lease(
     other = await clients("session").try_acquire("job", ttl=10)
     assert other is not None and other.token > lease.token
     await other.release()
+
+
+async def test_session_mode_waiters_keep_their_place_in_the_server_queue(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    """Waiting in the server must not be cut into poll-interval slices: each slice would send
+    the waiter to the back of the queue (FIFO lost for holds longer than a slice)."""
+    holder = clients("session")
+    held = await holder.try_acquire("long", ttl=10)
+    assert held is not None
+    waiters = [clients("session", poll_interval=0.05) for _ in range(2)]
+    tasks = [asyncio.create_task(w.acquire("long", ttl=10, timeout=30)) for w in waiters[:1]]
+    await _until(lambda: sum(not g for _pid, g in _advisory_locks(admin, ns, "long")) == 1)
+    tasks.append(asyncio.create_task(waiters[1].acquire("long", ttl=10, timeout=None)))
+    await _until(lambda: sum(not g for _pid, g in _advisory_locks(admin, ns, "long")) == 2)
+    pids = [pid for pid, granted in _advisory_locks(admin, ns, "long") if not granted]
+
+    def starts() -> list[Any]:
+        rows = admin.execute(
+            "SELECT pid, query_start FROM pg_stat_activity WHERE pid = ANY(%s) ORDER BY pid",
+            (pids,),
+        ).fetchall()
+        return list(rows)
+
+    before = starts()
+    await asyncio.sleep(0.6)  # many times 3 x poll_interval (0.15 s)
+    assert starts() == before  # the same blocking statements: nobody re-queued
+    assert await held.release()
+    first = await asyncio.wait_for(tasks[0], 15)
+    assert await first.release()
+    second = await asyncio.wait_for(tasks[1], 15)
+    assert second.token > first.token > held.token
+    assert await second.release()

@@ -20,6 +20,10 @@ class LockCapabilities:
       the waiter already owns the lease when it wakes).
     * ``tokens_survive_data_loss`` -- fencing tokens keep increasing even if the backend
       restarts with its data gone.
+    * ``queue_follows_connection`` -- a waiter waits in the server, and its place in the queue
+      lives exactly as long as its connection (the server drops it when the waiter dies), so
+      one wait may last the caller's whole timeout. Other backends hear from a waiter at least
+      every few poll intervals, so that a dead waiter drops out of their queue soon.
     """
 
     cross_process: bool
@@ -27,6 +31,7 @@ class LockCapabilities:
     fifo: bool = False
     handoff: bool = False
     tokens_survive_data_loss: bool = False
+    queue_follows_connection: bool = False
 
 
 # (name, owner, ttl seconds)

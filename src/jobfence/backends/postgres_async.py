@@ -90,7 +90,12 @@ LEASE_CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
 )
 SESSION_CAPABILITIES = LockCapabilities(
-    cross_process=True, ttl_expiry=False, fifo=True, handoff=True, tokens_survive_data_loss=True
+    cross_process=True,
+    ttl_expiry=False,
+    fifo=True,
+    handoff=True,
+    tokens_survive_data_loss=True,
+    queue_follows_connection=True,
 )
 
 _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
