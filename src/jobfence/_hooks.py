@@ -5,6 +5,8 @@ Every operation jobfence performs against a backend (and every sleep) first call
 ``"lock.release"``, ``"lock.renew"``, ``"lock.wait"``, ``"inbox.claim"``, ``"fence.check"``,
 ``"sleep"``. By default it does nothing. The testing toolkit installs a function here to
 interleave workers and inject faults at exactly these points: a hook may block, sleep or raise.
+An exception a hook raises at a lock or inbox point surfaces exactly as a driver error there
+would: as :class:`~jobfence.BackendError` with the hook's exception as ``__cause__``.
 
 Stable point names (part of the public testing contract):
 

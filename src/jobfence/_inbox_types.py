@@ -106,7 +106,7 @@ class JSONSerializer:
 
 def check_table(table: object, *, argument: str = "table") -> str:
     """A table name (or key prefix): ``^[A-Za-z_][A-Za-z0-9_]{0,62}$``, so never an injection."""
-    if not isinstance(table, str) or not _TABLE_RE.match(table):
+    if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
         raise ConfigurationError(
             f"{argument} must match ^[A-Za-z_][A-Za-z0-9_]{{0,62}}$ (a letter or underscore, then "
             f"up to 62 letters, digits or underscores), got {table!r}",

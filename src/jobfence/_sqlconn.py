@@ -178,7 +178,21 @@ def _to_named(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, Any]]:
     return text, {f"p{i}": v for i, v in enumerate(params)}
 
 
-_RETURNS_ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW)\b|\bRETURNING\b", re.IGNORECASE)
+_RETURNS_ROWS_RE = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW)\b|\bRETURNING\b", re.IGNORECASE)
+# quoted identifiers and string literals, blanked before looking for RETURNING
+_QUOTED = re.compile(r'"(?:[^"]|"")*"|`(?:[^`]|``)*`|\'(?:[^\']|\'\')*\'')
+
+
+class _ReturnsRows:
+    """Does a statement return rows? Keywords inside quotes (a column named "returning")
+    do not count."""
+
+    @staticmethod
+    def search(sql: str) -> bool:
+        return _RETURNS_ROWS_RE.search(_QUOTED.sub("''", sql)) is not None
+
+
+_RETURNS_ROWS = _ReturnsRows()
 
 
 def _count(rows: Sequence[Any], rowcount: int, cols: Sequence[str] | None = None) -> int:

@@ -176,6 +176,20 @@ def _own(exc: BaseException) -> _Result:
     return None  # BackendError and others: classified by their cause
 
 
+#: words in psycopg's SQLSTATE-less OperationalError messages that mean the connection failed
+_PSYCOPG_CONNECTION_WORDS = (
+    "connection",
+    "server closed",
+    "terminat",
+    "ssl",
+    "could not receive",
+    "could not send",
+    "timeout expired",
+    "eof detected",
+    "no route to host",
+)
+
+
 def _sqlstate_kind(code: object) -> ErrorKind | None:
     if not isinstance(code, str) or len(code) != 5:
         return None
@@ -190,8 +204,17 @@ def _postgres(exc: BaseException, module: str) -> _Result:
     names = {c.__name__ for c in type(exc).__mro__}
     if module.startswith("psycopg") and code is None and "OperationalError" in names:
         # psycopg raises OperationalError without a SQLSTATE when the connection fails
-        # (refused, closed by the server, "the connection is lost").
-        return TRANSIENT
+        # (refused, closed by the server, "the connection is lost") -- but also for
+        # client-side errors on a healthy connection (too many parameters), which a retry
+        # cannot fix: transient only if there is no connection or it is not OK any more.
+        pgconn = getattr(exc, "pgconn", None)
+        status = getattr(pgconn, "status", None)
+        if status is not None and int(status) != 0:  # 0: CONNECTION_OK
+            return TRANSIENT
+        message = str(exc).lower()
+        if any(word in message for word in _PSYCOPG_CONNECTION_WORDS):
+            return TRANSIENT
+        return None
     if module.startswith("asyncpg") and "InterfaceError" in names:
         message = str(exc).lower()
         if "connection is closed" in message or "connection was closed" in message:

@@ -174,11 +174,12 @@ class Claim:
         Returns False if the claim was not ours any more (or never was)."""
         if self._mine is None or self._finished is not None:
             return False
-        self._finished = "released"
         inbox = self._inbox
-        return bool(
+        released = bool(  # a failed call leaves the claim ours: release() may be retried
             inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
         )
+        self._finished = "released" if released else "lost"
+        return released
 
     def __enter__(self) -> Claim:
         return self
@@ -259,9 +260,10 @@ class Inbox:
         return self.backend.capabilities
 
     def _call(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
-        """Call the I/O hook, then ``fn(*args)``; wrap driver errors in BackendError."""
-        hook(operation, key=key, backend=self.backend.kind)
+        """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
+        injects, which stand for them -- in BackendError."""
         try:
+            hook(operation, key=key, backend=self.backend.kind)
             return fn(*args)
         except JobfenceError:
             raise

@@ -172,13 +172,14 @@ class AsyncClaim:
         Returns False if the claim was not ours any more (or never was)."""
         if self._mine is None or self._finished is not None:
             return False
-        self._finished = "released"
         inbox = self._inbox
-        return bool(
+        released = bool(  # a failed call leaves the claim ours: release() may be retried
             await inbox._call(
                 "inbox.release", self.key, inbox.backend.release, self.key, self._mine
             )
         )
+        self._finished = "released" if released else "lost"
+        return released
 
     async def __aenter__(self) -> AsyncClaim:
         return self
@@ -261,9 +262,10 @@ class AsyncInbox:
     async def _call(
         self, operation: str, key: str | None, fn: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
-        """Call the I/O hook, then ``fn(*args)``; wrap driver errors in BackendError."""
-        await ahook(operation, key=key, backend=self.backend.kind)
+        """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
+        injects, which stand for them -- in BackendError."""
         try:
+            await ahook(operation, key=key, backend=self.backend.kind)
             return await fn(*args)
         except JobfenceError:
             raise

@@ -204,8 +204,9 @@ async def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
         await claim.release()
         claim = await inbox.claim("h")
         await claim.complete(1)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(jobfence.BackendError) as info:  # as a driver error would
             await inbox.claim("boom")
+        assert isinstance(info.value.__cause__, RuntimeError)
     finally:
         set_hook(old)
     assert seen == [

@@ -69,7 +69,7 @@ _DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 
 def check_namespace(namespace: object) -> str:
     """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
-    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
         raise ConfigurationError(
             "namespace must be an SQL identifier for the mysql backend: a letter or '_' "
             f"then up to 47 letters, digits or '_' (table names are at most 64 characters); "

@@ -44,7 +44,7 @@ CAPABILITIES = LockCapabilities(
 
 def check_namespace(namespace: object) -> str:
     """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
-    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
         raise ConfigurationError(
             "namespace must be an SQL identifier for the sqlite backend: a letter or '_' "
             f"then up to 62 letters, digits or '_'; got {namespace!r}",

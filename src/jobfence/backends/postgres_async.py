@@ -139,7 +139,7 @@ def check_namespace(namespace: object) -> str:
     """The namespace prefixes table names: an SQL identifier short enough for every table."""
     if (
         not isinstance(namespace, str)
-        or not _NAMESPACE.match(namespace)
+        or not _NAMESPACE.fullmatch(namespace)
         or len(namespace) > _MAX_NAMESPACE
     ):
         raise ConfigurationError(

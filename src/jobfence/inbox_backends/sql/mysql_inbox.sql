@@ -81,10 +81,13 @@ VALUES (?, 'completed', NULL, 1, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 -- Only when ``claim_in`` inserted nothing: mark a key that claim() holds (not yet applied) as
 -- applied. Params: 1 key, 2 fingerprint, 3 fingerprint. Matches one row iff it did.
 UPDATE {table} SET applied = 1
-WHERE k = ? AND applied = 0 AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?);
+WHERE k = ? AND applied = 0 AND state = 'in_progress'
+  AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?);
 
 -- name: fingerprint
-SELECT fingerprint FROM {table} WHERE k = ?;
+-- A locking read: under REPEATABLE READ a plain read would show the transaction's snapshot,
+-- which may predate the row that stopped claim_in (and miss a fingerprint mismatch).
+SELECT fingerprint FROM {table} WHERE k = ? LOCK IN SHARE MODE;
 
 -- name: drop
 DROP TABLE IF EXISTS {table};

@@ -92,7 +92,7 @@ INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expire
 VALUES (?, 'completed', NULL, 1, ?, true,
         now() + CAST(? AS double precision) * interval '1 second')
 ON CONFLICT (k) DO UPDATE SET applied = true
-WHERE NOT t.applied
+WHERE NOT t.applied AND t.state = 'in_progress'
   AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
        OR t.fingerprint = EXCLUDED.fingerprint);
 

@@ -72,7 +72,7 @@ WHERE (state = 'completed' AND expires_at <= {now})
 INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
 VALUES (?, 'completed', NULL, 1, ?, 1, {now} + ?)
 ON CONFLICT (k) DO UPDATE SET applied = 1
-WHERE NOT {table}.applied
+WHERE NOT {table}.applied AND {table}.state = 'in_progress'
   AND ({table}.fingerprint IS NULL OR excluded.fingerprint IS NULL
        OR {table}.fingerprint = excluded.fingerprint);
 
