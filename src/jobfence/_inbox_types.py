@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ __all__ = [
     "Serializer",
     "check_fingerprint",
     "check_table",
+    "record_from_row",
 ]
 
 #: seconds an in-progress claim lives unless completed or released (its worker's deadline)
@@ -83,6 +85,26 @@ class ClaimRecord:
     fingerprint: str | None = None
     result: bytes | None = None
     expires_at: datetime | None = None
+
+
+def record_from_row(
+    row: Sequence[Any],
+    expires_at: Callable[[Any], datetime | None],
+    text: Callable[[Any], Any] = str,
+) -> ClaimRecord:
+    """A :class:`ClaimRecord` from a SQL row ``(mine, state, owner, attempt, fingerprint,
+    result, expires_at)``; ``expires_at`` converts the dialect's time value, ``text`` the
+    dialect's strings (MySQL may return bytes)."""
+    mine, state, owner, attempt, fingerprint, result, expires = row
+    return ClaimRecord(
+        mine=bool(mine),
+        state=ClaimState(text(state)),
+        attempt=int(attempt),
+        owner=None if owner is None else text(owner),
+        fingerprint=None if fingerprint is None else text(fingerprint),
+        result=None if result is None else bytes(result),
+        expires_at=expires_at(expires),
+    )
 
 
 class Serializer(Protocol):

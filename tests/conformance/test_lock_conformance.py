@@ -222,47 +222,31 @@ def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path
     counter = tmp_path / "counter.txt"
     counter.write_text("0")
     cross_process = env.client().capabilities.cross_process
-    if cross_process:
-        ctx = multiprocessing.get_context("spawn")
-        start, results = ctx.Event(), ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=_mutex_worker.run,
-                args=(
-                    env.url,
-                    env.namespace,
-                    name,
-                    str(counter),
-                    iterations,
-                    env.flavour,
-                    start,
-                    results,
-                ),
-            )
-            for _ in range(workers)
-        ]
-        for p in procs:
-            p.start()
-    else:  # an in-process backend: the workers are threads
-        start, results = threading.Event(), queue.Queue()
-        procs = [
-            threading.Thread(
-                target=_mutex_worker.run,
-                args=(
-                    env.url,
-                    env.namespace,
-                    name,
-                    str(counter),
-                    iterations,
-                    env.flavour,
-                    start,
-                    results,
-                ),
-            )
-            for _ in range(workers)
-        ]
-        for p in procs:
-            p.start()
+    # processes where the backend is shared between processes; threads for in-process ones
+    ctx = multiprocessing.get_context("spawn")
+    start, results, worker = (
+        (ctx.Event(), ctx.Queue(), ctx.Process)
+        if cross_process
+        else (threading.Event(), queue.Queue(), threading.Thread)
+    )
+    procs = [
+        worker(
+            target=_mutex_worker.run,
+            args=(
+                env.url,
+                env.namespace,
+                name,
+                str(counter),
+                iterations,
+                env.flavour,
+                start,
+                results,
+            ),
+        )
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
     start.set()
     holds = [h for _ in range(workers) for h in results.get(timeout=100)]
     for p in procs:

@@ -23,10 +23,10 @@ from pymysql.constants import CLIENT
 from .._inbox_types import (
     DEFAULT_TABLE,
     ClaimRecord,
-    ClaimState,
     InboxCapabilities,
     as_utc,
     check_table,
+    record_from_row,
 )
 from .._options import reject_unknown
 from .._sqlconn import is_undefined_table
@@ -119,16 +119,7 @@ class MySQLInboxBackend(InboxBackend):
             if rows:
                 break
             # purged between the two statements: claim again
-        mine, state, rec_owner, attempt, rec_fp, result, expires_at = rows[0]
-        return ClaimRecord(
-            mine=bool(mine),
-            state=ClaimState(_text(state)),
-            attempt=int(attempt),
-            owner=_text(rec_owner),
-            fingerprint=_text(rec_fp),
-            result=None if result is None else bytes(result),
-            expires_at=as_utc(expires_at),
-        )
+        return record_from_row(rows[0], as_utc, _text)
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         (sql,) = self._sql["complete"]

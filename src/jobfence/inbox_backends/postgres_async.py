@@ -20,10 +20,10 @@ import psycopg
 from .._inbox_types import (
     DEFAULT_TABLE,
     ClaimRecord,
-    ClaimState,
     InboxCapabilities,
     as_utc,
     check_table,
+    record_from_row,
 )
 from .._options import option_int, reject_unknown
 from .._pgtext import pg_text
@@ -41,16 +41,7 @@ _OPTIONS = ("table", "max_idle")
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
-    mine, state, owner, attempt, fingerprint, result, expires_at = row
-    return ClaimRecord(
-        mine=bool(mine),
-        state=ClaimState(state),
-        attempt=int(attempt),
-        owner=owner,
-        fingerprint=fingerprint,
-        result=None if result is None else bytes(result),
-        expires_at=as_utc(expires_at),
-    )
+    return record_from_row(row, as_utc)
 
 
 class AsyncPostgresInboxBackend(AsyncInboxBackend):

@@ -18,9 +18,9 @@ from typing import Any
 from .._inbox_types import (
     DEFAULT_TABLE,
     ClaimRecord,
-    ClaimState,
     InboxCapabilities,
     check_table,
+    record_from_row,
     utc_from_epoch,
 )
 from .._options import option_seconds, reject_unknown
@@ -35,16 +35,7 @@ __all__ = ["SQLiteInboxBackend"]
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
-    mine, state, owner, attempt, fingerprint, result, expires_at = row
-    return ClaimRecord(
-        mine=bool(mine),
-        state=ClaimState(state),
-        attempt=int(attempt),
-        owner=owner,
-        fingerprint=fingerprint,
-        result=None if result is None else bytes(result),
-        expires_at=utc_from_epoch(expires_at),
-    )
+    return record_from_row(row, utc_from_epoch)
 
 
 class SQLiteInboxBackend(InboxBackend):
