@@ -59,6 +59,15 @@ def _current_task() -> asyncio.Task[Any] | None:
         return None
 
 
+def _raise_if_cancelling() -> None:
+    """Raise CancelledError if this task was asked to cancel but the request got lost on the
+    way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not loop on."""
+    task = _current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -477,6 +486,9 @@ class AsyncLocks:
         long_waits = backend.capabilities.queue_follows_connection
         try:
             while True:
+                # begin-async-only
+                _raise_if_cancelling()  # a library that swallowed our cancellation
+                # end-async-only
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
                 if long_waits:  # the server queues us as long as our connection lives

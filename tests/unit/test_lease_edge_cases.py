@@ -177,3 +177,35 @@ def test_closing_the_client_marks_held_leases_lost() -> None:
     assert called == [lease] and lease.lost
     with pytest.raises(jobfence.LockLost, match="closed"):
         lease.check()
+
+
+class _SwallowingBackend(AsyncMemoryLockBackend):
+    """A backend whose wait swallows cancellation (as asyncio.wait_for could before 3.12)."""
+
+    def __init__(self) -> None:
+        super().__init__(parse_url(_url()))
+
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        try:
+            await asyncio.sleep(timeout)
+        except asyncio.CancelledError:
+            pass  # swallowed
+        return None
+
+
+async def test_a_waiter_stops_even_if_a_library_swallowed_its_cancellation() -> None:
+    backend = _SwallowingBackend()
+    locks = jobfence.AsyncLocks(backend, poll_interval=0.05)
+    held = await locks.try_acquire("x", ttl=5)
+    assert held is not None
+    task = asyncio.create_task(locks.acquire("x", ttl=5, timeout=None))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    try:
+        assert task in done and task.cancelled(), "the waiter went on waiting"
+    finally:
+        if not task.done():  # stop it for good: give it the lease
+            await held.release()
+            await asyncio.wait({task}, timeout=5)
+    await locks.close()

@@ -149,7 +149,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         conn = self._conn
         async with conn.cursor() as cur:
             # begin-async-only
-            await asyncio.wait_for(cur.execute(sql, args), self.options.timeout)
+            # not asyncio.wait_for: before Python 3.12 it can swallow a cancellation
+            await _acompat.call_bounded(lambda: cur.execute(sql, args), self.options.timeout)
             # end-async-only
             # begin-sync-only
             # cur.execute(sql, args)
@@ -182,7 +183,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     return await self._run(sql, args)
                 except Exception as exc:
                     # begin-async-only
-                    if isinstance(exc, asyncio.TimeoutError):
+                    if isinstance(exc, TimeoutError):
                         self._drop()  # a statement cut off mid-way leaves the protocol unusable
                         raise
                     # end-async-only
