@@ -88,9 +88,11 @@ class Lease:
         # a renewal in flight: when it was sent and with which ttl (None: none in flight)
         self._renew_sent: float | None = None
         self._renew_ttl = ttl
-        # an extend() finished while that renewal was in flight: the server may apply them
-        # in either order, so the renewal's outcome must not lengthen the local deadline
+        # an extend() overlapped that renewal: the server may apply them in either order, so
+        # neither outcome may lengthen the local deadline past the other's
         self._raced = False
+        self._extending = False  # an extend() is in flight
+        self._overlap = False  # a renewal overlapped the extend() in flight
 
     def __repr__(self) -> str:
         state = "released" if self._released else ("lost" if self.lost else "held")
@@ -166,23 +168,39 @@ class Lease:
         for callback in callbacks:
             self._run_callback(callback)
 
-    def _renewed(self, sent: float) -> None:
-        """An extend with ``self.ttl`` sent at ``sent`` succeeded."""
+    def _extend_started(self) -> None:
         with self._mutex:
-            if self._renew_sent is not None:
-                # a renewal with the old ttl is in flight and may land after this extend
-                self._raced = True
-                self._expires_local = min(sent + self.ttl, self._renew_sent + self._renew_ttl)
-            else:
+            self._extending = True
+            self._overlap = self._renew_sent is not None
+
+    def _extend_done(self, sent: float | None) -> None:
+        """An extend with ``self.ttl`` sent at ``sent`` succeeded (``None``: it failed)."""
+        with self._mutex:
+            overlap = self._overlap or self._renew_sent is not None
+            self._extending = self._overlap = False
+            if sent is None:
+                return
+            if not overlap:
                 self._expires_local = sent + self.ttl
-            self._next_renew = sent + self.ttl / 3
+                self._next_renew = sent + self.ttl / 3
+                return
+            # a renewal carrying the old ttl overlapped: it may have landed after us
+            if self._renew_sent is not None:
+                self._raced = True
+                bound = self._renew_sent + self._renew_ttl
+            else:
+                bound = self._expires_local
+            self._expires_local = min(sent + self.ttl, bound)
+            self._next_renew = get_clock().monotonic()  # renew with the new ttl at once
 
     def _renewal_sent(self, sent: float) -> float:
         """The renewer is sending a renewal now; returns the ttl it carries."""
         with self._mutex:
             self._renew_sent = sent
             self._renew_ttl = self.ttl
-            self._raced = False
+            self._raced = self._extending  # an extend in flight may land before or after it
+            if self._extending:
+                self._overlap = True
             return self.ttl
 
     def _renewal_done(self, ok: bool | None) -> None:
@@ -195,7 +213,8 @@ class Lease:
                 return
             if raced:  # server order unknown: keep the shorter deadline, renew again soon
                 self._expires_local = min(self._expires_local, sent + ttl)
-                self._next_renew = get_clock().monotonic()
+                # (while the extend is still in flight, its completion schedules that)
+                self._next_renew = sent + ttl / 3 if self._extending else get_clock().monotonic()
             else:
                 self._expires_local = sent + ttl
                 self._next_renew = sent + ttl / 3
@@ -210,17 +229,23 @@ class Lease:
         new_ttl = self.ttl if ttl is None else check_ttl(ttl)
         self.check()
         sent = get_clock().monotonic()
-        ok = self._locks._call(
-            "lock.extend",
-            self.name,
-            lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
-        )
+        self._extend_started()
+        try:
+            ok = self._locks._call(
+                "lock.extend",
+                self.name,
+                lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
+            )
+        except BaseException:
+            self._extend_done(None)
+            raise
         if not ok:
+            self._extend_done(None)
             self._locks._renewer.discard(self)
             self._mark_lost("extend found the lease gone or held by another owner")
             self.check()
         self.ttl = new_ttl
-        self._renewed(sent)
+        self._extend_done(sent)
 
     def release(self) -> bool:
         """Give the lease back. Returns False if it was no longer held by us."""

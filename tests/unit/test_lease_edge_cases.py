@@ -209,3 +209,52 @@ async def test_a_waiter_stops_even_if_a_library_swallowed_its_cancellation() -> 
             await held.release()
             await asyncio.wait({task}, timeout=5)
     await locks.close()
+
+
+class _SlowReplyExtendBackend(MemoryLockBackend):
+    """extend() is applied at once, but its reply is held back until ``reply`` is set."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(parse_url(url))
+        self.applied, self.reply = threading.Event(), threading.Event()
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        ok = super().extend(name, owner, ttl)
+        if ttl > 10:  # the caller's extend(30), not a renewal
+            self.applied.set()
+            assert self.reply.wait(5)
+        return ok
+
+
+def test_a_renewal_sent_while_an_extend_is_in_flight_never_leaves_two_holders(
+    restore_hook: None,
+) -> None:
+    """extend(30) is applied on the server first; a renewal carrying the old ttl (0.6) is
+    sent and applied after it, and answers first; then the extend's reply arrives. The server
+    ends the lease 0.6 s after the renewal: the holder must not count on 30 s."""
+    url = _url()
+    backend = _SlowReplyExtendBackend(url)
+    locks, other = jobfence.Locks(backend), jobfence.Locks(url)
+    renewed = threading.Event()
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "lock.renew" and backend.applied.is_set():
+            renewed.set()
+
+    set_hook(hook)
+    lease = locks.try_acquire("x", ttl=0.6)
+    assert lease is not None
+    extender = threading.Thread(target=lease.extend, args=(30,))
+    extender.start()
+    assert backend.applied.wait(5)  # the extend is applied; its reply is held back
+    assert renewed.wait(5)  # the renewer sent a renewal with ttl 0.6 meanwhile
+    time.sleep(0.05)  # ... which lands after the extend
+    backend.reply.set()
+    extender.join(5)
+    time.sleep(1.0)  # past the 0.6 s the late renewal left on the server
+    stolen = other.try_acquire("x", ttl=5)
+    assert not (stolen is not None and lease.held), "two holders at once"
+    assert lease.held and stolen is None  # re-renewed with the new ttl at once
+    assert lease.release()
+    locks.close()
+    other.close()
