@@ -1,16 +1,15 @@
-"""A lease holder process frozen past its ttl (SIGSTOP) loses its PostgreSQL lease for good.
+"""A lease holder process frozen past its ttl (SIGSTOP) loses its lease for good.
 
-Lease mode (the default), renewal on: the holder runs in its own process; it is stopped with
-SIGSTOP long enough for its lease to expire on the server's clock; this test's process takes
-the lease over with a larger fencing token; the holder is resumed with SIGCONT. It must find
-out that its lease is lost (on_lost runs, check() raises), the server must refuse its extend
-and release (owner check), and the new holder keeps the lease.
+Every backend whose leases honour ``ttl`` (PostgreSQL lease mode, MySQL/MariaDB, SQLite, Redis):
+the holder runs in its own process with renewal on; it is stopped with SIGSTOP long enough for
+its lease to expire on the backend's clock; this test's process takes the lease over with a
+larger fencing token; the holder is resumed with SIGCONT. It must find out that its lease is
+lost (on_lost runs, check() raises), the backend must refuse its extend and release (owner
+check), and the new holder keeps the lease. Refusing the ex-holder's *write* is fencing's job:
+``test_fenced_stale_holder.py``.
 
-The other half of the scenario -- the resumed ex-holder's *write* is refused by
-``jobfence.fence`` -- is tests/reliability/test_fenced_stale_holder.py (postgresql dialect).
-
-Session mode is the documented opposite (capability ``ttl_expiry=False``): a stopped holder
-keeps its advisory lock, because its connection stays open.
+PostgreSQL session mode is the documented opposite (capability ``ttl_expiry=False``): a stopped
+holder keeps its advisory lock, because its connection stays open.
 """
 
 from __future__ import annotations
@@ -19,19 +18,19 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import jobfence
-from tests.servers import POSTGRES_URL
+from tests.conformance.backends import SPECS, Spec, new_namespace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parents[2]
+TTL_SPECS = [s for s in SPECS if s.id in ("postgres", "mysql", "sqlite", "redis")]
+SESSION = next(s for s in SPECS if s.id == "postgres-session")
 
 # The holder prints "TOKEN <token>", then waits for a line on stdin (it is stopped and resumed
 # around here), then reports what it finds out about its lease.
@@ -90,14 +89,13 @@ else:
 
 
 @pytest.fixture
-def namespace() -> Iterator[str]:
-    ns = "tpgs" + uuid.uuid4().hex[:10]
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    spec: Spec = request.param
+    url, namespace = spec.make_url(tmp_path), new_namespace()
     try:
-        yield ns
+        yield url, namespace
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            for suffix in ("_locks", "_lock_tokens", "_schema"):
-                conn.execute(f'DROP TABLE IF EXISTS "{ns}{suffix}"')
+        spec.cleanup(url, namespace)
 
 
 def _start_holder(url: str, namespace: str, name: str, flavour: str) -> subprocess.Popen[str]:
@@ -126,18 +124,22 @@ def _stop(holder: subprocess.Popen[str]) -> None:
         holder.wait()
 
 
+@pytest.mark.parametrize("backend", TTL_SPECS, ids=[s.id for s in TTL_SPECS], indirect=True)
 @pytest.mark.parametrize("flavour", ["sync", "async"])
-def test_stopped_holder_loses_its_lease_to_a_new_holder(namespace: str, flavour: str) -> None:
+def test_stopped_holder_loses_its_lease_to_a_new_holder(
+    backend: tuple[str, str], flavour: str
+) -> None:
+    url, namespace = backend
     name = "job:stale"
-    holder = _start_holder(POSTGRES_URL, namespace, name, flavour)
+    holder = _start_holder(url, namespace, name, flavour)
     assert holder.stdin is not None
     try:
         old_token = _first_token(holder)
-        with jobfence.Locks(POSTGRES_URL, namespace=namespace) as locks:
+        with jobfence.Locks(url, namespace=namespace) as locks:
             assert locks.try_acquire(name, ttl=5) is None  # held (and renewed) by the holder
             os.kill(holder.pid, signal.SIGSTOP)  # frozen: no renewal any more
             try:
-                # the lease expires on the server's clock; this process takes it over
+                # the lease expires on the backend's clock; this process takes it over
                 new = locks.acquire(name, ttl=10, timeout=20)
                 assert new.token > old_token
             finally:
@@ -162,12 +164,10 @@ def test_stopped_holder_loses_its_lease_to_a_new_holder(namespace: str, flavour:
         _stop(holder)
 
 
-# -- fenced write of the resumed ex-holder: tests/reliability/test_fenced_stale_holder.py --
-
-
-def test_session_mode_stopped_holder_keeps_its_lock(namespace: str) -> None:
+@pytest.mark.parametrize("backend", [SESSION], ids=[SESSION.id], indirect=True)
+def test_session_mode_stopped_holder_keeps_its_lock(backend: tuple[str, str]) -> None:
     """The documented trade-off of mode=session: no ttl expiry while the connection lives."""
-    url = POSTGRES_URL + ("&" if "?" in POSTGRES_URL else "?") + "mode=session"
+    url, namespace = backend
     name = "job:stale"
     holder = _start_holder(url, namespace, name, "sync")
     assert holder.stdin is not None
