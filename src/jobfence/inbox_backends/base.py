@@ -11,10 +11,12 @@ UTF-8); ``ttl`` and ``retention`` are seconds > 0; results arrive serialised (by
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from typing import Any
 
 from .._inbox_types import ClaimRecord, InboxCapabilities
 
-__all__ = ["InboxBackend"]
+__all__ = ["InboxBackend", "SQLInboxBackend"]
 
 
 class InboxBackend(abc.ABC):
@@ -61,3 +63,30 @@ class InboxBackend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""
+
+
+class SQLInboxBackend(InboxBackend):
+    """The verbs that are one named statement each on PostgreSQL and SQLite.
+
+    Subclasses provide :meth:`_run` (run the statement of a named section of their ``.sql``
+    file, returning rows and the row count) and may map keys with :meth:`_db_key`.
+    """
+
+    @abc.abstractmethod
+    def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+
+    def _db_key(self, key: str) -> str:
+        return key
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        _, count = self._run("complete", (result, retention, self._db_key(key), owner))
+        return count == 1
+
+    def release(self, key: str, owner: str) -> bool:
+        _, count = self._run("release", (self._db_key(key), owner))
+        return count == 1
+
+    def purge(self, retention: float) -> int:
+        _, count = self._run("purge", (retention,))
+        return max(count, 0)

@@ -9,10 +9,12 @@ UTF-8); ``ttl`` and ``retention`` are seconds > 0; results arrive serialised (by
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from typing import Any
 
 from .._inbox_types import ClaimRecord, InboxCapabilities
 
-__all__ = ["AsyncInboxBackend"]
+__all__ = ["AsyncInboxBackend", "AsyncSQLInboxBackend"]
 
 
 class AsyncInboxBackend(abc.ABC):
@@ -59,3 +61,30 @@ class AsyncInboxBackend(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""
+
+
+class AsyncSQLInboxBackend(AsyncInboxBackend):
+    """The verbs that are one named statement each on PostgreSQL and SQLite.
+
+    Subclasses provide :meth:`_run` (run the statement of a named section of their ``.sql``
+    file, returning rows and the row count) and may map keys with :meth:`_db_key`.
+    """
+
+    @abc.abstractmethod
+    async def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+
+    def _db_key(self, key: str) -> str:
+        return key
+
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        _, count = await self._run("complete", (result, retention, self._db_key(key), owner))
+        return count == 1
+
+    async def release(self, key: str, owner: str) -> bool:
+        _, count = await self._run("release", (self._db_key(key), owner))
+        return count == 1
+
+    async def purge(self, retention: float) -> int:
+        _, count = await self._run("purge", (retention,))
+        return max(count, 0)

@@ -33,7 +33,7 @@ from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ._pool import ConnPool
 from ._sql import load_queries, to_format
-from .base import InboxBackend
+from .base import SQLInboxBackend
 
 __all__ = ["PostgresInboxBackend"]
 
@@ -46,7 +46,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, as_utc)
 
 
-class PostgresInboxBackend(InboxBackend):
+class PostgresInboxBackend(SQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -98,8 +98,11 @@ class PostgresInboxBackend(InboxBackend):
                 conn.execute(statement)
         self._installed = True
 
+    def _db_key(self, key: str) -> str:
+        return pg_text(key)  # text cannot hold NUL
+
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        key = pg_text(key)  # text cannot hold NUL
+        key = self._db_key(key)
         while True:
             rows, _ = self._run("claim", (key, owner, fingerprint, ttl))
             if not rows:  # a duplicate: read the record that stopped us
@@ -107,20 +110,6 @@ class PostgresInboxBackend(InboxBackend):
             if rows:
                 return _record(rows[0])
             # purged between the two statements: claim again
-
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        key = pg_text(key)  # text cannot hold NUL
-        _, count = self._run("complete", (result, retention, key, owner))
-        return count == 1
-
-    def release(self, key: str, owner: str) -> bool:
-        key = pg_text(key)  # text cannot hold NUL
-        _, count = self._run("release", (key, owner))
-        return count == 1
-
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", (retention,))
-        return max(count, 0)
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

@@ -31,7 +31,7 @@ from .._sqlconn import is_undefined_table
 from .._url import BackendURL
 from ._pool_async import AsyncConnPool
 from ._sql import load_queries, to_format
-from .base_async import AsyncInboxBackend
+from .base_async import AsyncSQLInboxBackend
 
 __all__ = ["AsyncPostgresInboxBackend"]
 
@@ -44,7 +44,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, as_utc)
 
 
-class AsyncPostgresInboxBackend(AsyncInboxBackend):
+class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -96,8 +96,11 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
                 await conn.execute(statement)
         self._installed = True
 
+    def _db_key(self, key: str) -> str:
+        return pg_text(key)  # text cannot hold NUL
+
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        key = pg_text(key)  # text cannot hold NUL
+        key = self._db_key(key)
         while True:
             rows, _ = await self._run("claim", (key, owner, fingerprint, ttl))
             if not rows:  # a duplicate: read the record that stopped us
@@ -105,20 +108,6 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
             if rows:
                 return _record(rows[0])
             # purged between the two statements: claim again
-
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        key = pg_text(key)  # text cannot hold NUL
-        _, count = await self._run("complete", (result, retention, key, owner))
-        return count == 1
-
-    async def release(self, key: str, owner: str) -> bool:
-        key = pg_text(key)  # text cannot hold NUL
-        _, count = await self._run("release", (key, owner))
-        return count == 1
-
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", (retention,))
-        return max(count, 0)
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

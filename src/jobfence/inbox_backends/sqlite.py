@@ -29,7 +29,7 @@ from .._url import BackendURL
 from ..backends._sqlite_common import sqlite_path
 from ._pool import ConnPool
 from ._sql import load_queries
-from .base import InboxBackend
+from .base import SQLInboxBackend
 
 __all__ = ["SQLiteInboxBackend"]
 
@@ -38,7 +38,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
 
 
-class SQLiteInboxBackend(InboxBackend):
+class SQLiteInboxBackend(SQLInboxBackend):
     kind = "sqlite"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -114,18 +114,6 @@ class SQLiteInboxBackend(InboxBackend):
             if rows:
                 return _record(rows[0])
             # purged between the two statements: claim again
-
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        _, count = self._run("complete", (result, retention, key, owner))
-        return count == 1
-
-    def release(self, key: str, owner: str) -> bool:
-        _, count = self._run("release", (key, owner))
-        return count == 1
-
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", (retention,))
-        return max(count, 0)
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

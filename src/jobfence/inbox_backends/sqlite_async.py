@@ -29,7 +29,7 @@ from .._url import BackendURL
 from ..backends._sqlite_common import sqlite_path
 from ._pool_async import AsyncConnPool
 from ._sql import load_queries
-from .base_async import AsyncInboxBackend
+from .base_async import AsyncSQLInboxBackend
 
 __all__ = ["AsyncSQLiteInboxBackend"]
 
@@ -38,7 +38,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
 
 
-class AsyncSQLiteInboxBackend(AsyncInboxBackend):
+class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
     kind = "sqlite"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -121,18 +121,6 @@ class AsyncSQLiteInboxBackend(AsyncInboxBackend):
             if rows:
                 return _record(rows[0])
             # purged between the two statements: claim again
-
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        _, count = await self._run("complete", (result, retention, key, owner))
-        return count == 1
-
-    async def release(self, key: str, owner: str) -> bool:
-        _, count = await self._run("release", (key, owner))
-        return count == 1
-
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", (retention,))
-        return max(count, 0)
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
