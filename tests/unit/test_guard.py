@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +18,10 @@ def _url() -> str:
 
 
 @pytest.fixture
-def locks() -> jobfence.Locks:
-    return jobfence.Locks(_url())
+def locks() -> Iterator[jobfence.Locks]:
+    client = jobfence.Locks(_url())
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -46,7 +49,9 @@ def test_duplicates_return_the_stored_result_without_running(
     assert len(runs) == 2 and runs[1] > runs[0]
     assert current_lease() is None
     # the lease was released after each call
-    assert locks.try_acquire("inventory:7", ttl=1) is not None
+    again = locks.try_acquire("inventory:7", ttl=1)
+    assert again is not None
+    again.release()
 
 
 def test_a_claim_in_progress_elsewhere_raises(inbox: jobfence.Inbox) -> None:
