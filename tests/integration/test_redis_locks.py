@@ -443,6 +443,7 @@ def test_keys_are_namespaced(ns: str, raw: redis.Redis, backend: RedisLockBacken
             f"{ns}:lock:{{{name}}}:q",
             f"{ns}:lock:{{{name}}}:qd",
             f"{ns}:lock:{{{name}}}:w:w1",
+            f"{ns}:lock:{{{name}}}:rel",
         ]
     )
     # every key but the token counter has an expiry; the counter's is long (>= 1 day)

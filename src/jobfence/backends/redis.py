@@ -18,6 +18,8 @@ with ``}``, a derived key never does, so they cannot clash; list leases with
     L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
     L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
     L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
+    L:rel                STRING the owner that last released L (60 s): a release that
+                         redis-py re-sends after a lost reply still answers True
 
 Waiting is by notification with a fair FIFO hand-off: a denied ``acquire(..., wait=w)``
 puts the owner in the queue (deadline = server now + ``w`` + ``waiter_slack``, refreshed on
@@ -28,26 +30,25 @@ left on the current lease (a lease that expires without a release wakes nobody).
 
 Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
 entry's deadline. Every other keyword option, and the URL's query options, go to
-``redis.Redis.from_url`` (``socket_timeout`` default 5 s, ``socket_connect_timeout``
-default 5 s, and one immediate retry on a connection error instead of redis-py's backoff, so
-an unreachable server is reported in milliseconds and a lost lease is noticed in time).
+``redis.Redis.from_url`` with the defaults of :mod:`jobfence._redisclient`
+(``socket_timeout`` and ``socket_connect_timeout`` 5 s, one immediate retry on a connection
+error, so an unreachable server is reported in milliseconds and a lost lease is noticed in
+time; every script is safe to re-send).
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from redis import Redis
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.retry import Retry
 
 from .._clock import get_clock
+from .._redisclient import connect_redis
 from .._url import BackendURL
 from ..errors import ConfigurationError
 from ._types import LockCapabilities, RenewItem
@@ -62,7 +63,6 @@ CAPABILITIES = LockCapabilities(
 #: options this backend reads itself (never handed to redis-py)
 OWN_OPTIONS = ("waiter_slack",)
 DEFAULT_WAITER_SLACK = 1.0
-DEFAULT_SOCKET_TIMEOUT = 5.0
 #: a BLPOP may last at most this fraction of the socket timeout (the reply must beat it)
 _BLPOP_SHARE = 0.8
 #: expiry hints kept for owners between a denied acquire and their wait
@@ -110,28 +110,9 @@ class RedisLockBackend(LockBackend):
         self.namespace = namespace
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
-        allowed = set(inspect.signature(Redis.__init__).parameters) - {"self"}
-        allowed.add("connection_class")  # a connection-pool option
-        for key in options:
-            if key not in allowed:
-                raise ConfigurationError(
-                    f"unknown option {key!r} for the redis backend; allowed: waiter_slack "
-                    "and the keyword arguments of redis.Redis (socket_timeout, "
-                    "max_connections, ssl_ca_certs, ...)",
-                    argument=key,
-                )
-        kwargs: dict[str, Any] = {
-            "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
-            "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
-            "retry": Retry(NoBackoff(), 1),
-        }
-        kwargs.update(options)
-        try:
-            self._client: Redis = Redis.from_url(url.without_options(*OWN_OPTIONS), **kwargs)
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"invalid redis url {url.masked}: {exc}", argument="url"
-            ) from None
+        self._client: Redis = connect_redis(
+            url, options, what="redis lock backend", own=OWN_OPTIONS
+        )
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
         self._acquire = self._client.register_script(_script("lock_acquire.lua"))

@@ -6,15 +6,17 @@ records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has no
 an abandoned in-progress record expires ``retention`` after its deadline.
 
 Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
-``jobfence_inbox``); the rest of the URL goes to redis-py.
+``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
+defaults of :mod:`jobfence._redisclient_async` (5 s socket timeouts, one immediate retry).
+Every script is safe to re-send after a lost reply: a claim the caller already owns is
+returned as its own, ``complete`` stores the same result again, and ``release`` remembers
+the owner that released (field ``x``).
 """
 
 from __future__ import annotations
 
 from importlib import resources
 from typing import Any
-
-import redis.asyncio
 
 from .._inbox_types import (
     DEFAULT_RETENTION,
@@ -25,7 +27,7 @@ from .._inbox_types import (
     check_table,
     utc_from_epoch,
 )
-from .._options import reject_unknown
+from .._redisclient_async import connect_redis
 from .._url import BackendURL
 from .base_async import AsyncInboxBackend
 
@@ -55,11 +57,10 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         retention: float = DEFAULT_RETENTION,
         **options: Any,
     ) -> None:
-        reject_unknown(options, (), "redis inbox")
         self.table = check_table(url.options.get("table", table))
         self.retention = retention
         self._prefix = f"{self.table}:"
-        self.client = redis.asyncio.Redis.from_url(url.without_options("table"))
+        self.client = connect_redis(url, options, what="redis inbox", own=("table",))
         self._claim = self.client.register_script(_script("inbox_claim"))
         self._complete = self.client.register_script(_script("inbox_complete"))
         self._release = self.client.register_script(_script("inbox_release"))

@@ -13,6 +13,8 @@
 --   L..":qd"       HASH    owner -> "<deadline_ms>:<ttl_ms>" of each waiter
 --   L..":w:"..O    LIST    owner O's wake list: the token, pushed when the lease is
 --                          handed to O; PEXPIRE = the handed lease's ttl
+--   L..":rel"      STRING  the owner that last released L, for 60 s, so a re-sent
+--                          release of that owner still answers 1 (idempotent release)
 --
 -- Numbers are formatted with string.format('%d'): Lua's own number-to-string conversion
 -- prints 16-digit tokens in exponent notation.

@@ -5,19 +5,26 @@
 -- ARGV[2] absent; or "force" to drop the lease whoever holds it (administrative)
 --
 -- Returns 1 if the lease was released, 0 if owner did not hold it (nothing is changed).
+-- Idempotent for its owner: the releasing owner is remembered in L..":rel" for a minute,
+-- so a release that redis-py re-sends after a lost reply (the first one did release)
+-- still answers 1 instead of reporting the lease as lost. Owners are unique per lease.
 -- With live waiters queued, the first one gets the lease at once (new token, its own ttl)
 -- and the token is pushed onto its wake list: one waiter woken, already owning the lease.
 -- Waiters whose deadline passed (they stopped polling: crashed or gave up) are skipped.
 
 local L = KEYS[1]
+local force = ARGV[2] == 'force'
 local v = redis.call('GET', L)
-if not v then
-  return 0
-end
-if ARGV[2] ~= 'force' and split_lease(v) ~= ARGV[1] then
+if not v or (not force and split_lease(v) ~= ARGV[1]) then
+  if not force and redis.call('GET', L .. ':rel') == ARGV[1] then
+    return 1
+  end
   return 0
 end
 if redis.call('EXISTS', L .. ':q') == 0 or not hand_off(L, now_ms()) then
   redis.call('DEL', L)
+end
+if not force then
+  redis.call('SET', L .. ':rel', ARGV[1], 'PX', 60000)
 end
 return 1

@@ -8,6 +8,7 @@
 --          deadline, so that a late takeover still counts attempts; then Redis expires it)
 --
 -- Hash fields: s state ('in_progress' | 'completed'), o owner (absent after release),
+-- x the owner that released it last,
 -- a attempt, f fingerprint (absent: none given), r result (serialised), e expiry in ms
 -- (in progress: the claim's deadline; completed: end of retention). Time is Redis's clock.
 --
@@ -25,6 +26,9 @@ if rec[1] then
         if exp > now then
             return {0, 'completed', false, tonumber(rec[3]), rec[4], rec[5], exp}
         end
+    elseif rec[2] == ARGV[1] then
+        -- already ours: this is a re-send after a lost reply (owners are unique per claim)
+        return {1, 'in_progress', ARGV[1], tonumber(rec[3]), rec[4], false, exp}
     else
         local fp_ok = (not rec[4]) or ARGV[2] == '' or rec[4] == ARGV[2]
         if exp > now or not fp_ok then
