@@ -35,6 +35,23 @@ def _strip(body: str) -> str:
     return "\n".join(lines).strip()
 
 
+def _split(body: str) -> list[str]:
+    """Statements of a section: split at ``;`` but never inside a ``$jobfence$`` block."""
+    statements: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for part in re.split(r"(;|\$jobfence\$)", body):
+        if part == "$jobfence$":
+            quoted = not quoted
+        if part == ";" and not quoted:
+            statements.append("".join(current).strip())
+            current = []
+        else:
+            current.append(part)
+    statements.append("".join(current).strip())
+    return [s for s in statements if s]
+
+
 @lru_cache(maxsize=64)
 def _load(dialect: str, table: str) -> dict[str, tuple[str, ...]]:
     stem = {"postgresql": "postgres", "mysql": "mysql", "sqlite": "sqlite"}[dialect]
@@ -46,8 +63,7 @@ def _load(dialect: str, table: str) -> dict[str, tuple[str, ...]]:
     parts = _SECTION.split(source)
     queries: dict[str, tuple[str, ...]] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        statements = [s.strip() for s in _strip(body).split(";") if s.strip()]
-        queries[name] = tuple(statements)
+        queries[name] = tuple(_split(_strip(body)))
     return queries
 
 

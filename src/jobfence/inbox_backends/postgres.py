@@ -6,8 +6,8 @@ Every verb is one statement from ``sql/postgres_inbox.sql`` on an autocommit con
 claim is a single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING``: one
 round trip decides it and, when the key was taken, reports it; a duplicate reads the blocking
 record with a second statement (``peek``; duplicates are the rare path). The
-table is created on first use (or by ``install()``), under an advisory lock so that many
-processes starting at once do not race on ``CREATE TABLE``.
+table is created on first use (or by ``install()``) by one ``DO`` block that takes an advisory
+lock first, so that many processes starting at once do not race on ``CREATE TABLE``.
 
 URL options: ``table`` (default ``jobfence_inbox``), ``max_idle`` (pooled idle connections).
 """
@@ -37,8 +37,6 @@ from .base import SQLInboxBackend
 
 __all__ = ["PostgresInboxBackend"]
 
-#: pg_advisory_xact_lock key serialising concurrent installs (any fixed 64-bit number)
-_INSTALL_LOCK = 0x6A6F62_66656E6365
 _OPTIONS = ("table", "max_idle")
 
 
@@ -93,7 +91,6 @@ class PostgresInboxBackend(SQLInboxBackend):
 
     def install(self) -> None:
         with self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
             for statement in self._sql["schema"]:
                 conn.execute(statement)
         self._installed = True

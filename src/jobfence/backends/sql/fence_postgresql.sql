@@ -7,11 +7,19 @@
 
 -- name: install
 -- Idempotent; run it once (or copy it into your migrations) before the first fence().
-CREATE TABLE IF NOT EXISTS jobfence_fences (
-    resource  TEXT        NOT NULL PRIMARY KEY,  -- the fenced resource name (<= 1024 bytes UTF-8)
-    token     BIGINT      NOT NULL,              -- the newest fencing token that wrote it
-    fenced_at TIMESTAMPTZ NOT NULL DEFAULT now() -- when that token last fenced (informational)
-)
+-- ONE statement (a DO block) that first takes a transaction-scoped advisory lock (key
+-- 0x6A6F6266656E6365, "jobfence"), so concurrent installs wait for each other instead of
+-- failing: CREATE TABLE IF NOT EXISTS alone is not safe against a concurrent CREATE.
+DO $jobfence$
+BEGIN
+    PERFORM pg_advisory_xact_lock(7669456882363163493);
+    CREATE TABLE IF NOT EXISTS jobfence_fences (
+        resource  TEXT        NOT NULL PRIMARY KEY,  -- the fenced resource name (<= 1024 bytes)
+        token     BIGINT      NOT NULL,              -- the newest fencing token that wrote it
+        fenced_at TIMESTAMPTZ NOT NULL DEFAULT now() -- when it last fenced (informational)
+    );
+END
+$jobfence$
 
 -- name: fence
 -- Parameters: ?1 resource, ?2 token.

@@ -14,23 +14,33 @@
 --   expires_at   in progress: the claim's deadline; completed: the end of its retention
 
 -- name: schema
-CREATE TABLE IF NOT EXISTS {table} (
-    k           text PRIMARY KEY,
-    state       text NOT NULL,
-    owner       text,
-    attempt     integer NOT NULL DEFAULT 1,
-    fingerprint text,
-    applied     boolean NOT NULL DEFAULT false,
-    result      bytea,
-    expires_at  timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
-CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
-    table_name text PRIMARY KEY,
-    version    integer NOT NULL
-);
-INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
-    ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;
+-- ONE statement (a DO block), so that it is one transaction even on an autocommit connection.
+-- The transaction-scoped advisory lock (key 0x6A6F6266656E6365, "jobfence") makes concurrent
+-- installs wait for each other: CREATE TABLE IF NOT EXISTS alone is not safe against a
+-- concurrent CREATE (it fails on pg_type's unique index). Inside the caller's transaction
+-- (inbox.install(conn)) the lock is held until the caller commits.
+DO $jobfence$
+BEGIN
+    PERFORM pg_advisory_xact_lock(7669456882363163493);
+    CREATE TABLE IF NOT EXISTS {table} (
+        k           text PRIMARY KEY,
+        state       text NOT NULL,
+        owner       text,
+        attempt     integer NOT NULL DEFAULT 1,
+        fingerprint text,
+        applied     boolean NOT NULL DEFAULT false,
+        result      bytea,
+        expires_at  timestamptz NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
+    CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
+        table_name text PRIMARY KEY,
+        version    integer NOT NULL
+    );
+    INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
+        ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;
+END
+$jobfence$;
 
 -- name: claim
 -- ONE statement. Params: 1 key, 2 owner, 3 fingerprint (or NULL), 4 ttl seconds.
