@@ -2,11 +2,14 @@
 # Edit the async source and run: python tools/async_to_sync.py
 """``mysql://`` / ``mariadb://`` inbox backend (async source of ``mysql.py``; pymysql / PyMySQL).
 
-The claim is ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the
-key over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
+A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
+(``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round
+trip runs ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the key
+over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
 ``RETURNING``, so the read of the outcome travels in the same round trip as a second
 statement (multi-statement packet on the inbox's own autocommit connection). Time is the
-server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by ``install()``.
+server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
+``install()``.
 
 URL options: ``table`` (default ``jobfence_inbox``).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pymysql
@@ -23,6 +27,7 @@ from pymysql.constants import CLIENT
 from .._inbox_types import (
     DEFAULT_TABLE,
     ClaimRecord,
+    ClaimState,
     InboxCapabilities,
     as_utc,
     check_table,
@@ -42,6 +47,9 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _micros(seconds: float) -> int:
@@ -72,6 +80,7 @@ class MySQLInboxBackend(InboxBackend):
             for name, st in load_queries("mysql", self.table).items()
         }
         self._sql = q
+        self._claim_new_sql = q["claim_new"][0]
         self._claim_sql = q["claim"][0] + ";\n" + q["peek"][0]
         self._installed = False
         self._pool = ConnPool(self._connect, self._close, max_idle=8)
@@ -88,15 +97,22 @@ class MySQLInboxBackend(InboxBackend):
     ) -> tuple[list[Any], int]:
         """Run ``sql``; with ``second``, return the rows of its second statement. Creates
         the table on first use."""
+        rows, count, _ = self._execute(sql, params, second=second)
+        return rows, count
+
+    def _execute(
+        self, sql: str, params: Sequence[Any], *, second: bool = False
+    ) -> tuple[list[Any], int, int | None]:
+        """:meth:`_run`, also returning the OK packet's last insert id."""
         for _ in range(2):
             try:
                 with self._pool.connection() as conn, conn.cursor() as cur:
                     cur.execute(sql, params)
-                    count = cur.rowcount
+                    count, last_id = cur.rowcount, cur.lastrowid
                     if second:
                         cur.nextset()
                     rows = list(cur.fetchall()) if cur.description else []
-                    return rows, count
+                    return rows, count, last_id
             except Exception as exc:
                 if self._installed or not is_undefined_table(exc):
                     raise
@@ -112,6 +128,19 @@ class MySQLInboxBackend(InboxBackend):
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        ttl_us = _micros(ttl)
+        _, _, deadline = self._execute(
+            self._claim_new_sql, (key, owner, ttl_us, fingerprint, ttl_us)
+        )
+        if deadline:  # the key was unknown: it is ours (0: it exists)
+            return ClaimRecord(
+                mine=True,
+                state=ClaimState.IN_PROGRESS,
+                attempt=1,
+                owner=owner,
+                fingerprint=fingerprint,
+                expires_at=_EPOCH + timedelta(microseconds=deadline),
+            )
         while True:
             rows, _ = self._run(
                 self._claim_sql, (key, owner, fingerprint, _micros(ttl), owner, key), second=True

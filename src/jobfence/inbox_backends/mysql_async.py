@@ -1,10 +1,13 @@
 """``mysql://`` / ``mariadb://`` inbox backend (async source of ``mysql.py``; aiomysql / PyMySQL).
 
-The claim is ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the
-key over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
+A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
+(``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round
+trip runs ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the key
+over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
 ``RETURNING``, so the read of the outcome travels in the same round trip as a second
 statement (multi-statement packet on the inbox's own autocommit connection). Time is the
-server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by ``install()``.
+server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
+``install()``.
 
 URL options: ``table`` (default ``jobfence_inbox``).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import aiomysql
@@ -21,6 +25,7 @@ from pymysql.constants import CLIENT
 from .._inbox_types import (
     DEFAULT_TABLE,
     ClaimRecord,
+    ClaimState,
     InboxCapabilities,
     as_utc,
     check_table,
@@ -40,6 +45,9 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _micros(seconds: float) -> int:
@@ -73,6 +81,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             for name, st in load_queries("mysql", self.table).items()
         }
         self._sql = q
+        self._claim_new_sql = q["claim_new"][0]
         self._claim_sql = q["claim"][0] + ";\n" + q["peek"][0]
         self._installed = False
         self._pool = AsyncConnPool(self._connect, self._close, max_idle=8)
@@ -89,15 +98,22 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     ) -> tuple[list[Any], int]:
         """Run ``sql``; with ``second``, return the rows of its second statement. Creates
         the table on first use."""
+        rows, count, _ = await self._execute(sql, params, second=second)
+        return rows, count
+
+    async def _execute(
+        self, sql: str, params: Sequence[Any], *, second: bool = False
+    ) -> tuple[list[Any], int, int | None]:
+        """:meth:`_run`, also returning the OK packet's last insert id."""
         for _ in range(2):
             try:
                 async with self._pool.connection() as conn, conn.cursor() as cur:
                     await cur.execute(sql, params)
-                    count = cur.rowcount
+                    count, last_id = cur.rowcount, cur.lastrowid
                     if second:
                         await cur.nextset()
                     rows = list(await cur.fetchall()) if cur.description else []
-                    return rows, count
+                    return rows, count, last_id
             except Exception as exc:
                 if self._installed or not is_undefined_table(exc):
                     raise
@@ -113,6 +129,19 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         self._installed = True
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        ttl_us = _micros(ttl)
+        _, _, deadline = await self._execute(
+            self._claim_new_sql, (key, owner, ttl_us, fingerprint, ttl_us)
+        )
+        if deadline:  # the key was unknown: it is ours (0: it exists)
+            return ClaimRecord(
+                mine=True,
+                state=ClaimState.IN_PROGRESS,
+                attempt=1,
+                owner=owner,
+                fingerprint=fingerprint,
+                expires_at=_EPOCH + timedelta(microseconds=deadline),
+            )
         while True:
             rows, _ = await self._run(
                 self._claim_sql, (key, owner, fingerprint, _micros(ttl), owner, key), second=True

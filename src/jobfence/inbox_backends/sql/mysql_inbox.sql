@@ -25,8 +25,27 @@ CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
 INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
     ON DUPLICATE KEY UPDATE version = VALUES(version);
 
+-- name: claim_new
+-- The common path of claim: ONE short atomic statement that inserts the key iff it is unknown.
+-- Params: 1 key, 2 owner, 3 ttl microseconds, 4 fingerprint, 5 ttl microseconds. MySQL has no
+-- RETURNING: the outcome comes back in the OK packet as LAST_INSERT_ID(expr) (the driver's
+-- lastrowid). The VALUES set it to the claim's deadline in microseconds since the epoch
+-- (TIMESTAMPDIFF on the same UTC_TIMESTAMP(6) as the stored expires_at: no session time zone
+-- involved); when the key exists, the no-op update sets it to 0 and changes nothing. So
+-- lastrowid > 0: the claim is NEW (attempt 1) with that deadline; 0: the key exists (held,
+-- completed or abandoned) and the caller runs ``claim`` below. Not INSERT IGNORE: its
+-- duplicate-key warning costs aiomysql a SHOW WARNINGS round trip and the caller a Python
+-- warning. Measured against the upsert + read of ``claim``: about 40% less time per NEW claim
+-- (the long upsert costs the server a parse every time).
+INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, result, expires_at)
+VALUES (?, 'in_progress', ?,
+        IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) + ?) > 0, 1, 1),
+        ?, 0, NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE attempt = IF(LAST_INSERT_ID(0), attempt, attempt);
+
 -- name: claim
--- ONE atomic statement, sent in one round trip together with the read of its outcome.
+-- The key exists: ONE atomic statement that takes it over if its claim expired, sent in one
+-- round trip together with the read of its outcome.
 -- Params: 1 key, 2 owner, 3 fingerprint, 4 ttl microseconds.
 -- {take} is the takeover rule (see postgres_inbox.sql):
 --   expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
