@@ -12,7 +12,9 @@ Uncontended acquire+release, interleaved rounds, median of the rounds (µs per p
 Contended hand-off: 4 processes loop on one name for a fixed time, each holding the lock for
 a 1 ms critical section (``time.sleep(0.001)``). Reports ops/s against the ideal (1000/s, and
 the ideal given what ``sleep(0.001)`` really takes here) and each worker's share (1.0 = a fair
-quarter). jobfence (``acquire``, fair FIFO hand-off) against redis-py ``Lock(blocking=True)``,
+quarter). jobfence (``acquire``, fair FIFO hand-off) against a hand-written minimal FIFO
+hand-off (the yardstick: same round trips, none of the safety) and redis-py
+``Lock(blocking=True)``,
 and, as a reference for what the machine allows, one process running the same loop alone
 (no contention: every cycle is sleep + release + acquire, one after the other).
 
@@ -98,8 +100,55 @@ def variants(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
 
 
 # -- contended hand-off -----------------------------------------------------------------------
+FIFO_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 0
+"""
+FIFO_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local nxt = redis.call('LPOP', KEYS[2])
+if nxt then
+  redis.call('SET', KEYS[1], nxt, 'PX', ARGV[2])
+  redis.call('LPUSH', KEYS[3] .. nxt, 1)
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+
+
+class HandWrittenFifo:
+    """The bare minimum of a FIFO hand-off, as a yardstick for what this machine allows: one
+    script to take the lock or join the queue, a BLPOP on the waiter's own list, and a release
+    script that gives the lock to the queue's head and wakes only it (no tokens, no deadlines,
+    no crash handling: a dead waiter would stall the queue)."""
+
+    def __init__(self, url: str, ns: str) -> None:
+        self.r = redis.Redis.from_url(url)
+        self.keys = [f"{ns}:fifo", f"{ns}:fifo:q", f"{ns}:fifo:w:"]
+        self.me = os.urandom(8).hex()
+        self._acquire = self.r.register_script(FIFO_ACQUIRE)
+        self._release = self.r.register_script(FIFO_RELEASE)
+
+    def __enter__(self) -> None:
+        if not self._acquire(keys=self.keys[:2], args=[self.me, 10_000]):
+            self.r.blpop([self.keys[2] + self.me], timeout=30)
+
+    def __exit__(self, *exc: object) -> None:
+        self._release(keys=self.keys, args=[self.me, 10_000])
+
+
 def _worker(kind: str, url: str, ns: str, seconds: float, gate: h.Gate) -> None:
-    if kind == "jobfence":
+    if kind == "hand-fifo":
+        fifo = HandWrittenFifo(url, ns)
+        count = gate.hand_off(lambda: fifo, seconds)
+        fifo.r.close()
+    elif kind == "jobfence":
         locks = jobfence.Locks(url, namespace=ns)
         count = gate.hand_off(lambda: locks.acquire("contended", ttl=10, timeout=30), seconds)
         locks.close()
@@ -137,6 +186,7 @@ def main() -> None:
         _worker,
         [
             ("jobfence", "jobfence Locks.acquire (FIFO hand-off)"),
+            ("hand-fifo", "hand-written FIFO hand-off (Lua + BLPOP, no tokens/ttl)"),
             ("redis-py", "redis-py Lock(blocking=True), sleep=0.1 (default)"),
             ("redis-py-fast", "redis-py Lock(blocking=True), sleep=0.001"),
         ],

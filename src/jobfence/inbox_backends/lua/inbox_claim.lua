@@ -38,10 +38,14 @@ if rec[1] then
     end
 end
 local exp = now + tonumber(ARGV[3])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp)
+if rec[1] then
+    redis.call('DEL', KEYS[1])  -- a takeover starts a fresh record
+end
 if ARGV[2] ~= '' then
-    redis.call('HSET', KEYS[1], 'f', ARGV[2])
+    redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp,
+        'f', ARGV[2])
+else
+    redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp)
 end
 redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[4]))
 return {1, 'in_progress', ARGV[1], attempt, ARGV[2], false, exp}
