@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
+from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL, delete_redis_keys
 
 
 @dataclass(frozen=True)
@@ -31,15 +31,7 @@ def _no_cleanup(url: str, namespace: str) -> None:
 
 
 def _redis_cleanup(url: str, namespace: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url.split("?", 1)[0])
-    try:
-        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_redis_keys(f"{namespace}:*", url)
 
 
 def _postgres_cleanup(url: str, namespace: str) -> None:

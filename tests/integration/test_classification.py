@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiomysql
 import aiosqlite
@@ -36,7 +35,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobfence
 from jobfence import BackendError, is_commit_outcome_unknown, is_conflict, is_transient
-from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
+from tests.servers import POSTGRES_URL, REDIS_URL, mysql_params
 
 
 def assert_conflict(exc: BaseException) -> None:
@@ -54,17 +53,6 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def mysql_params() -> dict[str, Any]:
-    u = urlsplit(MYSQL_URL)
-    return {
-        "host": u.hostname or "127.0.0.1",
-        "port": u.port or 3306,
-        "user": u.username or "root",
-        "password": u.password or "",
-        "database": u.path.lstrip("/") or "test",
-    }
 
 
 def aiomysql_params() -> dict[str, Any]:

@@ -12,7 +12,6 @@ import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import pymysql
@@ -20,7 +19,7 @@ import pytest
 
 import jobfence
 from jobfence import fencing
-from tests.servers import MYSQL_URL, POSTGRES_URL
+from tests.servers import MYSQL_URL, POSTGRES_URL, mysql_params
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,15 +31,7 @@ def _postgres(autocommit: bool) -> Any:
 
 
 def _mysql(autocommit: bool) -> Any:
-    u = urlsplit(MYSQL_URL)
-    return pymysql.connect(
-        host=u.hostname or "127.0.0.1",
-        port=u.port or 3306,
-        user=u.username or "root",
-        password=u.password or "",
-        database=u.path.lstrip("/"),
-        autocommit=autocommit,
-    )
+    return pymysql.connect(**mysql_params(), autocommit=autocommit)
 
 
 def _race(connect: Callable[[], Any], install: Callable[[Any], None]) -> list[BaseException]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any
 
 import pymysql
@@ -15,7 +15,7 @@ import pytest
 
 import jobfence
 from jobfence import ClaimState
-from tests.servers import MYSQL_URL
+from tests.servers import MYSQL_URL, mysql_params
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,17 +78,7 @@ async def test_a_duplicate_claim_raises_no_server_warning() -> None:
 
 
 def _server_now() -> Any:
-    from datetime import timezone
-    from urllib.parse import urlsplit
-
-    u = urlsplit(MYSQL_URL)
-    conn = pymysql.connect(
-        host=u.hostname or "127.0.0.1",
-        port=u.port or 3306,
-        user=u.username or "root",
-        password=u.password or "",
-        database=u.path.lstrip("/"),
-    )
+    conn = pymysql.connect(**mysql_params())
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT UTC_TIMESTAMP(6)")

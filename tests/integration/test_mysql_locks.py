@@ -26,7 +26,7 @@ import pytest
 import jobfence
 from jobfence.backends import open_lock_backend
 from jobfence.backends._mysql_common import WAITERS, name_hash
-from tests.servers import MYSQL_URL
+from tests.servers import MYSQL_URL, mysql_params
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,14 +34,7 @@ _U = urlsplit(MYSQL_URL)
 
 
 def _admin() -> Any:
-    return pymysql.connect(
-        host=_U.hostname or "127.0.0.1",
-        port=_U.port or 3306,
-        user=_U.username or "root",
-        password=_U.password or "",
-        database=_U.path.lstrip("/"),
-        autocommit=True,
-    )
+    return pymysql.connect(**mysql_params(), autocommit=True)
 
 
 def _drop_tables(namespace: str) -> None:

@@ -22,7 +22,7 @@ from jobfence._url import parse_url
 from jobfence.backends.redis import RedisLockBackend
 from jobfence.backends.redis_async import AsyncRedisLockBackend
 from tests.reliability._redis_server import RedisServer
-from tests.servers import REDIS_URL
+from tests.servers import REDIS_URL, delete_redis_keys
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,13 +34,7 @@ SOURCES = Path(jobfence.__file__).parent / "backends"
 def ns() -> Iterator[str]:
     namespace = "t" + uuid.uuid4().hex[:12]
     yield namespace
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_redis_keys(f"{namespace}:*")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 import jobfence
-from tests.servers import REDIS_URL
+from tests.servers import REDIS_URL, delete_redis_keys
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,13 +46,7 @@ class ReplyLosingConnection(redis.Connection):
 def ns() -> Iterator[str]:
     namespace = "lr" + uuid.uuid4().hex[:12]
     yield namespace
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{namespace}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_redis_keys(f"{namespace}*")
 
 
 def _lose_next_reply_of(marker: str) -> int:
