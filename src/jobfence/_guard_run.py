@@ -8,6 +8,11 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
 * a claim owned by another live worker raises :class:`ClaimInProgress`;
 * an exception in the function releases the claim (a redelivery may retry) and re-raises;
 * a lost lease releases the claim -- never completes it -- and raises :class:`LockLost`.
+  With both a lock and an inbox, the lease is confirmed on the backend (an owner-checked
+  ``extend``, one round trip) right before the claim is completed, so a lease that is gone on
+  the server but not yet noticed locally cannot let a result be stored; a release that then
+  finds the lease gone (it expired during the completion itself) is logged, not raised: the
+  result is stored and is what a redelivery replays.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._guard_spec import GuardSpec, current_lease_var
-from .errors import ClaimInProgress, JobfenceError, LockTimeout
+from .errors import ClaimInProgress, JobfenceError, LockLost, LockTimeout
 
 __all__ = ["run_guarded"]
 
@@ -53,42 +58,55 @@ def run_guarded(
                     raise
         if lease is None:
             return spec.skipped_result
-    with lease if lease is not None else contextlib.nullcontext():
-        claim = None
-        if spec.inbox is not None and spec.key is not None:
-            key = spec.key_name(arguments)
-            claim = spec.inbox.claim(
-                key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl
-            )
-            state = claim.state.value
-            if state == "completed":
-                return claim.result
-            if state == "in_progress":
-                owner = getattr(claim, "owner", None)
-                until = getattr(claim, "expires_at", None)
-                raise ClaimInProgress(
-                    f"{key!r} is being processed by another worker ({owner}, until {until})",
-                    key=key,
-                    owner=owner,
-                    expires_at=until,
+    completed = False
+    try:
+        with lease if lease is not None else contextlib.nullcontext():
+            claim = None
+            if spec.inbox is not None and spec.key is not None:
+                key = spec.key_name(arguments)
+                claim = spec.inbox.claim(
+                    key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl
                 )
-        token = current_lease_var.set(lease)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            if claim is not None:
-                _release_claim(claim)
-            raise
-        finally:
-            current_lease_var.reset(token)
-        if lease is not None and lease.lost:
-            if claim is not None:
-                _release_claim(claim)
-            lease.check()  # raises LockLost
-        if claim is not None:
+                state = claim.state.value
+                if state == "completed":
+                    return claim.result
+                if state == "in_progress":
+                    owner = getattr(claim, "owner", None)
+                    until = getattr(claim, "expires_at", None)
+                    raise ClaimInProgress(
+                        f"{key!r} is being processed by another worker ({owner}, until {until})",
+                        key=key,
+                        owner=owner,
+                        expires_at=until,
+                    )
+            token = current_lease_var.set(lease)
             try:
-                claim.complete(result)
-            except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
-                _release_claim(claim)
+                result = fn(*args, **kwargs)
+            except BaseException:
+                if claim is not None:
+                    _release_claim(claim)
                 raise
+            finally:
+                current_lease_var.reset(token)
+            if lease is not None and (lease.lost or claim is not None):
+                try:
+                    lease.check()  # raises LockLost
+                    if claim is not None:
+                        lease.extend()  # still ours on the server? (raises LockLost)
+                except BaseException:
+                    if claim is not None:
+                        _release_claim(claim)
+                    raise
+            if claim is not None:
+                try:
+                    claim.complete(result)
+                except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
+                    _release_claim(claim)
+                    raise
+                completed = True
+            return result
+    except LockLost as lost:
+        if not completed:
+            raise
+        log.warning("the result was stored, but releasing the lease failed: %s", lost)
         return result

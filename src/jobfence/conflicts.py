@@ -305,6 +305,14 @@ def _classify_link(exc: BaseException) -> tuple[_Result, BaseException | None]:
     return None, None
 
 
+def never_retry(exc: BaseException) -> bool:
+    """True for errors no retry may ever repeat, whatever a policy's ``retry_on`` says: a lost
+    lease or a stale token (the unit no longer owns its resource), jobfence's configuration,
+    schema and inbox errors, failed authentication, a failed SQLAlchemy transaction."""
+    kind, _ = _classify_link(exc)
+    return kind is NEVER or kind is LEASE_LOST
+
+
 def classify(exc: BaseException) -> ErrorKind | None:
     """Return :class:`ErrorKind` for ``exc`` (walking its chain), or ``None`` if unknown."""
     if _is_control_flow(exc):

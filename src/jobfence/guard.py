@@ -39,6 +39,30 @@ def current_lease() -> Any:
     return current_lease_var.get()
 
 
+def _check_lease_first(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, but every attempt first checks the guarded call's lease: a retry never starts
+    once the lease is known lost (``LockLost`` is never retried)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_attempt(*args: Any, **kwargs: Any) -> Any:
+            lease = current_lease_var.get()
+            if lease is not None:
+                lease.check()
+            return await fn(*args, **kwargs)
+
+        return async_attempt
+
+    @functools.wraps(fn)
+    def attempt(*args: Any, **kwargs: Any) -> Any:
+        lease = current_lease_var.get()
+        if lease is not None:
+            lease.check()
+        return fn(*args, **kwargs)
+
+    return attempt
+
+
 def _check_flavour(fn: Callable[..., Any], locks: Any, inbox: Any) -> None:
     is_async = inspect.iscoroutinefunction(fn)
     for argument, client in (("locks", locks), ("inbox", inbox)):
@@ -113,7 +137,7 @@ def guarded(
             if_locked=if_locked,
             skipped_result=skipped_result,
         )
-        body: Callable[..., Any] = fn if policy is None else policy(fn)
+        body: Callable[..., Any] = fn if policy is None else policy(_check_lease_first(fn))
 
         if inspect.iscoroutinefunction(fn):
 

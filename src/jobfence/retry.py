@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from ._clock import get_clock
-from .conflicts import ErrorKind, classify, is_commit_outcome_unknown
+from .conflicts import ErrorKind, classify, is_commit_outcome_unknown, never_retry
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -186,8 +186,9 @@ class RetryPolicy:
     call after which no new attempt starts (a sleep that would end past it is not taken).
     ``backoff``/``max_backoff``: the n-th retry sleeps ``uniform(0, min(max_backoff,
     backoff * 2**n))`` (full jitter, n from 0). ``retry_on``: extra exception types, or a
-    predicate, to retry as transient besides conflicts and transient errors. ``classify``:
-    replaces :func:`jobfence.conflicts.classify`. ``on_retry(attempt, exc, delay)``: called before
+    predicate, to retry as transient besides conflicts and transient errors (never a lost
+    lease, a stale token or another error :func:`jobfence.conflicts.never_retry` names).
+    ``classify``: replaces :func:`jobfence.conflicts.classify`. ``on_retry(attempt, exc, delay)``: called before
     each sleep (may be a coroutine function in async code). ``protected``: the unit makes a
     repeated commit detectable (transactional claim), so commit-outcome-unknown errors are
     retried. ``rng``: anything with ``uniform(a, b)`` (a seeded ``random.Random`` for replay).
@@ -254,6 +255,8 @@ class RetryPolicy:
         kind = (self.classify or classify)(exc)
         if kind in (ErrorKind.CONFLICT, ErrorKind.TRANSIENT, "conflict", "transient"):
             return True
+        if kind in (ErrorKind.LEASE_LOST, "lease_lost") or never_retry(exc):
+            return False  # retry_on cannot override these (LockLost, StaleToken, ...)
         ro = self.retry_on
         if ro is None:
             return False

@@ -254,3 +254,77 @@ async def test_async_guarded_and_the_body_is_cancelled_when_the_lease_is_lost() 
     assert await process(1, 2) == 1  # the claim was released, so the redelivery runs
     assert await process(1, 2) == 1  # and now it is completed: replayed
     assert runs == [1, 1]
+
+
+# -- the lease is lost behind the guard's back (found in review) ---------------------------
+def test_no_retry_starts_once_the_lease_is_lost(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    runs: list[bool] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", attempts=3)
+    def job(n: int) -> str:
+        lease = current_lease()
+        runs.append(lease.lost)
+        locks.force_release("res")  # an administrator (or expiry) takes the lease away
+        with pytest.raises(jobfence.LockLost):
+            lease.extend()  # ... and this worker notices: the lease is lost locally
+        assert locks.try_acquire("res", ttl=30, renew=False) is not None  # someone else
+        raise ConnectionResetError("transient: would be retried")
+
+    with pytest.raises(jobfence.LockLost):
+        job(1)
+    assert runs == [False]  # attempt 2 never ran without the lock
+    assert inbox.claim("job:1").state is jobfence.ClaimState.NEW  # released, not completed
+
+
+def test_a_lease_gone_on_the_server_is_never_completed(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    """The body ends before the renewer noticed the loss: the guard must still not store the
+    result (it confirms the lease on the backend before completing the claim)."""
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", ttl=30)
+    def job(n: int) -> str:
+        runs.append(n)
+        if len(runs) == 1:
+            locks.force_release("res")
+            other = locks.try_acquire("res", ttl=30, renew=False)
+            assert other is not None and not current_lease().lost  # not noticed yet
+            other.release()
+        return f"result-{len(runs)}"
+
+    with pytest.raises(jobfence.LockLost):
+        job(1)
+    claim = inbox.claim("job:1")
+    assert claim.state is jobfence.ClaimState.NEW and claim.attempt == 2  # released
+    claim.release()
+    assert job(1) == "result-2"  # the redelivery runs and its result is the one stored
+    assert job(1) == "result-2"
+
+
+async def test_async_a_lease_gone_on_the_server_is_never_completed() -> None:
+    locks = jobfence.AsyncLocks(_url())
+    inbox = jobfence.AsyncInbox(_url())
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", ttl=30, attempts=3)
+    async def job(n: int) -> str:
+        runs.append(n)
+        if len(runs) == 1:
+            await locks.force_release("res")
+            other = await locks.try_acquire("res", ttl=30, renew=False)
+            assert other is not None
+            await other.release()
+        return f"result-{len(runs)}"
+
+    try:
+        with pytest.raises(jobfence.LockLost):
+            await job(1)
+        claim = await inbox.claim("job:1")
+        assert claim.state is jobfence.ClaimState.NEW and claim.attempt == 2
+        await claim.release()
+        assert await job(1) == "result-2"
+    finally:
+        await locks.close()

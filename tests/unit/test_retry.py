@@ -313,6 +313,33 @@ def test_retry_on_adds_exception_types_and_predicates(clock: VirtualClock) -> No
     assert calls == 2
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        jobfence.LockLost("gone", name="n"),
+        jobfence.StaleToken(resource="r", token=1, newest=2),
+        jobfence.ConfigurationError("bad", argument="x"),
+        jobfence.FingerprintMismatch("other payload", key="k"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_retry_on_never_overrides_a_never_retry_error(
+    clock: VirtualClock, exc: Exception
+) -> None:
+    calls = 0
+
+    @retry_unit(attempts=4, retry_on=Exception)
+    def unit() -> None:
+        nonlocal calls
+        calls += 1
+        raise exc
+
+    with pytest.raises(type(exc)):
+        unit()
+    assert calls == 1
+    assert RetryPolicy(retry_on=Exception).is_retryable(ValueError("plain")) is True
+
+
 def test_classify_override_replaces_the_builtin_table(clock: VirtualClock) -> None:
     calls = 0
 
