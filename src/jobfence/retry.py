@@ -188,10 +188,11 @@ class RetryPolicy:
     backoff * 2**n))`` (full jitter, n from 0). ``retry_on``: extra exception types, or a
     predicate, to retry as transient besides conflicts and transient errors (never a lost
     lease, a stale token or another error :func:`jobfence.conflicts.never_retry` names).
-    ``classify``: replaces :func:`jobfence.conflicts.classify`. ``on_retry(attempt, exc, delay)``: called before
-    each sleep (may be a coroutine function in async code). ``protected``: the unit makes a
-    repeated commit detectable (transactional claim), so commit-outcome-unknown errors are
-    retried. ``rng``: anything with ``uniform(a, b)`` (a seeded ``random.Random`` for replay).
+    ``classify``: replaces :func:`jobfence.conflicts.classify`. ``on_retry(attempt, exc,
+    delay)``: called before each sleep (may be a coroutine function in async code).
+    ``protected``: the unit makes a repeated commit detectable (transactional claim), so
+    commit-outcome-unknown errors are retried. ``rng``: anything with ``uniform(a, b)`` (a
+    seeded ``random.Random`` for replay).
     """
 
     attempts: int = 5
