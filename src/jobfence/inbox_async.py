@@ -131,7 +131,7 @@ class AsyncClaim:
 
         Owner-checked on the backend: raises :class:`ClaimLost` if the claim expired and was
         taken over, was released, or was purged; :class:`InboxError` if this claim was never
-        ours (IN_PROGRESS / COMPLETED).
+        ours (IN_PROGRESS / COMPLETED) or was already completed (a claim completes once).
         """
         if self._mine is None:
             raise InboxError(
@@ -141,6 +141,12 @@ class AsyncClaim:
             )
         if self._finished == "released":
             raise ClaimLost(f"the claim on {self.key!r} was released", key=self.key)
+        if self._finished == "completed":
+            raise InboxError(
+                f"the claim on {self.key!r} is already completed: its stored result is what "
+                "duplicates replay, and it is never overwritten",
+                key=self.key,
+            )
         inbox = self._inbox
         data = inbox.serializer.dumps(result)
         if isinstance(data, str):

@@ -154,6 +154,31 @@ async def test_takeover_with_another_fingerprint_is_a_mismatch(ienv: InboxEnv) -
     assert taken.state is ClaimState.NEW and taken.attempt == 2
 
 
+async def test_a_takeover_without_a_fingerprint_keeps_the_keys(ienv: InboxEnv) -> None:
+    """The stored fingerprint is the payload the key was first claimed with: a redelivery
+    that takes the key over without one must not erase it (found in review)."""
+    inbox = ienv.inbox()
+    first = await inbox.claim("pay:9", fingerprint="digest-A", ttl=60)
+    assert await first.release() is True
+    taken = await inbox.claim("pay:9", ttl=60)  # no fingerprint
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+    assert taken.fingerprint == "digest-A"
+    await taken.complete("paid A")
+    with pytest.raises(FingerprintMismatch):
+        await inbox.claim("pay:9", fingerprint="digest-B")
+
+
+async def test_a_claim_completes_once(ienv: InboxEnv) -> None:
+    """A second ``complete`` must not overwrite a result duplicates may have replayed."""
+    inbox = ienv.inbox()
+    claim = await inbox.claim("order:once")
+    await claim.complete({"x": 1})
+    with pytest.raises(InboxError):
+        await claim.complete({"x": 2})
+    replay = await inbox.claim("order:once")
+    assert replay.state is ClaimState.COMPLETED and replay.result == {"x": 1}
+
+
 async def test_purge_removes_expired_completed_and_abandoned_records_only(
     ienv: InboxEnv,
 ) -> None:

@@ -71,7 +71,8 @@ class MemoryInboxStore:
             if rec.state is ClaimState.IN_PROGRESS and rec.expires <= now and compatible:
                 rec.owner = owner
                 rec.attempt += 1
-                rec.fingerprint = fingerprint
+                if fingerprint is not None:  # a takeover without one keeps the key's
+                    rec.fingerprint = fingerprint
                 rec.expires = now + ttl
                 return self._view(rec, True)
             return self._view(replace(rec), False)

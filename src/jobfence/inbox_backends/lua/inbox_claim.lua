@@ -38,14 +38,18 @@ if rec[1] then
     end
 end
 local exp = now + tonumber(ARGV[3])
+local fp = ARGV[2]
 if rec[1] then
+    if fp == '' and rec[1] == 'in_progress' and rec[4] then
+        fp = rec[4]  -- a takeover without a fingerprint keeps the key's
+    end
     redis.call('DEL', KEYS[1])  -- a takeover starts a fresh record
 end
-if ARGV[2] ~= '' then
+if fp ~= '' then
     redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp,
-        'f', ARGV[2])
+        'f', fp)
 else
     redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp)
 end
 redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[4]))
-return {1, 'in_progress', ARGV[1], attempt, ARGV[2], false, exp}
+return {1, 'in_progress', ARGV[1], attempt, fp, false, exp}

@@ -60,7 +60,8 @@ ON DUPLICATE KEY UPDATE
     applied = IF({take}, applied AND state = 'in_progress', applied),
     result = IF({take}, NULL, result),
     owner = IF({take}, VALUES(owner), owner),
-    fingerprint = IF({take}, VALUES(fingerprint), fingerprint),
+    fingerprint = IF({take}, IF(state = 'completed', VALUES(fingerprint),
+                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint),
     state = IF({take}, 'in_progress', state),
     expires_at = IF({take}, VALUES(expires_at), expires_at);
 

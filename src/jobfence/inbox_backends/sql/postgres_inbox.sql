@@ -58,7 +58,9 @@ ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = EXCLUDED.owner,
     attempt = CASE WHEN t.state = 'completed' THEN 1 ELSE t.attempt + 1 END,
-    fingerprint = EXCLUDED.fingerprint,
+    -- a takeover without a fingerprint keeps the key's (a completed key past retention is new)
+    fingerprint = CASE WHEN t.state = 'completed' THEN EXCLUDED.fingerprint
+                       ELSE coalesce(EXCLUDED.fingerprint, t.fingerprint) END,
     applied = (t.applied AND t.state = 'in_progress'),
     result = NULL,
     expires_at = EXCLUDED.expires_at

@@ -37,7 +37,9 @@ ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = excluded.owner,
     attempt = CASE WHEN {table}.state = 'completed' THEN 1 ELSE {table}.attempt + 1 END,
-    fingerprint = excluded.fingerprint,
+    -- a takeover without a fingerprint keeps the key's (a completed key past retention is new)
+    fingerprint = CASE WHEN {table}.state = 'completed' THEN excluded.fingerprint
+                       ELSE coalesce(excluded.fingerprint, {table}.fingerprint) END,
     applied = ({table}.applied AND {table}.state = 'in_progress'),
     result = NULL,
     expires_at = excluded.expires_at
