@@ -60,6 +60,7 @@ log = logging.getLogger("jobfence.inbox")
 
 T = TypeVar("T")
 
+
 #: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
 DEFAULT_URL = "sqlite:///jobfence.db"
 
@@ -299,7 +300,15 @@ class Inbox:
         fingerprint = check_fingerprint(fingerprint)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
         owner = _new_owner()
-        record = self._call("inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl)
+        try:
+            record = self._call(
+                "inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl
+            )
+        except BaseException:
+            # cancelled, interrupted, or the reply was lost: the backend may have given us the
+            # key all the same, and nobody else would release it before its ttl
+            self._abandon_quietly(key, owner)
+            raise
         if (
             not record.mine
             and fingerprint is not None
@@ -312,6 +321,17 @@ class Inbox:
                 key=key,
             )
         return Claim(self, key, record, owner)
+
+    def _abandon(self, key: str, owner: str) -> None:
+        """A claim was interrupted: give back the key in case the backend gave it to us (the
+        release is owner-checked: a no-op when it did not)."""
+        try:
+            self.backend.release(key, owner)
+        except Exception as exc:
+            log.warning("could not give back the claim on %r (it expires): %r", key, exc)
+
+    def _abandon_quietly(self, key: str, owner: str) -> None:
+        self._abandon(key, owner)
 
     def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.

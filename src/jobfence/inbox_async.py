@@ -12,6 +12,7 @@ claim after its ttl); :meth:`AsyncInbox.claim_in` closes the other two for datab
 
 from __future__ import annotations
 
+import asyncio  # async-only
 import logging
 import os
 import socket
@@ -57,6 +58,11 @@ __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
 log = logging.getLogger("jobfence.inbox")
 
 T = TypeVar("T")
+
+# begin-async-only
+#: how long an interrupted claim waits for the give-back of a key it may have been given
+CLEANUP_WAIT = 1.0
+# end-async-only
 
 #: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
 DEFAULT_URL = "sqlite:///jobfence.db"
@@ -257,6 +263,7 @@ class AsyncInbox:
             self.url = mask_url(url)
         self.table = self.backend.table
         self._closed = False
+        self._cleanups: set[asyncio.Future[Any]] = set()  # async-only
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -303,9 +310,15 @@ class AsyncInbox:
         fingerprint = check_fingerprint(fingerprint)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
         owner = _new_owner()
-        record = await self._call(
-            "inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl
-        )
+        try:
+            record = await self._call(
+                "inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl
+            )
+        except BaseException:
+            # cancelled, interrupted, or the reply was lost: the backend may have given us the
+            # key all the same, and nobody else would release it before its ttl
+            await self._abandon_quietly(key, owner)
+            raise
         if (
             not record.mine
             and fingerprint is not None
@@ -318,6 +331,30 @@ class AsyncInbox:
                 key=key,
             )
         return AsyncClaim(self, key, record, owner)
+
+    async def _abandon(self, key: str, owner: str) -> None:
+        """A claim was interrupted: give back the key in case the backend gave it to us (the
+        release is owner-checked: a no-op when it did not)."""
+        try:
+            await self.backend.release(key, owner)
+        except Exception as exc:
+            log.warning("could not give back the claim on %r (it expires): %r", key, exc)
+
+    async def _abandon_quietly(self, key: str, owner: str) -> None:
+        # begin-async-only
+        # Wait for the clean-up a little, not long: a cancelled claim must end promptly. It
+        # goes on in the background if it takes longer, or if we are cancelled again.
+        cleanup = asyncio.ensure_future(self._abandon(key, owner))
+        self._cleanups.add(cleanup)
+        cleanup.add_done_callback(self._cleanups.discard)
+        try:
+            await asyncio.wait({cleanup}, timeout=CLEANUP_WAIT)
+        except asyncio.CancelledError:
+            pass
+        # end-async-only
+        # begin-sync-only
+        # self._abandon(key, owner)
+        # end-sync-only
 
     async def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.
