@@ -248,11 +248,14 @@ class Lease:
         self._extend_done(sent)
 
     def release(self) -> bool:
-        """Give the lease back. Returns False if it was no longer held by us."""
+        """Give the lease back. Returns False if it was no longer held by us (also once its
+        client is closed: closing gave it back)."""
         with self._mutex:
             if self._released:
                 return False
             self._released = True
+        if self._locks._closed:
+            return False
         self._locks._renewer.discard(self)
         return bool(
             self._locks._call(
@@ -477,11 +480,20 @@ class Locks:
             raise ConfigurationError("this Locks client is closed", argument="self")
 
     def close(self) -> None:
-        """Stop the renewer and close the backend's connections."""
+        """Stop the renewer, give back the leases still held (best effort: their holders are
+        told they are lost, and other workers need not wait out their ttl), and close the
+        backend's connections."""
         if self._closed:
             return
         self._closed = True
-        self._renewer.close()
+        for lease in self._renewer.close():
+            if not lease._released:
+                try:
+                    self.backend.release(lease.name, lease.owner)  # owner-checked
+                except Exception as exc:
+                    log.warning(
+                        "releasing %r on close failed (it will expire): %r", lease.name, exc
+                    )
         self.backend.close()
 
     def __enter__(self) -> Locks:

@@ -304,11 +304,14 @@ class AsyncLease:
         self._extend_done(sent)
 
     async def release(self) -> bool:
-        """Give the lease back. Returns False if it was no longer held by us."""
+        """Give the lease back. Returns False if it was no longer held by us (also once its
+        client is closed: closing gave it back)."""
         with self._mutex:
             if self._released:
                 return False
             self._released = True
+        if self._locks._closed:
+            return False
         self._locks._renewer.discard(self)
         return bool(
             await self._locks._call(
@@ -638,7 +641,9 @@ class AsyncLocks:
             raise ConfigurationError("this Locks client is closed", argument="self")
 
     async def close(self) -> None:
-        """Stop the renewer and close the backend's connections."""
+        """Stop the renewer, give back the leases still held (best effort: their holders are
+        told they are lost, and other workers need not wait out their ttl), and close the
+        backend's connections."""
         if self._closed:
             return
         self._closed = True
@@ -646,7 +651,14 @@ class AsyncLocks:
         if self._cleanups:  # interrupted acquires still leaving their queues
             await asyncio.wait(set(self._cleanups), timeout=5)
         # end-async-only
-        await self._renewer.close()
+        for lease in await self._renewer.close():
+            if not lease._released:
+                try:
+                    await self.backend.release(lease.name, lease.owner)  # owner-checked
+                except Exception as exc:
+                    log.warning(
+                        "releasing %r on close failed (it will expire): %r", lease.name, exc
+                    )
         await self.backend.close()
 
     async def __aenter__(self) -> AsyncLocks:

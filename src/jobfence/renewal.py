@@ -65,9 +65,10 @@ class Renewer:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> list[Lease]:
         """Stop renewing and wait (at most ``timeout`` s) for the worker to finish. Leases
-        still held are no longer renewed: they are marked lost (their holders are told)."""
+        still held are no longer renewed: they are marked lost (their holders are told) and
+        returned, for the client to give back."""
         self._closed = True
         self._wake.set()
         _compat.join(self._worker, timeout)
@@ -76,6 +77,7 @@ class Renewer:
             self._leases.clear()
         for lease in leases:
             lease._mark_lost("its Locks client was closed, so it is no longer renewed")
+        return leases
 
     def _run(self) -> None:
         clock = get_clock()

@@ -63,9 +63,10 @@ class AsyncRenewer:
     def __len__(self) -> int:
         return len(self._leases)
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, timeout: float = 5.0) -> list[AsyncLease]:
         """Stop renewing and wait (at most ``timeout`` s) for the worker to finish. Leases
-        still held are no longer renewed: they are marked lost (their holders are told)."""
+        still held are no longer renewed: they are marked lost (their holders are told) and
+        returned, for the client to give back."""
         self._closed = True
         self._wake.set()
         await _acompat.join(self._worker, timeout)
@@ -74,6 +75,7 @@ class AsyncRenewer:
             self._leases.clear()
         for lease in leases:
             lease._mark_lost("its Locks client was closed, so it is no longer renewed")
+        return leases
 
     async def _run(self) -> None:
         clock = get_clock()

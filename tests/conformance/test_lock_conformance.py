@@ -185,6 +185,24 @@ async def test_block_exit_raises_lock_lost_when_the_lease_was_lost(env: Env) -> 
             await asyncio.to_thread(body)
 
 
+async def test_closing_a_client_gives_its_held_leases_back(env: Env) -> None:
+    """Found in review: closing a client with held leases left them blocking the names for
+    their whole ttl (SQL backends), and a later ``release()`` raised ConfigurationError."""
+    a, b = env.client(), env.client()
+    name = _name()
+    lease = await a.try_acquire(name, ttl=60)
+    plain = await a.try_acquire(name + ":plain", ttl=60, renew=False)
+    assert lease is not None and plain is not None
+    await a.close()
+    assert lease.lost and plain.lost  # their holders are told
+    with pytest.raises(jobfence.LockLost):
+        lease.check()
+    assert await lease.release() is False  # closing gave it back; no ConfigurationError
+    taken = await b.try_acquire(name, ttl=10)  # free at once, not after 60 s
+    assert taken is not None and taken.token > lease.token
+    assert await b.try_acquire(name + ":plain", ttl=10) is not None
+
+
 async def test_sync_and_async_clients_interoperate(env: Env) -> None:
     sync, aio = env.client("sync"), env.client("async")
     name = _name()
