@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import datetime
+import decimal
+import enum
 import hashlib
 import inspect
 import json
 import string
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +20,27 @@ from ._validate import check_name, check_timeout, check_ttl
 from .errors import ConfigurationError
 
 NameSpec = str | Callable[..., str] | None
+
+
+def _canonical(value: Any) -> Any:
+    """A stable JSON form for the non-JSON values ``fingerprint=True`` accepts: the same value
+    gives the same form in every process (never ``repr``, which may hold an address or a
+    hash-seed-dependent order)."""
+    if isinstance(value, (set, frozenset)):
+        items = [json.dumps(v, sort_keys=True, default=_canonical) for v in value]
+        return {"set": sorted(items)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return {type(value).__name__: value.isoformat()}
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return {type(value).__name__: str(value)}
+    if isinstance(value, enum.Enum):
+        return {type(value).__name__: value.value}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {type(value).__name__: dataclasses.asdict(value)}
+    raise TypeError(f"an argument of type {type(value).__name__} has no stable representation")
+
 
 #: the lease of the guarded call running in this context (thread or task)
 current_lease_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
@@ -122,5 +148,14 @@ class GuardSpec:
             return None
         if not isinstance(self.fingerprint, bool):
             return str(self.fingerprint(**arguments))
-        canonical = json.dumps(arguments, sort_keys=True, default=repr, separators=(",", ":"))
+        try:
+            canonical = json.dumps(
+                arguments, sort_keys=True, default=_canonical, separators=(",", ":")
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"fingerprint=True hashes the call's arguments, but {exc}; pass "
+                "fingerprint=callable(**arguments) -> str that digests only the payload",
+                argument="fingerprint",
+            ) from None
         return hashlib.sha256(canonical.encode()).hexdigest()

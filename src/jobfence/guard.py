@@ -100,8 +100,11 @@ def guarded(
     ``timeout``: seconds to wait for the lease (``None`` waits, ``0`` tries once); when it
     passes, ``LockTimeout`` is raised, or with ``if_locked="skip"`` the call returns
     ``skipped_result`` without running. ``fingerprint=True`` hashes the arguments so a key
-    reused with other arguments raises ``FingerprintMismatch``. ``attempts > 1`` re-runs the
-    whole function on conflicts and transient errors (:func:`jobfence.retry_unit`);
+    reused with other arguments raises ``FingerprintMismatch`` (JSON values, sets, bytes,
+    dates and times, ``Decimal``, ``UUID``, enums and dataclasses have a stable form; any
+    other argument raises ``ConfigurationError``: pass ``fingerprint=callable`` instead).
+    ``attempts > 1`` re-runs the whole function on conflicts and transient errors
+    (:func:`jobfence.retry_unit`);
     ``retry=RetryPolicy(...)`` gives full control (backoff, deadline, ``on_retry`` for metrics).
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:

@@ -328,3 +328,51 @@ async def test_async_a_lease_gone_on_the_server_is_never_completed() -> None:
         assert await job(1) == "result-2"
     finally:
         await locks.close()
+
+
+# -- fingerprint=True is the same for the same payload in every process (found in review) --
+_FINGERPRINT_SCRIPT = """
+import datetime, decimal, uuid
+import jobfence
+inbox = jobfence.Inbox("memory://fp")
+@jobfence.guarded(inbox=inbox, key="job", fingerprint=True)
+def job(tags, when, amount, ref, raw):
+    return None
+job({"b", "a", "c", "x1", "y2"}, datetime.date(2026, 11, 29), decimal.Decimal("12.50"),
+    uuid.UUID(int=7), b"\\x00\\xff")
+print(inbox.claim("job").fingerprint)
+"""
+
+
+def test_fingerprint_true_is_stable_across_processes() -> None:
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for seed in ("1", "2", "3", "4"):
+        out = subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT_SCRIPT],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == 64
+
+
+def test_fingerprint_true_refuses_an_argument_without_a_stable_form(
+    inbox: jobfence.Inbox,
+) -> None:
+    runs: list[object] = []
+
+    @guarded(inbox=inbox, key="job:{n}", fingerprint=True)
+    def job(n: int, client: object) -> None:
+        runs.append(client)
+
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        job(1, object())
+    assert info.value.argument == "fingerprint" and "object" in str(info.value)
+    assert runs == []
+    assert inbox.claim("job:1").state is jobfence.ClaimState.NEW  # nothing was claimed
