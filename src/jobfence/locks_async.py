@@ -47,6 +47,10 @@ DEFAULT_POLL_INTERVAL = 1.0
 SERVER_WAIT = 3600.0
 #: how long an interrupted acquire waits for its clean-up before leaving it to the background
 CLEANUP_WAIT = 1.0
+# begin-async-only
+#: coroutine ``on_lost`` callbacks still running (the event loop keeps only weak references)
+_CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
+# end-async-only
 
 _HOST = socket.gethostname()[:64]
 
@@ -183,7 +187,9 @@ class AsyncLease:
             # begin-async-only
             result = callback(self)
             if asyncio.iscoroutine(result):
-                asyncio.get_running_loop().create_task(result)
+                task = asyncio.get_running_loop().create_task(result)
+                _CALLBACK_TASKS.add(task)  # a strong reference until it is done
+                task.add_done_callback(self._callback_done)
             # end-async-only
             # begin-sync-only
             # callback(self)
@@ -191,6 +197,13 @@ class AsyncLease:
         except Exception:
             log.exception("on_lost callback for %r raised", self.name)
 
+    # begin-async-only
+    def _callback_done(self, task: asyncio.Task[Any]) -> None:
+        _CALLBACK_TASKS.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("on_lost callback for %r raised", self.name, exc_info=task.exception())
+
+    # end-async-only
     def _mark_lost(self, reason: str, *, after_release: bool = False) -> None:
         """Record the loss once and tell the holder (callbacks; cancel an ``async with``).
 

@@ -258,3 +258,38 @@ def test_a_renewal_sent_while_an_extend_is_in_flight_never_leaves_two_holders(
     assert lease.release()
     locks.close()
     other.close()
+
+
+async def test_async_on_lost_coroutines_run_to_the_end_and_their_errors_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import gc
+    import logging
+
+    locks = jobfence.AsyncLocks(f"memory://{uuid.uuid4().hex}")
+    lease = await locks.try_acquire("job", ttl=10)
+    assert lease is not None
+    finished = asyncio.Event()
+
+    async def slow(_lease: Any) -> None:
+        for _ in range(5):
+            gc.collect()  # only a strong reference keeps this task alive
+            await asyncio.sleep(0)
+        finished.set()
+
+    async def broken(_lease: Any) -> None:
+        raise RuntimeError("callback bug")
+
+    lease.on_lost(slow)
+    lease.on_lost(broken)
+    with caplog.at_level(logging.ERROR, logger="jobfence"):
+        await locks.backend.force_release("job")
+        with pytest.raises(jobfence.LockLost):
+            await lease.extend()  # finds the lease gone: runs the callbacks
+        await asyncio.wait_for(finished.wait(), 5)
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert any(
+        "on_lost callback for 'job' raised" in r.getMessage() and r.exc_info for r in caplog.records
+    )
+    await locks.close()
