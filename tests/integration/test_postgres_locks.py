@@ -19,6 +19,7 @@ import jobfence
 from jobfence._url import parse_url
 from jobfence.backends.postgres_async import (
     LEASE_CAPABILITIES,
+    POLLING_CAPABILITIES,
     SESSION_CAPABILITIES,
     AsyncPostgresLockBackend,
     advisory_key,
@@ -45,7 +46,7 @@ def admin() -> Iterator[psycopg.Connection[Any]]:
 def ns(admin: psycopg.Connection[Any]) -> Iterator[str]:
     namespace = "pgl_" + uuid.uuid4().hex[:12]
     yield namespace
-    for table in ("locks", "lock_tokens", "schema"):
+    for table in ("locks", "lock_tokens", "lock_queue", "schema"):
         admin.execute(f'DROP TABLE IF EXISTS "{namespace}_{table}"')
 
 
@@ -160,7 +161,8 @@ def test_capabilities_per_mode() -> None:
     assert jobfence.Locks(_url("lease"), namespace="ok").capabilities == LEASE_CAPABILITIES
     session = jobfence.Locks(_url("session"), namespace="ok").capabilities
     assert session == SESSION_CAPABILITIES
-    assert LEASE_CAPABILITIES.ttl_expiry and not LEASE_CAPABILITIES.fifo
+    assert LEASE_CAPABILITIES.ttl_expiry and LEASE_CAPABILITIES.fifo and LEASE_CAPABILITIES.handoff
+    assert not LEASE_CAPABILITIES.queue_follows_connection  # the queue is a table
     assert session.fifo and not session.ttl_expiry
 
 
@@ -503,3 +505,116 @@ async def test_session_mode_waiters_keep_their_place_in_the_server_queue(
     second = await asyncio.wait_for(tasks[1], 15)
     assert second.token > first.token > held.token
     assert await second.release()
+
+
+# -- lease mode: FIFO hand-off ---------------------------------------------------------------
+def _queue(admin: psycopg.Connection[Any], ns: str, name: str) -> list[str]:
+    rows = admin.execute(
+        f'SELECT owner FROM "{ns}_lock_queue" WHERE name = %s AND deadline > clock_timestamp() '
+        "ORDER BY seq, owner",
+        (name,),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _holder(admin: psycopg.Connection[Any], ns: str, name: str) -> str | None:
+    row = admin.execute(f'SELECT owner FROM "{ns}_locks" WHERE name = %s', (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def test_lease_mode_hands_off_in_arrival_order(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    holder = clients()
+    held = await holder.try_acquire("fifo", ttl=30)
+    assert held is not None
+    waiters = [clients(poll_interval=0.2) for _ in range(3)]
+    order: list[int] = []
+    tasks = []
+
+    async def take(i: int) -> int:
+        lease = await waiters[i].acquire("fifo", ttl=30, timeout=30)
+        order.append(i)
+        token = lease.token
+        assert await lease.release()
+        return int(token)
+
+    for i in range(3):  # each joins the queue after the one before
+        tasks.append(asyncio.create_task(take(i)))
+        await _until(lambda n=i + 1: len(_queue(admin, ns, "fifo")) == n)
+    queued = _queue(admin, ns, "fifo")
+    assert await held.release()
+    # the release gave the lease to the head of the queue in the same statement
+    assert _holder(admin, ns, "fifo") in (queued[0], queued[1], queued[2], None)
+    tokens = [await asyncio.wait_for(t, 20) for t in tasks]
+    assert order == [0, 1, 2]
+    assert tokens == sorted(tokens) and tokens[0] > held.token
+    assert _queue(admin, ns, "fifo") == []
+
+
+async def test_lease_mode_release_gives_the_lease_to_the_head_at_once(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    backend = clients().backend
+    assert await backend.acquire("j", "holder", 30) is not None
+    assert await backend.acquire("j", "w1", 30, wait=30) is None  # queued
+    assert await backend.acquire("j", "w2", 30, wait=30) is None
+    assert _queue(admin, ns, "j") == ["w1", "w2"]
+    assert await backend.release("j", "holder") is True
+    assert _holder(admin, ns, "j") == "w1"  # handed over before w1 even looked
+    assert _queue(admin, ns, "j") == ["w2"]
+    token = await backend.acquire("j", "w1", 30, wait=30)  # w1 comes back: it is the owner
+    assert token is not None
+    assert await backend.release("j", "w1") is True
+    assert _holder(admin, ns, "j") == "w2"
+    assert await backend.cancel_wait("j", "w2") is not None  # handed just as it gave up
+    assert await backend.release("j", "w2") is True
+    assert _holder(admin, ns, "j") is None
+
+
+async def test_lease_mode_a_free_lease_goes_to_the_queue_head_not_a_newcomer(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    backend = clients().backend
+    assert await backend.acquire("k", "holder", 0.3) is not None  # a holder that will crash
+    assert await backend.acquire("k", "waiter", 30, wait=30) is None
+    await asyncio.sleep(0.4)  # the holder's ttl runs out; no release wakes anyone
+    assert await backend.acquire("k", "newcomer", 30) is None  # a try does not jump the queue
+    assert await backend.acquire("k", "newcomer", 30, wait=30) is None  # nor does a wait
+    token = await backend.acquire("k", "waiter", 30, wait=30)
+    assert token is not None and _holder(admin, ns, "k") == "waiter"
+    assert _queue(admin, ns, "k") == ["newcomer"]
+    assert await backend.cancel_wait("k", "newcomer") is None
+    assert _queue(admin, ns, "k") == []
+
+
+async def test_lease_mode_a_dead_waiter_is_skipped_after_its_deadline(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    backend = clients().backend
+    assert await backend.acquire("d", "holder", 30) is not None
+    assert await backend.acquire("d", "dead", 30, wait=0.0) is None  # deadline: slack only
+    assert await backend.acquire("d", "alive", 30, wait=30) is None
+    await asyncio.sleep(1.2)  # past the dead waiter's deadline (wait 0 + slack 1 s)
+    assert _queue(admin, ns, "d") == ["alive"]
+    assert await backend.release("d", "holder") is True
+    assert _holder(admin, ns, "d") == "alive"
+
+
+async def test_lease_mode_without_notify_polls_and_does_not_queue(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    """A FIFO queue served by polling would pass the lease on once per poll: ``notify=false``
+    waiters poll without queueing (and say so in their capabilities)."""
+    holder = clients()
+    poller = clients(notify="false", poll_interval=0.05)
+    assert poller.capabilities == POLLING_CAPABILITIES
+    held = await holder.try_acquire("p", ttl=30)
+    assert held is not None
+    task = asyncio.create_task(poller.acquire("p", ttl=30, timeout=30))
+    await asyncio.sleep(0.3)  # several polls
+    assert not task.done() and _queue(admin, ns, "p") == []
+    assert await held.release()
+    lease = await asyncio.wait_for(task, 10)
+    assert lease.token > held.token
+    assert await lease.release()

@@ -8,10 +8,17 @@ The SQL lives in ``sql/postgres_locks.sql``. Two modes, chosen by the URL option
     ``clock_timestamp()``; ``ttl`` is honoured (a paused holder loses its lease). Every
     operation is ONE autocommit statement -- acquire (token bump + conditional upsert, one
     CTE), release, extend, and the batched renewal of every due lease -- so this mode also
-    works behind PgBouncer in transaction pooling mode. Waiters sleep on LISTEN/NOTIFY (one
-    dedicated listener connection per client; release notifies in the same statement), never
-    longer than the core's poll interval or the holder's remaining lifetime. Behind PgBouncer
-    transaction pooling LISTEN does not work: set ``?notify=false`` and waiters just poll.
+    works behind PgBouncer in transaction pooling mode. Fair FIFO hand-off: a waiting acquire
+    joins a queue table (``{namespace}_lock_queue``; its entry lives while the waiter comes
+    back every poll interval); a free lease goes to the head of the live queue, never to a
+    newcomer; release gives the lease straight to the head (new token, its own ttl) in the
+    same statement and notifies only that waiter, with its token, so it owns the lease when it
+    wakes. Waiters sleep on LISTEN/NOTIFY (one dedicated listener connection per client),
+    never longer than the core's poll interval or the holder's remaining lifetime. Behind
+    PgBouncer transaction pooling LISTEN does not work: set ``?notify=false`` and waiters
+    poll without queueing (no FIFO: a queue served by polling would hand the lease over
+    only as often as its head polls); they still never take a lease from the head of a
+    queue that notified clients of the same namespace keep.
 
 ``mode=session``
     Session advisory locks. Each held lock sits on its own dedicated connection (taken from a
@@ -67,6 +74,7 @@ from .base_async import AsyncLockBackend
 __all__ = [
     "LEASE_CAPABILITIES",
     "MODES",
+    "POLLING_CAPABILITIES",
     "SCHEMA_VERSION",
     "SESSION_CAPABILITIES",
     "AsyncPostgresLockBackend",
@@ -87,8 +95,15 @@ LISTEN_TICK = 0.5
 LISTEN_RETRY = 5.0
 
 LEASE_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
+)
+#: lease mode with ``notify=false``: waiters poll and do not queue (a FIFO queue served by
+#: polling would hand the lease over only as fast as the head polls: about once a second)
+POLLING_CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
 )
+#: seconds added to a lease-mode waiter's queue deadline beyond the wait it asked for
+WAITER_SLACK = 1.0
 SESSION_CAPABILITIES = LockCapabilities(
     cross_process=True,
     ttl_expiry=False,
@@ -224,12 +239,15 @@ class PostgresOptions:
 class _Waiter:
     """A lease-mode waiter of this process: woken by a NOTIFY for its name."""
 
-    __slots__ = ("event", "left", "notified")
+    __slots__ = ("attempts", "event", "left", "notified", "requeued", "token")
 
     def __init__(self) -> None:
         self.event = _acompat.Event()
         self.notified = False
         self.left: float | None = None  # the holder's remaining lifetime at the last attempt
+        self.token: int | None = None  # handed to us by a release (from its NOTIFY)
+        self.attempts = 0
+        self.requeued = False  # a later attempt made a NEW queue entry (see the SQL)
 
 
 @dataclass
@@ -256,7 +274,13 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.mode = self.options.mode
-        self.capabilities = SESSION_CAPABILITIES if self.mode == "session" else LEASE_CAPABILITIES
+        self.capabilities = (
+            SESSION_CAPABILITIES
+            if self.mode == "session"
+            else LEASE_CAPABILITIES
+            if self.options.notify
+            else POLLING_CAPABILITIES
+        )
         self.queries = load_queries(namespace)
         self._conninfo = url.without_options(*OPTIONS)
         self._idle: list[Conn] = []
@@ -384,19 +408,32 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             if self.options.notify:
                 await self._ensure_listener()  # LISTEN before looking: no release goes unseen
             self._register(name, owner)
+        queue_for = wait if self.options.notify else None  # polling waiters do not queue
         rows, _ = await self._run(
-            self.queries["acquire"], {"name": name, "owner": owner, "ttl": ttl}
+            self.queries["acquire"],
+            {"name": name, "owner": owner, "ttl": ttl, "wait": queue_for, "slack": WAITER_SLACK},
         )
-        token, left = rows[0] if rows else (None, None)
+        token = left = None
+        queued = False
+        for row_token, row_left, row_queued in rows:
+            if row_queued:
+                queued = True
+            elif row_token is not None:
+                token = int(row_token)
+            elif row_left is not None:
+                left = float(row_left)
         if token is not None:
             if wait is not None:
                 self._unregister(name, owner)
-            return int(token)
+            return token
         if wait is not None:
             with self._mutex:
                 waiter = self._waiters.get(name, {}).get(owner)
                 if waiter is not None:
-                    waiter.left = None if left is None else float(left)
+                    waiter.left = left
+                    waiter.attempts += 1
+                    if queued and waiter.attempts > 1:
+                        waiter.requeued = True
         return None
 
     async def wait(self, name: str, owner: str, timeout: float) -> int | None:
@@ -417,14 +454,21 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 await _acompat.wait_event(waiter.event, limit)
         else:
             await get_clock().asleep(limit)
-        return None
+        if waiter is None or waiter.token is None:
+            return None
+        if waiter.requeued:  # a stale queue entry of ours: remove it (rare; see the SQL)
+            return await self.cancel_wait(name, owner)
+        self._unregister(name, owner)
+        return waiter.token
 
     async def cancel_wait(self, name: str, owner: str) -> int | None:
-        """Nothing is queued on the server between attempts; forget the local waiter."""
+        """Leave the queue; the token if the lease was handed to us meanwhile."""
         if self.mode == "session":
             return None
-        self._unregister(stored_name(name), owner)
-        return None
+        name = stored_name(name)
+        self._unregister(name, owner)
+        rows, _ = await self._run(self.queries["cancel_wait"], {"name": name, "owner": owner})
+        return int(rows[0][0]) if rows else None
 
     async def release(self, name: str, owner: str) -> bool:
         if self.mode == "session":
@@ -501,6 +545,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 waiter = per_name[owner] = _Waiter()
             waiter.notified = False
             waiter.left = None
+            waiter.token = None
             waiter.event.clear()
 
     def _unregister(self, name: str, owner: str) -> None:
@@ -511,13 +556,22 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 if not per_name:
                     del self._waiters[name]
 
-    def _wake(self, name: str | None) -> None:
-        """A NOTIFY for ``name`` arrived (``None``: the listener stopped; wake everyone)."""
+    def _wake(self, payload: str | None) -> None:
+        """A NOTIFY arrived: ``<owner>\\n<token>\\n<name>`` (the lease was handed to that
+        waiter) or a bare name (every waiter of that name looks again). ``None``: the listener
+        stopped; wake everyone."""
         with self._mutex:
-            if name is None:
+            if payload is None:
                 waiters = [w for per_name in self._waiters.values() for w in per_name.values()]
+            elif "\n" in payload:
+                owner, token, name = payload.split("\n", 2)
+                waiter = self._waiters.get(name, {}).get(owner)
+                if waiter is None:
+                    return  # another client's waiter
+                waiter.token = int(token)
+                waiters = [waiter]
             else:
-                waiters = list(self._waiters.get(name, {}).values())
+                waiters = list(self._waiters.get(payload, {}).values())
             for waiter in waiters:
                 waiter.notified = True
                 waiter.event.set()

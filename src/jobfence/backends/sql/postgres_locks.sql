@@ -42,6 +42,19 @@ CREATE TABLE IF NOT EXISTS "{prefix}_lock_tokens" (
     name   text PRIMARY KEY,
     token  bigint NOT NULL               -- the last token handed out for name
 );
+-- Lease mode's FIFO wait queue: one row per waiting owner. A waiter refreshes its deadline on
+-- every attempt; past it the row is dead (the waiter crashed or gave up) and is skipped.
+CREATE TABLE IF NOT EXISTS "{prefix}_lock_queue" (
+    name      text NOT NULL,
+    owner     text NOT NULL,
+    seq       bigint NOT NULL,          -- arrival: server time in microseconds (kept while
+                                        -- the waiter refreshes; ties go by owner)
+    deadline  timestamptz NOT NULL,     -- server clock
+    ttl       float8 NOT NULL,          -- seconds: the lease it asked for
+    PRIMARY KEY (name, owner)
+);
+CREATE INDEX IF NOT EXISTS "{prefix}_lock_queue_order"
+    ON "{prefix}_lock_queue" (name, seq, owner);
 -- One row per jobfence component that keeps tables under this prefix.
 CREATE TABLE IF NOT EXISTS "{prefix}_schema" (
     component  text PRIMARY KEY,
@@ -57,25 +70,45 @@ SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
 
 
 -- name: acquire
--- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds, float).
--- ONE statement: look at the current row; only if no live lease exists, bump the name's
--- counter and insert/take over the row (ON CONFLICT re-checks expiry against the newest row
--- version, so of two clients racing for an expired lease exactly one wins; the loser only
--- leaves a gap in the token sequence). The counter row is locked before the lease row by
--- every statement that touches both, so two acquirers cannot deadlock. Only a grant is a
+-- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds, float), %(wait)s (NULL for a
+-- plain try, which never queues; else seconds the caller may wait), %(slack)s (seconds).
+-- ONE statement: look at the current row and the head of the live queue; only if no live
+-- lease exists and nobody else heads the queue (fairness: a free lease goes to the head, not
+-- to a newcomer), bump the name's counter and insert/take over the row (ON CONFLICT re-checks
+-- expiry against the newest row version, so of two clients racing for an expired lease
+-- exactly one wins; the loser only leaves a gap in the token sequence). A waiting caller that
+-- is not granted joins the tail of the queue, or refreshes its entry's deadline (keeping its
+-- place); a granted one leaves the queue. The counter row is locked before the lease row by
+-- every statement that touches both, so two statements cannot deadlock. Only a grant is a
 -- durable commit (see "relaxed").
--- -> one row (token, seconds_left):
---      (token, NULL)  the lease was granted to %(owner)s (or it already held it);
---      (NULL, left)   another owner holds it for `left` more seconds;
---    or no row: someone else won a race for a free/expired lease just now.
+-- -> rows (token, seconds_left, queued): at most one of
+--      (token, NULL, ...)  the lease was granted to %(owner)s (or it already held it: handed
+--                          off);
+--      (NULL, left, ...)   another owner holds it for `left` more seconds;
+--    and no such row when the lease is free but another waiter heads the queue, or someone
+--    else won a race for a free/expired lease just now; plus one (NULL, NULL, true) row when
+--    this call added a NEW queue entry. A waiter whose entry was new on a later attempt had
+--    it removed by a release that handed it the lease while this statement ran: it removes
+--    the fresh entry when it takes the lease (see cancel_wait), else a later release would
+--    hand the lease to an owner nobody waits for.
 WITH cur AS MATERIALIZED (
     SELECT owner, token, expires_at, expires_at > clock_timestamp() AS live
       FROM "{prefix}_locks"
      WHERE name = %(name)s
+), head AS MATERIALIZED (
+    SELECT owner
+      FROM "{prefix}_lock_queue"
+     WHERE name = %(name)s AND deadline > clock_timestamp()
+     ORDER BY seq, owner
+     LIMIT 1
+), free AS MATERIALIZED (
+    SELECT 1 AS yes
+     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
+       AND NOT EXISTS (SELECT 1 FROM head WHERE owner <> %(owner)s)
 ), bumped AS (
     INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
     SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
-     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
+      FROM free
     ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
     RETURNING t.token
 ), granted AS (
@@ -87,43 +120,111 @@ WITH cur AS MATERIALIZED (
        SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
      WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
     RETURNING l.token
+), dequeued AS (
+    DELETE FROM "{prefix}_lock_queue"
+     WHERE name = %(name)s AND owner = %(owner)s
+       AND (EXISTS (SELECT 1 FROM granted)
+            OR EXISTS (SELECT 1 FROM cur WHERE live AND owner = %(owner)s))
+    RETURNING 1
+), queued AS (
+    INSERT INTO "{prefix}_lock_queue" AS q (name, owner, seq, deadline, ttl)
+    SELECT %(name)s, %(owner)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+           clock_timestamp() + (%(wait)s::float8 + %(slack)s::float8) * interval '1 second',
+           %(ttl)s
+     WHERE %(wait)s::float8 IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM granted)
+       AND NOT EXISTS (SELECT 1 FROM cur WHERE live AND owner = %(owner)s)
+    ON CONFLICT (name, owner) DO UPDATE
+       SET deadline = excluded.deadline, ttl = excluded.ttl
+    RETURNING (q.xmax = 0) AS inserted  -- a new entry (not a refreshed one)
 ), relaxed AS MATERIALIZED (
-    -- not granted: nothing worth a disk flush was written (at most a counter bump that lost
-    -- a race, which the counter's time floor covers), so do not wait for one
+    -- not granted: nothing worth a disk flush was written (a queue entry, at most a counter
+    -- bump that lost a race, which the counter's time floor covers), so do not wait for one
     SELECT set_config('synchronous_commit', 'off', true) AS setting
      WHERE NOT EXISTS (SELECT 1 FROM granted)
 )
-SELECT token, NULL::float8 FROM granted
+SELECT token, NULL::float8, NULL::boolean FROM granted
 UNION ALL
 SELECT CASE WHEN owner = %(owner)s THEN token END,
-       extract(epoch FROM expires_at - clock_timestamp())::float8
+       extract(epoch FROM expires_at - clock_timestamp())::float8, NULL
   FROM cur
  WHERE live
 UNION ALL
-SELECT NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluates "relaxed"
+SELECT NULL, NULL, true FROM queued WHERE inserted
+UNION ALL
+SELECT NULL, NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluates "relaxed"
 
 
 -- name: release
--- Lease mode. Params: %(name)s, %(owner)s. Owner-checked. The row is deleted even if it has
--- expired (nobody took it over, so it is ours to clean up), but only a LIVE lease counts as
--- released. pg_notify wakes the waiters LISTENing on "{prefix}_locks"; it is delivered when
--- this statement's transaction commits, i.e. after the row is gone.
--- The commit does not wait for the WAL flush (synchronous_commit=off for this transaction
--- only): a release lost in a server crash leaves the lease to expire, which is safe, and the
--- next holder does not wait for a disk flush on the hand-off path.
--- -> (released bool, notified count, relaxed count), one row.
-WITH gone AS (
+-- Lease mode. Params: %(name)s, %(owner)s. Owner-checked. With a live waiter queued, the
+-- lease goes straight to the head of the queue (a new token, the ttl it asked for) and only
+-- that waiter is notified, with its token, so it owns the lease when it wakes (FIFO
+-- hand-off; the counter row is locked before the lease row, as in acquire). Otherwise the
+-- row is deleted, even if it has expired (nobody took it over, so it is ours to clean up).
+-- Only a LIVE lease counts as released. Notifications are delivered when this statement's
+-- transaction commits. A release without hand-off does not wait for the WAL flush
+-- (synchronous_commit=off for this transaction only): a release lost in a server crash
+-- leaves the lease to expire, which is safe; a hand-off is a grant, and waits for it.
+-- Payload of a hand-off: "<owner>\n<token>\n<name>" (owner ids hold no newline).
+-- -> (released bool, handed-to owner or NULL, relaxed count), one row.
+WITH mine AS MATERIALIZED (
+    SELECT expires_at > clock_timestamp() AS live
+      FROM "{prefix}_locks"
+     WHERE name = %(name)s AND owner = %(owner)s
+), head AS MATERIALIZED (
+    SELECT q.owner, q.ttl
+      FROM "{prefix}_lock_queue" AS q
+     WHERE q.name = %(name)s AND q.deadline > clock_timestamp()
+       AND EXISTS (SELECT 1 FROM mine)
+     ORDER BY q.seq, q.owner
+     LIMIT 1
+), bumped AS (
+    INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
+    SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+      FROM head
+    ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
+    RETURNING t.token
+), handed AS (
+    UPDATE "{prefix}_locks" AS l
+       SET owner = head.owner, token = bumped.token,
+           expires_at = clock_timestamp() + head.ttl * interval '1 second'
+      FROM head, bumped
+     WHERE l.name = %(name)s AND l.owner = %(owner)s
+    RETURNING l.owner, l.token
+), gone AS (
     DELETE FROM "{prefix}_locks"
      WHERE name = %(name)s AND owner = %(owner)s
-    RETURNING name, expires_at > clock_timestamp() AS live
+       AND NOT EXISTS (SELECT 1 FROM head)
+    RETURNING name
+), dequeued AS (
+    DELETE FROM "{prefix}_lock_queue" AS q
+     USING handed
+     WHERE q.name = %(name)s AND q.owner = handed.owner
+    RETURNING 1
 ), woken AS (
-    SELECT pg_notify('{prefix}_locks', name) FROM gone
+    SELECT pg_notify('{prefix}_locks', handed.owner || E'\n' || handed.token || E'\n' || %(name)s)
+      FROM handed
 ), relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) FROM gone LIMIT 1
 )
-SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken),
-       (SELECT count(*) FROM relaxed)
-  FROM gone;
+SELECT coalesce((SELECT bool_or(live) FROM mine), false)
+         AND (EXISTS (SELECT 1 FROM handed) OR EXISTS (SELECT 1 FROM gone)),
+       (SELECT owner FROM handed),
+       (SELECT count(*) FROM relaxed) + (SELECT count(*) FROM woken)
+         + (SELECT count(*) FROM dequeued);
+
+
+-- name: cancel_wait
+-- Lease mode. Params: %(name)s, %(owner)s. Leave the queue; -> the token if the lease was
+-- handed to %(owner)s meanwhile (it keeps it), else no row.
+WITH gone AS (
+    DELETE FROM "{prefix}_lock_queue" WHERE name = %(name)s AND owner = %(owner)s
+    RETURNING 1
+)
+SELECT token FROM "{prefix}_locks"
+ WHERE name = %(name)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+UNION ALL
+SELECT NULL FROM gone WHERE false;
 
 
 -- name: extend
@@ -171,8 +272,9 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
 
 
 -- name: listen
--- Lease mode, on the dedicated listener connection. release/force_release notify this
--- channel with the lock name as payload.
+-- Lease mode, on the dedicated listener connection. release notifies this channel with
+-- "<owner>\n<token>\n<name>" when it hands the lease to a waiter; force_release with the
+-- lock name alone (every waiter of that name looks again).
 LISTEN "{prefix}_locks";
 
 
