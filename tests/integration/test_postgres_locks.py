@@ -618,3 +618,90 @@ async def test_lease_mode_without_notify_polls_and_does_not_queue(
     lease = await asyncio.wait_for(task, 10)
     assert lease.token > held.token
     assert await lease.release()
+
+
+def _blocked_on_a_lock(admin: psycopg.Connection[Any], ns: str) -> int:
+    row = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE %s",
+        (f'%"{ns}_lock_queue"%',),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_lease_mode_never_hands_off_to_a_waiter_that_just_left(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    """Found in review: a release that picked its head from its snapshot handed the lease to a
+    waiter that gave up while the release ran, and the name stalled for that waiter's ttl."""
+    holder, leaving, newcomer = clients(), clients(), clients()
+    held = await holder.try_acquire("n", ttl=30)
+    assert held is not None
+    waiting = asyncio.create_task(leaving.acquire("n", ttl=30))
+    await _until(lambda: len(_queue(admin, ns, "n")) == 1)
+    with psycopg.connect(POSTGRES_URL) as blocker:  # holds the counter row: the release
+        blocker.execute(  # takes its snapshot (the waiter at the head), then waits here
+            f'SELECT 1 FROM "{ns}_lock_tokens" WHERE name = %s FOR UPDATE', ("n",)
+        )
+        release = asyncio.create_task(held.release())
+        await _until(lambda: _blocked_on_a_lock(admin, ns) == 1)
+        waiting.cancel()  # the waiter leaves the queue while the release runs
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert _queue(admin, ns, "n") == []
+        blocker.commit()
+    assert await asyncio.wait_for(release, 10) is True
+    assert _holder(admin, ns, "n") is None  # not handed to the waiter that left
+    taken = await newcomer.acquire("n", ttl=10, timeout=2)  # free at once
+    assert taken.token > held.token
+    assert await taken.release()
+
+
+async def test_lease_mode_closing_a_client_takes_its_waiters_out_of_the_queue(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    holder, closing, other = clients(), clients(), clients()
+    held = await holder.try_acquire("c", ttl=30)
+    assert held is not None
+    waiting = asyncio.create_task(closing.acquire("c", ttl=30))
+    await _until(lambda: len(_queue(admin, ns, "c")) == 1)
+    await closing.close()
+    assert _queue(admin, ns, "c") == []
+    assert await held.release() is True
+    assert _holder(admin, ns, "c") is None  # nobody was handed a lease it cannot use
+    taken = await other.acquire("c", ttl=10, timeout=2)
+    assert await taken.release()
+    waiting.cancel()
+    with pytest.raises((asyncio.CancelledError, jobfence.JobfenceError)):
+        await waiting
+
+
+async def test_lease_mode_sweeps_the_queue_rows_of_crashed_waiters(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str
+) -> None:
+    backend = clients().backend
+    assert await backend.acquire("s", "holder", 30) is not None
+    assert await backend.acquire("s", "crashed", 30, wait=0.0) is None  # deadline: slack only
+    await asyncio.sleep(1.2)  # past its deadline; it never comes back
+    assert await backend.release("s", "holder") is True
+    rows = admin.execute(f'SELECT owner FROM "{ns}_lock_queue"').fetchall()
+    assert rows == []  # swept, not only skipped
+
+
+async def test_lease_mode_names_with_newlines_keep_the_listener_alive(
+    clients: Clients, admin: psycopg.Connection[Any], ns: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = "a\nb"
+    holder, waiter = clients(), clients()
+    held = await holder.try_acquire(name, ttl=30)
+    assert held is not None
+    task = asyncio.create_task(waiter.acquire(name, ttl=30, timeout=10))
+    await _until(lambda: len(_queue(admin, ns, name)) == 1)
+    assert await holder.force_release(name)  # a "look again" notification with the name
+    lease = await asyncio.wait_for(task, 10)
+    assert lease.token > held.token
+    other = await holder.try_acquire(name + "2", ttl=30)
+    assert other is not None
+    assert not [r for r in caplog.records if "LISTEN connection lost" in r.getMessage()]
+    assert await lease.release()
+    assert await other.release()

@@ -457,7 +457,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         if waiter is None or waiter.token is None:
             return None
         if waiter.requeued:  # a stale queue entry of ours: remove it (rare; see the SQL)
-            return await self.cancel_wait(name, owner)
+            return await self._leave_queue(name, owner)
         self._unregister(name, owner)
         return waiter.token
 
@@ -465,9 +465,15 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         """Leave the queue; the token if the lease was handed to us meanwhile."""
         if self.mode == "session":
             return None
-        name = stored_name(name)
+        return await self._leave_queue(stored_name(name), owner)
+
+    async def _leave_queue(self, name: str, owner: str) -> int | None:
+        """``cancel_wait`` for a stored name: two statements, so that the second one sees a
+        release that was handing us the lease while the first one ran."""
         self._unregister(name, owner)
-        rows, _ = await self._run(self.queries["cancel_wait"], {"name": name, "owner": owner})
+        params = {"name": name, "owner": owner}
+        await self._run(self.queries["cancel_wait"], params)
+        rows, _ = await self._run(self.queries["handed"], params)
         return int(rows[0][0]) if rows else None
 
     async def release(self, name: str, owner: str) -> bool:
@@ -517,8 +523,20 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         return bool(rows[0][0])
 
     async def close(self) -> None:
-        """Close every connection; idempotent. Lease-mode leases are left to expire; closing
-        a session-mode connection frees its lock at once."""
+        """Close every connection; idempotent. Lease mode: waiters of this client leave the
+        queue first (a release must not hand the lease to an owner nobody waits for), and a
+        lease already handed to one of them is given back; held leases are the core's to
+        release. Closing a session-mode connection frees its lock at once."""
+        if self._closed:
+            return
+        with self._mutex:
+            waiting = [(name, owner) for name, per in self._waiters.items() for owner in per]
+        for name, owner in waiting:
+            try:
+                if await self._leave_queue(name, owner) is not None:
+                    await self._run(self.queries["release"], {"name": name, "owner": owner})
+            except Exception as exc:  # best effort: the entry drops out after its deadline
+                log.warning("leaving the wait queue of %r on close failed: %r", name, exc)
         self._closed = True
         # begin-async-only
         task = self._listener
@@ -557,21 +575,22 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                     del self._waiters[name]
 
     def _wake(self, payload: str | None) -> None:
-        """A NOTIFY arrived: ``<owner>\\n<token>\\n<name>`` (the lease was handed to that
-        waiter) or a bare name (every waiter of that name looks again). ``None``: the listener
-        stopped; wake everyone."""
+        """A NOTIFY arrived: ``h\\n<owner>\\n<token>\\n<name>`` (the lease was handed to that
+        waiter) or ``w\\n<name>`` (every waiter of that name looks again; a payload of another
+        form is taken as a bare name). ``None``: the listener stopped; wake everyone."""
         with self._mutex:
             if payload is None:
                 waiters = [w for per_name in self._waiters.values() for w in per_name.values()]
-            elif "\n" in payload:
-                owner, token, name = payload.split("\n", 2)
+            elif payload.startswith("h\n") and payload.count("\n") >= 3:
+                _, owner, token, name = payload.split("\n", 3)
                 waiter = self._waiters.get(name, {}).get(owner)
-                if waiter is None:
+                if waiter is None or not token.isdigit():
                     return  # another client's waiter
                 waiter.token = int(token)
                 waiters = [waiter]
             else:
-                waiters = list(self._waiters.get(payload, {}).values())
+                name = payload[2:] if payload.startswith("w\n") else payload
+                waiters = list(self._waiters.get(name, {}).values())
             for waiter in waiters:
                 waiter.notified = True
                 waiter.event.set()

@@ -159,14 +159,20 @@ SELECT NULL, NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluate
 -- Lease mode. Params: %(name)s, %(owner)s. Owner-checked. With a live waiter queued, the
 -- lease goes straight to the head of the queue (a new token, the ttl it asked for) and only
 -- that waiter is notified, with its token, so it owns the lease when it wakes (FIFO
--- hand-off; the counter row is locked before the lease row, as in acquire). Otherwise the
--- row is deleted, even if it has expired (nobody took it over, so it is ours to clean up).
--- Only a LIVE lease counts as released. Notifications are delivered when this statement's
--- transaction commits. A release without hand-off does not wait for the WAL flush
--- (synchronous_commit=off for this transaction only): a release lost in a server crash
--- leaves the lease to expire, which is safe; a hand-off is a grant, and waits for it.
--- Payload of a hand-off: "<owner>\n<token>\n<name>" (owner ids hold no newline).
--- -> (released bool, handed-to owner or NULL, relaxed count), one row.
+-- hand-off). The hand-off happens only if this statement itself deletes the head's queue
+-- row: a waiter that has just left the queue (cancel_wait: timeout, cancellation) is never
+-- handed a lease nobody would use; then the lease is freed and the other waiters are told
+-- to look again. Otherwise the row is deleted, even if it has expired (nobody took it over,
+-- so it is ours to clean up). Queue rows whose deadline passed (crashed waiters) are swept.
+-- Lock order: the counter row, then the queue row, then the lease row (acquire also takes
+-- the counter row first, so the two cannot deadlock). Only a LIVE lease counts as released.
+-- Notifications are delivered when this statement's transaction commits. A release without
+-- hand-off does not wait for the WAL flush (synchronous_commit=off for this transaction
+-- only): a release lost in a server crash leaves the lease to expire, which is safe; a
+-- hand-off is a grant, and waits for it.
+-- Payloads: "h\n<owner>\n<token>\n<name>" for a hand-off (owner ids hold no newline),
+-- "w\n<name>" for "every waiter of <name>: look again".
+-- -> (released bool, handed-to owner or NULL, count of side effects), one row.
 WITH mine AS MATERIALIZED (
     SELECT expires_at > clock_timestamp() AS live
       FROM "{prefix}_locks"
@@ -184,26 +190,38 @@ WITH mine AS MATERIALIZED (
       FROM head
     ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
     RETURNING t.token
+), dequeued AS (
+    DELETE FROM "{prefix}_lock_queue" AS q
+     USING head, bumped
+     WHERE q.name = %(name)s AND q.owner = head.owner
+    RETURNING q.owner, q.ttl, bumped.token
 ), handed AS (
     UPDATE "{prefix}_locks" AS l
-       SET owner = head.owner, token = bumped.token,
-           expires_at = clock_timestamp() + head.ttl * interval '1 second'
-      FROM head, bumped
+       SET owner = dequeued.owner, token = dequeued.token,
+           expires_at = clock_timestamp() + dequeued.ttl * interval '1 second'
+      FROM dequeued
      WHERE l.name = %(name)s AND l.owner = %(owner)s
     RETURNING l.owner, l.token
 ), gone AS (
     DELETE FROM "{prefix}_locks"
      WHERE name = %(name)s AND owner = %(owner)s
-       AND NOT EXISTS (SELECT 1 FROM head)
+       AND NOT EXISTS (SELECT 1 FROM dequeued)
     RETURNING name
-), dequeued AS (
-    DELETE FROM "{prefix}_lock_queue" AS q
-     USING handed
-     WHERE q.name = %(name)s AND q.owner = handed.owner
+), swept AS (
+    DELETE FROM "{prefix}_lock_queue"
+     WHERE name = %(name)s AND deadline <= clock_timestamp()
+       AND EXISTS (SELECT 1 FROM mine)
+       AND owner NOT IN (SELECT owner FROM head)
     RETURNING 1
 ), woken AS (
-    SELECT pg_notify('{prefix}_locks', handed.owner || E'\n' || handed.token || E'\n' || %(name)s)
+    SELECT pg_notify('{prefix}_locks',
+                     'h' || E'\n' || handed.owner || E'\n' || handed.token || E'\n' || %(name)s)
       FROM handed
+), others AS (
+    -- the head left the queue as we released: the next waiters must not wait for a poll
+    SELECT pg_notify('{prefix}_locks', 'w' || E'\n' || %(name)s)
+      FROM gone
+     WHERE EXISTS (SELECT 1 FROM head)
 ), relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) FROM gone LIMIT 1
 )
@@ -211,20 +229,20 @@ SELECT coalesce((SELECT bool_or(live) FROM mine), false)
          AND (EXISTS (SELECT 1 FROM handed) OR EXISTS (SELECT 1 FROM gone)),
        (SELECT owner FROM handed),
        (SELECT count(*) FROM relaxed) + (SELECT count(*) FROM woken)
-         + (SELECT count(*) FROM dequeued);
+         + (SELECT count(*) FROM others) + (SELECT count(*) FROM swept);
 
 
 -- name: cancel_wait
--- Lease mode. Params: %(name)s, %(owner)s. Leave the queue; -> the token if the lease was
--- handed to %(owner)s meanwhile (it keeps it), else no row.
-WITH gone AS (
-    DELETE FROM "{prefix}_lock_queue" WHERE name = %(name)s AND owner = %(owner)s
-    RETURNING 1
-)
+-- Lease mode. Params: %(name)s, %(owner)s. Leave the queue. Run "handed" right after it, in
+-- a statement of its own (a fresh snapshot): a release that was handing us the lease while
+-- this ran has committed by then, and the caller keeps that lease.
+DELETE FROM "{prefix}_lock_queue" WHERE name = %(name)s AND owner = %(owner)s;
+
+
+-- name: handed
+-- Lease mode. Params: %(name)s, %(owner)s. -> (token) of %(owner)s's live lease, or no row.
 SELECT token FROM "{prefix}_locks"
- WHERE name = %(name)s AND owner = %(owner)s AND expires_at > clock_timestamp()
-UNION ALL
-SELECT NULL FROM gone WHERE false;
+ WHERE name = %(name)s AND owner = %(owner)s AND expires_at > clock_timestamp();
 
 
 -- name: extend
@@ -266,15 +284,15 @@ WITH gone AS (
     DELETE FROM "{prefix}_locks" WHERE name = %(name)s
     RETURNING name, expires_at > clock_timestamp() AS live
 ), woken AS (
-    SELECT pg_notify('{prefix}_locks', name) FROM gone
+    SELECT pg_notify('{prefix}_locks', 'w' || E'\n' || name) FROM gone
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
 
 
 -- name: listen
 -- Lease mode, on the dedicated listener connection. release notifies this channel with
--- "<owner>\n<token>\n<name>" when it hands the lease to a waiter; force_release with the
--- lock name alone (every waiter of that name looks again).
+-- "h\n<owner>\n<token>\n<name>" when it hands the lease to a waiter, "w\n<name>" when every
+-- waiter of that name should look again (force_release too).
 LISTEN "{prefix}_locks";
 
 
