@@ -338,6 +338,8 @@ class Locks:
         self.namespace = namespace
         self._renewer = Renewer(self.backend.renew)
         self._closed = False
+        #: (name, owner) of every acquire waiting right now
+        self._waiting: dict[tuple[str, str], None] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -389,13 +391,23 @@ class Locks:
         return self._lease(name, owner, token, ttl, started, renew)
 
     def _acquire(self, name: str, ttl: float, timeout: float | None, renew: bool) -> Lease:
-        clock = get_clock()
         owner = _new_owner()
+        self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
+        try:
+            return self._acquire_as(name, owner, ttl, timeout, renew)
+        finally:
+            self._waiting.pop((name, owner), None)
+
+    def _acquire_as(
+        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
+    ) -> Lease:
+        clock = get_clock()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
         try:
             while True:
+                self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
                 if long_waits:  # the server queues us as long as our connection lives
@@ -486,6 +498,8 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        for name, owner in list(self._waiting):  # acquires still waiting: a release must not
+            self._abandon(name, owner)  # hand a lease to an owner nobody will use
         for lease in self._renewer.close():
             if not lease._released:
                 try:

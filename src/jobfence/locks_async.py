@@ -467,6 +467,8 @@ class AsyncLocks:
         self._cleanups: set[asyncio.Future[Any]] = set()
         # end-async-only
         self._closed = False
+        #: (name, owner) of every acquire waiting right now
+        self._waiting: dict[tuple[str, str], None] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -520,8 +522,17 @@ class AsyncLocks:
     async def _acquire(
         self, name: str, ttl: float, timeout: float | None, renew: bool
     ) -> AsyncLease:
-        clock = get_clock()
         owner = _new_owner()
+        self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
+        try:
+            return await self._acquire_as(name, owner, ttl, timeout, renew)
+        finally:
+            self._waiting.pop((name, owner), None)
+
+    async def _acquire_as(
+        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
+    ) -> AsyncLease:
+        clock = get_clock()
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
@@ -530,6 +541,7 @@ class AsyncLocks:
                 # begin-async-only
                 _raise_if_cancelling()  # a library that swallowed our cancellation
                 # end-async-only
+                self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
                 if long_waits:  # the server queues us as long as our connection lives
@@ -664,6 +676,8 @@ class AsyncLocks:
         if self._cleanups:  # interrupted acquires still leaving their queues
             await asyncio.wait(set(self._cleanups), timeout=5)
         # end-async-only
+        for name, owner in list(self._waiting):  # acquires still waiting: a release must not
+            await self._abandon(name, owner)  # hand a lease to an owner nobody will use
         for lease in await self._renewer.close():
             if not lease._released:
                 try:

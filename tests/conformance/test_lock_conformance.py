@@ -203,6 +203,25 @@ async def test_closing_a_client_gives_its_held_leases_back(env: Env) -> None:
     assert await b.try_acquire(name + ":plain", ttl=10) is not None
 
 
+async def test_closing_a_client_takes_its_waiters_out_of_the_queue(env: Env) -> None:
+    """Found in review: a waiter left in a FIFO queue by a closed client was handed the next
+    release's lease, and the name stalled for that waiter's ttl."""
+    holder, closing, other = env.client(), env.client(), env.client()
+    name = _name()
+    held = await holder.try_acquire(name, ttl=30)
+    assert held is not None
+    waiting = asyncio.ensure_future(closing.acquire(name, ttl=30, timeout=5))
+    await asyncio.sleep(0.3)  # the waiter joins the queue (no event to wait on across clients)
+    assert not waiting.done()
+    await closing.close()
+    assert await held.release() is True
+    taken = await other.acquire(name, ttl=10, timeout=3)  # not stalled for 30 s
+    assert taken.token > held.token
+    assert await taken.release()
+    with pytest.raises(jobfence.JobfenceError):  # the waiter ends: its client is closed
+        await asyncio.wait_for(waiting, 10)
+
+
 async def test_sync_and_async_clients_interoperate(env: Env) -> None:
     sync, aio = env.client("sync"), env.client("async")
     name = _name()

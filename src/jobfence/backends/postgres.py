@@ -286,6 +286,8 @@ class PostgresLockBackend(LockBackend):
         self._conninfo = url.without_options(*OPTIONS)
         self._idle: list[Conn] = []
         self._held: dict[tuple[str, str], _Held] = {}
+        #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
+        self._blocked: set[Conn] = set()
         self._waiters: dict[str, dict[str, _Waiter]] = {}
         self._mutex = threading.Lock()  # guards _idle, _held, _waiters (never across I/O)
         self._schema_mutex = _compat.Lock()
@@ -537,6 +539,11 @@ class PostgresLockBackend(LockBackend):
             except Exception as exc:  # best effort: the entry drops out after its deadline
                 log.warning("leaving the wait queue of %r on close failed: %r", name, exc)
         self._closed = True
+        for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
+            try:
+                blocked.cancel_safe()
+            except Exception:  # it finished meanwhile, or the server is gone
+                pass
         with self._mutex:
             conns = [*self._idle, *(held.conn for held in self._held.values())]
             self._idle.clear()
@@ -646,6 +653,7 @@ class PostgresLockBackend(LockBackend):
                 row = cursor.fetchone()
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
+                self._blocked.add(conn)
                 try:
                     cursor = conn.execute(
                         self.queries["session_lock"],
@@ -662,8 +670,13 @@ class PostgresLockBackend(LockBackend):
                         cursor = conn.execute(self.queries["session_bump"], params)
                         row = cursor.fetchone()
         except BaseException:
+            self._blocked.discard(conn)
             self._drop(conn)  # closing the session frees anything it may hold
             raise
+        self._blocked.discard(conn)
+        if self._closed:  # granted as the client closed: nobody will use it
+            self._drop(conn)
+            raise ConfigurationError("this postgres lock backend is closed", argument="self")
         if row is None:
             self._give(conn)
             return None

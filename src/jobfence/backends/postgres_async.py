@@ -285,6 +285,8 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         self._conninfo = url.without_options(*OPTIONS)
         self._idle: list[Conn] = []
         self._held: dict[tuple[str, str], _Held] = {}
+        #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
+        self._blocked: set[Conn] = set()
         self._waiters: dict[str, dict[str, _Waiter]] = {}
         self._mutex = threading.Lock()  # guards _idle, _held, _waiters (never across I/O)
         self._schema_mutex = _acompat.Lock()
@@ -538,6 +540,11 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             except Exception as exc:  # best effort: the entry drops out after its deadline
                 log.warning("leaving the wait queue of %r on close failed: %r", name, exc)
         self._closed = True
+        for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
+            try:
+                await blocked.cancel_safe()
+            except Exception:  # it finished meanwhile, or the server is gone
+                pass
         # begin-async-only
         task = self._listener
         if isinstance(task, asyncio.Task) and _acompat.worker_alive(task):
@@ -656,6 +663,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 row = await cursor.fetchone()
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
+                self._blocked.add(conn)
                 try:
                     cursor = await conn.execute(
                         self.queries["session_lock"],
@@ -672,8 +680,13 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                         cursor = await conn.execute(self.queries["session_bump"], params)
                         row = await cursor.fetchone()
         except BaseException:
+            self._blocked.discard(conn)
             await self._drop(conn)  # closing the session frees anything it may hold
             raise
+        self._blocked.discard(conn)
+        if self._closed:  # granted as the client closed: nobody will use it
+            await self._drop(conn)
+            raise ConfigurationError("this postgres lock backend is closed", argument="self")
         if row is None:
             await self._give(conn)
             return None
