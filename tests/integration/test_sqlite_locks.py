@@ -503,3 +503,74 @@ async def test_a_cancelled_acquire_does_not_leave_the_file_write_locked(tmp_path
         assert await lease.release()
     finally:
         await locks.close()
+
+
+# -- fairness: the FIFO wait queue and hand-off ------------------------------------------------
+def _queue(path: Path, name: str) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            f"SELECT owner FROM {NS}_lock_queue WHERE name = ? "
+            "AND until > (julianday('now') - 2440587.5) * 86400.0 ORDER BY seq, owner",
+            (name,),
+        ).fetchall()
+        return [row[0] for row in rows]
+    finally:
+        conn.close()
+
+
+def test_release_hands_the_lease_to_the_head_of_the_queue(be: Any, db: Path) -> None:
+    assert be.capabilities.fifo and be.capabilities.handoff
+    assert be.acquire("q", "holder", 30) is not None
+    assert be.acquire("q", "w1", 30, wait=10) is None  # queued, in arrival order
+    assert be.acquire("q", "w2", 30, wait=10) is None
+    assert _queue(db, "q") == ["w1", "w2"]
+    assert be.release("q", "holder") is True
+    # the releaser cannot take it back ahead of the queue: it was handed to w1 already
+    assert be.acquire("q", "holder", 30) is None
+    assert be.wait("q", "w1", 1) is not None  # w1's next look finds the lease its own
+    assert _queue(db, "q") == ["w2"]
+    assert be.release("q", "w1") is True
+    assert be.cancel_wait("q", "w2") is not None  # handed just as it gave up: it keeps it
+    assert be.release("q", "w2") is True
+    assert _queue(db, "q") == []
+
+
+def test_a_free_lease_goes_to_the_queue_head_not_a_newcomer(db: Path) -> None:
+    be = backend(db, next_in_line=5)  # the waiter's entry outlives this test's pauses
+    try:
+        assert be.acquire("f", "holder", 0.2) is not None  # a holder that will crash
+        assert be.acquire("f", "waiter", 30, wait=10) is None
+        time.sleep(0.3)  # the holder's ttl runs out; no release hands anything over
+        assert be.acquire("f", "newcomer", 30) is None  # a try does not jump the queue
+        assert be.acquire("f", "waiter", 30, wait=10) is not None
+    finally:
+        be.close()
+
+
+def test_without_next_in_line_there_is_no_queue(db: Path) -> None:
+    b = backend(db, next_in_line=0)
+    try:
+        assert not b.capabilities.fifo and not b.capabilities.handoff
+        assert b.acquire("n", "holder", 30) is not None
+        assert b.acquire("n", "waiter", 30, wait=10) is None
+        assert _queue(db, "n") == []
+        assert b.release("n", "holder") is True
+        assert b.acquire("n", "holder", 30) is not None  # the releaser may re-take it
+    finally:
+        b.close()
+
+
+def test_dead_queue_entries_are_skipped_and_swept(db: Path) -> None:
+    b = backend(db, next_in_line=0.1)
+    try:
+        assert b.acquire("d", "holder", 30) is not None
+        assert b.acquire("d", "crashed", 30, wait=10) is None  # never comes back
+        time.sleep(0.15)  # past its entry's life
+        assert b.release("d", "holder") is True  # nobody to hand it to: freed
+        assert b.acquire("d", "newcomer", 30) is not None
+        conn = sqlite3.connect(db)
+        assert conn.execute(f"SELECT count(*) FROM {NS}_lock_queue").fetchone()[0] == 0
+        conn.close()
+    finally:
+        b.close()

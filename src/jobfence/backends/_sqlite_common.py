@@ -20,6 +20,7 @@ from ._waiters import LocalWaiters
 
 __all__ = [
     "CAPABILITIES",
+    "QUEUE_CAPABILITIES",
     "SCHEMA_VERSION",
     "WAITERS",
     "SQLiteOptions",
@@ -30,15 +31,22 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 DEFAULT_BUSY_TIMEOUT = 5.0
-DEFAULT_POLL_INITIAL = 0.002
+DEFAULT_POLL_INITIAL = 0.0005
 DEFAULT_POLL_MAX = 0.05
+#: how long a waiter stays next in line without trying again (0: no reservation)
+DEFAULT_NEXT_IN_LINE = 0.25
 
 _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
+#: with ``next_in_line=0``: no wait queue, no fairness
 CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=False
+)
+#: the default: a FIFO wait queue, and a release hands the lease to its head
+QUEUE_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
 )
 
 
@@ -111,7 +119,7 @@ class SQLiteOptions:
 
     def __init__(self, url: BackendURL, options: dict[str, Any]) -> None:
         merged: dict[str, Any] = {**url.options, **options}
-        allowed = ("busy_timeout", "synchronous", "poll_initial", "poll_max")
+        allowed = ("busy_timeout", "synchronous", "poll_initial", "poll_max", "next_in_line")
         unknown = sorted(set(merged) - set(allowed))
         if unknown:
             raise ConfigurationError(
@@ -133,6 +141,9 @@ class SQLiteOptions:
         )
         self.poll_max = _seconds(
             merged.get("poll_max", DEFAULT_POLL_MAX), "poll_max", self.poll_initial, 86400.0
+        )
+        self.next_in_line = _seconds(
+            merged.get("next_in_line", DEFAULT_NEXT_IN_LINE), "next_in_line", 0.0, 60.0
         )
 
 

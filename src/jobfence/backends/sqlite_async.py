@@ -13,12 +13,19 @@ shares the locks. ``sqlite:///relative.db`` is relative to the working directory
 * Fencing tokens come from a per-name counter row that outlives the lease row; a missing
   counter is seeded from the current time in microseconds, so tokens never go backwards.
 * Waiting: SQLite cannot notify other processes, so :meth:`wait` polls with a short growing
-  backoff (2 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
+  backoff (0.5 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
   at once (a process-wide registry per file, namespace and name).
+* Fairness: a FIFO queue (``{namespace}_lock_queue``). A waiting acquire joins it; a free lease
+  goes to its head, never to a newcomer or to the process that just released, and a release
+  hands the lease straight to the head (its own ttl), whose next poll (every
+  ``poll_initial``) finds the lease its own. Other waiters poll with the backoff. Each waiter
+  renews its entry at least every ``next_in_line / 2`` seconds; an entry not renewed for
+  ``next_in_line`` (0.25 s by default) is dead and skipped (``next_in_line=0``: no queue, no
+  fairness: a releasing process can re-take the lock at once).
 
 URL / keyword options: ``busy_timeout`` (seconds, default 5), ``synchronous`` (``full``
 default, ``normal`` trades durability on power loss for speed), ``poll_initial`` and
-``poll_max`` (seconds, the wait backoff).
+``poll_max`` (seconds, the wait backoff), ``next_in_line`` (seconds, default 0.25; 0 disables).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from .._url import BackendURL
 from ..errors import BackendError, ConfigurationError
 from ._sqlite_common import (
     CAPABILITIES,
+    QUEUE_CAPABILITIES,
     SCHEMA_VERSION,
     WAITERS,
     SQLiteOptions,
@@ -58,17 +66,19 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
     """
 
     kind = "sqlite"
-    capabilities = CAPABILITIES
 
     def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
         self.namespace = check_namespace(namespace)
         self.path = sqlite_path(url)
         self.options = SQLiteOptions(url, options)
+        self.capabilities = QUEUE_CAPABILITIES if self.options.next_in_line > 0 else CAPABILITIES
         self.queries = load_queries(namespace)
         self._key_prefix = (os.path.realpath(self.path), namespace)
         self._conn: aiosqlite.Connection | None = None
         self._mutex = _acompat.Lock()
         self._closed = False
+        #: (name, owner) of this backend's waiters that are in a queue
+        self._queued: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path!r} namespace={self.namespace!r}>"
@@ -168,26 +178,45 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
         q = self.queries
+        window = 0.0
+        if wait is not None and self.options.next_in_line > 0:
+            window = min(self.options.next_in_line, max(wait, 0.001))
+        key = {"name": name, "owner": owner}
         async with self._mutex:
             conn = await self._connection()
             try:
                 # inside the try: an interrupted BEGIN still runs (aiosqlite's thread), and
                 # the ROLLBACK queued behind it must end that transaction
                 await conn.execute("BEGIN IMMEDIATE")
-                cursor = await conn.execute(q["peek"], {"name": name, "owner": owner})
+                cursor = await conn.execute(q["peek"], key)
                 row = await cursor.fetchone()
-                if row is not None:  # a live lease: ours (return its token) or not
+                if row is not None and row[0]:  # a live lease of ours: its token
                     await conn.execute("COMMIT")
-                    return int(row[1]) if row[0] else None
-                cursor = await conn.execute(q["next_token"], {"name": name})
-                token_row = await cursor.fetchone()
-                assert token_row is not None
-                token = int(token_row[0])
-                await conn.execute(
-                    q["grant"], {"name": name, "owner": owner, "token": token, "ttl": ttl}
-                )
+                    return int(row[1])
+                cursor = await conn.execute(q["queue_head"], {"name": name})
+                head = await cursor.fetchone()  # (owner, ttl) of the first live waiter
+                other_heads = head is not None and head[0] != owner
+                if row is None and not other_heads:  # free, and nobody waits before us
+                    cursor = await conn.execute(q["next_token"], {"name": name})
+                    token_row = await cursor.fetchone()
+                    assert token_row is not None
+                    token = int(token_row[0])
+                    await conn.execute(q["grant"], {**key, "token": token, "ttl": ttl})
+                    if wait is not None:
+                        await conn.execute(q["dequeue"], key)
+                    await conn.execute("COMMIT")
+                    self._queued.discard((name, owner))
+                    return token
+                if window:
+                    # join the queue, or stay in it: renew the entry only once half of it
+                    # has passed, so that most polls write nothing (no commit to sync)
+                    cursor = await conn.execute(q["queue_entry"], key)
+                    entry = await cursor.fetchone()
+                    if entry is None or float(entry[0]) < window / 2:
+                        await conn.execute(q["enqueue"], {**key, "window": window, "ttl": ttl})
+                    self._queued.add((name, owner))
                 await conn.execute("COMMIT")
-                return token
+                return None
             except BaseException:
                 await self._rollback(conn)
                 raise
@@ -210,6 +239,9 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         """
         clock = get_clock()
         deadline = clock.monotonic() + max(0.0, timeout)
+        queued = (name, owner) in self._queued
+        if queued:  # come back before our queue entry lapses
+            deadline = min(deadline, clock.monotonic() + self.options.next_in_line / 2)
         key = self._key(name)
         event = _acompat.Event()
         # begin-async-only
@@ -230,27 +262,65 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
                 if state is None:
                     return None  # free: the caller acquires now
                 holds, token, left = state
-                if holds:
+                if holds:  # handed to us by a release
+                    self._queued.discard((name, owner))
                     return token
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0:
                     return None
                 if await _acompat.wait_event(event, min(delay, remaining, left + 0.001)):
                     return None  # a release in this process
-                delay = min(delay * 2, self.options.poll_max)
+                if queued and await self._heads_queue(name, owner):
+                    delay = self.options.poll_initial  # the head polls fast: it is next
+                else:
+                    delay = min(delay * 2, self.options.poll_max)
         finally:
             WAITERS.remove(key, ticket)
 
+    async def _heads_queue(self, name: str, owner: str) -> bool:
+        async with self._mutex:
+            conn = await self._connection()
+            cursor = await conn.execute(self.queries["queue_head"], {"name": name})
+            head = await cursor.fetchone()
+        return head is not None and head[0] == owner
+
     async def cancel_wait(self, name: str, owner: str) -> int | None:
-        """Nothing is queued in SQLite; return ``owner``'s token if it holds ``name``."""
+        """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
+        if (name, owner) in self._queued:
+            self._queued.discard((name, owner))
+            async with self._mutex:
+                conn = await self._connection()
+                await conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
         state = await self._peek(name, owner)
         return state[1] if state is not None and state[0] else None
 
     async def release(self, name: str, owner: str) -> bool:
+        """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
+        q = self.queries
         async with self._mutex:
             conn = await self._connection()
-            cursor = await conn.execute(self.queries["release"], {"name": name, "owner": owner})
-            released = cursor.rowcount == 1
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                cursor = await conn.execute(q["release"], {"name": name, "owner": owner})
+                released = cursor.rowcount == 1
+                if released:
+                    cursor = await conn.execute(q["queue_head"], {"name": name})
+                    waiter = await cursor.fetchone()
+                    if waiter is not None:
+                        cursor = await conn.execute(q["next_token"], {"name": name})
+                        token_row = await cursor.fetchone()
+                        assert token_row is not None
+                        handed = {"name": name, "owner": str(waiter[0])}
+                        await conn.execute(
+                            q["grant"],
+                            {**handed, "token": int(token_row[0]), "ttl": float(waiter[1])},
+                        )
+                        await conn.execute(q["dequeue"], handed)
+                    await conn.execute(q["sweep"], {"name": name})
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback(conn)
+                raise
         if released:
             WAITERS.notify(self._key(name))
         return released

@@ -34,6 +34,19 @@ CREATE TABLE IF NOT EXISTS {prefix}_lock_tokens (
     name   TEXT PRIMARY KEY,
     token  INTEGER NOT NULL          -- the last token handed out for name
 ) WITHOUT ROWID;
+-- The FIFO wait queue: one row per waiting owner. A free lease goes to the head of the live
+-- queue, never to a newcomer or to the process that just released; a release hands the lease
+-- straight to the head (its own ttl), so the head's next poll finds the lease its own. A
+-- waiter renews its entry as it keeps polling; an entry past `until` is dead (the waiter
+-- crashed or gave up) and is skipped, then swept.
+CREATE TABLE IF NOT EXISTS {prefix}_lock_queue (
+    name   TEXT NOT NULL,
+    owner  TEXT NOT NULL,
+    seq    REAL NOT NULL,            -- arrival, unix seconds (kept while the waiter renews)
+    until  REAL NOT NULL,            -- unix seconds, SQLite host clock
+    ttl    REAL NOT NULL,            -- seconds: the lease the waiter asked for
+    PRIMARY KEY (name, owner)
+) WITHOUT ROWID;
 -- One row per jobfence component that keeps tables in this database.
 CREATE TABLE IF NOT EXISTS {prefix}_schema (
     component  TEXT PRIMARY KEY,
@@ -60,6 +73,44 @@ SELECT owner = :owner,
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
 
 
+-- name: queue_head
+-- Params: :name. -> (owner, ttl) of the first live waiter on :name, or no row.
+SELECT owner, ttl FROM {prefix}_lock_queue
+ WHERE name = :name
+   AND until > (julianday('now') - 2440587.5) * 86400.0
+ ORDER BY seq, owner
+ LIMIT 1;
+
+
+-- name: queue_entry
+-- Params: :name, :owner. -> (seconds left) of :owner's entry (negative: dead), or no row.
+SELECT until - (julianday('now') - 2440587.5) * 86400.0
+  FROM {prefix}_lock_queue
+ WHERE name = :name AND owner = :owner;
+
+
+-- name: enqueue
+-- Params: :name, :owner, :window, :ttl (seconds). Join the tail of the queue, or renew the
+-- entry (keeping its place) when it is still live.
+INSERT INTO {prefix}_lock_queue (name, owner, seq, until, ttl)
+     VALUES (:name, :owner, (julianday('now') - 2440587.5) * 86400.0,
+             (julianday('now') - 2440587.5) * 86400.0 + :window, :ttl)
+ON CONFLICT (name, owner) DO UPDATE
+   SET until = excluded.until, ttl = excluded.ttl,
+       seq = CASE WHEN until > excluded.seq THEN seq ELSE excluded.seq END;
+
+
+-- name: dequeue
+-- Params: :name, :owner. The owner was granted the lease, or gave up waiting.
+DELETE FROM {prefix}_lock_queue WHERE name = :name AND owner = :owner;
+
+
+-- name: sweep
+-- Params: :name. Drop the entries of waiters that stopped renewing them.
+DELETE FROM {prefix}_lock_queue
+ WHERE name = :name AND until <= (julianday('now') - 2440587.5) * 86400.0;
+
+
 -- name: next_token
 -- Params: :name. Run inside the acquire transaction, only when the lease is being granted.
 -- -> (token): the name's next fencing token. A missing counter row (first use, or deleted)
@@ -80,7 +131,8 @@ INSERT OR REPLACE INTO {prefix}_locks (name, owner, token, expires_at)
 
 -- name: release
 -- Params: :name, :owner. Owner-checked; an expired lease is not released (it is free already).
--- Changes one row when :owner held the live lease.
+-- Changes one row when :owner held the live lease. Runs in a BEGIN IMMEDIATE transaction with
+-- queue_head (and, for a hand-off, next_token, grant and dequeue) and sweep.
 DELETE FROM {prefix}_locks
  WHERE name = :name
    AND owner = :owner
