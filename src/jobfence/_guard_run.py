@@ -92,8 +92,18 @@ def run_guarded(
                 try:
                     lease.check()  # raises LockLost
                     if claim is not None:
-                        lease.extend()  # still ours on the server? (raises LockLost)
-                except BaseException:
+                        try:
+                            lease.extend()  # still ours on the server? (LockLost if not)
+                        except LockLost:
+                            raise
+                        except JobfenceError as err:  # the lock backend did not answer: the
+                            log.warning(  # lease is still within its local deadline
+                                "could not confirm the lease on %r before completing: %s",
+                                lease.name,
+                                err,
+                            )
+                            lease.check()
+                except BaseException:  # LockLost, a cancellation: let a redelivery in
                     if claim is not None:
                         _release_claim(claim)
                     raise

@@ -90,8 +90,18 @@ async def run_guarded_async(
                 try:
                     lease.check()  # raises LockLost
                     if claim is not None:
-                        await lease.extend()  # still ours on the server? (raises LockLost)
-                except BaseException:
+                        try:
+                            await lease.extend()  # still ours on the server? (LockLost if not)
+                        except LockLost:
+                            raise
+                        except JobfenceError as err:  # the lock backend did not answer: the
+                            log.warning(  # lease is still within its local deadline
+                                "could not confirm the lease on %r before completing: %s",
+                                lease.name,
+                                err,
+                            )
+                            lease.check()
+                except BaseException:  # LockLost, a cancellation: let a redelivery in
                     if claim is not None:
                         await _release_claim(claim)
                     raise

@@ -309,8 +309,14 @@ def never_retry(exc: BaseException) -> bool:
     """True for errors no retry may ever repeat, whatever a policy's ``retry_on`` says: a lost
     lease or a stale token (the unit no longer owns its resource), jobfence's configuration,
     schema and inbox errors, failed authentication, a failed SQLAlchemy transaction."""
-    kind, _ = _classify_link(exc)
-    return kind is NEVER or kind is LEASE_LOST
+    link: BaseException | None = exc
+    while link is not None:  # the error and the errors it wraps (__cause__), not __context__
+        if not _is_control_flow(link):  # e.g. TimeoutError raised from CancelledError
+            kind = _one(link)
+            if kind is not None:
+                return kind is NEVER or kind is LEASE_LOST
+        link = link.__cause__
+    return False
 
 
 def classify(exc: BaseException) -> ErrorKind | None:

@@ -254,16 +254,23 @@ class Lease:
             if self._released:
                 return False
             self._released = True
-        if self._locks._closed:
-            return False
-        self._locks._renewer.discard(self)
-        return bool(
-            self._locks._call(
-                "lock.release",
-                self.name,
-                lambda: self._locks.backend.release(self.name, self.owner),
+        locks = self._locks
+        if locks._closed:
+            return False  # close() gives back every lease its renewer still tracked
+        try:
+            return bool(
+                locks._call(
+                    "lock.release",
+                    self.name,
+                    lambda: locks.backend.release(self.name, self.owner),
+                )
             )
-        )
+        except JobfenceError:
+            if locks._closed:  # closed while we released: close() gave it back
+                return False
+            raise
+        finally:
+            locks._renewer.discard(self)  # only now: close() still sees it until here
 
     def __enter__(self) -> Lease:
         return self
@@ -366,6 +373,9 @@ class Locks:
     def _lease(
         self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> Lease:
+        if self._closed:  # granted while the client closed: nobody would renew or release it
+            self._abandon(name, owner)
+            self._check_open()
         lease = Lease(self, name, owner, token, ttl, started, renew)
         self._renewer.add(lease)
         return lease
@@ -500,14 +510,13 @@ class Locks:
         self._closed = True
         for name, owner in list(self._waiting):  # acquires still waiting: a release must not
             self._abandon(name, owner)  # hand a lease to an owner nobody will use
+        # Every lease the renewer still tracks, released or not: a release in flight may lose
+        # its race with close (an owner-checked release is harmless twice).
         for lease in self._renewer.close():
-            if not lease._released:
-                try:
-                    self.backend.release(lease.name, lease.owner)  # owner-checked
-                except Exception as exc:
-                    log.warning(
-                        "releasing %r on close failed (it will expire): %r", lease.name, exc
-                    )
+            try:
+                self.backend.release(lease.name, lease.owner)
+            except Exception as exc:
+                log.warning("releasing %r on close failed (it will expire): %r", lease.name, exc)
         self.backend.close()
 
     def __enter__(self) -> Locks:

@@ -323,16 +323,23 @@ class AsyncLease:
             if self._released:
                 return False
             self._released = True
-        if self._locks._closed:
-            return False
-        self._locks._renewer.discard(self)
-        return bool(
-            await self._locks._call(
-                "lock.release",
-                self.name,
-                lambda: self._locks.backend.release(self.name, self.owner),
+        locks = self._locks
+        if locks._closed:
+            return False  # close() gives back every lease its renewer still tracked
+        try:
+            return bool(
+                await locks._call(
+                    "lock.release",
+                    self.name,
+                    lambda: locks.backend.release(self.name, self.owner),
+                )
             )
-        )
+        except JobfenceError:
+            if locks._closed:  # closed while we released: close() gave it back
+                return False
+            raise
+        finally:
+            locks._renewer.discard(self)  # only now: close() still sees it until here
 
     async def __aenter__(self) -> AsyncLease:
         # begin-async-only
@@ -492,9 +499,12 @@ class AsyncLocks:
                 operation=operation,
             ) from exc
 
-    def _lease(
+    async def _lease(
         self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> AsyncLease:
+        if self._closed:  # granted while the client closed: nobody would renew or release it
+            await self._abandon(name, owner)
+            self._check_open()
         lease = AsyncLease(self, name, owner, token, ttl, started, renew)
         self._renewer.add(lease)
         return lease
@@ -517,7 +527,7 @@ class AsyncLocks:
             raise
         if token is None:
             return None
-        return self._lease(name, owner, token, ttl, started, renew)
+        return await self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
         self, name: str, ttl: float, timeout: float | None, renew: bool
@@ -556,7 +566,7 @@ class AsyncLocks:
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
                 if token is not None:
-                    return self._lease(name, owner, token, ttl, started, renew)
+                    return await self._lease(name, owner, token, ttl, started, renew)
                 if remaining is not None and remaining <= 0:
                     break
                 limit = (
@@ -566,7 +576,7 @@ class AsyncLocks:
                     "lock.wait", name, partial(backend.wait, name, owner, limit)
                 )
                 if token is not None:
-                    return self._lease(name, owner, token, ttl, started, renew)
+                    return await self._lease(name, owner, token, ttl, started, renew)
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
@@ -574,7 +584,7 @@ class AsyncLocks:
             raise
         token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
-            return self._lease(name, owner, token, ttl, started, renew)
+            return await self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 
     async def _abandon(self, name: str, owner: str) -> None:
@@ -678,14 +688,13 @@ class AsyncLocks:
         # end-async-only
         for name, owner in list(self._waiting):  # acquires still waiting: a release must not
             await self._abandon(name, owner)  # hand a lease to an owner nobody will use
+        # Every lease the renewer still tracks, released or not: a release in flight may lose
+        # its race with close (an owner-checked release is harmless twice).
         for lease in await self._renewer.close():
-            if not lease._released:
-                try:
-                    await self.backend.release(lease.name, lease.owner)  # owner-checked
-                except Exception as exc:
-                    log.warning(
-                        "releasing %r on close failed (it will expire): %r", lease.name, exc
-                    )
+            try:
+                await self.backend.release(lease.name, lease.owner)
+            except Exception as exc:
+                log.warning("releasing %r on close failed (it will expire): %r", lease.name, exc)
         await self.backend.close()
 
     async def __aenter__(self) -> AsyncLocks:

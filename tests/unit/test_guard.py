@@ -376,3 +376,30 @@ def test_fingerprint_true_refuses_an_argument_without_a_stable_form(
     assert info.value.argument == "fingerprint" and "object" in str(info.value)
     assert runs == []
     assert inbox.claim("job:1").state is jobfence.ClaimState.NEW  # nothing was claimed
+
+
+def test_a_transient_error_confirming_the_lease_still_completes_the_claim(
+    locks: jobfence.Locks, inbox: jobfence.Inbox
+) -> None:
+    """The lock backend not answering the confirming extend is not a lost lease: the work is
+    done and stored, so a redelivery replays it instead of repeating it (found in review)."""
+    from jobfence._hooks import set_hook
+
+    effects: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", ttl=30)
+    def job(n: int) -> str:
+        effects.append(n)
+        return "done"
+
+    def flaky(point: str, **info: Any) -> None:
+        if point == "lock.extend":
+            raise ConnectionError("injected: the lock backend did not answer")
+
+    old = set_hook(flaky)
+    try:
+        assert job(1) == "done"
+    finally:
+        set_hook(old)
+    assert job(1) == "done"  # replayed
+    assert effects == [1]

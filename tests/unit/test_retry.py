@@ -704,3 +704,19 @@ def test_nested_unit_defers_to_the_enclosing_unit(
     # the inner unit did not retry inside the outer transaction; the outer re-ran everything
     assert (outer_calls, inner_calls) == (2, 2)
     assert db.execute("SELECT qty FROM stock").fetchone() == (9,)
+
+
+async def test_retry_on_still_retries_an_asyncio_timeout(clock: VirtualClock) -> None:
+    """asyncio's TimeoutError is raised from a CancelledError: that cause must not make it a
+    never-retry error (found in review)."""
+    calls = 0
+
+    @retry_unit(attempts=3, retry_on=TimeoutError)
+    async def slow() -> None:
+        nonlocal calls
+        calls += 1
+        await asyncio.wait_for(asyncio.Event().wait(), 0.001)
+
+    with pytest.raises(TimeoutError):
+        await slow()
+    assert calls == 3
