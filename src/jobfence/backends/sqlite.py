@@ -32,6 +32,7 @@ default, ``normal`` trades durability on power loss for speed), ``poll_initial``
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -55,6 +56,8 @@ from ._types import RenewItem
 from .base import LockBackend
 
 __all__ = ["SQLiteLockBackend"]
+
+log = logging.getLogger("jobfence.backends.sqlite")
 
 
 class SQLiteLockBackend(LockBackend):
@@ -184,6 +187,7 @@ class SQLiteLockBackend(LockBackend):
                 row = cursor.fetchone()
                 if row is not None and row[0]:  # a live lease of ours: its token
                     conn.execute("COMMIT")
+                    self._queued.discard((name, owner))  # handed to us: no longer queued
                     return int(row[1])
                 cursor = conn.execute(q["queue_head"], {"name": name})
                 head = cursor.fetchone()  # (owner, ttl) of the first live waiter
@@ -200,11 +204,12 @@ class SQLiteLockBackend(LockBackend):
                     self._queued.discard((name, owner))
                     return token
                 if window:
-                    # join the queue, or stay in it: renew the entry only once half of it
-                    # has passed, so that most polls write nothing (no commit to sync)
+                    # join the queue, or stay in it: renew the entry once a quarter of it has
+                    # passed (wait() comes back within half of it, so a live entry always
+                    # has half its life as margin), so that most polls write nothing
                     cursor = conn.execute(q["queue_entry"], key)
                     entry = cursor.fetchone()
-                    if entry is None or float(entry[0]) < window / 2:
+                    if entry is None or float(entry[0]) < window * 0.75:
                         conn.execute(q["enqueue"], {**key, "window": window, "ttl": ttl})
                     self._queued.add((name, owner))
                 conn.execute("COMMIT")
@@ -213,14 +218,21 @@ class SQLiteLockBackend(LockBackend):
                 self._rollback(conn)
                 raise
 
+    @staticmethod
+    def _fetch(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run a read and fetch its rows in ONE call to the connection's thread: a caller
+        cancelled in between must not leave a half-read SELECT holding an old snapshot (the
+        connection's next write would then fail with ``database is locked``)."""
+        return conn.execute(sql, params).fetchall()
+
     def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
         """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
         with self._mutex:
             conn = self._connection()
-            cursor = conn.execute(self.queries["peek"], {"name": name, "owner": owner})
-            row = cursor.fetchone()
-        if row is None:
+            rows = self._fetch(conn, self.queries["peek"], {"name": name, "owner": owner})
+        if not rows:
             return None
+        row = rows[0]
         return bool(row[0]), int(row[1]), float(row[2])
 
     def wait(self, name: str, owner: str, timeout: float) -> int | None:
@@ -263,17 +275,16 @@ class SQLiteLockBackend(LockBackend):
     def _heads_queue(self, name: str, owner: str) -> bool:
         with self._mutex:
             conn = self._connection()
-            cursor = conn.execute(self.queries["queue_head"], {"name": name})
-            head = cursor.fetchone()
-        return head is not None and head[0] == owner
+            rows = self._fetch(conn, self.queries["queue_head"], {"name": name})
+        return bool(rows) and rows[0][0] == owner
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
         """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
         if (name, owner) in self._queued:
-            self._queued.discard((name, owner))
             with self._mutex:
                 conn = self._connection()
                 conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+            self._queued.discard((name, owner))  # only once the row is gone (close() retries)
         state = self._peek(name, owner)
         return state[1] if state is not None and state[0] else None
 
@@ -348,9 +359,17 @@ class SQLiteLockBackend(LockBackend):
         return released
 
     def close(self) -> None:
-        """Close the connection; idempotent. Leases still held are left to expire."""
+        """Close the connection; idempotent. Waiters of this backend still queued leave the
+        queue first (a release must not hand the lease to an owner nobody waits for); leases
+        still held are the core's to release, or expire."""
         with self._mutex:
             self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
+                try:
+                    for name, owner in list(self._queued):
+                        conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+                    self._queued.clear()
+                except Exception as exc:  # best effort: the entries lapse after next_in_line
+                    log.warning("leaving the sqlite wait queue on close failed: %r", exc)
                 conn.close()
