@@ -499,15 +499,20 @@ class AsyncLocks:
                 operation=operation,
             ) from exc
 
-    async def _lease(
+    def _lease(
         self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> AsyncLease:
-        if self._closed:  # granted while the client closed: nobody would renew or release it
-            await self._abandon(name, owner)
-            self._check_open()
+        """The lease object for a grant; callers first run :meth:`_refuse_if_closed`."""
         lease = AsyncLease(self, name, owner, token, ttl, started, renew)
         self._renewer.add(lease)
         return lease
+
+    async def _refuse_if_closed(self, name: str, owner: str) -> None:
+        """A grant that arrived as the client closed: nobody would renew or release it, so
+        give it back and raise."""
+        if self._closed:
+            await self._abandon(name, owner)
+            self._check_open()
 
     async def try_acquire(
         self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True
@@ -527,7 +532,9 @@ class AsyncLocks:
             raise
         if token is None:
             return None
-        return await self._lease(name, owner, token, ttl, started, renew)
+        if self._closed:  # granted as the client closed
+            await self._refuse_if_closed(name, owner)
+        return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
         self, name: str, ttl: float, timeout: float | None, renew: bool
@@ -566,7 +573,9 @@ class AsyncLocks:
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
                 if token is not None:
-                    return await self._lease(name, owner, token, ttl, started, renew)
+                    if self._closed:  # granted as the client closed
+                        await self._refuse_if_closed(name, owner)
+                    return self._lease(name, owner, token, ttl, started, renew)
                 if remaining is not None and remaining <= 0:
                     break
                 limit = (
@@ -576,7 +585,9 @@ class AsyncLocks:
                     "lock.wait", name, partial(backend.wait, name, owner, limit)
                 )
                 if token is not None:
-                    return await self._lease(name, owner, token, ttl, started, renew)
+                    if self._closed:  # granted as the client closed
+                        await self._refuse_if_closed(name, owner)
+                    return self._lease(name, owner, token, ttl, started, renew)
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
@@ -584,7 +595,9 @@ class AsyncLocks:
             raise
         token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
-            return await self._lease(name, owner, token, ttl, started, renew)
+            if self._closed:  # granted as the client closed
+                await self._refuse_if_closed(name, owner)
+            return self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 
     async def _abandon(self, name: str, owner: str) -> None:
