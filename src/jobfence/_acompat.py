@@ -88,3 +88,17 @@ def current_worker() -> asyncio.Task[Any] | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+async def clean_up(fn: Callable[[], Awaitable[Any]], tracked: set[Any], wait: float) -> None:
+    """Run the clean-up ``fn()`` of an interrupted operation: wait for it at most ``wait``
+    seconds (an interrupted call must end promptly), then let it go on in the background
+    (also if we are cancelled again); ``tracked`` holds it until it is done, so that a
+    ``close()`` can wait for it."""
+    task = asyncio.ensure_future(fn())
+    tracked.add(task)
+    task.add_done_callback(tracked.discard)
+    try:
+        await asyncio.wait({task}, timeout=wait)
+    except asyncio.CancelledError:
+        pass

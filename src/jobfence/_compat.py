@@ -66,3 +66,9 @@ def worker_alive(worker: threading.Thread | None) -> bool:
 
 def current_worker() -> threading.Thread:
     return threading.current_thread()
+
+
+def clean_up(fn: Callable[[], Any], tracked: set[Any], wait: float) -> None:
+    """Run the clean-up ``fn()`` of an interrupted operation (the sync twin of
+    ``_acompat.clean_up``: it simply runs to its end; ``tracked`` and ``wait`` are unused)."""
+    fn()

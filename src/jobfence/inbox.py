@@ -21,9 +21,11 @@ import uuid
 import warnings
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import _compat
 from ._hooks import hook
 from ._inbox_types import (
     DEFAULT_CLAIM_TTL,
@@ -60,6 +62,8 @@ log = logging.getLogger("jobfence.inbox")
 
 T = TypeVar("T")
 
+#: how long an interrupted claim waits for the give-back of a key it may have been given
+CLEANUP_WAIT = 1.0
 
 #: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
 DEFAULT_URL = "sqlite:///jobfence.db"
@@ -258,6 +262,7 @@ class Inbox:
             self.url = mask_url(url)
         self.table = self.backend.table
         self._closed = False
+        self._cleanups: set[Any] = set()  # clean-ups still running (async)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -331,7 +336,7 @@ class Inbox:
             log.warning("could not give back the claim on %r (it expires): %r", key, exc)
 
     def _abandon_quietly(self, key: str, owner: str) -> None:
-        self._abandon(key, owner)
+        _compat.clean_up(partial(self._abandon, key, owner), self._cleanups, CLEANUP_WAIT)
 
     def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.

@@ -12,7 +12,6 @@ claim after its ttl); :meth:`AsyncInbox.claim_in` closes the other two for datab
 
 from __future__ import annotations
 
-import asyncio  # async-only
 import logging
 import os
 import socket
@@ -20,9 +19,11 @@ import uuid
 import warnings
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import _acompat
 from ._hooks import ahook
 from ._inbox_types import (
     DEFAULT_CLAIM_TTL,
@@ -59,10 +60,8 @@ log = logging.getLogger("jobfence.inbox")
 
 T = TypeVar("T")
 
-# begin-async-only
 #: how long an interrupted claim waits for the give-back of a key it may have been given
 CLEANUP_WAIT = 1.0
-# end-async-only
 
 #: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
 DEFAULT_URL = "sqlite:///jobfence.db"
@@ -263,7 +262,7 @@ class AsyncInbox:
             self.url = mask_url(url)
         self.table = self.backend.table
         self._closed = False
-        self._cleanups: set[asyncio.Future[Any]] = set()  # async-only
+        self._cleanups: set[Any] = set()  # clean-ups still running (async)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -341,20 +340,7 @@ class AsyncInbox:
             log.warning("could not give back the claim on %r (it expires): %r", key, exc)
 
     async def _abandon_quietly(self, key: str, owner: str) -> None:
-        # begin-async-only
-        # Wait for the clean-up a little, not long: a cancelled claim must end promptly. It
-        # goes on in the background if it takes longer, or if we are cancelled again.
-        cleanup = asyncio.ensure_future(self._abandon(key, owner))
-        self._cleanups.add(cleanup)
-        cleanup.add_done_callback(self._cleanups.discard)
-        try:
-            await asyncio.wait({cleanup}, timeout=CLEANUP_WAIT)
-        except asyncio.CancelledError:
-            pass
-        # end-async-only
-        # begin-sync-only
-        # self._abandon(key, owner)
-        # end-sync-only
+        await _acompat.clean_up(partial(self._abandon, key, owner), self._cleanups, CLEANUP_WAIT)
 
     async def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.

@@ -20,6 +20,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import _compat
 from ._clock import get_clock
 from ._hooks import hook
 from ._url import mask_url
@@ -344,6 +345,7 @@ class Locks:
             self.url = mask_url(url)
         self.namespace = namespace
         self._renewer = Renewer(self.backend.renew)
+        self._cleanups: set[Any] = set()  # clean-ups still running (async)
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
@@ -474,7 +476,9 @@ class Locks:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     def _abandon_quietly(self, name: str, owner: str) -> None:
-        self._abandon(name, owner)
+        # Wait for the clean-up a little (a release right after a cancelled waiter must not
+        # hand it the lease), but not long: a cancelled acquire must end promptly.
+        _compat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     def acquire(
         self,

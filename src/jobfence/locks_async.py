@@ -22,6 +22,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import _acompat
 from ._clock import get_clock
 from ._hooks import ahook
 from ._url import mask_url
@@ -470,9 +471,7 @@ class AsyncLocks:
             self.url = mask_url(url)
         self.namespace = namespace
         self._renewer = AsyncRenewer(self.backend.renew)
-        # begin-async-only
-        self._cleanups: set[asyncio.Future[Any]] = set()
-        # end-async-only
+        self._cleanups: set[Any] = set()  # clean-ups still running (async)
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
@@ -610,21 +609,9 @@ class AsyncLocks:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     async def _abandon_quietly(self, name: str, owner: str) -> None:
-        # begin-async-only
         # Wait for the clean-up a little (a release right after a cancelled waiter must not
-        # hand it the lease), but not long: a cancelled acquire must end promptly. It goes on
-        # in the background if it takes longer, or if we are cancelled again.
-        cleanup = asyncio.ensure_future(self._abandon(name, owner))
-        self._cleanups.add(cleanup)
-        cleanup.add_done_callback(self._cleanups.discard)
-        try:
-            await asyncio.wait({cleanup}, timeout=CLEANUP_WAIT)
-        except asyncio.CancelledError:
-            pass
-        # end-async-only
-        # begin-sync-only
-        # self._abandon(name, owner)
-        # end-sync-only
+        # hand it the lease), but not long: a cancelled acquire must end promptly.
+        await _acompat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     # begin-async-only
     def acquire(
