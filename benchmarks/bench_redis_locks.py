@@ -8,6 +8,8 @@ Uncontended acquire+release, interleaved rounds, median of the rounds (µs per p
   (c) jobfence ``Locks.try_acquire()`` + ``release()`` (renew=True, the default)
   (d) the same with ``renew=False``
   (e) jobfence ``AsyncLocks`` (renew=True), and (f) the hand-written lock on ``redis.asyncio``
+  (g) the same with ``socket_timeout=5``, jobfence's default: redis.asyncio then bounds every
+      command with ``asyncio.wait_for``, which the sync client gets for free from the socket
 
 Contended hand-off: 4 processes loop on one name for a fixed time, each holding the lock for
 a 1 ms critical section (``time.sleep(0.001)``). Reports ops/s against the ideal (1000/s, and
@@ -75,8 +77,10 @@ def jobfence_sync(url: str, ns: str, renew: bool) -> h.Runner:
     return h.jobfence_sync(jobfence.Locks(url, namespace=ns), f"jobfence-{renew}", renew)
 
 
-def hand_written_async(url: str, ns: str, scope: h.AsyncScope) -> h.Runner:
-    r = redis.asyncio.Redis.from_url(url)
+def hand_written_async(
+    url: str, ns: str, scope: h.AsyncScope, socket_timeout: float | None = None
+) -> h.Runner:
+    r = redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout)
     delete = r.register_script(DELETE_IF_OWNER)
     key = f"{ns}:hand-async"
 
@@ -96,6 +100,10 @@ def variants(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
         ("(d) jobfence Locks, renew=False", jobfence_sync(url, ns, False)),
         ("(e) jobfence AsyncLocks, renew=True", h.jobfence_async(url, ns, scope)),
         ("(f) hand-written on redis.asyncio", hand_written_async(url, ns, scope)),
+        (
+            "(g) (f) with socket_timeout=5 (jobfence's default)",
+            hand_written_async(url, ns, scope, socket_timeout=5.0),
+        ),
     ]
 
 
