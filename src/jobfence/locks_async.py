@@ -491,6 +491,8 @@ class AsyncLocks:
         except JobfenceError:
             raise
         except Exception as exc:
+            if self._closed:  # the client was closed under this call (e.g. a waiting acquire)
+                raise ConfigurationError("this Locks client is closed", argument="self") from exc
             raise BackendError(
                 f"{self.backend.kind} backend ({self.url}): {operation} of {name!r} failed: "
                 f"{type(exc).__name__}: {exc}",
