@@ -39,6 +39,19 @@ def _release_claim(claim: Any) -> None:
         log.warning("releasing the claim on %r failed: %s", claim.key, err)
 
 
+def _confirm(lease: Any) -> None:
+    """Is the lease still ours on the server? An owner-checked ``extend``: ``LockLost`` if
+    not. If the lock backend does not answer, the lease is still within its local deadline
+    (``check()``), so go on."""
+    try:
+        lease.extend()
+    except LockLost:
+        raise
+    except JobfenceError as err:
+        log.warning("could not confirm the lease on %r before completing: %s", lease.name, err)
+        lease.check()
+
+
 def run_guarded(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -92,17 +105,7 @@ def run_guarded(
                 try:
                     lease.check()  # raises LockLost
                     if claim is not None:
-                        try:
-                            lease.extend()  # still ours on the server? (LockLost if not)
-                        except LockLost:
-                            raise
-                        except JobfenceError as err:  # the lock backend did not answer: the
-                            log.warning(  # lease is still within its local deadline
-                                "could not confirm the lease on %r before completing: %s",
-                                lease.name,
-                                err,
-                            )
-                            lease.check()
+                        _confirm(lease)
                 except BaseException:  # LockLost, a cancellation: let a redelivery in
                     if claim is not None:
                         _release_claim(claim)

@@ -37,6 +37,19 @@ async def _release_claim(claim: Any) -> None:
         log.warning("releasing the claim on %r failed: %s", claim.key, err)
 
 
+async def _confirm(lease: Any) -> None:
+    """Is the lease still ours on the server? An owner-checked ``extend``: ``LockLost`` if
+    not. If the lock backend does not answer, the lease is still within its local deadline
+    (``check()``), so go on."""
+    try:
+        await lease.extend()
+    except LockLost:
+        raise
+    except JobfenceError as err:
+        log.warning("could not confirm the lease on %r before completing: %s", lease.name, err)
+        lease.check()
+
+
 async def run_guarded_async(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -90,17 +103,7 @@ async def run_guarded_async(
                 try:
                     lease.check()  # raises LockLost
                     if claim is not None:
-                        try:
-                            await lease.extend()  # still ours on the server? (LockLost if not)
-                        except LockLost:
-                            raise
-                        except JobfenceError as err:  # the lock backend did not answer: the
-                            log.warning(  # lease is still within its local deadline
-                                "could not confirm the lease on %r before completing: %s",
-                                lease.name,
-                                err,
-                            )
-                            lease.check()
+                        await _confirm(lease)
                 except BaseException:  # LockLost, a cancellation: let a redelivery in
                     if claim is not None:
                         await _release_claim(claim)

@@ -377,17 +377,16 @@ class Locks:
     def _lease(
         self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> Lease:
-        """The lease object for a grant; callers first run :meth:`_refuse_if_closed`."""
+        """The lease object for a grant (a closed client first runs :meth:`_refuse_closed`)."""
         lease = Lease(self, name, owner, token, ttl, started, renew)
         self._renewer.add(lease)
         return lease
 
-    def _refuse_if_closed(self, name: str, owner: str) -> None:
+    def _refuse_closed(self, name: str, owner: str) -> None:
         """A grant that arrived as the client closed: nobody would renew or release it, so
         give it back and raise."""
-        if self._closed:
-            self._abandon(name, owner)
-            self._check_open()
+        self._abandon(name, owner)
+        self._check_open()
 
     def try_acquire(
         self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True
@@ -408,7 +407,7 @@ class Locks:
         if token is None:
             return None
         if self._closed:  # granted as the client closed
-            self._refuse_if_closed(name, owner)
+            self._refuse_closed(name, owner)
         return self._lease(name, owner, token, ttl, started, renew)
 
     def _acquire(self, name: str, ttl: float, timeout: float | None, renew: bool) -> Lease:
@@ -444,7 +443,7 @@ class Locks:
                 )
                 if token is not None:
                     if self._closed:  # granted as the client closed
-                        self._refuse_if_closed(name, owner)
+                        self._refuse_closed(name, owner)
                     return self._lease(name, owner, token, ttl, started, renew)
                 if remaining is not None and remaining <= 0:
                     break
@@ -454,7 +453,7 @@ class Locks:
                 token = self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
                 if token is not None:
                     if self._closed:  # granted as the client closed
-                        self._refuse_if_closed(name, owner)
+                        self._refuse_closed(name, owner)
                     return self._lease(name, owner, token, ttl, started, renew)
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
@@ -464,7 +463,7 @@ class Locks:
         token = self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
             if self._closed:  # granted as the client closed
-                self._refuse_if_closed(name, owner)
+                self._refuse_closed(name, owner)
             return self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 

@@ -503,17 +503,16 @@ class AsyncLocks:
     def _lease(
         self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> AsyncLease:
-        """The lease object for a grant; callers first run :meth:`_refuse_if_closed`."""
+        """The lease object for a grant (a closed client first runs :meth:`_refuse_closed`)."""
         lease = AsyncLease(self, name, owner, token, ttl, started, renew)
         self._renewer.add(lease)
         return lease
 
-    async def _refuse_if_closed(self, name: str, owner: str) -> None:
+    async def _refuse_closed(self, name: str, owner: str) -> None:
         """A grant that arrived as the client closed: nobody would renew or release it, so
         give it back and raise."""
-        if self._closed:
-            await self._abandon(name, owner)
-            self._check_open()
+        await self._abandon(name, owner)
+        self._check_open()
 
     async def try_acquire(
         self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True
@@ -534,7 +533,7 @@ class AsyncLocks:
         if token is None:
             return None
         if self._closed:  # granted as the client closed
-            await self._refuse_if_closed(name, owner)
+            await self._refuse_closed(name, owner)
         return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
@@ -575,7 +574,7 @@ class AsyncLocks:
                 )
                 if token is not None:
                     if self._closed:  # granted as the client closed
-                        await self._refuse_if_closed(name, owner)
+                        await self._refuse_closed(name, owner)
                     return self._lease(name, owner, token, ttl, started, renew)
                 if remaining is not None and remaining <= 0:
                     break
@@ -587,7 +586,7 @@ class AsyncLocks:
                 )
                 if token is not None:
                     if self._closed:  # granted as the client closed
-                        await self._refuse_if_closed(name, owner)
+                        await self._refuse_closed(name, owner)
                     return self._lease(name, owner, token, ttl, started, renew)
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
@@ -597,7 +596,7 @@ class AsyncLocks:
         token = await self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
             if self._closed:  # granted as the client closed
-                await self._refuse_if_closed(name, owner)
+                await self._refuse_closed(name, owner)
             return self._lease(name, owner, token, ttl, started, renew)
         raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
 
