@@ -183,7 +183,7 @@ def main() -> None:
         version, flush = cur.fetchone()
     conn.close()
     print(
-        f"{version} at {jobfence._url.mask_url(args.url)} "
+        f"{version} at {jobfence._core.url.mask_url(args.url)} "
         f"(innodb_flush_log_at_trx_commit={flush}); PyMySQL {pymysql.__version__}, "
         f"aiomysql {aiomysql.__version__}; {os.cpu_count()} CPUs; "
         f"{args.rounds} interleaved rounds x {args.ops} ops, median"

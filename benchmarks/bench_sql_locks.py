@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _harness, also
 import _harness as h
 
 import jobfence
-from jobfence._url import mask_url
-from jobfence.backends.postgres_async import advisory_key
+from jobfence._core.url import mask_url
+from jobfence.backends.postgres.locks_async import advisory_key
 
 
 def _with(url: str, **options: str) -> str:

@@ -43,7 +43,7 @@ RENAMES: dict[str, str] = {
     "aclose": "close",
     "ahook": "hook",
     "asleep": "sleep",
-    "_acompat": "_compat",
+    "acompat": "compat",
     "aiosqlite": "sqlite3",
     "aiomysql": "pymysql",
     "acquire_async": "acquire",

@@ -7,7 +7,7 @@ deterministically. See https://github.com/jobfence/jobfence (docs/ in the reposi
 
 from __future__ import annotations
 
-from ._inbox_types import ClaimState
+from .backends.base import ClaimState
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,

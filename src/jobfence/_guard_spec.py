@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._validate import check_name, check_timeout, check_ttl
+from ._core.validate import check_name, check_timeout, check_ttl
 from .errors import ConfigurationError
 
 NameSpec = str | Callable[..., str] | None

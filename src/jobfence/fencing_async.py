@@ -26,20 +26,24 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ._hooks import ahook
-from ._sqlconn import AsyncSqlConn, adapt_async, check_ident, is_undefined_table, quote_ident
-from ._sqlfiles import statements
-from ._validate import check_name
+from ._core.hooks import ahook
+from ._core.sqlconn import AsyncSqlConn, adapt_async, check_ident, is_undefined_table, quote_ident
+from ._core.sqlfiles import statements
+from ._core.validate import check_name
 from .errors import ConfigurationError, SchemaMissing, StaleToken
 
 __all__ = ["DEFAULT_TABLE", "fence_async", "install_async"]
 
 DEFAULT_TABLE = "jobfence_fences"
 _MAX_TOKEN = 2**63 - 1
+#: the backend package that ships each dialect's fence SQL
+_PACKAGE = {"postgresql": "postgres", "mysql": "mysql", "sqlite": "sqlite"}
 
 
 def _sql(sc: AsyncSqlConn, table: str) -> dict[str, str]:
-    return statements(f"fence_{sc.dialect}.sql", DEFAULT_TABLE, quote_ident(sc.dialect, table))
+    return statements(
+        f"{_PACKAGE[sc.dialect]}/sql/fence.sql", DEFAULT_TABLE, quote_ident(sc.dialect, table)
+    )
 
 
 def _check_token(token: object) -> int:

@@ -23,24 +23,25 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _acompat
-from ._hooks import ahook
-from ._inbox_types import (
+from ._core import acompat
+from ._core.hooks import ahook
+from ._core.inbox_support import (
     DEFAULT_CLAIM_TTL,
     DEFAULT_RETENTION,
     DEFAULT_TABLE,
     ClaimLost,
-    ClaimRecord,
-    ClaimState,
     JSONSerializer,
     Serializer,
     check_fingerprint,
     check_table,
 )
-from ._pgtext import pg_text
-from ._sqlconn import adapt_async, is_undefined_table
-from ._url import mask_url
-from ._validate import check_name, check_ttl
+from ._core.sqlconn import adapt_async, is_undefined_table
+from ._core.sqlqueries import load_queries
+from ._core.url import mask_url
+from ._core.validate import check_name, check_ttl
+from .backends import open_inbox_backend
+from .backends.base import AsyncInboxBackend, ClaimRecord, ClaimState
+from .backends.postgres.common import pg_text
 from .errors import (
     BackendError,
     ConfigurationError,
@@ -49,9 +50,6 @@ from .errors import (
     JobfenceError,
     SchemaMissing,
 )
-from .inbox_backends import open_inbox_backend
-from .inbox_backends._sql import load_queries
-from .inbox_backends.base_async import AsyncInboxBackend
 from .retry import mark_protected
 
 __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
@@ -340,7 +338,7 @@ class AsyncInbox:
             log.warning("could not give back the claim on %r (it expires): %r", key, exc)
 
     async def _abandon_quietly(self, key: str, owner: str) -> None:
-        await _acompat.clean_up(partial(self._abandon, key, owner), self._cleanups, CLEANUP_WAIT)
+        await acompat.clean_up(partial(self._abandon, key, owner), self._cleanups, CLEANUP_WAIT)
 
     async def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.

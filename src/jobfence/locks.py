@@ -20,14 +20,13 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _compat
-from ._clock import get_clock
-from ._hooks import hook
-from ._url import mask_url
-from ._validate import check_name, check_timeout, check_ttl
+from ._core import compat
+from ._core.clock import get_clock
+from ._core.hooks import hook
+from ._core.url import mask_url
+from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
-from .backends._types import LockCapabilities
-from .backends.base import LockBackend
+from .backends.base import LockBackend, LockCapabilities
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal import Renewer
 
@@ -479,7 +478,7 @@ class Locks:
     def _abandon_quietly(self, name: str, owner: str) -> None:
         # Wait for the clean-up a little (a release right after a cancelled waiter must not
         # hand it the lease), but not long: a cancelled acquire must end promptly.
-        _compat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
+        compat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     def acquire(
         self,

@@ -22,14 +22,13 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _acompat
-from ._clock import get_clock
-from ._hooks import ahook
-from ._url import mask_url
-from ._validate import check_name, check_timeout, check_ttl
+from ._core import acompat
+from ._core.clock import get_clock
+from ._core.hooks import ahook
+from ._core.url import mask_url
+from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
-from .backends._types import LockCapabilities
-from .backends.base_async import AsyncLockBackend
+from .backends.base import AsyncLockBackend, LockCapabilities
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal_async import AsyncRenewer
 
@@ -612,7 +611,7 @@ class AsyncLocks:
     async def _abandon_quietly(self, name: str, owner: str) -> None:
         # Wait for the clean-up a little (a release right after a cancelled waiter must not
         # hand it the lease), but not long: a cancelled acquire must end promptly.
-        await _acompat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
+        await acompat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     # begin-async-only
     def acquire(

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import _compat
-from ._clock import get_clock
-from ._hooks import hook
+from ._core import compat
+from ._core.clock import get_clock
+from ._core.hooks import hook
 
 if TYPE_CHECKING:
     from .locks import Lease
@@ -44,7 +44,7 @@ class Renewer:
         self._name = name
         self._leases: dict[int, Lease] = {}
         self._mutex = threading.Lock()
-        self._wake = _compat.Event()
+        self._wake = compat.Event()
         self._wake_at = float("inf")
         self._worker: Any = None
         self._closed = False
@@ -52,9 +52,9 @@ class Renewer:
     def add(self, lease: Lease) -> None:
         with self._mutex:
             self._leases[id(lease)] = lease
-            start = not _compat.worker_alive(self._worker)
+            start = not compat.worker_alive(self._worker)
             if start:
-                self._worker = _compat.spawn(self._run, self._name)
+                self._worker = compat.spawn(self._run, self._name)
             elif lease._next_check < self._wake_at:
                 self._wake.set()
 
@@ -71,7 +71,7 @@ class Renewer:
         returned, for the client to give back."""
         self._closed = True
         self._wake.set()
-        _compat.join(self._worker, timeout)
+        compat.join(self._worker, timeout)
         with self._mutex:
             leases = list(self._leases.values())
             self._leases.clear()
@@ -105,7 +105,7 @@ class Renewer:
                 + [now + IDLE_WAIT]
             )
             self._wake_at = next_at
-            _compat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
+            compat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
             self._wake_at = float("inf")
 
     def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
@@ -119,7 +119,7 @@ class Renewer:
         # A renewal that hangs must not hide a loss: give up when the first lease expires.
         limit = max(0.01, min(lease._expires_local for lease in due) - sent)
         try:
-            results = _compat.call_bounded(partial(self._hooked_renew, items), limit)
+            results = compat.call_bounded(partial(self._hooked_renew, items), limit)
         except Exception as exc:
             now = clock.monotonic()
             for lease in due:

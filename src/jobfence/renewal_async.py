@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import _acompat
-from ._clock import get_clock
-from ._hooks import ahook
+from ._core import acompat
+from ._core.clock import get_clock
+from ._core.hooks import ahook
 
 if TYPE_CHECKING:
     from .locks_async import AsyncLease
@@ -42,7 +42,7 @@ class AsyncRenewer:
         self._name = name
         self._leases: dict[int, AsyncLease] = {}
         self._mutex = threading.Lock()
-        self._wake = _acompat.Event()
+        self._wake = acompat.Event()
         self._wake_at = float("inf")
         self._worker: Any = None
         self._closed = False
@@ -50,9 +50,9 @@ class AsyncRenewer:
     def add(self, lease: AsyncLease) -> None:
         with self._mutex:
             self._leases[id(lease)] = lease
-            start = not _acompat.worker_alive(self._worker)
+            start = not acompat.worker_alive(self._worker)
             if start:
-                self._worker = _acompat.spawn(self._run, self._name)
+                self._worker = acompat.spawn(self._run, self._name)
             elif lease._next_check < self._wake_at:
                 self._wake.set()
 
@@ -69,7 +69,7 @@ class AsyncRenewer:
         returned, for the client to give back."""
         self._closed = True
         self._wake.set()
-        await _acompat.join(self._worker, timeout)
+        await acompat.join(self._worker, timeout)
         with self._mutex:
             leases = list(self._leases.values())
             self._leases.clear()
@@ -103,7 +103,7 @@ class AsyncRenewer:
                 + [now + IDLE_WAIT]
             )
             self._wake_at = next_at
-            await _acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
+            await acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
             self._wake_at = float("inf")
 
     async def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
@@ -117,7 +117,7 @@ class AsyncRenewer:
         # A renewal that hangs must not hide a loss: give up when the first lease expires.
         limit = max(0.01, min(lease._expires_local for lease in due) - sent)
         try:
-            results = await _acompat.call_bounded(partial(self._hooked_renew, items), limit)
+            results = await acompat.call_bounded(partial(self._hooked_renew, items), limit)
         except Exception as exc:
             now = clock.monotonic()
             for lease in due:

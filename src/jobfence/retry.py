@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from ._clock import get_clock
+from ._core.clock import get_clock
 from .conflicts import ErrorKind, classify, is_commit_outcome_unknown, never_retry
 from .errors import ConfigurationError
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._hooks import hook
-from ._sqlconn import SqlConn, adapt, check_ident, quote_ident
+from ._core.hooks import hook
+from ._core.sqlconn import SqlConn, adapt, check_ident, quote_ident
 from .errors import ConfigurationError, StaleVersion
 
 __all__ = ["versioned_update"]

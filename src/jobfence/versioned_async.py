@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._hooks import ahook
-from ._sqlconn import AsyncSqlConn, adapt_async, check_ident, quote_ident
+from ._core.hooks import ahook
+from ._core.sqlconn import AsyncSqlConn, adapt_async, check_ident, quote_ident
 from .errors import ConfigurationError, StaleVersion
 
 __all__ = ["versioned_update_async"]

@@ -1,6 +1,6 @@
 """Fixtures and helpers of the inbox conformance suite (the lead owns conftest.py).
 
-Every scheme registered in ``jobfence.inbox_backends.INBOX_BACKENDS`` must be covered by
+Every scheme registered in ``jobfence.backends.INBOX_BACKENDS`` must be covered by
 :data:`INBOX_SPECS`; ``test_every_registered_inbox_backend_is_in_the_suite`` fails otherwise.
 Tests are written once as ``async def``; the ``sync`` flavour runs every call of the sync
 ``Inbox``/``Claim`` in a worker thread, so both twins meet exactly the same assertions.
@@ -26,7 +26,7 @@ from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
 @dataclass(frozen=True)
 class InboxSpec:
     id: str
-    module: str  # module stem in jobfence.inbox_backends
+    module: str  # module stem in jobfence.backends
     url: str  # "{tmp}" is replaced by the test's tmp_path
 
 

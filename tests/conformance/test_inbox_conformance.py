@@ -20,8 +20,8 @@ import pytest
 
 import jobfence
 from jobfence import ClaimLost, ClaimState, FingerprintMismatch, InboxError
-from jobfence._hooks import set_hook
-from jobfence.inbox_backends import INBOX_BACKENDS
+from jobfence._core.hooks import set_hook
+from jobfence.backends import INBOX_BACKENDS
 from tests.conformance.inbox_support import (
     INBOX_SPECS,
     InboxEnv,
@@ -50,7 +50,7 @@ async def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any
 
 
 def test_every_registered_inbox_backend_is_in_the_suite() -> None:
-    registered = {module for module, _cls, _extra in INBOX_BACKENDS.values()}
+    registered = {info.name for info in INBOX_BACKENDS.values()}
     covered = {spec.module for spec in INBOX_SPECS}
     assert registered == covered, f"inbox backends missing from the suite: {registered - covered}"
 

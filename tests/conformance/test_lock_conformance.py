@@ -30,7 +30,7 @@ def _name() -> str:
 
 
 def test_every_registered_backend_is_in_the_suite() -> None:
-    registered = {module for module, _cls, _extra in LOCK_BACKENDS.values()}
+    registered = {info.name for info in LOCK_BACKENDS.values()}
     covered = {spec.module for spec in SPECS}
     assert registered <= covered, (
         f"lock backends not run through the conformance suite: {sorted(registered - covered)}"
@@ -298,7 +298,7 @@ def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path
 async def test_a_cancelled_waiter_leaves_nothing_behind(env: Env) -> None:
     """A waiter cancelled mid-wait must not be handed the lease later (it would block the
     name for a whole ttl)."""
-    from jobfence._hooks import set_hook
+    from jobfence._core.hooks import set_hook
 
     holder, newcomer = env.client(), env.client()
     waiter = env.client("async")

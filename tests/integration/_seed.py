@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import jobfence
-from jobfence._sqlconn import adapt
+from jobfence._core.sqlconn import adapt
 from tests.integration._sqldrivers import MYSQL_DB, MYSQL_KW, PG_DSN
 from tests.servers import MYSQL_URL, POSTGRES_URL
 

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jobfence
-from jobfence._sqlconn import adapt
+from jobfence._core.sqlconn import adapt
 from jobfence.fencing import install
 from jobfence.fencing_async import install_async
 from tests.servers import MYSQL_URL, POSTGRES_URL
@@ -117,7 +117,7 @@ class Flavour:
         return jobfence.versioned_update(conn, *args, **kw)
 
     async def execute(self, conn: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        from jobfence._sqlconn import adapt_async
+        from jobfence._core.sqlconn import adapt_async
 
         if self.is_async:
             return await adapt_async(conn).execute(sql, params)

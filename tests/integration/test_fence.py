@@ -17,7 +17,7 @@ import pytest
 
 import jobfence
 from jobfence import ConfigurationError, SchemaMissing, StaleToken
-from jobfence._hooks import set_hook
+from jobfence._core.hooks import set_hook
 from jobfence.fencing import install
 
 from ._sqldrivers import FLAVOUR_IDS, FLAVOURS, PG_DSN, Flavour, admin, query, unique

@@ -25,7 +25,7 @@ import pytest
 
 import jobfence
 from jobfence.backends import open_lock_backend
-from jobfence.backends._mysql_common import WAITERS, name_hash
+from jobfence.backends.mysql.common import WAITERS, name_hash
 from tests.servers import MYSQL_URL, mysql_params
 
 pytestmark = pytest.mark.timeout(60)
@@ -277,7 +277,7 @@ def test_mariadb_scheme_selects_the_same_backend(namespace: str) -> None:
 
 def test_constructor_needs_no_server_and_no_event_loop() -> None:
     client = jobfence.AsyncLocks("mysql://root:secret@127.0.0.1:1/test")  # nothing connects yet
-    assert client.capabilities == jobfence.backends._types.LockCapabilities(
+    assert client.capabilities == jobfence.backends.base.LockCapabilities(
         cross_process=True,
         ttl_expiry=True,
         fifo=False,

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 import jobfence
-from jobfence._url import parse_url
-from jobfence.backends.postgres_async import (
+from jobfence._core.url import parse_url
+from jobfence.backends.postgres.locks_async import (
     LEASE_CAPABILITIES,
     POLLING_CAPABILITIES,
     SESSION_CAPABILITIES,

@@ -18,15 +18,15 @@ import redis
 import redis.asyncio
 
 import jobfence
-from jobfence._url import parse_url
-from jobfence.backends.redis import RedisLockBackend
-from jobfence.backends.redis_async import AsyncRedisLockBackend
+from jobfence._core.url import parse_url
+from jobfence.backends.redis.locks import RedisLockBackend
+from jobfence.backends.redis.locks_async import AsyncRedisLockBackend
 from tests.reliability._redis_server import RedisServer
 from tests.servers import REDIS_URL, delete_redis_keys
 
 pytestmark = pytest.mark.timeout(60)
 
-SOURCES = Path(jobfence.__file__).parent / "backends"
+SOURCES = Path(jobfence.__file__).parent / "backends" / "redis"
 
 
 # -- fixtures ----------------------------------------------------------------------------
@@ -447,7 +447,7 @@ def test_keys_are_namespaced(ns: str, raw: redis.Redis, backend: RedisLockBacken
 
 
 def test_no_keys_command_in_the_source() -> None:
-    files = [SOURCES / "redis_async.py", SOURCES / "redis.py", *sorted(SOURCES.glob("lua/*.lua"))]
+    files = [*sorted(SOURCES.glob("*.py")), *sorted(SOURCES.glob("lua/*.lua"))]
     assert len(files) >= 5
     lua_keys = re.compile(r"""redis\.p?call\(\s*['"]keys['"]""", re.IGNORECASE)
     py_keys = re.compile(r"""\.keys\(|['"]KEYS['"]""")

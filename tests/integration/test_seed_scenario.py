@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._hooks import set_hook
+from jobfence._core.hooks import set_hook
 from jobfence.fencing import install as install_fences
 
 from ._seed import (

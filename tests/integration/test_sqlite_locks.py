@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._url import parse_url
-from jobfence.backends._sqlite_common import WAITERS
-from jobfence.backends.sqlite import SQLiteLockBackend
-from jobfence.backends.sqlite_async import AsyncSQLiteLockBackend
+from jobfence._core.url import parse_url
+from jobfence.backends.sqlite.common import WAITERS
+from jobfence.backends.sqlite.locks import SQLiteLockBackend
+from jobfence.backends.sqlite.locks_async import AsyncSQLiteLockBackend
 from jobfence.errors import BackendError, ConfigurationError
 
 NS = "jf_test"

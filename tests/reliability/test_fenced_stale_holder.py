@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._hooks import set_hook
+from jobfence._core.hooks import set_hook
 from jobfence.fencing import install
 from tests.servers import MYSQL_URL, POSTGRES_URL
 

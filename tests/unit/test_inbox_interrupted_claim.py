@@ -14,8 +14,8 @@ import pytest
 
 import jobfence
 from jobfence import ClaimState
-from jobfence._url import parse_url
-from jobfence.inbox_backends.memory import AsyncMemoryInboxBackend, MemoryInboxBackend
+from jobfence._core.url import parse_url
+from jobfence.backends.memory.inbox import AsyncMemoryInboxBackend, MemoryInboxBackend
 
 
 class ReplyLost(MemoryInboxBackend):

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._hooks import set_hook
-from jobfence._url import parse_url
-from jobfence.backends.memory import AsyncMemoryLockBackend, MemoryLockBackend
+from jobfence._core.hooks import set_hook
+from jobfence._core.url import parse_url
+from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
 
 
 def _url() -> str:

@@ -26,7 +26,7 @@ from jobfence import (
     UnprotectedRetryWarning,
     retry_unit,
 )
-from jobfence._clock import Clock, set_clock
+from jobfence._core.clock import Clock, set_clock
 from jobfence.retry import mark_protected
 
 

@@ -1,4 +1,4 @@
-"""The caller-connection adapter (``jobfence._sqlconn``): identifiers, placeholders, drivers.
+"""The caller-connection adapter (``jobfence._core.sqlconn``): identifiers, placeholders, drivers.
 
 Driver round trips use real servers (tests/servers.py) and SQLite files.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobfence._sqlconn import (
+from jobfence._core.sqlconn import (
     Result,
     _to_dollar,
     _to_format,

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 import jobfence
-from jobfence._url import mask_url, parse_url
+from jobfence._core.url import mask_url, parse_url
 
 
 @pytest.fixture

@@ -1,84 +1,216 @@
-"""Backend plugins, chosen by URL scheme.
+"""The one registry of backends: URL scheme -> the package that serves it.
 
-=================  ===========================================  ==================
-scheme             backend                                      extra
-=================  ===========================================  ==================
-``memory://``      in-process (tests, the testing toolkit)      --
-``sqlite:///p``    SQLite file, cross-process on one host       ``[sqlite]`` async
-``redis://``       Redis (``rediss://`` for TLS)                ``[redis]``
-``postgresql://``  PostgreSQL                                   ``[postgres]``
-``mysql://``       MySQL 8 / MariaDB 10.6+                      ``[mysql]``
-=================  ===========================================  ==================
+Each server has one package under ``jobfence.backends`` holding everything jobfence does with
+that server (its locks and its inbox, their helpers, their ``sql/`` or ``lua/`` files):
+
+=================  ===========================================  ===========  ==============
+scheme             backend                                      parts        extra
+=================  ===========================================  ===========  ==============
+``memory://``      in-process (tests, the testing toolkit)      locks inbox  --
+``sqlite:///p``    SQLite file, cross-process on one host       locks inbox  ``[sqlite]``
+``redis://``       Redis (``rediss://`` for TLS)                locks inbox  ``[redis]``
+``postgresql://``  PostgreSQL (also ``postgres://``)            locks inbox  ``[postgres]``
+``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``) locks inbox ``[mysql]``
+=================  ===========================================  ===========  ==============
+
+(``[sqlite]`` brings ``aiosqlite`` for the async clients; the sync ones need only the standard
+library.)
+
+A part's classes follow one convention: the sync class ``<Stem>`` lives in
+``<package>.<part>`` and the async class ``Async<Stem>`` in ``<package>.<part>_async`` (its
+source; the sync module is generated from it), or both in ``<package>.<part>`` when
+``twins`` is false.
+
+Third-party backends register through the ``jobfence.backends`` entry point group: each entry
+point names a :class:`BackendInfo` object, e.g. in ``pyproject.toml``::
+
+    [project.entry-points."jobfence.backends"]
+    etcd = "jobfence_etcd:BACKEND"
+
+where ``jobfence_etcd.BACKEND = BackendInfo(name="etcd", schemes=("etcd",),
+package="jobfence_etcd", parts={"locks": "EtcdLockBackend"}, extra=None)``. Built-in schemes
+cannot be overridden.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
 
-from .._url import BackendURL, parse_url
+from .._core.url import BackendURL, parse_url
 from ..errors import ConfigurationError
 
-__all__ = ["LOCK_BACKENDS", "open_lock_backend"]
+__all__ = [
+    "BACKENDS",
+    "INBOX_BACKENDS",
+    "LOCK_BACKENDS",
+    "PARTS",
+    "BackendInfo",
+    "backend_for",
+    "load_class",
+    "open_backend",
+    "open_inbox_backend",
+    "open_lock_backend",
+    "registered",
+]
 
-# scheme -> (module stem, class stem, pip extra)
-LOCK_BACKENDS: dict[str, tuple[str, str, str | None]] = {
-    "memory": ("memory", "MemoryLockBackend", None),
-    "sqlite": ("sqlite", "SQLiteLockBackend", "sqlite"),
-    "redis": ("redis", "RedisLockBackend", "redis"),
-    "rediss": ("redis", "RedisLockBackend", "redis"),
-    "postgresql": ("postgres", "PostgresLockBackend", "postgres"),
-    "postgres": ("postgres", "PostgresLockBackend", "postgres"),
-    "mysql": ("mysql", "MySQLLockBackend", "mysql"),
-    "mariadb": ("mysql", "MySQLLockBackend", "mysql"),
+log = logging.getLogger("jobfence.backends")
+
+#: the parts a backend package may provide
+PARTS = ("locks", "inbox")
+ENTRY_POINT_GROUP = "jobfence.backends"
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One backend package: the schemes it serves and the parts it provides.
+
+    ``parts`` maps a part name (``"locks"``, ``"inbox"``) to the stem of its class names
+    (``"PostgresLockBackend"``: ``PostgresLockBackend`` sync, ``AsyncPostgresLockBackend``
+    async). ``extra`` is the pip extra that brings its driver (for the error message when the
+    driver is missing).
+    """
+
+    name: str
+    schemes: tuple[str, ...]
+    package: str
+    parts: Mapping[str, str]
+    extra: str | None = None
+    twins: bool = True
+    description: str = field(default="", compare=False)
+
+    def module_name(self, part: str, *, asynchronous: bool) -> str:
+        suffix = "_async" if (asynchronous and self.twins) else ""
+        return f"{self.package}.{part}{suffix}"
+
+    def class_name(self, part: str, *, asynchronous: bool) -> str:
+        return ("Async" if asynchronous else "") + self.parts[part]
+
+
+def _builtin(
+    name: str, schemes: tuple[str, ...], stem: str, extra: str | None, **kw: Any
+) -> BackendInfo:
+    return BackendInfo(
+        name=name,
+        schemes=schemes,
+        package=f"{__name__}.{name}",
+        parts={"locks": f"{stem}LockBackend", "inbox": f"{stem}InboxBackend"},
+        extra=extra,
+        **kw,
+    )
+
+
+#: the built-in backends, by name
+BACKENDS: dict[str, BackendInfo] = {
+    info.name: info
+    for info in (
+        _builtin("memory", ("memory",), "Memory", None, twins=False, description="in-process"),
+        _builtin("sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file"),
+        _builtin("redis", ("redis", "rediss"), "Redis", "redis", description="Redis"),
+        _builtin(
+            "postgres", ("postgresql", "postgres"), "Postgres", "postgres", description="PostgreSQL"
+        ),
+        _builtin("mysql", ("mysql", "mariadb"), "MySQL", "mysql", description="MySQL / MariaDB"),
+    )
 }
 
-#: modules whose sync and async classes live in one hand-written file
-_SINGLE_FILE = {"memory"}
+_BY_SCHEME: dict[str, BackendInfo] = {s: info for info in BACKENDS.values() for s in info.schemes}
+_plugins_loaded = False
 
 
-def load_class(
-    table: dict[str, tuple[str, str, str | None]],
-    url: BackendURL,
-    *,
-    asynchronous: bool,
-    what: str,
-    package: str = __name__,
-) -> Any:
-    """The backend class for ``url`` from ``table`` (scheme -> module stem, class stem,
-    extra) in ``package``: ``Async<class>`` from ``<module>_async`` for async clients (from
-    ``<module>`` itself for the single-file memory backends)."""
-    try:
-        module_stem, class_stem, extra = table[url.scheme]
-    except KeyError:
+def _load_plugins() -> None:
+    """Add the backends registered by installed distributions (once per process)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            info = ep.load()
+        except Exception:
+            log.exception("could not load the jobfence backend entry point %r", ep.value)
+            continue
+        if not isinstance(info, BackendInfo):
+            log.error("jobfence backend entry point %r is not a BackendInfo", ep.value)
+            continue
+        for scheme in info.schemes:
+            if scheme in _BY_SCHEME:
+                log.warning("jobfence backend %r: scheme %s:// is taken", info.name, scheme)
+                continue
+            _BY_SCHEME[scheme] = info
+
+
+def registered() -> dict[str, BackendInfo]:
+    """Every scheme jobfence can open (built-in and plugins) -> its backend."""
+    _load_plugins()
+    return dict(_BY_SCHEME)
+
+
+def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") -> BackendInfo:
+    """The backend serving ``scheme`` (and providing ``part``); ConfigurationError if none."""
+    info = _BY_SCHEME.get(scheme)
+    if info is None:
+        _load_plugins()
+        info = _BY_SCHEME.get(scheme)
+    if info is None or (part is not None and part not in info.parts):
+        serving = [s for s, i in _BY_SCHEME.items() if part is None or part in i.parts]
+        what = f"a {_PART_WORD.get(part, part)} backend" if part else "a backend"
         raise ConfigurationError(
-            f"url scheme {url.scheme!r} has no {what} backend; allowed: "
-            + ", ".join(f"{s}://" for s in table),
-            argument="url",
-        ) from None
-    module_name = (
-        module_stem
-        if (module_stem in _SINGLE_FILE or not asynchronous)
-        else (module_stem + "_async")
-    )
+            f"{argument} scheme {scheme!r} has no {what}; allowed: "
+            + ", ".join(f"{s}://" for s in serving),
+            argument=argument,
+        )
+    return info
+
+
+_PART_WORD = {"locks": "lock", "inbox": "inbox"}
+
+# Views by part, kept for callers of the earlier per-part tables: scheme -> backend.
+LOCK_BACKENDS: Mapping[str, BackendInfo] = {
+    s: i for s, i in _BY_SCHEME.items() if "locks" in i.parts
+}
+INBOX_BACKENDS: Mapping[str, BackendInfo] = {
+    s: i for s, i in _BY_SCHEME.items() if "inbox" in i.parts
+}
+
+
+def load_class(info: BackendInfo, part: str, *, asynchronous: bool, scheme: str = "") -> Any:
+    """Import the class of ``part`` from ``info``'s package (sync or async)."""
+    module_name = info.module_name(part, asynchronous=asynchronous)
     try:
-        module = importlib.import_module(f"{package}.{module_name}")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith(f"{package}."):
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise ConfigurationError(
-                f"the {url.scheme}:// {what} backend is not available yet in this version",
+                f"the {scheme or info.name}:// backend has no module {module_name!r}",
                 argument="url",
-            ) from None
-        hint = f" Install it with: pip install 'jobfence[{extra}]'" if extra else ""
+            ) from exc
+        hint = f" Install it with: pip install 'jobfence[{info.extra}]'" if info.extra else ""
         raise ConfigurationError(
-            f"the {url.scheme}:// backend needs the missing package {exc.name!r}.{hint}",
+            f"the {scheme or info.name}:// backend needs the missing package {exc.name!r}.{hint}",
             argument="url",
         ) from exc
-    return getattr(module, ("Async" if asynchronous else "") + class_stem)
+    return getattr(module, info.class_name(part, asynchronous=asynchronous))
+
+
+def open_backend(url: object, part: str, *, asynchronous: bool, **options: Any) -> Any:
+    """Create the ``part`` backend (``"locks"``, ``"inbox"``) for ``url``; ``options`` go to
+    its constructor."""
+    parsed: BackendURL = parse_url(url)
+    info = backend_for(parsed.scheme, part)
+    cls = load_class(info, part, asynchronous=asynchronous, scheme=parsed.scheme)
+    return cls(parsed, **options)
 
 
 def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
     """Create the lock backend for ``url`` (a str); ``options`` go to its constructor."""
-    parsed = parse_url(url)
-    cls = load_class(LOCK_BACKENDS, parsed, asynchronous=asynchronous, what="lock")
-    return cls(parsed, **options)
+    return open_backend(url, "locks", asynchronous=asynchronous, **options)
+
+
+def open_inbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
+    """Create the inbox backend for ``url`` (a str); ``options`` go to its constructor."""
+    return open_backend(url, "inbox", asynchronous=asynchronous, **options)

@@ -1,23 +1,141 @@
-# Generated from backends/base_async.py by tools/async_to_sync.py: do not edit.
-# Edit the async source and run: python tools/async_to_sync.py
-"""The lock backend interface (async source of ``base.py``).
+"""The backend interfaces and the types they share, for locks and the inbox, sync and async.
 
-A backend is a small plugin chosen by URL scheme. Every method is one atomic operation on
-the server (a Lua script, one SQL statement or transaction) with the owner check done there.
-Names arrive validated (non-empty, <= 1024 bytes of UTF-8); ``ttl`` is in seconds, > 0.
+A backend is a small plugin chosen by URL scheme (see :mod:`jobfence.backends`). Every method
+is one atomic operation on the server -- a Lua script, one SQL statement or transaction, or one
+step inside the memory store's mutex -- with the owner check done there, never a read followed
+by a write decided in Python. Names and keys arrive validated (non-empty, at most 1024 bytes of
+UTF-8); ``ttl`` and ``retention`` are seconds > 0; inbox results arrive serialised (bytes).
+
+The async interfaces carry the documentation; each sync interface has the same methods,
+blocking instead of awaitable.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from ._types import LockCapabilities, RenewItem
+__all__ = [
+    "AsyncInboxBackend",
+    "AsyncLockBackend",
+    "AsyncSQLInboxBackend",
+    "ClaimRecord",
+    "ClaimState",
+    "InboxBackend",
+    "InboxCapabilities",
+    "LockBackend",
+    "LockCapabilities",
+    "RenewItem",
+    "SQLInboxBackend",
+    "record_from_row",
+]
 
-__all__ = ["LockBackend"]
+
+# -- types ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LockCapabilities:
+    """What a lock backend guarantees. The conformance suite reads these.
+
+    * ``cross_process`` -- clients in different processes (or hosts) share the locks.
+    * ``ttl_expiry`` -- a lease that is not renewed within ``ttl`` becomes free for others
+      even while its holder is alive but paused. Every default mode has it; an opt-in mode
+      that holds locks as long as a connection lives (a session advisory lock) does not.
+    * ``fifo`` -- waiters get the lease in arrival order.
+    * ``handoff`` -- release hands the lease straight to the next waiter (one wake-up, and
+      the waiter already owns the lease when it wakes).
+    * ``tokens_survive_data_loss`` -- fencing tokens keep increasing even if the backend
+      restarts with its data gone.
+    * ``queue_follows_connection`` -- a waiter waits in the server, and its place in the queue
+      lives exactly as long as its connection (the server drops it when the waiter dies), so
+      one wait may last the caller's whole timeout. Other backends hear from a waiter at least
+      every few poll intervals, so that a dead waiter drops out of their queue soon.
+    """
+
+    cross_process: bool
+    ttl_expiry: bool = True
+    fifo: bool = False
+    handoff: bool = False
+    tokens_survive_data_loss: bool = False
+    queue_follows_connection: bool = False
 
 
-class LockBackend(abc.ABC):
+#: one lease to renew: (name, owner, ttl seconds)
+RenewItem = tuple[str, str, float]
+
+
+class ClaimState(str, enum.Enum):
+    """What :meth:`Inbox.claim` found.
+
+    * ``NEW`` -- the key is yours now: do the work, then ``complete(result)`` or ``release()``.
+    * ``IN_PROGRESS`` -- another worker holds an unexpired claim on it (``owner`` and
+      ``expires_at`` say who and until when); do not run the work.
+    * ``COMPLETED`` -- the work was done; ``result`` is the stored result to replay.
+    """
+
+    NEW = "new"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class InboxCapabilities:
+    """What an inbox backend guarantees; the conformance suite reads these.
+
+    * ``cross_process`` -- claims are shared between processes (and hosts).
+    * ``transactional`` -- :meth:`Inbox.claim_in` works with connections to this database.
+    * ``native_expiry`` -- records expire on the server by themselves (``purge()`` is a no-op).
+    """
+
+    cross_process: bool
+    transactional: bool = False
+    native_expiry: bool = False
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """One claim's outcome as a backend reports it.
+
+    ``mine`` is true when this call took the key (a first claim or a takeover); otherwise the
+    other fields describe the record that stopped it. ``result`` is the serialised result
+    (``None`` unless completed). ``expires_at`` is an aware UTC datetime: the claim's deadline
+    while in progress, the end of retention once completed.
+    """
+
+    mine: bool
+    state: ClaimState
+    attempt: int
+    owner: str | None = None
+    fingerprint: str | None = None
+    result: bytes | None = None
+    expires_at: datetime | None = None
+
+
+def record_from_row(
+    row: Sequence[Any],
+    expires_at: Callable[[Any], datetime | None],
+    text: Callable[[Any], Any] = str,
+) -> ClaimRecord:
+    """A :class:`ClaimRecord` from a SQL row ``(mine, state, owner, attempt, fingerprint,
+    result, expires_at)``; ``expires_at`` converts the dialect's time value, ``text`` the
+    dialect's strings (MySQL may return bytes)."""
+    mine, state, owner, attempt, fingerprint, result, expires = row
+    return ClaimRecord(
+        mine=bool(mine),
+        state=ClaimState(text(state)),
+        attempt=int(attempt),
+        owner=None if owner is None else text(owner),
+        fingerprint=None if fingerprint is None else text(fingerprint),
+        result=None if result is None else bytes(result),
+        expires_at=expires_at(expires),
+    )
+
+
+# -- locks ---------------------------------------------------------------------------------
+class AsyncLockBackend(abc.ABC):
     """Four verbs (acquire, release, extend, renew) plus waiting, and a close."""
 
     #: short backend name used in errors and metrics ("redis", "sqlite", ...)
@@ -25,7 +143,7 @@ class LockBackend(abc.ABC):
     capabilities: LockCapabilities
 
     @abc.abstractmethod
-    def acquire(
+    async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
         """One attempt to take ``name`` for ``owner``; return the fencing token or ``None``.
@@ -36,7 +154,7 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
         """Block until ``name`` may be free, at most ``timeout`` seconds.
 
         Return a fencing token if the lease was handed to ``owner`` while it waited, else
@@ -45,31 +163,192 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def cancel_wait(self, name: str, owner: str) -> int | None:
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
         """``owner`` stops waiting. Return its token if the lease was handed to it meanwhile."""
 
     @abc.abstractmethod
-    def release(self, name: str, owner: str) -> bool:
+    async def release(self, name: str, owner: str) -> bool:
         """Free ``name`` if ``owner`` holds it; return whether it did."""
 
     @abc.abstractmethod
-    def extend(self, name: str, owner: str, ttl: float) -> bool:
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
         """Set the remaining lifetime to ``ttl`` if ``owner`` holds ``name``."""
 
-    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend many leases in one round trip where the backend can; one bool per item."""
-        return [self.extend(name, owner, ttl) for name, owner, ttl in items]
+        return [await self.extend(name, owner, ttl) for name, owner, ttl in items]
 
-    def install(self) -> None:  # noqa: B027 - optional, a no-op by default
+    async def install(self) -> None:  # noqa: B027 - optional, a no-op by default
         """Create the backend's tables now (idempotent). Backends without a schema do nothing;
         SQL backends also create them on first use of their own connection."""
 
-    def force_release(self, name: str) -> bool:
+    async def force_release(self, name: str) -> bool:
         """Administrative: drop the lease on ``name`` whoever holds it (the holder will find
-        it lost at its next renewal). Used by ``jobfence locks release`` and by tests of
-        lost-lease detection. Returns whether a lease was dropped."""
+        it lost at its next renewal). Used by tests of lost-lease detection. Returns whether
+        a lease was dropped."""
         raise NotImplementedError(f"{type(self).__name__} must implement force_release()")
 
     @abc.abstractmethod
-    def close(self) -> None:
+    async def close(self) -> None:
         """Release connections. Leases still held are left to expire."""
+
+
+class LockBackend(abc.ABC):
+    """The blocking twin of :class:`AsyncLockBackend` (same verbs, same contract)."""
+
+    kind: str = "?"
+    capabilities: LockCapabilities
+
+    @abc.abstractmethod
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None: ...
+
+    @abc.abstractmethod
+    def wait(self, name: str, owner: str, timeout: float) -> int | None: ...
+
+    @abc.abstractmethod
+    def cancel_wait(self, name: str, owner: str) -> int | None: ...
+
+    @abc.abstractmethod
+    def release(self, name: str, owner: str) -> bool: ...
+
+    @abc.abstractmethod
+    def extend(self, name: str, owner: str, ttl: float) -> bool: ...
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        return [self.extend(name, owner, ttl) for name, owner, ttl in items]
+
+    def install(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass
+
+    def force_release(self, name: str) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} must implement force_release()")
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+# -- inbox ---------------------------------------------------------------------------------
+class AsyncInboxBackend(abc.ABC):
+    """claim / complete / release, plus install, purge and close."""
+
+    #: short backend name used in errors ("redis", "postgres", ...)
+    kind: str = "?"
+    capabilities: InboxCapabilities
+    #: the validated table name (SQL) or key prefix (Redis, memory)
+    table: str
+
+    @abc.abstractmethod
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        """Take ``key`` for ``owner`` if it is unknown, or in progress past its deadline, or
+        completed past its retention; otherwise report the record that is there.
+
+        A takeover of an expired in-progress claim increments ``attempt``; it does not happen
+        when both fingerprints are set and differ (the caller raises ``FingerprintMismatch``).
+        """
+
+    @abc.abstractmethod
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        """Store ``result`` and mark ``key`` completed for ``retention`` seconds, if ``owner``
+        still owns the claim. Returns whether it did."""
+
+    @abc.abstractmethod
+    async def release(self, key: str, owner: str) -> bool:
+        """Give ``key`` back (the next claim takes it over, ``attempt`` + 1) if ``owner`` owns
+        the in-progress claim. Returns whether it did."""
+
+    @abc.abstractmethod
+    async def purge(self, retention: float) -> int:
+        """Delete completed records past their retention, and in-progress records abandoned
+        for longer than ``retention`` past their deadline. Returns how many were deleted."""
+
+    @abc.abstractmethod
+    async def install(self) -> None:
+        """Create the schema if it is missing (idempotent)."""
+
+    @abc.abstractmethod
+    async def drop(self) -> None:
+        """Delete the table / every key this backend stored (tests, uninstall)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+
+class InboxBackend(abc.ABC):
+    """The blocking twin of :class:`AsyncInboxBackend` (same verbs, same contract)."""
+
+    kind: str = "?"
+    capabilities: InboxCapabilities
+    table: str
+
+    @abc.abstractmethod
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord: ...
+
+    @abc.abstractmethod
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool: ...
+
+    @abc.abstractmethod
+    def release(self, key: str, owner: str) -> bool: ...
+
+    @abc.abstractmethod
+    def purge(self, retention: float) -> int: ...
+
+    @abc.abstractmethod
+    def install(self) -> None: ...
+
+    @abc.abstractmethod
+    def drop(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class AsyncSQLInboxBackend(AsyncInboxBackend):
+    """The verbs that are one named statement each on PostgreSQL and SQLite.
+
+    Subclasses provide :meth:`_run` (run the statement of a named section of their ``.sql``
+    file, returning rows and the row count) and may map keys with :meth:`_db_key`.
+    """
+
+    @abc.abstractmethod
+    async def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+
+    def _db_key(self, key: str) -> str:
+        return key
+
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        _, count = await self._run("complete", (result, retention, self._db_key(key), owner))
+        return count == 1
+
+    async def release(self, key: str, owner: str) -> bool:
+        _, count = await self._run("release", (self._db_key(key), owner))
+        return count == 1
+
+    async def purge(self, retention: float) -> int:
+        _, count = await self._run("purge", (retention,))
+        return max(count, 0)
+
+
+class SQLInboxBackend(InboxBackend):
+    """The blocking twin of :class:`AsyncSQLInboxBackend`."""
+
+    @abc.abstractmethod
+    def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]: ...
+
+    def _db_key(self, key: str) -> str:
+        return key
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        _, count = self._run("complete", (result, retention, self._db_key(key), owner))
+        return count == 1
+
+    def release(self, key: str, owner: str) -> bool:
+        _, count = self._run("release", (self._db_key(key), owner))
+        return count == 1
+
+    def purge(self, retention: float) -> int:
+        _, count = self._run("purge", (retention,))
+        return max(count, 0)

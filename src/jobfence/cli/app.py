@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
-from .._url import mask_url
+from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
 

@@ -1,0 +1,429 @@
+"""Run one statement on the *caller's* database connection, inside the caller's transaction.
+
+``fence()``, ``versioned_update()`` and ``Inbox.claim_in()`` work on a connection the
+application already holds, so that their write commits or rolls back together with the
+application's own writes. This module hides the differences between the drivers:
+
+===========================  ===========  ===============================================
+connection type              dialect      placeholder sent to the driver
+===========================  ===========  ===============================================
+psycopg ``Connection``       postgresql   ``%s``
+PyMySQL ``Connection``       mysql        ``%s``
+``sqlite3.Connection``       sqlite       ``?``
+SQLAlchemy ``Connection``,   from         ``:p0, :p1, ...`` with ``text()``
+``Session``                  ``.dialect``
+psycopg ``AsyncConnection``  postgresql   ``%s``                                  (async)
+asyncpg ``Connection`` and   postgresql   ``$1, $2, ...``                         (async)
+pool connection proxy
+aiomysql ``Connection``      mysql        ``%s``                                  (async)
+aiosqlite ``Connection``     sqlite       ``?``                                   (async)
+SQLAlchemy                   from         ``:p0, :p1, ...`` with ``text()``       (async)
+``AsyncConnection``,         ``.dialect``
+``AsyncSession``
+===========================  ===========  ===============================================
+
+MariaDB counts as ``mysql``. Drivers are recognised by module and class name (the MRO is
+walked, so subclasses work), so no optional driver is ever imported here.
+
+API (stable: other modules build on it)::
+
+    sc = adapt(conn)                  # SqlConn, for sync connections
+    sc = adapt_async(conn)            # AsyncSqlConn, for asyncio connections
+    sc.dialect                        # "postgresql" | "mysql" | "sqlite"
+    sc.driver                         # "psycopg", "asyncpg", "pymysql", "aiomysql", "sqlite3",
+                                      # "aiosqlite", or "sqlalchemy+<driver>"
+    result = sc.execute(sql, params)  # (await it for AsyncSqlConn) -> Result
+    result.rows, result.rowcount, result.lastrowid, result.columns
+
+SQL is written once with ``?`` as the neutral positional placeholder; ``execute`` converts it
+for the driver (and doubles literal ``%`` for the ``%s`` drivers). Never put a ``?`` or a
+``:name`` inside a string literal of SQL passed here: pass values as parameters.
+
+``execute`` never begins, commits or rolls back a transaction and never touches autocommit:
+the statement runs in whatever transaction the caller has open (drivers that begin one
+implicitly before the first statement, like psycopg, sqlite3 and SQLAlchemy, still do that).
+Rows always come back as plain tuples, whatever row factory or cursor class the caller's
+connection is configured with. ``rowcount`` is the driver's count of affected rows for
+INSERT/UPDATE/DELETE (on MySQL: *changed* rows unless the client sets ``CLIENT_FOUND_ROWS``)
+and the number of returned rows for statements that return rows.
+
+Helpers: :func:`check_ident` validates a table or column name (``^[A-Za-z_][A-Za-z0-9_]{0,62}$``,
+optionally ``schema.table``), :func:`quote_ident` quotes a validated name for a dialect, and
+:func:`is_undefined_table` recognises every driver's "table does not exist" error.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigurationError
+
+__all__ = [
+    "AsyncSqlConn",
+    "Result",
+    "SqlConn",
+    "adapt",
+    "adapt_async",
+    "check_ident",
+    "is_undefined_table",
+    "quote_ident",
+]
+
+DIALECTS = ("postgresql", "mysql", "sqlite")
+
+SYNC_SUPPORTED = (
+    "psycopg.Connection, pymysql.Connection, sqlite3.Connection, sqlalchemy Connection or Session"
+)
+ASYNC_SUPPORTED = (
+    "psycopg.AsyncConnection, asyncpg Connection (or pool connection), aiomysql.Connection, "
+    "aiosqlite.Connection, sqlalchemy AsyncConnection or AsyncSession"
+)
+
+
+@dataclass
+class Result:
+    """What one statement produced: rows as tuples, affected-row count, last insert id."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rowcount: int = -1
+    lastrowid: int | None = None
+    columns: list[str] = field(default_factory=list)
+
+
+# -- identifiers ----------------------------------------------------------------------------
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_ident(name: object, argument: str, *, qualified: bool = True) -> str:
+    """Validate a table/column name; ``schema.table`` is allowed when ``qualified``.
+
+    Names are matched against ``^[A-Za-z_][A-Za-z0-9_]{0,62}$`` per part, so nothing that
+    could end an identifier or start SQL can get through.
+    """
+    if not isinstance(name, str):
+        raise ConfigurationError(
+            f"{argument} must be a str identifier, got {type(name).__name__}", argument=argument
+        )
+    parts = name.split(".")
+    if len(parts) > (2 if qualified else 1) or not all(_IDENT.fullmatch(p) for p in parts):
+        allowed = "optionally schema-qualified as schema.name, " if qualified else ""
+        raise ConfigurationError(
+            f"{argument} must be an SQL identifier: letters, digits and _, not starting with a "
+            f"digit, at most 63 characters, {allowed}got {name!r}",
+            argument=argument,
+        )
+    return name
+
+
+def quote_ident(dialect: str, name: str) -> str:
+    """Quote a name already validated by :func:`check_ident` (``a.b`` quotes each part)."""
+    q = "`" if dialect == "mysql" else '"'
+    return ".".join(f"{q}{part}{q}" for part in name.split("."))
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        cur = todo.pop()
+        if cur is None or any(cur is s for s in seen):
+            continue
+        seen.append(cur)
+        todo.extend([getattr(cur, "orig", None), cur.__cause__])
+    return seen
+
+
+def is_undefined_table(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the driver error inside it) says that a table does not exist.
+
+    PostgreSQL SQLSTATE 42P01 (psycopg ``UndefinedTable``, asyncpg ``UndefinedTableError``),
+    MySQL/MariaDB error 1146, SQLite ``no such table``; SQLAlchemy wrappers are unwrapped.
+    """
+    for e in _chain(exc):
+        if getattr(e, "sqlstate", None) == "42P01":
+            return True
+        args = getattr(e, "args", ())
+        if args and args[0] == 1146 and type(e).__module__.split(".")[0] in ("pymysql", "aiomysql"):
+            return True
+        if isinstance(e, sqlite3.OperationalError) and "no such table" in str(e):
+            return True
+    return False
+
+
+# -- placeholders ---------------------------------------------------------------------------
+
+_QMARK = re.compile(r"\?")
+
+
+def _to_format(sql: str) -> str:
+    return _QMARK.sub("%s", sql.replace("%", "%%"))
+
+
+def _to_dollar(sql: str) -> str:
+    counter = iter(range(1, 1 << 30))
+    return _QMARK.sub(lambda _m: f"${next(counter)}", sql)
+
+
+def _to_named(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    counter = iter(range(1 << 30))
+    text = _QMARK.sub(lambda _m: f":p{next(counter)}", sql)
+    return text, {f"p{i}": v for i, v in enumerate(params)}
+
+
+_RETURNS_ROWS_RE = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW)\b|\bRETURNING\b", re.IGNORECASE)
+# quoted identifiers and string literals, blanked before looking for RETURNING
+_QUOTED = re.compile(r'"(?:[^"]|"")*"|`(?:[^`]|``)*`|\'(?:[^\']|\'\')*\'')
+
+
+class _ReturnsRows:
+    """Does a statement return rows? Keywords inside quotes (a column named "returning")
+    do not count."""
+
+    @staticmethod
+    def search(sql: str) -> bool:
+        return _RETURNS_ROWS_RE.search(_QUOTED.sub("''", sql)) is not None
+
+
+_RETURNS_ROWS = _ReturnsRows()
+
+
+def _count(rows: Sequence[Any], rowcount: int, cols: Sequence[str] | None = None) -> int:
+    """Row-returning statements count their rows (sqlite3 reports -1 for them)."""
+    return len(rows) if (rows or cols) else rowcount
+
+
+def _status_count(status: str) -> int:
+    # asyncpg command status: "INSERT 0 1", "UPDATE 3", "DELETE 0", "CREATE TABLE"
+    last = status.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else -1
+
+
+# -- detection ------------------------------------------------------------------------------
+
+
+def _classes(conn: object) -> list[tuple[str, str]]:
+    return [(c.__module__, c.__qualname__) for c in type(conn).__mro__]
+
+
+def _kind(conn: object) -> str | None:
+    """A driver key for ``conn``, from module/class names only (never imports a driver)."""
+    if isinstance(conn, sqlite3.Connection):
+        return "sqlite3"
+    for module, name in _classes(conn):
+        top = module.split(".")[0]
+        if top == "psycopg" and name in ("Connection", "AsyncConnection"):
+            return "psycopg" if name == "Connection" else "psycopg-async"
+        if top == "pymysql" and name == "Connection":
+            return "pymysql"
+        if top == "asyncpg" and name in ("Connection", "PoolConnectionProxy", "_ConnectionProxy"):
+            return "asyncpg"
+        if top == "aiomysql" and name == "Connection":
+            return "aiomysql"
+        if top == "aiosqlite" and name == "Connection":
+            return "aiosqlite"
+        if top == "sqlalchemy":
+            if name == "Connection":
+                return "sa-conn"
+            if name in ("Session", "scoped_session"):
+                return "sa-session"
+            if name == "AsyncConnection":
+                return "sa-aconn"
+            if name in ("AsyncSession", "async_scoped_session"):
+                return "sa-asession"
+    return None
+
+
+_ASYNC_KINDS = {"psycopg-async", "asyncpg", "aiomysql", "aiosqlite", "sa-aconn", "sa-asession"}
+_DIALECT = {
+    "psycopg": "postgresql",
+    "psycopg-async": "postgresql",
+    "asyncpg": "postgresql",
+    "pymysql": "mysql",
+    "aiomysql": "mysql",
+    "sqlite3": "sqlite",
+    "aiosqlite": "sqlite",
+}
+
+
+def _sa_dialect(conn: Any, argument: str) -> tuple[str, str]:
+    dialect = conn.dialect if hasattr(conn, "dialect") else conn.get_bind().dialect
+    name = {"mariadb": "mysql", "postgres": "postgresql"}.get(dialect.name, dialect.name)
+    if name not in DIALECTS:
+        raise ConfigurationError(
+            f"{argument}: SQLAlchemy dialect {dialect.name!r} is not supported; "
+            f"allowed: {', '.join(DIALECTS)} (MariaDB counts as mysql)",
+            argument=argument,
+        )
+    return name, f"sqlalchemy+{dialect.driver}"
+
+
+def _unsupported(conn: object, argument: str, *, want_async: bool) -> ConfigurationError:
+    kind = _kind(conn)
+    cls = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    if kind is not None and (kind in _ASYNC_KINDS) != want_async:
+        hint = (
+            "it is an asyncio connection: use the *_async function"
+            if not want_async
+            else "it is a blocking connection: use the sync function"
+        )
+        return ConfigurationError(
+            f"{argument}: {cls} is not supported here, {hint}", argument=argument
+        )
+    supported = ASYNC_SUPPORTED if want_async else SYNC_SUPPORTED
+    return ConfigurationError(
+        f"{argument}: unsupported connection type {cls}; supported: {supported}",
+        argument=argument,
+    )
+
+
+# -- sync -----------------------------------------------------------------------------------
+
+
+class SqlConn:
+    """A caller's blocking connection, seen through one ``execute`` method."""
+
+    def __init__(self, conn: Any, kind: str, dialect: str, driver: str) -> None:
+        self.raw = conn
+        self.kind = kind
+        self.dialect = dialect
+        self.driver = driver
+
+    def __repr__(self) -> str:
+        return f"<SqlConn {self.dialect} via {self.driver}>"
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        """Run ``sql`` (``?`` placeholders) with ``params`` in the caller's transaction."""
+        kind, conn, params = self.kind, self.raw, tuple(params)
+        if kind == "psycopg":
+            from psycopg.rows import tuple_row
+
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(_to_format(sql), params)
+                rows = cur.fetchall() if cur.description else []
+                cols = [c.name for c in cur.description or ()]
+                return Result(list(rows), _count(rows, cur.rowcount), None, cols)
+        if kind == "pymysql":
+            from pymysql.cursors import Cursor
+
+            with conn.cursor(Cursor) as cur:
+                cur.execute(_to_format(sql), params)
+                rows = list(cur.fetchall()) if cur.description else []
+                cols = [c[0] for c in cur.description or ()]
+                return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
+        if kind == "sqlite3":
+            cur = conn.cursor()
+            try:
+                cur.execute(sql, params)
+                rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
+                cols = [c[0] for c in cur.description or ()]
+                return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
+            finally:
+                cur.close()
+        # SQLAlchemy Connection / Session: text() with named binds
+        from sqlalchemy import text
+
+        target = conn.connection() if kind == "sa-session" else conn
+        stmt, named = _to_named(sql, params)
+        res = target.execute(text(stmt), named)
+        return _sa_result(res)
+
+
+def _sa_result(res: Any) -> Result:
+    if res.returns_rows:
+        rows = [tuple(r) for r in res.fetchall()]
+        return Result(rows, len(rows), None, list(res.keys()))
+    lastrowid = None
+    try:
+        lastrowid = res.lastrowid
+    except Exception:  # not every dialect/driver provides it
+        lastrowid = None
+    return Result([], res.rowcount, lastrowid, [])
+
+
+def adapt(conn: object, *, argument: str = "conn") -> SqlConn:
+    """Wrap a caller's blocking connection; ``ConfigurationError`` names unsupported types."""
+    kind = _kind(conn)
+    if kind is None or kind in _ASYNC_KINDS:
+        raise _unsupported(conn, argument, want_async=False)
+    if kind in ("sa-conn", "sa-session"):
+        dialect, driver = _sa_dialect(conn, argument)
+        return SqlConn(conn, kind, dialect, driver)
+    return SqlConn(conn, kind, _DIALECT[kind], "psycopg" if kind == "psycopg" else kind)
+
+
+# -- async ----------------------------------------------------------------------------------
+
+
+class AsyncSqlConn:
+    """A caller's asyncio connection, seen through one ``execute`` coroutine."""
+
+    def __init__(self, conn: Any, kind: str, dialect: str, driver: str) -> None:
+        self.raw = conn
+        self.kind = kind
+        self.dialect = dialect
+        self.driver = driver
+
+    def __repr__(self) -> str:
+        return f"<AsyncSqlConn {self.dialect} via {self.driver}>"
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        """Run ``sql`` (``?`` placeholders) with ``params`` in the caller's transaction."""
+        kind, conn, params = self.kind, self.raw, tuple(params)
+        if kind == "psycopg-async":
+            from psycopg.rows import tuple_row
+
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(_to_format(sql), params)
+                rows = await cur.fetchall() if cur.description else []
+                cols = [c.name for c in cur.description or ()]
+                return Result(list(rows), _count(rows, cur.rowcount), None, cols)
+        if kind == "asyncpg":
+            query = _to_dollar(sql)
+            if _RETURNS_ROWS.search(sql):
+                records = await conn.fetch(query, *params)
+                cols = list(records[0].keys()) if records else []
+                return Result([tuple(r) for r in records], len(records), None, cols)
+            status = await conn.execute(query, *params)
+            return Result([], _status_count(status), None, [])
+        if kind == "aiomysql":
+            from aiomysql import Cursor
+
+            async with conn.cursor(Cursor) as cur:
+                await cur.execute(_to_format(sql), params)
+                rows = list(await cur.fetchall()) if cur.description else []
+                cols = [c[0] for c in cur.description or ()]
+                return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
+        if kind == "aiosqlite":
+            cursor = await conn.execute(sql, params)
+            try:
+                rows = [tuple(r) for r in await cursor.fetchall()] if cursor.description else []
+                cols = [c[0] for c in cursor.description or ()]
+                return Result(rows, _count(rows, cursor.rowcount, cols), cursor.lastrowid, cols)
+            finally:
+                await cursor.close()
+        from sqlalchemy import text
+
+        target = await conn.connection() if kind == "sa-asession" else conn
+        stmt, named = _to_named(sql, params)
+        res = await target.execute(text(stmt), named)
+        return _sa_result(res)
+
+
+def adapt_async(conn: object, *, argument: str = "conn") -> AsyncSqlConn:
+    """Wrap a caller's asyncio connection; ``ConfigurationError`` names unsupported types."""
+    kind = _kind(conn)
+    if kind is None or kind not in _ASYNC_KINDS:
+        raise _unsupported(conn, argument, want_async=True)
+    if kind in ("sa-aconn", "sa-asession"):
+        dialect, driver = _sa_dialect(conn, argument)
+        return AsyncSqlConn(conn, kind, dialect, driver)
+    driver = {"psycopg-async": "psycopg"}.get(kind, kind)
+    return AsyncSqlConn(conn, kind, _DIALECT[kind], driver)

@@ -1,0 +1,67 @@
+"""Argument validation shared by every public entry point."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigurationError
+
+MAX_NAME_BYTES = 1024
+
+
+def check_name(name: object, *, argument: str = "name") -> str:
+    """A lock/key name: a non-empty ``str`` of at most 1024 bytes in UTF-8."""
+    if not isinstance(name, str):
+        raise ConfigurationError(
+            f"{argument} must be a str, got {type(name).__name__}", argument=argument
+        )
+    if not name:
+        raise ConfigurationError(f"{argument} must not be empty", argument=argument)
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"{argument} must be encodable as UTF-8 (lone surrogates are not allowed)",
+            argument=argument,
+        ) from None
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            f"{argument} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size} bytes",
+            argument=argument,
+        )
+    return name
+
+
+def _number(value: object, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(
+            f"{argument} must be a number of seconds, got {type(value).__name__}",
+            argument=argument,
+        )
+    if math.isnan(value) or math.isinf(value):
+        raise ConfigurationError(f"{argument} must be finite, got {value!r}", argument=argument)
+    return float(value)
+
+
+def check_ttl(ttl: object, *, argument: str = "ttl") -> float:
+    """A lease lifetime: seconds, > 0 and at most one year, at millisecond resolution."""
+    value = _number(ttl, argument)
+    if value < 0.001 or value > 366 * 86400:
+        raise ConfigurationError(
+            f"{argument} must be > 0 seconds (at least 0.001) and at most one year, got {ttl!r}",
+            argument=argument,
+        )
+    return value
+
+
+def check_timeout(timeout: object, *, argument: str = "timeout") -> float | None:
+    """A wait limit: ``None`` (wait forever) or seconds >= 0."""
+    if timeout is None:
+        return None
+    value = _number(timeout, argument)
+    if value < 0:
+        raise ConfigurationError(
+            f"{argument} must be None (wait forever) or >= 0 seconds, got {timeout!r}",
+            argument=argument,
+        )
+    return value

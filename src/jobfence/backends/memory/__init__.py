@@ -1,0 +1,39 @@
+"""``memory://``: in-process locks and inbox, for tests and the testing toolkit.
+
+It passes the same conformance suites as the server backends. ``memory://name`` selects a
+separate store; sync and async clients of one URL in one process share it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "AsyncMemoryInboxBackend",
+    "AsyncMemoryLockBackend",
+    "MemoryInboxBackend",
+    "MemoryInboxStore",
+    "MemoryLockBackend",
+    "MemoryStore",
+    "get_store",
+]
+
+_LAZY = {
+    "MemoryLockBackend": "locks",
+    "AsyncMemoryLockBackend": "locks",
+    "MemoryStore": "locks",
+    "get_store": "locks",
+    "MemoryInboxBackend": "inbox",
+    "AsyncMemoryInboxBackend": "inbox",
+    "MemoryInboxStore": "inbox",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so that importing one module of this package does not import
+    every driver (e.g. the async clients' driver for a sync-only user)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,186 @@
+"""``memory://`` -- an in-process inbox for tests and the testing toolkit.
+
+Every operation runs under one mutex, so it is atomic like the server backends' single
+statements. Time comes from jobfence's clock (``get_clock().time()``), so a virtual clock
+drives expiry. Sync and async inboxes of the same URL and table in one process share a store.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..._core.clock import get_clock
+from ..._core.inbox_support import DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.url import BackendURL
+from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
+
+__all__ = ["AsyncMemoryInboxBackend", "MemoryInboxBackend", "MemoryInboxStore"]
+
+
+@dataclass
+class _Record:
+    state: ClaimState
+    owner: str | None
+    attempt: int
+    fingerprint: str | None
+    result: bytes | None
+    expires: float
+    applied: bool = False
+
+
+class MemoryInboxStore:
+    """The records of one ``memory://`` URL and table."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.records: dict[str, _Record] = {}
+
+    @staticmethod
+    def _view(rec: _Record, mine: bool) -> ClaimRecord:
+        return ClaimRecord(
+            mine=mine,
+            state=rec.state,
+            attempt=rec.attempt,
+            owner=rec.owner,
+            fingerprint=rec.fingerprint,
+            result=rec.result,
+            expires_at=utc_from_epoch(rec.expires),
+        )
+
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        now = get_clock().time()
+        with self.mutex:
+            rec = self.records.get(key)
+            if rec is None or (rec.state is ClaimState.COMPLETED and rec.expires <= now):
+                rec = _Record(ClaimState.IN_PROGRESS, owner, 1, fingerprint, None, now + ttl)
+                self.records[key] = rec
+                return self._view(rec, True)
+            compatible = (
+                rec.fingerprint is None or fingerprint is None or rec.fingerprint == fingerprint
+            )
+            if rec.state is ClaimState.IN_PROGRESS and rec.expires <= now and compatible:
+                rec.owner = owner
+                rec.attempt += 1
+                if fingerprint is not None:  # a takeover without one keeps the key's
+                    rec.fingerprint = fingerprint
+                rec.expires = now + ttl
+                return self._view(rec, True)
+            return self._view(replace(rec), False)
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        now = get_clock().time()
+        with self.mutex:
+            rec = self.records.get(key)
+            if rec is None or rec.owner != owner:
+                return False
+            if rec.state is ClaimState.COMPLETED and rec.expires <= now:
+                return False
+            rec.state = ClaimState.COMPLETED
+            rec.result = result
+            rec.expires = now + retention
+            return True
+
+    def release(self, key: str, owner: str) -> bool:
+        now = get_clock().time()
+        with self.mutex:
+            rec = self.records.get(key)
+            if rec is None or rec.owner != owner or rec.state is not ClaimState.IN_PROGRESS:
+                return False
+            rec.owner = None
+            rec.expires = min(rec.expires, now)
+            return True
+
+    def purge(self, retention: float) -> int:
+        now = get_clock().time()
+        with self.mutex:
+            dead = [
+                key
+                for key, rec in self.records.items()
+                if (rec.state is ClaimState.COMPLETED and rec.expires <= now)
+                or (rec.state is ClaimState.IN_PROGRESS and rec.expires + retention <= now)
+            ]
+            for key in dead:
+                del self.records[key]
+            return len(dead)
+
+    def drop(self) -> None:
+        with self.mutex:
+            self.records.clear()
+
+
+_stores: dict[str, MemoryInboxStore] = {}
+_stores_mutex = threading.Lock()
+
+
+def get_inbox_store(url: BackendURL, table: str) -> MemoryInboxStore:
+    key = f"{url.host or ''}{url.path}\x00{table}"
+    with _stores_mutex:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = MemoryInboxStore()
+        return store
+
+
+_CAPS = InboxCapabilities(cross_process=False, transactional=False, native_expiry=False)
+
+
+class MemoryInboxBackend(InboxBackend):
+    kind = "memory"
+    capabilities = _CAPS
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        self.table = check_table(url.options.get("table", table))
+        self.store = get_inbox_store(url, self.table)
+
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        return self.store.claim(key, owner, fingerprint, ttl)
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        return self.store.complete(key, owner, result, retention)
+
+    def release(self, key: str, owner: str) -> bool:
+        return self.store.release(key, owner)
+
+    def purge(self, retention: float) -> int:
+        return self.store.purge(retention)
+
+    def install(self) -> None:
+        pass
+
+    def drop(self) -> None:
+        self.store.drop()
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncMemoryInboxBackend(AsyncInboxBackend):
+    kind = "memory"
+    capabilities = _CAPS
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        self.table = check_table(url.options.get("table", table))
+        self.store = get_inbox_store(url, self.table)
+
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        return self.store.claim(key, owner, fingerprint, ttl)
+
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        return self.store.complete(key, owner, result, retention)
+
+    async def release(self, key: str, owner: str) -> bool:
+        return self.store.release(key, owner)
+
+    async def purge(self, retention: float) -> int:
+        return self.store.purge(retention)
+
+    async def install(self) -> None:
+        pass
+
+    async def drop(self) -> None:
+        self.store.drop()
+
+    async def close(self) -> None:
+        pass

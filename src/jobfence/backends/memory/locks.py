@@ -1,0 +1,280 @@
+"""``memory://`` -- an in-process lock backend for tests and the testing toolkit.
+
+It passes the same conformance suite as the server backends: fair FIFO hand-off, TTL expiry
+measured by jobfence's clock (so a virtual clock drives it), strictly increasing tokens.
+Sync and async clients of the same URL in one process share one store. ``memory://name``
+selects a separate store; stores live as long as the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._core.acompat import wait_event
+from ..._core.clock import get_clock
+from ..._core.url import BackendURL
+from ..base import AsyncLockBackend, LockBackend, LockCapabilities
+
+__all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_store"]
+
+_WAITER_SLACK = 1.0
+
+
+@dataclass
+class _Lease:
+    owner: str
+    token: int
+    expires: float
+
+
+@dataclass
+class _Waiter:
+    owner: str
+    ttl: float
+    deadline: float
+    granted: int | None = None
+    wakers: list[Callable[[], None]] = field(default_factory=list)
+
+
+class MemoryStore:
+    """The shared state of one ``memory://`` URL. Every method is atomic under one lock."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.leases: dict[str, _Lease] = {}
+        self.tokens: dict[str, int] = {}
+        self.queues: dict[str, OrderedDict[str, _Waiter]] = {}
+
+    # -- helpers, called with the mutex held -------------------------------------------
+    def _live(self, name: str, now: float) -> _Lease | None:
+        lease = self.leases.get(name)
+        if lease is not None and lease.expires <= now:
+            del self.leases[name]
+            return None
+        return lease
+
+    def _grant(self, name: str, owner: str, ttl: float, now: float) -> int:
+        token = self.tokens.get(name, 0) + 1
+        self.tokens[name] = token
+        self.leases[name] = _Lease(owner, token, now + ttl)
+        return token
+
+    def _head(self, name: str, now: float) -> _Waiter | None:
+        queue = self.queues.get(name)
+        while queue:
+            owner, waiter = next(iter(queue.items()))
+            if waiter.deadline > now:
+                return waiter
+            del queue[owner]
+        if queue is not None and not queue:
+            del self.queues[name]
+        return None
+
+    def _waiter(self, name: str, owner: str) -> _Waiter | None:
+        queue = self.queues.get(name)
+        return None if queue is None else queue.get(owner)
+
+    def _hand_off(self, name: str, now: float) -> bool:
+        head = self._head(name, now)
+        if head is None:
+            return False
+        del self.queues[name][head.owner]
+        head.granted = self._grant(name, head.owner, head.ttl, now)
+        for wake in head.wakers:
+            wake()
+        head.wakers.clear()
+        return True
+
+    # -- operations --------------------------------------------------------------------
+    def acquire(self, name: str, owner: str, ttl: float, wait: float | None) -> int | None:
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is not None and lease.owner == owner:
+                return lease.token
+            if lease is None:
+                head = self._head(name, now)
+                if head is None or head.owner == owner:
+                    if head is not None:
+                        del self.queues[name][owner]
+                    return self._grant(name, owner, ttl, now)
+                self._hand_off(name, now)  # an expired lease: the queue's head goes first
+            if wait is not None:
+                queue = self.queues.setdefault(name, OrderedDict())
+                waiter = queue.get(owner)
+                deadline = now + wait + _WAITER_SLACK
+                if waiter is None:
+                    queue[owner] = _Waiter(owner, ttl, deadline)
+                else:
+                    waiter.deadline = deadline
+            return None
+
+    def prepare_wait(
+        self, name: str, owner: str, timeout: float, wake: Callable[[], None]
+    ) -> tuple[int | None, float]:
+        """Register ``wake``; return (token if already granted, how long to wait at most)."""
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is not None and lease.owner == owner:
+                return lease.token, 0.0
+            if lease is None:
+                return None, 0.0
+            waiter = self._waiter(name, owner)
+            if waiter is not None:
+                waiter.wakers.append(wake)
+            return None, max(0.0, min(timeout, lease.expires - now))
+
+    def finish_wait(self, name: str, owner: str, wake: Callable[[], None]) -> int | None:
+        now = get_clock().monotonic()
+        with self.mutex:
+            waiter = self._waiter(name, owner)
+            if waiter is not None and wake in waiter.wakers:
+                waiter.wakers.remove(wake)
+            lease = self._live(name, now)
+            if lease is not None and lease.owner == owner:
+                return lease.token
+            return None
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        now = get_clock().monotonic()
+        with self.mutex:
+            queue = self.queues.get(name)
+            if queue is not None:
+                queue.pop(owner, None)
+                if not queue:
+                    del self.queues[name]
+            lease = self._live(name, now)
+            return lease.token if lease is not None and lease.owner == owner else None
+
+    def release(self, name: str, owner: str) -> bool:
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is None or lease.owner != owner:
+                return False
+            del self.leases[name]
+            self._hand_off(name, now)
+            return True
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is None or lease.owner != owner:
+                return False
+            lease.expires = now + ttl
+            return True
+
+    def force_release(self, name: str) -> bool:
+        """Drop a lease behind its holder's back (admin; tests of lost-lease detection)."""
+        now = get_clock().monotonic()
+        with self.mutex:
+            if self._live(name, now) is None:
+                return False
+            del self.leases[name]
+            self._hand_off(name, now)
+            return True
+
+
+_stores: dict[str, MemoryStore] = {}
+_stores_mutex = threading.Lock()
+
+
+def get_store(key: str = "") -> MemoryStore:
+    with _stores_mutex:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = MemoryStore()
+        return store
+
+
+def _store_key(url: BackendURL) -> str:
+    return (url.host or "") + url.path
+
+
+_CAPS = LockCapabilities(
+    cross_process=False, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
+)
+
+
+class MemoryLockBackend(LockBackend):
+    kind = "memory"
+    capabilities = _CAPS
+
+    def __init__(self, url: BackendURL, **options: Any) -> None:
+        self.store = get_store(_store_key(url))
+
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        return self.store.acquire(name, owner, ttl, wait)
+
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        event = threading.Event()
+        token, limit = self.store.prepare_wait(name, owner, timeout, event.set)
+        if token is not None or limit <= 0:
+            return token
+        event.wait(limit)
+        return self.store.finish_wait(name, owner, event.set)
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        return self.store.cancel_wait(name, owner)
+
+    def release(self, name: str, owner: str) -> bool:
+        return self.store.release(name, owner)
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        return self.store.extend(name, owner, ttl)
+
+    def force_release(self, name: str) -> bool:
+        return self.store.force_release(name)
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncMemoryLockBackend(AsyncLockBackend):
+    kind = "memory"
+    capabilities = _CAPS
+
+    def __init__(self, url: BackendURL, **options: Any) -> None:
+        self.store = get_store(_store_key(url))
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        return self.store.acquire(name, owner, ttl, wait)
+
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        token, limit = self.store.prepare_wait(name, owner, timeout, wake)
+        if token is not None or limit <= 0:
+            return token
+        await wait_event(event, limit)
+        return self.store.finish_wait(name, owner, wake)
+
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
+        return self.store.cancel_wait(name, owner)
+
+    async def release(self, name: str, owner: str) -> bool:
+        return self.store.release(name, owner)
+
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
+        return self.store.extend(name, owner, ttl)
+
+    async def force_release(self, name: str) -> bool:
+        return self.store.force_release(name)
+
+    async def close(self) -> None:
+        pass

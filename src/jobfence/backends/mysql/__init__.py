@@ -1,0 +1,36 @@
+"""``mysql://`` / ``mariadb://``: locks and inbox on MySQL 8 / MariaDB 10.6+ (PyMySQL, aiomysql).
+
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (options,
+namespace check, name hashing, error kinds), ``sql/`` (``locks.sql``, ``inbox.sql``,
+``fence.sql``). ``pip install 'jobfence[mysql]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "CAPABILITIES",
+    "AsyncMySQLInboxBackend",
+    "AsyncMySQLLockBackend",
+    "MySQLInboxBackend",
+    "MySQLLockBackend",
+]
+
+_LAZY = {
+    "MySQLLockBackend": "locks",
+    "AsyncMySQLLockBackend": "locks_async",
+    "MySQLInboxBackend": "inbox",
+    "AsyncMySQLInboxBackend": "inbox_async",
+    "CAPABILITIES": "common",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so that importing one module of this package does not import
+    every driver (e.g. the async clients' driver for a sync-only user)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,172 @@
+"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``mysql.py``; aiomysql / PyMySQL).
+
+A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
+(``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round
+trip runs ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the key
+over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
+``RETURNING``, so the read of the outcome travels in the same round trip as a second
+statement (multi-statement packet on the inbox's own autocommit connection). Time is the
+server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
+``install()``.
+
+URL options: ``table`` (default ``jobfence_inbox``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import aiomysql
+from pymysql.constants import CLIENT
+
+from ..._core.inbox_support import DEFAULT_TABLE, as_utc, check_table
+from ..._core.options import reject_unknown
+from ..._core.pool_async import AsyncConnPool
+from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlqueries import load_queries, to_format
+from ..._core.url import BackendURL
+from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, record_from_row
+
+__all__ = ["AsyncMySQLInboxBackend"]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(seconds: float) -> int:
+    return max(1, int(seconds * 1_000_000))
+
+
+class AsyncMySQLInboxBackend(AsyncInboxBackend):
+    kind = "mysql"
+    capabilities = InboxCapabilities(cross_process=True, transactional=True)
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(options, ("retention",), "mysql inbox")
+        self.table = check_table(url.options.get("table", table))
+        self._params: dict[str, Any] = {
+            "host": url.host or "127.0.0.1",
+            "port": url.port or 3306,
+            "user": url.username or "root",
+            "password": url.password or "",
+            "charset": "utf8mb4",
+            "autocommit": True,
+            # one round trip for claim + the read of its outcome; rowcount = matched rows
+            "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
+        }
+        database = url.path.lstrip("/") or None
+        self._params["db"] = database  # async-only
+        # begin-sync-only
+        # self._params["database"] = database
+        # end-sync-only
+        q = {
+            name: tuple(to_format(s) for s in st)
+            for name, st in load_queries("mysql", self.table).items()
+        }
+        self._sql = q
+        self._claim_new_sql = q["claim_new"][0]
+        self._claim_sql = q["claim"][0] + ";\n" + q["peek"][0]
+        self._installed = False
+        self._pool = AsyncConnPool(self._connect, self._close, max_idle=8)
+
+    async def _connect(self) -> Any:
+        return await aiomysql.connect(**self._params)
+
+    @staticmethod
+    async def _close(conn: Any) -> None:
+        conn.close()
+
+    async def _run(
+        self, sql: str, params: Sequence[Any], *, second: bool = False
+    ) -> tuple[list[Any], int]:
+        """Run ``sql``; with ``second``, return the rows of its second statement. Creates
+        the table on first use."""
+        rows, count, _ = await self._execute(sql, params, second=second)
+        return rows, count
+
+    async def _execute(
+        self, sql: str, params: Sequence[Any], *, second: bool = False
+    ) -> tuple[list[Any], int, int | None]:
+        """:meth:`_run`, also returning the OK packet's last insert id."""
+        for _ in range(2):
+            try:
+                async with self._pool.connection() as conn, conn.cursor() as cur:
+                    await cur.execute(sql, params)
+                    count, last_id = cur.rowcount, cur.lastrowid
+                    if second:
+                        await cur.nextset()
+                    rows = list(await cur.fetchall()) if cur.description else []
+                    return rows, count, last_id
+            except Exception as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                await self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def install(self) -> None:
+        with warnings.catch_warnings():  # hide the server's "table already exists" notes
+            warnings.simplefilter("ignore")
+            async with self._pool.connection() as conn, conn.cursor() as cur:
+                for statement in self._sql["schema"]:
+                    await cur.execute(statement)
+        self._installed = True
+
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        ttl_us = _micros(ttl)
+        _, _, deadline = await self._execute(
+            self._claim_new_sql, (key, owner, ttl_us, fingerprint, ttl_us)
+        )
+        if deadline:  # the key was unknown: it is ours (0: it exists)
+            return ClaimRecord(
+                mine=True,
+                state=ClaimState.IN_PROGRESS,
+                attempt=1,
+                owner=owner,
+                fingerprint=fingerprint,
+                expires_at=_EPOCH + timedelta(microseconds=deadline),
+            )
+        while True:
+            rows, _ = await self._run(
+                self._claim_sql, (key, owner, fingerprint, _micros(ttl), owner, key), second=True
+            )
+            if rows:
+                break
+            # purged between the two statements: claim again
+        return record_from_row(rows[0], as_utc, _text)
+
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        (sql,) = self._sql["complete"]
+        _, count = await self._run(sql, (result.hex(), _micros(retention), key, owner))
+        return count == 1
+
+    async def release(self, key: str, owner: str) -> bool:
+        (sql,) = self._sql["release"]
+        _, count = await self._run(sql, (key, owner))
+        return count == 1
+
+    async def purge(self, retention: float) -> int:
+        (sql,) = self._sql["purge"]
+        _, count = await self._run(sql, (_micros(retention),))
+        return max(count, 0)
+
+    async def drop(self) -> None:
+        async with self._pool.connection() as conn, conn.cursor() as cur:
+            for statement in self._sql["drop"]:
+                try:
+                    await cur.execute(statement)
+                except Exception as exc:
+                    if not is_undefined_table(exc):
+                        raise
+        self._installed = False
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -1,0 +1,49 @@
+"""``postgresql://``: locks (lease and session modes) and inbox on PostgreSQL (psycopg 3).
+
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping),
+``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``). ``pip install 'jobfence[postgres]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "LEASE_CAPABILITIES",
+    "MODES",
+    "POLLING_CAPABILITIES",
+    "SCHEMA_VERSION",
+    "SESSION_CAPABILITIES",
+    "AsyncPostgresInboxBackend",
+    "AsyncPostgresLockBackend",
+    "PostgresInboxBackend",
+    "PostgresLockBackend",
+    "advisory_key",
+    "load_queries",
+    "stored_name",
+]
+
+_LAZY = {
+    "LEASE_CAPABILITIES": "locks",
+    "MODES": "locks",
+    "POLLING_CAPABILITIES": "locks",
+    "SCHEMA_VERSION": "locks",
+    "SESSION_CAPABILITIES": "locks",
+    "PostgresLockBackend": "locks",
+    "advisory_key": "locks",
+    "load_queries": "locks",
+    "stored_name": "locks",
+    "AsyncPostgresLockBackend": "locks_async",
+    "PostgresInboxBackend": "inbox",
+    "AsyncPostgresInboxBackend": "inbox_async",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so that importing one module of this package does not import
+    every driver (e.g. the async clients' driver for a sync-only user)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

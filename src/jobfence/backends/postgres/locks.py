@@ -1,0 +1,726 @@
+# Generated from backends/postgres/locks_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``postgresql://`` -- the PostgreSQL lock backend (async source of ``postgres.py``).
+
+Built on psycopg 3: its asyncio connection class here, the blocking one in the generated twin.
+The SQL lives in ``sql/postgres_locks.sql``. Two modes, chosen by the URL option ``?mode=``:
+
+``mode=lease`` (default)
+    A lease is a row in ``{namespace}_locks`` with an expiry measured by the server's
+    ``clock_timestamp()``; ``ttl`` is honoured (a paused holder loses its lease). Every
+    operation is ONE autocommit statement -- acquire (token bump + conditional upsert, one
+    CTE), release, extend, and the batched renewal of every due lease -- so this mode also
+    works behind PgBouncer in transaction pooling mode. Fair FIFO hand-off: a waiting acquire
+    joins a queue table (``{namespace}_lock_queue``; its entry lives while the waiter comes
+    back every poll interval); a free lease goes to the head of the live queue, never to a
+    newcomer; release gives the lease straight to the head (new token, its own ttl) in the
+    same statement and notifies only that waiter, with its token, so it owns the lease when it
+    wakes. Waiters sleep on LISTEN/NOTIFY (one dedicated listener connection per client),
+    never longer than the core's poll interval or the holder's remaining lifetime. Behind
+    PgBouncer transaction pooling LISTEN does not work: set ``?notify=false`` and waiters
+    poll without queueing (no FIFO: a queue served by polling would hand the lease over
+    only as often as its head polls); they still never take a lease from the head of a
+    queue that notified clients of the same namespace keep.
+
+``mode=session``
+    Session advisory locks. Each held lock sits on its own dedicated connection (taken from a
+    small idle pool; never multiplexed, because advisory locks are re-entrant per session, so
+    two owners sharing a session would both "get" the lock). ``try_acquire`` is
+    ``pg_try_advisory_lock``; a waiting ``acquire`` is a blocking ``pg_advisory_lock`` with
+    ``lock_timeout`` set to the wait, so waiters queue IN THE SERVER in arrival order and a
+    release hands the lock straight to the next waiter (fifo and hand-off). The lock is held
+    as long as its connection lives: ``ttl`` is NOT honoured (a paused holder keeps it);
+    renewal is a liveness check of each holding connection (it still holds the lock in
+    ``pg_locks``), so a dropped or terminated connection becomes a lost lease within one
+    renewal interval. Needs session pooling or direct connections (not PgBouncer
+    transaction pooling).
+
+Keys: a lock name maps to the signed 64-bit advisory key :func:`advisory_key` (the first 8
+bytes of BLAKE2b over the namespace and the full name) -- no 32-bit space, no truncation of
+the name. Fencing tokens (both modes) come from a per-name counter row in
+``{namespace}_lock_tokens``, bumped in the statement that grants the lock; a missing counter
+is seeded from the server time in microseconds, so tokens never go backwards.
+
+URL / keyword options (keywords win; everything else in the URL goes to libpq unchanged):
+``mode`` (``lease`` | ``session``), ``notify`` (``true`` | ``false``, lease mode),
+``pool_size`` (idle connections kept for reuse, default 4), ``prepare_threshold`` (psycopg's;
+``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import Connection
+from psycopg.pq import TransactionStatus
+
+from ..._core import compat
+from ..._core.clock import get_clock
+from ..._core.options import option_bool, option_int
+from ..._core.url import BackendURL
+from ...errors import BackendError, ConfigurationError
+from ..base import LockBackend, LockCapabilities, RenewItem
+from .common import pg_text
+
+__all__ = [
+    "LEASE_CAPABILITIES",
+    "MODES",
+    "POLLING_CAPABILITIES",
+    "SCHEMA_VERSION",
+    "SESSION_CAPABILITIES",
+    "PostgresLockBackend",
+    "advisory_key",
+    "load_queries",
+    "stored_name",
+]
+
+log = logging.getLogger("jobfence.backends.postgres")
+
+SCHEMA_VERSION = 1
+MODES = ("lease", "session")
+OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold")
+DEFAULT_POOL_SIZE = 4
+#: the listener wakes this often to notice that its client was closed
+LISTEN_TICK = 0.5
+#: after the listener failed to start, waiters poll for this long before it is tried again
+LISTEN_RETRY = 5.0
+
+LEASE_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
+)
+#: lease mode with ``notify=false``: waiters poll and do not queue (a FIFO queue served by
+#: polling would hand the lease over only as fast as the head polls: about once a second)
+POLLING_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
+)
+#: seconds added to a lease-mode waiter's queue deadline beyond the wait it asked for
+WAITER_SLACK = 1.0
+SESSION_CAPABILITIES = LockCapabilities(
+    cross_process=True,
+    ttl_expiry=False,
+    fifo=True,
+    handoff=True,
+    tokens_survive_data_loss=True,
+    queue_follows_connection=True,
+)
+
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
+_MAX_NAMESPACE = 63 - len("_lock_tokens")
+_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+Conn = Connection[tuple[Any, ...]]
+
+
+def advisory_key(namespace: str, name: str) -> int:
+    """The session advisory-lock key of ``name``: a signed 64-bit integer (PostgreSQL bigint).
+
+    The first 8 bytes (big-endian, two's complement) of BLAKE2b, personalised with
+    ``b"jobfence.lock"``, over ``namespace + "\\0" + name`` in UTF-8. Stable across processes,
+    machines and versions (it is part of the on-server format); it uses the full 64 bits, so
+    two names collide with probability about 2**-64, not 2**-32 as with a 32-bit hash.
+    """
+    data = namespace.encode("utf-8") + b"\0" + name.encode("utf-8")
+    digest = hashlib.blake2b(data, digest_size=8, person=b"jobfence.lock").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+stored_name = pg_text
+
+
+def _schema_key(namespace: str) -> int:
+    digest = hashlib.blake2b(
+        namespace.encode("utf-8"), digest_size=8, person=b"jobfence.schema"
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _halves(key: int) -> dict[str, int]:
+    """The key as pg_locks shows it: classid (high 32 bits) and objid (low 32 bits)."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return {"hi": unsigned >> 32, "lo": unsigned & 0xFFFFFFFF}
+
+
+def check_namespace(namespace: object) -> str:
+    """The namespace prefixes table names: an SQL identifier short enough for every table."""
+    if (
+        not isinstance(namespace, str)
+        or not _NAMESPACE.fullmatch(namespace)
+        or len(namespace) > _MAX_NAMESPACE
+    ):
+        raise ConfigurationError(
+            "namespace must be an SQL identifier for the postgres backend: a letter or '_' "
+            f"then letters, digits or '_', at most {_MAX_NAMESPACE} characters (the table "
+            f"names {{namespace}}_lock_tokens must fit PostgreSQL's 63); got {namespace!r}",
+            argument="namespace",
+        )
+    return namespace
+
+
+def load_queries(namespace: str) -> dict[str, str]:
+    """The sections of ``sql/postgres_locks.sql`` for ``namespace`` (already validated).
+
+    ``schema`` keeps its comments (it runs as one script); every other section is reduced to
+    its one statement.
+    """
+    source = (
+        resources.files("jobfence.backends.postgres")
+        .joinpath("sql/locks.sql")
+        .read_text(encoding="utf-8")
+    )
+    source = source.replace("{prefix}", namespace).replace(
+        "{schema_key}", str(_schema_key(namespace))
+    )
+    parts = _SECTION.split(source)
+    queries: dict[str, str] = {}
+    for section, body in zip(parts[1::2], parts[2::2], strict=True):
+        if section != "schema":
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            body = "\n".join(ln.split(" -- ", 1)[0].rstrip() for ln in lines)
+            body = body.strip().rstrip(";")
+        queries[section] = body.strip()
+    return queries
+
+
+_option_bool = option_bool
+_option_int = option_int
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    mode: str
+    notify: bool
+    pool_size: int
+    prepare_threshold: int | None
+
+    @classmethod
+    def parse(cls, url: BackendURL, options: dict[str, Any]) -> PostgresOptions:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown postgres option {unknown[0]!r}; allowed: " + ", ".join(OPTIONS),
+                argument=unknown[0],
+            )
+        merged: dict[str, Any] = {
+            **{k: v for k, v in url.options.items() if k in OPTIONS},
+            **options,
+        }
+        mode = str(merged.get("mode", "lease")).strip().lower()
+        if mode not in MODES:
+            raise ConfigurationError(
+                f"mode must be one of {', '.join(MODES)} (lease honours ttl and works behind "
+                f"PgBouncer transaction pooling; session uses session advisory locks), "
+                f"got {merged.get('mode')!r}",
+                argument="mode",
+            )
+        threshold_raw = merged.get("prepare_threshold", 5)
+        threshold = (
+            None
+            if threshold_raw is None or str(threshold_raw).strip().lower() in ("none", "off")
+            else _option_int(threshold_raw, "prepare_threshold", 0, 1_000_000)
+        )
+        return cls(
+            mode=mode,
+            notify=_option_bool(merged.get("notify", True), "notify"),
+            pool_size=_option_int(merged.get("pool_size", DEFAULT_POOL_SIZE), "pool_size", 0, 1000),
+            prepare_threshold=threshold,
+        )
+
+
+class _Waiter:
+    """A lease-mode waiter of this process: woken by a NOTIFY for its name."""
+
+    __slots__ = ("attempts", "event", "left", "notified", "requeued", "token")
+
+    def __init__(self) -> None:
+        self.event = compat.Event()
+        self.notified = False
+        self.left: float | None = None  # the holder's remaining lifetime at the last attempt
+        self.token: int | None = None  # handed to us by a release (from its NOTIFY)
+        self.attempts = 0
+        self.requeued = False  # a later attempt made a NEW queue entry (see the SQL)
+
+
+@dataclass
+class _Held:
+    """A session-mode lock: the connection that holds it, its key and its token."""
+
+    conn: Conn
+    key: int
+    token: int
+
+
+class PostgresLockBackend(LockBackend):
+    """Leases in PostgreSQL (``mode=lease``, default) or session advisory locks
+    (``mode=session``). See the module docstring and ``docs/backends/postgres.md``.
+
+    Connections are opened lazily (the constructor needs no event loop), with autocommit, and
+    kept in a small idle pool; the tables are created on first use (or by :meth:`install`).
+    """
+
+    kind = "postgres"
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        self.namespace = check_namespace(namespace)
+        self.url = url
+        self.options = PostgresOptions.parse(url, options)
+        self.mode = self.options.mode
+        self.capabilities = (
+            SESSION_CAPABILITIES
+            if self.mode == "session"
+            else LEASE_CAPABILITIES
+            if self.options.notify
+            else POLLING_CAPABILITIES
+        )
+        self.queries = load_queries(namespace)
+        self._conninfo = url.without_options(*OPTIONS)
+        self._idle: list[Conn] = []
+        self._held: dict[tuple[str, str], _Held] = {}
+        #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
+        self._blocked: set[Conn] = set()
+        self._waiters: dict[str, dict[str, _Waiter]] = {}
+        self._mutex = threading.Lock()  # guards _idle, _held, _waiters (never across I/O)
+        self._schema_mutex = compat.Lock()
+        self._listener_mutex = compat.Lock()
+        self._installed = False
+        self._listener: Any = None
+        self._listener_up = False
+        self._listener_retry_at = 0.0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.url.masked} mode={self.mode} "
+            f"namespace={self.namespace!r}>"
+        )
+
+    # -- connections ---------------------------------------------------------------------
+    def _connect(self) -> Conn:
+        if self._closed:
+            raise ConfigurationError("this postgres lock backend is closed", argument="self")
+        try:
+            return Connection.connect(
+                self._conninfo,
+                autocommit=True,
+                prepare_threshold=self.options.prepare_threshold,
+            )
+        except psycopg.Error as exc:
+            password = self.url.password
+            if password and password in str(exc):  # never let a driver message leak it
+                raise type(exc)(str(exc).replace(password, "***")) from None
+            raise
+
+    def _take(self) -> Conn:
+        with self._mutex:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed and not conn.broken:
+                    return conn
+        return self._connect()
+
+    def _give(self, conn: Conn) -> None:
+        """Return a healthy idle connection to the pool (or close it)."""
+        if (
+            not self._closed
+            and not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            with self._mutex:
+                if len(self._idle) < self.options.pool_size:
+                    self._idle.append(conn)
+                    return
+        self._drop(conn)
+
+    @staticmethod
+    def _drop(conn: Conn) -> None:
+        """Close a connection (which also frees every session lock it holds)."""
+        try:
+            conn.close()
+        except Exception:  # already broken: nothing left to close
+            pass
+
+    def _run(
+        self, query: str, params: dict[str, Any] | None = None
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Run one autocommit statement on a pooled connection: (rows, rowcount)."""
+        self._ready()
+        conn = self._take()
+        try:
+            cursor = conn.execute(query, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+            rowcount = cursor.rowcount
+        except BaseException:
+            self._give(conn)  # kept only if it is idle and healthy
+            raise
+        self._give(conn)
+        return rows, rowcount
+
+    # -- schema --------------------------------------------------------------------------
+    def _ready(self) -> None:
+        if not self._installed:
+            self.install()
+
+    def install(self) -> None:
+        """Create the tables now, idempotently (they are also created on first use)."""
+        with self._schema_mutex:
+            if self._installed:
+                return
+            conn = self._take()
+            try:
+                try:
+                    conn.execute(self.queries["schema"])
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                    # another component created a shared table at the same instant without
+                    # our advisory lock: it exists now, so the second run only finds it
+                    conn.execute(self.queries["schema"])
+                cursor = conn.execute(self.queries["schema_version"])
+                row = cursor.fetchone()
+            except BaseException:
+                self._give(conn)
+                raise
+            self._give(conn)
+            version = None if row is None else int(row[0])
+            if version != SCHEMA_VERSION:
+                raise BackendError(
+                    f"the postgres lock tables {self.namespace}_* have schema version "
+                    f"{version}; this jobfence supports version {SCHEMA_VERSION}",
+                    backend=self.kind,
+                    operation="install",
+                )
+            self._installed = True
+
+    # -- the verbs -----------------------------------------------------------------------
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        if self.mode == "session":
+            return self._session_acquire(name, owner, wait)
+        name = stored_name(name)
+        if wait is not None:
+            if self.options.notify:
+                self._ensure_listener()  # LISTEN before looking: no release goes unseen
+            self._register(name, owner)
+        queue_for = wait if self.options.notify else None  # polling waiters do not queue
+        rows, _ = self._run(
+            self.queries["acquire"],
+            {"name": name, "owner": owner, "ttl": ttl, "wait": queue_for, "slack": WAITER_SLACK},
+        )
+        token = left = None
+        queued = False
+        for row_token, row_left, row_queued in rows:
+            if row_queued:
+                queued = True
+            elif row_token is not None:
+                token = int(row_token)
+            elif row_left is not None:
+                left = float(row_left)
+        if token is not None:
+            if wait is not None:
+                self._unregister(name, owner)
+            return token
+        if wait is not None:
+            with self._mutex:
+                waiter = self._waiters.get(name, {}).get(owner)
+                if waiter is not None:
+                    waiter.left = left
+                    waiter.attempts += 1
+                    if queued and waiter.attempts > 1:
+                        waiter.requeued = True
+        return None
+
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Lease mode: sleep until a NOTIFY for ``name``, the holder's expiry or ``timeout``.
+
+        Session mode waits in the server inside :meth:`acquire`, so this returns at once.
+        """
+        if self.mode == "session":
+            return None
+        name = stored_name(name)
+        with self._mutex:
+            waiter = self._waiters.get(name, {}).get(owner)
+        limit = max(0.0, timeout)
+        if waiter is not None and waiter.left is not None:
+            limit = min(limit, max(0.0, waiter.left) + 0.001)
+        if waiter is not None and self._listening():
+            if not waiter.notified:
+                compat.wait_event(waiter.event, limit)
+        else:
+            get_clock().sleep(limit)
+        if waiter is None or waiter.token is None:
+            return None
+        if waiter.requeued:  # a stale queue entry of ours: remove it (rare; see the SQL)
+            return self._leave_queue(name, owner)
+        self._unregister(name, owner)
+        return waiter.token
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        """Leave the queue; the token if the lease was handed to us meanwhile."""
+        if self.mode == "session":
+            return None
+        return self._leave_queue(stored_name(name), owner)
+
+    def _leave_queue(self, name: str, owner: str) -> int | None:
+        """``cancel_wait`` for a stored name: two statements, so that the second one sees a
+        release that was handing us the lease while the first one ran."""
+        self._unregister(name, owner)
+        params = {"name": name, "owner": owner}
+        self._run(self.queries["cancel_wait"], params)
+        rows, _ = self._run(self.queries["handed"], params)
+        return int(rows[0][0]) if rows else None
+
+    def release(self, name: str, owner: str) -> bool:
+        if self.mode == "session":
+            return self._session_release(name, owner)
+        rows, _ = self._run(self.queries["release"], {"name": stored_name(name), "owner": owner})
+        return bool(rows[0][0])
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        if self.mode == "session":
+            return self._session_alive(name, owner)
+        _, rowcount = self._run(
+            self.queries["extend"], {"name": stored_name(name), "owner": owner, "ttl": ttl}
+        )
+        return rowcount == 1
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Lease mode: ONE statement for every item. Session mode: a liveness check of each
+        holding connection (one round trip per held lock, on its own connection)."""
+        if not items:
+            return []
+        if self.mode == "session":
+            return [self._session_alive(name, owner) for name, owner, _ttl in items]
+        rows, _ = self._run(
+            self.queries["renew"],
+            {
+                "names": [stored_name(item[0]) for item in items],
+                "owners": [item[1] for item in items],
+                "ttls": [float(item[2]) for item in items],
+            },
+        )
+        return [bool(row[1]) for row in rows]
+
+    def force_release(self, name: str) -> bool:
+        """Drop the lease on ``name`` whoever holds it (tests, operator tools).
+
+        Lease mode deletes the row; session mode terminates the holding backend (needs the
+        ``pg_signal_backend`` role, superuser, or the same role as the holder).
+        """
+        if self.mode == "session":
+            params = _halves(advisory_key(self.namespace, name))
+            rows, _ = self._run(self.queries["session_force_release"], params)
+            return any(bool(row[0]) for row in rows)
+        rows, _ = self._run(self.queries["force_release"], {"name": stored_name(name)})
+        return bool(rows[0][0])
+
+    def close(self) -> None:
+        """Close every connection; idempotent. Lease mode: waiters of this client leave the
+        queue first (a release must not hand the lease to an owner nobody waits for), and a
+        lease already handed to one of them is given back; held leases are the core's to
+        release. Closing a session-mode connection frees its lock at once."""
+        if self._closed:
+            return
+        with self._mutex:
+            waiting = [(name, owner) for name, per in self._waiters.items() for owner in per]
+        for name, owner in waiting:
+            try:
+                if self._leave_queue(name, owner) is not None:
+                    self._run(self.queries["release"], {"name": name, "owner": owner})
+            except Exception as exc:  # best effort: the entry drops out after its deadline
+                log.warning("leaving the wait queue of %r on close failed: %r", name, exc)
+        self._closed = True
+        for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
+            try:
+                blocked.cancel_safe()
+            except Exception:  # it finished meanwhile, or the server is gone
+                pass
+        with self._mutex:
+            conns = [*self._idle, *(held.conn for held in self._held.values())]
+            self._idle.clear()
+            self._held.clear()
+        for conn in conns:
+            self._drop(conn)
+
+    # -- lease mode: waiting -------------------------------------------------------------
+    def _register(self, name: str, owner: str) -> None:
+        with self._mutex:
+            per_name = self._waiters.setdefault(name, {})
+            waiter = per_name.get(owner)
+            if waiter is None:
+                waiter = per_name[owner] = _Waiter()
+            waiter.notified = False
+            waiter.left = None
+            waiter.token = None
+            waiter.event.clear()
+
+    def _unregister(self, name: str, owner: str) -> None:
+        with self._mutex:
+            per_name = self._waiters.get(name)
+            if per_name is not None:
+                per_name.pop(owner, None)
+                if not per_name:
+                    del self._waiters[name]
+
+    def _wake(self, payload: str | None) -> None:
+        """A NOTIFY arrived: ``h\\n<owner>\\n<token>\\n<name>`` (the lease was handed to that
+        waiter) or ``w\\n<name>`` (every waiter of that name looks again; a payload of another
+        form is taken as a bare name). ``None``: the listener stopped; wake everyone."""
+        with self._mutex:
+            if payload is None:
+                waiters = [w for per_name in self._waiters.values() for w in per_name.values()]
+            elif payload.startswith("h\n") and payload.count("\n") >= 3:
+                _, owner, token, name = payload.split("\n", 3)
+                waiter = self._waiters.get(name, {}).get(owner)
+                if waiter is None or not token.isdigit():
+                    return  # another client's waiter
+                waiter.token = int(token)
+                waiters = [waiter]
+            else:
+                name = payload[2:] if payload.startswith("w\n") else payload
+                waiters = list(self._waiters.get(name, {}).values())
+            for waiter in waiters:
+                waiter.notified = True
+                waiter.event.set()
+
+    def _listening(self) -> bool:
+        """Is the LISTEN connection up (and its task/thread alive, e.g. not on a closed loop)?"""
+        return self._listener_up and compat.worker_alive(self._listener)
+
+    def _ensure_listener(self) -> None:
+        """Start the LISTEN connection unless it runs; on failure, waiters poll for a while."""
+        if self._listening():
+            return
+        clock = get_clock()
+        if self._closed or clock.monotonic() < self._listener_retry_at:
+            return
+        with self._listener_mutex:
+            if self._listening():
+                return
+            try:
+                conn = self._connect()
+            except Exception as exc:
+                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
+                log.warning("postgres LISTEN connection failed (waiters poll): %s", exc)
+                return
+            try:
+                conn.execute(self.queries["listen"])
+            except Exception as exc:
+                self._drop(conn)
+                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
+                log.warning("postgres LISTEN failed (waiters poll): %s", exc)
+                return
+            self._listener_up = True
+            self._listener = compat.spawn(
+                lambda: self._listen(conn), f"jobfence-postgres-listener-{self.namespace}"
+            )
+
+    def _listen(self, conn: Conn) -> None:
+        try:
+            while not self._closed:
+                for note in conn.notifies(timeout=LISTEN_TICK):
+                    self._wake(note.payload)
+        except Exception as exc:
+            if not self._closed:
+                log.warning("postgres LISTEN connection lost (waiters poll): %s", exc)
+        finally:
+            self._listener_up = False
+            self._wake(None)  # let every waiter look again now
+            self._drop(conn)
+
+    # -- session mode --------------------------------------------------------------------
+    def _session_acquire(self, name: str, owner: str, wait: float | None) -> int | None:
+        with self._mutex:
+            mine = self._held.get((name, owner))
+        if mine is not None:
+            return mine.token
+        self._ready()
+        key = advisory_key(self.namespace, name)
+        params = {"key": key, "name": stored_name(name)}
+        conn = self._take()
+        try:
+            if wait is None or wait <= 0:
+                cursor = conn.execute(self.queries["session_try"], params)
+                row = cursor.fetchone()
+            else:
+                limit_ms = max(1, math.ceil(wait * 1000))
+                self._blocked.add(conn)
+                try:
+                    cursor = conn.execute(
+                        self.queries["session_lock"],
+                        {**params, "lock_timeout": f"{limit_ms}ms"},
+                    )
+                    row = cursor.fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    # the lock may have been granted in the instant the timeout fired:
+                    # look on this very connection, and keep it if we got it
+                    row = None
+                    cursor = conn.execute(self.queries["session_held"], _halves(key))
+                    held = cursor.fetchone()
+                    if held is not None and held[0]:
+                        cursor = conn.execute(self.queries["session_bump"], params)
+                        row = cursor.fetchone()
+        except BaseException:
+            self._blocked.discard(conn)
+            self._drop(conn)  # closing the session frees anything it may hold
+            raise
+        self._blocked.discard(conn)
+        if self._closed:  # granted as the client closed: nobody will use it
+            self._drop(conn)
+            raise ConfigurationError("this postgres lock backend is closed", argument="self")
+        if row is None:
+            self._give(conn)
+            return None
+        token = int(row[0])
+        with self._mutex:
+            self._held[(name, owner)] = _Held(conn, key, token)
+        return token
+
+    def _session_release(self, name: str, owner: str) -> bool:
+        with self._mutex:
+            held = self._held.pop((name, owner), None)
+        if held is None:
+            return False
+        try:
+            cursor = held.conn.execute(self.queries["session_unlock"], {"key": held.key})
+            row = cursor.fetchone()
+        except BaseException:
+            broken = held.conn.broken or held.conn.closed
+            self._drop(held.conn)  # closing the session frees the lock in any case
+            if broken:
+                return False  # the session was gone, and its lock with it
+            raise
+        unlocked = bool(row is not None and row[0])
+        if unlocked:
+            self._give(held.conn)
+        else:
+            log.warning("pg_advisory_unlock of %r found it not held by its session", name)
+            self._drop(held.conn)
+        return unlocked
+
+    def _session_alive(self, name: str, owner: str) -> bool:
+        """Does the connection holding ``name`` for ``owner`` still hold the lock?"""
+        with self._mutex:
+            held = self._held.get((name, owner))
+        if held is None:
+            return False
+        try:
+            cursor = held.conn.execute(self.queries["session_held"], _halves(held.key))
+            row = cursor.fetchone()
+        except psycopg.Error:
+            if not (held.conn.broken or held.conn.closed):
+                raise
+            with self._mutex:
+                if self._held.get((name, owner)) is held:
+                    del self._held[(name, owner)]
+            self._drop(held.conn)
+            return False
+        return bool(row is not None and row[0])

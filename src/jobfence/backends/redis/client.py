@@ -1,0 +1,55 @@
+# Generated from backends/redis/client_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""One way to build the redis-py client of every Redis backend (async source of
+``_redisclient.py``): the same option checks and the same defaults for locks and the inbox.
+
+Defaults: ``socket_timeout`` and ``socket_connect_timeout`` of 5 s (redis-py's default is to
+wait forever, which would hide a lost lease or hang a claim), and one immediate retry on a
+connection error instead of redis-py's backoff, so an unreachable server is reported in
+milliseconds. Every verb jobfence sends is safe to re-send: acquire, renew, extend,
+complete and claim are idempotent for their owner, and a release remembers who released.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..._core.url import BackendURL
+from ...errors import ConfigurationError
+
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "connect_redis"]
+
+DEFAULT_SOCKET_TIMEOUT = 5.0
+
+
+def connect_redis(
+    url: BackendURL, options: dict[str, Any], *, what: str, own: tuple[str, ...] = ()
+) -> Redis:
+    """A client for ``url`` (its query options minus ``own`` go to redis-py) with the keyword
+    ``options`` (keyword arguments of ``redis.Redis``); a bad option or URL raises
+    :class:`ConfigurationError` naming it. ``what`` names the backend in messages."""
+    allowed = set(inspect.signature(Redis.__init__).parameters) - {"self"}
+    allowed.add("connection_class")  # a connection-pool option
+    for key in options:
+        if key not in allowed:
+            extra = "".join(f"{name}, " for name in own)
+            raise ConfigurationError(
+                f"unknown option {key!r} for the {what}; allowed: {extra}the keyword "
+                "arguments of redis.Redis (socket_timeout, max_connections, ssl_ca_certs, ...)",
+                argument=key,
+            )
+    kwargs: dict[str, Any] = {
+        "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+        "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
+        "retry": Retry(NoBackoff(), 1),
+    }
+    kwargs.update(options)
+    try:
+        return Redis.from_url(url.without_options(*own), **kwargs)
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid redis url {url.masked}: {exc}", argument="url") from None

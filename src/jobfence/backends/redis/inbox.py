@@ -1,0 +1,104 @@
+# Generated from backends/redis/inbox_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``redis://`` / ``rediss://`` inbox backend (async source of ``redis.py``).
+
+Each verb is ONE Lua script (``lua/inbox_*.lua``, loaded once, run by EVALSHA), so a claim is
+one round trip and atomic on the server; time is Redis's own clock (``TIME``). Completed
+records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has nothing to do;
+an abandoned in-progress record expires ``retention`` after its deadline.
+
+Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
+``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
+defaults of :mod:`jobfence._redisclient` (5 s socket timeouts, one immediate retry).
+Every script is safe to re-send after a lost reply: a claim the caller already owns is
+returned as its own, ``complete`` stores the same result again, and ``release`` remembers
+the owner that released (field ``x``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.url import BackendURL
+from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
+from .client import connect_redis
+
+__all__ = ["RedisInboxBackend"]
+
+
+def _script(name: str) -> str:
+    path = resources.files("jobfence.backends.redis").joinpath(f"lua/{name}.lua")
+    return path.read_text(encoding="utf-8")
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class RedisInboxBackend(InboxBackend):
+    kind = "redis"
+    capabilities = InboxCapabilities(cross_process=True, transactional=False, native_expiry=True)
+
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        table: str = DEFAULT_TABLE,
+        retention: float = DEFAULT_RETENTION,
+        **options: Any,
+    ) -> None:
+        self.table = check_table(url.options.get("table", table))
+        self.retention = retention
+        self._prefix = f"{self.table}:"
+        self.client = connect_redis(url, options, what="redis inbox", own=("table",))
+        self._claim = self.client.register_script(_script("inbox_claim"))
+        self._complete = self.client.register_script(_script("inbox_complete"))
+        self._release = self.client.register_script(_script("inbox_release"))
+
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        reply = self._claim(
+            keys=[self._prefix + key],
+            args=[owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)],
+        )
+        mine, state, rec_owner, attempt, rec_fp, result, expires = reply
+        return ClaimRecord(
+            mine=bool(mine),
+            state=ClaimState(_str(state)),
+            attempt=int(attempt),
+            owner=_str(rec_owner),
+            fingerprint=_str(rec_fp) or None,
+            result=result,
+            expires_at=utc_from_epoch(int(expires) / 1000),
+        )
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        done = self._complete(
+            keys=[self._prefix + key], args=[owner, result, max(1, int(retention * 1000))]
+        )
+        return bool(done)
+
+    def release(self, key: str, owner: str) -> bool:
+        return bool(self._release(keys=[self._prefix + key], args=[owner]))
+
+    def purge(self, retention: float) -> int:
+        return 0  # records expire natively
+
+    def install(self) -> None:
+        self.client.ping()  # nothing to create; checks that the server answers
+
+    def drop(self) -> None:
+        batch: list[Any] = []
+        for name in self.client.scan_iter(match=self._prefix + "*", count=500):
+            batch.append(name)
+            if len(batch) >= 500:
+                self.client.delete(*batch)
+                batch = []
+        if batch:
+            self.client.delete(*batch)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,192 @@
+"""``redis://`` / ``rediss://`` -- the Redis lock backend (async source of ``redis.py``).
+
+Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis-py's
+``register_script`` reloads a script the server forgot, e.g. after a restart), or a
+``BLPOP`` while waiting. Lifetimes are measured by the Redis server's clock (``PX``).
+
+Key layout for lock name ``N`` in namespace ``S``. ``N`` sits between literal braces, so all
+keys of one name share a Redis Cluster hash tag; names are only ever passed as KEYS/ARGV.
+A script gets the lease key ``L`` and derives the others by suffix (a lease key always ends
+with ``}``, a derived key never does, so they cannot clash; list leases with
+``SCAN MATCH S:lock:*`` and keep the keys ending in ``}``)::
+
+    L = S:lock:{N}       STRING "<token>:<owner>", PX = the lease ttl
+    L:tok                STRING fencing-token counter: max(counter + 1, server TIME in
+                         microseconds) on every grant; expires max(10 * ttl, 1 day) after use
+    L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
+    L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+    L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
+    L:rel                STRING the owner that last released L (60 s): a release that
+                         redis-py re-sends after a lost reply still answers True
+
+Waiting is by notification with a fair FIFO hand-off: a denied ``acquire(..., wait=w)``
+puts the owner in the queue (deadline = server now + ``w`` + ``waiter_slack``, refreshed on
+every retry); ``release`` gives the lease straight to the first live waiter (new token, its
+own ttl) and pushes the token onto that waiter's wake list, so exactly one waiter wakes and
+it already owns the lease. :meth:`wait` is a ``BLPOP`` on that list, bounded by the time
+left on the current lease (a lease that expires without a release wakes nobody).
+
+Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
+entry's deadline. Every other keyword option, and the URL's query options, go to
+``redis.asyncio.Redis.from_url`` with the defaults of :mod:`jobfence._redisclient_async`
+(``socket_timeout`` and ``socket_connect_timeout`` 5 s, one immediate retry on a connection
+error, so an unreachable server is reported in milliseconds and a lost lease is noticed in
+time; every script is safe to re-send).
+Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from ..._core.clock import get_clock
+from ..._core.url import BackendURL
+from ...errors import ConfigurationError
+from ..base import AsyncLockBackend, LockCapabilities, RenewItem
+from .client_async import connect_redis
+
+__all__ = ["AsyncRedisLockBackend"]
+
+CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
+)
+
+#: options this backend reads itself (never handed to redis-py)
+OWN_OPTIONS = ("waiter_slack",)
+DEFAULT_WAITER_SLACK = 1.0
+#: a BLPOP may last at most this fraction of the socket timeout (the reply must beat it)
+_BLPOP_SHARE = 0.8
+#: expiry hints kept for owners between a denied acquire and their wait
+_MAX_HINTS = 10_000
+
+
+def _script(name: str, *, with_lib: bool = True) -> str:
+    folder = resources.files("jobfence.backends.redis") / "lua"
+    body = (folder / name).read_text(encoding="utf-8")
+    if with_lib:
+        body = (folder / "lock_lib.lua").read_text(encoding="utf-8") + "\n" + body
+    return body
+
+
+def _ms(seconds: float) -> int:
+    """Seconds -> whole milliseconds, at least 1."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _slack(url: BackendURL, options: dict[str, Any]) -> float:
+    raw = options.pop("waiter_slack", url.options.get("waiter_slack", DEFAULT_WAITER_SLACK))
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (0.0 <= value <= 3600.0):
+        raise ConfigurationError(
+            f"waiter_slack must be a number of seconds between 0 and 3600, got {raw!r}",
+            argument="waiter_slack",
+        )
+    return value
+
+
+class AsyncRedisLockBackend(AsyncLockBackend):
+    """Leases in Redis, with fencing tokens, batched renewal and fair FIFO hand-off."""
+
+    kind = "redis"
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError(
+                f"namespace must be a non-empty str, got {namespace!r}", argument="namespace"
+            )
+        self.namespace = namespace
+        self.url = url.masked
+        self._slack_ms = round(_slack(url, options) * 1000)
+        self._client: Redis = connect_redis(
+            url, options, what="redis lock backend", own=OWN_OPTIONS
+        )
+        timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
+        self._acquire = self._client.register_script(_script("lock_acquire.lua"))
+        self._release = self._client.register_script(_script("lock_release.lua"))
+        self._cancel = self._client.register_script(_script("lock_cancel_wait.lua"))
+        self._renew: AsyncScript = self._client.register_script(
+            _script("lock_renew.lua", with_lib=False)
+        )
+        # owner -> local monotonic time when the lease it waits for expires (a wait bound)
+        self._hints: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
+
+    # -- keys ----------------------------------------------------------------------------
+    def lock_key(self, name: str) -> str:
+        """The lease key of ``name``; every other key of the name derives from it."""
+        return f"{self.namespace}:lock:{{{name}}}"
+
+    # -- operations ----------------------------------------------------------------------
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        key = f"{self.namespace}:lock:{{{name}}}"
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        if wait is None:  # a plain try: the short path
+            result = int(await self._acquire((key,), (owner, ttl_ms)))
+            return result if result > 0 else None
+        result = int(await self._acquire((key,), (owner, ttl_ms, _ms(wait), self._slack_ms)))
+        if result > 0:
+            return result
+        if len(self._hints) > _MAX_HINTS:
+            self._hints.clear()
+        self._hints[owner] = get_clock().monotonic() + (-1 - result) / 1000
+        return None
+
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        limit = timeout
+        expires = self._hints.pop(owner, None)
+        if expires is not None:  # nobody is woken when a lease expires: look again then
+            limit = min(limit, expires - get_clock().monotonic() + 0.002)
+        if self._blpop_cap is not None:
+            limit = min(limit, self._blpop_cap)
+        if limit < 0.001:
+            return None
+        reply = await self._client.blpop([self.lock_key(name) + ":w:" + owner], _ms(limit) / 1000)
+        return None if reply is None else int(reply[1])
+
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
+        self._hints.pop(owner, None)
+        result = await self._cancel((self.lock_key(name),), (owner,))
+        return None if result is None else int(result)
+
+    async def release(self, name: str, owner: str) -> bool:
+        return bool(await self._release((f"{self.namespace}:lock:{{{name}}}",), (owner,)))
+
+    async def force_release(self, name: str) -> bool:
+        """Drop the lease on ``name`` whoever holds it; the next live waiter gets it."""
+        return bool(await self._release((self.lock_key(name),), ("", "force")))
+
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
+        result = await self._renew((self.lock_key(name),), (owner, _ms(ttl)))
+        return bool(result[0])
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every lease in ``items`` with one script call (one round trip)."""
+        if not items:
+            return []
+        ns = self.namespace
+        keys = [f"{ns}:lock:{{{name}}}" for name, _, _ in items]
+        args: list[str | int] = []
+        for _, owner, ttl in items:
+            args.append(owner)
+            args.append(_ms(ttl))
+        result = await self._renew(keys, args)
+        return [bool(ok) for ok in result]
+
+    async def close(self) -> None:
+        self._hints.clear()
+        await self._client.aclose()

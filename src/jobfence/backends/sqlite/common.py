@@ -1,0 +1,151 @@
+"""Helpers shared by the sync and async SQLite lock backends (hand-written, not generated).
+
+Both twins must share one process-wide waiter registry, so that a release through a sync
+``Locks`` wakes an ``AsyncLocks`` waiter on the same file and vice versa; it lives here, with
+the URL parsing, the options and the SQL loader.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from typing import Any
+
+from ..._core.options import option_seconds
+from ..._core.url import BackendURL
+from ..._core.waiters import LocalWaiters
+from ...errors import ConfigurationError
+from ..base import LockCapabilities
+
+__all__ = [
+    "CAPABILITIES",
+    "QUEUE_CAPABILITIES",
+    "SCHEMA_VERSION",
+    "WAITERS",
+    "SQLiteOptions",
+    "check_namespace",
+    "load_queries",
+    "sqlite_path",
+]
+
+SCHEMA_VERSION = 1
+DEFAULT_BUSY_TIMEOUT = 5.0
+DEFAULT_POLL_INITIAL = 0.0005
+DEFAULT_POLL_MAX = 0.05
+#: how long a waiter stays next in line without trying again (0: no reservation)
+DEFAULT_NEXT_IN_LINE = 0.25
+
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+#: with ``next_in_line=0``: no wait queue, no fairness
+CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=False
+)
+#: the default: a FIFO wait queue, and a release hands the lease to its head
+QUEUE_CAPABILITIES = LockCapabilities(
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
+)
+
+
+def check_namespace(namespace: object) -> str:
+    """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ConfigurationError(
+            "namespace must be an SQL identifier for the sqlite backend: a letter or '_' "
+            f"then up to 62 letters, digits or '_'; got {namespace!r}",
+            argument="namespace",
+        )
+    return namespace
+
+
+def load_queries(prefix: str) -> dict[str, str]:
+    """The sections of ``sql/sqlite_locks.sql`` with ``{prefix}`` filled in.
+
+    ``schema`` keeps its comments (it is run as a script); every other section is reduced to
+    its one statement.
+    """
+    text = resources.files("jobfence.backends.sqlite").joinpath("sql/locks.sql")
+    source = text.read_text(encoding="utf-8").replace("{prefix}", prefix)
+    parts = _SECTION.split(source)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name != "schema":
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            body = "\n".join(lines).strip().rstrip(";")
+        queries[name] = body.strip()
+    return queries
+
+
+def sqlite_path(url: BackendURL) -> str:
+    """The absolute file path of a ``sqlite:///`` lock URL; ConfigurationError if unusable."""
+    hint = (
+        "use sqlite:///relative/path.db or sqlite:////absolute/path.db "
+        "(memory:// for locks within one process)"
+    )
+    if url.host or url.port:
+        raise ConfigurationError(
+            f"url {url.masked} names a host; a SQLite URL has none: {hint}", argument="url"
+        )
+    path = url.path[1:] if url.path.startswith("/") else ""
+    if not path or path == ":memory:" or path.startswith("file:") or "mode=memory" in url.raw:
+        raise ConfigurationError(
+            f"url {url.masked} names no database file; an in-memory SQLite database cannot be "
+            f"shared between processes, so it cannot hold locks: {hint}",
+            argument="url",
+        )
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise ConfigurationError(
+            f"url {url.masked} names a directory, not a database file: {hint}", argument="url"
+        )
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise ConfigurationError(
+            f"url {url.masked}: the directory {directory!r} does not exist (jobfence does not "
+            "create it); create it first or point the URL at an existing directory",
+            argument="url",
+        )
+    return path
+
+
+_seconds = option_seconds
+
+
+class SQLiteOptions:
+    """The backend's options, from the URL query and keyword arguments (keywords win)."""
+
+    def __init__(self, url: BackendURL, options: dict[str, Any]) -> None:
+        merged: dict[str, Any] = {**url.options, **options}
+        allowed = ("busy_timeout", "synchronous", "poll_initial", "poll_max", "next_in_line")
+        unknown = sorted(set(merged) - set(allowed))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown sqlite option {unknown[0]!r}; allowed: " + ", ".join(allowed),
+                argument=unknown[0],
+            )
+        self.busy_timeout = _seconds(
+            merged.get("busy_timeout", DEFAULT_BUSY_TIMEOUT), "busy_timeout", 0.0, 3600.0
+        )
+        synchronous = str(merged.get("synchronous", "full")).lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}",
+                argument="synchronous",
+            )
+        self.synchronous = synchronous
+        self.poll_initial = _seconds(
+            merged.get("poll_initial", DEFAULT_POLL_INITIAL), "poll_initial", 0.0001, 86400.0
+        )
+        self.poll_max = _seconds(
+            merged.get("poll_max", DEFAULT_POLL_MAX), "poll_max", self.poll_initial, 86400.0
+        )
+        self.next_in_line = _seconds(
+            merged.get("next_in_line", DEFAULT_NEXT_IN_LINE), "next_in_line", 0.0, 60.0
+        )
+
+
+#: process-wide in-process wake-ups, shared by the sync and async twins
+WAITERS = LocalWaiters()

@@ -1,0 +1,122 @@
+# Generated from backends/sqlite/inbox_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``sqlite:///path`` inbox backend (async source of ``sqlite.py``; sqlite3 / sqlite3).
+
+Every verb is one statement from ``sql/sqlite_inbox.sql`` in autocommit mode on a WAL file;
+SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and
+processes on this host. Time is SQLite's clock (the host's), in epoch seconds.
+
+URL options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default 30).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from ..._core.inbox_support import DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.options import option_seconds, reject_unknown
+from ..._core.pool import ConnPool
+from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlqueries import load_queries
+from ..._core.url import BackendURL
+from ..base import ClaimRecord, InboxCapabilities, SQLInboxBackend, record_from_row
+from .common import sqlite_path
+
+__all__ = ["SQLiteInboxBackend"]
+
+
+def _record(row: Sequence[Any]) -> ClaimRecord:
+    return record_from_row(row, utc_from_epoch)
+
+
+class SQLiteInboxBackend(SQLInboxBackend):
+    kind = "sqlite"
+    capabilities = InboxCapabilities(cross_process=True, transactional=True)
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(url.options, ("table", "busy_timeout"), "sqlite inbox URL")
+        reject_unknown(options, ("retention", "busy_timeout"), "sqlite inbox")
+        self.table = check_table(url.options.get("table", table))
+        self.path = sqlite_path(url)
+        self.busy_timeout = option_seconds(
+            options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
+            "busy_timeout",
+            0.0,
+            3600.0,
+        )
+        self._sql = load_queries("sqlite", self.table)
+        self._installed = False
+        self._pool = ConnPool(self._connect, self._close, max_idle=4)
+
+    def _connect(self) -> Any:
+        pending = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn = pending
+        try:
+            cursor = conn.execute("PRAGMA journal_mode")
+            row = cursor.fetchone()
+            if row is None or str(row[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _close(conn: Any) -> None:
+        conn.close()
+
+    def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+        (sql,) = self._sql[name]
+        for _ in range(2):
+            try:
+                with self._pool.connection() as conn:
+                    cursor = conn.execute(sql, params)
+                    try:
+                        rows = list(cursor.fetchall())
+                        return rows, cursor.rowcount
+                    finally:
+                        cursor.close()
+            except sqlite3.OperationalError as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def install(self) -> None:
+        with self._pool.connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in self._sql["schema"]:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._installed = True
+
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        while True:
+            rows, _ = self._run("claim", (key, owner, fingerprint, ttl))
+            if not rows:
+                rows, _ = self._run("peek", (key,))
+            if rows:
+                return _record(rows[0])
+            # purged between the two statements: claim again
+
+    def drop(self) -> None:
+        """Drop the table and its schema row (tests, uninstall)."""
+        with self._pool.connection() as conn:
+            for statement in self._sql["drop"]:
+                try:
+                    conn.execute(statement)
+                except sqlite3.OperationalError:
+                    pass
+        self._installed = False
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,129 @@
+"""``sqlite:///path`` inbox backend (async source of ``sqlite.py``; aiosqlite / sqlite3).
+
+Every verb is one statement from ``sql/sqlite_inbox.sql`` in autocommit mode on a WAL file;
+SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and
+processes on this host. Time is SQLite's clock (the host's), in epoch seconds.
+
+URL options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default 30).
+"""
+
+from __future__ import annotations
+
+import threading  # async-only
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from ..._core.inbox_support import DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.options import option_seconds, reject_unknown
+from ..._core.pool_async import AsyncConnPool
+from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlqueries import load_queries
+from ..._core.url import BackendURL
+from ..base import AsyncSQLInboxBackend, ClaimRecord, InboxCapabilities, record_from_row
+from .common import sqlite_path
+
+__all__ = ["AsyncSQLiteInboxBackend"]
+
+
+def _record(row: Sequence[Any]) -> ClaimRecord:
+    return record_from_row(row, utc_from_epoch)
+
+
+class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
+    kind = "sqlite"
+    capabilities = InboxCapabilities(cross_process=True, transactional=True)
+
+    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+        reject_unknown(url.options, ("table", "busy_timeout"), "sqlite inbox URL")
+        reject_unknown(options, ("retention", "busy_timeout"), "sqlite inbox")
+        self.table = check_table(url.options.get("table", table))
+        self.path = sqlite_path(url)
+        self.busy_timeout = option_seconds(
+            options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
+            "busy_timeout",
+            0.0,
+            3600.0,
+        )
+        self._sql = load_queries("sqlite", self.table)
+        self._installed = False
+        self._pool = AsyncConnPool(self._connect, self._close, max_idle=4)
+
+    async def _connect(self) -> Any:
+        pending = aiosqlite.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        # begin-async-only
+        # aiosqlite runs each connection in a non-daemon thread: an unclosed client must not
+        # keep the interpreter from exiting.
+        thread = getattr(pending, "_thread", None)
+        if isinstance(thread, threading.Thread) and not thread.is_alive():
+            thread.daemon = True
+        # end-async-only
+        conn = await pending
+        try:
+            cursor = await conn.execute("PRAGMA journal_mode")
+            row = await cursor.fetchone()
+            if row is None or str(row[0]).lower() != "wal":
+                await conn.execute("PRAGMA journal_mode=WAL")
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    async def _close(conn: Any) -> None:
+        await conn.close()
+
+    async def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+        (sql,) = self._sql[name]
+        for _ in range(2):
+            try:
+                async with self._pool.connection() as conn:
+                    cursor = await conn.execute(sql, params)
+                    try:
+                        rows = list(await cursor.fetchall())
+                        return rows, cursor.rowcount
+                    finally:
+                        await cursor.close()
+            except aiosqlite.OperationalError as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                await self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def install(self) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in self._sql["schema"]:
+                    await conn.execute(statement)
+                await conn.execute("COMMIT")
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+        self._installed = True
+
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        while True:
+            rows, _ = await self._run("claim", (key, owner, fingerprint, ttl))
+            if not rows:
+                rows, _ = await self._run("peek", (key,))
+            if rows:
+                return _record(rows[0])
+            # purged between the two statements: claim again
+
+    async def drop(self) -> None:
+        """Drop the table and its schema row (tests, uninstall)."""
+        async with self._pool.connection() as conn:
+            for statement in self._sql["drop"]:
+                try:
+                    await conn.execute(statement)
+                except aiosqlite.OperationalError:
+                    pass
+        self._installed = False
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -1,0 +1,374 @@
+# Generated from backends/sqlite/locks_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``sqlite:///path`` -- the embedded lock backend (async source of ``sqlite.py``).
+
+Leases are rows in a SQLite file, so every process on one host that opens the same file
+shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
+``sqlite:////abs/path.db`` absolute (SQLAlchemy's convention). The SQL lives in
+``sql/sqlite_locks.sql``.
+
+* Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
+  writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
+  timeout, so concurrent processes queue for the write lock instead of failing; ``database is
+  locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
+* Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
+* Fencing tokens come from a per-name counter row that outlives the lease row; a missing
+  counter is seeded from the current time in microseconds, so tokens never go backwards.
+* Waiting: SQLite cannot notify other processes, so :meth:`wait` polls with a short growing
+  backoff (0.5 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
+  at once (a process-wide registry per file, namespace and name).
+* Fairness: a FIFO queue (``{namespace}_lock_queue``). A waiting acquire joins it; a free lease
+  goes to its head, never to a newcomer or to the process that just released, and a release
+  hands the lease straight to the head (its own ttl), whose next poll (every
+  ``poll_initial``) finds the lease its own. Other waiters poll with the backoff. Each waiter
+  renews its entry at least every ``next_in_line / 2`` seconds; an entry not renewed for
+  ``next_in_line`` (0.25 s by default) is dead and skipped (``next_in_line=0``: no queue, no
+  fairness: a releasing process can re-take the lock at once).
+
+URL / keyword options: ``busy_timeout`` (seconds, default 5), ``synchronous`` (``full``
+default, ``normal`` trades durability on power loss for speed), ``poll_initial`` and
+``poll_max`` (seconds, the wait backoff), ``next_in_line`` (seconds, default 0.25; 0 disables).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from ..._core import compat
+from ..._core.clock import get_clock
+from ..._core.url import BackendURL
+from ...errors import BackendError, ConfigurationError
+from ..base import LockBackend, RenewItem
+from .common import (
+    CAPABILITIES,
+    QUEUE_CAPABILITIES,
+    SCHEMA_VERSION,
+    WAITERS,
+    SQLiteOptions,
+    check_namespace,
+    load_queries,
+    sqlite_path,
+)
+
+__all__ = ["SQLiteLockBackend"]
+
+log = logging.getLogger("jobfence.backends.sqlite")
+
+
+class SQLiteLockBackend(LockBackend):
+    """Leases in a SQLite file, shared by every process on this host that opens the file.
+
+    The connection is opened lazily on first use (the constructor needs no event loop) and
+    guarded by a lock, so one backend serves the caller threads/tasks and the renewer.
+    """
+
+    kind = "sqlite"
+
+    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+        self.namespace = check_namespace(namespace)
+        self.path = sqlite_path(url)
+        self.options = SQLiteOptions(url, options)
+        self.capabilities = QUEUE_CAPABILITIES if self.options.next_in_line > 0 else CAPABILITIES
+        self.queries = load_queries(namespace)
+        self._key_prefix = (os.path.realpath(self.path), namespace)
+        self._conn: sqlite3.Connection | None = None
+        self._mutex = compat.Lock()
+        self._closed = False
+        #: (name, owner) of this backend's waiters that are in a queue
+        self._queued: set[tuple[str, str]] = set()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} namespace={self.namespace!r}>"
+
+    # -- connection ----------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        if self._conn is not None:
+            if self._conn.in_transaction:  # an interrupted operation left one open
+                self._rollback(self._conn)
+            return self._conn
+        if self._closed:
+            raise ConfigurationError("this sqlite lock backend is closed", argument="self")
+        pending = sqlite3.connect(
+            self.path,
+            timeout=self.options.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn = pending
+        try:
+            self._setup_retrying(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _setup_retrying(self, conn: sqlite3.Connection) -> None:
+        """Run :meth:`_setup`, retrying while another process holds the file.
+
+        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
+        waiting for the busy timeout, when several processes open a new file together.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + self.options.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._setup(conn)
+                return
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                if ("locked" not in message and "busy" not in message) or (
+                    clock.monotonic() + delay > deadline
+                ):
+                    raise
+            clock.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        cursor = conn.execute("PRAGMA journal_mode")
+        row = cursor.fetchone()
+        if row is None or str(row[0]).lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
+        try:
+            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + "\nCOMMIT;")
+        except BaseException:
+            self._rollback(conn)
+            raise
+        cursor = conn.execute(self.queries["schema_version"])
+        row = cursor.fetchone()
+        version = None if row is None else int(row[0])
+        if version != SCHEMA_VERSION:
+            raise BackendError(
+                f"the sqlite lock tables {self.namespace}_* in {self.path!r} have schema "
+                f"version {version}; this jobfence supports version {SCHEMA_VERSION}",
+                backend=self.kind,
+                operation="install",
+            )
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:  # no transaction open (it failed to start, or already ended)
+            pass
+
+    def install(self) -> None:
+        """Create the tables now (they are also created on first use)."""
+        with self._mutex:
+            self._connection()
+
+    def _key(self, name: str) -> tuple[str, str, str]:
+        return (*self._key_prefix, name)
+
+    # -- the verbs -----------------------------------------------------------------------
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        q = self.queries
+        window = 0.0
+        if wait is not None and self.options.next_in_line > 0:
+            window = min(self.options.next_in_line, max(wait, 0.001))
+        key = {"name": name, "owner": owner}
+        with self._mutex:
+            conn = self._connection()
+            try:
+                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                conn.execute("BEGIN IMMEDIATE")
+                cursor = conn.execute(q["peek"], key)
+                row = cursor.fetchone()
+                if row is not None and row[0]:  # a live lease of ours: its token
+                    conn.execute("COMMIT")
+                    self._queued.discard((name, owner))  # handed to us: no longer queued
+                    return int(row[1])
+                cursor = conn.execute(q["queue_head"], {"name": name})
+                head = cursor.fetchone()  # (owner, ttl) of the first live waiter
+                other_heads = head is not None and head[0] != owner
+                if row is None and not other_heads:  # free, and nobody waits before us
+                    cursor = conn.execute(q["next_token"], {"name": name})
+                    token_row = cursor.fetchone()
+                    assert token_row is not None
+                    token = int(token_row[0])
+                    conn.execute(q["grant"], {**key, "token": token, "ttl": ttl})
+                    if wait is not None:
+                        conn.execute(q["dequeue"], key)
+                    conn.execute("COMMIT")
+                    self._queued.discard((name, owner))
+                    return token
+                if window:
+                    # join the queue, or stay in it: renew the entry once a quarter of it has
+                    # passed (wait() comes back within half of it, so a live entry always
+                    # has half its life as margin), so that most polls write nothing
+                    cursor = conn.execute(q["queue_entry"], key)
+                    entry = cursor.fetchone()
+                    if entry is None or float(entry[0]) < window * 0.75:
+                        conn.execute(q["enqueue"], {**key, "window": window, "ttl": ttl})
+                    self._queued.add((name, owner))
+                conn.execute("COMMIT")
+                return None
+            except BaseException:
+                self._rollback(conn)
+                raise
+
+    @staticmethod
+    def _fetch(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run a read and fetch its rows in ONE call to the connection's thread: a caller
+        cancelled in between must not leave a half-read SELECT holding an old snapshot (the
+        connection's next write would then fail with ``database is locked``)."""
+        return conn.execute(sql, params).fetchall()
+
+    def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
+        """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
+        with self._mutex:
+            conn = self._connection()
+            rows = self._fetch(conn, self.queries["peek"], {"name": name, "owner": owner})
+        if not rows:
+            return None
+        row = rows[0]
+        return bool(row[0]), int(row[1]), float(row[2])
+
+    def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.
+
+        Polls the lease row with a growing backoff, never sleeping past the row's expiry,
+        and wakes at once when a release happens in this process.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + max(0.0, timeout)
+        queued = (name, owner) in self._queued
+        if queued:  # come back before our queue entry lapses
+            deadline = min(deadline, clock.monotonic() + self.options.next_in_line / 2)
+        key = self._key(name)
+        event = compat.Event()
+        wake = event.set
+        ticket = WAITERS.add(key, wake)  # before the first look: no release goes unseen
+        try:
+            delay = self.options.poll_initial
+            while True:
+                state = self._peek(name, owner)
+                if state is None:
+                    return None  # free: the caller acquires now
+                holds, token, left = state
+                if holds:  # handed to us by a release
+                    self._queued.discard((name, owner))
+                    return token
+                remaining = deadline - clock.monotonic()
+                if remaining <= 0:
+                    return None
+                if compat.wait_event(event, min(delay, remaining, left + 0.001)):
+                    return None  # a release in this process
+                if queued and self._heads_queue(name, owner):
+                    delay = self.options.poll_initial  # the head polls fast: it is next
+                else:
+                    delay = min(delay * 2, self.options.poll_max)
+        finally:
+            WAITERS.remove(key, ticket)
+
+    def _heads_queue(self, name: str, owner: str) -> bool:
+        with self._mutex:
+            conn = self._connection()
+            rows = self._fetch(conn, self.queries["queue_head"], {"name": name})
+        return bool(rows) and rows[0][0] == owner
+
+    def cancel_wait(self, name: str, owner: str) -> int | None:
+        """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
+        if (name, owner) in self._queued:
+            with self._mutex:
+                conn = self._connection()
+                conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+            self._queued.discard((name, owner))  # only once the row is gone (close() retries)
+        state = self._peek(name, owner)
+        return state[1] if state is not None and state[0] else None
+
+    def release(self, name: str, owner: str) -> bool:
+        """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
+        q = self.queries
+        with self._mutex:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                cursor = conn.execute(q["release"], {"name": name, "owner": owner})
+                released = cursor.rowcount == 1
+                if released:
+                    cursor = conn.execute(q["queue_head"], {"name": name})
+                    waiter = cursor.fetchone()
+                    if waiter is not None:
+                        cursor = conn.execute(q["next_token"], {"name": name})
+                        token_row = cursor.fetchone()
+                        assert token_row is not None
+                        handed = {"name": name, "owner": str(waiter[0])}
+                        conn.execute(
+                            q["grant"],
+                            {**handed, "token": int(token_row[0]), "ttl": float(waiter[1])},
+                        )
+                        conn.execute(q["dequeue"], handed)
+                    conn.execute(q["sweep"], {"name": name})
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback(conn)
+                raise
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    def extend(self, name: str, owner: str, ttl: float) -> bool:
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(
+                self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
+            )
+            return cursor.rowcount == 1
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every item in ONE transaction; one bool per item."""
+        if not items:
+            return []
+        statement = self.queries["extend"]
+        results: list[bool] = []
+        with self._mutex:
+            conn = self._connection()
+            try:
+                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
+                # the ROLLBACK queued behind it must end that transaction
+                conn.execute("BEGIN IMMEDIATE")
+                for name, owner, ttl in items:
+                    cursor = conn.execute(statement, {"name": name, "owner": owner, "ttl": ttl})
+                    results.append(cursor.rowcount == 1)
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback(conn)
+                raise
+        return results
+
+    def force_release(self, name: str) -> bool:
+        """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
+        with self._mutex:
+            conn = self._connection()
+            cursor = conn.execute(self.queries["force_release"], {"name": name})
+            released = cursor.rowcount == 1
+        if released:
+            WAITERS.notify(self._key(name))
+        return released
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Waiters of this backend still queued leave the
+        queue first (a release must not hand the lease to an owner nobody waits for); leases
+        still held are the core's to release, or expire."""
+        with self._mutex:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                try:
+                    for name, owner in list(self._queued):
+                        conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+                    self._queued.clear()
+                except Exception as exc:  # best effort: the entries lapse after next_in_line
+                    log.warning("leaving the sqlite wait queue on close failed: %r", exc)
+                conn.close()
