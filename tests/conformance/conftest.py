@@ -1,33 +1,67 @@
+"""Fixtures of both conformance suites, parametrised from ``specs.py``.
+
+The lock suite asks for ``env`` (one spec of ``specs_for("locks")`` x sync/async), the inbox
+suite for ``ienv`` (one spec of ``specs_for("inbox")`` x sync/async). Each test gets a fresh
+namespace; afterwards its clients are closed and the spec's ``cleanup`` removes what it left.
+"""
+
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conformance.backends import SPECS, Spec, new_namespace
-from tests.conformance.flavours import LocksW
+from tests.conformance.flavours import InboxW, LocksW
+from tests.conformance.specs import (
+    FLAVOURS,
+    INBOX,
+    LOCKS,
+    Spec,
+    inbox_table,
+    new_namespace,
+    spec_params,
+)
 
 
-@pytest.fixture(params=SPECS, ids=[s.id for s in SPECS])
+@pytest.fixture(params=spec_params(LOCKS))
 def spec(request: pytest.FixtureRequest) -> Spec:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=spec_params(INBOX))
+def inbox_spec(request: pytest.FixtureRequest) -> Spec:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=FLAVOURS)
 def flavour(request: pytest.FixtureRequest) -> str:
     return request.param  # type: ignore[no-any-return]
 
 
-class Env:
-    """One backend, one namespace: makes clients of either flavour and cleans up."""
+class _Isolated:
+    """One spec, one flavour, one fresh namespace."""
 
     def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
         self.spec = spec
         self.flavour = flavour
         self.url = spec.make_url(tmp_path)
         self.namespace = new_namespace()
+
+    @property
+    def sync(self) -> bool:
+        return self.flavour == "sync"
+
+    def cleanup(self) -> None:
+        self.spec.cleanup(self.url, self.namespace)
+
+
+class Env(_Isolated):
+    """One lock backend, one namespace: makes clients of either flavour and cleans up."""
+
+    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
+        super().__init__(spec, flavour, tmp_path)
         self.clients: list[LocksW] = []
 
     def client(self, flavour: str | None = None, **options: Any) -> LocksW:
@@ -36,6 +70,41 @@ class Env:
         self.clients.append(client)
         return client
 
+    async def aclose(self) -> None:
+        try:
+            for c in self.clients:
+                try:
+                    await c.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
+
+class InboxEnv(_Isolated):
+    """One inbox backend, one table: makes inboxes of either flavour and cleans up."""
+
+    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
+        super().__init__(spec, flavour, tmp_path)
+        self.table = inbox_table(self.namespace)
+        self.inboxes: list[InboxW] = []
+
+    def inbox(self, flavour: str | None = None, **options: Any) -> InboxW:
+        options.setdefault("table", self.table)
+        inbox = InboxW(self.url, (flavour or self.flavour) == "sync", **options)
+        self.inboxes.append(inbox)
+        return inbox
+
+    async def aclose(self) -> None:
+        try:
+            for inbox in self.inboxes:
+                try:
+                    await inbox.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
 
 @pytest.fixture
 async def env(spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[Env]:
@@ -43,12 +112,13 @@ async def env(spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[Env]:
     try:
         yield e
     finally:
-        for c in e.clients:
-            try:
-                await c.close()
-            except Exception:  # closing after a failed test must not hide the failure
-                pass
-        spec.cleanup(e.url, e.namespace)
+        await e.aclose()
 
 
-Factory = Callable[..., LocksW]
+@pytest.fixture
+async def ienv(inbox_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[InboxEnv]:
+    e = InboxEnv(inbox_spec, flavour, tmp_path)
+    try:
+        yield e
+    finally:
+        await e.aclose()

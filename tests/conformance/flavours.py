@@ -1,8 +1,8 @@
 """Run one test body against the sync and the async API.
 
 Tests are written once, as ``async def``; the ``sync`` flavour runs every call of the sync
-``Locks``/``Lease`` in a worker thread (``asyncio.to_thread``), so both twins are exercised
-by exactly the same assertions.
+``Locks``/``Lease`` (``Inbox``/``Claim``) in a worker thread (``asyncio.to_thread``), so both
+twins are exercised by exactly the same assertions.
 """
 
 from __future__ import annotations
@@ -73,3 +73,61 @@ class LocksW:
             await asyncio.to_thread(self.locks.close)
         else:
             await self.locks.close()
+
+
+class ClaimW:
+    """A Claim or AsyncClaim behind one awaitable interface."""
+
+    def __init__(self, claim: Any, sync: bool) -> None:
+        self.claim = claim
+        self.sync = sync
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.claim, item)
+
+    def __repr__(self) -> str:
+        return repr(self.claim)
+
+    async def complete(self, result: Any = None) -> None:
+        if self.sync:
+            await asyncio.to_thread(self.claim.complete, result)
+        else:
+            await self.claim.complete(result)
+
+    async def release(self) -> bool:
+        if self.sync:
+            return bool(await asyncio.to_thread(self.claim.release))
+        return bool(await self.claim.release())
+
+
+class InboxW:
+    """An Inbox or AsyncInbox behind one awaitable interface."""
+
+    def __init__(self, url: str, sync: bool, **options: Any) -> None:
+        self.sync = sync
+        cls = jobfence.Inbox if sync else jobfence.AsyncInbox
+        self.inbox: Any = cls(url, **options)
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.inbox, item)
+
+    async def _do(self, name: str, *args: Any, **kw: Any) -> Any:
+        fn = getattr(self.inbox, name)
+        if self.sync:
+            return await asyncio.to_thread(lambda: fn(*args, **kw))
+        return await fn(*args, **kw)
+
+    async def claim(self, key: str, **kw: Any) -> ClaimW:
+        return ClaimW(await self._do("claim", key, **kw), self.sync)
+
+    async def purge(self) -> int:
+        return int(await self._do("purge"))
+
+    async def install(self) -> None:
+        await self._do("install")
+
+    async def drop(self) -> None:
+        await self._do("drop")
+
+    async def close(self) -> None:
+        await self._do("close")

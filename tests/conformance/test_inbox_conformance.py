@@ -1,7 +1,8 @@
 """One conformance suite for every inbox backend, sync and async.
 
-Each test runs on memory, sqlite, redis, postgres and mysql, through ``Inbox`` (in a worker
-thread) and ``AsyncInbox``, on a table of its own that is dropped afterwards.
+Each test runs on every spec of ``specs_for("inbox")`` (memory, sqlite, redis, postgres,
+mysql), through ``Inbox`` (in a worker thread) and ``AsyncInbox``, on a table of its own that
+is removed afterwards.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pickle
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +23,13 @@ import pytest
 import jobfence
 from jobfence import ClaimLost, ClaimState, FingerprintMismatch, InboxError
 from jobfence._core.hooks import set_hook
-from jobfence.backends import INBOX_BACKENDS
-from tests.conformance.inbox_support import (
-    INBOX_SPECS,
-    InboxEnv,
-    InboxSpec,
-    claim_and_hang,
-    claim_worker,
-    ienv,
-    inbox_flavour,
-    inbox_spec,
-    new_table,
-)
-
-__all__ = ["ienv", "inbox_flavour", "inbox_spec"]  # fixtures, imported to be registered
+from tests.conformance._inbox_workers import claim_and_hang, claim_worker
+from tests.conformance.conftest import InboxEnv
+from tests.conformance.specs import FLAVOURS, INBOX, Spec, spec_params
 
 FORK = multiprocessing.get_context("fork")
+#: the specs whose claims outlive the process that made them (a second process sees them)
+CROSS_PROCESS = spec_params(INBOX, lambda s: s.cross_process)
 
 
 async def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any:
@@ -47,12 +40,6 @@ async def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any
         if claim.state is ClaimState.NEW or time.monotonic() > deadline:
             return claim
         await asyncio.sleep(0.05)
-
-
-def test_every_registered_inbox_backend_is_in_the_suite() -> None:
-    registered = {info.name for info in INBOX_BACKENDS.values()}
-    covered = {spec.module for spec in INBOX_SPECS}
-    assert registered == covered, f"inbox backends missing from the suite: {registered - covered}"
 
 
 async def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(ienv: InboxEnv) -> None:
@@ -263,13 +250,13 @@ async def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", INBOX_SPECS, ids=[s.id for s in INBOX_SPECS])
-@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("spec", spec_params(INBOX))
 def test_16_concurrent_claimants_exactly_one_is_new(
-    spec: InboxSpec, flavour: str, tmp_path: Path
+    spec: Spec, flavour: str, tmp_path: Path
 ) -> None:
     env = InboxEnv(spec, flavour, tmp_path)
-    key = "contended:" + new_table()
+    key = "contended:" + uuid.uuid4().hex[:12]
     results: list[tuple[str, str | None, int]] = []
     try:
         if not jobfence.Inbox(env.url, table=env.table).capabilities.cross_process:
@@ -318,11 +305,9 @@ def test_16_concurrent_claimants_exactly_one_is_new(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", [s for s in INBOX_SPECS if s.id != "memory"], ids=lambda s: s.id)
-@pytest.mark.parametrize("flavour", ["sync", "async"])
-def test_kill_9_mid_work_then_takeover_after_ttl(
-    spec: InboxSpec, flavour: str, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("spec", CROSS_PROCESS)
+def test_kill_9_mid_work_then_takeover_after_ttl(spec: Spec, flavour: str, tmp_path: Path) -> None:
     env = InboxEnv(spec, flavour, tmp_path)
     key = "crash:1"
     out = FORK.Queue()

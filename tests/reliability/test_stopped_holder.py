@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 
 import jobfence
-from tests.conformance.backends import SPECS, Spec, new_namespace
+from tests.conformance.specs import FLAVOURS, LOCKS, Spec, new_namespace, spec_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TTL_SPECS = [s for s in SPECS if s.id in ("postgres", "mysql", "sqlite", "redis")]
-SESSION = next(s for s in SPECS if s.id == "postgres-session")
+# the holder runs in a process of its own: only backends shared between processes
+TTL_SPECS = spec_params(LOCKS, lambda s: s.cross_process and s.ttl_expiry)
+NO_TTL_SPECS = spec_params(LOCKS, lambda s: s.cross_process and not s.ttl_expiry)
 
 # The holder prints "TOKEN <token>", then waits for a line on stdin (it is stopped and resumed
 # around here), then reports what it finds out about its lease.
@@ -124,8 +125,8 @@ def _stop(holder: subprocess.Popen[str]) -> None:
         holder.wait()
 
 
-@pytest.mark.parametrize("backend", TTL_SPECS, ids=[s.id for s in TTL_SPECS], indirect=True)
-@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("backend", TTL_SPECS, indirect=True)
 def test_stopped_holder_loses_its_lease_to_a_new_holder(
     backend: tuple[str, str], flavour: str
 ) -> None:
@@ -164,7 +165,7 @@ def test_stopped_holder_loses_its_lease_to_a_new_holder(
         _stop(holder)
 
 
-@pytest.mark.parametrize("backend", [SESSION], ids=[SESSION.id], indirect=True)
+@pytest.mark.parametrize("backend", NO_TTL_SPECS, indirect=True)
 def test_session_mode_stopped_holder_keeps_its_lock(backend: tuple[str, str]) -> None:
     """The documented trade-off of mode=session: no ttl expiry while the connection lives."""
     url, namespace = backend

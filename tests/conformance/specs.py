@@ -1,0 +1,194 @@
+"""The backends the conformance suites run against: one spec per backend (or mode).
+
+A spec says how to reach a backend (its URL), which conformance suites run it (its ``parts``,
+named as in ``BackendInfo.parts``), how one test's objects are kept apart from every other
+test's, and how to remove them afterwards. Both suites, their fixtures (``conftest.py``) and the
+other tests that need a backend per spec take their parametrisation from :data:`SPECS`.
+
+Isolation: every test gets a fresh namespace (:func:`new_namespace`). The lock suite passes it
+as ``namespace=`` (SQL tables ``<namespace>_*``, Redis keys ``<namespace>:*``); the inbox suite
+uses the table :func:`inbox_table` ``(namespace)`` (SQL table ``<namespace>_inbox``, Redis keys
+``<namespace>_inbox:*``). So a spec's ``cleanup(url, namespace)`` removes whatever a test left,
+of either part: the SQL tables whose names start with the namespace (and their rows in
+``jobfence_inbox_schema``), or the Redis keys that start with it.
+
+``test_specs.py`` fails unless every part of every registered backend
+(``jobfence.backends.registered()``) is run through that part's suite by some spec.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL, delete_redis_keys, mysql_params
+
+#: the API flavours every conformance test runs with (test ids ``[<spec id>-<flavour>]``)
+FLAVOURS = ["sync", "async"]
+
+LOCKS = "locks"
+INBOX = "inbox"
+
+#: part (as in ``BackendInfo.parts``) -> the conformance suite that checks it, by file name in
+#: this directory
+SUITES: dict[str, str] = {
+    LOCKS: "test_lock_conformance.py",
+    INBOX: "test_inbox_conformance.py",
+}
+
+#: the table that holds the inbox schema versions, one row per inbox table (SQL backends)
+INBOX_SCHEMA_TABLE = "jobfence_inbox_schema"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One backend (or one mode of a backend) as the conformance suites run it.
+
+    * ``id`` -- the test id: ``test_x[<id>-sync]``, ``test_x[<id>-async]``.
+    * ``backend`` -- its ``BackendInfo.name`` in the registry; the URL must open that backend.
+    * ``parts`` -- the parts whose suites run this spec. A mode that changes one part only
+      (PostgreSQL ``mode=session`` changes how locks are held) runs that part's suite only;
+      the backend's other parts are run by its default spec.
+    * ``make_url(tmp_path)`` -- the URL one test uses.
+    * ``cleanup(url, namespace)`` -- removes what a test of either part left in the backend.
+    * ``cross_process`` -- other processes see the same locks and claims (memory: no). Tests
+      that need a second process (kill -9, SIGSTOP) run only specs that have it.
+    * ``ttl_expiry`` -- a lock lease that is not renewed becomes free after its ttl (PostgreSQL
+      session mode: no, the lock lives as long as its connection).
+
+    ``cross_process`` and ``ttl_expiry`` must equal what the backend's capabilities say;
+    ``test_specs.py`` checks it.
+    """
+
+    id: str
+    backend: str
+    parts: frozenset[str]
+    make_url: Callable[[Path], str]
+    cleanup: Callable[[str, str], None]
+    cross_process: bool = True
+    ttl_expiry: bool = True
+    note: str = ""
+
+    def runs(self, part: str) -> bool:
+        return part in self.parts
+
+
+def new_namespace() -> str:
+    """A namespace no other test uses: ``t`` and 12 hex digits (no ``_`` or ``%``, so it is
+    a literal prefix in LIKE patterns)."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+def inbox_table(namespace: str) -> str:
+    """The inbox table of a test whose namespace is ``namespace``."""
+    return f"{namespace}_inbox"
+
+
+def specs_for(part: str) -> list[Spec]:
+    """The specs the suite of ``part`` runs, in :data:`SPECS` order."""
+    return [s for s in SPECS if s.runs(part)]
+
+
+def spec_params(part: str, where: Callable[[Spec], bool] = lambda spec: True) -> list[Any]:
+    """One ``pytest.param`` per spec that runs ``part`` (and satisfies ``where``), with the spec
+    id as its test id."""
+    return [pytest.param(s, id=s.id) for s in specs_for(part) if where(s)]
+
+
+# -- clean-up -------------------------------------------------------------------------------
+
+
+def _no_cleanup(url: str, namespace: str) -> None:
+    """Memory (a URL of its own per test) and SQLite (a file in the test's tmp_path)."""
+
+
+def _redis_cleanup(url: str, namespace: str) -> None:
+    # lock keys "<namespace>:..." and inbox keys "<namespace>_inbox:..."
+    delete_redis_keys(f"{namespace}*", url)
+
+
+def _without_query(url: str) -> str:
+    """The URL without jobfence's options (``?mode=session``), which the driver would refuse."""
+    return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
+
+
+def _postgres_cleanup(url: str, namespace: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_without_query(url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "AND tablename LIKE %s",
+            (namespace + "%",),
+        ).fetchall()
+        for (table,) in rows:
+            conn.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+        if conn.execute("SELECT to_regclass(%s)", (INBOX_SCHEMA_TABLE,)).fetchone() != (None,):
+            conn.execute(
+                f"DELETE FROM {INBOX_SCHEMA_TABLE} WHERE table_name LIKE %s", (namespace + "%",)
+            )
+
+
+def _mysql_cleanup(url: str, namespace: str) -> None:
+    import pymysql
+
+    conn = pymysql.connect(**mysql_params())
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name LIKE %s",
+                (namespace + "%",),
+            )
+            for (table,) in cur.fetchall():
+                cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+            cur.execute(
+                "SELECT 1 FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                (INBOX_SCHEMA_TABLE,),
+            )
+            if cur.fetchone():
+                cur.execute(
+                    f"DELETE FROM {INBOX_SCHEMA_TABLE} WHERE table_name LIKE %s",
+                    (namespace + "%",),
+                )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _with_option(url: str, option: str) -> str:
+    return url + ("&" if "?" in url else "?") + option
+
+
+BOTH = frozenset({LOCKS, INBOX})
+
+SPECS: list[Spec] = [
+    Spec(
+        "memory",
+        "memory",
+        BOTH,
+        lambda tmp: f"memory://{uuid.uuid4().hex}",
+        _no_cleanup,
+        cross_process=False,
+    ),
+    Spec("sqlite", "sqlite", BOTH, lambda tmp: f"sqlite:///{tmp / 'jobfence.db'}", _no_cleanup),
+    Spec("redis", "redis", BOTH, lambda tmp: REDIS_URL, _redis_cleanup),
+    Spec("postgres", "postgres", BOTH, lambda tmp: POSTGRES_URL, _postgres_cleanup),
+    Spec(
+        "postgres-session",
+        "postgres",
+        frozenset({LOCKS}),
+        lambda tmp: _with_option(POSTGRES_URL, "mode=session"),
+        _postgres_cleanup,
+        ttl_expiry=False,
+        note="mode=session changes how locks are held; the inbox does not read it",
+    ),
+    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup),
+]
