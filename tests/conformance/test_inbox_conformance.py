@@ -194,6 +194,19 @@ async def test_purge_removes_expired_completed_and_abandoned_records_only(
     assert gone_d.state is ClaimState.NEW and gone_d.attempt == 1
 
 
+async def test_drop_removes_the_table_and_every_record(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    await (await inbox.claim("done")).complete("kept until drop")
+    held = await inbox.claim("held", ttl=60)
+    assert held.state is ClaimState.NEW
+    await inbox.drop()
+    # the next call installs the table again, empty
+    again = await inbox.claim("done")
+    assert again.state is ClaimState.NEW and again.attempt == 1 and again.result is None
+    fresh = await inbox.claim("held", ttl=60)
+    assert fresh.state is ClaimState.NEW and fresh.attempt == 1
+
+
 async def test_serializer_is_pluggable(ienv: InboxEnv) -> None:
     inbox = ienv.inbox(serializer=pickle)
     await (await inbox.claim("p")).complete({1, 2, 3})
