@@ -1,8 +1,9 @@
 """jobfence: make background jobs safe to scale out and to retry.
 
 Locks with fencing tokens and lost-lease detection, fenced writes, a transactional inbox for
-exactly-once effects, whole-unit retries, and a toolkit that reproduces races
-deterministically. See https://github.com/jobfence/jobfence (docs/ in the repository).
+exactly-once effects, whole-unit retries, and test seams (:mod:`jobfence.testing`: one I/O hook
+with stable point names, one replaceable clock). The documentation is in the source
+repository's ``README.md`` and ``docs/``.
 """
 
 from __future__ import annotations

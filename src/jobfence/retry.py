@@ -2,8 +2,8 @@
 
 :func:`retry_unit` re-runs a sync or async function when it fails with a *conflict* or a
 *transient* error (:mod:`jobfence.conflicts`), with exponential backoff and full jitter, an attempt
-cap and a total deadline. Built on tenacity (``jobfence[retry]``); sleeps go through jobfence's
-clock, so a virtual clock drives them in tests.
+cap and a total deadline. Built on tenacity (a dependency of jobfence); sleeps go through
+jobfence's clock, so a fake clock (:func:`jobfence.testing.clocked`) drives them in tests.
 
 Three rules keep a retry from re-sending a stale write:
 
@@ -96,9 +96,10 @@ def _tenacity() -> Any:
     try:
         import tenacity
 
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    except ImportError as exc:  # pragma: no cover - only in an install without tenacity
         raise ImportError(
-            "jobfence.retry_unit needs tenacity: pip install 'jobfence[retry]'"
+            "jobfence.retry_unit needs tenacity, a dependency of jobfence that is missing here: "
+            "pip install 'tenacity>=8.3,<10'"
         ) from exc
     return tenacity
 

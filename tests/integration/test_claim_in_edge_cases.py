@@ -13,7 +13,7 @@ import pymysql
 import pytest
 
 import jobfence
-from jobfence._core.hooks import set_hook
+from jobfence.testing import set_hook
 from tests.servers import MYSQL_URL, POSTGRES_URL
 
 

@@ -17,8 +17,8 @@ import pytest
 
 import jobfence
 from jobfence import ConfigurationError, SchemaMissing, StaleToken
-from jobfence._core.hooks import set_hook
 from jobfence.fencing import install
+from jobfence.testing import set_hook
 
 from ._sqldrivers import FLAVOUR_IDS, FLAVOURS, PG_DSN, Flavour, admin, query, unique
 

@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.hooks import set_hook
 from jobfence.fencing import install as install_fences
+from jobfence.testing import set_hook
 
 from ._seed import (
     Db,
@@ -384,10 +384,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "retries.md"
 
 
 def test_the_docs_examples_run_in_order() -> None:
-    """docs/retries.md's "The seed bug, fixed three ways" examples run, in order, as one
+    """docs/retries.md's "The bug, fixed three ways" examples run, in order, as one
     script (on a SQLite file), and their assertions hold."""
     text = DOC.read_text()
-    section = text[text.index("## The seed bug, fixed three ways") : text.index("## Which fix")]
+    section = text[text.index("## The bug, fixed three ways") : text.index("## Which fix")]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 7
     namespace: dict[str, Any] = {}

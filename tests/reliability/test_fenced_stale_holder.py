@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.hooks import set_hook
 from jobfence.fencing import install
+from jobfence.testing import set_hook
 from tests.servers import MYSQL_URL, POSTGRES_URL
 
 pytestmark = pytest.mark.slow

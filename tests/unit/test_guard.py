@@ -383,7 +383,7 @@ def test_a_transient_error_confirming_the_lease_still_completes_the_claim(
 ) -> None:
     """The lock backend not answering the confirming extend is not a lost lease: the work is
     done and stored, so a redelivery replays it instead of repeating it (found in review)."""
-    from jobfence._core.hooks import set_hook
+    from jobfence.testing import set_hook
 
     effects: list[int] = []
 

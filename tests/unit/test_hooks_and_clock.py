@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.hooks import set_hook
+from jobfence.testing import set_hook
 
 
 @pytest.fixture

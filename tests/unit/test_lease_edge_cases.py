@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.hooks import set_hook
 from jobfence._core.url import parse_url
 from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
+from jobfence.testing import set_hook
 
 
 def _url() -> str:

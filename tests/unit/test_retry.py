@@ -26,8 +26,8 @@ from jobfence import (
     UnprotectedRetryWarning,
     retry_unit,
 )
-from jobfence._core.clock import Clock, set_clock
 from jobfence.retry import mark_protected
+from jobfence.testing import Clock, set_clock
 
 
 class VirtualClock(Clock):

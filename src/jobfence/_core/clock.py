@@ -1,10 +1,15 @@
-"""The one clock jobfence reads.
+"""The one clock jobfence reads (public API: :mod:`jobfence.testing`).
 
-Local deadlines (renewal schedule, ``acquire`` timeouts, a lease's local expiry) use
-:meth:`Clock.monotonic`; lease lifetimes on a server are measured by that server's clock
-(Redis ``PX``, SQL ``now()``), never by comparing clocks of two machines. Every sleep goes
-through :meth:`Clock.sleep` / :meth:`Clock.asleep`, which call the I/O hook with ``"sleep"``.
-A test can replace the clock with :func:`set_clock` (the testing toolkit's virtual clock).
+Local deadlines (renewal schedule, ``acquire`` timeouts, a lease's local expiry, retry
+deadlines) use :meth:`Clock.monotonic`; lease lifetimes on a server are measured by that
+server's clock (Redis ``PX``, SQL ``now()``), never by comparing clocks of two machines; the
+``memory://`` backends measure theirs by this clock (:meth:`Clock.monotonic` for leases,
+:meth:`Clock.time` for inbox records). Every sleep goes through :meth:`Clock.sleep` /
+:meth:`Clock.asleep`, which call the I/O hook with ``"sleep"``. A test replaces the clock
+with :func:`set_clock` (e.g. a subclass whose time only moves when the test says so).
+
+Waits for an event (a lock release notification, the renewer's pause between checks) are
+bounded in real time: a replaced clock does not shorten them.
 """
 
 from __future__ import annotations
@@ -12,26 +17,37 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ..errors import ConfigurationError
 from .hooks import ahook, hook
 
 __all__ = ["Clock", "get_clock", "set_clock"]
 
 
 class Clock:
-    """Real time: ``time.monotonic`` for deadlines, ``time.time`` for wall-clock stamps."""
+    """Real time: ``time.monotonic`` for deadlines, ``time.time`` for wall-clock stamps.
+
+    To control time in a test, subclass it: override :meth:`monotonic` and :meth:`time` to
+    move deadlines and expiry by hand, and :meth:`sleep` / :meth:`asleep` so that sleeps
+    (retry backoff, polling) advance that time instead of waiting. The ``"sleep"`` hook call
+    is part of :meth:`sleep` / :meth:`asleep`: an override replaces it too.
+    """
 
     def monotonic(self) -> float:
+        """Seconds on a clock that never goes backwards (deadlines, expiry)."""
         return time.monotonic()
 
     def time(self) -> float:
+        """Seconds since the epoch (wall-clock stamps)."""
         return time.time()
 
     def sleep(self, seconds: float) -> None:
+        """Call the hook with ``"sleep"``, then sleep ``seconds`` (nothing if <= 0)."""
         hook("sleep", seconds=seconds)
         if seconds > 0:
             time.sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
+        """The async :meth:`sleep`."""
         await ahook("sleep", seconds=seconds)
         await asyncio.sleep(max(seconds, 0))
 
@@ -40,11 +56,29 @@ _clock: Clock = Clock()
 
 
 def get_clock() -> Clock:
+    """The clock jobfence reads now."""
     return _clock
 
 
 def set_clock(clock: Clock) -> Clock:
-    """Replace the clock (tests); returns the previous one."""
+    """Replace the clock, process-wide; returns the previous one.
+
+    Install it before creating the clients it should drive: a client's renewer reads the
+    clock once, when it starts with the client's first lease. Raises
+    :class:`~jobfence.ConfigurationError` (``argument="clock"``) unless ``clock`` has callable
+    ``monotonic``, ``time``, ``sleep`` and ``asleep`` methods (a :class:`Clock` subclass).
+    """
+    missing = [
+        name
+        for name in ("monotonic", "time", "sleep", "asleep")
+        if not callable(getattr(clock, name, None))
+    ]
+    if missing:
+        raise ConfigurationError(
+            f"clock must be a jobfence Clock (monotonic, time, sleep and asleep methods); "
+            f"{clock!r} lacks {', '.join(missing)}",
+            argument="clock",
+        )
     global _clock
     old, _clock = _clock, clock
     return old

@@ -1,27 +1,16 @@
-"""The one I/O hook every backend call goes through.
+"""The one I/O hook every backend call goes through (public API: :mod:`jobfence.testing`).
 
 Every operation jobfence performs against a backend (and every sleep) first calls
 :func:`hook` / :func:`ahook` with a stable point name, e.g. ``"lock.acquire"``,
-``"lock.release"``, ``"lock.renew"``, ``"lock.wait"``, ``"inbox.claim"``, ``"fence.check"``,
-``"sleep"``. By default it does nothing. The testing toolkit installs a function here to
-interleave workers and inject faults at exactly these points: a hook may block, sleep or raise.
-An exception a hook raises at a lock or inbox point surfaces exactly as a driver error there
-would: as :class:`~jobfence.BackendError` with the hook's exception as ``__cause__``.
+``"inbox.claim"``, ``"fence.check"``, ``"sleep"``, and keywords describing the call. By
+default it does nothing. A test installs a function here to observe calls, interleave workers
+or inject faults at exactly these points: a hook may block, sleep or raise. An exception a hook
+raises at a lock or inbox point surfaces exactly as a driver error there would: as
+:class:`~jobfence.BackendError` with the hook's exception as ``__cause__``.
 
-Stable point names (part of the public testing contract):
-
-====================  ===========================================
-``lock.acquire``   one acquire attempt (``name``)
-``lock.release``   release (``name``)
-``lock.extend``    extend (``name``)
-``lock.renew``     one batched renewal round trip (``names``)
-``lock.wait``      wait for a release notification (``name``)
-``fence.check``    a fenced write's token check (``resource``, ``token``)
-``versioned.update`` a versioned update (``table``, ``key``, ``version``)
-``inbox.claim``    an idempotency claim (``key``); also ``inbox.complete``,
-                   ``inbox.release``, ``inbox.claim_in``
-``sleep``          any sleep jobfence performs (``seconds``)
-====================  ===========================================
+The point names and their keywords are listed in :data:`jobfence.testing.POINTS`;
+``tests/unit/test_testing_seams.py`` fails when a hook call anywhere in jobfence uses a name
+that is not listed there, or when a listed name is never used.
 """
 
 from __future__ import annotations
@@ -29,6 +18,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from ..errors import ConfigurationError
 
 __all__ = ["HookFn", "ahook", "get_hook", "hook", "set_hook"]
 
@@ -40,19 +31,28 @@ _hook: HookFn | None = None
 def set_hook(fn: HookFn | None) -> HookFn | None:
     """Install ``fn(point, **info)`` as the I/O hook (``None`` removes it); returns the old one.
 
-    ``fn`` may be a plain function or a coroutine function. Sync code paths call it and ignore
-    an awaitable result; async code paths await it when it returns one.
+    The hook is process-wide: every client, thread and event loop calls it, in the thread or
+    task doing the operation (``lock.renew`` in the client's renewer). ``fn`` may be a plain
+    function or a coroutine function: async code paths await the awaitable it returns, sync
+    code paths close it without running it. Raises :class:`~jobfence.ConfigurationError`
+    (``argument="fn"``) if ``fn`` is neither callable nor ``None``.
     """
+    if fn is not None and not callable(fn):
+        raise ConfigurationError(
+            f"fn must be a callable fn(point, **info) or None, got {fn!r}", argument="fn"
+        )
     global _hook
     old, _hook = _hook, fn
     return old
 
 
 def get_hook() -> HookFn | None:
+    """The installed I/O hook, or ``None``."""
     return _hook
 
 
 def hook(point: str, **info: Any) -> None:
+    """Call the hook (sync code paths). An awaitable it returns is closed, never awaited."""
     fn = _hook
     if fn is not None:
         result = fn(point, **info)
@@ -63,6 +63,7 @@ def hook(point: str, **info: Any) -> None:
 
 
 async def ahook(point: str, **info: Any) -> None:
+    """Call the hook (async code paths), awaiting its result when it returns an awaitable."""
     fn = _hook
     if fn is not None:
         result = fn(point, **info)

@@ -1,4 +1,4 @@
-"""``jobfence`` command line: ``doctor`` checks backends; more commands come with later parts."""
+"""``jobfence`` command line: ``doctor`` checks that backends work with a probe lease."""
 
 from __future__ import annotations
 
