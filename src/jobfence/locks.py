@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from ._core import compat
 from ._core.clock import get_clock
 from ._core.hooks import hook
+from ._core.lease_state import LeaseState
 from ._core.url import mask_url
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
@@ -61,6 +62,9 @@ class Lease:
     renewer keeps the lease alive; if that fails, the lease is *lost*: :attr:`lost` turns
     true, :meth:`on_lost` callbacks run, :meth:`check` raises :class:`LockLost`, and an
     ``with`` body is cancelled and :class:`LockLost` raised.
+
+    ``state`` (internal: a :class:`jobfence._core.lease_state.LeaseState`) holds the local
+    deadlines; the lease and the client's renewer read and update it.
     """
 
     def __init__(
@@ -76,39 +80,34 @@ class Lease:
         self.name = name
         self.owner = owner
         self.token = token
-        self.ttl = ttl
+        self.state = LeaseState(ttl, started, renews=renew)
         self._locks = locks
-        self._renew = renew
-        self._expires_local = started + ttl
-        self._next_renew = started + ttl / 3 if renew else float("inf")
         self._lost_reason: str | None = None
         self._released = False
         self._callbacks: list[Callable[[Lease], Any]] = []
-        self._mutex = threading.Lock()
-        # a renewal in flight: when it was sent and with which ttl (None: none in flight)
-        self._renew_sent: float | None = None
-        self._renew_ttl = ttl
-        # an extend() overlapped that renewal: the server may apply them in either order, so
-        # neither outcome may lengthen the local deadline past the other's
-        self._raced = False
-        self._extending = False  # an extend() is in flight
-        self._overlap = False  # a renewal overlapped the extend() in flight
+        self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
 
     def __repr__(self) -> str:
-        state = "released" if self._released else ("lost" if self.lost else "held")
-        return f"<{type(self).__name__} {self.name!r} token={self.token} {state}>"
+        status = "released" if self._released else ("lost" if self.lost else "held")
+        return f"<{type(self).__name__} {self.name!r} token={self.token} {status}>"
 
     # -- state ---------------------------------------------------------------------------
     @property
-    def _next_check(self) -> float:
-        return min(self._next_renew, self._expires_local)
+    def ttl(self) -> float:
+        """The ttl renewals carry: the acquire's, or that of the last successful extend."""
+        return self.state.ttl
+
+    @property
+    def renews(self) -> bool:
+        """Whether the client's renewer keeps this lease alive (``renew=`` of the acquire)."""
+        return self.state.renews
 
     @property
     def lost(self) -> bool:
         """True once the lease was lost (renewal failed, expired, deleted behind our back)."""
         if self._lost_reason is not None:
             return True
-        return not self._released and get_clock().monotonic() >= self._expires_local
+        return not self._released and self.state.expired()
 
     @property
     def released(self) -> bool:
@@ -122,7 +121,7 @@ class Lease:
     @property
     def expires_in(self) -> float:
         """Seconds left before the lease expires unless renewed (local, conservative)."""
-        return max(0.0, self._expires_local - get_clock().monotonic())
+        return self.state.remaining()
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lease is still held."""
@@ -153,11 +152,12 @@ class Lease:
         except Exception:
             log.exception("on_lost callback for %r raised", self.name)
 
-    def _mark_lost(self, reason: str, *, after_release: bool = False) -> None:
-        """Record the loss once and tell the holder (callbacks; cancel an ``with``).
+    def mark_lost(self, reason: str, *, after_release: bool = False) -> None:
+        """Internal (called by the lease, its client and the client's renewer): record the
+        loss once and tell the holder (callbacks; cancel an ``with``).
 
-        ``after_release``: the loss was only noticed by the release at the end of the block;
-        the holder is still told.
+        A lease already lost, or released, is left as it is. ``after_release``: the loss was
+        only noticed by the release at the end of the block; the holder is still told.
         """
         with self._mutex:
             if self._lost_reason is not None or (self._released and not after_release):
@@ -168,57 +168,6 @@ class Lease:
         for callback in callbacks:
             self._run_callback(callback)
 
-    def _extend_started(self) -> None:
-        with self._mutex:
-            self._extending = True
-            self._overlap = self._renew_sent is not None
-
-    def _extend_done(self, sent: float | None) -> None:
-        """An extend with ``self.ttl`` sent at ``sent`` succeeded (``None``: it failed)."""
-        with self._mutex:
-            overlap = self._overlap or self._renew_sent is not None
-            self._extending = self._overlap = False
-            if sent is None:
-                return
-            if not overlap:
-                self._expires_local = sent + self.ttl
-                self._next_renew = sent + self.ttl / 3
-                return
-            # a renewal carrying the old ttl overlapped: it may have landed after us
-            if self._renew_sent is not None:
-                self._raced = True
-                bound = self._renew_sent + self._renew_ttl
-            else:
-                bound = self._expires_local
-            self._expires_local = min(sent + self.ttl, bound)
-            self._next_renew = get_clock().monotonic()  # renew with the new ttl at once
-
-    def _renewal_sent(self, sent: float) -> float:
-        """The renewer is sending a renewal now; returns the ttl it carries."""
-        with self._mutex:
-            self._renew_sent = sent
-            self._renew_ttl = self.ttl
-            self._raced = self._extending  # an extend in flight may land before or after it
-            if self._extending:
-                self._overlap = True
-            return self.ttl
-
-    def _renewal_done(self, ok: bool | None) -> None:
-        """The renewal sent by :meth:`_renewal_sent` finished (``None``: it failed)."""
-        with self._mutex:
-            sent, ttl, raced = self._renew_sent, self._renew_ttl, self._raced
-            self._renew_sent = None
-            self._raced = False
-            if not ok or sent is None:
-                return
-            if raced:  # server order unknown: keep the shorter deadline, renew again soon
-                self._expires_local = min(self._expires_local, sent + ttl)
-                # (while the extend is still in flight, its completion schedules that)
-                self._next_renew = sent + ttl / 3 if self._extending else get_clock().monotonic()
-            else:
-                self._expires_local = sent + ttl
-                self._next_renew = sent + ttl / 3
-
     # -- operations ----------------------------------------------------------------------
     def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining lifetime to ``ttl`` (default: the lease's ttl).
@@ -228,24 +177,24 @@ class Lease:
         """
         new_ttl = self.ttl if ttl is None else check_ttl(ttl)
         self.check()
-        sent = get_clock().monotonic()
-        self._extend_started()
+        state = self.state
+        sent = state.now()
+        state.extend_started()
         try:
-            ok = self._locks._call(
+            ok = self._locks.call_backend(
                 "lock.extend",
                 self.name,
                 lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
             )
         except BaseException:
-            self._extend_done(None)
+            state.extend_done(None)
             raise
         if not ok:
-            self._extend_done(None)
-            self._locks._renewer.discard(self)
-            self._mark_lost("extend found the lease gone or held by another owner")
+            state.extend_done(None)
+            self._locks.stop_renewing(self)
+            self.mark_lost("extend found the lease gone or held by another owner")
             self.check()
-        self.ttl = new_ttl
-        self._extend_done(sent)
+        state.extend_done(sent, new_ttl)
 
     def release(self) -> bool:
         """Give the lease back. Returns False if it was no longer held by us (also once its
@@ -255,22 +204,22 @@ class Lease:
                 return False
             self._released = True
         locks = self._locks
-        if locks._closed:
+        if locks.closed:
             return False  # close() gives back every lease its renewer still tracked
         try:
             return bool(
-                locks._call(
+                locks.call_backend(
                     "lock.release",
                     self.name,
                     lambda: locks.backend.release(self.name, self.owner),
                 )
             )
         except JobfenceError:
-            if locks._closed:  # closed while we released: close() gave it back
+            if locks.closed:  # closed while we released: close() gave it back
                 return False
             raise
         finally:
-            locks._renewer.discard(self)  # only now: close() still sees it until here
+            locks.stop_renewing(self)  # only now: close() still sees it until here
 
     def __enter__(self) -> Lease:
         return self
@@ -287,7 +236,7 @@ class Lease:
             return
         released = self.release()
         if was_lost or not released:
-            self._mark_lost(
+            self.mark_lost(
                 "its ttl ran out without renewal"
                 if was_lost
                 else "the lease was not held any more when its block ended",
@@ -356,8 +305,14 @@ class Locks:
     def capabilities(self) -> LockCapabilities:
         return self.backend.capabilities
 
-    def _call(self, operation: str, name: str, call: Callable[[], T]) -> T:
-        """Run one backend operation through the I/O hook; wrap driver errors."""
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: no more acquires, no more renewals."""
+        return self._closed
+
+    def call_backend(self, operation: str, name: str, call: Callable[[], T]) -> T:
+        """Internal (used by the client and its leases): run one backend operation through
+        the I/O hook; wrap driver errors in :class:`BackendError`."""
         try:
             hook(operation, name=name, backend=self.backend.kind)
             return call()
@@ -381,6 +336,11 @@ class Locks:
         self._renewer.add(lease)
         return lease
 
+    def stop_renewing(self, lease: Lease) -> None:
+        """Internal (used by the client's leases): forget a lease that was released or found
+        lost, so the renewer no longer renews it and :meth:`close` no longer gives it back."""
+        self._renewer.discard(lease)
+
     def _refuse_closed(self, name: str, owner: str) -> None:
         """A grant that arrived as the client closed: nobody would renew or release it, so
         give it back and raise."""
@@ -397,7 +357,7 @@ class Locks:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            token = self._call(
+            token = self.call_backend(
                 "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
             )
         except BaseException:  # the grant may have happened with its reply lost: give it back
@@ -437,7 +397,7 @@ class Locks:
                     wait = self.poll_interval * 3
                     if remaining is not None:
                         wait = min(wait, max(0.0, remaining))
-                token = self._call(
+                token = self.call_backend(
                     "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
                 )
                 if token is not None:
@@ -449,7 +409,9 @@ class Locks:
                 limit = (
                     self.poll_interval if remaining is None else min(self.poll_interval, remaining)
                 )
-                token = self._call("lock.wait", name, partial(backend.wait, name, owner, limit))
+                token = self.call_backend(
+                    "lock.wait", name, partial(backend.wait, name, owner, limit)
+                )
                 if token is not None:
                     if self._closed:  # granted as the client closed
                         self._refuse_closed(name, owner)
@@ -459,7 +421,9 @@ class Locks:
             # give back a lease that may have been handed to us meanwhile
             self._abandon_quietly(name, owner)
             raise
-        token = self._call("lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner))
+        token = self.call_backend(
+            "lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner)
+        )
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
             if self._closed:  # granted as the client closed
                 self._refuse_closed(name, owner)
@@ -503,7 +467,7 @@ class Locks:
         The SQL ships in ``jobfence/backends/sql/`` for migration tools.
         """
         self._check_open()
-        self._call("lock.install", "*", self.backend.install)
+        self.call_backend("lock.install", "*", self.backend.install)
 
     def force_release(self, name: str) -> bool:
         """Administrative: drop the lease on ``name`` whoever holds it. Its holder finds the
@@ -511,7 +475,7 @@ class Locks:
         self._check_open()
         name = check_name(name)
         return bool(
-            self._call("lock.force_release", name, partial(self.backend.force_release, name))
+            self.call_backend("lock.force_release", name, partial(self.backend.force_release, name))
         )
 
     def _check_open(self) -> None:

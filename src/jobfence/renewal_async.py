@@ -27,8 +27,6 @@ __all__ = ["AsyncRenewer"]
 IDLE_WAIT = 1.0
 #: leases due within this fraction of their ttl are renewed in the same batch
 BATCH_WINDOW = 0.15
-#: after a failed round trip, try again after this fraction of the ttl (bounded)
-RETRY_FRACTION = 0.1
 
 
 class AsyncRenewer:
@@ -53,7 +51,7 @@ class AsyncRenewer:
             start = not acompat.worker_alive(self._worker)
             if start:
                 self._worker = acompat.spawn(self._run, self._name)
-            elif lease._next_check < self._wake_at:
+            elif lease.state.next_check < self._wake_at:
                 self._wake.set()
 
     def discard(self, lease: AsyncLease) -> None:
@@ -74,7 +72,7 @@ class AsyncRenewer:
             leases = list(self._leases.values())
             self._leases.clear()
         for lease in leases:
-            lease._mark_lost("its Locks client was closed, so it is no longer renewed")
+            lease.mark_lost("its Locks client was closed, so it is no longer renewed")
         return leases
 
     async def _run(self) -> None:
@@ -85,23 +83,23 @@ class AsyncRenewer:
                 leases = list(self._leases.values())
             now = clock.monotonic()
             for lease in leases:
-                if lease._expires_local <= now:
+                if lease.state.expired(now):
                     self.discard(lease)
-                    lease._mark_lost("its ttl ran out before a renewal got through")
+                    lease.mark_lost("its ttl ran out before a renewal got through")
             with self._mutex:
-                leases = [lease for lease in self._leases.values() if lease._renew]
-                nonrenewing = [lease for lease in self._leases.values() if not lease._renew]
-            due = [lease for lease in leases if lease._next_renew <= now + BATCH_WINDOW * lease.ttl]
-            if not due or min(lease._next_renew for lease in due) > now:
+                leases = list(self._leases.values())
+            due = [
+                lease
+                for lease in leases
+                if lease.renews and lease.state.next_renew <= now + BATCH_WINDOW * lease.state.ttl
+            ]
+            if not due or min(lease.state.next_renew for lease in due) > now:
                 due = []
             if due:
                 await self._renew_batch(due)
                 continue
-            next_at = min(
-                [lease._next_check for lease in leases]
-                + [lease._expires_local for lease in nonrenewing]
-                + [now + IDLE_WAIT]
-            )
+            # a lease that is not renewed is due only for its expiry (its next_renew is inf)
+            next_at = min([lease.state.next_check for lease in leases] + [now + IDLE_WAIT])
             self._wake_at = next_at
             await acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
             self._wake_at = float("inf")
@@ -113,25 +111,22 @@ class AsyncRenewer:
     async def _renew_batch(self, due: list[AsyncLease]) -> None:
         clock = get_clock()
         sent = clock.monotonic()
-        items = [(lease.name, lease.owner, lease._renewal_sent(sent)) for lease in due]
+        items = [(lease.name, lease.owner, lease.state.renewal_sent(sent)) for lease in due]
         # A renewal that hangs must not hide a loss: give up when the first lease expires.
-        limit = max(0.01, min(lease._expires_local for lease in due) - sent)
+        limit = max(0.01, min(lease.state.expires_at for lease in due) - sent)
         try:
             results = await acompat.call_bounded(partial(self._hooked_renew, items), limit)
         except Exception as exc:
             now = clock.monotonic()
             for lease in due:
-                lease._renewal_done(None)
-                if lease._expires_local <= now:
+                if not lease.state.renewal_failed(now):  # expired: no retry was scheduled
                     self.discard(lease)
-                    lease._mark_lost(f"renewal could not reach the backend: {exc!r}")
-                else:
-                    lease._next_renew = now + min(1.0, max(0.01, RETRY_FRACTION * lease.ttl))
+                    lease.mark_lost(f"renewal could not reach the backend: {exc!r}")
             return
         for lease, ok in zip(due, results, strict=True):
-            lease._renewal_done(bool(ok))
-            if lease._released:
+            lease.state.renewal_done(bool(ok))
+            if lease.released:
                 continue
             if not ok:
                 self.discard(lease)
-                lease._mark_lost("renewal found the lease gone or held by another owner")
+                lease.mark_lost("renewal found the lease gone or held by another owner")
