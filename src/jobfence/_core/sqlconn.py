@@ -65,6 +65,7 @@ from ..errors import ConfigurationError
 __all__ = [
     "AsyncSqlConn",
     "Result",
+    "SQLDialect",
     "SqlConn",
     "adapt",
     "adapt_async",
@@ -124,6 +125,22 @@ def quote_ident(dialect: str, name: str) -> str:
     """Quote a name already validated by :func:`check_ident` (``a.b`` quotes each part)."""
     q = "`" if dialect == "mysql" else '"'
     return ".".join(f"{q}{part}{q}" for part in name.split("."))
+
+
+# -- dialects -------------------------------------------------------------------------------
+
+
+class SQLDialect:
+    """What the features that run on a caller's connection -- ``fence``, ``claim_in``,
+    ``versioned_update``, ``inbox.install(conn)`` -- need to know about one SQL dialect.
+
+    Each SQL backend package has one, in ``backends/<server>/dialect.py`` (hand-written, no
+    I/O); ``jobfence.backends.sql_dialect(name)`` finds it for the dialect :func:`adapt`
+    detected.
+    """
+
+    #: the dialect name :func:`adapt` reports ("postgresql", "mysql", "sqlite")
+    name: str = ""
 
 
 # -- errors ---------------------------------------------------------------------------------
