@@ -12,6 +12,8 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES",
+    "NAMESPACE_LIMIT",
+    "TABLE_LIMIT",
     "AsyncMySQLInboxBackend",
     "AsyncMySQLLockBackend",
     "MySQLInboxBackend",
@@ -19,6 +21,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "MySQLLockBackend": "locks",
     "AsyncMySQLLockBackend": "locks_async",
     "MySQLInboxBackend": "inbox",

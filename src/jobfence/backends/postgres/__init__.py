@@ -12,9 +12,11 @@ from typing import Any
 __all__ = [
     "LEASE_CAPABILITIES",
     "MODES",
+    "NAMESPACE_LIMIT",
     "POLLING_CAPABILITIES",
     "SCHEMA_VERSION",
     "SESSION_CAPABILITIES",
+    "TABLE_LIMIT",
     "AsyncPostgresInboxBackend",
     "AsyncPostgresLockBackend",
     "PostgresInboxBackend",
@@ -25,6 +27,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "LEASE_CAPABILITIES": "locks",
     "MODES": "locks",
     "POLLING_CAPABILITIES": "locks",

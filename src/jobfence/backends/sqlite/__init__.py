@@ -13,7 +13,9 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES",
+    "NAMESPACE_LIMIT",
     "QUEUE_CAPABILITIES",
+    "TABLE_LIMIT",
     "AsyncSQLiteInboxBackend",
     "AsyncSQLiteLockBackend",
     "SQLiteInboxBackend",
@@ -21,6 +23,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "SQLiteLockBackend": "locks",
     "AsyncSQLiteLockBackend": "locks_async",
     "SQLiteInboxBackend": "inbox",
