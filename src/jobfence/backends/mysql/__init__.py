@@ -1,7 +1,9 @@
 """``mysql://`` / ``mariadb://``: locks and inbox on MySQL 8 / MariaDB 10.6+ (PyMySQL, aiomysql).
 
 Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (options,
-namespace check, name hashing, error kinds), ``sql/`` (``locks.sql``, ``inbox.sql``,
+namespace check, name hashing, the lock statements, error kinds), ``dialect`` (what fence,
+claim_in, versioned_update and inbox.install(conn) need to know about MySQL/MariaDB; the name
+limits ``NAMESPACE_LIMIT`` and ``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``,
 ``fence.sql``). ``pip install 'jobfence[mysql]'``.
 """
 

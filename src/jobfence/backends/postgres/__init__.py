@@ -1,7 +1,10 @@
 """``postgresql://``: locks (lease and session modes) and inbox on PostgreSQL (psycopg 3).
 
-Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping),
-``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``). ``pip install 'jobfence[postgres]'``.
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping,
+reusable connections), ``dialect`` (what fence, claim_in, versioned_update and
+inbox.install(conn) need to know about PostgreSQL; the name limits ``NAMESPACE_LIMIT`` and
+``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``).
+``pip install 'jobfence[postgres]'``.
 """
 
 from __future__ import annotations

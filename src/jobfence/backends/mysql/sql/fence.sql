@@ -8,7 +8,8 @@
 --     are removed before a statement is sent.
 --   * {table} is the table name: jobfence_fences unless install(conn, table=...) and
 --     fence(..., table=...) name another (validated as an SQL identifier, optionally
---     schema.table); jobfence quotes it (each part) with backticks. Migration tools: fill it in the same way.
+--     schema.table); jobfence quotes it (each part) with backticks.
+--     Migration tools: fill it in the same way.
 --   * Parameters are named, :name; jobfence converts them for the driver (PyMySQL and
 --     aiomysql %(name)s, SQLAlchemy :name).
 --
@@ -42,6 +43,6 @@ ON DUPLICATE KEY UPDATE
     token = LAST_INSERT_ID(IF(:token >= token, :token, token))
 
 -- name: newest
--- Parameters: :hash, the resource_hash as hex. A locking read (latest committed row, not the transaction's
--- snapshot); only used when a driver does not report lastrowid.
+-- Parameters: :hash, the resource_hash as hex. A locking read (latest committed row, not the
+-- transaction's snapshot); only used when a driver does not report lastrowid.
 SELECT token FROM {table} WHERE resource_hash = UNHEX(:hash) FOR UPDATE

@@ -8,7 +8,8 @@
 --     are removed before a statement is sent.
 --   * {table} is the table name: jobfence_fences unless install(conn, table=...) and
 --     fence(..., table=...) name another (validated as an SQL identifier, optionally
---     schema.table); jobfence double-quotes it (each part), so its case is kept. Migration tools: fill it in the same way.
+--     schema.table); jobfence double-quotes it (each part), so its case is kept.
+--     Migration tools: fill it in the same way.
 --   * Parameters are named, :name; jobfence converts them for the driver (psycopg
 --     %(name)s, asyncpg $1, $2..., SQLAlchemy :name).
 
