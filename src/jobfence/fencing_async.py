@@ -13,7 +13,7 @@ until then makes concurrent fenced transactions on one resource take turns::
         await jobfence.fence_async(conn, "inventory:42", lease.token)
         await conn.execute("UPDATE inventory ...")
 
-One atomic statement per dialect (shipped in ``backends/sql/fence_<dialect>.sql``):
+One atomic statement per dialect (shipped in ``backends/<server>/sql/fence.sql``):
 PostgreSQL and SQLite use ``INSERT ... ON CONFLICT DO UPDATE ... WHERE old <= new
 RETURNING``; MySQL/MariaDB use ``INSERT ... ON DUPLICATE KEY UPDATE`` keeping the larger token
 and reporting the result through ``LAST_INSERT_ID(expr)``. Equal tokens pass (the same holder
@@ -23,27 +23,18 @@ once, or apply the shipped SQL with your migration tool. See docs/fencing.md.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from ._core.hooks import ahook
-from ._core.sqlconn import AsyncSqlConn, adapt_async, check_ident, is_undefined_table, quote_ident
-from ._core.sqlfiles import statements
+from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident, is_undefined_table
 from ._core.validate import check_name
+from .backends import sql_dialect
 from .errors import ConfigurationError, SchemaMissing, StaleToken
 
 __all__ = ["DEFAULT_TABLE", "fence_async", "install_async"]
 
 DEFAULT_TABLE = "jobfence_fences"
 _MAX_TOKEN = 2**63 - 1
-#: the backend package that ships each dialect's fence SQL
-_PACKAGE = {"postgresql": "postgres", "mysql": "mysql", "sqlite": "sqlite"}
-
-
-def _sql(sc: AsyncSqlConn, table: str) -> dict[str, str]:
-    return statements(
-        f"{_PACKAGE[sc.dialect]}/sql/fence.sql", DEFAULT_TABLE, quote_ident(sc.dialect, table)
-    )
 
 
 def _check_token(token: object) -> int:
@@ -59,17 +50,17 @@ def _check_token(token: object) -> int:
     return token
 
 
-def _schema_missing(sc: AsyncSqlConn, table: str) -> SchemaMissing:
+def _schema_missing(sc: AsyncSqlConn, dialect: SQLDialect, table: str) -> SchemaMissing:
     aborted = (
-        " On PostgreSQL the failed statement has aborted your transaction: roll it back."
-        if sc.dialect == "postgresql"
+        f" On {dialect.title} the failed statement has aborted your transaction: roll it back."
+        if dialect.failure_aborts_transaction
         else ""
     )
     args = "conn" if table == DEFAULT_TABLE else f"conn, table={table!r}"
     return SchemaMissing(
         f"the fencing table {table!r} does not exist: run "
         f"await jobfence.fencing_async.install_async({args}) once (and commit), or apply "
-        f"backends/sql/fence_{sc.dialect}.sql with your migration tool. fence() never creates "
+        f"{dialect.sql_file('fence.sql')} with your migration tool. fence() never creates "
         f"tables inside your transaction.{aborted}",
         backend=sc.dialect,
         operation="fence",
@@ -80,11 +71,11 @@ async def install_async(conn: Any, *, table: str = DEFAULT_TABLE) -> None:
     """Create the fencing table on ``conn`` if it does not exist (idempotent).
 
     Runs in the caller's transaction and does not commit: commit afterwards (on MySQL/MariaDB
-    DDL commits implicitly). The same SQL ships in ``jobfence/backends/sql/fence_*.sql``.
+    DDL commits implicitly). The same SQL ships in ``jobfence/backends/<server>/sql/fence.sql``.
     """
     check_ident(table, "table")
     sc = adapt_async(conn)
-    await sc.execute(_sql(sc, table)["install"])
+    await sc.execute(sql_dialect(sc.dialect).fence_queries(table)["install"], {})
 
 
 async def fence_async(conn: Any, resource: str, token: int, *, table: str = DEFAULT_TABLE) -> None:
@@ -100,36 +91,19 @@ async def fence_async(conn: Any, resource: str, token: int, *, table: str = DEFA
     _check_token(token)
     check_ident(table, "table")
     sc = adapt_async(conn)
-    if sc.dialect == "postgresql" and "\x00" in resource:
-        raise ConfigurationError(
-            "resource must not contain NUL characters on PostgreSQL (text cannot store them)",
-            argument="resource",
-        )
-    sql = _sql(sc, table)
+    dialect = sql_dialect(sc.dialect)
+    dialect.check_resource(resource)
+    sql = dialect.fence_queries(table)
     await ahook("fence.check", resource=resource, token=token)
     try:
-        if sc.dialect == "mysql":
-            newest = await _fence_mysql(sc, sql, resource, token)
-        else:
-            result = await sc.execute(sql["fence"], (resource, token))
-            if result.rows:
-                return
-            rows = (await sc.execute(sql["newest"], (resource,))).rows
+        result = await sc.execute(sql["fence"], dialect.fence_params(resource, token))
+        newest = dialect.fence_outcome(result, token)
+        if newest is None:
+            rows = (await sc.execute(sql["newest"], dialect.newest_params(resource))).rows
             newest = int(rows[0][0]) if rows else token
     except Exception as exc:
         if is_undefined_table(exc):
-            raise _schema_missing(sc, table) from exc
+            raise _schema_missing(sc, dialect, table) from exc
         raise
     if newest > token:
         raise StaleToken(resource, token, newest)
-
-
-async def _fence_mysql(sc: AsyncSqlConn, sql: dict[str, str], resource: str, token: int) -> int:
-    """Run the MySQL upsert; return the token the row holds afterwards."""
-    name = resource.encode("utf-8")
-    key = hashlib.sha256(name).hexdigest()
-    result = await sc.execute(sql["fence"], (key, name.hex(), token, token, token, token))
-    if result.lastrowid is not None:
-        return int(result.lastrowid)
-    rows = (await sc.execute(sql["newest"], (key,))).rows  # pragma: no cover - driver fallback
-    return int(rows[0][0]) if rows else token  # pragma: no cover

@@ -33,15 +33,12 @@ from ._core.inbox_support import (
     JSONSerializer,
     Serializer,
     check_fingerprint,
-    check_table,
 )
 from ._core.sqlconn import adapt_async, is_undefined_table
-from ._core.sqlqueries import load_queries
 from ._core.url import mask_url
-from ._core.validate import check_name, check_ttl
-from .backends import open_inbox_backend
+from ._core.validate import check_name, check_namespace, check_ttl
+from .backends import open_inbox_backend, sql_dialect
 from .backends.base import AsyncInboxBackend, ClaimRecord, ClaimState
-from .backends.postgres.common import pg_text
 from .errors import (
     BackendError,
     ConfigurationError,
@@ -215,8 +212,9 @@ class AsyncInbox:
     ``"redis://..."`` or ``"memory://"``; without a URL, ``$JOBFENCE_URL`` or the embedded
     SQLite file ``jobfence.db``.
 
-    * ``table`` -- the table (SQL) or key prefix (Redis, memory), validated as
-      ``^[A-Za-z_][A-Za-z0-9_]{0,62}$``; default ``jobfence_inbox``. Also a URL option.
+    * ``table`` -- the table (SQL) or key prefix (Redis, memory): an SQL identifier
+      (``^[A-Za-z_][A-Za-z0-9_]*$``) within the backend's limit (63 characters; 64 on
+      MySQL/MariaDB); default ``jobfence_inbox``. Also a URL option. The backend validates it.
     * ``ttl`` -- default lifetime of an in-progress claim (seconds, default 300).
     * ``retention`` -- how long completed records are kept for replay (default 7 days);
       older ones are deleted by :meth:`purge` (Redis expires them natively).
@@ -233,7 +231,6 @@ class AsyncInbox:
         serializer: Serializer | None = None,
         **options: Any,
     ) -> None:
-        check_table(table)
         self.ttl = check_ttl(ttl)
         self.retention = check_ttl(retention, argument="retention")
         if serializer is None:
@@ -357,29 +354,26 @@ class AsyncInbox:
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
         sc = adapt_async(conn, argument="conn")
-        queries = load_queries(sc.dialect, self.table)
-        retention: float | int = self.retention
-        if sc.dialect == "mysql":
-            retention = int(self.retention * 1_000_000)
+        dialect = sql_dialect(sc.dialect)
+        table = check_namespace(
+            self.table, limit=dialect.table_limit, backend=sc.dialect, argument="table"
+        )
+        queries = dialect.inbox_queries(table)
+        params = dialect.claim_in_params(key, fingerprint, self.retention)
         try:
             await ahook("inbox.claim_in", key=key, backend=sc.dialect)
-            db_key = pg_text(key) if sc.dialect == "postgresql" else key
-            with warnings.catch_warnings():  # aiomysql warns on every ignored duplicate
-                warnings.filterwarnings("ignore", message="Duplicate entry")
-                res = await sc.execute(queries["claim_in"][0], (db_key, fingerprint, retention))
-            # From here a repeat of this unit's commit is detectable (its next claim_in sees
-            # the marker), so retry_unit may re-run it after "commit outcome unknown".
-            mark_protected()
-            if res.rowcount == 1:
-                return True
-            if sc.dialect == "mysql":
-                res = await sc.execute(
-                    queries["claim_in_held"][0], (db_key, fingerprint, fingerprint)
-                )
+            # the dialect's statements, each only while the ones before affected no row
+            for step in dialect.claim_in_steps:
+                with warnings.catch_warnings():  # aiomysql warns on every ignored duplicate
+                    warnings.filterwarnings("ignore", message="Duplicate entry")
+                    res = await sc.execute(queries[step], params)
+                # From here a repeat of this unit's commit is detectable (its next claim_in
+                # sees the marker), so retry_unit may re-run it after "commit outcome unknown".
+                mark_protected()
                 if res.rowcount == 1:
                     return True
             if fingerprint is not None:
-                res = await sc.execute(queries["fingerprint"][0], (db_key,))
+                res = await sc.execute(queries["fingerprint"], {"key": params["key"]})
                 stored = _text(res.rows[0][0]) if res.rows else None
                 if stored is not None and stored != fingerprint:
                     raise FingerprintMismatch(
@@ -412,17 +406,21 @@ class AsyncInbox:
         Without ``conn``: on the inbox's own backend (SQL backends also do this on first
         use). With ``conn``: on that caller connection (PostgreSQL, MySQL, SQLite), for use
         with :meth:`claim_in`; the caller commits. The SQL also ships in
-        ``jobfence/inbox_backends/sql/`` for migration tools.
+        ``jobfence/backends/<server>/sql/inbox.sql`` for migration tools.
         """
         self._check_open()
         if conn is None:
             await self._call("inbox.install", None, self.backend.install)
             return
         sc = adapt_async(conn, argument="conn")
+        dialect = sql_dialect(sc.dialect)
+        table = check_namespace(
+            self.table, limit=dialect.table_limit, backend=sc.dialect, argument="table"
+        )
         try:
             await ahook("inbox.install", key=None, backend=sc.dialect)
-            for statement in load_queries(sc.dialect, self.table)["schema"]:
-                await sc.execute(statement)
+            for statement in dialect.inbox_queries(table).statements("schema"):
+                await sc.execute(statement, {})
         except Exception as exc:
             raise BackendError(
                 f"{sc.dialect} connection ({sc.driver}): inbox.install failed: "

@@ -4,7 +4,7 @@ A retry that re-sends a write computed from an old read silently overwrites what
 in between (a lost update). A *versioned* update makes the write conditional on the version
 the unit of work read, and bumps it::
 
-    UPDATE inventory SET stock = ?, version = version + 1 WHERE id = ? AND version = ?
+    UPDATE inventory SET stock = :s0, version = version + 1 WHERE id = :k0 AND version = :version
 
 :func:`versioned_update_async` builds that statement from validated, quoted identifiers,
 runs it on the caller's connection inside the caller's transaction, and returns the new
@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._core.hooks import ahook
-from ._core.sqlconn import AsyncSqlConn, adapt_async, check_ident, quote_ident
+from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident
+from .backends import sql_dialect
 from .errors import ConfigurationError, StaleVersion
 
 __all__ = ["versioned_update_async"]
@@ -87,15 +88,20 @@ async def versioned_update_async(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
     sc = adapt_async(conn)
-    q = sc.dialect
-    ver = quote_ident(q, version_column)
-    assignments = [f"{quote_ident(q, c)} = ?" for c in sets] + [f"{ver} = {ver} + 1"]
-    where = " AND ".join(f"{quote_ident(q, c)} = ?" for c in keys)
-    sql = f"UPDATE {quote_ident(q, table)} SET {', '.join(assignments)} WHERE {where} AND {ver} = ?"
+    dialect = sql_dialect(sc.dialect)
+    quote = dialect.quote
+    ver = quote(version_column)
+    # numbered parameter names: column names need not be valid parameter names
+    assignments = [f"{quote(c)} = :s{i}" for i, c in enumerate(sets)] + [f"{ver} = {ver} + 1"]
+    where = " AND ".join(f"{quote(c)} = :k{i}" for i, c in enumerate(keys))
+    sql = f"UPDATE {quote(table)} SET {', '.join(assignments)} WHERE {where} AND {ver} = :version"
+    params = {f"s{i}": v for i, v in enumerate(sets.values())}
+    params.update({f"k{i}": v for i, v in enumerate(keys.values())})
+    params["version"] = expected
     await ahook("versioned.update", table=table, key=keys, version=expected)
-    result = await sc.execute(sql, (*sets.values(), *keys.values(), expected))
+    result = await sc.execute(sql, params)
     if result.rowcount == 0:
-        current = await _current(sc, table, keys)
+        current = await _current(sc, dialect, table, keys)
         found = (
             "the row is gone" if current is None else f"it is at {current.get(version_column)!r}"
         )
@@ -110,12 +116,14 @@ async def versioned_update_async(
     return expected + 1
 
 
-async def _current(sc: AsyncSqlConn, table: str, keys: dict[str, Any]) -> dict[str, Any] | None:
-    q = sc.dialect
-    where = " AND ".join(f"{quote_ident(q, c)} = ?" for c in keys)
-    lock = " FOR UPDATE" if q == "mysql" else ""
+async def _current(
+    sc: AsyncSqlConn, dialect: SQLDialect, table: str, keys: dict[str, Any]
+) -> dict[str, Any] | None:
+    quote = dialect.quote
+    where = " AND ".join(f"{quote(c)} = :k{i}" for i, c in enumerate(keys))
     result = await sc.execute(
-        f"SELECT * FROM {quote_ident(q, table)} WHERE {where}{lock}", tuple(keys.values())
+        f"SELECT * FROM {quote(table)} WHERE {where}{dialect.locking_read}",
+        {f"k{i}": v for i, v in enumerate(keys.values())},
     )
     if not result.rows:
         return None

@@ -243,3 +243,46 @@ async def test_is_undefined_table_recognises_every_driver(tmp_path: Path) -> Non
     assert not is_undefined_table(sqlite3.OperationalError("database is locked"))
     assert not is_undefined_table(pymysql.err.OperationalError(1213, "Deadlock found"))
     assert not is_undefined_table(ValueError("no such table"))
+
+
+# -- named parameters (the convention of the shipped SQL files) ----------------------------
+
+NAMED = "SELECT :a::int + 1, '100%', ':no', :b, :a"
+
+
+def test_named_parameters_on_every_sync_driver(tmp_path: Path) -> None:
+    import psycopg
+    import pymysql
+    import sqlalchemy as sa
+
+    from tests.servers import mysql_params
+
+    with psycopg.connect(POSTGRES_URL) as conn:
+        assert adapt(conn).execute(NAMED, {"a": 1, "b": "x", "z": 0}).rows == [
+            (2, "100%", ":no", "x", 1)
+        ]
+        assert adapt(conn).execute("SELECT '50%'", {}).rows == [("50%",)]
+    engine = sa.create_engine(POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        assert adapt(conn).execute(NAMED, {"a": 1, "b": "x"}).rows == [(2, "100%", ":no", "x", 1)]
+    engine.dispose()
+    mysql_sql = "SELECT :a + 1, '100%', ':no', :b, :a"
+    my = pymysql.connect(**mysql_params())
+    try:
+        assert adapt(my).execute(mysql_sql, {"a": 1, "b": "x"}).rows == [(2, "100%", ":no", "x", 1)]
+    finally:
+        my.close()
+    lite = sqlite3.connect(tmp_path / "n.db")
+    assert adapt(lite).execute(mysql_sql, {"a": 1, "b": "x"}).rows == [(2, "100%", ":no", "x", 1)]
+    lite.close()
+
+
+async def test_named_parameters_on_asyncpg() -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        res = await adapt_async(conn).execute(NAMED, {"a": 1, "b": "x"})
+        assert res.rows == [(2, "100%", ":no", "x", 1)]
+    finally:
+        await conn.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,7 +24,6 @@ __all__ = [
     "JSONSerializer",
     "Serializer",
     "check_fingerprint",
-    "check_table",
     "record_from_row",
 ]
 
@@ -36,8 +34,6 @@ DEFAULT_RETENTION = 7 * 86400.0
 DEFAULT_TABLE = "jobfence_inbox"
 #: version of the inbox's SQL schema, stored in ``jobfence_inbox_schema``
 SCHEMA_VERSION = 1
-
-_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 class ClaimState(str, enum.Enum):
@@ -124,17 +120,6 @@ class JSONSerializer:
 
     def loads(self, data: bytes, /) -> Any:
         return json.loads(data)
-
-
-def check_table(table: object, *, argument: str = "table") -> str:
-    """A table name (or key prefix): ``^[A-Za-z_][A-Za-z0-9_]{0,62}$``, so never an injection."""
-    if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
-        raise ConfigurationError(
-            f"{argument} must match ^[A-Za-z_][A-Za-z0-9_]{{0,62}}$ (a letter or underscore, then "
-            f"up to 62 letters, digits or underscores), got {table!r}",
-            argument=argument,
-        )
-    return table
 
 
 def check_fingerprint(fingerprint: object) -> str | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["option_bool", "option_int", "option_seconds", "reject_unknown"]
+__all__ = ["option_bool", "option_int", "option_pool_size", "option_seconds", "reject_unknown"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -64,3 +67,36 @@ def reject_unknown(options: Mapping[str, Any], allowed: Iterable[str], what: str
         raise ConfigurationError(
             f"unknown {what} option(s) {unknown}; allowed: {allowed}", argument=unknown[0]
         )
+
+
+#: the most idle connections a pool may keep
+MAX_POOL_SIZE = 1000
+
+
+def option_pool_size(
+    options: Mapping[str, Any], url_options: Mapping[str, Any], default: int
+) -> int:
+    """``pool_size``: how many idle connections a client's pool keeps for reuse (keywords win
+    over the URL). ``max_idle`` is its deprecated former name (a ``DeprecationWarning``)."""
+    if "max_idle" in options or "max_idle" in url_options:
+        warnings.warn(
+            "the max_idle option is deprecated: it is called pool_size now",
+            DeprecationWarning,
+            stacklevel=_user_stacklevel(),
+        )
+    for source in (options, url_options):
+        for argument in ("pool_size", "max_idle"):
+            if argument in source:
+                return option_int(source[argument], argument, 0, MAX_POOL_SIZE)
+    return default
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by our caller point at the first frame
+    outside jobfence (the user's code), where the default filters show it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 2, sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+        level += 1
+    return level

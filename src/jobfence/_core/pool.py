@@ -1,19 +1,30 @@
 # Generated from _core/pool_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""A minimal connection pool for the inbox's own connections (async source of ``_pool.py``).
+"""The idle-connection pool of one client (async source of ``pool.py``).
 
-Idle connections sit in a list (``append``/``pop`` are atomic, so threads and tasks can share
-it); a connection that saw an exception is closed instead of reused, since its state is
-unknown. There is no upper bound on connections in use, only on idle ones kept.
+Every part of a server that opens its own connections -- the PostgreSQL locks and inbox, the
+MySQL/MariaDB and SQLite inboxes -- keeps them in one of these, one pool per client instance
+(two clients never share connections). Idle connections sit in a list guarded by a lock that
+is never held across I/O, so threads and tasks can share a pool; ``pool_size`` bounds the idle
+ones kept, not the ones in use.
+
+A connection goes back to the idle list only if it is usable: ``reusable(conn)`` (when given)
+says so, e.g. "open, and not inside a transaction" for psycopg. Without ``reusable``, a
+connection that saw an exception is closed instead of reused, since its state is unknown. A
+caller that must keep a connection to itself (a PostgreSQL session advisory lock lives on its
+connection) takes it with :meth:`take` and gives it back, if ever, with :meth:`give`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ConnPool"]
+__all__ = ["DEFAULT_POOL_SIZE", "ConnPool"]
+
+DEFAULT_POOL_SIZE = 8
 
 
 class ConnPool:
@@ -22,37 +33,68 @@ class ConnPool:
         connect: Callable[[], Any],
         close: Callable[[Any], None],
         *,
-        max_idle: int = 8,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        reusable: Callable[[Any], bool] | None = None,
     ) -> None:
         self._connect = connect
         self._close = close
+        self._reusable = reusable
         self._idle: list[Any] = []
-        self._max_idle = max_idle
-        self._closed = False
+        self._mutex = threading.Lock()  # guards _idle (never held across I/O)
+        self.pool_size = pool_size
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} idle={len(self._idle)} pool_size={self.pool_size}>"
+
+    def _usable(self, conn: Any) -> bool:
+        return self._reusable is None or self._reusable(conn)
+
+    def take(self) -> Any:
+        """An idle usable connection, or a new one."""
+        while True:
+            with self._mutex:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._connect()
+            if self._usable(conn):
+                return conn
+            self.discard(conn)
+
+    def give(self, conn: Any) -> None:
+        """Return ``conn`` to the idle list if it is usable and there is room, else close it."""
+        if not self.closed and self._usable(conn):
+            with self._mutex:
+                if len(self._idle) < self.pool_size:
+                    self._idle.append(conn)
+                    return
+        self.discard(conn)
+
+    def discard(self, conn: Any) -> None:
+        """Close ``conn`` (it may be broken already)."""
+        try:
+            self._close(conn)
+        except Exception:  # already broken: nothing left to close
+            pass
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self._connect()
+        """A connection for the block, returned to the pool afterwards."""
+        conn = self.take()
         try:
             yield conn
         except BaseException:
-            self._discard(conn)
+            if self._reusable is None:
+                self.discard(conn)
+            else:
+                self.give(conn)  # kept only if it is still usable
             raise
-        if self._closed or len(self._idle) >= self._max_idle:
-            self._discard(conn)
-        else:
-            self._idle.append(conn)
-
-    def _discard(self, conn: Any) -> None:
-        try:
-            self._close(conn)
-        except Exception:
-            pass
+        self.give(conn)
 
     def close(self) -> None:
-        self._closed = True
-        while self._idle:
-            self._discard(self._idle.pop())
+        """Close the idle connections; connections in use are closed when given back."""
+        self.closed = True
+        with self._mutex:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self.discard(conn)

@@ -1,17 +1,28 @@
-"""A minimal connection pool for the inbox's own connections (async source of ``_pool.py``).
+"""The idle-connection pool of one client (async source of ``pool.py``).
 
-Idle connections sit in a list (``append``/``pop`` are atomic, so threads and tasks can share
-it); a connection that saw an exception is closed instead of reused, since its state is
-unknown. There is no upper bound on connections in use, only on idle ones kept.
+Every part of a server that opens its own connections -- the PostgreSQL locks and inbox, the
+MySQL/MariaDB and SQLite inboxes -- keeps them in one of these, one pool per client instance
+(two clients never share connections). Idle connections sit in a list guarded by a lock that
+is never held across I/O, so threads and tasks can share a pool; ``pool_size`` bounds the idle
+ones kept, not the ones in use.
+
+A connection goes back to the idle list only if it is usable: ``reusable(conn)`` (when given)
+says so, e.g. "open, and not inside a transaction" for psycopg. Without ``reusable``, a
+connection that saw an exception is closed instead of reused, since its state is unknown. A
+caller that must keep a connection to itself (a PostgreSQL session advisory lock lives on its
+connection) takes it with :meth:`take` and gives it back, if ever, with :meth:`give`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-__all__ = ["AsyncConnPool"]
+__all__ = ["DEFAULT_POOL_SIZE", "AsyncConnPool"]
+
+DEFAULT_POOL_SIZE = 8
 
 
 class AsyncConnPool:
@@ -20,37 +31,68 @@ class AsyncConnPool:
         connect: Callable[[], Awaitable[Any]],
         close: Callable[[Any], Awaitable[None]],
         *,
-        max_idle: int = 8,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        reusable: Callable[[Any], bool] | None = None,
     ) -> None:
         self._connect = connect
         self._close = close
+        self._reusable = reusable
         self._idle: list[Any] = []
-        self._max_idle = max_idle
-        self._closed = False
+        self._mutex = threading.Lock()  # guards _idle (never held across I/O)
+        self.pool_size = pool_size
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} idle={len(self._idle)} pool_size={self.pool_size}>"
+
+    def _usable(self, conn: Any) -> bool:
+        return self._reusable is None or self._reusable(conn)
+
+    async def take(self) -> Any:
+        """An idle usable connection, or a new one."""
+        while True:
+            with self._mutex:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return await self._connect()
+            if self._usable(conn):
+                return conn
+            await self.discard(conn)
+
+    async def give(self, conn: Any) -> None:
+        """Return ``conn`` to the idle list if it is usable and there is room, else close it."""
+        if not self.closed and self._usable(conn):
+            with self._mutex:
+                if len(self._idle) < self.pool_size:
+                    self._idle.append(conn)
+                    return
+        await self.discard(conn)
+
+    async def discard(self, conn: Any) -> None:
+        """Close ``conn`` (it may be broken already)."""
+        try:
+            await self._close(conn)
+        except Exception:  # already broken: nothing left to close
+            pass
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = await self._connect()
+        """A connection for the block, returned to the pool afterwards."""
+        conn = await self.take()
         try:
             yield conn
         except BaseException:
-            await self._discard(conn)
+            if self._reusable is None:
+                await self.discard(conn)
+            else:
+                await self.give(conn)  # kept only if it is still usable
             raise
-        if self._closed or len(self._idle) >= self._max_idle:
-            await self._discard(conn)
-        else:
-            self._idle.append(conn)
-
-    async def _discard(self, conn: Any) -> None:
-        try:
-            await self._close(conn)
-        except Exception:
-            pass
+        await self.give(conn)
 
     async def close(self) -> None:
-        self._closed = True
-        while self._idle:
-            await self._discard(self._idle.pop())
+        """Close the idle connections; connections in use are closed when given back."""
+        self.closed = True
+        with self._mutex:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            await self.discard(conn)

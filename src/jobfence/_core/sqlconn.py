@@ -5,19 +5,19 @@ application already holds, so that their write commits or rolls back together wi
 application's own writes. This module hides the differences between the drivers:
 
 ===========================  ===========  ===============================================
-connection type              dialect      placeholder sent to the driver
+connection type              dialect      placeholder sent to the driver (``:name`` SQL)
 ===========================  ===========  ===============================================
-psycopg ``Connection``       postgresql   ``%s``
-PyMySQL ``Connection``       mysql        ``%s``
-``sqlite3.Connection``       sqlite       ``?``
-SQLAlchemy ``Connection``,   from         ``:p0, :p1, ...`` with ``text()``
+psycopg ``Connection``       postgresql   ``%(name)s``
+PyMySQL ``Connection``       mysql        ``%(name)s``
+``sqlite3.Connection``       sqlite       ``:name``
+SQLAlchemy ``Connection``,   from         ``:name`` with ``text()``
 ``Session``                  ``.dialect``
-psycopg ``AsyncConnection``  postgresql   ``%s``                                  (async)
+psycopg ``AsyncConnection``  postgresql   ``%(name)s``                            (async)
 asyncpg ``Connection`` and   postgresql   ``$1, $2, ...``                         (async)
 pool connection proxy
-aiomysql ``Connection``      mysql        ``%s``                                  (async)
-aiosqlite ``Connection``     sqlite       ``?``                                   (async)
-SQLAlchemy                   from         ``:p0, :p1, ...`` with ``text()``       (async)
+aiomysql ``Connection``      mysql        ``%(name)s``                            (async)
+aiosqlite ``Connection``     sqlite       ``:name``                               (async)
+SQLAlchemy                   from         ``:name`` with ``text()``               (async)
 ``AsyncConnection``,         ``.dialect``
 ``AsyncSession``
 ===========================  ===========  ===============================================
@@ -35,9 +35,12 @@ API (stable: other modules build on it)::
     result = sc.execute(sql, params)  # (await it for AsyncSqlConn) -> Result
     result.rows, result.rowcount, result.lastrowid, result.columns
 
-SQL is written once with ``?`` as the neutral positional placeholder; ``execute`` converts it
-for the driver (and doubles literal ``%`` for the ``%s`` drivers). Never put a ``?`` or a
-``:name`` inside a string literal of SQL passed here: pass values as parameters.
+SQL is written once with named ``:name`` parameters and a dict of values, the convention of
+every shipped ``.sql`` file; ``execute`` converts it for the driver with
+:func:`jobfence._core.sqlfiles.convert` (``::`` casts and quoted text are left alone; a
+literal ``%`` is doubled for the ``%(name)s`` drivers). Ad-hoc SQL may instead use ``?``
+placeholders with a sequence of values (``%s``, ``$n`` or ``:p0, :p1, ...`` for the driver);
+never put a ``?`` inside a string literal of such SQL: pass values as parameters.
 
 ``execute`` never begins, commits or rolls back a transaction and never touches autocommit:
 the statement runs in whatever transaction the caller has open (drivers that begin one
@@ -56,15 +59,17 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError
+from .sqlfiles import Queries, convert, load_sql
 
 __all__ = [
     "AsyncSqlConn",
     "Result",
+    "SQLDialect",
     "SqlConn",
     "adapt",
     "adapt_async",
@@ -126,6 +131,91 @@ def quote_ident(dialect: str, name: str) -> str:
     return ".".join(f"{q}{part}{q}" for part in name.split("."))
 
 
+# -- dialects -------------------------------------------------------------------------------
+
+
+class SQLDialect:
+    """What the features that run on a caller's connection -- ``fence``, ``claim_in``,
+    ``versioned_update``, ``inbox.install(conn)`` -- need to know about one SQL dialect.
+
+    Each SQL backend package has one, in ``backends/<server>/dialect.py`` (hand-written, no
+    I/O); ``jobfence.backends.sql_dialect(name)`` finds it for the dialect :func:`adapt`
+    detected. The defaults here suit a dialect with ``RETURNING`` and exact affected-row
+    counts; a dialect overrides what differs.
+    """
+
+    #: the dialect name :func:`adapt` reports ("postgresql", "mysql", "sqlite")
+    name: str = ""
+    #: the server's name in messages
+    title: str = ""
+    #: the backend package that ships the dialect's ``sql/`` files
+    package: str = ""
+    #: how the server quotes identifiers
+    quote_char = '"'
+    #: the longest lock namespace and inbox ``table`` (see ``check_namespace``)
+    namespace_limit = 63
+    table_limit = 63
+    #: a failed statement aborts the caller's whole transaction (PostgreSQL)
+    failure_aborts_transaction = False
+    #: appended to ``versioned_update``'s re-read of a row that did not match, so that it
+    #: sees the latest committed row rather than the transaction's snapshot
+    locking_read = ""
+    #: sections ``claim_in`` runs, in order, while the ones before affected no row (the first
+    #: one's affected-row count is the answer where one statement decides it)
+    claim_in_steps: tuple[str, ...] = ("claim_in",)
+
+    def __repr__(self) -> str:
+        return f"<SQLDialect {self.name}>"
+
+    def quote(self, name: str) -> str:
+        """Quote a validated identifier (``a.b`` quotes each part)."""
+        q = self.quote_char
+        return ".".join(f"{q}{part}{q}" for part in name.split("."))
+
+    def inbox_quote(self, name: str) -> str:
+        """Quote an inbox table name (as the inbox's tables have always been named)."""
+        return self.quote(name)
+
+    def sql_file(self, filename: str) -> str:
+        """Where a shipped SQL file lives, for messages (``jobfence/backends/x/sql/y.sql``)."""
+        return f"{self.package.replace('.', '/')}/sql/{filename}"
+
+    def fence_queries(self, table: str, *, style: str = "named") -> Queries:
+        """``sql/fence.sql`` for the fencing table ``table`` (validated)."""
+        return load_sql(
+            self.package, "fence.sql", names={"table": table}, quote=self.quote, style=style
+        )
+
+    def inbox_queries(self, table: str, *, style: str = "named") -> Queries:
+        """``sql/inbox.sql`` for the inbox table ``table`` (validated)."""
+        return load_sql(
+            self.package, "inbox.sql", names={"table": table}, quote=self.inbox_quote, style=style
+        )
+
+    def db_key(self, key: str) -> str:
+        """An idempotency key as the inbox table stores it."""
+        return key
+
+    def check_resource(self, resource: str) -> None:
+        """Raise ``ConfigurationError`` if the fencing table cannot store ``resource``."""
+
+    def fence_params(self, resource: str, token: int) -> dict[str, Any]:
+        return {"resource": resource, "token": token}
+
+    def newest_params(self, resource: str) -> dict[str, Any]:
+        return {"resource": resource}
+
+    def fence_outcome(self, result: Result, token: int) -> int | None:
+        """The token the fencing row holds after the ``fence`` statement, if the result says;
+        ``None``: run ``newest`` to read it. ``fence`` returns a row iff it recorded ``token``."""
+        return token if result.rows else None
+
+    def claim_in_params(
+        self, key: str, fingerprint: str | None, retention: float
+    ) -> dict[str, Any]:
+        return {"key": self.db_key(key), "fingerprint": fingerprint, "retention": retention}
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 
@@ -176,6 +266,44 @@ def _to_named(sql: str, params: Sequence[Any]) -> tuple[str, dict[str, Any]]:
     counter = iter(range(1 << 30))
     text = _QMARK.sub(lambda _m: f":p{next(counter)}", sql)
     return text, {f"p{i}": v for i, v in enumerate(params)}
+
+
+#: the placeholder style of each driver (see :func:`jobfence._core.sqlfiles.convert`)
+_STYLE = {
+    "psycopg": "pyformat",
+    "psycopg-async": "pyformat",
+    "pymysql": "pyformat",
+    "aiomysql": "pyformat",
+    "sqlite3": "named",
+    "aiosqlite": "named",
+    "asyncpg": "numeric",
+}
+
+Params = Mapping[str, Any] | Sequence[Any]
+
+
+def _prepare(kind: str, sql: str, params: Params) -> tuple[str, Any]:
+    """The statement and its parameters as the driver of ``kind`` takes them.
+
+    A mapping goes with ``:name`` SQL; a sequence with ``?`` SQL. ``None`` for the parameters
+    of a statement that has none (so that no driver reads ``%`` in it).
+    """
+    style = _STYLE.get(kind, "sqlalchemy")
+    if isinstance(params, Mapping):
+        converted = convert(sql, style)
+        if style == "numeric":
+            return converted.sql, [params[name] for name in converted.names]
+        if not converted.names:
+            return converted.sql, None
+        return converted.sql, {name: params[name] for name in converted.names}
+    values = tuple(params)
+    if style == "pyformat":
+        return (_to_format(sql), values) if values else (sql, None)
+    if style == "numeric":
+        return _to_dollar(sql), list(values)
+    if style == "named":
+        return sql, values
+    return _to_named(sql, values)
 
 
 _RETURNS_ROWS_RE = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW)\b|\bRETURNING\b", re.IGNORECASE)
@@ -299,14 +427,16 @@ class SqlConn:
     def __repr__(self) -> str:
         return f"<SqlConn {self.dialect} via {self.driver}>"
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
-        """Run ``sql`` (``?`` placeholders) with ``params`` in the caller's transaction."""
-        kind, conn, params = self.kind, self.raw, tuple(params)
+    def execute(self, sql: str, params: Params = ()) -> Result:
+        """Run ``sql`` with ``params`` in the caller's transaction: ``:name`` parameters with a
+        mapping, or ``?`` placeholders with a sequence."""
+        kind, conn = self.kind, self.raw
+        query, args = _prepare(kind, sql, params)
         if kind == "psycopg":
             from psycopg.rows import tuple_row
 
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(_to_format(sql), params)
+                cur.execute(query, args)
                 rows = cur.fetchall() if cur.description else []
                 cols = [c.name for c in cur.description or ()]
                 return Result(list(rows), _count(rows, cur.rowcount), None, cols)
@@ -314,14 +444,14 @@ class SqlConn:
             from pymysql.cursors import Cursor
 
             with conn.cursor(Cursor) as cur:
-                cur.execute(_to_format(sql), params)
+                cur.execute(query, args)
                 rows = list(cur.fetchall()) if cur.description else []
                 cols = [c[0] for c in cur.description or ()]
                 return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
         if kind == "sqlite3":
             cur = conn.cursor()
             try:
-                cur.execute(sql, params)
+                cur.execute(query, () if args is None else args)
                 rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
                 cols = [c[0] for c in cur.description or ()]
                 return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
@@ -331,8 +461,7 @@ class SqlConn:
         from sqlalchemy import text
 
         target = conn.connection() if kind == "sa-session" else conn
-        stmt, named = _to_named(sql, params)
-        res = target.execute(text(stmt), named)
+        res = target.execute(text(query), args)
         return _sa_result(res)
 
 
@@ -374,35 +503,36 @@ class AsyncSqlConn:
     def __repr__(self) -> str:
         return f"<AsyncSqlConn {self.dialect} via {self.driver}>"
 
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
-        """Run ``sql`` (``?`` placeholders) with ``params`` in the caller's transaction."""
-        kind, conn, params = self.kind, self.raw, tuple(params)
+    async def execute(self, sql: str, params: Params = ()) -> Result:
+        """Run ``sql`` with ``params`` in the caller's transaction: ``:name`` parameters with a
+        mapping, or ``?`` placeholders with a sequence."""
+        kind, conn = self.kind, self.raw
+        query, args = _prepare(kind, sql, params)
         if kind == "psycopg-async":
             from psycopg.rows import tuple_row
 
             async with conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(_to_format(sql), params)
+                await cur.execute(query, args)
                 rows = await cur.fetchall() if cur.description else []
                 cols = [c.name for c in cur.description or ()]
                 return Result(list(rows), _count(rows, cur.rowcount), None, cols)
         if kind == "asyncpg":
-            query = _to_dollar(sql)
             if _RETURNS_ROWS.search(sql):
-                records = await conn.fetch(query, *params)
+                records = await conn.fetch(query, *args)
                 cols = list(records[0].keys()) if records else []
                 return Result([tuple(r) for r in records], len(records), None, cols)
-            status = await conn.execute(query, *params)
+            status = await conn.execute(query, *args)
             return Result([], _status_count(status), None, [])
         if kind == "aiomysql":
             from aiomysql import Cursor
 
             async with conn.cursor(Cursor) as cur:
-                await cur.execute(_to_format(sql), params)
+                await cur.execute(query, args)
                 rows = list(await cur.fetchall()) if cur.description else []
                 cols = [c[0] for c in cur.description or ()]
                 return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
         if kind == "aiosqlite":
-            cursor = await conn.execute(sql, params)
+            cursor = await conn.execute(query, () if args is None else args)
             try:
                 rows = [tuple(r) for r in await cursor.fetchall()] if cursor.description else []
                 cols = [c[0] for c in cursor.description or ()]
@@ -412,8 +542,7 @@ class AsyncSqlConn:
         from sqlalchemy import text
 
         target = await conn.connection() if kind == "sa-asession" else conn
-        stmt, named = _to_named(sql, params)
-        res = await target.execute(text(stmt), named)
+        res = await target.execute(text(query), args)
         return _sa_result(res)
 
 

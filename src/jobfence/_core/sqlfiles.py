@@ -1,35 +1,291 @@
-"""Load the named statements of a shipped ``backends/sql/*.sql`` file.
+"""Load the SQL and Lua files that ship with the backend packages (one loader for all of them).
 
-A file is split into sections by ``-- name: <section>`` lines; SQL comments are removed from
-the statements (they document the parameter contract for readers and migration tools). The
-default table name in a file is replaced by the configured, already quoted one.
+``<package>/sql/<file>.sql`` is split into sections by lines ``-- name: <section>``. For every
+file the same steps run, and the result is cached:
+
+1. **Comments** (``-- ...`` to the end of the line, ``/* ... */``) are removed, but never
+   inside a string literal or a quoted identifier; lines left empty are dropped; a trailing
+   ``;`` is removed. A ``$jobfence$ ... $jobfence$`` block (PostgreSQL ``DO``) is SQL too:
+   its comments go, and its ``;`` do not end a statement.
+2. **Identifiers**: ``{key}`` followed by identifier characters (``{namespace}_locks``,
+   ``{table}``, ``{table}_expires``) is one identifier: the value of ``key`` plus the
+   suffix, quoted by the dialect's ``quote`` function. Inside a string literal or a quoted
+   identifier (``'{table}'``) the bare value is written. Values are validated identifiers
+   (:func:`jobfence._core.validate.check_namespace`), so nothing else can get in. ``values``
+   fills ``{key}`` with an integer (e.g. an advisory-lock key). A placeholder that is given
+   no value is an error, unless it is a ``slot`` the caller fills later (the MySQL batched
+   renewal builds ``{hashes}``/``{pairs}`` per call).
+3. **Parameters** are named, ``:name`` (never inside quotes; ``::`` is a PostgreSQL cast,
+   not a parameter) and converted to the driver's style (:func:`convert`):
+
+   ==============  ================================  ========================================
+   style           drivers                           placeholder
+   ==============  ================================  ========================================
+   ``pyformat``    psycopg, PyMySQL, aiomysql        ``%(name)s``; a literal ``%`` is doubled
+                                                     (only when the statement has parameters)
+   ``named``       sqlite3, aiosqlite                ``:name`` (unchanged)
+   ``sqlalchemy``  SQLAlchemy ``text()``             ``:name``; other colons that ``text()``
+                                                     would read as parameters are escaped
+   ``numeric``     asyncpg                           ``$1``, ``$2``... (one number per name)
+   ==============  ================================  ========================================
+
+A section holds one statement, or several separated by ``;`` (a script such as a schema):
+``queries[section]`` is the whole section, ``queries.statements(section)`` its statements.
+
+Lua scripts (``<package>/lua/<file>.lua``) are read as they are (:func:`load_lua`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Iterator, Mapping
 from functools import cache, lru_cache
 from importlib.resources import files
+from typing import NamedTuple
 
-__all__ = ["load_sections", "statements"]
+__all__ = [
+    "STYLES",
+    "Converted",
+    "Queries",
+    "convert",
+    "fill",
+    "load_lua",
+    "load_sections",
+    "load_sql",
+    "split_statements",
+    "strip_comments",
+]
 
-_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_COMMENT = re.compile(r"--[^\n]*")
+STYLES = ("named", "pyformat", "numeric", "sqlalchemy")
+
+_SECTION = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
+_TOKEN = re.compile(
+    r"""
+     (?P<literal>'(?:[^']|'')*')
+    |(?P<quoted>"(?:[^"]|"")*"|`(?:[^`]|``)*`)
+    |(?P<comment>--[^\n]*|/\*.*?\*/)
+    |(?P<dollar>\$jobfence\$)
+    |(?P<slot>\{(?P<key>[A-Za-z_]\w*)\}(?P<suffix>\w*))
+    |(?P<cast>::)
+    |(?P<param>(?<![\w:]):(?P<name>[A-Za-z_]\w*))
+    |(?P<semicolon>;)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_INNER_SLOT = re.compile(r"\{([A-Za-z_]\w*)\}")
+# what SQLAlchemy's text() takes for a bind parameter (sqlalchemy.sql.elements.TextClause)
+_SA_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?![:\w])")
+
+
+def _tokens(sql: str) -> Iterator[tuple[str, str, re.Match[str] | None]]:
+    """``(kind, text, match)`` for every piece of ``sql``; plain SQL comes as ``"code"``."""
+    pos = 0
+    for match in _TOKEN.finditer(sql):
+        if match.start() > pos:
+            yield "code", sql[pos : match.start()], None
+        kind = match.lastgroup
+        if kind in ("key", "suffix", "name"):  # pragma: no cover - inner groups never last
+            kind = None
+        assert kind is not None
+        yield kind, match.group(0), match
+        pos = match.end()
+    if pos < len(sql):
+        yield "code", sql[pos:], None
+
+
+def strip_comments(sql: str) -> str:
+    """``sql`` without comments and empty lines, and without a trailing ``;``."""
+    text = "".join(text for kind, text, _m in _tokens(sql) if kind != "comment")
+    lines = [line.rstrip() for line in text.splitlines()]
+    return "\n".join(line for line in lines if line.strip()).strip().rstrip(";").rstrip()
+
+
+def split_statements(sql: str) -> tuple[str, ...]:
+    """The statements of ``sql``: split at ``;`` outside quotes and ``$jobfence$`` blocks."""
+    statements: list[str] = []
+    current: list[str] = []
+    in_block = False
+    for kind, text, _m in _tokens(sql):
+        if kind == "dollar":
+            in_block = not in_block
+        if kind == "semicolon" and not in_block:
+            statements.append("".join(current).strip())
+            current = []
+        else:
+            current.append(text)
+    statements.append("".join(current).strip())
+    return tuple(s for s in statements if s)
+
+
+def fill(
+    sql: str,
+    names: Mapping[str, str],
+    quote: Callable[[str], str],
+    *,
+    values: Mapping[str, int] | None = None,
+    slots: Collection[str] = (),
+) -> str:
+    """Fill ``{key}`` placeholders: identifiers from ``names`` (quoted with ``quote``, with the
+    identifier characters that follow), integers from ``values``; ``slots`` are left as they
+    are. Inside quotes the bare value is written. ``KeyError`` names a placeholder without a
+    value."""
+    values = values or {}
+
+    def bare(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key in slots:
+            return match.group(0)
+        if key in values:
+            return str(int(values[key]))
+        return names[key]
+
+    out: list[str] = []
+    for kind, text, match in _tokens(sql):
+        if kind == "slot":
+            assert match is not None
+            key, suffix = match.group("key"), match.group("suffix")
+            if key in slots:
+                out.append(text)
+            elif key in values:
+                out.append(str(int(values[key])) + suffix)
+            else:
+                out.append(quote(names[key] + suffix))
+        elif kind in ("literal", "quoted"):
+            out.append(_INNER_SLOT.sub(bare, text))
+        else:
+            out.append(text)
+    return "".join(out)
+
+
+class Converted(NamedTuple):
+    """A statement in a driver's placeholder style, and its parameter names in order of first
+    appearance (for ``numeric``: ``$1`` is ``names[0]``)."""
+
+    sql: str
+    names: tuple[str, ...]
+
+
+@lru_cache(maxsize=2048)
+def convert(sql: str, style: str) -> Converted:
+    """``sql`` with ``:name`` parameters in the placeholder style of a driver (see above)."""
+    if style not in STYLES:
+        raise ValueError(f"unknown placeholder style {style!r}; allowed: {', '.join(STYLES)}")
+    pieces = list(_tokens(sql))
+    names: list[str] = []
+    for kind, _text, match in pieces:
+        if kind == "param":
+            assert match is not None
+            if match.group("name") not in names:
+                names.append(match.group("name"))
+    if style == "named" or not names:
+        return Converted(sql, tuple(names))
+    out: list[str] = []
+    starts: set[int] = set()  # where our parameters start (sqlalchemy)
+    for index, (kind, text, match) in enumerate(pieces):
+        if kind != "param":
+            out.append(text.replace("%", "%%") if style == "pyformat" else text)
+            continue
+        assert match is not None
+        name = match.group("name")
+        if style == "pyformat":
+            out.append(f"%({name})s")
+        elif style == "numeric":
+            out.append(f"${names.index(name) + 1}")
+        else:
+            starts.add(sum(len(p) for p in out))
+            following = pieces[index + 1][1] if index + 1 < len(pieces) else ""
+            # text() does not take ":name" right before a colon (a "::" cast): add a space
+            out.append(f":{name} " if following.startswith(":") else f":{name}")
+    text = "".join(out)
+    if style == "sqlalchemy":
+        text = _SA_BIND.sub(
+            lambda m: m.group(0) if m.start() in starts else "\\" + m.group(0), text
+        )
+    return Converted(text, tuple(names))
+
+
+class Queries(Mapping[str, str]):
+    """The sections of one SQL file, filled and converted: ``queries[section]`` is the whole
+    section (one statement, or a script), :meth:`statements` its statements."""
+
+    def __init__(self, sections: Mapping[str, str], style: str) -> None:
+        self.style = style
+        self._sections = {name: convert(sql, style).sql for name, sql in sections.items()}
+        self._statements = {
+            name: tuple(convert(s, style).sql for s in split_statements(sql))
+            for name, sql in sections.items()
+        }
+
+    def __getitem__(self, name: str) -> str:
+        return self._sections[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sections)
+
+    def __len__(self) -> int:
+        return len(self._sections)
+
+    def __repr__(self) -> str:
+        return f"<Queries {', '.join(self._sections)} ({self.style})>"
+
+    def statements(self, name: str) -> tuple[str, ...]:
+        """The statements of section ``name``, each without its ``;``."""
+        return self._statements[name]
+
+
+def _read(package: str, path: str) -> str:
+    return files(package).joinpath(path).read_text(encoding="utf-8")
 
 
 @cache
-def load_sections(filename: str) -> dict[str, str]:
-    text = files("jobfence.backends").joinpath(filename).read_text(encoding="utf-8")
-    parts = _SECTION.split(text)
-    sections: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [_COMMENT.sub("", line).rstrip() for line in body.splitlines()]
-        sections[name] = "\n".join(line for line in lines if line.strip())
-    return sections
+def load_sections(package: str, filename: str) -> dict[str, str]:
+    """The sections of ``<package>/sql/<filename>``, comments removed, nothing filled in."""
+    parts = _SECTION.split(_read(package, f"sql/{filename}"))
+    return {name: strip_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-@lru_cache(maxsize=256)
-def statements(filename: str, default_table: str, quoted_table: str) -> dict[str, str]:
-    """The file's statements with ``default_table`` (whole word) replaced by ``quoted_table``."""
-    word = re.compile(rf"\b{re.escape(default_table)}\b")
-    return {k: word.sub(lambda _m: quoted_table, v) for k, v in load_sections(filename).items()}
+@lru_cache(maxsize=512)
+def _load(
+    package: str,
+    filename: str,
+    names: tuple[tuple[str, str], ...],
+    quote: Callable[[str], str],
+    values: tuple[tuple[str, int], ...],
+    slots: tuple[str, ...],
+    style: str,
+) -> Queries:
+    named, numbers = dict(names), dict(values)
+    sections = {
+        section: fill(sql, named, quote, values=numbers, slots=slots)
+        for section, sql in load_sections(package, filename).items()
+    }
+    return Queries(sections, style)
+
+
+def load_sql(
+    package: str,
+    filename: str,
+    *,
+    names: Mapping[str, str],
+    quote: Callable[[str], str],
+    values: Mapping[str, int] | None = None,
+    slots: Collection[str] = (),
+    style: str = "named",
+) -> Queries:
+    """``<package>/sql/<filename>`` with its identifiers filled in (``names``, already
+    validated; ``quote`` is the dialect's), parameters in ``style`` (cached)."""
+    return _load(
+        package,
+        filename,
+        tuple(sorted(names.items())),
+        quote,
+        tuple(sorted((values or {}).items())),
+        tuple(sorted(slots)),
+        style,
+    )
+
+
+@cache
+def load_lua(package: str, *filenames: str) -> str:
+    """The Lua files ``<package>/lua/<filename>``, joined in order (a library first)."""
+    return "\n".join(_read(package, f"lua/{name}") for name in filenames)

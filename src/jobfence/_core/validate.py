@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from ..errors import ConfigurationError
 
@@ -65,3 +66,41 @@ def check_timeout(timeout: object, *, argument: str = "timeout") -> float | None
             argument=argument,
         )
     return value
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_namespace(
+    value: object,
+    *,
+    limit: int,
+    backend: str,
+    argument: str = "namespace",
+    identifier: bool = True,
+) -> str:
+    """A namespace (lock tables / keys) or an inbox ``table``, for one backend.
+
+    SQL backends (``identifier=True``): an SQL identifier -- a letter or ``_``, then letters,
+    digits or ``_`` -- of at most ``limit`` characters, so that it can be spliced into table
+    names (and then quoted) without any risk of injection. Redis and memory namespaces
+    (``identifier=False``) are key prefixes: any non-empty str of at most ``limit``
+    characters. Each backend package declares its limits (``NAMESPACE_LIMIT``,
+    ``TABLE_LIMIT``), derived from its longest table name and its server's identifier limit.
+    """
+    if identifier:
+        if isinstance(value, str) and len(value) <= limit and _IDENTIFIER.fullmatch(value):
+            return value
+        raise ConfigurationError(
+            f"{argument} must be an SQL identifier for the {backend} backend: a letter or '_', "
+            f"then letters, digits or '_', at most {limit} characters (so that every table name "
+            f"made from it fits the server's limit); got {value!r}",
+            argument=argument,
+        )
+    if isinstance(value, str) and value and len(value) <= limit:
+        return value
+    raise ConfigurationError(
+        f"{argument} must be a non-empty str of at most {limit} characters for the {backend} "
+        f"backend; got {value!r}",
+        argument=argument,
+    )

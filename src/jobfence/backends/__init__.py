@@ -30,6 +30,11 @@ point names a :class:`BackendInfo` object, e.g. in ``pyproject.toml``::
 where ``jobfence_etcd.BACKEND = BackendInfo(name="etcd", schemes=("etcd",),
 package="jobfence_etcd", parts={"locks": "EtcdLockBackend"}, extra=None)``. Built-in schemes
 cannot be overridden.
+
+A backend for an SQL server also names its ``dialect`` (as ``jobfence._core.sqlconn`` detects
+it on a caller's connection): :func:`sql_dialect` then finds ``<package>.dialect.DIALECT``,
+which tells ``fence``, ``claim_in``, ``versioned_update`` and ``inbox.install(conn)`` what
+differs on that server.
 """
 
 from __future__ import annotations
@@ -39,10 +44,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core.url import BackendURL, parse_url
 from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .._core.sqlconn import SQLDialect
 
 __all__ = [
     "BACKENDS",
@@ -56,6 +64,7 @@ __all__ = [
     "open_inbox_backend",
     "open_lock_backend",
     "registered",
+    "sql_dialect",
 ]
 
 log = logging.getLogger("jobfence.backends")
@@ -82,6 +91,8 @@ class BackendInfo:
     extra: str | None = None
     twins: bool = True
     description: str = field(default="", compare=False)
+    #: the SQL dialect this backend's server speaks ("postgresql", "mysql", "sqlite"), if any
+    dialect: str | None = None
 
     def module_name(self, part: str, *, asynchronous: bool) -> str:
         suffix = "_async" if (asynchronous and self.twins) else ""
@@ -109,12 +120,26 @@ BACKENDS: dict[str, BackendInfo] = {
     info.name: info
     for info in (
         _builtin("memory", ("memory",), "Memory", None, twins=False, description="in-process"),
-        _builtin("sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file"),
+        _builtin(
+            "sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file", dialect="sqlite"
+        ),
         _builtin("redis", ("redis", "rediss"), "Redis", "redis", description="Redis"),
         _builtin(
-            "postgres", ("postgresql", "postgres"), "Postgres", "postgres", description="PostgreSQL"
+            "postgres",
+            ("postgresql", "postgres"),
+            "Postgres",
+            "postgres",
+            description="PostgreSQL",
+            dialect="postgresql",
         ),
-        _builtin("mysql", ("mysql", "mariadb"), "MySQL", "mysql", description="MySQL / MariaDB"),
+        _builtin(
+            "mysql",
+            ("mysql", "mariadb"),
+            "MySQL",
+            "mysql",
+            description="MySQL / MariaDB",
+            dialect="mysql",
+        ),
     )
 }
 
@@ -214,3 +239,21 @@ def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any
 def open_inbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
     """Create the inbox backend for ``url`` (a str); ``options`` go to its constructor."""
     return open_backend(url, "inbox", asynchronous=asynchronous, **options)
+
+
+def sql_dialect(name: str) -> SQLDialect:
+    """The :class:`~jobfence._core.sqlconn.SQLDialect` of the backend whose server speaks the
+    SQL dialect ``name`` (``<package>.dialect.DIALECT``)."""
+    found = _DIALECTS.get(name)
+    if found is None:
+        info = next((i for i in BACKENDS.values() if i.dialect == name), None)
+        if info is None:
+            info = next((i for i in registered().values() if i.dialect == name), None)
+        if info is None:
+            raise ConfigurationError(f"no backend serves the SQL dialect {name!r}", argument="conn")
+        module = importlib.import_module(f"{info.package}.dialect")
+        found = _DIALECTS[name] = cast("SQLDialect", module.DIALECT)
+    return found
+
+
+_DIALECTS: dict[str, SQLDialect] = {}

@@ -10,6 +10,8 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "NAMESPACE_LIMIT",
+    "TABLE_LIMIT",
     "AsyncMemoryInboxBackend",
     "AsyncMemoryLockBackend",
     "MemoryInboxBackend",
@@ -18,6 +20,11 @@ __all__ = [
     "MemoryStore",
     "get_store",
 ]
+
+#: a namespace is any non-empty str, capped (the memory backend keeps one store per URL)
+NAMESPACE_LIMIT = 64
+#: the inbox ``table`` names a store, kept an SQL identifier like on the SQL servers
+TABLE_LIMIT = 63
 
 _LAZY = {
     "MemoryLockBackend": "locks",

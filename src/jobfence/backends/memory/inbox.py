@@ -12,9 +12,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..._core.clock import get_clock
-from ..._core.inbox_support import DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
+from . import TABLE_LIMIT
 
 __all__ = ["AsyncMemoryInboxBackend", "MemoryInboxBackend", "MemoryInboxStore"]
 
@@ -131,7 +133,9 @@ class MemoryInboxBackend(InboxBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = check_table(url.options.get("table", table))
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="memory", argument="table"
+        )
         self.store = get_inbox_store(url, self.table)
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
@@ -161,7 +165,9 @@ class AsyncMemoryInboxBackend(AsyncInboxBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = check_table(url.options.get("table", table))
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="memory", argument="table"
+        )
         self.store = get_inbox_store(url, self.table)
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:

@@ -18,7 +18,9 @@ from typing import Any
 from ..._core.acompat import wait_event
 from ..._core.clock import get_clock
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ..base import AsyncLockBackend, LockBackend, LockCapabilities
+from . import NAMESPACE_LIMIT
 
 __all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_store"]
 
@@ -198,6 +200,16 @@ def _store_key(url: BackendURL) -> str:
     return (url.host or "") + url.path
 
 
+def _check_namespace(options: dict[str, Any]) -> None:
+    """The namespace is accepted like Redis's (a key prefix); one store serves every one."""
+    check_namespace(
+        options.get("namespace", "jobfence"),
+        limit=NAMESPACE_LIMIT,
+        backend="memory",
+        identifier=False,
+    )
+
+
 _CAPS = LockCapabilities(
     cross_process=False, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
 )
@@ -208,6 +220,7 @@ class MemoryLockBackend(LockBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, **options: Any) -> None:
+        _check_namespace(options)
         self.store = get_store(_store_key(url))
 
     def acquire(
@@ -244,6 +257,7 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, **options: Any) -> None:
+        _check_namespace(options)
         self.store = get_store(_store_key(url))
 
     async def acquire(

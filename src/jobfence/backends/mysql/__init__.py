@@ -1,7 +1,9 @@
 """``mysql://`` / ``mariadb://``: locks and inbox on MySQL 8 / MariaDB 10.6+ (PyMySQL, aiomysql).
 
 Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (options,
-namespace check, name hashing, error kinds), ``sql/`` (``locks.sql``, ``inbox.sql``,
+namespace check, name hashing, the lock statements, error kinds), ``dialect`` (what fence,
+claim_in, versioned_update and inbox.install(conn) need to know about MySQL/MariaDB; the name
+limits ``NAMESPACE_LIMIT`` and ``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``,
 ``fence.sql``). ``pip install 'jobfence[mysql]'``.
 """
 
@@ -12,6 +14,8 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES",
+    "NAMESPACE_LIMIT",
+    "TABLE_LIMIT",
     "AsyncMySQLInboxBackend",
     "AsyncMySQLLockBackend",
     "MySQLInboxBackend",
@@ -19,6 +23,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "MySQLLockBackend": "locks",
     "AsyncMySQLLockBackend": "locks_async",
     "MySQLInboxBackend": "inbox",

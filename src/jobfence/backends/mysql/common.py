@@ -2,23 +2,24 @@
 
 Both twins share one process-wide waiter registry, so that a release through a sync ``Locks``
 wakes an ``AsyncLocks`` waiter on the same server, namespace and name, and vice versa. The URL
-parsing, the options, the SQL loader and the driver-error helpers live here too.
+parsing, the options, the SQL statements and the driver-error helpers live here too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from ..._core.options import option_seconds
+from ..._core.sqlfiles import convert, load_sql
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace as _check_namespace
 from ..._core.waiters import LocalWaiters
 from ...errors import ConfigurationError
 from ..base import LockCapabilities
+from .dialect import DIALECT, NAMESPACE_LIMIT
 
 __all__ = [
     "CAPABILITIES",
@@ -36,10 +37,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 DEFAULT_PORT = 3306
 
-# The longest table suffix is "_schema"/"_locks" (7); MySQL identifiers are at most 64 chars.
-# Leave room for other components' tables under the same prefix ("_lock_tokens", "_inbox"...).
-_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
-_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+#: the placeholder style of PyMySQL and aiomysql
+STYLE = "pyformat"
 
 CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
@@ -68,31 +67,25 @@ _DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 
 
 def check_namespace(namespace: object) -> str:
-    """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ConfigurationError(
-            "namespace must be an SQL identifier for the mysql backend: a letter or '_' "
-            f"then up to 47 letters, digits or '_' (table names are at most 64 characters); "
-            f"got {namespace!r}",
-            argument="namespace",
-        )
-    return namespace
+    """The namespace becomes a table-name prefix: an SQL identifier of at most
+    ``NAMESPACE_LIMIT`` characters (see ``dialect.py``)."""
+    return _check_namespace(namespace, limit=NAMESPACE_LIMIT, backend="mysql")
 
 
 def load_queries(prefix: str) -> dict[str, str]:
-    """The sections of ``sql/mysql_locks.sql`` with ``{prefix}`` filled in, comments removed."""
-    text = resources.files("jobfence.backends.mysql").joinpath("sql/locks.sql")
-    source = text.read_text(encoding="utf-8").replace("{prefix}", prefix)
-    parts = _SECTION.split(source)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = []
-        for line in body.splitlines():
-            code = line.split("--", 1)[0].rstrip() if "--" in line else line.rstrip()
-            if code.strip():
-                lines.append(code)
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+    """The sections of ``sql/locks.sql`` for the namespace ``prefix`` (already validated), in
+    PyMySQL's placeholder style. ``renew`` and ``held`` keep their ``{hashes}``, ``{pairs}``
+    and ``{ttl_us}`` for :func:`renew_statement` and :func:`held_statement`."""
+    return dict(
+        load_sql(
+            DIALECT.package,
+            "locks.sql",
+            names={"namespace": prefix},
+            quote=DIALECT.quote,
+            slots=("hashes", "pairs", "ttl_us"),
+            style=STYLE,
+        )
+    )
 
 
 def name_hash(name: str) -> str:
@@ -106,31 +99,38 @@ def micros(seconds: float) -> int:
 
 def renew_statement(
     template: str, items: Sequence[tuple[str, str, float]]
-) -> tuple[str, list[Any]]:
-    """Fill the ``renew`` template for ``items`` of (hash, owner, ttl): (sql, positional args)."""
-    hashes = ", ".join(["UNHEX(%s)"] * len(items))
-    pairs = ", ".join(["(UNHEX(%s), %s)"] * len(items))
+) -> tuple[str, dict[str, Any]]:
+    """Fill the ``renew`` template for ``items`` of (hash, owner, ttl): (sql, parameters).
+
+    Item ``i`` has the numbered parameters ``:h<i>`` (hash), ``:o<i>`` (owner) and ``:t<i>``
+    (its ttl in microseconds, only when the ttls differ; else one ``:ttl_us``)."""
+    n = range(len(items))
+    args: dict[str, Any] = {}
+    for i, (h, owner, _ttl) in enumerate(items):
+        args[f"h{i}"], args[f"o{i}"] = h, owner
     ttls = {micros(ttl) for _h, _o, ttl in items}
-    args: list[Any] = []
     if len(ttls) == 1:
-        ttl_sql = "%s"
-        args.append(ttls.pop())
+        ttl_sql = ":ttl_us"
+        args["ttl_us"] = ttls.pop()
     else:
-        ttl_sql = "CASE " + " ".join(
-            ["WHEN name_hash = UNHEX(%s) AND owner = %s THEN %s"] * len(items)
+        ttl_sql = (
+            "CASE "
+            + " ".join(f"WHEN name_hash = UNHEX(:h{i}) AND owner = :o{i} THEN :t{i}" for i in n)
+            + " END"
         )
-        ttl_sql += " END"
-        for h, owner, ttl in items:
-            args += [h, owner, micros(ttl)]
-    args += [h for h, _o, _t in items]
-    for h, owner, _t in items:
-        args += [h, owner]
-    sql = template.replace("{ttl_us}", ttl_sql).replace("{hashes}", hashes)
-    return sql.replace("{pairs}", pairs), args
+        args.update({f"t{i}": micros(ttl) for i, (_h, _o, ttl) in enumerate(items)})
+    sql = (
+        template.replace("{ttl_us}", ttl_sql)
+        .replace("{hashes}", ", ".join(f"UNHEX(:h{i})" for i in n))
+        .replace("{pairs}", ", ".join(f"(UNHEX(:h{i}), :o{i})" for i in n))
+    )
+    return convert(sql, STYLE).sql, args
 
 
-def held_statement(template: str, hashes: Sequence[str]) -> tuple[str, list[Any]]:
-    return template.replace("{hashes}", ", ".join(["UNHEX(%s)"] * len(hashes))), list(hashes)
+def held_statement(template: str, hashes: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """Fill the ``held`` template for ``hashes``: (sql, parameters ``:h<i>``)."""
+    sql = template.replace("{hashes}", ", ".join(f"UNHEX(:h{i})" for i in range(len(hashes))))
+    return convert(sql, STYLE).sql, {f"h{i}": h for i, h in enumerate(hashes)}
 
 
 def _code(exc: BaseException) -> int | None:

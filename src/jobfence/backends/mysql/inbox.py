@@ -1,36 +1,39 @@
 # Generated from backends/mysql/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``mysql.py``; pymysql / PyMySQL).
+"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``inbox.py``).
 
 A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
 (``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round
 trip runs ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the key
-over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
+over only when its claim has expired (see ``sql/inbox.sql``); MySQL has no
 ``RETURNING``, so the read of the outcome travels in the same round trip as a second
 statement (multi-statement packet on the inbox's own autocommit connection). Time is the
 server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
 ``install()``.
 
-URL options: ``table`` (default ``jobfence_inbox``).
+URL / keyword options: ``table`` (default ``jobfence_inbox``), ``pool_size`` (idle connections
+kept for reuse, default 8; ``max_idle`` is a deprecated name for it).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pymysql
 from pymysql.constants import CLIENT
 
-from ..._core.inbox_support import DEFAULT_TABLE, as_utc, check_table
-from ..._core.options import reject_unknown
-from ..._core.pool import ConnPool
+from ..._core.inbox_support import DEFAULT_TABLE, as_utc
+from ..._core.options import option_pool_size, reject_unknown
+from ..._core.pool import DEFAULT_POOL_SIZE, ConnPool
 from ..._core.sqlconn import is_undefined_table
-from ..._core.sqlqueries import load_queries, to_format
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, record_from_row
+from .common import STYLE
+from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["MySQLInboxBackend"]
 
@@ -53,8 +56,10 @@ class MySQLInboxBackend(InboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        reject_unknown(options, ("retention",), "mysql inbox")
-        self.table = check_table(url.options.get("table", table))
+        reject_unknown(options, ("retention", "pool_size", "max_idle"), "mysql inbox")
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="mysql", argument="table"
+        )
         self._params: dict[str, Any] = {
             "host": url.host or "127.0.0.1",
             "port": url.port or 3306,
@@ -67,15 +72,16 @@ class MySQLInboxBackend(InboxBackend):
         }
         database = url.path.lstrip("/") or None
         self._params["database"] = database
-        q = {
-            name: tuple(to_format(s) for s in st)
-            for name, st in load_queries("mysql", self.table).items()
-        }
-        self._sql = q
-        self._claim_new_sql = q["claim_new"][0]
-        self._claim_sql = q["claim"][0] + ";\n" + q["peek"][0]
+        self._sql = q = DIALECT.inbox_queries(self.table, style=STYLE)
+        self._claim_new_sql = q["claim_new"]
+        # one multi-statement round trip; both statements take the same parameters
+        self._claim_sql = q["claim"] + ";\n" + q["peek"]
         self._installed = False
-        self._pool = ConnPool(self._connect, self._close, max_idle=8)
+        self._pool = ConnPool(
+            self._connect,
+            self._close,
+            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        )
 
     def _connect(self) -> Any:
         return pymysql.connect(**self._params)
@@ -85,7 +91,7 @@ class MySQLInboxBackend(InboxBackend):
         conn.close()
 
     def _run(
-        self, sql: str, params: Sequence[Any], *, second: bool = False
+        self, sql: str, params: Mapping[str, Any], *, second: bool = False
     ) -> tuple[list[Any], int]:
         """Run ``sql``; with ``second``, return the rows of its second statement. Creates
         the table on first use."""
@@ -93,7 +99,7 @@ class MySQLInboxBackend(InboxBackend):
         return rows, count
 
     def _execute(
-        self, sql: str, params: Sequence[Any], *, second: bool = False
+        self, sql: str, params: Mapping[str, Any], *, second: bool = False
     ) -> tuple[list[Any], int, int | None]:
         """:meth:`_run`, also returning the OK packet's last insert id."""
         for _ in range(2):
@@ -115,15 +121,14 @@ class MySQLInboxBackend(InboxBackend):
         with warnings.catch_warnings():  # hide the server's "table already exists" notes
             warnings.simplefilter("ignore")
             with self._pool.connection() as conn, conn.cursor() as cur:
-                for statement in self._sql["schema"]:
+                for statement in self._sql.statements("schema"):
                     cur.execute(statement)
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         ttl_us = _micros(ttl)
-        _, _, deadline = self._execute(
-            self._claim_new_sql, (key, owner, ttl_us, fingerprint, ttl_us)
-        )
+        params = {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl_us": ttl_us}
+        _, _, deadline = self._execute(self._claim_new_sql, params)
         if deadline:  # the key was unknown: it is ours (0: it exists)
             return ClaimRecord(
                 mine=True,
@@ -134,32 +139,28 @@ class MySQLInboxBackend(InboxBackend):
                 expires_at=_EPOCH + timedelta(microseconds=deadline),
             )
         while True:
-            rows, _ = self._run(
-                self._claim_sql, (key, owner, fingerprint, _micros(ttl), owner, key), second=True
-            )
+            rows, _ = self._run(self._claim_sql, params, second=True)
             if rows:
                 break
             # purged between the two statements: claim again
         return record_from_row(rows[0], as_utc, _text)
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        (sql,) = self._sql["complete"]
-        _, count = self._run(sql, (result.hex(), _micros(retention), key, owner))
+        params = {"result_hex": result.hex(), "retention_us": _micros(retention)}
+        _, count = self._run(self._sql["complete"], {**params, "key": key, "owner": owner})
         return count == 1
 
     def release(self, key: str, owner: str) -> bool:
-        (sql,) = self._sql["release"]
-        _, count = self._run(sql, (key, owner))
+        _, count = self._run(self._sql["release"], {"key": key, "owner": owner})
         return count == 1
 
     def purge(self, retention: float) -> int:
-        (sql,) = self._sql["purge"]
-        _, count = self._run(sql, (_micros(retention),))
+        _, count = self._run(self._sql["purge"], {"retention_us": _micros(retention)})
         return max(count, 0)
 
     def drop(self) -> None:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            for statement in self._sql["drop"]:
+            for statement in self._sql.statements("drop"):
                 try:
                     cur.execute(statement)
                 except Exception as exc:

@@ -1,34 +1,37 @@
-"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``mysql.py``; aiomysql / PyMySQL).
+"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``inbox.py``).
 
 A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
 (``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round
 trip runs ONE atomic ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments take the key
-over only when its claim has expired (see ``sql/mysql_inbox.sql``); MySQL has no
+over only when its claim has expired (see ``sql/inbox.sql``); MySQL has no
 ``RETURNING``, so the read of the outcome travels in the same round trip as a second
 statement (multi-statement packet on the inbox's own autocommit connection). Time is the
 server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
 ``install()``.
 
-URL options: ``table`` (default ``jobfence_inbox``).
+URL / keyword options: ``table`` (default ``jobfence_inbox``), ``pool_size`` (idle connections
+kept for reuse, default 8; ``max_idle`` is a deprecated name for it).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import aiomysql
 from pymysql.constants import CLIENT
 
-from ..._core.inbox_support import DEFAULT_TABLE, as_utc, check_table
-from ..._core.options import reject_unknown
-from ..._core.pool_async import AsyncConnPool
+from ..._core.inbox_support import DEFAULT_TABLE, as_utc
+from ..._core.options import option_pool_size, reject_unknown
+from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
 from ..._core.sqlconn import is_undefined_table
-from ..._core.sqlqueries import load_queries, to_format
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, record_from_row
+from .common import STYLE
+from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["AsyncMySQLInboxBackend"]
 
@@ -51,8 +54,10 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        reject_unknown(options, ("retention",), "mysql inbox")
-        self.table = check_table(url.options.get("table", table))
+        reject_unknown(options, ("retention", "pool_size", "max_idle"), "mysql inbox")
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="mysql", argument="table"
+        )
         self._params: dict[str, Any] = {
             "host": url.host or "127.0.0.1",
             "port": url.port or 3306,
@@ -68,15 +73,16 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         # begin-sync-only
         # self._params["database"] = database
         # end-sync-only
-        q = {
-            name: tuple(to_format(s) for s in st)
-            for name, st in load_queries("mysql", self.table).items()
-        }
-        self._sql = q
-        self._claim_new_sql = q["claim_new"][0]
-        self._claim_sql = q["claim"][0] + ";\n" + q["peek"][0]
+        self._sql = q = DIALECT.inbox_queries(self.table, style=STYLE)
+        self._claim_new_sql = q["claim_new"]
+        # one multi-statement round trip; both statements take the same parameters
+        self._claim_sql = q["claim"] + ";\n" + q["peek"]
         self._installed = False
-        self._pool = AsyncConnPool(self._connect, self._close, max_idle=8)
+        self._pool = AsyncConnPool(
+            self._connect,
+            self._close,
+            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        )
 
     async def _connect(self) -> Any:
         return await aiomysql.connect(**self._params)
@@ -86,7 +92,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         conn.close()
 
     async def _run(
-        self, sql: str, params: Sequence[Any], *, second: bool = False
+        self, sql: str, params: Mapping[str, Any], *, second: bool = False
     ) -> tuple[list[Any], int]:
         """Run ``sql``; with ``second``, return the rows of its second statement. Creates
         the table on first use."""
@@ -94,7 +100,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         return rows, count
 
     async def _execute(
-        self, sql: str, params: Sequence[Any], *, second: bool = False
+        self, sql: str, params: Mapping[str, Any], *, second: bool = False
     ) -> tuple[list[Any], int, int | None]:
         """:meth:`_run`, also returning the OK packet's last insert id."""
         for _ in range(2):
@@ -116,15 +122,14 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         with warnings.catch_warnings():  # hide the server's "table already exists" notes
             warnings.simplefilter("ignore")
             async with self._pool.connection() as conn, conn.cursor() as cur:
-                for statement in self._sql["schema"]:
+                for statement in self._sql.statements("schema"):
                     await cur.execute(statement)
         self._installed = True
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         ttl_us = _micros(ttl)
-        _, _, deadline = await self._execute(
-            self._claim_new_sql, (key, owner, ttl_us, fingerprint, ttl_us)
-        )
+        params = {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl_us": ttl_us}
+        _, _, deadline = await self._execute(self._claim_new_sql, params)
         if deadline:  # the key was unknown: it is ours (0: it exists)
             return ClaimRecord(
                 mine=True,
@@ -135,32 +140,28 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
                 expires_at=_EPOCH + timedelta(microseconds=deadline),
             )
         while True:
-            rows, _ = await self._run(
-                self._claim_sql, (key, owner, fingerprint, _micros(ttl), owner, key), second=True
-            )
+            rows, _ = await self._run(self._claim_sql, params, second=True)
             if rows:
                 break
             # purged between the two statements: claim again
         return record_from_row(rows[0], as_utc, _text)
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        (sql,) = self._sql["complete"]
-        _, count = await self._run(sql, (result.hex(), _micros(retention), key, owner))
+        params = {"result_hex": result.hex(), "retention_us": _micros(retention)}
+        _, count = await self._run(self._sql["complete"], {**params, "key": key, "owner": owner})
         return count == 1
 
     async def release(self, key: str, owner: str) -> bool:
-        (sql,) = self._sql["release"]
-        _, count = await self._run(sql, (key, owner))
+        _, count = await self._run(self._sql["release"], {"key": key, "owner": owner})
         return count == 1
 
     async def purge(self, retention: float) -> int:
-        (sql,) = self._sql["purge"]
-        _, count = await self._run(sql, (_micros(retention),))
+        _, count = await self._run(self._sql["purge"], {"retention_us": _micros(retention)})
         return max(count, 0)
 
     async def drop(self) -> None:
         async with self._pool.connection() as conn, conn.cursor() as cur:
-            for statement in self._sql["drop"]:
+            for statement in self._sql.statements("drop"):
                 try:
                     await cur.execute(statement)
                 except Exception as exc:

@@ -1,9 +1,9 @@
 """``mysql://`` / ``mariadb://`` -- the MySQL 8 / MariaDB 10.6+ lock backend (async source of
-``mysql.py``).
+``locks.py``).
 
 ``mysql://user:password@host:3306/dbname`` (``mariadb://`` is the same backend). Leases are rows
 of the InnoDB table ``{namespace}_locks``, created on first use; the SQL, with its parameter
-contract, lives in ``sql/mysql_locks.sql``.
+contract, lives in ``sql/locks.sql``.
 
 * **One round trip per verb.** ``acquire`` is one ``INSERT ... ON DUPLICATE KEY UPDATE`` that
   takes the row only if it is free and returns the new fencing token through

@@ -1,7 +1,10 @@
 """``postgresql://``: locks (lease and session modes) and inbox on PostgreSQL (psycopg 3).
 
-Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping),
-``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``). ``pip install 'jobfence[postgres]'``.
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping,
+reusable connections), ``dialect`` (what fence, claim_in, versioned_update and
+inbox.install(conn) need to know about PostgreSQL; the name limits ``NAMESPACE_LIMIT`` and
+``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``).
+``pip install 'jobfence[postgres]'``.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from typing import Any
 __all__ = [
     "LEASE_CAPABILITIES",
     "MODES",
+    "NAMESPACE_LIMIT",
     "POLLING_CAPABILITIES",
     "SCHEMA_VERSION",
     "SESSION_CAPABILITIES",
+    "TABLE_LIMIT",
     "AsyncPostgresInboxBackend",
     "AsyncPostgresLockBackend",
     "PostgresInboxBackend",
@@ -25,6 +30,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "LEASE_CAPABILITIES": "locks",
     "MODES": "locks",
     "POLLING_CAPABILITIES": "locks",

@@ -1,8 +1,10 @@
-"""Names and keys as PostgreSQL ``text`` can store them."""
+"""Names and keys as PostgreSQL ``text`` can store them; which pooled connection is reusable."""
 
 from __future__ import annotations
 
-__all__ = ["pg_text"]
+from typing import Any
+
+__all__ = ["pg_text", "reusable"]
 
 _ESCAPE = "\ufffe"
 
@@ -18,3 +20,15 @@ def pg_text(name: str) -> str:
     if "\0" in name or name.startswith(_ESCAPE):
         return _ESCAPE + name.encode("utf-8").hex()
     return name
+
+
+def reusable(conn: Any) -> bool:
+    """Whether a psycopg connection may serve the next statement of a pool: open, not broken,
+    and not inside a transaction (a statement cut off mid-way leaves it ACTIVE)."""
+    from psycopg.pq import TransactionStatus  # only psycopg connections come here
+
+    return bool(
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == TransactionStatus.IDLE
+    )

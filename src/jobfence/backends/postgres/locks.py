@@ -1,9 +1,9 @@
 # Generated from backends/postgres/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``postgresql://`` -- the PostgreSQL lock backend (async source of ``postgres.py``).
+"""``postgresql://`` -- the PostgreSQL lock backend (async source of ``locks.py``).
 
 Built on psycopg 3: its asyncio connection class here, the blocking one in the generated twin.
-The SQL lives in ``sql/postgres_locks.sql``. Two modes, chosen by the URL option ``?mode=``:
+The SQL lives in ``sql/locks.sql``. Two modes, chosen by the URL option ``?mode=``:
 
 ``mode=lease`` (default)
     A lease is a row in ``{namespace}_locks`` with an expiry measured by the server's
@@ -43,7 +43,8 @@ is seeded from the server time in microseconds, so tokens never go backwards.
 
 URL / keyword options (keywords win; everything else in the URL goes to libpq unchanged):
 ``mode`` (``lease`` | ``session``), ``notify`` (``true`` | ``false``, lease mode),
-``pool_size`` (idle connections kept for reuse, default 4), ``prepare_threshold`` (psycopg's;
+``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated name
+for it), ``prepare_threshold`` (psycopg's;
 ``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21).
 """
 
@@ -52,24 +53,25 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import psycopg
 from psycopg import Connection
-from psycopg.pq import TransactionStatus
 
 from ..._core import compat
 from ..._core.clock import get_clock
-from ..._core.options import option_bool, option_int
+from ..._core.options import option_bool, option_int, option_pool_size
+from ..._core.pool import ConnPool
+from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace as _check_namespace
 from ...errors import BackendError, ConfigurationError
 from ..base import LockBackend, LockCapabilities, RenewItem
-from .common import pg_text
+from .common import pg_text, reusable
+from .dialect import DIALECT, NAMESPACE_LIMIT
 
 __all__ = [
     "LEASE_CAPABILITIES",
@@ -88,6 +90,8 @@ log = logging.getLogger("jobfence.backends.postgres")
 SCHEMA_VERSION = 1
 MODES = ("lease", "session")
 OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold")
+#: deprecated names of options (accepted, with a DeprecationWarning)
+_ALIASES = ("max_idle",)
 DEFAULT_POOL_SIZE = 4
 #: the listener wakes this often to notice that its client was closed
 LISTEN_TICK = 0.5
@@ -112,11 +116,6 @@ SESSION_CAPABILITIES = LockCapabilities(
     tokens_survive_data_loss=True,
     queue_follows_connection=True,
 )
-
-_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-#: PostgreSQL identifiers are at most 63 bytes; the longest table is {namespace}_lock_tokens
-_MAX_NAMESPACE = 63 - len("_lock_tokens")
-_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 Conn = Connection[tuple[Any, ...]]
 
@@ -151,44 +150,24 @@ def _halves(key: int) -> dict[str, int]:
 
 
 def check_namespace(namespace: object) -> str:
-    """The namespace prefixes table names: an SQL identifier short enough for every table."""
-    if (
-        not isinstance(namespace, str)
-        or not _NAMESPACE.fullmatch(namespace)
-        or len(namespace) > _MAX_NAMESPACE
-    ):
-        raise ConfigurationError(
-            "namespace must be an SQL identifier for the postgres backend: a letter or '_' "
-            f"then letters, digits or '_', at most {_MAX_NAMESPACE} characters (the table "
-            f"names {{namespace}}_lock_tokens must fit PostgreSQL's 63); got {namespace!r}",
-            argument="namespace",
-        )
-    return namespace
+    """The namespace prefixes table names: an SQL identifier short enough for every table
+    (``NAMESPACE_LIMIT`` characters, see ``dialect.py``)."""
+    return _check_namespace(namespace, limit=NAMESPACE_LIMIT, backend="postgres")
 
 
 def load_queries(namespace: str) -> dict[str, str]:
-    """The sections of ``sql/postgres_locks.sql`` for ``namespace`` (already validated).
-
-    ``schema`` keeps its comments (it runs as one script); every other section is reduced to
-    its one statement.
-    """
-    source = (
-        resources.files("jobfence.backends.postgres")
-        .joinpath("sql/locks.sql")
-        .read_text(encoding="utf-8")
+    """The sections of ``sql/locks.sql`` for ``namespace`` (already validated), with psycopg
+    placeholders: ``schema`` is one script, every other section one statement."""
+    return dict(
+        load_sql(
+            DIALECT.package,
+            "locks.sql",
+            names={"namespace": namespace},
+            quote=DIALECT.quote,
+            values={"schema_key": _schema_key(namespace)},
+            style="pyformat",
+        )
     )
-    source = source.replace("{prefix}", namespace).replace(
-        "{schema_key}", str(_schema_key(namespace))
-    )
-    parts = _SECTION.split(source)
-    queries: dict[str, str] = {}
-    for section, body in zip(parts[1::2], parts[2::2], strict=True):
-        if section != "schema":
-            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
-            body = "\n".join(ln.split(" -- ", 1)[0].rstrip() for ln in lines)
-            body = body.strip().rstrip(";")
-        queries[section] = body.strip()
-    return queries
 
 
 _option_bool = option_bool
@@ -204,14 +183,14 @@ class PostgresOptions:
 
     @classmethod
     def parse(cls, url: BackendURL, options: dict[str, Any]) -> PostgresOptions:
-        unknown = sorted(set(options) - set(OPTIONS))
+        unknown = sorted(set(options) - set(OPTIONS) - set(_ALIASES))
         if unknown:
             raise ConfigurationError(
                 f"unknown postgres option {unknown[0]!r}; allowed: " + ", ".join(OPTIONS),
                 argument=unknown[0],
             )
         merged: dict[str, Any] = {
-            **{k: v for k, v in url.options.items() if k in OPTIONS},
+            **{k: v for k, v in url.options.items() if k in OPTIONS or k in _ALIASES},
             **options,
         }
         mode = str(merged.get("mode", "lease")).strip().lower()
@@ -231,7 +210,7 @@ class PostgresOptions:
         return cls(
             mode=mode,
             notify=_option_bool(merged.get("notify", True), "notify"),
-            pool_size=_option_int(merged.get("pool_size", DEFAULT_POOL_SIZE), "pool_size", 0, 1000),
+            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
             prepare_threshold=threshold,
         )
 
@@ -282,13 +261,16 @@ class PostgresLockBackend(LockBackend):
             else POLLING_CAPABILITIES
         )
         self.queries = load_queries(namespace)
-        self._conninfo = url.without_options(*OPTIONS)
-        self._idle: list[Conn] = []
+        self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        #: idle connections; a session-mode lock keeps its connection out of it while held
+        self._pool = ConnPool(
+            self._connect, self._drop, pool_size=self.options.pool_size, reusable=reusable
+        )
         self._held: dict[tuple[str, str], _Held] = {}
         #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
         self._blocked: set[Conn] = set()
         self._waiters: dict[str, dict[str, _Waiter]] = {}
-        self._mutex = threading.Lock()  # guards _idle, _held, _waiters (never across I/O)
+        self._mutex = threading.Lock()  # guards _held, _waiters (never across I/O)
         self._schema_mutex = compat.Lock()
         self._listener_mutex = compat.Lock()
         self._installed = False
@@ -320,26 +302,13 @@ class PostgresLockBackend(LockBackend):
             raise
 
     def _take(self) -> Conn:
-        with self._mutex:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed and not conn.broken:
-                    return conn
-        return self._connect()
+        """A connection of the pool (open, idle), or a new one."""
+        conn: Conn = self._pool.take()
+        return conn
 
     def _give(self, conn: Conn) -> None:
         """Return a healthy idle connection to the pool (or close it)."""
-        if (
-            not self._closed
-            and not conn.closed
-            and not conn.broken
-            and conn.info.transaction_status == TransactionStatus.IDLE
-        ):
-            with self._mutex:
-                if len(self._idle) < self.options.pool_size:
-                    self._idle.append(conn)
-                    return
-        self._drop(conn)
+        self._pool.give(conn)
 
     @staticmethod
     def _drop(conn: Conn) -> None:
@@ -544,9 +513,9 @@ class PostgresLockBackend(LockBackend):
             except Exception:  # it finished meanwhile, or the server is gone
                 pass
         with self._mutex:
-            conns = [*self._idle, *(held.conn for held in self._held.values())]
-            self._idle.clear()
+            conns = [held.conn for held in self._held.values()]
             self._held.clear()
+        self._pool.close()
         for conn in conns:
             self._drop(conn)
 

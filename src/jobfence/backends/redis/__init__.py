@@ -11,11 +11,18 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "NAMESPACE_LIMIT",
+    "TABLE_LIMIT",
     "AsyncRedisInboxBackend",
     "AsyncRedisLockBackend",
     "RedisInboxBackend",
     "RedisLockBackend",
 ]
+
+#: a namespace is a key prefix (``<namespace>:lock:{name}``): any non-empty str, capped
+NAMESPACE_LIMIT = 64
+#: the inbox ``table`` is a key prefix too, kept an SQL identifier like on the SQL servers
+TABLE_LIMIT = 63
 
 _LAZY = {
     "RedisLockBackend": "locks",

@@ -1,4 +1,4 @@
-"""``redis://`` / ``rediss://`` inbox backend (async source of ``redis.py``).
+"""``redis://`` / ``rediss://`` inbox backend (async source of ``inbox.py``).
 
 Each verb is ONE Lua script (``lua/inbox_*.lua``, loaded once, run by EVALSHA), so a claim is
 one round trip and atomic on the server; time is Redis's own clock (``TIME``). Completed
@@ -7,7 +7,7 @@ an abandoned in-progress record expires ``retention`` after its deadline.
 
 Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
 ``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
-defaults of :mod:`jobfence._redisclient_async` (5 s socket timeouts, one immediate retry).
+defaults of :mod:`jobfence.backends.redis.client_async` (5 s socket timeouts, one immediate retry).
 Every script is safe to re-send after a lost reply: a claim the caller already owns is
 returned as its own, ``complete`` stores the same result again, and ``release`` remembers
 the owner that released (field ``x``).
@@ -15,20 +15,24 @@ the owner that released (field ``x``).
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any
 
-from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, check_table, utc_from_epoch
+from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, utc_from_epoch
+from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities
+from . import TABLE_LIMIT
 from .client_async import connect_redis
 
 __all__ = ["AsyncRedisInboxBackend"]
 
 
+_PACKAGE = "jobfence.backends.redis"
+
+
 def _script(name: str) -> str:
-    path = resources.files("jobfence.backends.redis").joinpath(f"lua/{name}.lua")
-    return path.read_text(encoding="utf-8")
+    return load_lua(_PACKAGE, f"{name}.lua")
 
 
 def _str(value: Any) -> str | None:
@@ -49,7 +53,9 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         retention: float = DEFAULT_RETENTION,
         **options: Any,
     ) -> None:
-        self.table = check_table(url.options.get("table", table))
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="redis", argument="table"
+        )
         self.retention = retention
         self._prefix = f"{self.table}:"
         self.client = connect_redis(url, options, what="redis inbox", own=("table",))

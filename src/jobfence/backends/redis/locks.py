@@ -1,6 +1,6 @@
 # Generated from backends/redis/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``redis://`` / ``rediss://`` -- the Redis lock backend (async source of ``redis.py``).
+"""``redis://`` / ``rediss://`` -- the Redis lock backend (async source of ``locks.py``).
 
 Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis-py's
 ``register_script`` reloads a script the server forgot, e.g. after a restart), or a
@@ -30,7 +30,7 @@ left on the current lease (a lease that expires without a release wakes nobody).
 
 Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
 entry's deadline. Every other keyword option, and the URL's query options, go to
-``redis.Redis.from_url`` with the defaults of :mod:`jobfence._redisclient`
+``redis.Redis.from_url`` with the defaults of :mod:`jobfence.backends.redis.client`
 (``socket_timeout`` and ``socket_connect_timeout`` 5 s, one immediate retry on a connection
 error, so an unreachable server is reported in milliseconds and a lost lease is noticed in
 time; every script is safe to re-send).
@@ -41,16 +41,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
 
 from ..._core.clock import get_clock
+from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, RenewItem
+from . import NAMESPACE_LIMIT
 from .client import connect_redis
 
 __all__ = ["RedisLockBackend"]
@@ -68,12 +70,14 @@ _BLPOP_SHARE = 0.8
 _MAX_HINTS = 10_000
 
 
+_PACKAGE = "jobfence.backends.redis"
+
+
 def _script(name: str, *, with_lib: bool = True) -> str:
-    folder = resources.files("jobfence.backends.redis") / "lua"
-    body = (folder / name).read_text(encoding="utf-8")
+    """A script of ``lua/``, after ``lock_lib.lua`` (its shared functions) unless not needed."""
     if with_lib:
-        body = (folder / "lock_lib.lua").read_text(encoding="utf-8") + "\n" + body
-    return body
+        return load_lua(_PACKAGE, "lock_lib.lua", name)
+    return load_lua(_PACKAGE, name)
 
 
 def _ms(seconds: float) -> int:
@@ -102,11 +106,9 @@ class RedisLockBackend(LockBackend):
     capabilities = CAPABILITIES
 
     def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigurationError(
-                f"namespace must be a non-empty str, got {namespace!r}", argument="namespace"
-            )
-        self.namespace = namespace
+        self.namespace = check_namespace(
+            namespace, limit=NAMESPACE_LIMIT, backend="redis", identifier=False
+        )
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
         self._client: Redis = connect_redis(

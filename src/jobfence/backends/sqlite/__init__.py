@@ -1,8 +1,10 @@
 """``sqlite:///path``: locks and inbox in one SQLite file (the embedded default).
 
 Modules: ``locks`` / ``locks_async`` (leases, FIFO hand-off), ``inbox`` / ``inbox_async``,
-``common`` (options, namespace check, in-process waiters), ``sql/`` (``locks.sql``,
-``inbox.sql``, ``fence.sql``). The sync clients need only the standard library; the async
+``common`` (options, namespace check, in-process waiters), ``dialect`` (what fence, claim_in,
+versioned_update and inbox.install(conn) need to know about SQLite; the name limits
+``NAMESPACE_LIMIT`` and ``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``,
+``fence.sql``). The sync clients need only the standard library; the async
 ones need ``aiosqlite`` (``pip install 'jobfence[sqlite]'``).
 """
 
@@ -13,7 +15,9 @@ from typing import Any
 
 __all__ = [
     "CAPABILITIES",
+    "NAMESPACE_LIMIT",
     "QUEUE_CAPABILITIES",
+    "TABLE_LIMIT",
     "AsyncSQLiteInboxBackend",
     "AsyncSQLiteLockBackend",
     "SQLiteInboxBackend",
@@ -21,6 +25,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "NAMESPACE_LIMIT": "dialect",
+    "TABLE_LIMIT": "dialect",
     "SQLiteLockBackend": "locks",
     "AsyncSQLiteLockBackend": "locks_async",
     "SQLiteInboxBackend": "inbox",

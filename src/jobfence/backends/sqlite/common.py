@@ -8,15 +8,16 @@ the URL parsing, the options and the SQL loader.
 from __future__ import annotations
 
 import os
-import re
-from importlib import resources
 from typing import Any
 
 from ..._core.options import option_seconds
+from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
+from ..._core.validate import check_namespace as _check_namespace
 from ..._core.waiters import LocalWaiters
 from ...errors import ConfigurationError
 from ..base import LockCapabilities
+from .dialect import DIALECT, NAMESPACE_LIMIT
 
 __all__ = [
     "CAPABILITIES",
@@ -36,8 +37,6 @@ DEFAULT_POLL_MAX = 0.05
 #: how long a waiter stays next in line without trying again (0: no reservation)
 DEFAULT_NEXT_IN_LINE = 0.25
 
-_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_SECTION = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
 #: with ``next_in_line=0``: no wait queue, no fairness
@@ -51,32 +50,18 @@ QUEUE_CAPABILITIES = LockCapabilities(
 
 
 def check_namespace(namespace: object) -> str:
-    """The namespace becomes a table-name prefix: it must be a plain SQL identifier."""
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ConfigurationError(
-            "namespace must be an SQL identifier for the sqlite backend: a letter or '_' "
-            f"then up to 62 letters, digits or '_'; got {namespace!r}",
-            argument="namespace",
-        )
-    return namespace
+    """The namespace becomes a table-name prefix: an SQL identifier of at most
+    ``NAMESPACE_LIMIT`` characters (see ``dialect.py``)."""
+    return _check_namespace(namespace, limit=NAMESPACE_LIMIT, backend="sqlite")
 
 
 def load_queries(prefix: str) -> dict[str, str]:
-    """The sections of ``sql/sqlite_locks.sql`` with ``{prefix}`` filled in.
-
-    ``schema`` keeps its comments (it is run as a script); every other section is reduced to
-    its one statement.
-    """
-    text = resources.files("jobfence.backends.sqlite").joinpath("sql/locks.sql")
-    source = text.read_text(encoding="utf-8").replace("{prefix}", prefix)
-    parts = _SECTION.split(source)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name != "schema":
-            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
-            body = "\n".join(lines).strip().rstrip(";")
-        queries[name] = body.strip()
-    return queries
+    """The sections of ``sql/locks.sql`` for the namespace ``prefix`` (already validated):
+    ``schema`` is a script (statements separated by ``;``, without the last one), every other
+    section one statement with sqlite3's ``:name`` parameters."""
+    return dict(
+        load_sql(DIALECT.package, "locks.sql", names={"namespace": prefix}, quote=DIALECT.quote)
+    )
 
 
 def sqlite_path(url: BackendURL) -> str:

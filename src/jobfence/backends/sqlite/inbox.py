@@ -1,44 +1,52 @@
 # Generated from backends/sqlite/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``sqlite:///path`` inbox backend (async source of ``sqlite.py``; sqlite3 / sqlite3).
+"""``sqlite:///path`` inbox backend (async source of ``inbox.py``).
 
-Every verb is one statement from ``sql/sqlite_inbox.sql`` in autocommit mode on a WAL file;
+Every verb is one statement from ``sql/inbox.sql`` in autocommit mode on a WAL file;
 SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and
 processes on this host. Time is SQLite's clock (the host's), in epoch seconds.
 
-URL options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default 30).
+URL / keyword options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default
+30), ``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated
+name for it).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..._core.inbox_support import DEFAULT_TABLE, check_table, utc_from_epoch
-from ..._core.options import option_seconds, reject_unknown
+from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
+from ..._core.options import option_pool_size, option_seconds, reject_unknown
 from ..._core.pool import ConnPool
 from ..._core.sqlconn import is_undefined_table
-from ..._core.sqlqueries import load_queries
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, SQLInboxBackend, record_from_row
+from ..._core.validate import check_namespace
+from ..base import ClaimRecord, InboxBackend, InboxCapabilities, record_from_row
 from .common import sqlite_path
+from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteInboxBackend"]
+
+DEFAULT_POOL_SIZE = 4
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
 
 
-class SQLiteInboxBackend(SQLInboxBackend):
+class SQLiteInboxBackend(InboxBackend):
     kind = "sqlite"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        reject_unknown(url.options, ("table", "busy_timeout"), "sqlite inbox URL")
-        reject_unknown(options, ("retention", "busy_timeout"), "sqlite inbox")
-        self.table = check_table(url.options.get("table", table))
+        pooling = ("pool_size", "max_idle")
+        reject_unknown(url.options, ("table", "busy_timeout", *pooling), "sqlite inbox URL")
+        reject_unknown(options, ("retention", "busy_timeout", *pooling), "sqlite inbox")
+        self.table = check_namespace(
+            url.options.get("table", table), limit=TABLE_LIMIT, backend="sqlite", argument="table"
+        )
         self.path = sqlite_path(url)
         self.busy_timeout = option_seconds(
             options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
@@ -46,9 +54,13 @@ class SQLiteInboxBackend(SQLInboxBackend):
             0.0,
             3600.0,
         )
-        self._sql = load_queries("sqlite", self.table)
+        self._sql = DIALECT.inbox_queries(self.table)
         self._installed = False
-        self._pool = ConnPool(self._connect, self._close, max_idle=4)
+        self._pool = ConnPool(
+            self._connect,
+            self._close,
+            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        )
 
     def _connect(self) -> Any:
         pending = sqlite3.connect(
@@ -69,9 +81,9 @@ class SQLiteInboxBackend(SQLInboxBackend):
     def _close(conn: Any) -> None:
         conn.close()
 
-    def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+    def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
-        (sql,) = self._sql[name]
+        sql = self._sql[name]
         for _ in range(2):
             try:
                 with self._pool.connection() as conn:
@@ -91,7 +103,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         with self._pool.connection() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in self._sql["schema"]:
+                for statement in self._sql.statements("schema"):
                     conn.execute(statement)
                 conn.execute("COMMIT")
             except BaseException:
@@ -101,17 +113,32 @@ class SQLiteInboxBackend(SQLInboxBackend):
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         while True:
-            rows, _ = self._run("claim", (key, owner, fingerprint, ttl))
+            rows, _ = self._run(
+                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
+            )
             if not rows:
-                rows, _ = self._run("peek", (key,))
+                rows, _ = self._run("peek", {"key": key})
             if rows:
                 return _record(rows[0])
             # purged between the two statements: claim again
 
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        params = {"result": result, "retention": retention, "key": key, "owner": owner}
+        _, count = self._run("complete", params)
+        return count == 1
+
+    def release(self, key: str, owner: str) -> bool:
+        _, count = self._run("release", {"key": key, "owner": owner})
+        return count == 1
+
+    def purge(self, retention: float) -> int:
+        _, count = self._run("purge", {"retention": retention})
+        return max(count, 0)
+
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
         with self._pool.connection() as conn:
-            for statement in self._sql["drop"]:
+            for statement in self._sql.statements("drop"):
                 try:
                     conn.execute(statement)
                 except sqlite3.OperationalError:

@@ -1,11 +1,11 @@
 # Generated from backends/sqlite/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``sqlite:///path`` -- the embedded lock backend (async source of ``sqlite.py``).
+"""``sqlite:///path`` -- the embedded lock backend (async source of ``locks.py``).
 
 Leases are rows in a SQLite file, so every process on one host that opens the same file
 shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
 ``sqlite:////abs/path.db`` absolute (SQLAlchemy's convention). The SQL lives in
-``sql/sqlite_locks.sql``.
+``sql/locks.sql``.
 
 * Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
   writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
@@ -137,7 +137,7 @@ class SQLiteLockBackend(LockBackend):
             conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
         try:
-            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + "\nCOMMIT;")
+            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
             self._rollback(conn)
             raise

@@ -1,9 +1,9 @@
-"""``sqlite:///path`` -- the embedded lock backend (async source of ``sqlite.py``).
+"""``sqlite:///path`` -- the embedded lock backend (async source of ``locks.py``).
 
 Leases are rows in a SQLite file, so every process on one host that opens the same file
 shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
 ``sqlite:////abs/path.db`` absolute (SQLAlchemy's convention). The SQL lives in
-``sql/sqlite_locks.sql``.
+``sql/locks.sql``.
 
 * Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
   writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
@@ -145,7 +145,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
         try:
-            await conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + "\nCOMMIT;")
+            await conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
             await self._rollback(conn)
             raise

@@ -1,9 +1,18 @@
 -- jobfence inbox, MySQL 8 / MariaDB 10.6+ (schema version 1).
 --
--- {table} is replaced by the validated table name (default jobfence_inbox); ``?`` is the
--- placeholder. Times are DATETIME(6) in UTC (UTC_TIMESTAMP(6), constant within a statement).
+-- Conventions (jobfence/_core/sqlfiles.py reads every shipped .sql file the same way):
+--   * "-- name: <section>" starts a section: one statement, or several separated by ";".
+--     Comments are removed before a statement is sent.
+--   * {table} is the table name (an SQL identifier of at most 64 characters; default
+--     jobfence_inbox); jobfence quotes it with backticks. Inside quotes ('{table}') the bare
+--     name is written. Migration tools: fill {table} the same way.
+--   * Parameters are named, :name; jobfence converts them for the driver (PyMySQL and aiomysql
+--     %(name)s with a literal percent sign doubled, SQLAlchemy :name).
+--   * This file is jobfence/backends/mysql/sql/inbox.sql.
+--
+-- Times are DATETIME(6) in UTC (UTC_TIMESTAMP(6), constant within a statement).
 -- The key and fingerprint are VARBINARY: compared byte for byte, up to 1024 bytes.
--- Columns as in postgres_inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
+-- Columns as in postgres/sql/inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
 -- fingerprint, applied (claim_in committed the effect), result, expires_at.
 
 -- name: schema
@@ -27,7 +36,7 @@ INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
 
 -- name: claim_new
 -- The common path of claim: ONE short atomic statement that inserts the key iff it is unknown.
--- Params: 1 key, 2 owner, 3 ttl microseconds, 4 fingerprint, 5 ttl microseconds. MySQL has no
+-- Params: :key, :owner, :fingerprint, :ttl_us (microseconds). MySQL has no
 -- RETURNING: the outcome comes back in the OK packet as LAST_INSERT_ID(expr) (the driver's
 -- lastrowid). The VALUES set it to the claim's deadline in microseconds since the epoch
 -- (TIMESTAMPDIFF on the same UTC_TIMESTAMP(6) as the stored expires_at: no session time zone
@@ -38,76 +47,92 @@ INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
 -- warning. Measured against the upsert + read of ``claim``: about 40% less time per NEW claim
 -- (the long upsert costs the server a parse every time).
 INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, result, expires_at)
-VALUES (?, 'in_progress', ?,
-        IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) + ?) > 0, 1, 1),
-        ?, 0, NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+VALUES (:key, 'in_progress', :owner,
+        IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) + :ttl_us) > 0, 1, 1),
+        :fingerprint, 0, NULL, UTC_TIMESTAMP(6) + INTERVAL :ttl_us MICROSECOND)
 ON DUPLICATE KEY UPDATE attempt = IF(LAST_INSERT_ID(0), attempt, attempt);
 
 -- name: claim
 -- The key exists: ONE atomic statement that takes it over if its claim expired, sent in one
 -- round trip together with the read of its outcome.
--- Params: 1 key, 2 owner, 3 fingerprint, 4 ttl microseconds.
--- {take} is the takeover rule (see postgres_inbox.sql):
+-- Params: :key, :owner, :fingerprint, :ttl_us (microseconds).
+-- Every assignment starts with the takeover rule ("take", the same rule as PostgreSQL's, see
+-- postgres/sql/inbox.sql):
 --   expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
 --     OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))
 -- MySQL applies ON DUPLICATE KEY assignments left to right, each seeing the ones before, so
--- every assignment re-evaluates {take}, and the columns {take} reads are assigned last, in an
+-- every assignment re-evaluates "take", and the columns it reads are assigned last, in an
 -- order that leaves its value unchanged (fingerprint, then state, then expires_at).
 INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, result, expires_at)
-VALUES (?, 'in_progress', ?, 1, ?, 0, NULL, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+VALUES (:key, 'in_progress', :owner, 1, :fingerprint, 0, NULL,
+        UTC_TIMESTAMP(6) + INTERVAL :ttl_us MICROSECOND)
 ON DUPLICATE KEY UPDATE
-    attempt = IF({take}, IF(state = 'completed', 1, attempt + 1), attempt),
-    applied = IF({take}, applied AND state = 'in_progress', applied),
-    result = IF({take}, NULL, result),
-    owner = IF({take}, VALUES(owner), owner),
-    fingerprint = IF({take}, IF(state = 'completed', VALUES(fingerprint),
-                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint),
-    state = IF({take}, 'in_progress', state),
-    expires_at = IF({take}, VALUES(expires_at), expires_at);
+    attempt = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                  OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+                 IF(state = 'completed', 1, attempt + 1), attempt),
+    applied = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                  OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+                 applied AND state = 'in_progress', applied),
+    result = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                 OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+                NULL, result),
+    owner = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+               VALUES(owner), owner),
+    fingerprint = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                      OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+                     IF(state = 'completed', VALUES(fingerprint),
+                        COALESCE(VALUES(fingerprint), fingerprint)), fingerprint),
+    state = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+               'in_progress', state),
+    expires_at = IF((expires_at <= UTC_TIMESTAMP(6) AND (state = 'completed' OR fingerprint IS NULL
+                     OR VALUES(fingerprint) IS NULL OR fingerprint = VALUES(fingerprint))),
+                    VALUES(expires_at), expires_at);
 
 -- name: peek
--- Sent in the same round trip as ``claim`` (multi-statement). Params: 1 owner, 2 key.
+-- Sent in the same round trip as ``claim`` (multi-statement). Params: :owner, :key.
 -- ``mine`` is true iff the row now carries our owner id (unique per claim).
-SELECT owner <=> ?, state, owner, attempt, fingerprint, result, expires_at
-FROM {table} WHERE k = ?;
+SELECT owner <=> :owner, state, owner, attempt, fingerprint, result, expires_at
+FROM {table} WHERE k = :key;
 
 -- name: complete
--- Params: 1 result as hex text (UNHEX: aiomysql cannot send bytes with PyMySQL >= 1.1),
--- 2 retention microseconds, 3 key, 4 owner. Owner-checked.
+-- Params: :result_hex, the result as hex text (UNHEX: aiomysql cannot send bytes with
+-- PyMySQL >= 1.1), :retention_us (microseconds), :key, :owner. Owner-checked.
 UPDATE {table}
-SET state = 'completed', result = UNHEX(?), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE k = ? AND owner = ? AND NOT (state = 'completed' AND expires_at <= UTC_TIMESTAMP(6));
+SET state = 'completed', result = UNHEX(:result_hex), expires_at = UTC_TIMESTAMP(6) + INTERVAL :retention_us MICROSECOND
+WHERE k = :key AND owner = :owner AND NOT (state = 'completed' AND expires_at <= UTC_TIMESTAMP(6));
 
 -- name: release
--- Params: 1 key, 2 owner.
+-- Params: :key, :owner.
 UPDATE {table} SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
-WHERE k = ? AND owner = ? AND state = 'in_progress';
+WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
 -- name: purge
--- Params: 1 retention microseconds for abandoned in-progress claims.
+-- Params: :retention_us, microseconds, for abandoned in-progress claims.
 DELETE FROM {table}
 WHERE (state = 'completed' AND expires_at <= UTC_TIMESTAMP(6))
-   OR (state = 'in_progress' AND expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND);
+   OR (state = 'in_progress' AND expires_at <= UTC_TIMESTAMP(6) - INTERVAL :retention_us MICROSECOND);
 
 -- name: claim_in
--- Runs inside the CALLER's transaction; ONE statement on the common path. Params: 1 key,
--- 2 fingerprint, 3 retention microseconds. Inserts one row iff the key is unknown; a
+-- Runs inside the CALLER's transaction; ONE statement on the common path. Params: :key,
+-- :fingerprint, :retention_us (microseconds). Inserts one row iff the key is unknown; a
 -- concurrent duplicate waits on the unique key, then inserts nothing. (INSERT IGNORE rather
 -- than ON DUPLICATE KEY UPDATE: its count means the same with or without CLIENT_FOUND_ROWS.)
 INSERT IGNORE INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (?, 'completed', NULL, 1, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND);
+VALUES (:key, 'completed', NULL, 1, :fingerprint, 1, UTC_TIMESTAMP(6) + INTERVAL :retention_us MICROSECOND);
 
 -- name: claim_in_held
 -- Only when ``claim_in`` inserted nothing: mark a key that claim() holds (not yet applied) as
--- applied. Params: 1 key, 2 fingerprint, 3 fingerprint. Matches one row iff it did.
+-- applied. Params: :key, :fingerprint. Matches one row iff it did.
 UPDATE {table} SET applied = 1
-WHERE k = ? AND applied = 0 AND state = 'in_progress'
-  AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?);
+WHERE k = :key AND applied = 0 AND state = 'in_progress'
+  AND (fingerprint IS NULL OR :fingerprint IS NULL OR fingerprint = :fingerprint);
 
 -- name: fingerprint
 -- A locking read: under REPEATABLE READ a plain read would show the transaction's snapshot,
 -- which may predate the row that stopped claim_in (and miss a fingerprint mismatch).
-SELECT fingerprint FROM {table} WHERE k = ? LOCK IN SHARE MODE;
+SELECT fingerprint FROM {table} WHERE k = :key LOCK IN SHARE MODE;
 
 -- name: drop
 DROP TABLE IF EXISTS {table};

@@ -1,18 +1,23 @@
 -- MySQL 8 / MariaDB 10.6+ lock backend (mysql://, mariadb://): schema and statements.
 --
--- Loaded by jobfence/backends/_mysql_common.py for mysql_async.py and its generated twin
--- mysql.py. The file is split into sections, each starting with a line "-- name: <section>";
--- a section holds ONE statement (comment lines are stripped before it is sent). "{prefix}" is
--- replaced by the client's namespace (validated as an SQL identifier). Parameters are PyMySQL
--- "pyformat" placeholders, %(name)s, always bound by the driver, never spliced. (Because the
--- driver formats with "%", a statement must not contain a bare percent sign.) Name hashes
--- travel as lowercase hex text and are decoded with UNHEX() (binary parameters are not
--- escaped reliably by every aiomysql/PyMySQL pair).
+-- Loaded by jobfence/backends/mysql/common.py for locks_async.py and its generated twin
+-- locks.py, through jobfence/_core/sqlfiles.py, whose conventions hold for every shipped .sql
+-- file:
+--   * "-- name: <section>" starts a section; here each holds ONE statement. Comments are
+--     removed before a statement is sent.
+--   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
+--     identifier of at most 48 characters, see docs/backends/mysql.md) followed by the
+--     suffix, quoted with backticks. {hashes}, {pairs} and {ttl_us} (renew, held) are filled
+--     per call by jobfence.
+--   * Parameters are named, :name, always bound by the driver, never spliced; jobfence
+--     converts them to PyMySQL's %(name)s (doubling a literal percent sign).
+-- Name hashes travel as lowercase hex text and are decoded with UNHEX() (binary parameters are
+-- not escaped reliably by every aiomysql/PyMySQL pair).
 --
 -- Time: every expiry is measured by ONE clock, the database server's, as UTC_TIMESTAMP(6)
 -- (microseconds, independent of the session time zone and of daylight saving). MySQL evaluates
 -- it once per statement, so it is the same value everywhere in a statement. Client clocks are
--- never written into these tables; ttls travel as integer microseconds (%(ttl_us)s).
+-- never written into these tables; ttls travel as integer microseconds (:ttl_us).
 --
 -- Connections run in autocommit mode with READ COMMITTED isolation (no gap locks), so every
 -- statement below is its own short InnoDB transaction that locks at most the rows it names.
@@ -27,7 +32,7 @@
 
 -- name: create_schema_table
 -- One row per jobfence component that keeps tables under this prefix.
-CREATE TABLE IF NOT EXISTS `{prefix}_schema` (
+CREATE TABLE IF NOT EXISTS {namespace}_schema (
     component  VARCHAR(64) NOT NULL PRIMARY KEY,
     version    INT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
@@ -37,7 +42,7 @@ CREATE TABLE IF NOT EXISTS `{prefix}_schema` (
 -- One row per lock name ever used. A row whose expires_at <= UTC_TIMESTAMP(6) is free.
 -- name_hash is the key because names (up to 1024 bytes of UTF-8) exceed InnoDB's key limit.
 -- next_owner/next_until: the one waiter "next in line" (see acquire); NULL when nobody is.
-CREATE TABLE IF NOT EXISTS `{prefix}_locks` (
+CREATE TABLE IF NOT EXISTS {namespace}_locks (
     name_hash   BINARY(32)     NOT NULL PRIMARY KEY,  -- SHA-256 of the UTF-8 name
     name        VARCHAR(1024)  NOT NULL,              -- the name, for people and tools
     owner       VARCHAR(255)   NOT NULL,              -- holder (host:pid:uuid); '' when free
@@ -49,19 +54,19 @@ CREATE TABLE IF NOT EXISTS `{prefix}_locks` (
 
 
 -- name: record_schema_version
--- Params: %(version)s. Idempotent; never lowers a version written by a newer jobfence.
-INSERT INTO `{prefix}_schema` (component, version) VALUES ('locks', %(version)s)
+-- Params: :version. Idempotent; never lowers a version written by a newer jobfence.
+INSERT INTO {namespace}_schema (component, version) VALUES ('locks', :version)
     ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version));
 
 
 -- name: schema_version
 -- -> (version) of the locks tables, one row.
-SELECT version FROM `{prefix}_schema` WHERE component = 'locks';
+SELECT version FROM {namespace}_schema WHERE component = 'locks';
 
 
 -- name: acquire
--- ONE statement, ONE round trip. Params: %(hash)s, %(name)s, %(owner)s, %(ttl_us)s,
--- %(window_us)s (NULL for a plain try; else how long, in microseconds, this caller may stay
+-- ONE statement, ONE round trip. Params: :hash, :name, :owner, :ttl_us,
+-- :window_us (NULL for a plain try; else how long, in microseconds, this caller may stay
 -- "next in line" without trying again).
 -- Result, read from the OK packet (no result set): insert_id (cursor.lastrowid), set with
 -- LAST_INSERT_ID(expr) (per connection, so concurrent clients never see each other's):
@@ -86,13 +91,13 @@ SELECT version FROM `{prefix}_schema` WHERE component = 'locks';
 -- recorded in `owner`: after it, owner = VALUES(owner) holds exactly when the caller takes the
 -- row (an expired row of the caller's own that it may not take is reset to '').
 -- "Becomes/stays next in line" (NIL below) is judged on next_owner/next_until before their
--- own assignments:  %(window_us)s IS NOT NULL AND (next_owner IS NULL
+-- own assignments:  :window_us IS NOT NULL AND (next_owner IS NULL
 --                   OR next_owner = VALUES(owner) OR next_until <= UTC_TIMESTAMP(6))
-INSERT INTO `{prefix}_locks` (name_hash, name, owner, token, expires_at, next_owner, next_until)
+INSERT INTO {namespace}_locks (name_hash, name, owner, token, expires_at, next_owner, next_until)
 VALUES (
-    UNHEX(%(hash)s), %(name)s, %(owner)s,
+    UNHEX(:hash), :name, :owner,
     LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))),
-    UTC_TIMESTAMP(6) + INTERVAL %(ttl_us)s MICROSECOND,
+    UTC_TIMESTAMP(6) + INTERVAL :ttl_us MICROSECOND,
     NULL, NULL
 )
 ON DUPLICATE KEY UPDATE
@@ -109,17 +114,17 @@ ON DUPLICATE KEY UPDATE
         LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6), token,
                           GREATEST(token + 1, VALUES(token)))),
         token + LAST_INSERT_ID(
-            %(window_us)s IS NOT NULL
+            :window_us IS NOT NULL
             AND (next_owner IS NULL OR next_owner = VALUES(owner)
                  OR next_until <= UTC_TIMESTAMP(6)))
-        - (%(window_us)s IS NOT NULL
+        - (:window_us IS NOT NULL
            AND (next_owner IS NULL OR next_owner = VALUES(owner)
                 OR next_until <= UTC_TIMESTAMP(6)))),
     expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at),
     -- the taker stops being next in line; a waiter becomes it when NIL
     next_owner = IF(owner = VALUES(owner),
         IF(next_owner = VALUES(owner), NULL, next_owner),
-        IF(%(window_us)s IS NOT NULL
+        IF(:window_us IS NOT NULL
            AND (next_owner IS NULL OR next_owner = VALUES(owner)
                 OR next_until <= UTC_TIMESTAMP(6)),
            VALUES(owner), next_owner)),
@@ -127,37 +132,38 @@ ON DUPLICATE KEY UPDATE
         IF(next_owner IS NULL, NULL, next_until),
         IF(next_owner = VALUES(owner)
            AND (next_until IS NULL
-                OR next_until <= UTC_TIMESTAMP(6) + INTERVAL (%(window_us)s DIV 2) MICROSECOND),
-           UTC_TIMESTAMP(6) + INTERVAL %(window_us)s MICROSECOND, next_until));
+                OR next_until <= UTC_TIMESTAMP(6) + INTERVAL (:window_us DIV 2) MICROSECOND),
+           UTC_TIMESTAMP(6) + INTERVAL :window_us MICROSECOND, next_until));
 
 
 -- name: release
--- Params: %(hash)s, %(owner)s. Affected rows 1 -> released; 0 -> not held by owner (free,
+-- Params: :hash, :owner. Affected rows 1 -> released; 0 -> not held by owner (free,
 -- expired, or someone else's). The row stays (it carries the token counter); next_owner too.
-UPDATE `{prefix}_locks`
+UPDATE {namespace}_locks
    SET owner = '', expires_at = '1970-01-01 00:00:00'
- WHERE name_hash = UNHEX(%(hash)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(6);
+ WHERE name_hash = UNHEX(:hash) AND owner = :owner AND expires_at > UTC_TIMESTAMP(6);
 
 
 -- name: extend
--- Params: %(hash)s, %(owner)s, %(ttl_us)s. Affected rows 1 -> extended. An expired lease is
+-- Params: :hash, :owner, :ttl_us. Affected rows 1 -> extended. An expired lease is
 -- never extended (someone may be about to take it). Affected rows 0 -> not held, except in
 -- the (harmless) case that the new expiry equals the old one to the microsecond; the caller
 -- then asks "held" to tell the two apart.
-UPDATE `{prefix}_locks`
-   SET expires_at = UTC_TIMESTAMP(6) + INTERVAL %(ttl_us)s MICROSECOND
- WHERE name_hash = UNHEX(%(hash)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(6);
+UPDATE {namespace}_locks
+   SET expires_at = UTC_TIMESTAMP(6) + INTERVAL :ttl_us MICROSECOND
+ WHERE name_hash = UNHEX(:hash) AND owner = :owner AND expires_at > UTC_TIMESTAMP(6);
 
 
 -- name: renew
--- Many leases in ONE statement. Built by the caller (positional %s parameters):
---   {hashes}  "UNHEX(%s), ..."            one name_hash per item (lets the PK index be used)
---   {pairs}   "(UNHEX(%s), %s), ..."      (name_hash, owner) per item
---   {ttl_us}  "%s" when every item has the same ttl, else
---             "CASE WHEN name_hash = UNHEX(%s) AND owner = %s THEN %s ... END"
+-- Many leases in ONE statement. Built by the caller, with numbered parameters per item i:
+--   {hashes}  "UNHEX(:h0), UNHEX(:h1), ..."       one name_hash per item (lets the PK index
+--                                                  be used)
+--   {pairs}   "(UNHEX(:h0), :o0), ..."            (name_hash, owner) per item
+--   {ttl_us}  ":ttl_us" when every item has the same ttl, else
+--             "CASE WHEN name_hash = UNHEX(:h0) AND owner = :o0 THEN :t0 ... END"
 -- Affected rows = number of items -> all renewed (the usual case, one round trip). Fewer ->
 -- the caller asks "held" which items are still held (a second round trip, failures only).
-UPDATE `{prefix}_locks`
+UPDATE {namespace}_locks
    SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl_us} MICROSECOND
  WHERE name_hash IN ({hashes}) AND (name_hash, owner) IN ({pairs})
    AND expires_at > UTC_TIMESTAMP(6);
@@ -166,19 +172,19 @@ UPDATE `{prefix}_locks`
 -- name: held
 -- Built by the caller: {hashes} as for renew. -> (hex name_hash, owner) of every live lease
 -- among those names.
-SELECT LOWER(HEX(name_hash)), owner FROM `{prefix}_locks`
+SELECT LOWER(HEX(name_hash)), owner FROM {namespace}_locks
  WHERE name_hash IN ({hashes}) AND expires_at > UTC_TIMESTAMP(6);
 
 
 -- name: cancel_wait
--- Params: %(hash)s, %(owner)s. A waiter that gives up stops being next in line.
-UPDATE `{prefix}_locks` SET next_owner = NULL, next_until = NULL
- WHERE name_hash = UNHEX(%(hash)s) AND next_owner = %(owner)s;
+-- Params: :hash, :owner. A waiter that gives up stops being next in line.
+UPDATE {namespace}_locks SET next_owner = NULL, next_until = NULL
+ WHERE name_hash = UNHEX(:hash) AND next_owner = :owner;
 
 
 -- name: force_release
--- Params: %(hash)s (hex). Administrative: free the lease whoever holds it (its holder finds it lost
+-- Params: :hash (hex). Administrative: free the lease whoever holds it (its holder finds it lost
 -- at its next renewal). Affected rows 1 -> a live lease was dropped.
-UPDATE `{prefix}_locks`
+UPDATE {namespace}_locks
    SET owner = '', expires_at = '1970-01-01 00:00:00'
- WHERE name_hash = UNHEX(%(hash)s) AND expires_at > UTC_TIMESTAMP(6);
+ WHERE name_hash = UNHEX(:hash) AND expires_at > UTC_TIMESTAMP(6);

@@ -1,8 +1,16 @@
 -- jobfence inbox, PostgreSQL (schema version 1).
 --
--- {table} is replaced by the validated table name (default jobfence_inbox); ``?`` is the
--- positional placeholder (converted to the driver's). Migration tools: run the ``schema``
--- section with {table} filled in.
+-- Conventions (jobfence/_core/sqlfiles.py reads every shipped .sql file the same way):
+--   * "-- name: <section>" starts a section: one statement, or several separated by ";".
+--     Comments are removed before a statement is sent.
+--   * {table} is the table name (an SQL identifier of at most 63 characters; default
+--     jobfence_inbox), and {table}_expires one name made from it. jobfence double-quotes
+--     them in lower case, the name PostgreSQL has always given the unquoted name. Inside
+--     quotes ('{table}') the bare name is written. Migration tools: fill {table} the same way.
+--   * Parameters are named, :name; jobfence converts them for the driver (psycopg
+--     %(name)s with a literal percent sign doubled, asyncpg $1, $2..., SQLAlchemy :name).
+--   * This file is jobfence/backends/postgres/sql/inbox.sql; the locks and the fencing table
+--     have their own files beside it (locks.sql, fence.sql).
 --
 -- One row per idempotency key:
 --   state        'in_progress' | 'completed'
@@ -43,7 +51,7 @@ END
 $jobfence$;
 
 -- name: claim
--- ONE statement. Params: 1 key, 2 owner, 3 fingerprint (or NULL), 4 ttl seconds.
+-- ONE statement. Params: :key, :owner, :fingerprint (or NULL), :ttl (seconds).
 -- The upsert takes the key if it is new, or in progress past its deadline (a dead or
 -- released worker: attempt + 1), or completed past its retention (a fresh record, attempt 1);
 -- a takeover is refused when both fingerprints are set and differ. Returns (mine, state,
@@ -52,8 +60,8 @@ $jobfence$;
 -- ``peek`` into a CTE made every claim about 50% slower (measured), to save a round trip
 -- only on the duplicate path.
 INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (?, 'in_progress', ?, 1, ?, false,
-        clock_timestamp() + CAST(? AS double precision) * interval '1 second')
+VALUES (:key, 'in_progress', :owner, 1, :fingerprint, false,
+        clock_timestamp() + CAST(:ttl AS double precision) * interval '1 second')
 ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = EXCLUDED.owner,
@@ -70,47 +78,47 @@ WHERE t.expires_at <= clock_timestamp()
 RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at;
 
 -- name: peek
--- Params: 1 key. The record that stopped a claim (duplicate path only).
-SELECT false, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = ?;
+-- Params: :key. The record that stopped a claim (duplicate path only).
+SELECT false, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = :key;
 
 -- name: complete
--- Params: 1 result, 2 retention seconds, 3 key, 4 owner. Owner-checked; one row or none.
+-- Params: :result, :retention (seconds), :key, :owner. Owner-checked; one row or none.
 UPDATE {table}
-SET state = 'completed', result = ?,
-    expires_at = clock_timestamp() + CAST(? AS double precision) * interval '1 second'
-WHERE k = ? AND owner = ?
+SET state = 'completed', result = :result,
+    expires_at = clock_timestamp() + CAST(:retention AS double precision) * interval '1 second'
+WHERE k = :key AND owner = :owner
   AND NOT (state = 'completed' AND expires_at <= clock_timestamp());
 
 -- name: release
--- Params: 1 key, 2 owner. The next claim takes the key over (attempt + 1).
+-- Params: :key, :owner. The next claim takes the key over (attempt + 1).
 UPDATE {table}
 SET owner = NULL, expires_at = LEAST(expires_at, clock_timestamp())
-WHERE k = ? AND owner = ? AND state = 'in_progress';
+WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
 -- name: purge
--- Params: 1 retention seconds (how long an abandoned in-progress claim is kept past its
+-- Params: :retention, seconds (how long an abandoned in-progress claim is kept past its
 -- deadline). Completed records go when their retention ends.
 DELETE FROM {table}
 WHERE (state = 'completed' AND expires_at <= clock_timestamp())
    OR (state = 'in_progress'
-       AND expires_at <= clock_timestamp() - CAST(? AS double precision) * interval '1 second');
+       AND expires_at <= clock_timestamp() - CAST(:retention AS double precision) * interval '1 second');
 
 -- name: claim_in
--- Runs inside the CALLER's transaction; ONE statement. Params: 1 key, 2 fingerprint (or NULL),
--- 3 retention seconds. Inserts the processed-marker, or marks a key that claim() holds as
+-- Runs inside the CALLER's transaction; ONE statement. Params: :key, :fingerprint (or NULL),
+-- :retention (seconds). Inserts the processed-marker, or marks a key that claim() holds as
 -- applied; affects one row iff this transaction is the first to apply the key's effect. A
 -- concurrent duplicate waits on the unique key, then affects nothing.
 INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (?, 'completed', NULL, 1, ?, true,
-        now() + CAST(? AS double precision) * interval '1 second')
+VALUES (:key, 'completed', NULL, 1, :fingerprint, true,
+        now() + CAST(:retention AS double precision) * interval '1 second')
 ON CONFLICT (k) DO UPDATE SET applied = true
 WHERE NOT t.applied AND t.state = 'in_progress'
   AND (t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
        OR t.fingerprint = EXCLUDED.fingerprint);
 
 -- name: fingerprint
--- Params: 1 key. Read only when claim_in was refused and a fingerprint was given.
-SELECT fingerprint FROM {table} WHERE k = ?;
+-- Params: :key. Read only when claim_in was refused and a fingerprint was given.
+SELECT fingerprint FROM {table} WHERE k = :key;
 
 -- name: drop
 DROP TABLE IF EXISTS {table};

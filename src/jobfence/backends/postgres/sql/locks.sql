@@ -1,10 +1,15 @@
 -- PostgreSQL lock backend (postgresql://...): schema and statements.
 --
--- Loaded by jobfence/backends/postgres_async.py (and its generated twin postgres.py). The file
--- is split into sections, each starting with a line "-- name: <section>". "{prefix}" is
--- replaced by the client's namespace (validated as an SQL identifier,
--- ^[A-Za-z_][A-Za-z0-9_]{0,50}$, and always double-quoted, so its case is kept) before use.
--- Parameters are psycopg named parameters ("%(name)s"); a literal percent sign would be "%%".
+-- Loaded by jobfence/backends/postgres/locks_async.py (and its generated twin locks.py) through
+-- jobfence/_core/sqlfiles.py, whose conventions hold for every shipped .sql file:
+--   * "-- name: <section>" starts a section: one statement, or a script of statements separated
+--     by ";" (schema). Comments are removed before a statement is sent.
+--   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
+--     identifier of at most 51 characters, see docs/backends/postgres.md) followed by the
+--     suffix, double-quoted (so the namespace's case is kept). Inside quotes
+--     ('{namespace}_locks') the bare name is written. {schema_key} is an integer.
+--   * Parameters are named, :name; jobfence converts them for the driver (psycopg: %(name)s).
+--     "::" is a cast, never a parameter.
 --
 -- Time: every expiry is measured by ONE clock, the PostgreSQL server's clock_timestamp()
 -- (the real time at each call, not the start of the transaction). Client clocks are never
@@ -14,7 +19,7 @@
 -- default (lease) mode works behind PgBouncer in transaction pooling mode. Session mode
 -- ("session_*" sections) keeps each held lock on its own dedicated connection.
 --
--- Fencing tokens: a per-name counter row in {prefix}_lock_tokens that outlives every lease.
+-- Fencing tokens: a per-name counter row in {namespace}_lock_tokens that outlives every lease.
 -- Each grant sets it to greatest(previous + 1, server time in microseconds since the epoch):
 -- always strictly increasing, and -- because grants of one name are serialised and take far
 -- longer than a microsecond -- never ahead of the server clock by more than a few units. So a
@@ -31,20 +36,20 @@
 -- catalogue (CREATE TABLE IF NOT EXISTS is not safe against a concurrent CREATE).
 SELECT pg_advisory_xact_lock({schema_key});
 -- A lease: at most one row per name. A row whose expires_at <= clock_timestamp() is free.
-CREATE TABLE IF NOT EXISTS "{prefix}_locks" (
+CREATE TABLE IF NOT EXISTS {namespace}_locks (
     name        text PRIMARY KEY,        -- the lock name, any text (bound, never spliced)
     owner       text NOT NULL,           -- the holder's owner id (host:pid:uuid)
     token       bigint NOT NULL,         -- the fencing token handed out with this lease
     expires_at  timestamptz NOT NULL     -- server clock
 );
 -- The fencing-token counter of each name (one row per name ever locked; never deleted).
-CREATE TABLE IF NOT EXISTS "{prefix}_lock_tokens" (
+CREATE TABLE IF NOT EXISTS {namespace}_lock_tokens (
     name   text PRIMARY KEY,
     token  bigint NOT NULL               -- the last token handed out for name
 );
 -- Lease mode's FIFO wait queue: one row per waiting owner. A waiter refreshes its deadline on
 -- every attempt; past it the row is dead (the waiter crashed or gave up) and is skipped.
-CREATE TABLE IF NOT EXISTS "{prefix}_lock_queue" (
+CREATE TABLE IF NOT EXISTS {namespace}_lock_queue (
     name      text NOT NULL,
     owner     text NOT NULL,
     seq       bigint NOT NULL,          -- arrival: server time in microseconds (kept while
@@ -53,25 +58,25 @@ CREATE TABLE IF NOT EXISTS "{prefix}_lock_queue" (
     ttl       float8 NOT NULL,          -- seconds: the lease it asked for
     PRIMARY KEY (name, owner)
 );
-CREATE INDEX IF NOT EXISTS "{prefix}_lock_queue_order"
-    ON "{prefix}_lock_queue" (name, seq, owner);
+CREATE INDEX IF NOT EXISTS {namespace}_lock_queue_order
+    ON {namespace}_lock_queue (name, seq, owner);
 -- One row per jobfence component that keeps tables under this prefix.
-CREATE TABLE IF NOT EXISTS "{prefix}_schema" (
+CREATE TABLE IF NOT EXISTS {namespace}_schema (
     component  text PRIMARY KEY,
     version    integer NOT NULL
 );
-INSERT INTO "{prefix}_schema" (component, version) VALUES ('locks', 1)
+INSERT INTO {namespace}_schema (component, version) VALUES ('locks', 1)
     ON CONFLICT (component) DO NOTHING;
 
 
 -- name: schema_version
 -- -> (version) of the locks tables, one row.
-SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
+SELECT version FROM {namespace}_schema WHERE component = 'locks';
 
 
 -- name: acquire
--- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds, float), %(wait)s (NULL for a
--- plain try, which never queues; else seconds the caller may wait), %(slack)s (seconds).
+-- Lease mode. Params: :name, :owner, :ttl (seconds, float), :wait (NULL for a
+-- plain try, which never queues; else seconds the caller may wait), :slack (seconds).
 -- ONE statement: look at the current row and the head of the live queue; only if no live
 -- lease exists and nobody else heads the queue (fairness: a free lease goes to the head, not
 -- to a newcomer), bump the name's counter and insert/take over the row (ON CONFLICT re-checks
@@ -82,7 +87,7 @@ SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
 -- every statement that touches both, so two statements cannot deadlock. Only a grant is a
 -- durable commit (see "relaxed").
 -- -> rows (token, seconds_left, queued): at most one of
---      (token, NULL, ...)  the lease was granted to %(owner)s (or it already held it: handed
+--      (token, NULL, ...)  the lease was granted to :owner (or it already held it: handed
 --                          off);
 --      (NULL, left, ...)   another owner holds it for `left` more seconds;
 --    and no such row when the lease is free but another waiter heads the queue, or someone
@@ -93,47 +98,47 @@ SELECT version FROM "{prefix}_schema" WHERE component = 'locks';
 --    hand the lease to an owner nobody waits for.
 WITH cur AS MATERIALIZED (
     SELECT owner, token, expires_at, expires_at > clock_timestamp() AS live
-      FROM "{prefix}_locks"
-     WHERE name = %(name)s
+      FROM {namespace}_locks
+     WHERE name = :name
 ), head AS MATERIALIZED (
     SELECT owner
-      FROM "{prefix}_lock_queue"
-     WHERE name = %(name)s AND deadline > clock_timestamp()
+      FROM {namespace}_lock_queue
+     WHERE name = :name AND deadline > clock_timestamp()
      ORDER BY seq, owner
      LIMIT 1
 ), free AS MATERIALIZED (
     SELECT 1 AS yes
      WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
-       AND NOT EXISTS (SELECT 1 FROM head WHERE owner <> %(owner)s)
+       AND NOT EXISTS (SELECT 1 FROM head WHERE owner <> :owner)
 ), bumped AS (
-    INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-    SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+    INSERT INTO {namespace}_lock_tokens AS t (name, token)
+    SELECT :name, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
       FROM free
     ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
     RETURNING t.token
 ), granted AS (
-    INSERT INTO "{prefix}_locks" AS l (name, owner, token, expires_at)
-    SELECT %(name)s, %(owner)s, bumped.token,
-           clock_timestamp() + %(ttl)s * interval '1 second'
+    INSERT INTO {namespace}_locks AS l (name, owner, token, expires_at)
+    SELECT :name, :owner, bumped.token,
+           clock_timestamp() + :ttl * interval '1 second'
       FROM bumped
     ON CONFLICT (name) DO UPDATE
        SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
      WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
     RETURNING l.token
 ), dequeued AS (
-    DELETE FROM "{prefix}_lock_queue"
-     WHERE name = %(name)s AND owner = %(owner)s
+    DELETE FROM {namespace}_lock_queue
+     WHERE name = :name AND owner = :owner
        AND (EXISTS (SELECT 1 FROM granted)
-            OR EXISTS (SELECT 1 FROM cur WHERE live AND owner = %(owner)s))
+            OR EXISTS (SELECT 1 FROM cur WHERE live AND owner = :owner))
     RETURNING 1
 ), queued AS (
-    INSERT INTO "{prefix}_lock_queue" AS q (name, owner, seq, deadline, ttl)
-    SELECT %(name)s, %(owner)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
-           clock_timestamp() + (%(wait)s::float8 + %(slack)s::float8) * interval '1 second',
-           %(ttl)s
-     WHERE %(wait)s::float8 IS NOT NULL
+    INSERT INTO {namespace}_lock_queue AS q (name, owner, seq, deadline, ttl)
+    SELECT :name, :owner, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+           clock_timestamp() + (:wait::float8 + :slack::float8) * interval '1 second',
+           :ttl
+     WHERE :wait::float8 IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM granted)
-       AND NOT EXISTS (SELECT 1 FROM cur WHERE live AND owner = %(owner)s)
+       AND NOT EXISTS (SELECT 1 FROM cur WHERE live AND owner = :owner)
     ON CONFLICT (name, owner) DO UPDATE
        SET deadline = excluded.deadline, ttl = excluded.ttl
     RETURNING (q.xmax = 0) AS inserted  -- a new entry (not a refreshed one)
@@ -145,7 +150,7 @@ WITH cur AS MATERIALIZED (
 )
 SELECT token, NULL::float8, NULL::boolean FROM granted
 UNION ALL
-SELECT CASE WHEN owner = %(owner)s THEN token END,
+SELECT CASE WHEN owner = :owner THEN token END,
        extract(epoch FROM expires_at - clock_timestamp())::float8, NULL
   FROM cur
  WHERE live
@@ -156,7 +161,7 @@ SELECT NULL, NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluate
 
 
 -- name: release
--- Lease mode. Params: %(name)s, %(owner)s. Owner-checked. With a live waiter queued, the
+-- Lease mode. Params: :name, :owner. Owner-checked. With a live waiter queued, the
 -- lease goes straight to the head of the queue (a new token, the ttl it asked for) and only
 -- that waiter is notified, with its token, so it owns the lease when it wakes (FIFO
 -- hand-off). The hand-off happens only if this statement itself deletes the head's queue
@@ -175,51 +180,51 @@ SELECT NULL, NULL, NULL FROM relaxed WHERE setting IS NULL;  -- no row; evaluate
 -- -> (released bool, handed-to owner or NULL, count of side effects), one row.
 WITH mine AS MATERIALIZED (
     SELECT expires_at > clock_timestamp() AS live
-      FROM "{prefix}_locks"
-     WHERE name = %(name)s AND owner = %(owner)s
+      FROM {namespace}_locks
+     WHERE name = :name AND owner = :owner
 ), head AS MATERIALIZED (
     SELECT q.owner, q.ttl
-      FROM "{prefix}_lock_queue" AS q
-     WHERE q.name = %(name)s AND q.deadline > clock_timestamp()
+      FROM {namespace}_lock_queue AS q
+     WHERE q.name = :name AND q.deadline > clock_timestamp()
        AND EXISTS (SELECT 1 FROM mine)
      ORDER BY q.seq, q.owner
      LIMIT 1
 ), bumped AS (
-    INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-    SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+    INSERT INTO {namespace}_lock_tokens AS t (name, token)
+    SELECT :name, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
       FROM head
     ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
     RETURNING t.token
 ), dequeued AS (
-    DELETE FROM "{prefix}_lock_queue" AS q
+    DELETE FROM {namespace}_lock_queue AS q
      USING head, bumped
-     WHERE q.name = %(name)s AND q.owner = head.owner
+     WHERE q.name = :name AND q.owner = head.owner
     RETURNING q.owner, q.ttl, bumped.token
 ), handed AS (
-    UPDATE "{prefix}_locks" AS l
+    UPDATE {namespace}_locks AS l
        SET owner = dequeued.owner, token = dequeued.token,
            expires_at = clock_timestamp() + dequeued.ttl * interval '1 second'
       FROM dequeued
-     WHERE l.name = %(name)s AND l.owner = %(owner)s
+     WHERE l.name = :name AND l.owner = :owner
     RETURNING l.owner, l.token
 ), gone AS (
-    DELETE FROM "{prefix}_locks"
-     WHERE name = %(name)s AND owner = %(owner)s
+    DELETE FROM {namespace}_locks
+     WHERE name = :name AND owner = :owner
        AND NOT EXISTS (SELECT 1 FROM dequeued)
     RETURNING name
 ), swept AS (
-    DELETE FROM "{prefix}_lock_queue"
-     WHERE name = %(name)s AND deadline <= clock_timestamp()
+    DELETE FROM {namespace}_lock_queue
+     WHERE name = :name AND deadline <= clock_timestamp()
        AND EXISTS (SELECT 1 FROM mine)
        AND owner NOT IN (SELECT owner FROM head)
     RETURNING 1
 ), woken AS (
-    SELECT pg_notify('{prefix}_locks',
-                     'h' || E'\n' || handed.owner || E'\n' || handed.token || E'\n' || %(name)s)
+    SELECT pg_notify('{namespace}_locks',
+                     'h' || E'\n' || handed.owner || E'\n' || handed.token || E'\n' || :name)
       FROM handed
 ), others AS (
     -- the head left the queue as we released: the next waiters must not wait for a poll
-    SELECT pg_notify('{prefix}_locks', 'w' || E'\n' || %(name)s)
+    SELECT pg_notify('{namespace}_locks', 'w' || E'\n' || :name)
       FROM gone
      WHERE EXISTS (SELECT 1 FROM head)
 ), relaxed AS (
@@ -233,38 +238,38 @@ SELECT coalesce((SELECT bool_or(live) FROM mine), false)
 
 
 -- name: cancel_wait
--- Lease mode. Params: %(name)s, %(owner)s. Leave the queue. Run "handed" right after it, in
+-- Lease mode. Params: :name, :owner. Leave the queue. Run "handed" right after it, in
 -- a statement of its own (a fresh snapshot): a release that was handing us the lease while
 -- this ran has committed by then, and the caller keeps that lease.
-DELETE FROM "{prefix}_lock_queue" WHERE name = %(name)s AND owner = %(owner)s;
+DELETE FROM {namespace}_lock_queue WHERE name = :name AND owner = :owner;
 
 
 -- name: handed
--- Lease mode. Params: %(name)s, %(owner)s. -> (token) of %(owner)s's live lease, or no row.
-SELECT token FROM "{prefix}_locks"
- WHERE name = %(name)s AND owner = %(owner)s AND expires_at > clock_timestamp();
+-- Lease mode. Params: :name, :owner. -> (token) of :owner's live lease, or no row.
+SELECT token FROM {namespace}_locks
+ WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp();
 
 
 -- name: extend
--- Lease mode. Params: %(name)s, %(owner)s, %(ttl)s (seconds). Owner-checked; an expired
+-- Lease mode. Params: :name, :owner, :ttl (seconds). Owner-checked; an expired
 -- lease cannot be extended (someone else may have seen it free). Changes one row on success.
-UPDATE "{prefix}_locks"
-   SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
- WHERE name = %(name)s
-   AND owner = %(owner)s
+UPDATE {namespace}_locks
+   SET expires_at = clock_timestamp() + :ttl * interval '1 second'
+ WHERE name = :name
+   AND owner = :owner
    AND expires_at > clock_timestamp();
 
 
 -- name: renew
--- Lease mode. Params: %(names)s text[], %(owners)s text[], %(ttls)s float8[] (seconds), three
+-- Lease mode. Params: :names text[], :owners text[], :ttls float8[] (seconds), three
 -- arrays of the same length. ONE statement extends every live lease an item names.
 -- -> one row per item, in item order: (item number, renewed bool).
 WITH item AS (
     SELECT *
-      FROM unnest(%(names)s::text[], %(owners)s::text[], %(ttls)s::float8[])
+      FROM unnest(:names::text[], :owners::text[], :ttls::float8[])
            WITH ORDINALITY AS i(name, owner, ttl, n)
 ), renewed AS (
-    UPDATE "{prefix}_locks" AS l
+    UPDATE {namespace}_locks AS l
        SET expires_at = clock_timestamp() + item.ttl * interval '1 second'
       FROM item
      WHERE l.name = item.name
@@ -278,13 +283,13 @@ SELECT item.n, renewed.n IS NOT NULL
 
 
 -- name: force_release
--- Lease mode. Params: %(name)s. Deletes the lease whoever holds it (tests, operator tools);
+-- Lease mode. Params: :name. Deletes the lease whoever holds it (tests, operator tools);
 -- keeps the counter. -> (released bool, notified count), one row.
 WITH gone AS (
-    DELETE FROM "{prefix}_locks" WHERE name = %(name)s
+    DELETE FROM {namespace}_locks WHERE name = :name
     RETURNING name, expires_at > clock_timestamp() AS live
 ), woken AS (
-    SELECT pg_notify('{prefix}_locks', 'w' || E'\n' || name) FROM gone
+    SELECT pg_notify('{namespace}_locks', 'w' || E'\n' || name) FROM gone
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
 
@@ -293,11 +298,11 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM woken) FROM gone;
 -- Lease mode, on the dedicated listener connection. release notifies this channel with
 -- "h\n<owner>\n<token>\n<name>" when it hands the lease to a waiter, "w\n<name>" when every
 -- waiter of that name should look again (force_release too).
-LISTEN "{prefix}_locks";
+LISTEN {namespace}_locks;
 
 
 -- name: session_try
--- Session mode. Params: %(key)s (bigint advisory-lock key), %(name)s.
+-- Session mode. Params: :key (bigint advisory-lock key), :name.
 -- pg_try_advisory_lock never waits. When it gets the lock, the same statement bumps the name's
 -- counter (the lock holder is the only one bumping it, so the counter row is never contended).
 -- The bump commits without waiting for the WAL flush (synchronous_commit=off, this transaction
@@ -307,16 +312,16 @@ LISTEN "{prefix}_locks";
 WITH relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 )
-INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+INSERT INTO {namespace}_lock_tokens AS t (name, token)
+SELECT :name, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM relaxed
- WHERE pg_try_advisory_lock(%(key)s)
+ WHERE pg_try_advisory_lock(:key)
 ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
 -- name: session_lock
--- Session mode. Params: %(key)s, %(name)s, %(lock_timeout)s (text such as '1500ms', never
+-- Session mode. Params: :key, :name, :lock_timeout (text such as '1500ms', never
 -- '0': 0 would mean "no limit").
 -- Waits IN THE SERVER, in PostgreSQL's lock queue (first come, first served), for at most
 -- lock_timeout, which is set for this statement's transaction only (set_config(..., true)),
@@ -325,33 +330,33 @@ RETURNING t.token;
 -- runs session_held, because the lock can be granted in the instant the timeout fires.
 -- -> (token), one row, once the lock is granted.
 WITH limited AS MATERIALIZED (
-    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+    SELECT set_config('lock_timeout', :lock_timeout, true),
            set_config('synchronous_commit', 'off', true)
 ), locked AS MATERIALIZED (
-    SELECT pg_advisory_lock(%(key)s) FROM limited
+    SELECT pg_advisory_lock(:key) FROM limited
 )
-INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+INSERT INTO {namespace}_lock_tokens AS t (name, token)
+SELECT :name, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM locked
 ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
 -- name: session_bump
--- Session mode. Params: %(name)s. Bumps the counter for a lock this session already holds
+-- Session mode. Params: :name. Bumps the counter for a lock this session already holds
 -- (after the lock_timeout race). -> (token), one row.
 WITH relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 )
-INSERT INTO "{prefix}_lock_tokens" AS t (name, token)
-SELECT %(name)s, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+INSERT INTO {namespace}_lock_tokens AS t (name, token)
+SELECT :name, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
   FROM relaxed
 ON CONFLICT (name) DO UPDATE SET token = greatest(t.token + 1, excluded.token)
 RETURNING t.token;
 
 
 -- name: session_held
--- Session mode, on the connection that should hold the lock. Params: %(hi)s, %(lo)s: the
+-- Session mode, on the connection that should hold the lock. Params: :hi, :lo: the
 -- high and low 32 bits (as unsigned numbers) of the bigint key; pg_locks shows a bigint
 -- advisory key as classid = high half, objid = low half, objsubid = 1.
 -- -> (held bool): this session holds the lock. Also proves the connection is alive.
@@ -361,21 +366,21 @@ SELECT EXISTS (
      WHERE locktype = 'advisory'
        AND pid = pg_backend_pid()
        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND classid = %(hi)s::bigint::oid
-       AND objid = %(lo)s::bigint::oid
+       AND classid = :hi::bigint::oid
+       AND objid = :lo::bigint::oid
        AND objsubid = 1
        AND granted
 );
 
 
 -- name: session_unlock
--- Session mode, on the holding connection. Params: %(key)s.
+-- Session mode, on the holding connection. Params: :key.
 -- -> (unlocked bool): false means this session did not hold the lock (always checked).
-SELECT pg_advisory_unlock(%(key)s);
+SELECT pg_advisory_unlock(:key);
 
 
 -- name: session_force_release
--- Session mode, from any connection. Params: %(hi)s, %(lo)s (see session_held).
+-- Session mode, from any connection. Params: :hi, :lo (see session_held).
 -- Terminates every backend holding the advisory lock, which frees it; the holder's liveness
 -- check then fails and its lease is marked lost. Needs pg_signal_backend or superuser (or
 -- the same role). -> (terminated bool) per holder; no row when nobody held it.
@@ -383,7 +388,7 @@ SELECT pg_terminate_backend(pid)
   FROM pg_locks
  WHERE locktype = 'advisory'
    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND classid = %(hi)s::bigint::oid
-   AND objid = %(lo)s::bigint::oid
+   AND classid = :hi::bigint::oid
+   AND objid = :lo::bigint::oid
    AND objsubid = 1
    AND granted;

@@ -1,9 +1,18 @@
 -- jobfence inbox, SQLite (schema version 1).
 --
--- {table} is replaced by the validated table name (default jobfence_inbox); ``?`` is the
--- placeholder. Times are Unix epoch seconds (REAL) from SQLite's clock, i.e. the host's:
---   {now} = (julianday('now') - 2440587.5) * 86400.0  (constant within one statement)
--- Columns as in postgres_inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
+-- Conventions (jobfence/_core/sqlfiles.py reads every shipped .sql file the same way):
+--   * "-- name: <section>" starts a section: one statement, or several separated by ";".
+--     Comments are removed before a statement is sent.
+--   * {table} is the table name (an SQL identifier of at most 63 characters; default
+--     jobfence_inbox), and {table}_expires one name made from it; jobfence double-quotes
+--     them. Inside quotes ('{table}') the bare name is written. Migration tools: fill {table}
+--     the same way.
+--   * Parameters are named, :name, as sqlite3 and SQLAlchemy take them.
+--   * This file is jobfence/backends/sqlite/sql/inbox.sql.
+--
+-- Times are Unix epoch seconds (REAL) from SQLite's clock, i.e. the host's:
+--   (julianday('now') - 2440587.5) * 86400.0  (constant within one statement)
+-- Columns as in postgres/sql/inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
 -- fingerprint, applied (claim_in committed the effect), result, expires_at.
 
 -- name: schema
@@ -26,13 +35,13 @@ INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
     ON CONFLICT (table_name) DO UPDATE SET version = excluded.version;
 
 -- name: claim
--- ONE statement (SQLite runs writers one at a time). Params: 1 key, 2 owner, 3 fingerprint,
--- 4 ttl seconds. Same rule as PostgreSQL: take a new key, an in-progress key past its
+-- ONE statement (SQLite runs writers one at a time). Params: :key, :owner, :fingerprint,
+-- :ttl (seconds). Same rule as PostgreSQL: take a new key, an in-progress key past its
 -- deadline (attempt + 1, refused if both fingerprints are set and differ) or a completed key
 -- past retention (attempt 1). Returns the taken row, or no row when the key is held: then
 -- the ``peek`` statement reads the record that stopped us.
 INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (?, 'in_progress', ?, 1, ?, 0, {now} + ?)
+VALUES (:key, 'in_progress', :owner, 1, :fingerprint, 0, (julianday('now') - 2440587.5) * 86400.0 + :ttl)
 ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = excluded.owner,
@@ -43,43 +52,43 @@ ON CONFLICT (k) DO UPDATE SET
     applied = ({table}.applied AND {table}.state = 'in_progress'),
     result = NULL,
     expires_at = excluded.expires_at
-WHERE {table}.expires_at <= {now}
+WHERE {table}.expires_at <= (julianday('now') - 2440587.5) * 86400.0
   AND ({table}.state = 'completed' OR {table}.fingerprint IS NULL
        OR excluded.fingerprint IS NULL OR {table}.fingerprint = excluded.fingerprint)
 RETURNING 1, state, owner, attempt, fingerprint, result, expires_at;
 
 -- name: peek
--- Params: 1 key.
-SELECT 0, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = ?;
+-- Params: :key.
+SELECT 0, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = :key;
 
 -- name: complete
--- Params: 1 result, 2 retention seconds, 3 key, 4 owner. Owner-checked.
-UPDATE {table} SET state = 'completed', result = ?, expires_at = {now} + ?
-WHERE k = ? AND owner = ? AND NOT (state = 'completed' AND expires_at <= {now});
+-- Params: :result, :retention (seconds), :key, :owner. Owner-checked.
+UPDATE {table} SET state = 'completed', result = :result, expires_at = (julianday('now') - 2440587.5) * 86400.0 + :retention
+WHERE k = :key AND owner = :owner AND NOT (state = 'completed' AND expires_at <= (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: release
--- Params: 1 key, 2 owner.
-UPDATE {table} SET owner = NULL, expires_at = MIN(expires_at, {now})
-WHERE k = ? AND owner = ? AND state = 'in_progress';
+-- Params: :key, :owner.
+UPDATE {table} SET owner = NULL, expires_at = MIN(expires_at, (julianday('now') - 2440587.5) * 86400.0)
+WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
 -- name: purge
--- Params: 1 retention seconds for abandoned in-progress claims.
+-- Params: :retention, seconds, for abandoned in-progress claims.
 DELETE FROM {table}
-WHERE (state = 'completed' AND expires_at <= {now})
-   OR (state = 'in_progress' AND expires_at <= {now} - ?);
+WHERE (state = 'completed' AND expires_at <= (julianday('now') - 2440587.5) * 86400.0)
+   OR (state = 'in_progress' AND expires_at <= (julianday('now') - 2440587.5) * 86400.0 - :retention);
 
 -- name: claim_in
--- Runs inside the CALLER's transaction; ONE statement. Params: 1 key, 2 fingerprint,
--- 3 retention seconds. Changes one row iff this transaction is the first to apply the key.
+-- Runs inside the CALLER's transaction; ONE statement. Params: :key, :fingerprint,
+-- :retention (seconds). Changes one row iff this transaction is the first to apply the key.
 INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (?, 'completed', NULL, 1, ?, 1, {now} + ?)
+VALUES (:key, 'completed', NULL, 1, :fingerprint, 1, (julianday('now') - 2440587.5) * 86400.0 + :retention)
 ON CONFLICT (k) DO UPDATE SET applied = 1
 WHERE NOT {table}.applied AND {table}.state = 'in_progress'
   AND ({table}.fingerprint IS NULL OR excluded.fingerprint IS NULL
        OR {table}.fingerprint = excluded.fingerprint);
 
 -- name: fingerprint
-SELECT fingerprint FROM {table} WHERE k = ?;
+SELECT fingerprint FROM {table} WHERE k = :key;
 
 -- name: drop
 DROP TABLE IF EXISTS {table};

@@ -1,9 +1,13 @@
 -- SQLite lock backend (sqlite:///path): schema and statements.
 --
--- Loaded by jobfence/backends/sqlite_async.py (and its generated twin sqlite.py). The file is
--- split into sections, each starting with a line "-- name: <section>". "{prefix}" is replaced
--- by the client's namespace (validated as an SQL identifier: ^[A-Za-z_][A-Za-z0-9_]{0,62}$)
--- before use; parameters are sqlite3 named parameters (":name").
+-- Loaded by jobfence/backends/sqlite/locks_async.py (and its generated twin locks.py) through
+-- jobfence/_core/sqlfiles.py, whose conventions hold for every shipped .sql file:
+--   * "-- name: <section>" starts a section: one statement, or a script of statements separated
+--     by ";" (schema). Comments are removed before a statement is sent.
+--   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
+--     identifier of at most 63 characters, see docs/backends/sqlite.md) followed by the
+--     suffix, double-quoted.
+--   * Parameters are named, :name, as sqlite3 takes them.
 --
 -- Time: every expiry is measured by ONE clock, the SQLite host clock, as unix seconds with
 -- millisecond resolution:
@@ -22,7 +26,7 @@
 -- name: schema
 -- Idempotent: safe to run from any number of processes at once (inside BEGIN IMMEDIATE).
 -- A lease: at most one row per name. A row whose expires_at <= now is free for the taking.
-CREATE TABLE IF NOT EXISTS {prefix}_locks (
+CREATE TABLE IF NOT EXISTS {namespace}_locks (
     name        TEXT PRIMARY KEY,    -- the lock name, any UTF-8 text (bound, never spliced)
     owner       TEXT NOT NULL,       -- the holder's owner id (host:pid:uuid)
     token       INTEGER NOT NULL,    -- the fencing token handed out with this lease
@@ -30,7 +34,7 @@ CREATE TABLE IF NOT EXISTS {prefix}_locks (
 ) WITHOUT ROWID;
 -- The fencing-token counter of each name. It outlives the lease rows (a released or expired
 -- lease deletes its row, never its counter), so tokens strictly increase per name.
-CREATE TABLE IF NOT EXISTS {prefix}_lock_tokens (
+CREATE TABLE IF NOT EXISTS {namespace}_lock_tokens (
     name   TEXT PRIMARY KEY,
     token  INTEGER NOT NULL          -- the last token handed out for name
 ) WITHOUT ROWID;
@@ -39,7 +43,7 @@ CREATE TABLE IF NOT EXISTS {prefix}_lock_tokens (
 -- straight to the head (its own ttl), so the head's next poll finds the lease its own. A
 -- waiter renews its entry as it keeps polling; an entry past `until` is dead (the waiter
 -- crashed or gave up) and is skipped, then swept.
-CREATE TABLE IF NOT EXISTS {prefix}_lock_queue (
+CREATE TABLE IF NOT EXISTS {namespace}_lock_queue (
     name   TEXT NOT NULL,
     owner  TEXT NOT NULL,
     seq    REAL NOT NULL,            -- arrival, unix seconds (kept while the waiter renews)
@@ -48,17 +52,17 @@ CREATE TABLE IF NOT EXISTS {prefix}_lock_queue (
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
 -- One row per jobfence component that keeps tables in this database.
-CREATE TABLE IF NOT EXISTS {prefix}_schema (
+CREATE TABLE IF NOT EXISTS {namespace}_schema (
     component  TEXT PRIMARY KEY,
     version    INTEGER NOT NULL
 );
-INSERT INTO {prefix}_schema (component, version) VALUES ('locks', 1)
+INSERT INTO {namespace}_schema (component, version) VALUES ('locks', 1)
     ON CONFLICT (component) DO NOTHING;
 
 
 -- name: schema_version
 -- -> (version) of the locks tables, one row.
-SELECT version FROM {prefix}_schema WHERE component = 'locks';
+SELECT version FROM {namespace}_schema WHERE component = 'locks';
 
 
 -- name: peek
@@ -68,14 +72,14 @@ SELECT version FROM {prefix}_schema WHERE component = 'locks';
 SELECT owner = :owner,
        token,
        expires_at - (julianday('now') - 2440587.5) * 86400.0
-  FROM {prefix}_locks
+  FROM {namespace}_locks
  WHERE name = :name
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
 
 
 -- name: queue_head
 -- Params: :name. -> (owner, ttl) of the first live waiter on :name, or no row.
-SELECT owner, ttl FROM {prefix}_lock_queue
+SELECT owner, ttl FROM {namespace}_lock_queue
  WHERE name = :name
    AND until > (julianday('now') - 2440587.5) * 86400.0
  ORDER BY seq, owner
@@ -85,14 +89,14 @@ SELECT owner, ttl FROM {prefix}_lock_queue
 -- name: queue_entry
 -- Params: :name, :owner. -> (seconds left) of :owner's entry (negative: dead), or no row.
 SELECT until - (julianday('now') - 2440587.5) * 86400.0
-  FROM {prefix}_lock_queue
+  FROM {namespace}_lock_queue
  WHERE name = :name AND owner = :owner;
 
 
 -- name: enqueue
 -- Params: :name, :owner, :window, :ttl (seconds). Join the tail of the queue, or renew the
 -- entry (keeping its place) when it is still live.
-INSERT INTO {prefix}_lock_queue (name, owner, seq, until, ttl)
+INSERT INTO {namespace}_lock_queue (name, owner, seq, until, ttl)
      VALUES (:name, :owner, (julianday('now') - 2440587.5) * 86400.0,
              (julianday('now') - 2440587.5) * 86400.0 + :window, :ttl)
 ON CONFLICT (name, owner) DO UPDATE
@@ -102,12 +106,12 @@ ON CONFLICT (name, owner) DO UPDATE
 
 -- name: dequeue
 -- Params: :name, :owner. The owner was granted the lease, or gave up waiting.
-DELETE FROM {prefix}_lock_queue WHERE name = :name AND owner = :owner;
+DELETE FROM {namespace}_lock_queue WHERE name = :name AND owner = :owner;
 
 
 -- name: sweep
 -- Params: :name. Drop the entries of waiters that stopped renewing them.
-DELETE FROM {prefix}_lock_queue
+DELETE FROM {namespace}_lock_queue
  WHERE name = :name AND until <= (julianday('now') - 2440587.5) * 86400.0;
 
 
@@ -116,7 +120,7 @@ DELETE FROM {prefix}_lock_queue
 -- -> (token): the name's next fencing token. A missing counter row (first use, or deleted)
 --    is seeded from the current time in microseconds, so tokens never go backwards even if
 --    the counter was lost; afterwards each grant adds 1.
-INSERT INTO {prefix}_lock_tokens (name, token)
+INSERT INTO {namespace}_lock_tokens (name, token)
      VALUES (:name, CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))
 ON CONFLICT (name) DO UPDATE SET token = token + 1
   RETURNING token;
@@ -125,7 +129,7 @@ ON CONFLICT (name) DO UPDATE SET token = token + 1
 -- name: grant
 -- Params: :name, :owner, :token, :ttl (seconds). Run in the acquire transaction after peek
 -- found the name free: replaces an expired row, if any.
-INSERT OR REPLACE INTO {prefix}_locks (name, owner, token, expires_at)
+INSERT OR REPLACE INTO {namespace}_locks (name, owner, token, expires_at)
      VALUES (:name, :owner, :token, (julianday('now') - 2440587.5) * 86400.0 + :ttl);
 
 
@@ -133,7 +137,7 @@ INSERT OR REPLACE INTO {prefix}_locks (name, owner, token, expires_at)
 -- Params: :name, :owner. Owner-checked; an expired lease is not released (it is free already).
 -- Changes one row when :owner held the live lease. Runs in a BEGIN IMMEDIATE transaction with
 -- queue_head (and, for a hand-off, next_token, grant and dequeue) and sweep.
-DELETE FROM {prefix}_locks
+DELETE FROM {namespace}_locks
  WHERE name = :name
    AND owner = :owner
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
@@ -142,7 +146,7 @@ DELETE FROM {prefix}_locks
 -- name: extend
 -- Params: :name, :owner, :ttl (seconds). Owner-checked; an expired lease cannot be extended
 -- (someone else may have seen it free). Changes one row when :owner held the live lease.
-UPDATE {prefix}_locks
+UPDATE {namespace}_locks
    SET expires_at = (julianday('now') - 2440587.5) * 86400.0 + :ttl
  WHERE name = :name
    AND owner = :owner
@@ -151,4 +155,4 @@ UPDATE {prefix}_locks
 
 -- name: force_release
 -- Params: :name. Deletes the lease whoever holds it (tests, operator tools). Keeps the counter.
-DELETE FROM {prefix}_locks WHERE name = :name;
+DELETE FROM {namespace}_locks WHERE name = :name;
