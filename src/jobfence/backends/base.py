@@ -22,7 +22,6 @@ from typing import Any
 __all__ = [
     "AsyncInboxBackend",
     "AsyncLockBackend",
-    "AsyncSQLInboxBackend",
     "ClaimRecord",
     "ClaimState",
     "InboxBackend",
@@ -30,7 +29,6 @@ __all__ = [
     "LockBackend",
     "LockCapabilities",
     "RenewItem",
-    "SQLInboxBackend",
     "record_from_row",
 ]
 
@@ -303,52 +301,3 @@ class InboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
-
-
-class AsyncSQLInboxBackend(AsyncInboxBackend):
-    """The verbs that are one named statement each on PostgreSQL and SQLite.
-
-    Subclasses provide :meth:`_run` (run the statement of a named section of their ``.sql``
-    file, returning rows and the row count) and may map keys with :meth:`_db_key`.
-    """
-
-    @abc.abstractmethod
-    async def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]:
-        """Run the one statement of section ``name``; create the table on first use."""
-
-    def _db_key(self, key: str) -> str:
-        return key
-
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        _, count = await self._run("complete", (result, retention, self._db_key(key), owner))
-        return count == 1
-
-    async def release(self, key: str, owner: str) -> bool:
-        _, count = await self._run("release", (self._db_key(key), owner))
-        return count == 1
-
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", (retention,))
-        return max(count, 0)
-
-
-class SQLInboxBackend(InboxBackend):
-    """The blocking twin of :class:`AsyncSQLInboxBackend`."""
-
-    @abc.abstractmethod
-    def _run(self, name: str, params: Sequence[Any]) -> tuple[list[Any], int]: ...
-
-    def _db_key(self, key: str) -> str:
-        return key
-
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        _, count = self._run("complete", (result, retention, self._db_key(key), owner))
-        return count == 1
-
-    def release(self, key: str, owner: str) -> bool:
-        _, count = self._run("release", (self._db_key(key), owner))
-        return count == 1
-
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", (retention,))
-        return max(count, 0)

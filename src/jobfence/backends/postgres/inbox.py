@@ -23,10 +23,11 @@ import psycopg
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc
 from ..._core.options import option_pool_size, reject_unknown
 from ..._core.pool import ConnPool
+from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import ClaimRecord, InboxBackend, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import reusable
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -40,7 +41,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, as_utc)
 
 
-class PostgresInboxBackend(InboxBackend):
+class PostgresInboxBackend(SQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -68,6 +69,11 @@ class PostgresInboxBackend(InboxBackend):
     def _close(conn: Any) -> None:
         conn.close()
 
+    _record = staticmethod(_record)
+
+    def _db_key(self, key: str) -> str:
+        return DIALECT.db_key(key)
+
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -88,31 +94,6 @@ class PostgresInboxBackend(InboxBackend):
             for statement in self._sql.statements("schema"):
                 conn.execute(statement)
         self._installed = True
-
-    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        key = DIALECT.db_key(key)
-        while True:
-            rows, _ = self._run(
-                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
-            )
-            if not rows:  # a duplicate: read the record that stopped us
-                rows, _ = self._run("peek", {"key": key})
-            if rows:
-                return _record(rows[0])
-            # purged between the two statements: claim again
-
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        params = {"result": result, "retention": retention, "key": DIALECT.db_key(key)}
-        _, count = self._run("complete", {**params, "owner": owner})
-        return count == 1
-
-    def release(self, key: str, owner: str) -> bool:
-        _, count = self._run("release", {"key": DIALECT.db_key(key), "owner": owner})
-        return count == 1
-
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", {"retention": retention})
-        return max(count, 0)
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

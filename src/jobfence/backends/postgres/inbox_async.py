@@ -21,10 +21,11 @@ import psycopg
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc
 from ..._core.options import option_pool_size, reject_unknown
 from ..._core.pool_async import AsyncConnPool
+from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import AsyncInboxBackend, ClaimRecord, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import reusable
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -38,7 +39,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, as_utc)
 
 
-class AsyncPostgresInboxBackend(AsyncInboxBackend):
+class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -66,6 +67,11 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
     async def _close(conn: Any) -> None:
         await conn.close()
 
+    _record = staticmethod(_record)
+
+    def _db_key(self, key: str) -> str:
+        return DIALECT.db_key(key)
+
     async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -86,31 +92,6 @@ class AsyncPostgresInboxBackend(AsyncInboxBackend):
             for statement in self._sql.statements("schema"):
                 await conn.execute(statement)
         self._installed = True
-
-    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        key = DIALECT.db_key(key)
-        while True:
-            rows, _ = await self._run(
-                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
-            )
-            if not rows:  # a duplicate: read the record that stopped us
-                rows, _ = await self._run("peek", {"key": key})
-            if rows:
-                return _record(rows[0])
-            # purged between the two statements: claim again
-
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        params = {"result": result, "retention": retention, "key": DIALECT.db_key(key)}
-        _, count = await self._run("complete", {**params, "owner": owner})
-        return count == 1
-
-    async def release(self, key: str, owner: str) -> bool:
-        _, count = await self._run("release", {"key": DIALECT.db_key(key), "owner": owner})
-        return count == 1
-
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", {"retention": retention})
-        return max(count, 0)
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

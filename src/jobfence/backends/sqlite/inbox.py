@@ -20,10 +20,11 @@ from typing import Any
 from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
 from ..._core.options import option_pool_size, option_seconds, reject_unknown
 from ..._core.pool import ConnPool
+from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import ClaimRecord, InboxBackend, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -36,7 +37,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
 
 
-class SQLiteInboxBackend(InboxBackend):
+class SQLiteInboxBackend(SQLInboxBackend):
     kind = "sqlite"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -81,6 +82,8 @@ class SQLiteInboxBackend(InboxBackend):
     def _close(conn: Any) -> None:
         conn.close()
 
+    _record = staticmethod(_record)
+
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -110,30 +113,6 @@ class SQLiteInboxBackend(InboxBackend):
                 conn.execute("ROLLBACK")
                 raise
         self._installed = True
-
-    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        while True:
-            rows, _ = self._run(
-                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
-            )
-            if not rows:
-                rows, _ = self._run("peek", {"key": key})
-            if rows:
-                return _record(rows[0])
-            # purged between the two statements: claim again
-
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        params = {"result": result, "retention": retention, "key": key, "owner": owner}
-        _, count = self._run("complete", params)
-        return count == 1
-
-    def release(self, key: str, owner: str) -> bool:
-        _, count = self._run("release", {"key": key, "owner": owner})
-        return count == 1
-
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", {"retention": retention})
-        return max(count, 0)
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

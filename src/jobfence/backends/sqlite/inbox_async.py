@@ -20,10 +20,11 @@ import aiosqlite
 from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
 from ..._core.options import option_pool_size, option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
+from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import AsyncInboxBackend, ClaimRecord, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -36,7 +37,7 @@ def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
 
 
-class AsyncSQLiteInboxBackend(AsyncInboxBackend):
+class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
     kind = "sqlite"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
@@ -88,6 +89,8 @@ class AsyncSQLiteInboxBackend(AsyncInboxBackend):
     async def _close(conn: Any) -> None:
         await conn.close()
 
+    _record = staticmethod(_record)
+
     async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -117,30 +120,6 @@ class AsyncSQLiteInboxBackend(AsyncInboxBackend):
                 await conn.execute("ROLLBACK")
                 raise
         self._installed = True
-
-    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        while True:
-            rows, _ = await self._run(
-                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
-            )
-            if not rows:
-                rows, _ = await self._run("peek", {"key": key})
-            if rows:
-                return _record(rows[0])
-            # purged between the two statements: claim again
-
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        params = {"result": result, "retention": retention, "key": key, "owner": owner}
-        _, count = await self._run("complete", params)
-        return count == 1
-
-    async def release(self, key: str, owner: str) -> bool:
-        _, count = await self._run("release", {"key": key, "owner": owner})
-        return count == 1
-
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", {"retention": retention})
-        return max(count, 0)
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""

@@ -1,0 +1,58 @@
+# Generated from _core/sql_inbox_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""The inbox verbs that are one named statement each on PostgreSQL and SQLite (async source
+of ``sql_inbox.py``).
+
+A subclass provides :meth:`_run` (run the statement of one named section of its ``inbox.sql``,
+returning the rows and the row count, creating the table on first use), :meth:`_record` (a
+:class:`ClaimRecord` from a ``claim``/``peek`` row) and, where the server stores keys in
+another form, :meth:`_db_key`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..backends.base import ClaimRecord, InboxBackend
+
+__all__ = ["SQLInboxBackend"]
+
+
+class SQLInboxBackend(InboxBackend):
+    @abc.abstractmethod
+    def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+        """Run the one statement of section ``name``; create the table on first use."""
+
+    @abc.abstractmethod
+    def _record(self, row: Sequence[Any]) -> ClaimRecord:
+        """The claim record of a ``claim`` or ``peek`` row."""
+
+    def _db_key(self, key: str) -> str:
+        return key
+
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        key = self._db_key(key)
+        while True:
+            rows, _ = self._run(
+                "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
+            )
+            if not rows:  # a duplicate: read the record that stopped us
+                rows, _ = self._run("peek", {"key": key})
+            if rows:
+                return self._record(rows[0])
+            # purged between the two statements: claim again
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        params = {"result": result, "retention": retention, "key": self._db_key(key)}
+        _, count = self._run("complete", {**params, "owner": owner})
+        return count == 1
+
+    def release(self, key: str, owner: str) -> bool:
+        _, count = self._run("release", {"key": self._db_key(key), "owner": owner})
+        return count == 1
+
+    def purge(self, retention: float) -> int:
+        _, count = self._run("purge", {"retention": retention})
+        return max(count, 0)
