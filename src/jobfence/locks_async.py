@@ -6,24 +6,19 @@ twins ``Locks`` and ``Lease`` are generated from this file by ``tools/async_to_s
 
 from __future__ import annotations
 
-import asyncio  # async-only
-import collections.abc  # async-only
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Generator,  # async-only
-)
+from collections.abc import Awaitable, Callable
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ._core import acompat
 from ._core.clock import get_clock
+from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.lease_state import LeaseState
 from ._core.url import mask_url
@@ -32,6 +27,11 @@ from .backends import open_lock_backend
 from .backends.base import AsyncLockBackend, LockCapabilities
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal_async import AsyncRenewer
+
+if ASYNC:
+    import asyncio
+    import collections.abc
+    from collections.abc import Generator
 
 __all__ = ["DEFAULT_TTL", "DEFAULT_URL", "AsyncLease", "AsyncLocks"]
 
@@ -48,39 +48,36 @@ DEFAULT_POLL_INTERVAL = 1.0
 SERVER_WAIT = 3600.0
 #: how long an interrupted acquire waits for its clean-up before leaving it to the background
 CLEANUP_WAIT = 1.0
-# begin-async-only
-#: coroutine ``on_lost`` callbacks still running (the event loop keeps only weak references)
-_CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
-# end-async-only
+if ASYNC:
+    #: coroutine ``on_lost`` callbacks still running (the event loop keeps only weak references)
+    _CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
 
 _HOST = socket.gethostname()[:64]
 
 
-# begin-async-only
-def _current_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop (a sync thread, e.g. a sync renewer)
-        return None
+if ASYNC:
+
+    def _current_task() -> asyncio.Task[Any] | None:
+        try:
+            return asyncio.current_task()
+        except RuntimeError:  # no running loop (a sync thread, e.g. a sync renewer)
+            return None
+
+    def _raise_if_cancelling() -> None:
+        """Raise CancelledError if this task was asked to cancel but the request got lost on the
+        way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not loop on."""
+        task = _current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+        if cancelling is not None and cancelling():
+            raise asyncio.CancelledError
+
+    def _running_loop() -> asyncio.AbstractEventLoop | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
 
 
-def _raise_if_cancelling() -> None:
-    """Raise CancelledError if this task was asked to cancel but the request got lost on the
-    way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not loop on."""
-    task = _current_task()
-    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
-    if cancelling is not None and cancelling():
-        raise asyncio.CancelledError
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-# end-async-only
 def _new_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
 
@@ -117,10 +114,9 @@ class AsyncLease:
         self._released = False
         self._callbacks: list[Callable[[AsyncLease], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
-        # begin-async-only
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelled_for_loss = False
-        # end-async-only
+        if ASYNC:
+            self._task: asyncio.Task[Any] | None = None
+            self._cancelled_for_loss = False
 
     def __repr__(self) -> str:
         status = "released" if self._released else ("lost" if self.lost else "held")
@@ -183,26 +179,24 @@ class AsyncLease:
 
     def _run_callback(self, callback: Callable[[AsyncLease], Any]) -> None:
         try:
-            # begin-async-only
-            result = callback(self)
-            if asyncio.iscoroutine(result):
-                task = asyncio.get_running_loop().create_task(result)
-                _CALLBACK_TASKS.add(task)  # a strong reference until it is done
-                task.add_done_callback(self._callback_done)
-            # end-async-only
-            # begin-sync-only
-            # callback(self)
-            # end-sync-only
+            if ASYNC:
+                result = callback(self)
+                if asyncio.iscoroutine(result):
+                    task = asyncio.get_running_loop().create_task(result)
+                    _CALLBACK_TASKS.add(task)  # a strong reference until it is done
+                    task.add_done_callback(self._callback_done)
+            else:
+                callback(self)
         except Exception:
             log.exception("on_lost callback for %r raised", self.name)
 
-    # begin-async-only
-    def _callback_done(self, task: asyncio.Task[Any]) -> None:
-        _CALLBACK_TASKS.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("on_lost callback for %r raised", self.name, exc_info=task.exception())
+    if ASYNC:
 
-    # end-async-only
+        def _callback_done(self, task: asyncio.Task[Any]) -> None:
+            _CALLBACK_TASKS.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("on_lost callback for %r raised", self.name, exc_info=task.exception())
+
     def mark_lost(self, reason: str, *, after_release: bool = False) -> None:
         """Internal (called by the lease, its client and the client's renewer): record the
         loss once and tell the holder (callbacks; cancel an ``async with``).
@@ -216,27 +210,26 @@ class AsyncLease:
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
         log.warning("lease on %r (token %s) lost: %s", self.name, self.token, reason)
-        # begin-async-only
-        task = self._task
-        if task is not None and not task.done() and task is not _current_task():
-            # Cancel the block's task, but only while it is still inside the block: a
-            # cancellation delivered after the block ended would hit unrelated code.
-            self._cancelled_for_loss = True
-            loop = task.get_loop()
-            if _running_loop() is loop:
-                task.cancel()  # delivered when the task next resumes, inside the block
-            else:
-                loop.call_soon_threadsafe(self._cancel_inside_block, task)
-        # end-async-only
+        if ASYNC:
+            task = self._task
+            if task is not None and not task.done() and task is not _current_task():
+                # Cancel the block's task, but only while it is still inside the block: a
+                # cancellation delivered after the block ended would hit unrelated code.
+                self._cancelled_for_loss = True
+                loop = task.get_loop()
+                if _running_loop() is loop:
+                    task.cancel()  # delivered when the task next resumes, inside the block
+                else:
+                    loop.call_soon_threadsafe(self._cancel_inside_block, task)
         for callback in callbacks:
             self._run_callback(callback)
 
-    # begin-async-only
-    def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
-        if self._task is task and not task.done():
-            task.cancel()
+    if ASYNC:
 
-    # end-async-only
+        def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
+            if self._task is task and not task.done():
+                task.cancel()
+
     # -- operations ----------------------------------------------------------------------
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining lifetime to ``ttl`` (default: the lease's ttl).
@@ -291,9 +284,8 @@ class AsyncLease:
             locks.stop_renewing(self)  # only now: close() still sees it until here
 
     async def __aenter__(self) -> AsyncLease:
-        # begin-async-only
-        self._task = asyncio.current_task()
-        # end-async-only
+        if ASYNC:
+            self._task = asyncio.current_task()
         return self
 
     async def __aexit__(
@@ -302,22 +294,21 @@ class AsyncLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # begin-async-only
-        self._task = None
-        if self._cancelled_for_loss:
-            self._cancelled_for_loss = False
-            current = _current_task()
-            cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
-            if cancelling is not None and cancelling():
-                current.uncancel()  # type: ignore[union-attr]  # ours, not the caller's
-            if exc_type is asyncio.CancelledError:
-                await self._release_quietly()
-                raise LockLost(
-                    f"the lease on {self.name!r} (token {self.token}) was lost while its "
-                    f"block ran: {self._lost_reason}",
-                    name=self.name,
-                ) from exc
-        # end-async-only
+        if ASYNC:
+            self._task = None
+            if self._cancelled_for_loss:
+                self._cancelled_for_loss = False
+                current = _current_task()
+                cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
+                if cancelling is not None and cancelling():
+                    current.uncancel()  # type: ignore[union-attr]  # ours, not the caller's
+                if exc_type is asyncio.CancelledError:
+                    await self._release_quietly()
+                    raise LockLost(
+                        f"the lease on {self.name!r} (token {self.token}) was lost while its "
+                        f"block ran: {self._lost_reason}",
+                        name=self.name,
+                    ) from exc
         was_lost = self.lost
         if exc is not None:
             await self._release_quietly()
@@ -343,44 +334,42 @@ class AsyncLease:
             log.warning("releasing %r failed (it will expire): %s", self.name, err)
 
 
-# begin-async-only
-class AsyncAcquireContext(collections.abc.Coroutine[Any, Any, AsyncLease]):
-    """What :meth:`AsyncLocks.acquire` returns: await it, pass it to
-    ``asyncio.create_task``, or use it with ``async with`` (which also releases)."""
+if ASYNC:
 
-    def __init__(self, coro: collections.abc.Coroutine[Any, Any, AsyncLease]) -> None:
-        self._coro = coro
-        self._lease: AsyncLease | None = None
+    class AsyncAcquireContext(collections.abc.Coroutine[Any, Any, AsyncLease]):
+        """What :meth:`AsyncLocks.acquire` returns: await it, pass it to
+        ``asyncio.create_task``, or use it with ``async with`` (which also releases)."""
 
-    def __await__(self) -> Generator[Any, None, AsyncLease]:
-        return self._coro.__await__()
+        def __init__(self, coro: collections.abc.Coroutine[Any, Any, AsyncLease]) -> None:
+            self._coro = coro
+            self._lease: AsyncLease | None = None
 
-    def send(self, value: Any) -> Any:
-        return self._coro.send(value)
+        def __await__(self) -> Generator[Any, None, AsyncLease]:
+            return self._coro.__await__()
 
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
-        if val is None and tb is None:
-            return self._coro.throw(typ)
-        return self._coro.throw(typ, val, tb)
+        def send(self, value: Any) -> Any:
+            return self._coro.send(value)
 
-    def close(self) -> None:
-        self._coro.close()
+        def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+            if val is None and tb is None:
+                return self._coro.throw(typ)
+            return self._coro.throw(typ, val, tb)
 
-    async def __aenter__(self) -> AsyncLease:
-        self._lease = await self._coro
-        return await self._lease.__aenter__()
+        def close(self) -> None:
+            self._coro.close()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._lease is not None
-        await self._lease.__aexit__(exc_type, exc, tb)
+        async def __aenter__(self) -> AsyncLease:
+            self._lease = await self._coro
+            return await self._lease.__aenter__()
 
-
-# end-async-only
+        async def __aexit__(
+            self,
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> None:
+            assert self._lease is not None
+            await self._lease.__aexit__(exc_type, exc, tb)
 
 
 class AsyncLocks:
@@ -514,9 +503,8 @@ class AsyncLocks:
         long_waits = backend.capabilities.queue_follows_connection
         try:
             while True:
-                # begin-async-only
-                _raise_if_cancelling()  # a library that swallowed our cancellation
-                # end-async-only
+                if ASYNC:
+                    _raise_if_cancelling()  # a library that swallowed our cancellation
                 self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
@@ -575,45 +563,44 @@ class AsyncLocks:
         # hand it the lease), but not long: a cancelled acquire must end promptly.
         await acompat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
-    # begin-async-only
-    def acquire(
-        self,
-        name: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        timeout: float | None = None,
-        renew: bool = True,
-    ) -> AsyncAcquireContext:
-        """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
+    if ASYNC:
 
-        ``await locks.acquire(...)`` returns the :class:`AsyncLease`;
-        ``async with locks.acquire(...) as lease:`` also releases it on exit.
-        Raises :class:`LockTimeout` when the timeout passes.
-        """
-        self._check_open()
-        return AsyncAcquireContext(
-            self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
-        )
+        def acquire(
+            self,
+            name: str,
+            *,
+            ttl: float = DEFAULT_TTL,
+            timeout: float | None = None,
+            renew: bool = True,
+        ) -> AsyncAcquireContext:
+            """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
 
-    # end-async-only
-    # begin-sync-only
-    # def acquire(
-    #     self,
-    #     name: str,
-    #     *,
-    #     ttl: float = DEFAULT_TTL,
-    #     timeout: float | None = None,
-    #     renew: bool = True,
-    # ) -> Lease:
-    #     """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
-    #
-    #     Returns the :class:`Lease`; ``with locks.acquire(...) as lease:`` also releases it
-    #     on exit. Raises :class:`LockTimeout` when the timeout passes.
-    #     """
-    #     self._check_open()
-    #     return self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
-    #
-    # end-sync-only
+            ``await locks.acquire(...)`` returns the :class:`AsyncLease`;
+            ``async with locks.acquire(...) as lease:`` also releases it on exit.
+            Raises :class:`LockTimeout` when the timeout passes.
+            """
+            self._check_open()
+            return AsyncAcquireContext(
+                self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
+            )
+
+    else:
+
+        def acquire(
+            self,
+            name: str,
+            *,
+            ttl: float = DEFAULT_TTL,
+            timeout: float | None = None,
+            renew: bool = True,
+        ) -> AsyncLease:
+            """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
+
+            Returns the :class:`Lease`; ``with locks.acquire(...) as lease:`` also releases it
+            on exit. Raises :class:`LockTimeout` when the timeout passes.
+            """
+            self._check_open()
+            return self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
 
     async def install(self) -> None:
         """Create the backend's tables now (idempotent; SQL backends also do it on first use).
@@ -646,10 +633,8 @@ class AsyncLocks:
         if self._closed:
             return
         self._closed = True
-        # begin-async-only
-        if self._cleanups:  # interrupted acquires still leaving their queues
+        if ASYNC and self._cleanups:  # interrupted acquires still leaving their queues
             await asyncio.wait(set(self._cleanups), timeout=5)
-        # end-async-only
         for name, owner in list(self._waiting):  # acquires still waiting: a release must not
             await self._abandon(name, owner)  # hand a lease to an owner nobody will use
         # Every lease the renewer still tracks, released or not: a release in flight may lose

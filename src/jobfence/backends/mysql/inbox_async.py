@@ -23,6 +23,7 @@ from typing import Any
 import aiomysql
 from pymysql.constants import CLIENT
 
+from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc
 from ..._core.options import option_pool_size, reject_unknown
 from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
@@ -69,10 +70,10 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
         }
         database = url.path.lstrip("/") or None
-        self._params["db"] = database  # async-only
-        # begin-sync-only
-        # self._params["database"] = database
-        # end-sync-only
+        if ASYNC:
+            self._params["db"] = database
+        else:
+            self._params["database"] = database
         self._sql = q = DIALECT.inbox_queries(self.table, style=STYLE)
         self._claim_new_sql = q["claim_new"]
         # one multi-statement round trip; both statements take the same parameters

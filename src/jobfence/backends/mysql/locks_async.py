@@ -31,7 +31,6 @@ stays next in line without polling again, default 0.25 s; 0 disables), ``unix_so
 
 from __future__ import annotations
 
-import asyncio  # async-only
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import aiomysql
 
 from ..._core import acompat
+from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ...errors import BackendError, ConfigurationError
 from ..base import AsyncLockBackend, RenewItem
@@ -57,6 +57,11 @@ from .common import (
     name_hash,
     renew_statement,
 )
+
+if ASYNC:
+    import asyncio
+else:
+    import pymysql
 
 __all__ = ["AsyncMySQLLockBackend"]
 
@@ -87,9 +92,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         # wait bookkeeping, per (name, owner): the current backoff; who is next in line
         self._backoff: dict[tuple[str, str], float] = {}
         self._next: set[tuple[str, str]] = set()
-        # begin-async-only
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # end-async-only
+        if ASYNC:
+            self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
@@ -97,18 +101,16 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
     # -- connection ----------------------------------------------------------------------
     async def _connect(self) -> Any:
         kwargs = self.options.connect_kwargs()
-        # begin-async-only
-        conn = await aiomysql.connect(db=self.options.database, **kwargs)
-        self._loop = asyncio.get_running_loop()
-        # end-async-only
-        # begin-sync-only
-        # conn = pymysql.connect(
-        #     database=self.options.database,
-        #     read_timeout=self.options.timeout,
-        #     write_timeout=self.options.timeout,
-        #     **kwargs,
-        # )
-        # end-sync-only
+        if ASYNC:
+            conn = await aiomysql.connect(db=self.options.database, **kwargs)
+            self._loop = asyncio.get_running_loop()
+        else:
+            conn = pymysql.connect(
+                database=self.options.database,
+                read_timeout=self.options.timeout,
+                write_timeout=self.options.timeout,
+                **kwargs,
+            )
         try:
             async with conn.cursor() as cur:
                 for statement in SESSION_SETUP:
@@ -147,13 +149,11 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         """Execute one statement: (affected rows, insert id, rows). Call with ``_mutex`` held."""
         conn = self._conn
         async with conn.cursor() as cur:
-            # begin-async-only
-            # not asyncio.wait_for: before Python 3.12 it can swallow a cancellation
-            await acompat.call_bounded(lambda: cur.execute(sql, args), self.options.timeout)
-            # end-async-only
-            # begin-sync-only
-            # cur.execute(sql, args)
-            # end-sync-only
+            if ASYNC:
+                # not asyncio.wait_for: before Python 3.12 it can swallow a cancellation
+                await acompat.call_bounded(lambda: cur.execute(sql, args), self.options.timeout)
+            else:
+                cur.execute(sql, args)
             rows = await cur.fetchall()
             return int(cur.rowcount), int(cur.lastrowid or 0), list(rows or ())
 
@@ -168,10 +168,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         async with self._mutex:
             if self._closed:
                 raise ConfigurationError("this mysql lock backend is closed", argument="self")
-            # begin-async-only
-            if self._conn is not None and self._loop is not asyncio.get_running_loop():
+            if ASYNC and self._conn is not None and self._loop is not asyncio.get_running_loop():
                 self._drop()  # opened on another (maybe closed) event loop
-            # end-async-only
             reconnected = False
             deadlocks = 0
             while True:
@@ -181,11 +179,9 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                 try:
                     return await self._run(sql, args)
                 except Exception as exc:
-                    # begin-async-only
-                    if isinstance(exc, TimeoutError):
+                    if ASYNC and isinstance(exc, TimeoutError):
                         self._drop()  # a statement cut off mid-way leaves the protocol unusable
                         raise
-                    # end-async-only
                     if is_deadlock(exc) and deadlocks < _DEADLOCK_RETRIES:
                         deadlocks += 1
                         continue
@@ -260,16 +256,14 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         if delay <= 0:
             return None
         event = acompat.Event()
-        # begin-async-only
-        loop = asyncio.get_running_loop()
+        if ASYNC:
+            loop = asyncio.get_running_loop()
 
-        def wake() -> None:
-            loop.call_soon_threadsafe(event.set)
+            def wake() -> None:
+                loop.call_soon_threadsafe(event.set)
 
-        # end-async-only
-        # begin-sync-only
-        # wake = event.set
-        # end-sync-only
+        else:
+            wake = event.set
         wait_key = self._key(name)
         ticket = WAITERS.add(wait_key, wake, owner)
         try:
@@ -342,15 +336,13 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
             if conn is None:
                 return
             try:
-                # begin-async-only
-                if self._loop is asyncio.get_running_loop():
-                    await conn.ensure_closed()
+                if ASYNC:
+                    if self._loop is asyncio.get_running_loop():
+                        await conn.ensure_closed()
+                    else:
+                        conn.close()
                 else:
                     conn.close()
-                # end-async-only
-                # begin-sync-only
-                # conn.close()
-                # end-sync-only
             except Exception:  # the server is gone already: nothing left to close
                 _close_quietly(conn)
 

@@ -48,7 +48,6 @@ for it), ``prepare_threshold`` (psycopg's;
 
 from __future__ import annotations
 
-import asyncio  # async-only
 import hashlib
 import logging
 import math
@@ -62,6 +61,7 @@ from psycopg import AsyncConnection
 
 from ..._core import acompat
 from ..._core.clock import get_clock
+from ..._core.flavour import ASYNC
 from ..._core.options import option_bool, option_int, option_pool_size
 from ..._core.pool_async import AsyncConnPool
 from ..._core.sqlfiles import load_sql
@@ -71,6 +71,9 @@ from ...errors import BackendError, ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, RenewItem
 from .common import pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
+
+if ASYNC:
+    import asyncio
 
 __all__ = [
     "LEASE_CAPABILITIES",
@@ -513,15 +516,14 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 await blocked.cancel_safe()
             except Exception:  # it finished meanwhile, or the server is gone
                 pass
-        # begin-async-only
-        task = self._listener
-        if isinstance(task, asyncio.Task) and acompat.worker_alive(task):
-            task.cancel()
-            try:
-                await task
-            except BaseException:  # cancelled, or it already failed: it is finished now
-                pass
-        # end-async-only
+        if ASYNC:
+            task = self._listener
+            if isinstance(task, asyncio.Task) and acompat.worker_alive(task):
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # cancelled, or it already failed: it is finished now
+                    pass
         with self._mutex:
             conns = [held.conn for held in self._held.values()]
             self._held.clear()

@@ -11,12 +11,12 @@ name for it).
 
 from __future__ import annotations
 
-import threading  # async-only
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiosqlite
 
+from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
 from ..._core.options import option_pool_size, option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
@@ -27,6 +27,9 @@ from ..._core.validate import check_namespace
 from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
+
+if ASYNC:
+    import threading
 
 __all__ = ["AsyncSQLiteInboxBackend"]
 
@@ -67,13 +70,12 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         pending = aiosqlite.connect(
             self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
-        # begin-async-only
-        # aiosqlite runs each connection in a non-daemon thread: an unclosed client must not
-        # keep the interpreter from exiting.
-        thread = getattr(pending, "_thread", None)
-        if isinstance(thread, threading.Thread) and not thread.is_alive():
-            thread.daemon = True
-        # end-async-only
+        if ASYNC:
+            # aiosqlite runs each connection in a non-daemon thread: an unclosed client must not
+            # keep the interpreter from exiting.
+            thread = getattr(pending, "_thread", None)
+            if isinstance(thread, threading.Thread) and not thread.is_alive():
+                thread.daemon = True
         conn = await pending
         try:
             cursor = await conn.execute("PRAGMA journal_mode")

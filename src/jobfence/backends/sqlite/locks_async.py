@@ -30,10 +30,8 @@ default, ``normal`` trades durability on power loss for speed), ``poll_initial``
 
 from __future__ import annotations
 
-import asyncio  # async-only
 import logging
 import os
-import threading  # async-only
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +39,7 @@ import aiosqlite
 
 from ..._core import acompat
 from ..._core.clock import get_clock
+from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ...errors import BackendError, ConfigurationError
 from ..base import AsyncLockBackend, RenewItem
@@ -54,6 +53,10 @@ from .common import (
     load_queries,
     sqlite_path,
 )
+
+if ASYNC:
+    import asyncio
+    import threading
 
 __all__ = ["AsyncSQLiteLockBackend"]
 
@@ -100,13 +103,12 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             isolation_level=None,
             check_same_thread=False,
         )
-        # begin-async-only
-        # aiosqlite runs the connection in a non-daemon thread: an unclosed client must not
-        # keep the interpreter from exiting (SQLite is crash-safe either way).
-        thread = getattr(pending, "_thread", None)
-        if isinstance(thread, threading.Thread) and not thread.is_alive():
-            thread.daemon = True
-        # end-async-only
+        if ASYNC:
+            # aiosqlite runs the connection in a non-daemon thread: an unclosed client must not
+            # keep the interpreter from exiting (SQLite is crash-safe either way).
+            thread = getattr(pending, "_thread", None)
+            if isinstance(thread, threading.Thread) and not thread.is_alive():
+                thread.daemon = True
         conn = await pending
         try:
             await self._setup_retrying(conn)
@@ -230,12 +232,10 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         """Run a read and fetch its rows in ONE call to the connection's thread: a caller
         cancelled in between must not leave a half-read SELECT holding an old snapshot (the
         connection's next write would then fail with ``database is locked``)."""
-        # begin-async-only
-        return list(await conn.execute_fetchall(sql, params))
-        # end-async-only
-        # begin-sync-only
-        # return conn.execute(sql, params).fetchall()
-        # end-sync-only
+        if ASYNC:
+            return list(await conn.execute_fetchall(sql, params))
+        else:
+            return conn.execute(sql, params).fetchall()
 
     async def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
         """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
@@ -260,16 +260,14 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             deadline = min(deadline, clock.monotonic() + self.options.next_in_line / 2)
         key = self._key(name)
         event = acompat.Event()
-        # begin-async-only
-        loop = asyncio.get_running_loop()
+        if ASYNC:
+            loop = asyncio.get_running_loop()
 
-        def wake() -> None:
-            loop.call_soon_threadsafe(event.set)
+            def wake() -> None:
+                loop.call_soon_threadsafe(event.set)
 
-        # end-async-only
-        # begin-sync-only
-        # wake = event.set
-        # end-sync-only
+        else:
+            wake = event.set
         ticket = WAITERS.add(key, wake)  # before the first look: no release goes unseen
         try:
             delay = self.options.poll_initial
