@@ -1,4 +1,5 @@
-"""The body of :func:`jobfence.guarded` (async source of ``_guard_run.py``).
+"""The body of :func:`jobfence.guarded`: ``run_guarded_async`` for a coroutine function
+(``_guard_run_async.py``), ``run_guarded`` for a plain one (``_guard_run.py``, generated).
 
 lock -> claim -> run (with retries) -> complete -> release, with the failure rules:
 

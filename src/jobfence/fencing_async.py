@@ -2,29 +2,36 @@
 
 A lease can end while its holder still believes it holds it (a GC pause, SIGSTOP, a network
 partition longer than the TTL). Another worker then takes the lease, with a larger fencing
-token, and writes. When the paused holder wakes up and writes, :func:`fence_async` rejects
-it: called first thing inside the transaction that makes the write, it records ``token`` for
-``resource`` in the table ``jobfence_fences`` and raises :class:`~jobfence.errors.StaleToken`
-if a newer token has already been recorded. Because the record is part of the caller's
-transaction, it commits or rolls back with the business write, and the row lock it holds
-until then makes concurrent fenced transactions on one resource take turns::
+token, and writes. When the paused holder wakes up and writes, :func:`fence_async` (sync:
+:func:`fence`) rejects it: called first thing inside the transaction that makes the write, it
+records ``token`` for ``resource`` in the table ``jobfence_fences`` and raises
+:class:`~jobfence.errors.StaleToken` if a newer token has already been recorded. Because the
+record is part of the caller's transaction, it commits or rolls back with the business write,
+and the row lock it holds until then makes concurrent fenced transactions on one resource
+take turns::
 
-    async with conn.transaction():
+    async with conn.transaction():  # async
         await jobfence.fence_async(conn, "inventory:42", lease.token)
         await conn.execute("UPDATE inventory ...")
+
+    with conn.transaction():  # sync
+        jobfence.fence(conn, "inventory:42", lease.token)
+        conn.execute("UPDATE inventory ...")
 
 One atomic statement per dialect (shipped in ``backends/<server>/sql/fence.sql``):
 PostgreSQL and SQLite use ``INSERT ... ON CONFLICT DO UPDATE ... WHERE old <= new
 RETURNING``; MySQL/MariaDB use ``INSERT ... ON DUPLICATE KEY UPDATE`` keeping the larger token
 and reporting the result through ``LAST_INSERT_ID(expr)``. Equal tokens pass (the same holder
 may fence several times). The table is never created implicitly: run :func:`install_async`
-once, or apply the shipped SQL with your migration tool. See docs/fencing.md.
+(sync: :func:`install`) once, or apply the shipped SQL with your migration tool. See
+docs/fencing.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident, is_undefined_table
 from ._core.validate import check_name
@@ -57,9 +64,13 @@ def _schema_missing(sc: AsyncSqlConn, dialect: SQLDialect, table: str) -> Schema
         else ""
     )
     args = "conn" if table == DEFAULT_TABLE else f"conn, table={table!r}"
+    if ASYNC:
+        install = f"await jobfence.fencing_async.install_async({args})"
+    else:
+        install = f"jobfence.fencing.install({args})"
     return SchemaMissing(
         f"the fencing table {table!r} does not exist: run "
-        f"await jobfence.fencing_async.install_async({args}) once (and commit), or apply "
+        f"{install} once (and commit), or apply "
         f"{dialect.sql_file('fence.sql')} with your migration tool. fence() never creates "
         f"tables inside your transaction.{aborted}",
         backend=sc.dialect,

@@ -1,7 +1,8 @@
-"""Locks (leases) with fencing tokens -- the async source of ``locks.py``.
+"""Locks (leases) with fencing tokens.
 
-``AsyncLocks`` is a client for one backend URL; ``AsyncLease`` is one held lease. The sync
-twins ``Locks`` and ``Lease`` are generated from this file by ``tools/async_to_sync.py``.
+``AsyncLocks`` / ``Locks`` is a client for one backend URL; ``AsyncLease`` / ``Lease`` is one
+held lease. The async classes live in ``locks_async.py``; ``locks.py``, with the sync ones, is
+generated from it by ``tools/async_to_sync.py``.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ class AsyncLease:
     ``token`` is the fencing token: it strictly increases per name, so a resource can refuse
     writes from an older holder (:func:`jobfence.fence`). While ``renew`` is on, the client's
     renewer keeps the lease alive; if that fails, the lease is *lost*: :attr:`lost` turns
-    true, :meth:`on_lost` callbacks run, :meth:`check` raises :class:`LockLost`, and an
-    ``async with`` body is cancelled and :class:`LockLost` raised.
+    true, :meth:`on_lost` callbacks run and :meth:`check` raises :class:`LockLost`. In
+    ``async with`` the body is cancelled and :class:`LockLost` raised; a sync ``with`` body
+    cannot be cancelled, so a long one should look at :attr:`lost` or call :meth:`check`; the
+    ``with`` raises :class:`LockLost` when the body ends.
 
     ``state`` (internal: a :class:`jobfence._core.lease_state.LeaseState`) holds the local
     deadlines; the lease and the client's renewer read and update it.
@@ -199,7 +202,7 @@ class AsyncLease:
 
     def mark_lost(self, reason: str, *, after_release: bool = False) -> None:
         """Internal (called by the lease, its client and the client's renewer): record the
-        loss once and tell the holder (callbacks; cancel an ``async with``).
+        loss once and tell the holder (callbacks; async: cancel the block).
 
         A lease already lost, or released, is left as it is. ``after_release``: the loss was
         only noticed by the release at the end of the block; the holder is still told.
@@ -375,7 +378,7 @@ if ASYNC:
 class AsyncLocks:
     """A lock client for one backend, chosen by URL.
 
-    ``AsyncLocks("redis://localhost:6379/0")``, ``"postgresql://..."``, ``"mysql://..."``,
+    The URL: ``"redis://localhost:6379/0"``, ``"postgresql://..."``, ``"mysql://..."``,
     ``"sqlite:///path/file.db"`` or ``"memory://"``. Without a URL, ``$JOBFENCE_URL`` or the
     embedded SQLite file ``jobfence.db`` in the working directory is used.
 
@@ -408,7 +411,7 @@ class AsyncLocks:
             self.url = mask_url(url)
         self.namespace = namespace
         self._renewer = AsyncRenewer(self.backend.renew)
-        self._cleanups: set[Any] = set()  # clean-ups still running (async)
+        self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
@@ -559,8 +562,8 @@ class AsyncLocks:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     async def _abandon_quietly(self, name: str, owner: str) -> None:
-        # Wait for the clean-up a little (a release right after a cancelled waiter must not
-        # hand it the lease), but not long: a cancelled acquire must end promptly.
+        # Wait for the clean-up a little (a release right after an interrupted waiter must
+        # not hand it the lease), but not long: an interrupted acquire must end promptly.
         await acompat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     if ASYNC:

@@ -1,4 +1,5 @@
-"""Background renewal of leases (async source of ``renewal.py``).
+"""Background renewal of leases: ``AsyncRenewer`` (``renewal_async.py``) and ``Renewer``
+(``renewal.py``, generated from it).
 
 One renewer per client: a task on the event loop for ``AsyncLocks``, one daemon thread for
 ``Locks`` -- never one per lease. It wakes when the earliest lease is due (about ``ttl / 3``

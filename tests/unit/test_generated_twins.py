@@ -295,3 +295,24 @@ def test_other_ruff_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "ruff 0.0.1" in str(info.value)
     finally:
         gen.require_pinned_ruff.cache_clear()
+
+
+# -- a flavour branch in the package ---------------------------------------------------------
+async def test_each_flavour_keeps_its_own_message() -> None:
+    import sqlite3
+
+    import aiosqlite
+
+    from jobfence import SchemaMissing, fencing, fencing_async
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        with pytest.raises(SchemaMissing, match=r"run jobfence\.fencing\.install\(conn\) once"):
+            fencing.fence(conn, "r", 1)
+    finally:
+        conn.close()
+    async with aiosqlite.connect(":memory:") as aconn:
+        with pytest.raises(
+            SchemaMissing, match=r"run await jobfence\.fencing_async\.install_async\(conn\) once"
+        ):
+            await fencing_async.fence_async(aconn, "r", 1)

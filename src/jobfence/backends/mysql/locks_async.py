@@ -1,5 +1,5 @@
-"""``mysql://`` / ``mariadb://`` -- the MySQL 8 / MariaDB 10.6+ lock backend (async source of
-``locks.py``).
+"""``mysql://`` / ``mariadb://`` -- the MySQL 8 / MariaDB 10.6+ lock backend: on aiomysql in
+``locks_async.py``, on PyMySQL in ``locks.py`` (generated from it).
 
 ``mysql://user:password@host:3306/dbname`` (``mariadb://`` is the same backend). Leases are rows
 of the InnoDB table ``{namespace}_locks``, created on first use; the SQL, with its parameter
@@ -191,7 +191,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     if fresh or reconnected:
                         raise
                     reconnected = True
-                except BaseException:  # cancelled mid-statement: the connection is unusable
+                except BaseException:  # interrupted mid-statement: the connection is unusable
                     self._drop()
                     raise
 

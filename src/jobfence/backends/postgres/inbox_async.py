@@ -1,4 +1,5 @@
-"""``postgresql://`` inbox backend on psycopg 3 (async source of ``inbox.py``).
+"""``postgresql://`` inbox backend on psycopg 3: its asyncio connection in ``inbox_async.py``,
+the blocking one in ``inbox.py`` (generated from it).
 
 Every verb is one statement from ``sql/inbox.sql`` on an autocommit connection: the claim is a
 single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING``: one round trip

@@ -1,4 +1,5 @@
-"""``sqlite:///path`` inbox backend (async source of ``inbox.py``).
+"""``sqlite:///path`` inbox backend: on aiosqlite in ``inbox_async.py``, on sqlite3 in
+``inbox.py`` (generated from it).
 
 Every verb is one statement from ``sql/inbox.sql`` in autocommit mode on a WAL file;
 SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and

@@ -1,4 +1,5 @@
-"""``sqlite:///path`` -- the embedded lock backend (async source of ``locks.py``).
+"""``sqlite:///path`` -- the embedded lock backend: on aiosqlite in ``locks_async.py``, on
+sqlite3 in ``locks.py`` (generated from it).
 
 Leases are rows in a SQLite file, so every process on one host that opens the same file
 shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
@@ -189,8 +190,8 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         async with self._mutex:
             conn = await self._connection()
             try:
-                # inside the try: an interrupted BEGIN still runs (aiosqlite's thread), and
-                # the ROLLBACK queued behind it must end that transaction
+                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
+                # in its own thread), and the ROLLBACK must end that transaction
                 await conn.execute("BEGIN IMMEDIATE")
                 cursor = await conn.execute(q["peek"], key)
                 row = await cursor.fetchone()
@@ -229,9 +230,9 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     @staticmethod
     async def _fetch(conn: aiosqlite.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-        """Run a read and fetch its rows in ONE call to the connection's thread: a caller
-        cancelled in between must not leave a half-read SELECT holding an old snapshot (the
-        connection's next write would then fail with ``database is locked``)."""
+        """Run a read and fetch all its rows in one go (async: ONE call to aiosqlite's thread):
+        a caller interrupted in between must not leave a half-read SELECT holding an old
+        snapshot (the connection's next write would then fail with ``database is locked``)."""
         if ASYNC:
             return list(await conn.execute_fetchall(sql, params))
         else:
@@ -355,8 +356,8 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         async with self._mutex:
             conn = await self._connection()
             try:
-                # inside the try: an interrupted BEGIN still runs (aiosqlite's thread), and
-                # the ROLLBACK queued behind it must end that transaction
+                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
+                # in its own thread), and the ROLLBACK must end that transaction
                 await conn.execute("BEGIN IMMEDIATE")
                 for name, owner, ttl in items:
                     cursor = await conn.execute(
