@@ -1,6 +1,7 @@
 # Generated from _guard_run_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""The body of :func:`jobfence.guarded` (async source of ``_guard_run.py``).
+"""The body of :func:`jobfence.guarded`: ``run_guarded_async`` for a coroutine function
+(``_guard_run_async.py``), ``run_guarded`` for a plain one (``_guard_run.py``, generated).
 
 lock -> claim -> run (with retries) -> complete -> release, with the failure rules:
 

@@ -4,14 +4,19 @@
 
 A lease can end while its holder still believes it holds it (a GC pause, SIGSTOP, a network
 partition longer than the TTL). Another worker then takes the lease, with a larger fencing
-token, and writes. When the paused holder wakes up and writes, :func:`fence` rejects
-it: called first thing inside the transaction that makes the write, it records ``token`` for
-``resource`` in the table ``jobfence_fences`` and raises :class:`~jobfence.errors.StaleToken`
-if a newer token has already been recorded. Because the record is part of the caller's
-transaction, it commits or rolls back with the business write, and the row lock it holds
-until then makes concurrent fenced transactions on one resource take turns::
+token, and writes. When the paused holder wakes up and writes, :func:`fence_async` (sync:
+:func:`fence`) rejects it: called first thing inside the transaction that makes the write, it
+records ``token`` for ``resource`` in the table ``jobfence_fences`` and raises
+:class:`~jobfence.errors.StaleToken` if a newer token has already been recorded. Because the
+record is part of the caller's transaction, it commits or rolls back with the business write,
+and the row lock it holds until then makes concurrent fenced transactions on one resource
+take turns::
 
-    with conn.transaction():
+    async with conn.transaction():  # async
+        await jobfence.fence_async(conn, "inventory:42", lease.token)
+        await conn.execute("UPDATE inventory ...")
+
+    with conn.transaction():  # sync
         jobfence.fence(conn, "inventory:42", lease.token)
         conn.execute("UPDATE inventory ...")
 
@@ -19,8 +24,9 @@ One atomic statement per dialect (shipped in ``backends/<server>/sql/fence.sql``
 PostgreSQL and SQLite use ``INSERT ... ON CONFLICT DO UPDATE ... WHERE old <= new
 RETURNING``; MySQL/MariaDB use ``INSERT ... ON DUPLICATE KEY UPDATE`` keeping the larger token
 and reporting the result through ``LAST_INSERT_ID(expr)``. Equal tokens pass (the same holder
-may fence several times). The table is never created implicitly: run :func:`install`
-once, or apply the shipped SQL with your migration tool. See docs/fencing.md.
+may fence several times). The table is never created implicitly: run :func:`install_async`
+(sync: :func:`install`) once, or apply the shipped SQL with your migration tool. See
+docs/fencing.md.
 """
 
 from __future__ import annotations
@@ -59,9 +65,10 @@ def _schema_missing(sc: SqlConn, dialect: SQLDialect, table: str) -> SchemaMissi
         else ""
     )
     args = "conn" if table == DEFAULT_TABLE else f"conn, table={table!r}"
+    install = f"jobfence.fencing.install({args})"
     return SchemaMissing(
         f"the fencing table {table!r} does not exist: run "
-        f"jobfence.fencing.install({args}) once (and commit), or apply "
+        f"{install} once (and commit), or apply "
         f"{dialect.sql_file('fence.sql')} with your migration tool. fence() never creates "
         f"tables inside your transaction.{aborted}",
         backend=sc.dialect,

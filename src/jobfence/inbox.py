@@ -2,14 +2,15 @@
 # Edit the async source and run: python tools/async_to_sync.py
 """The inbox: atomic idempotency claims, result replay, and the transactional claim.
 
-The async source of ``inbox.py`` (``Inbox``/``Claim`` -> ``Inbox``/``Claim``).
+``AsyncInbox``/``AsyncClaim`` live in ``inbox_async.py``; ``Inbox``/``Claim`` in ``inbox.py``,
+generated from it.
 
 Check-then-mark idempotency ("has it been processed? ... do the work ... mark it processed")
 has three holes: two workers can both pass the check; a crash between the work and the mark
-re-runs the work; the mark can fail after the work. :meth:`Inbox.claim` closes the
-first (one atomic claim, states new / in progress / completed, takeover of a dead worker's
-claim after its ttl); :meth:`Inbox.claim_in` closes the other two for database effects
-(the marker commits in the same transaction as the effect). See docs/inbox.md.
+re-runs the work; the mark can fail after the work. The inbox's ``claim`` closes the first
+(one atomic claim, states new / in progress / completed, takeover of a dead worker's claim
+after its ttl); its ``claim_in`` closes the other two for database effects (the marker
+commits in the same transaction as the effect). See docs/inbox.md.
 """
 
 from __future__ import annotations
@@ -80,14 +81,14 @@ def _text(value: Any) -> str | None:
 
 
 class Claim:
-    """The outcome of one :meth:`Inbox.claim`.
+    """The outcome of one :meth:`AsyncInbox.claim` / :meth:`Inbox.claim`.
 
     ``state`` is :attr:`ClaimState.NEW` (the key is yours: do the work, then
     :meth:`complete` or :meth:`release`), :attr:`ClaimState.IN_PROGRESS` (``owner`` holds it
     until ``expires_at``) or :attr:`ClaimState.COMPLETED` (``result`` is the stored result).
     ``attempt`` is 1 for a key's first claim and grows by one with each takeover of an expired
-    or released claim. Used as ``with claim:``, a NEW claim is released if the block
-    raises or ends without :meth:`complete`.
+    or released claim. Used as ``async with claim:`` (sync: ``with claim:``), a NEW claim is
+    released if the block raises or ends without :meth:`complete`.
     """
 
     def __init__(self, inbox: Inbox, key: str, record: ClaimRecord, owner: str | None) -> None:
@@ -208,7 +209,7 @@ class Claim:
 class Inbox:
     """An idempotency inbox on one backend, chosen by URL.
 
-    ``Inbox("postgresql://...")``, ``"mysql://..."``, ``"sqlite:///path.db"``,
+    The URL: ``"postgresql://..."``, ``"mysql://..."``, ``"sqlite:///path.db"``,
     ``"redis://..."`` or ``"memory://"``; without a URL, ``$JOBFENCE_URL`` or the embedded
     SQLite file ``jobfence.db``.
 
@@ -257,7 +258,7 @@ class Inbox:
             self.url = mask_url(url)
         self.table = self.backend.table
         self._closed = False
-        self._cleanups: set[Any] = set()  # clean-ups still running (async)
+        self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -288,7 +289,7 @@ class Inbox:
             raise ConfigurationError("this Inbox is closed", argument="self")
 
     def claim(self, key: str, *, fingerprint: str | None = None, ttl: float | None = None) -> Claim:
-        """Claim ``key`` in ONE atomic backend operation; see :class:`Claim`.
+        """Claim ``key`` in ONE atomic backend operation; see :class:`AsyncClaim` / :class:`Claim`.
 
         ``fingerprint`` (e.g. a digest of the payload) is stored with the key; claiming a
         known key with a different one raises :class:`FingerprintMismatch` rather than
@@ -344,7 +345,7 @@ class Inbox:
         :class:`SchemaMissing` says to run :meth:`install` first.
 
         ``conn``: a PostgreSQL, MySQL/MariaDB or SQLite connection (psycopg, asyncpg,
-        PyMySQL, pymysql, sqlite3, sqlite3, SQLAlchemy Connection / Session).
+        PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy Connection / Session).
         """
         self._check_open()
         key = check_name(key, argument="key")
@@ -360,7 +361,7 @@ class Inbox:
             hook("inbox.claim_in", key=key, backend=sc.dialect)
             # the dialect's statements, each only while the ones before affected no row
             for step in dialect.claim_in_steps:
-                with warnings.catch_warnings():  # pymysql warns on every ignored duplicate
+                with warnings.catch_warnings():  # a MySQL driver may warn on an ignored duplicate
                     warnings.filterwarnings("ignore", message="Duplicate entry")
                     res = sc.execute(queries[step], params)
                 # From here a repeat of this unit's commit is detectable (its next claim_in

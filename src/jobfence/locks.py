@@ -1,9 +1,10 @@
 # Generated from locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""Locks (leases) with fencing tokens -- the async source of ``locks.py``.
+"""Locks (leases) with fencing tokens.
 
-``Locks`` is a client for one backend URL; ``Lease`` is one held lease. The sync
-twins ``Locks`` and ``Lease`` are generated from this file by ``tools/async_to_sync.py``.
+``AsyncLocks`` / ``Locks`` is a client for one backend URL; ``AsyncLease`` / ``Lease`` is one
+held lease. The async classes live in ``locks_async.py``; ``locks.py``, with the sync ones, is
+generated from it by ``tools/async_to_sync.py``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import (
-    Callable,
-)
+from collections.abc import Callable
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
@@ -60,8 +59,10 @@ class Lease:
     ``token`` is the fencing token: it strictly increases per name, so a resource can refuse
     writes from an older holder (:func:`jobfence.fence`). While ``renew`` is on, the client's
     renewer keeps the lease alive; if that fails, the lease is *lost*: :attr:`lost` turns
-    true, :meth:`on_lost` callbacks run, :meth:`check` raises :class:`LockLost`, and an
-    ``with`` body is cancelled and :class:`LockLost` raised.
+    true, :meth:`on_lost` callbacks run and :meth:`check` raises :class:`LockLost`. In
+    ``async with`` the body is cancelled and :class:`LockLost` raised; a sync ``with`` body
+    cannot be cancelled, so a long one should look at :attr:`lost` or call :meth:`check`; the
+    ``with`` raises :class:`LockLost` when the body ends.
 
     ``state`` (internal: a :class:`jobfence._core.lease_state.LeaseState`) holds the local
     deadlines; the lease and the client's renewer read and update it.
@@ -137,7 +138,7 @@ class Lease:
     def on_lost(self, callback: Callable[[Lease], Any]) -> None:
         """Call ``callback(lease)`` when the lease is lost (at once if it already is).
 
-        Callbacks run in the renewer (a thread for ``Locks``, a task for ``Locks``);
+        Callbacks run in the renewer (a thread for ``Locks``, a task for ``AsyncLocks``);
         keep them short. They do not run after a normal release.
         """
         with self._mutex:
@@ -154,7 +155,7 @@ class Lease:
 
     def mark_lost(self, reason: str, *, after_release: bool = False) -> None:
         """Internal (called by the lease, its client and the client's renewer): record the
-        loss once and tell the holder (callbacks; cancel an ``with``).
+        loss once and tell the holder (callbacks; async: cancel the block).
 
         A lease already lost, or released, is left as it is. ``after_release``: the loss was
         only noticed by the release at the end of the block; the holder is still told.
@@ -258,7 +259,7 @@ class Lease:
 class Locks:
     """A lock client for one backend, chosen by URL.
 
-    ``Locks("redis://localhost:6379/0")``, ``"postgresql://..."``, ``"mysql://..."``,
+    The URL: ``"redis://localhost:6379/0"``, ``"postgresql://..."``, ``"mysql://..."``,
     ``"sqlite:///path/file.db"`` or ``"memory://"``. Without a URL, ``$JOBFENCE_URL`` or the
     embedded SQLite file ``jobfence.db`` in the working directory is used.
 
@@ -293,7 +294,7 @@ class Locks:
             self.url = mask_url(url)
         self.namespace = namespace
         self._renewer = Renewer(self.backend.renew)
-        self._cleanups: set[Any] = set()  # clean-ups still running (async)
+        self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
@@ -440,8 +441,8 @@ class Locks:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
 
     def _abandon_quietly(self, name: str, owner: str) -> None:
-        # Wait for the clean-up a little (a release right after a cancelled waiter must not
-        # hand it the lease), but not long: a cancelled acquire must end promptly.
+        # Wait for the clean-up a little (a release right after an interrupted waiter must
+        # not hand it the lease), but not long: an interrupted acquire must end promptly.
         compat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
 
     def acquire(

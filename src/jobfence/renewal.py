@@ -1,8 +1,9 @@
 # Generated from renewal_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""Background renewal of leases (async source of ``renewal.py``).
+"""Background renewal of leases: ``AsyncRenewer`` (``renewal_async.py``) and ``Renewer``
+(``renewal.py``, generated from it).
 
-One renewer per client: a task on the event loop for ``Locks``, one daemon thread for
+One renewer per client: a task on the event loop for ``AsyncLocks``, one daemon thread for
 ``Locks`` -- never one per lease. It wakes when the earliest lease is due (about ``ttl / 3``
 after its last successful renewal), renews *every* lease that is due or nearly due in one
 batched backend call (one round trip per tick), and marks a lease lost when the backend says

@@ -8,12 +8,12 @@ the unit of work read, and bumps it::
 
     UPDATE inventory SET stock = :s0, version = version + 1 WHERE id = :k0 AND version = :version
 
-:func:`versioned_update` builds that statement from validated, quoted identifiers,
-runs it on the caller's connection inside the caller's transaction, and returns the new
-version. When no row matched, it reads the row as the database holds it now and raises
-:class:`~jobfence.errors.StaleVersion` with ``current`` (a dict, or ``None`` if the row is
-gone): the caller should roll back and re-run the whole unit of work from its reads
-(``jobfence.retry_unit`` does that).
+:func:`versioned_update_async` (sync: :func:`versioned_update`) builds that statement from
+validated, quoted identifiers, runs it on the caller's connection inside the caller's
+transaction, and returns the new version. When no row matched, it reads the row as the
+database holds it now and raises :class:`~jobfence.errors.StaleVersion` with ``current`` (a
+dict, or ``None`` if the row is gone): the caller should roll back and re-run the whole unit
+of work from its reads (``jobfence.retry_unit`` does that).
 
 MySQL/MariaDB report *changed* rows as the row count unless the client sets
 ``CLIENT_FOUND_ROWS``; the version bump always changes a matched row, so the count is

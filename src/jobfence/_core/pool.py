@@ -1,6 +1,7 @@
 # Generated from _core/pool_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""The idle-connection pool of one client (async source of ``pool.py``).
+"""The idle-connection pool of one client (``pool_async.py``; ``pool.py`` is
+generated from it).
 
 Every part of a server that opens its own connections -- the PostgreSQL locks and inbox, the
 MySQL/MariaDB and SQLite inboxes -- keeps them in one of these, one pool per client instance

@@ -1,7 +1,8 @@
 # Generated from _core/sql_inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""The inbox verbs that are one named statement each on PostgreSQL and SQLite (async source
-of ``sql_inbox.py``).
+"""The inbox verbs that are one named statement each on PostgreSQL and SQLite:
+``AsyncSQLInboxBackend`` (``sql_inbox_async.py``) and ``SQLInboxBackend`` (``sql_inbox.py``,
+generated from it).
 
 A subclass provides :meth:`_run` (run the statement of one named section of its ``inbox.sql``,
 returning the rows and the row count, creating the table on first use), :meth:`_record` (a

@@ -1,6 +1,7 @@
 # Generated from backends/mysql/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``mysql://`` / ``mariadb://`` inbox backend (async source of ``inbox.py``).
+"""``mysql://`` / ``mariadb://`` inbox backend: on aiomysql in ``inbox_async.py``, on PyMySQL in
+``inbox.py`` (generated from it).
 
 A claim of a NEW key is ONE short insert whose OK packet carries the claim's deadline
 (``LAST_INSERT_ID(expr)``; 0 when the key exists). When the key exists, a second round

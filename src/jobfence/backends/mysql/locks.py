@@ -1,7 +1,7 @@
 # Generated from backends/mysql/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``mysql://`` / ``mariadb://`` -- the MySQL 8 / MariaDB 10.6+ lock backend (async source of
-``locks.py``).
+"""``mysql://`` / ``mariadb://`` -- the MySQL 8 / MariaDB 10.6+ lock backend: on aiomysql in
+``locks_async.py``, on PyMySQL in ``locks.py`` (generated from it).
 
 ``mysql://user:password@host:3306/dbname`` (``mariadb://`` is the same backend). Leases are rows
 of the InnoDB table ``{namespace}_locks``, created on first use; the SQL, with its parameter
@@ -172,7 +172,7 @@ class MySQLLockBackend(LockBackend):
                     if fresh or reconnected:
                         raise
                     reconnected = True
-                except BaseException:  # cancelled mid-statement: the connection is unusable
+                except BaseException:  # interrupted mid-statement: the connection is unusable
                     self._drop()
                     raise
 

@@ -1,6 +1,7 @@
 # Generated from backends/postgres/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``postgresql://`` inbox backend on psycopg 3 (async source of ``inbox.py``).
+"""``postgresql://`` inbox backend on psycopg 3: its asyncio connection in ``inbox_async.py``,
+the blocking one in ``inbox.py`` (generated from it).
 
 Every verb is one statement from ``sql/inbox.sql`` on an autocommit connection: the claim is a
 single ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE expired RETURNING``: one round trip

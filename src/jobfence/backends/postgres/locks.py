@@ -1,8 +1,9 @@
 # Generated from backends/postgres/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``postgresql://`` -- the PostgreSQL lock backend (async source of ``locks.py``).
+"""``postgresql://`` -- the PostgreSQL lock backend.
 
-Built on psycopg 3: its asyncio connection class here, the blocking one in the generated twin.
+Built on psycopg 3: its asyncio connection class in ``locks_async.py``, the blocking one in
+``locks.py`` (generated from it).
 The SQL lives in ``sql/locks.sql``. Two modes, chosen by the URL option ``?mode=``:
 
 ``mode=lease`` (default)

@@ -1,7 +1,8 @@
 # Generated from backends/redis/client_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""One way to build the redis-py client of every Redis backend (async source of
-``client.py``): the same option checks and the same defaults for locks and the inbox.
+"""One way to build the redis-py client of every Redis backend (``redis.asyncio.Redis`` in
+``client_async.py``, ``redis.Redis`` in the generated ``client.py``): the same option checks
+and the same defaults for locks and the inbox.
 
 Defaults: ``socket_timeout`` and ``socket_connect_timeout`` of 5 s (redis-py's default is to
 wait forever, which would hide a lost lease or hang a claim), and one immediate retry on a

@@ -1,6 +1,7 @@
 # Generated from backends/redis/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``redis://`` / ``rediss://`` inbox backend (async source of ``inbox.py``).
+"""``redis://`` / ``rediss://`` inbox backend (``inbox_async.py``; ``inbox.py`` is generated
+from it).
 
 Each verb is ONE Lua script (``lua/inbox_*.lua``, loaded once, run by EVALSHA), so a claim is
 one round trip and atomic on the server; time is Redis's own clock (``TIME``). Completed
@@ -9,10 +10,10 @@ an abandoned in-progress record expires ``retention`` after its deadline.
 
 Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
 ``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
-defaults of :mod:`jobfence.backends.redis.client` (5 s socket timeouts, one immediate retry).
-Every script is safe to re-send after a lost reply: a claim the caller already owns is
-returned as its own, ``complete`` stores the same result again, and ``release`` remembers
-the owner that released (field ``x``).
+defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: 5 s socket timeouts,
+one immediate retry). Every script is safe to re-send after a lost reply: a claim the caller
+already owns is returned as its own, ``complete`` stores the same result again, and
+``release`` remembers the owner that released (field ``x``).
 """
 
 from __future__ import annotations

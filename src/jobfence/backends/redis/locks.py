@@ -1,6 +1,7 @@
 # Generated from backends/redis/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``redis://`` / ``rediss://`` -- the Redis lock backend (async source of ``locks.py``).
+"""``redis://`` / ``rediss://`` -- the Redis lock backend (``locks_async.py``; ``locks.py`` is
+generated from it).
 
 Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis-py's
 ``register_script`` reloads a script the server forgot, e.g. after a restart), or a
@@ -29,11 +30,12 @@ it already owns the lease. :meth:`wait` is a ``BLPOP`` on that list, bounded by 
 left on the current lease (a lease that expires without a release wakes nobody).
 
 Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
-entry's deadline. Every other keyword option, and the URL's query options, go to
-``redis.Redis.from_url`` with the defaults of :mod:`jobfence.backends.redis.client`
-(``socket_timeout`` and ``socket_connect_timeout`` 5 s, one immediate retry on a connection
-error, so an unreachable server is reported in milliseconds and a lost lease is noticed in
-time; every script is safe to re-send).
+entry's deadline. Every other keyword option, and the URL's query options, go to redis-py's
+``Redis.from_url`` (``redis.asyncio.Redis`` / ``redis.Redis``) with the defaults of
+``connect_redis`` (``client_async.py`` / ``client.py``: ``socket_timeout`` and
+``socket_connect_timeout`` 5 s, one immediate retry on a connection error, so an unreachable
+server is reported in milliseconds and a lost lease is noticed in time; every script is safe
+to re-send).
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 

@@ -1,6 +1,7 @@
 # Generated from backends/sqlite/inbox_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``sqlite:///path`` inbox backend (async source of ``inbox.py``).
+"""``sqlite:///path`` inbox backend: on aiosqlite in ``inbox_async.py``, on sqlite3 in
+``inbox.py`` (generated from it).
 
 Every verb is one statement from ``sql/inbox.sql`` in autocommit mode on a WAL file;
 SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and

@@ -1,6 +1,7 @@
 # Generated from backends/sqlite/locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""``sqlite:///path`` -- the embedded lock backend (async source of ``locks.py``).
+"""``sqlite:///path`` -- the embedded lock backend: on aiosqlite in ``locks_async.py``, on
+sqlite3 in ``locks.py`` (generated from it).
 
 Leases are rows in a SQLite file, so every process on one host that opens the same file
 shares the locks. ``sqlite:///relative.db`` is relative to the working directory,
@@ -179,8 +180,8 @@ class SQLiteLockBackend(LockBackend):
         with self._mutex:
             conn = self._connection()
             try:
-                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
-                # the ROLLBACK queued behind it must end that transaction
+                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
+                # in its own thread), and the ROLLBACK must end that transaction
                 conn.execute("BEGIN IMMEDIATE")
                 cursor = conn.execute(q["peek"], key)
                 row = cursor.fetchone()
@@ -219,9 +220,9 @@ class SQLiteLockBackend(LockBackend):
 
     @staticmethod
     def _fetch(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-        """Run a read and fetch its rows in ONE call to the connection's thread: a caller
-        cancelled in between must not leave a half-read SELECT holding an old snapshot (the
-        connection's next write would then fail with ``database is locked``)."""
+        """Run a read and fetch all its rows in one go (async: ONE call to aiosqlite's thread):
+        a caller interrupted in between must not leave a half-read SELECT holding an old
+        snapshot (the connection's next write would then fail with ``database is locked``)."""
         return conn.execute(sql, params).fetchall()
 
     def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
@@ -335,8 +336,8 @@ class SQLiteLockBackend(LockBackend):
         with self._mutex:
             conn = self._connection()
             try:
-                # inside the try: an interrupted BEGIN still runs (sqlite3's thread), and
-                # the ROLLBACK queued behind it must end that transaction
+                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
+                # in its own thread), and the ROLLBACK must end that transaction
                 conn.execute("BEGIN IMMEDIATE")
                 for name, owner, ttl in items:
                     cursor = conn.execute(statement, {"name": name, "owner": owner, "ttl": ttl})
