@@ -1,16 +1,17 @@
-"""Types shared by the inbox (sync and async) and its backends; nothing here does I/O."""
+"""Defaults, serialisers and checks shared by the inbox (sync and async) and its backends;
+nothing here does I/O. The claim types live in :mod:`jobfence.backends.base`."""
 
 from __future__ import annotations
 
-import enum
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from ..errors import ClaimLost, ConfigurationError
-from .validate import MAX_NAME_BYTES
+from .options import reject_unknown
+from .url import BackendURL
+from .validate import MAX_NAME_BYTES, check_namespace
 
 __all__ = [
     "DEFAULT_CLAIM_TTL",
@@ -18,13 +19,10 @@ __all__ = [
     "DEFAULT_TABLE",
     "SCHEMA_VERSION",
     "ClaimLost",
-    "ClaimRecord",
-    "ClaimState",
-    "InboxCapabilities",
     "JSONSerializer",
     "Serializer",
     "check_fingerprint",
-    "record_from_row",
+    "inbox_table",
 ]
 
 #: seconds an in-progress claim lives unless completed or released (its worker's deadline)
@@ -34,73 +32,6 @@ DEFAULT_RETENTION = 7 * 86400.0
 DEFAULT_TABLE = "jobfence_inbox"
 #: version of the inbox's SQL schema, stored in ``jobfence_inbox_schema``
 SCHEMA_VERSION = 1
-
-
-class ClaimState(str, enum.Enum):
-    """What :meth:`Inbox.claim` found.
-
-    * ``NEW`` -- the key is yours now: do the work, then ``complete(result)`` or ``release()``.
-    * ``IN_PROGRESS`` -- another live worker owns it (``owner``, ``expires_at`` say who and
-      until when); do not run the work.
-    * ``COMPLETED`` -- the work was done; ``result`` is the stored result to replay.
-    """
-
-    NEW = "new"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-
-
-@dataclass(frozen=True)
-class InboxCapabilities:
-    """What an inbox backend guarantees; the conformance suite reads these.
-
-    * ``cross_process`` -- claims are shared between processes (and hosts).
-    * ``transactional`` -- :meth:`Inbox.claim_in` works with connections to this database.
-    * ``native_expiry`` -- records expire on the server by themselves (``purge()`` is a no-op).
-    """
-
-    cross_process: bool
-    transactional: bool = False
-    native_expiry: bool = False
-
-
-@dataclass(frozen=True)
-class ClaimRecord:
-    """One claim's outcome as a backend reports it.
-
-    ``mine`` is true when this call took the key (a first claim or a takeover); otherwise the
-    other fields describe the record that stopped it. ``result`` is the serialised result
-    (``None`` unless completed). ``expires_at`` is an aware UTC datetime: the claim's deadline
-    while in progress, the end of retention once completed.
-    """
-
-    mine: bool
-    state: ClaimState
-    attempt: int
-    owner: str | None = None
-    fingerprint: str | None = None
-    result: bytes | None = None
-    expires_at: datetime | None = None
-
-
-def record_from_row(
-    row: Sequence[Any],
-    expires_at: Callable[[Any], datetime | None],
-    text: Callable[[Any], Any] = str,
-) -> ClaimRecord:
-    """A :class:`ClaimRecord` from a SQL row ``(mine, state, owner, attempt, fingerprint,
-    result, expires_at)``; ``expires_at`` converts the dialect's time value, ``text`` the
-    dialect's strings (MySQL may return bytes)."""
-    mine, state, owner, attempt, fingerprint, result, expires = row
-    return ClaimRecord(
-        mine=bool(mine),
-        state=ClaimState(text(state)),
-        attempt=int(attempt),
-        owner=None if owner is None else text(owner),
-        fingerprint=None if fingerprint is None else text(fingerprint),
-        result=None if result is None else bytes(result),
-        expires_at=expires_at(expires),
-    )
 
 
 class Serializer(Protocol):
@@ -154,3 +85,24 @@ def as_utc(value: datetime | None) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc)
+
+
+#: keyword options every inbox backend accepts (``retention`` is read by the inbox itself)
+INBOX_KEYWORDS = ("retention", "pool_size", "max_idle")
+
+
+def inbox_table(
+    url: BackendURL,
+    table: str,
+    options: Mapping[str, Any],
+    *,
+    backend: str,
+    limit: int,
+    extra: tuple[str, ...] = (),
+) -> str:
+    """Check an inbox backend's keyword ``options`` (the common ones plus ``extra``) and
+    return its table: the URL's ``table`` option, else ``table``, within ``limit``."""
+    reject_unknown(options, (*INBOX_KEYWORDS, *extra), f"{backend} inbox")
+    return check_namespace(
+        url.options.get("table", table), limit=limit, backend=backend, argument="table"
+    )

@@ -19,9 +19,11 @@ connection) takes it with :meth:`take` and gives it back, if ever, with :meth:`g
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+
+from .options import option_pool_size
 
 __all__ = ["DEFAULT_POOL_SIZE", "ConnPool"]
 
@@ -44,6 +46,25 @@ class ConnPool:
         self._mutex = threading.Lock()  # guards _idle (never held across I/O)
         self.pool_size = pool_size
         self.closed = False
+
+    @classmethod
+    def configured(
+        cls,
+        connect: Callable[[], Any],
+        close: Callable[[Any], None],
+        options: Mapping[str, Any],
+        url_options: Mapping[str, Any],
+        default: int,
+        reusable: Callable[[Any], bool] | None = None,
+    ) -> ConnPool:
+        """A pool whose size is the ``pool_size`` option (keywords, then the URL), else
+        ``default``."""
+        return cls(
+            connect,
+            close,
+            pool_size=option_pool_size(options, url_options, default),
+            reusable=reusable,
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} idle={len(self._idle)} pool_size={self.pool_size}>"

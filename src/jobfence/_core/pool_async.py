@@ -17,9 +17,11 @@ connection) takes it with :meth:`take` and gives it back, if ever, with :meth:`g
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+
+from .options import option_pool_size
 
 __all__ = ["DEFAULT_POOL_SIZE", "AsyncConnPool"]
 
@@ -42,6 +44,25 @@ class AsyncConnPool:
         self._mutex = threading.Lock()  # guards _idle (never held across I/O)
         self.pool_size = pool_size
         self.closed = False
+
+    @classmethod
+    def configured(
+        cls,
+        connect: Callable[[], Awaitable[Any]],
+        close: Callable[[Any], Awaitable[None]],
+        options: Mapping[str, Any],
+        url_options: Mapping[str, Any],
+        default: int,
+        reusable: Callable[[Any], bool] | None = None,
+    ) -> AsyncConnPool:
+        """A pool whose size is the ``pool_size`` option (keywords, then the URL), else
+        ``default``."""
+        return cls(
+            connect,
+            close,
+            pool_size=option_pool_size(options, url_options, default),
+            reusable=reusable,
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} idle={len(self._idle)} pool_size={self.pool_size}>"

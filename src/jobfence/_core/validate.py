@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError
 
 MAX_NAME_BYTES = 1024
 
@@ -104,3 +106,19 @@ def check_namespace(
         f"backend; got {value!r}",
         argument=argument,
     )
+
+
+def check_schema_version(
+    row: Sequence[Any] | None, supported: int, *, backend: str, tables: str
+) -> None:
+    """Raise :class:`BackendError` unless ``row`` (the schema-version row read back after an
+    install; ``None`` if there was none) holds ``supported``. ``tables`` names them in the
+    message (e.g. ``"lock tables jobs_*"``)."""
+    found = None if row is None else int(row[0])
+    if found != supported:
+        raise BackendError(
+            f"the {backend} {tables} have schema version {found}; this jobfence supports "
+            f"version {supported}",
+            backend=backend,
+            operation="install",
+        )

@@ -25,12 +25,10 @@ import aiomysql
 from pymysql.constants import CLIENT
 
 from ..._core.flavour import ASYNC
-from ..._core.inbox_support import DEFAULT_TABLE, as_utc
-from ..._core.options import option_pool_size, reject_unknown
+from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, record_from_row
 from .common import STYLE
 from .dialect import DIALECT, TABLE_LIMIT
@@ -56,10 +54,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        reject_unknown(options, ("retention", "pool_size", "max_idle"), "mysql inbox")
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="mysql", argument="table"
-        )
+        self.table = inbox_table(url, table, options, backend="mysql", limit=TABLE_LIMIT)
         self._params: dict[str, Any] = {
             "host": url.host or "127.0.0.1",
             "port": url.port or 3306,
@@ -80,10 +75,8 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         # one multi-statement round trip; both statements take the same parameters
         self._claim_sql = q["claim"] + ";\n" + q["peek"]
         self._installed = False
-        self._pool = AsyncConnPool(
-            self._connect,
-            self._close,
-            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        self._pool = AsyncConnPool.configured(
+            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE
         )
 
     async def _connect(self) -> Any:

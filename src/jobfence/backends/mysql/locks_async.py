@@ -40,7 +40,8 @@ import aiomysql
 from ..._core import acompat
 from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
-from ...errors import BackendError, ConfigurationError
+from ..._core.validate import check_schema_version
+from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, RenewItem
 from .common import (
     CAPABILITIES,
@@ -130,14 +131,9 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         await cur.execute(q["record_schema_version"], {"version": SCHEMA_VERSION})
         await cur.execute(q["schema_version"])
         row = await cur.fetchone()
-        version = None if row is None else int(row[0])
-        if version != SCHEMA_VERSION:
-            raise BackendError(
-                f"the mysql lock tables {self.namespace}_* have schema version {version}; "
-                f"this jobfence supports version {SCHEMA_VERSION}",
-                backend=self.kind,
-                operation="install",
-            )
+        check_schema_version(
+            row, SCHEMA_VERSION, backend=self.kind, tables=f"lock tables {self.namespace}_*"
+        )
 
     def _drop(self) -> None:
         """Forget the connection after an error (closing it without a round trip)."""

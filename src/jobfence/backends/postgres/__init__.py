@@ -9,8 +9,7 @@ inbox.install(conn) need to know about PostgreSQL; the name limits ``NAMESPACE_L
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._core.lazy import lazy_attributes
 
 __all__ = [
     "LEASE_CAPABILITIES",
@@ -46,11 +45,4 @@ _LAZY = {
     "AsyncPostgresInboxBackend": "inbox_async",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import on first use, so that importing one module of this package does not import
-    every driver (e.g. the async clients' driver for a sync-only user)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

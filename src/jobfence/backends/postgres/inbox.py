@@ -21,13 +21,11 @@ from typing import Any
 
 import psycopg
 
-from ..._core.inbox_support import DEFAULT_TABLE, as_utc
-from ..._core.options import option_pool_size, reject_unknown
+from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..._core.validate import check_namespace
 from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import reusable
 from .dialect import DIALECT, TABLE_LIMIT
@@ -47,20 +45,14 @@ class PostgresInboxBackend(SQLInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        reject_unknown(options, ("retention", "pool_size", "max_idle"), "postgresql inbox")
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="postgres", argument="table"
-        )
+        self.table = inbox_table(url, table, options, backend="postgres", limit=TABLE_LIMIT)
         self._conninfo = url.without_options(*_OPTIONS)
         if self._conninfo.startswith("postgres://"):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
         self._sql = DIALECT.inbox_queries(self.table, style="pyformat")
         self._installed = False
-        self._pool = ConnPool(
-            self._connect,
-            self._close,
-            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
-            reusable=reusable,
+        self._pool = ConnPool.configured(
+            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE, reusable
         )
 
     def _connect(self) -> Any:

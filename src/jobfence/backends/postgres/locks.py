@@ -69,7 +69,8 @@ from ..._core.pool import ConnPool
 from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
-from ...errors import BackendError, ConfigurationError
+from ..._core.validate import check_schema_version
+from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, RenewItem
 from .common import pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
@@ -359,14 +360,9 @@ class PostgresLockBackend(LockBackend):
                 self._give(conn)
                 raise
             self._give(conn)
-            version = None if row is None else int(row[0])
-            if version != SCHEMA_VERSION:
-                raise BackendError(
-                    f"the postgres lock tables {self.namespace}_* have schema version "
-                    f"{version}; this jobfence supports version {SCHEMA_VERSION}",
-                    backend=self.kind,
-                    operation="install",
-                )
+            check_schema_version(
+                row, SCHEMA_VERSION, backend=self.kind, tables=f"lock tables {self.namespace}_*"
+            )
             self._installed = True
 
     # -- the verbs -----------------------------------------------------------------------

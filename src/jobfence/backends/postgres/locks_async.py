@@ -68,7 +68,8 @@ from ..._core.pool_async import AsyncConnPool
 from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
-from ...errors import BackendError, ConfigurationError
+from ..._core.validate import check_schema_version
+from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, RenewItem
 from .common import pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
@@ -361,14 +362,9 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 await self._give(conn)
                 raise
             await self._give(conn)
-            version = None if row is None else int(row[0])
-            if version != SCHEMA_VERSION:
-                raise BackendError(
-                    f"the postgres lock tables {self.namespace}_* have schema version "
-                    f"{version}; this jobfence supports version {SCHEMA_VERSION}",
-                    backend=self.kind,
-                    operation="install",
-                )
+            check_schema_version(
+                row, SCHEMA_VERSION, backend=self.kind, tables=f"lock tables {self.namespace}_*"
+            )
             self._installed = True
 
     # -- the verbs -----------------------------------------------------------------------

@@ -7,8 +7,7 @@ Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``client`` /
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._core.lazy import lazy_attributes
 
 __all__ = [
     "NAMESPACE_LIMIT",
@@ -31,11 +30,4 @@ _LAZY = {
     "AsyncRedisInboxBackend": "inbox_async",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import on first use, so that importing one module of this package does not import
-    every driver (e.g. the async clients' driver for a sync-only user)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

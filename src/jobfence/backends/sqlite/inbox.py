@@ -18,13 +18,12 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
-from ..._core.options import option_pool_size, option_seconds, reject_unknown
+from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
+from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..._core.validate import check_namespace
 from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
@@ -45,9 +44,8 @@ class SQLiteInboxBackend(SQLInboxBackend):
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
         pooling = ("pool_size", "max_idle")
         reject_unknown(url.options, ("table", "busy_timeout", *pooling), "sqlite inbox URL")
-        reject_unknown(options, ("retention", "busy_timeout", *pooling), "sqlite inbox")
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="sqlite", argument="table"
+        self.table = inbox_table(
+            url, table, options, backend="sqlite", limit=TABLE_LIMIT, extra=("busy_timeout",)
         )
         self.path = sqlite_path(url)
         self.busy_timeout = option_seconds(
@@ -58,10 +56,8 @@ class SQLiteInboxBackend(SQLInboxBackend):
         )
         self._sql = DIALECT.inbox_queries(self.table)
         self._installed = False
-        self._pool = ConnPool(
-            self._connect,
-            self._close,
-            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        self._pool = ConnPool.configured(
+            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE
         )
 
     def _connect(self) -> Any:

@@ -18,13 +18,12 @@ from typing import Any
 import aiosqlite
 
 from ..._core.flavour import ASYNC
-from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
-from ..._core.options import option_pool_size, option_seconds, reject_unknown
+from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
+from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
 from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..._core.validate import check_namespace
 from ..base import ClaimRecord, InboxCapabilities, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
@@ -48,9 +47,8 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
         pooling = ("pool_size", "max_idle")
         reject_unknown(url.options, ("table", "busy_timeout", *pooling), "sqlite inbox URL")
-        reject_unknown(options, ("retention", "busy_timeout", *pooling), "sqlite inbox")
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="sqlite", argument="table"
+        self.table = inbox_table(
+            url, table, options, backend="sqlite", limit=TABLE_LIMIT, extra=("busy_timeout",)
         )
         self.path = sqlite_path(url)
         self.busy_timeout = option_seconds(
@@ -61,10 +59,8 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         )
         self._sql = DIALECT.inbox_queries(self.table)
         self._installed = False
-        self._pool = AsyncConnPool(
-            self._connect,
-            self._close,
-            pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
+        self._pool = AsyncConnPool.configured(
+            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE
         )
 
     async def _connect(self) -> Any:

@@ -42,7 +42,8 @@ from typing import Any
 from ..._core import compat
 from ..._core.clock import get_clock
 from ..._core.url import BackendURL
-from ...errors import BackendError, ConfigurationError
+from ..._core.validate import check_schema_version
+from ...errors import ConfigurationError
 from ..base import LockBackend, RenewItem
 from .common import (
     CAPABILITIES,
@@ -144,14 +145,12 @@ class SQLiteLockBackend(LockBackend):
             raise
         cursor = conn.execute(self.queries["schema_version"])
         row = cursor.fetchone()
-        version = None if row is None else int(row[0])
-        if version != SCHEMA_VERSION:
-            raise BackendError(
-                f"the sqlite lock tables {self.namespace}_* in {self.path!r} have schema "
-                f"version {version}; this jobfence supports version {SCHEMA_VERSION}",
-                backend=self.kind,
-                operation="install",
-            )
+        check_schema_version(
+            row,
+            SCHEMA_VERSION,
+            backend=self.kind,
+            tables=f"lock tables {self.namespace}_* in {self.path!r}",
+        )
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:
