@@ -156,6 +156,7 @@ class CommitOutcomeUnknown(JobfenceError):
     """A commit may or may not have been applied (the connection died while COMMIT was in flight).
 
     Raise it (``raise CommitOutcomeUnknown("...") from exc``) where your code knows a commit's
-    outcome is unknown; the testing toolkit raises it for "commit applied but reported failed".
+    outcome is unknown; a test can raise it from the I/O hook to simulate "commit applied but
+    reported failed".
     :func:`jobfence.retry_unit` retries it only for protected units (see docs/retries.md).
     """

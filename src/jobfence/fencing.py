@@ -92,7 +92,7 @@ def fence(conn: Any, resource: str, token: int, *, table: str = DEFAULT_TABLE) -
 
     Raises :class:`~jobfence.errors.StaleToken` (``resource``, ``token``, ``newest``) if a
     newer token has already written ``resource``; the caller should then roll back. Equal or
-    newer tokens pass. ``conn`` is the caller's connection (see ``jobfence._sqlconn`` for the
+    newer tokens pass. ``conn`` is the caller's connection (see ``jobfence._core.sqlconn`` for the
     supported drivers); nothing is committed, begun or rolled back here. Raises
     :class:`~jobfence.errors.SchemaMissing` if the table was not installed.
     """

@@ -609,7 +609,7 @@ class AsyncLocks:
         """Create the backend's tables now (idempotent; SQL backends also do it on first use).
 
         Run it from a deploy step when the application's database user may not create tables.
-        The SQL ships in ``jobfence/backends/sql/`` for migration tools.
+        The SQL ships in ``jobfence/backends/<server>/sql/locks.sql`` for migration tools.
         """
         self._check_open()
         await self.call_backend("lock.install", "*", self.backend.install)

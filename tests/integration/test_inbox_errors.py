@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +85,18 @@ async def test_driver_errors_become_backend_errors_with_the_password_masked(url:
         (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db?bogus=1"), "bogus"),
         (lambda tmp: jobfence.Inbox(f"sqlite:///{tmp}/i.db", bogus=1), "bogus"),
         (lambda tmp: jobfence.Inbox(POSTGRES_URL + "?max_idle=x"), "max_idle"),
+        (lambda tmp: jobfence.Inbox(POSTGRES_URL + "?pool_size=x"), "pool_size"),
         (lambda tmp: jobfence.Inbox(POSTGRES_URL, pool=3), "pool"),
         (lambda tmp: jobfence.Inbox(MYSQL_URL, pool=3), "pool"),
         (lambda tmp: jobfence.Inbox(REDIS_URL, pool=3), "pool"),
     ],
 )
 def test_bad_backend_options_name_the_option(make: Any, argument: str, tmp_path: Path) -> None:
-    with pytest.raises(jobfence.ConfigurationError) as info:
-        make(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(jobfence.ConfigurationError) as info:
+            make(tmp_path)
     assert info.value.argument == argument
+    deprecated = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    # max_idle is the deprecated name of pool_size: using it says so
+    assert len(deprecated) == (1 if argument == "max_idle" else 0), deprecated
