@@ -18,7 +18,10 @@ Every exception derives from :class:`JobfenceError`::
     │   └── StaleVersion        a versioned update found another version
     └── CommitOutcomeUnknown    a commit may or may not have been applied (connection lost)
 
-Messages never contain passwords: URLs are masked before they are shown.
+Messages never contain secrets: a URL is shown masked, with the password of its user-info and
+the value of every secret-bearing query option (``password``, ``passwd``, ``sslpassword``,
+``sslkey``, ``token``...) replaced by ``***``; a URL whose user-info cannot be told apart from
+its host (an unencoded ``/``, ``?`` or ``#`` in the password) is refused with all of it masked.
 """
 
 from __future__ import annotations
