@@ -78,6 +78,33 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _serialize(serializer: Serializer, result: Any) -> bytes:
+    """The bytes ``complete`` stores for ``result``; a result the serializer cannot turn into
+    bytes (or UTF-8 text) raises :class:`ConfigurationError` naming ``result``, before
+    anything is sent, so the claim stays owned and ``complete`` may be called again."""
+    name = getattr(serializer, "__name__", None) or type(serializer).__name__
+    try:
+        data = serializer.dumps(result)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"result cannot be stored: {name}.dumps failed on a "
+            f"{type(result).__name__} ({type(exc).__name__}: {exc}); pass a value the inbox's "
+            "serializer can store (JSON by default), or give the Inbox another serializer",
+            argument="result",
+        ) from exc
+    if not isinstance(data, bytes):
+        raise ConfigurationError(
+            f"result cannot be stored: {name}.dumps returned "
+            f"{type(data).__name__}, not bytes or str",
+            argument="result",
+        )
+    return data
+
+
 class AsyncClaim:
     """The outcome of one :meth:`AsyncInbox.claim` / :meth:`Inbox.claim`.
 
@@ -133,6 +160,9 @@ class AsyncClaim:
         Owner-checked on the backend: raises :class:`ClaimLost` if the claim expired and was
         taken over, was released, or was purged; :class:`InboxError` if this claim was never
         ours (IN_PROGRESS / COMPLETED) or was already completed (a claim completes once).
+        A ``result`` the inbox's serializer cannot store raises :class:`ConfigurationError`
+        (``argument="result"``) before anything is sent: the claim stays owned, and
+        ``complete`` may be called again with a result that can be stored.
         """
         if self._mine is None:
             raise InboxError(
@@ -149,16 +179,14 @@ class AsyncClaim:
                 key=self.key,
             )
         inbox = self._inbox
-        data = inbox.serializer.dumps(result)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
+        data = _serialize(inbox.serializer, result)
         ok = await inbox._call(
             "inbox.complete",
             self.key,
             inbox.backend.complete,
             self.key,
             self._mine,
-            bytes(data),
+            data,
             inbox.retention,
         )
         if not ok:

@@ -14,6 +14,7 @@ from .url import BackendURL
 from .validate import MAX_NAME_BYTES, check_namespace
 
 __all__ = [
+    "BYTES_PREFIX",
     "DEFAULT_CLAIM_TTL",
     "DEFAULT_RETENTION",
     "DEFAULT_TABLE",
@@ -53,21 +54,58 @@ class JSONSerializer:
         return json.loads(data)
 
 
+#: how a ``bytes`` fingerprint is stored: this prefix, then its hex digits; a ``str``
+#: fingerprint may not start with it, so a str never equals a bytes one (``"78"``, ``b"x"``)
+BYTES_PREFIX = "bytes:"
+
+
 def check_fingerprint(fingerprint: object) -> str | None:
-    """``None`` or a non-empty str of at most 1024 bytes in UTF-8 (e.g. a hex digest)."""
+    """``None``, or the stored form of a fingerprint: a non-empty ``str`` as it is, or
+    non-empty ``bytes`` as ``"bytes:<hex>"``; at most 1024 bytes in UTF-8.
+
+    Every backend stores and compares it as text, so a str must be valid Unicode (no lone
+    surrogates) without NUL characters, and must not start with ``"bytes:"``; anything else
+    raises :class:`ConfigurationError` (``argument="fingerprint"``).
+    """
     if fingerprint is None:
         return None
-    if isinstance(fingerprint, bytes):
-        fingerprint = fingerprint.hex()
-    if not isinstance(fingerprint, str) or not fingerprint:
+    if isinstance(fingerprint, (bytes, bytearray)) and fingerprint:
+        fingerprint = BYTES_PREFIX + bytes(fingerprint).hex()
+    elif not isinstance(fingerprint, str) or not fingerprint:
         raise ConfigurationError(
-            f"fingerprint must be None or a non-empty str (e.g. a hex digest), got "
-            f"{type(fingerprint).__name__}",
+            f"fingerprint must be None, a non-empty str (e.g. a hex digest) or non-empty "
+            f"bytes, got {type(fingerprint).__name__}"
+            + (" (empty)" if isinstance(fingerprint, (str, bytes, bytearray)) else ""),
             argument="fingerprint",
         )
-    if len(fingerprint.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    elif fingerprint.startswith(BYTES_PREFIX):
         raise ConfigurationError(
-            f"fingerprint must be at most {MAX_NAME_BYTES} bytes in UTF-8", argument="fingerprint"
+            f"a str fingerprint must not start with {BYTES_PREFIX!r}: that is how a bytes "
+            "fingerprint is stored (pass the bytes themselves)",
+            argument="fingerprint",
+        )
+    try:
+        size = len(fingerprint.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            "fingerprint must be valid Unicode text: lone surrogates cannot be stored",
+            argument="fingerprint",
+        ) from None
+    if "\x00" in fingerprint:
+        raise ConfigurationError(
+            "fingerprint must not contain NUL characters (PostgreSQL text cannot hold them)",
+            argument="fingerprint",
+        )
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            f"fingerprint must be at most {MAX_NAME_BYTES} bytes in UTF-8"
+            + (
+                " (bytes take 2 hex digits each, after 'bytes:')"
+                if fingerprint.startswith(BYTES_PREFIX)
+                else ""
+            )
+            + f", got {size}",
+            argument="fingerprint",
         )
     return fingerprint
 
