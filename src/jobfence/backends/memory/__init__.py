@@ -1,7 +1,8 @@
 """``memory://``: in-process locks and inbox, for tests and the testing toolkit.
 
 It passes the same conformance suites as the server backends. ``memory://name`` selects a
-separate store; sync and async clients of one URL in one process share it.
+separate store, and so does each lock ``namespace`` and inbox ``table``; sync and async clients
+of one URL (and namespace or table) in one process share it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ __all__ = [
     "get_store",
 ]
 
-#: a namespace is any non-empty str, capped (the memory backend keeps one store per URL)
+#: a namespace is any non-empty str, capped (the memory backend keeps one store per URL and
+#: namespace)
 NAMESPACE_LIMIT = 64
 #: the inbox ``table`` names a store, kept an SQL identifier like on the SQL servers
 TABLE_LIMIT = 63

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..._core.clock import get_clock
-from ..._core.inbox_support import DEFAULT_TABLE, utc_from_epoch
+from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
+from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
-from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
 from . import TABLE_LIMIT
 
@@ -125,6 +125,16 @@ def get_inbox_store(url: BackendURL, table: str) -> MemoryInboxStore:
         return store
 
 
+def _open_store(
+    url: BackendURL, table: str, options: dict[str, Any]
+) -> tuple[str, MemoryInboxStore]:
+    """The table and store of an inbox; an unknown option (keyword or URL query) is refused
+    as on every backend."""
+    reject_unknown(url.options, ("table",), "memory inbox URL")
+    table = inbox_table(url, table, options, backend="memory", limit=TABLE_LIMIT)
+    return table, get_inbox_store(url, table)
+
+
 _CAPS = InboxCapabilities(cross_process=False, transactional=False, native_expiry=False)
 
 
@@ -133,10 +143,7 @@ class MemoryInboxBackend(InboxBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="memory", argument="table"
-        )
-        self.store = get_inbox_store(url, self.table)
+        self.table, self.store = _open_store(url, table, options)
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         return self.store.claim(key, owner, fingerprint, ttl)
@@ -165,10 +172,7 @@ class AsyncMemoryInboxBackend(AsyncInboxBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = check_namespace(
-            url.options.get("table", table), limit=TABLE_LIMIT, backend="memory", argument="table"
-        )
-        self.store = get_inbox_store(url, self.table)
+        self.table, self.store = _open_store(url, table, options)
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         return self.store.claim(key, owner, fingerprint, ttl)

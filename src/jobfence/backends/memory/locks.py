@@ -2,8 +2,9 @@
 
 It passes the same conformance suite as the server backends: fair FIFO hand-off, TTL expiry
 measured by jobfence's clock (so a virtual clock drives it), strictly increasing tokens.
-Sync and async clients of the same URL in one process share one store. ``memory://name``
-selects a separate store; stores live as long as the process.
+Sync and async clients of the same URL and namespace in one process share one store.
+``memory://name`` selects a separate store, and so does another ``namespace``; stores live as
+long as the process. Unknown options are refused, as on every backend.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..._core.acompat import wait_event
 from ..._core.clock import get_clock
+from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ..base import AsyncLockBackend, LockBackend, LockCapabilities
@@ -200,14 +202,19 @@ def _store_key(url: BackendURL) -> str:
     return (url.host or "") + url.path
 
 
-def _check_namespace(options: dict[str, Any]) -> None:
-    """The namespace is accepted like Redis's (a key prefix); one store serves every one."""
-    check_namespace(
+def _open_store(url: BackendURL, options: dict[str, Any]) -> MemoryStore:
+    """The store of the URL and namespace. Like every backend, it refuses an option it does
+    not know (keyword or URL query); the namespace is checked like Redis's (a key prefix)
+    and separates the locks of one URL as it does on the servers."""
+    reject_unknown(url.options, (), "memory lock URL")
+    reject_unknown(options, ("namespace",), "memory lock")
+    namespace = check_namespace(
         options.get("namespace", "jobfence"),
         limit=NAMESPACE_LIMIT,
         backend="memory",
         identifier=False,
     )
+    return get_store(f"{_store_key(url)}\x00{namespace}")
 
 
 _CAPS = LockCapabilities(
@@ -220,8 +227,7 @@ class MemoryLockBackend(LockBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, **options: Any) -> None:
-        _check_namespace(options)
-        self.store = get_store(_store_key(url))
+        self.store = _open_store(url, options)
 
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
@@ -257,8 +263,7 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
     capabilities = _CAPS
 
     def __init__(self, url: BackendURL, **options: Any) -> None:
-        _check_namespace(options)
-        self.store = get_store(_store_key(url))
+        self.store = _open_store(url, options)
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
