@@ -23,7 +23,7 @@ from redis.retry import Retry
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "connect_redis"]
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis"]
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -50,7 +50,22 @@ def connect_redis(
         "retry": Retry(NoBackoff(), 1),
     }
     kwargs.update(options)
+    check_database(url)
     try:
         return Redis.from_url(url.without_options(*own), **kwargs)
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid redis url {url.masked}: {exc}", argument="url") from None
+    except ValueError as exc:  # redis-py's message names the option, never a secret's value
+        raise ConfigurationError(
+            f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
+        ) from None
+
+
+def check_database(url: BackendURL) -> None:
+    """The URL's path is empty or a database number (``/0``): redis-py would silently use
+    database 0 for anything else (``/notadb``)."""
+    number = url.path.removeprefix("/").removesuffix("/")
+    if number and not (number.isascii() and number.isdigit()):
+        raise ConfigurationError(
+            f"url {url.masked}: the path must be a database number, as in "
+            "redis://host:6379/0 (or nothing, for database 0)",
+            argument="url",
+        )
