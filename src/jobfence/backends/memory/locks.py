@@ -1,10 +1,11 @@
 """``memory://`` -- an in-process lock backend for tests and the testing toolkit.
 
 It passes the same conformance suite as the server backends: fair FIFO hand-off, TTL expiry
-measured by jobfence's clock (so a virtual clock drives it), strictly increasing tokens.
-Sync and async clients of the same URL and namespace in one process share one store.
-``memory://name`` selects a separate store, and so does another ``namespace``; stores live as
-long as the process. Unknown options are refused, as on every backend.
+measured by jobfence's clock (so a virtual clock drives it), strictly increasing tokens, each
+floored at the clock's ``time()`` in microseconds as on the servers. Sync and async clients of
+the same URL and namespace in one process share one store. ``memory://name`` selects a
+separate store, and so does another ``namespace``; stores live as long as the process. Unknown
+options are refused, as on every backend.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class MemoryStore:
         return lease
 
     def _grant(self, name: str, owner: str, ttl: float, now: float) -> int:
-        token = self.tokens.get(name, 0) + 1
+        # floored at the clock in microseconds, like every backend: above every token handed
+        # out before, even one from a store that was replaced or cleared
+        token = max(self.tokens.get(name, 0) + 1, int(get_clock().time() * 1_000_000))
         self.tokens[name] = token
         self.leases[name] = _Lease(owner, token, now + ttl)
         return token
@@ -218,7 +221,7 @@ def _open_store(url: BackendURL, options: dict[str, Any]) -> MemoryStore:
 
 
 _CAPS = LockCapabilities(
-    cross_process=False, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
+    cross_process=False, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
 )
 
 

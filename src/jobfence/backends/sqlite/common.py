@@ -41,11 +41,11 @@ _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
 #: with ``next_in_line=0``: no wait queue, no fairness
 CAPABILITIES = LockCapabilities(
-    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=False
+    cross_process=True, ttl_expiry=True, fifo=False, handoff=False, tokens_survive_data_loss=True
 )
 #: the default: a FIFO wait queue, and a release hands the lease to its head
 QUEUE_CAPABILITIES = LockCapabilities(
-    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
+    cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
 )
 
 

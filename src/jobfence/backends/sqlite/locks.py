@@ -13,8 +13,10 @@ shares the locks. ``sqlite:///relative.db`` is relative to the working directory
   timeout, so concurrent processes queue for the write lock instead of failing; ``database is
   locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
 * Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
-* Fencing tokens come from a per-name counter row that outlives the lease row; a missing
-  counter is seeded from the current time in microseconds, so tokens never go backwards.
+* Fencing tokens come from a per-name counter row that outlives the lease row, and every
+  grant floors the token at the host clock in microseconds (``max(counter + 1, now)``), so
+  tokens never repeat, even after the file was restored from an older copy or lost its last
+  unsynced pages (``tokens_survive_data_loss``).
 * Waiting: SQLite cannot notify other processes, so :meth:`wait` polls with a short growing
   backoff (0.5 ms doubling to 50 ms by default). A release in the *same* process wakes a waiter
   at once (a process-wide registry per file, namespace and name).

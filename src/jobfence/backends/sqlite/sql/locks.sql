@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS {namespace}_locks (
     expires_at  REAL NOT NULL        -- unix seconds, SQLite host clock
 ) WITHOUT ROWID;
 -- The fencing-token counter of each name. It outlives the lease rows (a released or expired
--- lease deletes its row, never its counter), so tokens strictly increase per name.
+-- lease deletes its row, never its counter), so tokens strictly increase per name; every
+-- grant also floors the token at the host clock in microseconds (see next_token).
 CREATE TABLE IF NOT EXISTS {namespace}_lock_tokens (
     name   TEXT PRIMARY KEY,
     token  INTEGER NOT NULL          -- the last token handed out for name
@@ -116,13 +117,20 @@ DELETE FROM {namespace}_lock_queue
 
 
 -- name: next_token
--- Params: :name. Run inside the acquire transaction, only when the lease is being granted.
--- -> (token): the name's next fencing token. A missing counter row (first use, or deleted)
---    is seeded from the current time in microseconds, so tokens never go backwards even if
---    the counter was lost; afterwards each grant adds 1.
+-- Params: :name. Run inside the acquire transaction (and a release's hand-off), only when a
+-- lease is being granted.
+-- -> (token): the name's next fencing token, max(counter + 1, the host clock in microseconds).
+--    The clock floor applies on EVERY grant, not only when the counter row is missing: a file
+--    restored from an older copy, or one that lost its last unsynced pages
+--    (synchronous=normal/off and a power loss), holds an older counter, and must never hand
+--    out a token again. No earlier token can have outrun the clock (that would take more than
+--    a million grants per second on one name), so the floor is above every token issued
+--    before -- unless the host clock stepped back by more than the time since then, as on
+--    every backend. (SQLite's clock has millisecond resolution: within one millisecond the
+--    counter's + 1 keeps tokens apart.)
 INSERT INTO {namespace}_lock_tokens (name, token)
      VALUES (:name, CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))
-ON CONFLICT (name) DO UPDATE SET token = token + 1
+ON CONFLICT (name) DO UPDATE SET token = max(token + 1, excluded.token)
   RETURNING token;
 
 
