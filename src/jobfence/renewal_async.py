@@ -102,7 +102,7 @@ class AsyncRenewer:
             # a lease that is not renewed is due only for its expiry (its next_renew is inf)
             next_at = min([lease.state.next_check for lease in leases] + [now + IDLE_WAIT])
             self._wake_at = next_at
-            await acompat.wait_event(self._wake, max(0.0, next_at - clock.monotonic()))
+            await clock.wait_async(self._wake, max(0.0, next_at - clock.monotonic()))
             self._wake_at = float("inf")
 
     async def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:

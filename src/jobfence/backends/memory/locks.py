@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.acompat import wait_event
 from ..._core.clock import get_clock
 from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
@@ -242,7 +241,7 @@ class MemoryLockBackend(LockBackend):
         token, limit = self.store.prepare_wait(name, owner, timeout, event.set)
         if token is not None or limit <= 0:
             return token
-        event.wait(limit)
+        get_clock().wait(event, limit)
         return self.store.finish_wait(name, owner, event.set)
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
@@ -283,7 +282,7 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
         token, limit = self.store.prepare_wait(name, owner, timeout, wake)
         if token is not None or limit <= 0:
             return token
-        await wait_event(event, limit)
+        await get_clock().wait_async(event, limit)
         return self.store.finish_wait(name, owner, wake)
 
     async def cancel_wait(self, name: str, owner: str) -> int | None:

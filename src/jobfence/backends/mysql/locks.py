@@ -40,6 +40,7 @@ from typing import Any
 import pymysql
 
 from ..._core import compat
+from ..._core.clock import get_clock
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
@@ -237,7 +238,7 @@ class MySQLLockBackend(LockBackend):
         wait_key = self._key(name)
         ticket = WAITERS.add(wait_key, wake, owner)
         try:
-            compat.wait_event(event, delay)
+            get_clock().wait(event, delay)
         finally:
             WAITERS.remove(wait_key, ticket)
         return None

@@ -38,6 +38,7 @@ from typing import Any
 import aiomysql
 
 from ..._core import acompat
+from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
@@ -263,7 +264,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         wait_key = self._key(name)
         ticket = WAITERS.add(wait_key, wake, owner)
         try:
-            await acompat.wait_event(event, delay)
+            await get_clock().wait_async(event, delay)
         finally:
             WAITERS.remove(wait_key, ticket)
         return None

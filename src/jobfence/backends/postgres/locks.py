@@ -419,7 +419,7 @@ class PostgresLockBackend(LockBackend):
             limit = min(limit, max(0.0, waiter.left) + 0.001)
         if waiter is not None and self._listening():
             if not waiter.notified:
-                compat.wait_event(waiter.event, limit)
+                get_clock().wait(waiter.event, limit)
         else:
             get_clock().sleep(limit)
         if waiter is None or waiter.token is None:

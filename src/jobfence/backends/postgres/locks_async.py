@@ -421,7 +421,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             limit = min(limit, max(0.0, waiter.left) + 0.001)
         if waiter is not None and self._listening():
             if not waiter.notified:
-                await acompat.wait_event(waiter.event, limit)
+                await get_clock().wait_async(waiter.event, limit)
         else:
             await get_clock().asleep(limit)
         if waiter is None or waiter.token is None:

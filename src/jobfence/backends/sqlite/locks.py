@@ -264,7 +264,7 @@ class SQLiteLockBackend(LockBackend):
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0:
                     return None
-                if compat.wait_event(event, min(delay, remaining, left + 0.001)):
+                if clock.wait(event, min(delay, remaining, left + 0.001)):
                     return None  # a release in this process
                 if queued and self._heads_queue(name, owner):
                     delay = self.options.poll_initial  # the head polls fast: it is next

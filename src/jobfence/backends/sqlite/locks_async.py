@@ -284,7 +284,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0:
                     return None
-                if await acompat.wait_event(event, min(delay, remaining, left + 0.001)):
+                if await clock.wait_async(event, min(delay, remaining, left + 0.001)):
                     return None  # a release in this process
                 if queued and await self._heads_queue(name, owner):
                     delay = self.options.poll_initial  # the head polls fast: it is next
