@@ -359,6 +359,7 @@ class AsyncInbox:
         """A claim was interrupted: give back the key in case the backend gave it to us (the
         release is owner-checked: a no-op when it did not)."""
         try:
+            await ahook("inbox.abandon", key=key, backend=self.backend.kind)
             await self.backend.release(key, owner)
         except Exception as exc:
             log.warning("could not give back the claim on %r (it expires): %r", key, exc)

@@ -434,8 +434,11 @@ class Locks:
     def _abandon(self, name: str, owner: str) -> None:
         """An acquire was interrupted: leave the wait queue and give back a lease that may
         have been granted to us meanwhile (even if the reply never reached us)."""
+        kind = self.backend.kind
         try:
+            hook("lock.abandon_wait", name=name, backend=kind)
             self.backend.cancel_wait(name, owner)
+            hook("lock.abandon_release", name=name, backend=kind)
             self.backend.release(name, owner)  # owner-checked: a no-op if not ours
         except Exception as exc:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
@@ -496,6 +499,7 @@ class Locks:
         # its race with close (an owner-checked release is harmless twice).
         for lease in self._renewer.close():
             try:
+                hook("lock.close_release", name=lease.name, backend=self.backend.kind)
                 self.backend.release(lease.name, lease.owner)
             except Exception as exc:
                 log.warning("releasing %r on close failed (it will expire): %r", lease.name, exc)

@@ -555,8 +555,11 @@ class AsyncLocks:
     async def _abandon(self, name: str, owner: str) -> None:
         """An acquire was interrupted: leave the wait queue and give back a lease that may
         have been granted to us meanwhile (even if the reply never reached us)."""
+        kind = self.backend.kind
         try:
+            await ahook("lock.abandon_wait", name=name, backend=kind)
             await self.backend.cancel_wait(name, owner)
+            await ahook("lock.abandon_release", name=name, backend=kind)
             await self.backend.release(name, owner)  # owner-checked: a no-op if not ours
         except Exception as exc:
             log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
@@ -644,6 +647,7 @@ class AsyncLocks:
         # its race with close (an owner-checked release is harmless twice).
         for lease in await self._renewer.close():
             try:
+                await ahook("lock.close_release", name=lease.name, backend=self.backend.kind)
                 await self.backend.release(lease.name, lease.owner)
             except Exception as exc:
                 log.warning("releasing %r on close failed (it will expire): %r", lease.name, exc)

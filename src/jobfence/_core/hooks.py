@@ -1,12 +1,13 @@
 """The one I/O hook every backend call goes through (public API: :mod:`jobfence.testing`).
 
-Every operation jobfence performs against a backend (and every sleep) first calls
-:func:`hook` / :func:`ahook` with a stable point name, e.g. ``"lock.acquire"``,
-``"inbox.claim"``, ``"fence.check"``, ``"sleep"``, and keywords describing the call. By
-default it does nothing. A test installs a function here to observe calls, interleave workers
-or inject faults at exactly these points: a hook may block, sleep or raise. An exception a hook
-raises at a lock or inbox point surfaces exactly as a driver error there would: as
-:class:`~jobfence.BackendError` with the hook's exception as ``__cause__``.
+Every operation jobfence performs against a backend (the clean-ups after an interrupted call
+and those of ``close()`` included, and every sleep) first calls :func:`hook` / :func:`ahook`
+with a stable point name, e.g. ``"lock.acquire"``, ``"inbox.claim"``, ``"fence.check"``,
+``"sleep"``, and keywords describing the call. By default it does nothing. A test installs a
+function here to observe calls, interleave workers or inject faults at exactly these points: a
+hook may block, sleep or raise. An exception a hook raises at a lock or inbox point surfaces
+exactly as a driver error there would: as :class:`~jobfence.BackendError` with the hook's
+exception as ``__cause__`` (at a clean-up's point: logged, as the clean-up's own failure).
 
 The point names and their keywords are listed in :data:`jobfence.testing.POINTS`;
 ``tests/unit/test_testing_seams.py`` fails when a hook call anywhere in jobfence uses a name

@@ -15,9 +15,10 @@ the test lets it go) or to inject faults (a hook may raise)::
     assert seen[:2] == ["lock.acquire", "lock.release"]
 
 Every deadline jobfence computes locally (lease expiry, renewal schedule, acquire timeouts,
-retry deadlines) and every sleep goes through one :class:`Clock`. A test replaces it with a
-subclass (:func:`set_clock`, :func:`clocked`) to move time by hand: ``memory://`` leases and
-inbox claims expire by that clock too, so a test of an expiry needs no real sleeping.
+retry deadlines), every sleep and every wait for an event (the renewer's pause, a backend's
+wait for a release) goes through one :class:`Clock`. A test replaces it with a subclass
+(:func:`set_clock`, :func:`clocked`) to move time by hand: ``memory://`` leases and inbox
+claims expire by that clock too, so a test of an expiry needs no real sleeping.
 
 Both are global to the process (every thread, every event loop), and :func:`hooked` /
 :func:`clocked` restore what was there before. The point names, the keywords each one
@@ -76,10 +77,26 @@ _POINT_LIST = (
     HookPoint("lock.release", "Lease.release(): give the lease back (owner-checked)", _LOCK),
     HookPoint("lock.force_release", "Locks.force_release(): drop whoever holds the name", _LOCK),
     HookPoint("lock.install", 'Locks.install(): create the backend\'s tables (name is "*")', _LOCK),
+    HookPoint(
+        "lock.abandon_wait",
+        "an interrupted acquire (or close() for one still waiting) leaves the wait queue",
+        _LOCK,
+    ),
+    HookPoint(
+        "lock.abandon_release",
+        "then gives back, owner-checked, a lease it may have been granted meanwhile",
+        _LOCK,
+    ),
+    HookPoint("lock.close_release", "Locks.close() gives back a lease still held", _LOCK),
     HookPoint("lock.renew", "one batched renewal round trip of a client's renewer", ("names",)),
     HookPoint("inbox.claim", "Inbox.claim(): one atomic claim of an idempotency key", _INBOX),
     HookPoint("inbox.complete", "Claim.complete(): store the result (owner-checked)", _INBOX),
     HookPoint("inbox.release", "Claim.release(): give the key back for a redelivery", _INBOX),
+    HookPoint(
+        "inbox.abandon",
+        "an interrupted claim gives back, owner-checked, the key it may have been given",
+        _INBOX,
+    ),
     HookPoint(
         "inbox.claim_in",
         "Inbox.claim_in(conn, key): mark the key in the caller's transaction",
@@ -126,9 +143,9 @@ def hooked(fn: HookFn | None) -> Iterator[HookFn | None]:
 def clocked(clock: C) -> Iterator[C]:
     """Use ``clock`` as jobfence's clock for the ``with`` block, then restore the previous one.
 
-    Create the clients the clock should drive inside the block: a client's renewer reads the
-    clock once, when it starts with the client's first lease, and waits between its checks in
-    real time. Yields ``clock``. See :func:`set_clock`.
+    Create the clients the clock should drive inside the block, and close them in it: a
+    client's renewer reads the clock once, when it starts with the client's first lease, and
+    waits between its checks through it. Yields ``clock``. See :func:`set_clock`.
     """
     old = set_clock(clock)
     try:
