@@ -240,6 +240,7 @@ async def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
         ("inbox.claim", "h"),
         ("inbox.complete", "h"),
         ("inbox.claim", "boom"),
+        ("inbox.abandon", "boom"),  # the interrupted claim gives back what it may hold
     ]
     # the failing hook ran BEFORE the I/O: the key was never claimed
     assert (await inbox.claim("boom")).state is ClaimState.NEW
