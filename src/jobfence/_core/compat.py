@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "BoundedCaller",
     "Event",
     "Lock",
     "Worker",
@@ -15,6 +17,9 @@ __all__ = [
     "current_worker",
     "join",
     "spawn",
+    "start",
+    "wait_all",
+    "wait_done",
     "wait_event",
 ]
 
@@ -45,19 +50,119 @@ def join(worker: threading.Thread | None, timeout: float) -> None:
         worker.join(timeout)
 
 
-_bounded_pool = concurrent.futures.ThreadPoolExecutor(
-    max_workers=4, thread_name_prefix="jobfence-bounded"
-)
+def start(fn: Callable[[], Any], tracked: set[Any], name: str) -> concurrent.futures.Future[Any]:
+    """Run ``fn()`` in the background (a daemon thread of its own) and return its future;
+    ``tracked`` holds the future until it is done."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    tracked.add(future)
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # delivered to whoever asks the future
+            future.set_exception(exc)
+        finally:
+            tracked.discard(future)
+
+    spawn(run, name)
+    return future
+
+
+def wait_done(future: concurrent.futures.Future[Any], timeout: float) -> bool:
+    """Wait (at most ``timeout`` s) for ``future`` to finish; return whether it has."""
+    concurrent.futures.wait([future], timeout=max(0.0, timeout))
+    return future.done()
+
+
+def wait_all(tracked: set[Any], timeout: float) -> None:
+    """Wait (at most ``timeout`` s) for the background calls in ``tracked`` to finish."""
+    if tracked:
+        concurrent.futures.wait(set(tracked), timeout=timeout)
+
+
+class _Call:
+    __slots__ = ("done", "error", "fn", "result", "started")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.started = False
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class BoundedCaller:
+    """Runs calls bounded in time on one worker thread of its own, started on first use.
+
+    Each renewer has one, so a call that hangs (a stalled connection) holds up only the
+    calls of that renewer's client, never those of another client. A call that does not
+    answer within its bound keeps the worker until it returns; a call queued behind it whose
+    bound passes before it started is dropped and never made, so a request given up on
+    cannot reach the server later (one that was already sent can: see ``renewal_async``).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def call(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Call ``fn()`` on the worker and wait at most ``timeout`` seconds for its answer;
+        raise ``TimeoutError`` after that (a call already running goes on; a queued one is
+        dropped)."""
+        job = _Call(fn)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
+            self._queue.append(job)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = spawn(self._work, self._name)
+            self._cond.notify()
+        if not job.done.wait(max(0.0, timeout)):
+            with self._cond:
+                if not job.started:  # never made: it cannot reach the server any more
+                    self._queue.remove(job)
+            raise TimeoutError(f"no answer within {timeout:.3f} s")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:  # closed and nothing left
+                    return
+                job = self._queue.popleft()
+                job.started = True
+            try:
+                job.result = job.fn()
+            except BaseException as exc:  # handed to the caller
+                job.error = exc
+            finally:
+                job.done.set()
+            del job
+
+    def close(self) -> None:
+        """Drop the queued calls; the worker ends after the call it is running, if any."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
 
 
 def call_bounded(fn: Callable[[], Any], timeout: float) -> Any:
     """Call ``fn()`` for at most ``timeout`` seconds; raise ``TimeoutError`` after that (the
-    call goes on in a pool thread: a blocking call cannot be interrupted)."""
-    future = _bounded_pool.submit(fn)
+    call goes on in a thread of its own: a blocking call cannot be interrupted, and a call
+    that hangs must not hold up anyone else's)."""
+    caller = BoundedCaller("jobfence-bounded")
     try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
-        raise TimeoutError(f"no answer within {timeout:.3f} s") from None
+        return caller.call(fn, timeout)
+    finally:
+        caller.close()
 
 
 def worker_alive(worker: threading.Thread | None) -> bool:
