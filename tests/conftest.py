@@ -55,6 +55,12 @@ def _no_leaked_lock_clients() -> Iterator[None]:
     threads = _renewer_threads()
     yield
     leaked = [c for c in list(_CLIENTS) if c not in before and _left_open(c)]
+    for client in leaked:  # stop what can be stopped, so the next tests start clean
+        if isinstance(client, jobfence.Locks) and not client.closed:
+            try:
+                client.close()
+            except Exception:
+                pass
     deadline = time.monotonic() + _GRACE
     running = []
     for thread in _renewer_threads() - threads:
@@ -63,12 +69,6 @@ def _no_leaked_lock_clients() -> Iterator[None]:
             running.append(thread.name)
     if not leaked and not running:
         return
-    for client in leaked:  # stop what can be stopped, so the next tests start clean
-        if isinstance(client, jobfence.Locks) and not client.closed:
-            try:
-                client.close()
-            except Exception:
-                pass
     pytest.fail(
         "the test left lock clients open or renewers running (close every Locks/AsyncLocks "
         f"it creates): clients {[repr(c) for c in leaked]}, renewer threads {running}",

@@ -539,7 +539,9 @@ class Locks:
                     lease = self._granted(retry, owner, token, ttl, started, renew)
                     if lease is not None:
                         return lease
-                    continue  # given back: try again (at least once, as at the start)
+                    if deadline is not None and clock.monotonic() >= deadline:
+                        break  # given back, and no time left to wait
+                    continue  # given back: try again
                 if not retry.failing:
                     retry.since = _NEVER  # answered: no grant of ours is pending
                 if remaining is not None and remaining <= 0:
@@ -554,6 +556,8 @@ class Locks:
                     lease = self._granted(retry, owner, token, ttl, started, renew)
                     if lease is not None:
                         return lease
+                    if deadline is not None and clock.monotonic() >= deadline:
+                        break  # given back, and no time left to wait
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
