@@ -8,10 +8,11 @@ batched backend call (one round trip per tick), and marks a lease lost when the 
 it is gone or when its local deadline passes before a renewal got through.
 
 Isolation. The backend call runs through the renewer's own ``BoundedCaller`` (``_core``
-``compat`` / ``acompat``): for ``Locks`` one worker thread per client, started on first use;
-for ``AsyncLocks`` a task per call. A call that hangs (a stalled connection) is given up when
-the first lease of its batch expires, and holds up only this client's renewals: other clients
-in the process renew on their own workers.
+``compat`` / ``acompat``): for ``Locks`` a worker thread per client, started on first use (a
+call that hangs keeps it, and the next call gets another, up to three); for ``AsyncLocks`` a
+task per call. A call that hangs (a stalled connection) is given up when the first lease of its
+batch expires, and holds up only this client's renewals: other clients in the process renew on
+their own workers.
 
 A renewal given up on may still land. A renewal that was queued behind a hung call and had not
 started when it was given up is dropped and never sent. One already sent cannot be called
@@ -74,6 +75,8 @@ IDLE_WAIT = 1.0
 BATCH_WINDOW = 0.15
 #: a failed renewal that will be retried is logged at most this often per lease (seconds)
 WARN_EVERY = 5.0
+#: after an unexpected error the renewer pauses this long (an add() wakes it) and goes on
+RESTART_PAUSE = 0.1
 
 
 class _Tracked(weakref.ref):  # type: ignore[type-arg]
@@ -204,8 +207,11 @@ class AsyncRenewer:
                 # A bug, never a backend failure (those are renewal failures): say so loudly,
                 # tell every holder (nothing renews their leases now) and carry on.
                 log.exception("the lease renewer %s failed; its leases are marked lost", self._name)
-                self._fail_all(f"its renewer failed: {exc!r}")
-                continue
+                try:
+                    self._fail_all(f"its renewer failed: {exc!r}")
+                except Exception:
+                    log.exception("the lease renewer %s could not mark its leases lost", self._name)
+                wake_at = clock.monotonic() + RESTART_PAUSE  # no busy loop if it fails again
             if wake_at is None:
                 continue
             self._wake_at = wake_at
@@ -246,12 +252,15 @@ class AsyncRenewer:
             return
         self._collected.append(entry)
         if entry.renews:
-            warnings.warn(
-                f"the lease on {entry.name!r} (token {entry.token}) was garbage-collected "
-                "without release(); it is given back now",
-                ResourceWarning,
-                stacklevel=2,
-            )
+            try:
+                warnings.warn(
+                    f"the lease on {entry.name!r} (token {entry.token}) was garbage-collected "
+                    "without release(); it is given back now",
+                    ResourceWarning,
+                    stacklevel=2,
+                )
+            except Exception:  # e.g. as the interpreter shuts down
+                pass
 
     def _take_collected(self) -> list[_Tracked]:
         """The collected leases that were still tracked, now forgotten."""

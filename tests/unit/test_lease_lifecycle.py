@@ -90,7 +90,7 @@ def test_clients_whose_renewals_hang_delay_no_other_clients_leases(restore_hook:
 
 
 def test_a_call_given_up_before_it_started_is_never_made() -> None:
-    caller = BoundedCaller("jobfence-test-call")
+    caller = BoundedCaller("jobfence-test-call", workers=1)
     hang, made = threading.Event(), []
     try:
         with pytest.raises(TimeoutError):
@@ -100,6 +100,24 @@ def test_a_call_given_up_before_it_started_is_never_made() -> None:
         hang.set()
         assert caller.call(lambda: "next", 5) == "next"  # the worker moved on ...
         assert made == []  # ... without making the call given up on
+    finally:
+        hang.set()
+        caller.close()
+
+
+def test_a_call_that_hangs_does_not_hold_up_the_next_one_of_the_same_caller() -> None:
+    """Only one connection may be stuck: the next renewal goes out on a new worker (up to a
+    few), so a single hung call does not cost the client its other leases."""
+    caller = BoundedCaller("jobfence-test-call", workers=2)
+    hang = threading.Event()
+    try:
+        with pytest.raises(TimeoutError):
+            caller.call(lambda: hang.wait(10), 0.05)
+        assert caller.call(lambda: "answered", 5) == "answered"
+        with pytest.raises(TimeoutError):
+            caller.call(lambda: hang.wait(10), 0.05)
+        with pytest.raises(TimeoutError):  # both workers hang: no third thread
+            caller.call(lambda: "queued", 0.05)
     finally:
         hang.set()
         caller.close()

@@ -124,8 +124,10 @@ async def wait_done(task: asyncio.Task[Any], timeout: float) -> bool:
 
 async def wait_all(tracked: set[Any], timeout: float) -> None:
     """Wait (at most ``timeout`` s) for the background tasks in ``tracked`` to finish."""
-    if tracked:
-        await asyncio.wait(set(tracked), timeout=timeout)
+    loop = asyncio.get_running_loop()
+    mine = {task for task in tracked if task.get_loop() is loop}  # another loop's cannot run
+    if mine:
+        await asyncio.wait(mine, timeout=timeout)
 
 
 def worker_alive(worker: asyncio.Task[Any] | None) -> bool:

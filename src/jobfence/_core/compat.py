@@ -92,24 +92,31 @@ class _Call:
 
 
 class BoundedCaller:
-    """Runs calls bounded in time on one worker thread of its own, started on first use.
+    """Runs calls bounded in time on worker threads of its own, started on first use.
 
-    Each renewer has one, so a call that hangs (a stalled connection) holds up only the
-    calls of that renewer's client, never those of another client. A call that does not
-    answer within its bound keeps the worker until it returns; a call queued behind it whose
-    bound passes before it started is dropped and never made, so a request given up on
-    cannot reach the server later (one that was already sent can: see ``renewal_async``).
+    Each renewer has one, so a call that hangs (a stalled connection) holds up only the calls
+    of that renewer's client, never those of another client. Calls run one at a time on one
+    worker; a call that does not answer within its bound keeps its worker until it returns, and
+    the next call gets a new worker (at most ``workers`` in all: a client whose every call
+    hangs does not pile up threads). A call still queued when its bound passes is dropped and
+    never made, so a request given up on before it started cannot reach the server later (one
+    already sent can: see ``renewal_async``). A worker beyond the first ends after
+    ``IDLE_EXIT`` idle seconds.
     """
 
-    def __init__(self, name: str) -> None:
+    IDLE_EXIT = 5.0
+
+    def __init__(self, name: str, *, workers: int = 3) -> None:
         self._name = name
+        self._limit = workers
         self._cond = threading.Condition()
         self._queue: collections.deque[_Call] = collections.deque()
-        self._thread: threading.Thread | None = None
+        self._workers = 0  # threads alive
+        self._idle = 0  # threads waiting for a call
         self._closed = False
 
     def call(self, fn: Callable[[], Any], timeout: float) -> Any:
-        """Call ``fn()`` on the worker and wait at most ``timeout`` seconds for its answer;
+        """Call ``fn()`` on a worker and wait at most ``timeout`` seconds for its answer;
         raise ``TimeoutError`` after that (a call already running goes on; a queued one is
         dropped)."""
         job = _Call(fn)
@@ -117,8 +124,13 @@ class BoundedCaller:
             if self._closed:
                 raise RuntimeError(f"{self._name} is closed")
             self._queue.append(job)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = spawn(self._work, self._name)
+            if self._idle < len(self._queue) and self._workers < self._limit:
+                self._workers += 1
+                try:
+                    spawn(self._work, self._name)
+                except BaseException:
+                    self._workers -= 1
+                    raise
             self._cond.notify()
         if not job.done.wait(max(0.0, timeout)):
             with self._cond:
@@ -132,9 +144,14 @@ class BoundedCaller:
     def _work(self) -> None:
         while True:
             with self._cond:
+                self._idle += 1
                 while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:  # closed and nothing left
+                    idle_long = not self._cond.wait(self.IDLE_EXIT) and not self._queue
+                    if idle_long and self._workers > 1:  # an extra worker: not needed now
+                        break
+                self._idle -= 1
+                if not self._queue:  # closed, or idle for long
+                    self._workers -= 1
                     return
                 job = self._queue.popleft()
                 job.started = True
@@ -147,7 +164,7 @@ class BoundedCaller:
             del job
 
     def close(self) -> None:
-        """Drop the queued calls; the worker ends after the call it is running, if any."""
+        """Drop the queued calls; each worker ends after the call it is running, if any."""
         with self._cond:
             self._closed = True
             self._queue.clear()
