@@ -314,8 +314,8 @@ class AsyncLease:
         try:
             return bool(await locks.call_backend("lock.release", self.name, self._release_call))
         except BaseException as exc:
-            if locks.closed:  # closed while we released: close() gave it back
-                return False
+            if locks.closed and isinstance(exc, JobfenceError):
+                return False  # closed while we released: close() gave it back
             self._release_failed(exc)
             raise
         finally:
