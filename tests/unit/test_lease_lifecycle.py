@@ -123,6 +123,35 @@ def test_a_call_that_hangs_does_not_hold_up_the_next_one_of_the_same_caller() ->
         caller.close()
 
 
+class _UnreachableForRenewalsBackend(MemoryLockBackend):
+    """Renewals never get through; the server's clock runs late, so a lease outlives the
+    holder's (conservative) local deadline there by 10x its ttl."""
+
+    def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        return super().acquire(name, owner, ttl * 10, wait=wait)
+
+    def renew(self, items: Any) -> list[bool]:
+        raise ConnectionError("unreachable")
+
+
+def test_a_lease_the_renewer_gave_up_on_is_given_back() -> None:
+    """A renewal still on its way may extend a lease the holder gave up on; the owner-checked
+    release after giving up undoes that, and frees the name at once."""
+    url = _url()
+    backend = _UnreachableForRenewalsBackend(parse_url(url))
+    with jobfence.Locks(backend) as locks, jobfence.Locks(url) as other:
+        lease = locks.try_acquire("x", ttl=0.3)
+        assert lease is not None
+        lost = threading.Event()
+        lease.on_lost(lambda _lease: lost.set())
+        assert lost.wait(3)
+        taken: list[Any] = []
+        assert _until(lambda: taken.append(other.try_acquire("x", ttl=5)) or taken[-1], 1.0)
+        assert taken[-1].release()
+
+
 class _FakeClock(Clock):
     def __init__(self, now: float) -> None:
         self.now = now
