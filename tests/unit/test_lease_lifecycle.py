@@ -27,7 +27,7 @@ from jobfence._core.lease_state import LeaseState
 from jobfence._core.url import parse_url
 from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
 from jobfence.locks import EXIT_RELEASE_WAIT
-from jobfence.testing import set_hook
+from jobfence.testing import hooked, set_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,26 @@ def restore_hook() -> Iterator[None]:
         yield
     finally:
         set_hook(old)
+
+
+class _Renewals:
+    """A hook that counts the renewals that carry ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = threading.Semaphore(0)
+
+    def __call__(self, point: str, **info: Any) -> None:
+        if point == "lock.renew" and self.name in info["names"]:
+            self.count.release()
+
+    def wait(self, renewals: int, timeout: float = 5.0) -> bool:
+        """Whether ``renewals`` more renewals were sent within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        return all(
+            self.count.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            for _ in range(renewals)
+        )
 
 
 def _until(predicate: Any, timeout: float = 5.0) -> bool:
@@ -516,9 +536,11 @@ def test_a_renewer_that_fails_marks_its_leases_lost_says_so_and_goes_on(
         with pytest.raises(jobfence.LockLost, match="renewer failed"):
             lease.check()
         assert _until(lambda: backend.store.leases == {}, 3)  # given back
-        later = locks.try_acquire("y", ttl=0.3)  # the renewer still works for later leases
-        assert later is not None
-        time.sleep(1.0)
+        renewals = _Renewals("y")
+        with hooked(renewals):
+            later = locks.try_acquire("y", ttl=0.3)  # the renewer still works for later leases
+            assert later is not None
+            assert renewals.wait(6)  # renewed for more than three ttls
         assert later.held and later.release()
     assert any("renewer" in r.getMessage() and r.exc_info for r in caplog.records)
 
@@ -533,9 +555,11 @@ async def test_an_async_renewer_that_fails_cancels_the_block_and_goes_on(
             with pytest.raises(jobfence.LockLost, match="renewer failed"):
                 async with locks.acquire("x", ttl=0.6):
                     await asyncio.sleep(10)
-            later = await locks.try_acquire("y", ttl=0.3)
-            assert later is not None
-            await asyncio.sleep(1.0)
+            renewals = _Renewals("y")
+            with hooked(renewals):
+                later = await locks.try_acquire("y", ttl=0.3)
+                assert later is not None
+                assert await asyncio.to_thread(renewals.wait, 6)  # more than three ttls
             assert later.held and await later.release()
         assert any("renewer" in r.getMessage() and r.exc_info for r in caplog.records)
     finally:
@@ -555,11 +579,13 @@ def test_a_slow_on_lost_callback_delays_no_other_lease() -> None:
             go.wait(10)
 
         first.on_lost(slow)
+        renewals = _Renewals("second")
         try:
             assert admin.force_release("first")
             assert in_callback.wait(3)
-            time.sleep(1.5)  # more than two ttls of "second" while the callback runs
-            assert second.held, "a slow on_lost callback held up the renewer"
+            with hooked(renewals):  # while the callback runs, for more than two ttls:
+                assert renewals.wait(8), "a slow on_lost callback held up the renewer"
+            assert second.held
         finally:
             go.set()
         assert second.release()
@@ -603,8 +629,8 @@ def test_a_lease_taken_without_renewal_may_be_dropped_it_ends_with_its_ttl() -> 
             warnings.simplefilter("error", ResourceWarning)
             assert locks.try_acquire("x", ttl=30, renew=False) is not None
             gc.collect()
-        time.sleep(0.2)
-        assert other.try_acquire("x", ttl=5) is None  # still held: a plain ttl lease
+            assert _until(lambda: len(locks._renewer) == 0, 3)  # forgotten by the renewer ...
+        assert other.try_acquire("x", ttl=5) is None  # ... but still held: a plain ttl lease
 
 
 class _SlowReleaseAsyncBackend(AsyncMemoryLockBackend):
