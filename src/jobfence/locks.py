@@ -232,14 +232,12 @@ class Lease:
         it again returns that release's answer.
         """
         locks = self._locks
-        resume = False
-        if not resume:
-            with self._mutex:
-                if self._released:
-                    return False
-                self._released = True
-            if locks.closed:
-                return False  # close() gives back every lease its renewer still tracked
+        with self._mutex:
+            if self._released:
+                return False
+            self._released = True
+        if locks.closed:
+            return False  # close() gives back every lease its renewer still tracked
         try:
             return bool(locks.call_backend("lock.release", self.name, self._release_call))
         except BaseException as exc:

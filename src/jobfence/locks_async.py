@@ -301,10 +301,9 @@ class AsyncLease:
         it again returns that release's answer.
         """
         locks = self._locks
-        resume = False
-        if ASYNC:
-            resume = self._resume_release()
-        if not resume:
+        if ASYNC and self._resume_release():
+            pass  # a release whose caller was cancelled goes on: its answer is ours
+        else:
             with self._mutex:
                 if self._released:
                     return False
