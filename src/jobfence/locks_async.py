@@ -26,6 +26,7 @@ from ._core.url import mask_url
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import AsyncLockBackend, LockCapabilities
+from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal_async import AsyncRenewer
 
@@ -49,6 +50,15 @@ DEFAULT_POLL_INTERVAL = 1.0
 SERVER_WAIT = 3600.0
 #: how long an interrupted acquire waits for its clean-up before leaving it to the background
 CLEANUP_WAIT = 1.0
+#: how long leaving a ``with`` block waits for the release of a lease that is lost (or of a
+#: block that raised) before it raises: the release goes on in the background after that
+EXIT_RELEASE_WAIT = 1.0
+#: a grant that arrives with less than this fraction of its ttl left is given back: the reply
+#: took most of the ttl, and too little is left to renew it (the wait goes on)
+GRANT_MIN_LEFT = 1 / 3
+#: first pause after a transient backend error while waiting; it doubles up to the next one
+WAIT_RETRY_PAUSE = 0.05
+WAIT_RETRY_PAUSE_MAX = 1.0
 if ASYNC:
     #: coroutine ``on_lost`` callbacks still running (the event loop keeps only weak references)
     _CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
@@ -92,7 +102,9 @@ class AsyncLease:
     true, :meth:`on_lost` callbacks run and :meth:`check` raises :class:`LockLost`. In
     ``async with`` the body is cancelled and :class:`LockLost` raised; a sync ``with`` body
     cannot be cancelled, so a long one should look at :attr:`lost` or call :meth:`check`; the
-    ``with`` raises :class:`LockLost` when the body ends.
+    ``with`` raises :class:`LockLost` when the body ends. Leaving the block of a lost lease
+    waits at most ``EXIT_RELEASE_WAIT`` seconds for its release (which goes on in the
+    background after that); a release error is chained to the :class:`LockLost`.
 
     ``state`` (internal: a :class:`jobfence._core.lease_state.LeaseState`) holds the local
     deadlines; the lease and the client's renewer read and update it.
@@ -120,6 +132,8 @@ class AsyncLease:
         if ASYNC:
             self._task: asyncio.Task[Any] | None = None
             self._cancelled_for_loss = False
+            #: the release on the server in flight, or done with an answer nobody took yet
+            self._releasing: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
         status = "released" if self._released else ("lost" if self.lost else "held")
@@ -162,7 +176,7 @@ class AsyncLease:
         if self._released:
             raise LockLost(f"the lease on {self.name!r} was released", name=self.name)
         if self.lost:
-            reason = self._lost_reason or "its ttl ran out without renewal"
+            reason = self._lost_reason or self.state.expiry_reason()
             raise LockLost(
                 f"the lease on {self.name!r} (token {self.token}) was lost: {reason}",
                 name=self.name,
@@ -171,8 +185,11 @@ class AsyncLease:
     def on_lost(self, callback: Callable[[AsyncLease], Any]) -> None:
         """Call ``callback(lease)`` when the lease is lost (at once if it already is).
 
-        Callbacks run in the renewer (a thread for ``Locks``, a task for ``AsyncLocks``);
-        keep them short. They do not run after a normal release.
+        A loss the renewer finds runs them in a thread of their own for ``Locks`` (a slow
+        callback delays no renewal) and in the renewer's task for ``AsyncLocks`` (coroutine
+        callbacks become tasks of their own); keep them short. A loss found by the holder's
+        own call (``extend``, the release at the end of a block, ``close``) runs them in that
+        call. They do not run after a normal release.
         """
         with self._mutex:
             if self._lost_reason is None:
@@ -200,12 +217,16 @@ class AsyncLease:
             if not task.cancelled() and task.exception() is not None:
                 log.error("on_lost callback for %r raised", self.name, exc_info=task.exception())
 
-    def mark_lost(self, reason: str, *, after_release: bool = False) -> None:
+    def mark_lost(
+        self, reason: str, *, after_release: bool = False, background: bool = False
+    ) -> None:
         """Internal (called by the lease, its client and the client's renewer): record the
         loss once and tell the holder (callbacks; async: cancel the block).
 
         A lease already lost, or released, is left as it is. ``after_release``: the loss was
         only noticed by the release at the end of the block; the holder is still told.
+        ``background``: the renewer found the loss; ``Lease`` runs the callbacks in a thread
+        of their own.
         """
         with self._mutex:
             if self._lost_reason is not None or (self._released and not after_release):
@@ -224,6 +245,15 @@ class AsyncLease:
                     task.cancel()  # delivered when the task next resumes, inside the block
                 else:
                     loop.call_soon_threadsafe(self._cancel_inside_block, task)
+        if ASYNC:
+            self._run_callbacks(callbacks)
+        else:
+            if background and callbacks:  # off the renewer's thread: it has leases to renew
+                acompat.spawn(partial(self._run_callbacks, callbacks), "jobfence-on-lost")
+            else:
+                self._run_callbacks(callbacks)
+
+    def _run_callbacks(self, callbacks: list[Callable[[AsyncLease], Any]]) -> None:
         for callback in callbacks:
             self._run_callback(callback)
 
@@ -252,7 +282,7 @@ class AsyncLease:
                 lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
             )
         except BaseException:
-            state.extend_done(None)
+            state.extend_done(None, new_ttl, answered=False)  # it may still land, later
             raise
         if not ok:
             state.extend_done(None)
@@ -263,28 +293,101 @@ class AsyncLease:
 
     async def release(self) -> bool:
         """Give the lease back. Returns False if it was no longer held by us (also once its
-        client is closed: closing gave it back)."""
-        with self._mutex:
-            if self._released:
-                return False
-            self._released = True
+        client is closed: closing gave it back).
+
+        A release that failed (a :class:`BackendError`: the backend could not be reached) can
+        be called again; the lease is no longer renewed meanwhile. An ``AsyncLease.release()``
+        cancelled while its command is in flight is finished in the background, and calling
+        it again returns that release's answer.
+        """
         locks = self._locks
-        if locks.closed:
-            return False  # close() gives back every lease its renewer still tracked
+        if ASYNC and self._resume_release():
+            pass  # a release whose caller was cancelled goes on: its answer is ours
+        else:
+            with self._mutex:
+                if self._released:
+                    return False
+                self._released = True
+            if locks.closed:
+                return False  # close() gives back every lease its renewer still tracked
         try:
-            return bool(
-                await locks.call_backend(
-                    "lock.release",
-                    self.name,
-                    lambda: locks.backend.release(self.name, self.owner),
-                )
-            )
-        except JobfenceError:
-            if locks.closed:  # closed while we released: close() gave it back
-                return False
+            return bool(await locks.call_backend("lock.release", self.name, self._release_call))
+        except BaseException as exc:
+            if locks.closed and isinstance(exc, JobfenceError):
+                return False  # closed while we released: close() gave it back
+            self._release_failed(exc)
             raise
         finally:
             locks.stop_renewing(self)  # only now: close() still sees it until here
+
+    def _release_failed(self, exc: BaseException) -> None:
+        if ASYNC and isinstance(exc, asyncio.CancelledError) and self._releasing is not None:
+            return  # the release goes on in the background; release() takes its answer
+        with self._mutex:
+            self._released = False  # it may be released again
+
+    async def _release_call(self) -> bool:
+        """The owner-checked release on the server. ``AsyncLease``: in a task of its own, so
+        that a cancelled caller does not cut it off (it finishes in the background)."""
+        backend = self._locks.backend
+        if ASYNC:
+            task = self._releasing
+            if task is None:
+                task = acompat.start(
+                    partial(backend.release, self.name, self.owner),
+                    self._locks._cleanups,
+                    "jobfence-release",
+                )
+                self._releasing = task
+            try:
+                answer: bool = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.cancelled() and self._releasing is task:
+                    self._releasing = None  # the release itself was cancelled: none goes on
+                raise  # else it goes on; the next release() takes its answer
+            except BaseException:
+                if self._releasing is task:
+                    self._releasing = None
+                raise
+            if self._releasing is task:
+                self._releasing = None
+            return answer
+        else:
+            return await backend.release(self.name, self.owner)
+
+    if ASYNC:
+
+        def _resume_release(self) -> bool:
+            """Whether a release whose caller was cancelled is still to be answered (the
+            next release() takes its answer); one that failed meanwhile is forgotten."""
+            task = self._releasing
+            if task is None:
+                return False
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                self._releasing = None
+                with self._mutex:
+                    self._released = False
+                return False
+            return True
+
+    async def _release_on_exit(self) -> tuple[bool | None, BaseException | None]:
+        """Release, waiting at most ``EXIT_RELEASE_WAIT`` s: ``(answer, None)``, ``(None,
+        error)``, or ``(None, None)`` if no answer came in time (the release goes on in the
+        background)."""
+        handle = acompat.start(self.release, self._locks._cleanups, "jobfence-release")
+        if not await acompat.wait_done(handle, EXIT_RELEASE_WAIT):
+            log.warning(
+                "releasing %r got no answer within %s s; it goes on in the background",
+                self.name,
+                EXIT_RELEASE_WAIT,
+            )
+            return None, None
+        if handle.cancelled():
+            return None, None
+        error = handle.exception()
+        if error is not None:
+            return None, error
+        return bool(handle.result()), None
 
     async def __aenter__(self) -> AsyncLease:
         if ASYNC:
@@ -306,35 +409,58 @@ class AsyncLease:
                 if cancelling is not None and cancelling():
                     current.uncancel()  # type: ignore[union-attr]  # ours, not the caller's
                 if exc_type is asyncio.CancelledError:
-                    await self._release_quietly()
+                    _answer, error = await self._release_on_exit()
                     raise LockLost(
                         f"the lease on {self.name!r} (token {self.token}) was lost while its "
                         f"block ran: {self._lost_reason}",
                         name=self.name,
-                    ) from exc
+                    ) from (exc if error is None else error)
         was_lost = self.lost
-        if exc is not None:
-            await self._release_quietly()
+        if exc is not None:  # the body's error goes on; the release only must not hang
+            answer, error = await self._release_on_exit()
+            if answer is False:
+                self.mark_lost(
+                    "the lease was not held any more when its block ended", after_release=True
+                )
+            elif error is not None:
+                log.warning("releasing %r failed (it will expire): %s", self.name, error)
             return
-        released = await self.release()
-        if was_lost or not released:
+        if was_lost:
+            answer, error = await self._release_on_exit()
+            self.mark_lost(self.state.expiry_reason(), after_release=True)
+            raise LockLost(
+                f"the lease on {self.name!r} (token {self.token}) was lost before its block "
+                f"ended: {self._lost_reason}",
+                name=self.name,
+            ) from error
+        try:
+            released = await self.release()
+        except JobfenceError as err:
+            if self.lost:  # the release took so long that the lease ran out meanwhile
+                self.mark_lost(self.state.expiry_reason(), after_release=True)
+                raise LockLost(
+                    f"the lease on {self.name!r} (token {self.token}) was lost before its "
+                    f"release at the end of its block: {self._lost_reason}",
+                    name=self.name,
+                ) from err
+            # The block ended while the lease was held; only the early release failed. It is
+            # no longer renewed and expires within its ttl (release() may be called again).
+            log.warning(
+                "releasing %r at the end of its block failed (it expires within %.1f s): %s",
+                self.name,
+                self.expires_in,
+                err,
+            )
+            return
+        if not released:
             self.mark_lost(
-                "its ttl ran out without renewal"
-                if was_lost
-                else "the lease was not held any more when its block ended",
-                after_release=True,
+                "the lease was not held any more when its block ended", after_release=True
             )
             raise LockLost(
                 f"the lease on {self.name!r} (token {self.token}) was lost before its block "
                 f"ended: {self._lost_reason}",
                 name=self.name,
             )
-
-    async def _release_quietly(self) -> None:
-        try:
-            await self.release()
-        except JobfenceError as err:
-            log.warning("releasing %r failed (it will expire): %s", self.name, err)
 
 
 if ASYNC:
@@ -375,6 +501,41 @@ if ASYNC:
             await self._lease.__aexit__(exc_type, exc, tb)
 
 
+_NEVER = float("inf")
+
+
+class _WaitRetry:
+    """One waiting acquire's transient errors: the last one, the pause before the next try,
+    and since when a grant may have been made whose answer never reached us."""
+
+    def __init__(self, name: str, timeout: float | None, deadline: float | None) -> None:
+        self.name = name
+        self.timeout = timeout
+        self.deadline = deadline
+        self.error: BaseException | None = None
+        self.failing = False
+        self.since = _NEVER
+        self._pause = WAIT_RETRY_PAUSE
+
+    def answered(self) -> None:
+        self.failing = False
+        self._pause = WAIT_RETRY_PAUSE
+
+    def failed(self, error: BaseException, now: float) -> float | None:
+        """Record ``error``; return the pause before the next try, ``None`` if the deadline
+        passed."""
+        if not self.failing:
+            log.warning("waiting for %r: the backend failed, trying again: %s", self.name, error)
+        self.error = error
+        self.failing = True
+        pause = self._pause
+        self._pause = min(WAIT_RETRY_PAUSE_MAX, pause * 2)
+        if self.deadline is None:
+            return pause
+        left = self.deadline - now
+        return None if left <= 0 else min(pause, left)
+
+
 class AsyncLocks:
     """A lock client for one backend, chosen by URL.
 
@@ -410,8 +571,9 @@ class AsyncLocks:
             self.backend = open_lock_backend(url, asynchronous=True, namespace=namespace, **options)
             self.url = mask_url(url)
         self.namespace = namespace
-        self._renewer = AsyncRenewer(self.backend.renew)
-        self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
+        self._renewer = AsyncRenewer(self.backend.renew, give_back=self._give_back_later)
+        #: background work still running: clean-ups of interrupted acquires (async), releases
+        self._cleanups: set[Any] = set()
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
@@ -454,6 +616,21 @@ class AsyncLocks:
         self._renewer.add(lease)
         return lease
 
+    def _give_back_later(self, name: str, owner: str) -> None:
+        """Give a lease back in the background (owner-checked): one the renewer gave up on,
+        or one garbage-collected without a release."""
+        acompat.start(
+            partial(self._give_back_quietly, name, owner), self._cleanups, "jobfence-release"
+        )
+
+    async def _give_back_quietly(self, name: str, owner: str) -> None:
+        try:
+            await self.call_backend(
+                "lock.release", name, partial(self.backend.release, name, owner)
+            )
+        except Exception as exc:
+            log.warning("giving back the lease on %r failed (it will expire): %r", name, exc)
+
     def stop_renewing(self, lease: AsyncLease) -> None:
         """Internal (used by the client's leases): forget a lease that was released or found
         lost, so the renewer no longer renews it and :meth:`close` no longer gives it back."""
@@ -485,6 +662,10 @@ class AsyncLocks:
             return None
         if self._closed:  # granted as the client closed
             await self._refuse_closed(name, owner)
+        if not self._usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
+            self._warn_late_grant(name, token, started, ttl)
+            await self._abandon_quietly(name, owner)
+            return None
         return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
@@ -504,6 +685,7 @@ class AsyncLocks:
         deadline = None if timeout is None else clock.monotonic() + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
+        retry = _WaitRetry(name, timeout, deadline)
         try:
             while True:
                 if ASYNC:
@@ -519,38 +701,134 @@ class AsyncLocks:
                     wait = self.poll_interval * 3
                     if remaining is not None:
                         wait = min(wait, max(0.0, remaining))
-                token = await self.call_backend(
-                    "lock.acquire", name, partial(backend.acquire, name, owner, ttl, wait=wait)
+                token = await self._call_waiting(
+                    retry, started, partial(self._acquire_once, name, owner, ttl, wait)
                 )
                 if token is not None:
-                    if self._closed:  # granted as the client closed
-                        await self._refuse_closed(name, owner)
-                    return self._lease(name, owner, token, ttl, started, renew)
+                    lease = await self._granted(retry, owner, token, ttl, started, renew)
+                    if lease is not None:
+                        return lease
+                    if deadline is not None and clock.monotonic() >= deadline:
+                        break  # given back, and no time left to wait
+                    continue  # given back: try again
+                if not retry.failing:
+                    retry.since = _NEVER  # answered: no grant of ours is pending
                 if remaining is not None and remaining <= 0:
                     break
                 limit = (
                     self.poll_interval if remaining is None else min(self.poll_interval, remaining)
                 )
-                token = await self.call_backend(
-                    "lock.wait", name, partial(backend.wait, name, owner, limit)
+                token = await self._call_waiting(
+                    retry, started, partial(self._wait_once, name, owner, limit)
                 )
                 if token is not None:
-                    if self._closed:  # granted as the client closed
-                        await self._refuse_closed(name, owner)
-                    return self._lease(name, owner, token, ttl, started, renew)
+                    lease = await self._granted(retry, owner, token, ttl, started, renew)
+                    if lease is not None:
+                        return lease
+                    if deadline is not None and clock.monotonic() >= deadline:
+                        break  # given back, and no time left to wait
         except BaseException:
             # interrupted (cancelled, Ctrl-C, a failing backend call): leave the wait queue and
             # give back a lease that may have been handed to us meanwhile
             await self._abandon_quietly(name, owner)
             raise
-        token = await self.call_backend(
-            "lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner)
-        )
+        try:
+            token = await self.call_backend(
+                "lock.cancel_wait", name, lambda: backend.cancel_wait(name, owner)
+            )
+        except BackendError as err:
+            await self._abandon_quietly(name, owner)
+            if not is_transient(err):
+                raise
+            retry.error = err
+            token = None
         if token is not None:  # handed to us just as we gave up: keep it (counted from before)
-            if self._closed:  # granted as the client closed
-                await self._refuse_closed(name, owner)
+            lease = await self._granted(retry, owner, token, ttl, started, renew)
+            if lease is not None:
+                return lease
+        raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name) from (
+            retry.error
+        )
+
+    async def _acquire_once(self, name: str, owner: str, ttl: float, wait: float) -> int | None:
+        return await self.call_backend(
+            "lock.acquire", name, partial(self.backend.acquire, name, owner, ttl, wait=wait)
+        )
+
+    async def _wait_once(self, name: str, owner: str, limit: float) -> int | None:
+        return await self.call_backend(
+            "lock.wait", name, partial(self.backend.wait, name, owner, limit)
+        )
+
+    async def _call_waiting(
+        self, retry: _WaitRetry, started: float, call: Callable[[], Awaitable[T]]
+    ) -> T | None:
+        """One backend call of a waiting acquire (begun at ``started``). A transient error
+        (a restarting server, a dropped connection) counts as "nothing yet": the wait goes on
+        after a short pause, within the timeout; past it, :class:`LockTimeout` is raised from
+        the error."""
+        name = retry.name
+        try:
+            answer = await call()
+        except BackendError as err:
+            if not is_transient(err):
+                raise
+            # the call may have made a grant whose answer never came: a grant we see later
+            # may be that one, counted from this call on
+            retry.since = min(retry.since, started)
+            pause = retry.failed(err, get_clock().monotonic())
+            if pause is None:
+                raise LockTimeout(
+                    f"could not acquire {name!r} within {retry.timeout} s: the backend kept "
+                    f"failing ({err})",
+                    name=name,
+                ) from err
+            await get_clock().asleep(pause)
+            return None
+        retry.answered()
+        return answer
+
+    async def _granted(
+        self, retry: _WaitRetry, owner: str, token: int, ttl: float, started: float, renew: bool
+    ) -> AsyncLease | None:
+        """The lease for a grant to a waiting acquire, or ``None`` if the grant came too late
+        to be of use: it was given back (owner-checked) and the wait goes on."""
+        name = retry.name
+        started = min(started, retry.since)  # the grant may be an earlier call's
+        if self._closed:  # granted as the client closed
+            await self._refuse_closed(name, owner)
+        if self._usable(started, ttl):
             return self._lease(name, owner, token, ttl, started, renew)
-        raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name)
+        self._warn_late_grant(name, token, started, ttl)
+        try:
+            await self.call_backend(
+                "lock.release", name, partial(self.backend.release, name, owner)
+            )
+        except BackendError as err:
+            if not is_transient(err):
+                raise
+            retry.error = err  # still ours, maybe: a later grant counts from before
+            retry.since = min(retry.since, started)
+        else:
+            retry.since = _NEVER  # given back: nothing of ours is pending
+        return None
+
+    def _usable(self, started: float, ttl: float) -> bool:
+        """Whether a grant for a request sent at ``started`` is worth keeping now: enough of
+        its ttl is left to use and renew it."""
+        return started + ttl - get_clock().monotonic() >= ttl * GRANT_MIN_LEFT
+
+    def _warn_late_grant(self, name: str, token: int, started: float, ttl: float) -> None:
+        left = started + ttl - get_clock().monotonic()
+        log.warning(
+            "the lease on %r (token %s) was granted with %.2f s of its %g s ttl left (the "
+            "reply took %.2f s): given back",
+            name,
+            token,
+            max(0.0, left),
+            ttl,
+            ttl - left,
+        )
 
     async def _abandon(self, name: str, owner: str) -> None:
         """An acquire was interrupted: leave the wait queue and give back a lease that may
@@ -639,18 +917,19 @@ class AsyncLocks:
         if self._closed:
             return
         self._closed = True
-        if ASYNC and self._cleanups:  # interrupted acquires still leaving their queues
-            await asyncio.wait(set(self._cleanups), timeout=5)
+        # interrupted acquires still leaving their queues, releases in the background
+        await acompat.wait_all(self._cleanups, 5)
         for name, owner in list(self._waiting):  # acquires still waiting: a release must not
             await self._abandon(name, owner)  # hand a lease to an owner nobody will use
         # Every lease the renewer still tracks, released or not: a release in flight may lose
         # its race with close (an owner-checked release is harmless twice).
-        for lease in await self._renewer.close():
+        for name, owner in await self._renewer.close():
             try:
-                await ahook("lock.close_release", name=lease.name, backend=self.backend.kind)
-                await self.backend.release(lease.name, lease.owner)
+                await ahook("lock.close_release", name=name, backend=self.backend.kind)
+                await self.backend.release(name, owner)
             except Exception as exc:
-                log.warning("releasing %r on close failed (it will expire): %r", lease.name, exc)
+                log.warning("releasing %r on close failed (it will expire): %r", name, exc)
+        await acompat.wait_all(self._cleanups, 5)  # what the renewer gave back as it stopped
         await self.backend.close()
 
     async def __aenter__(self) -> AsyncLocks:

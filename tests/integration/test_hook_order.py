@@ -44,6 +44,10 @@ def _url(backend: str, tmp_path: Path) -> str:
     }[backend]
 
 
+class InjectedFault(Exception):
+    """A non-transient failure (a waiting acquire retries transient ones within its timeout)."""
+
+
 class Script:
     """Records the scenario's points; fails the first ``lock.wait`` and ``inbox.claim``."""
 
@@ -60,6 +64,8 @@ class Script:
         self.points.append((point, subject))
         if point in ("lock.wait", "inbox.claim") and point not in self.failed:
             self.failed.add(point)
+            if point == "lock.wait":
+                raise InjectedFault(f"injected at {point}")
             raise ConnectionResetError(f"injected at {point}")
 
 
@@ -132,14 +138,14 @@ def test_a_failure_at_a_clean_up_point_is_logged_like_the_clean_up_failing(
     def fail(at: str, **info: Any) -> None:
         seen.append(at)
         if at in ("lock.wait", point):
-            raise ConnectionResetError(f"injected at {at}")
+            raise InjectedFault(f"injected at {at}")
 
     try:
         held = locks.try_acquire("job", ttl=60, renew=False)
         assert held is not None
         with hooked(fail), pytest.raises(jobfence.BackendError) as info:
             other.acquire("job", ttl=60, timeout=30)
-        assert isinstance(info.value.__cause__, ConnectionResetError)
+        assert isinstance(info.value.__cause__, InjectedFault)
         assert f"injected at {point}" in caplog.text  # logged, not raised instead
         if point == "lock.abandon_wait":  # the release after it is skipped, as on a failure
             assert "lock.abandon_release" not in seen

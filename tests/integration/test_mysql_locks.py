@@ -284,6 +284,7 @@ def test_constructor_needs_no_server_and_no_event_loop() -> None:
         handoff=False,
         tokens_survive_data_loss=True,
     )
+    asyncio.run(client.close())
 
 
 def test_unreachable_server_is_a_backend_error_with_the_password_masked() -> None:

@@ -158,8 +158,10 @@ def test_bad_options_are_configuration_errors() -> None:
 
 
 def test_capabilities_per_mode() -> None:
-    assert jobfence.Locks(_url("lease"), namespace="ok").capabilities == LEASE_CAPABILITIES
-    session = jobfence.Locks(_url("session"), namespace="ok").capabilities
+    with jobfence.Locks(_url("lease"), namespace="ok") as lease_mode:
+        assert lease_mode.capabilities == LEASE_CAPABILITIES
+    with jobfence.Locks(_url("session"), namespace="ok") as session_mode:
+        session = session_mode.capabilities
     assert session == SESSION_CAPABILITIES
     assert LEASE_CAPABILITIES.ttl_expiry and LEASE_CAPABILITIES.fifo and LEASE_CAPABILITIES.handoff
     assert not LEASE_CAPABILITIES.queue_follows_connection  # the queue is a table

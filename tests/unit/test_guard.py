@@ -254,6 +254,8 @@ async def test_async_guarded_and_the_body_is_cancelled_when_the_lease_is_lost() 
     assert await process(1, 2) == 1  # the claim was released, so the redelivery runs
     assert await process(1, 2) == 1  # and now it is completed: replayed
     assert runs == [1, 1]
+    await locks.close()
+    await inbox.close()
 
 
 # -- the lease is lost behind the guard's back (found in review) ---------------------------

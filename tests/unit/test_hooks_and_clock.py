@@ -33,6 +33,7 @@ def test_lock_operations_call_the_hook(points: list[tuple[str, dict[str, Any]]])
     names = [p for p, _ in mine]
     assert names[:3] == ["lock.acquire", "lock.extend", "lock.release"]
     assert mine[0][1]["backend"] == "memory"
+    locks.close()
 
 
 async def test_async_hook_can_inject_a_fault(points: list[Any]) -> None:
@@ -52,3 +53,4 @@ async def test_async_hook_can_inject_a_fault(points: list[Any]) -> None:
         assert info.value.operation == "lock.release" and info.value.backend == "memory"
     finally:
         set_hook(old)
+        await locks.close()

@@ -126,6 +126,7 @@ def test_an_acquire_whose_reply_was_lost_gives_the_lease_back() -> None:
         locks.try_acquire("x", ttl=30)
     assert backend.store.leases == {}  # released, not left to block the name for 30 s
     assert MemoryLockBackend.acquire(backend, "x", "someone", 5) is not None
+    locks.close()
 
 
 def test_a_hung_renewal_does_not_hide_a_loss(restore_hook: None) -> None:

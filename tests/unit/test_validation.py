@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,8 +13,10 @@ from jobfence._core.url import mask_url, parse_url
 
 
 @pytest.fixture
-def locks() -> jobfence.Locks:
-    return jobfence.Locks(f"memory://{uuid.uuid4().hex}")
+def locks() -> Iterator[jobfence.Locks]:
+    client = jobfence.Locks(f"memory://{uuid.uuid4().hex}")
+    yield client
+    client.close()
 
 
 @pytest.mark.parametrize(
@@ -49,7 +52,9 @@ def test_bad_ttl(locks: jobfence.Locks, ttl: object) -> None:
     with pytest.raises(jobfence.ConfigurationError) as info:
         locks.try_acquire("a", ttl=ttl)  # type: ignore[arg-type]
     assert info.value.argument == "ttl"
-    assert locks.try_acquire("a", ttl=1) is not None  # nothing was left locked
+    lease = locks.try_acquire("a", ttl=1)
+    assert lease is not None  # nothing was left locked
+    assert lease.release()
 
 
 @pytest.mark.parametrize("timeout", [-0.1, -5, math.nan, "1"])
@@ -66,6 +71,7 @@ def test_bad_extend_ttl(locks: jobfence.Locks) -> None:
         lease.extend(-1)
     assert info.value.argument == "ttl"
     assert lease.held
+    assert lease.release()
 
 
 @pytest.mark.parametrize(

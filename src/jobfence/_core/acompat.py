@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = [
+    "BoundedCaller",
     "Event",
     "Lock",
     "Worker",
@@ -18,6 +19,9 @@ __all__ = [
     "current_worker",
     "join",
     "spawn",
+    "start",
+    "wait_all",
+    "wait_done",
     "wait_event",
 ]
 
@@ -72,6 +76,58 @@ async def call_bounded(fn: Callable[[], Awaitable[Any]], timeout: float) -> Any:
     if not done:
         raise TimeoutError(f"no answer within {timeout:.3f} s")
     return task.result()
+
+
+class BoundedCaller:
+    """Awaits calls bounded in time (the async twin of ``compat.BoundedCaller``).
+
+    Each call is a task of its own on the running loop, cancelled when its bound passes: a
+    call that hangs holds up nobody else, and one cancelled before it sent its request never
+    sends it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    async def call(self, fn: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+        """Await ``fn()`` for at most ``timeout`` seconds; raise ``TimeoutError`` after that."""
+        return await call_bounded(fn, timeout)
+
+    def close(self) -> None:
+        """Nothing to stop: every call is its own task."""
+
+
+def start(fn: Callable[[], Awaitable[Any]], tracked: set[Any], name: str) -> asyncio.Task[Any]:
+    """Run ``fn()`` in the background (a task on the running loop) and return the task;
+    ``tracked`` holds it until it is done (the loop keeps only weak references)."""
+    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(fn(), name=name)  # type: ignore[arg-type]
+    tracked.add(task)
+    task.add_done_callback(_finished)
+    task.add_done_callback(tracked.discard)
+    return task
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    # An error nobody asked for (its caller gave up waiting) is not reported again when the
+    # task is collected: whoever asks the task later still gets it.
+    if not task.cancelled():
+        task.exception()
+
+
+async def wait_done(task: asyncio.Task[Any], timeout: float) -> bool:
+    """Wait (at most ``timeout`` s) for ``task`` to finish, without cancelling it; return
+    whether it has."""
+    if not task.done():
+        await asyncio.wait({task}, timeout=max(0.0, timeout))
+    return task.done()
+
+
+async def wait_all(tracked: set[Any], timeout: float) -> None:
+    """Wait (at most ``timeout`` s) for the background tasks in ``tracked`` to finish."""
+    loop = asyncio.get_running_loop()
+    mine = {task for task in tracked if task.get_loop() is loop}  # another loop's cannot run
+    if mine:
+        await asyncio.wait(mine, timeout=timeout)
 
 
 def worker_alive(worker: asyncio.Task[Any] | None) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "BoundedCaller",
     "Event",
     "Lock",
     "Worker",
@@ -15,6 +17,9 @@ __all__ = [
     "current_worker",
     "join",
     "spawn",
+    "start",
+    "wait_all",
+    "wait_done",
     "wait_event",
 ]
 
@@ -45,19 +50,136 @@ def join(worker: threading.Thread | None, timeout: float) -> None:
         worker.join(timeout)
 
 
-_bounded_pool = concurrent.futures.ThreadPoolExecutor(
-    max_workers=4, thread_name_prefix="jobfence-bounded"
-)
+def start(fn: Callable[[], Any], tracked: set[Any], name: str) -> concurrent.futures.Future[Any]:
+    """Run ``fn()`` in the background (a daemon thread of its own) and return its future;
+    ``tracked`` holds the future until it is done."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    tracked.add(future)
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # delivered to whoever asks the future
+            future.set_exception(exc)
+        finally:
+            tracked.discard(future)
+
+    spawn(run, name)
+    return future
+
+
+def wait_done(future: concurrent.futures.Future[Any], timeout: float) -> bool:
+    """Wait (at most ``timeout`` s) for ``future`` to finish; return whether it has."""
+    concurrent.futures.wait([future], timeout=max(0.0, timeout))
+    return future.done()
+
+
+def wait_all(tracked: set[Any], timeout: float) -> None:
+    """Wait (at most ``timeout`` s) for the background calls in ``tracked`` to finish."""
+    if tracked:
+        concurrent.futures.wait(set(tracked), timeout=timeout)
+
+
+class _Call:
+    __slots__ = ("done", "error", "fn", "result", "started")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.started = False
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class BoundedCaller:
+    """Runs calls bounded in time on worker threads of its own, started on first use.
+
+    Each renewer has one, so a call that hangs (a stalled connection) holds up only the calls
+    of that renewer's client, never those of another client. Calls run one at a time on one
+    worker; a call that does not answer within its bound keeps its worker until it returns, and
+    the next call gets a new worker (at most ``workers`` in all: a client whose every call
+    hangs does not pile up threads). A call still queued when its bound passes is dropped and
+    never made, so a request given up on before it started cannot reach the server later (one
+    already sent can: see ``renewal_async``). A worker beyond the first ends after
+    ``IDLE_EXIT`` idle seconds.
+    """
+
+    IDLE_EXIT = 5.0
+
+    def __init__(self, name: str, *, workers: int = 3) -> None:
+        self._name = name
+        self._limit = workers
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._workers = 0  # threads alive
+        self._idle = 0  # threads waiting for a call
+        self._closed = False
+
+    def call(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Call ``fn()`` on a worker and wait at most ``timeout`` seconds for its answer;
+        raise ``TimeoutError`` after that (a call already running goes on; a queued one is
+        dropped)."""
+        job = _Call(fn)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
+            self._queue.append(job)
+            if self._idle < len(self._queue) and self._workers < self._limit:
+                self._workers += 1
+                try:
+                    spawn(self._work, self._name)
+                except BaseException:
+                    self._workers -= 1
+                    raise
+            self._cond.notify()
+        if not job.done.wait(max(0.0, timeout)):
+            with self._cond:
+                if not job.started:  # never made: it cannot reach the server any more
+                    self._queue.remove(job)
+            raise TimeoutError(f"no answer within {timeout:.3f} s")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._queue and not self._closed:
+                    idle_long = not self._cond.wait(self.IDLE_EXIT) and not self._queue
+                    if idle_long and self._workers > 1:  # an extra worker: not needed now
+                        break
+                self._idle -= 1
+                if not self._queue:  # closed, or idle for long
+                    self._workers -= 1
+                    return
+                job = self._queue.popleft()
+                job.started = True
+            try:
+                job.result = job.fn()
+            except BaseException as exc:  # handed to the caller
+                job.error = exc
+            finally:
+                job.done.set()
+            del job
+
+    def close(self) -> None:
+        """Drop the queued calls; each worker ends after the call it is running, if any."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
 
 
 def call_bounded(fn: Callable[[], Any], timeout: float) -> Any:
     """Call ``fn()`` for at most ``timeout`` seconds; raise ``TimeoutError`` after that (the
-    call goes on in a pool thread: a blocking call cannot be interrupted)."""
-    future = _bounded_pool.submit(fn)
+    call goes on in a thread of its own: a blocking call cannot be interrupted, and a call
+    that hangs must not hold up anyone else's)."""
+    caller = BoundedCaller("jobfence-bounded")
     try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
-        raise TimeoutError(f"no answer within {timeout:.3f} s") from None
+        return caller.call(fn, timeout)
+    finally:
+        caller.close()
 
 
 def worker_alive(worker: threading.Thread | None) -> bool:

@@ -24,6 +24,14 @@ The rules:
   while it is still in flight, its own completion schedules that renewal (no busy loop of
   renewals carrying the old ttl).
 * A failed extend changes no deadline.
+* A renewal or an extend that got no answer (an error, or none in time) may still reach the
+  server later -- a request already sent cannot be called back -- and set the remaining
+  lifetime to the ttl it carried. The renewal or extend is owner-checked, so it can touch only
+  a lease this owner still holds; landing late it can only *shorten* the server's lifetime
+  below what a later success told us if it carries a smaller ttl than that success. So from
+  then on every deadline is counted with the smallest ttl any unanswered request carried
+  (:attr:`LeaseState.effective_ttl`): the local expiry stays no later than the server's,
+  whenever the stray request lands.
 * ``renews=False``: the lease is never due for renewal; it only expires.
 """
 
@@ -70,6 +78,8 @@ class LeaseState:
         self._raced = False
         self._extending = False  # an extend is in flight
         self._overlap = False  # a renewal overlapped the extend in flight
+        # the smallest ttl an unanswered renewal or extend carried (it may still land)
+        self._stray_ttl = _NEVER
 
     def __repr__(self) -> str:
         return (
@@ -86,6 +96,12 @@ class LeaseState:
     def ttl(self) -> float:
         """The ttl renewals carry: the acquire's, or that of the last successful extend."""
         return self._ttl
+
+    @property
+    def effective_ttl(self) -> float:
+        """The ttl local deadlines are counted with: :attr:`ttl`, or less if an unanswered
+        renewal or extend carrying a smaller ttl may still reach the server."""
+        return min(self._ttl, self._stray_ttl)
 
     @property
     def renews(self) -> bool:
@@ -130,6 +146,12 @@ class LeaseState:
             now = self.now()
         return max(0.0, self._expires_at - now)
 
+    def expiry_reason(self) -> str:
+        """Why a lease whose local deadline passed is lost, in words for its holder."""
+        if self._renews:
+            return "its ttl ran out before a renewal got through"
+        return f"its ttl of {self._ttl:g} s ran out (it was taken with renew=False)"
+
     # -- extend --------------------------------------------------------------------------
     def extend_started(self) -> None:
         """The holder is sending an extend now."""
@@ -137,21 +159,26 @@ class LeaseState:
             self._extending = True
             self._overlap = self._renew_sent is not None
 
-    def extend_done(self, sent: float | None, ttl: float | None = None) -> None:
+    def extend_done(
+        self, sent: float | None, ttl: float | None = None, *, answered: bool = True
+    ) -> None:
         """The extend started by :meth:`extend_started` finished.
 
         ``sent``: the time it was sent, if it succeeded; ``None`` if it failed (no deadline
         moves). ``ttl``: the ttl it carried, which later renewals carry too (default: the
-        current ttl).
+        current ttl). ``answered=False``: it failed without an answer (an error), so it may
+        still land later with ``ttl``.
         """
         with self._lock:
             overlap = self._overlap or self._renew_sent is not None
             self._extending = self._overlap = False
             if sent is None:
+                if not answered:
+                    self._stray_ttl = min(self._stray_ttl, self._ttl if ttl is None else ttl)
                 return
             if ttl is not None:
                 self._ttl = ttl
-            ttl = self._ttl
+            ttl = min(self._ttl, self._stray_ttl)
             if not overlap:
                 self._expires_at = sent + ttl
                 if self._renews:
@@ -160,7 +187,7 @@ class LeaseState:
             # a renewal carrying the old ttl overlapped: it may have landed after us
             if self._renew_sent is not None:
                 self._raced = True
-                bound = self._renew_sent + self._renew_ttl
+                bound = self._renew_sent + min(self._renew_ttl, self._stray_ttl)
             else:
                 bound = self._expires_at
             self._expires_at = min(sent + ttl, bound)
@@ -187,6 +214,7 @@ class LeaseState:
             self._raced = False
             if not ok or sent is None:
                 return
+            ttl = min(ttl, self._stray_ttl)
             if raced:  # server order unknown: keep the shorter deadline, renew again soon
                 self._expires_at = min(self._expires_at, sent + ttl)
                 # (while the extend is still in flight, its completion schedules that)
@@ -196,16 +224,21 @@ class LeaseState:
                 self._next_renew = sent + ttl / 3
 
     def renewal_failed(self, now: float) -> bool:
-        """The renewal sent by :meth:`renewal_sent` got no answer (an error, or none in time).
+        """The renewal sent by :meth:`renewal_sent` got no answer (an error, or none in time):
+        it may still land later, with the ttl it carried.
 
         Returns False if the lease has expired at ``now``; otherwise schedules the next try
         after ``RETRY_FRACTION`` of the ttl (between ``RETRY_MIN`` and ``RETRY_MAX`` s) and
         returns True.
         """
         with self._lock:
+            if self._renew_sent is not None:
+                self._stray_ttl = min(self._stray_ttl, self._renew_ttl)
             self._renew_sent = None
             self._raced = False
             if now >= self._expires_at:
                 return False
-            self._next_renew = now + min(RETRY_MAX, max(RETRY_MIN, RETRY_FRACTION * self._ttl))
+            self._next_renew = now + min(
+                RETRY_MAX, max(RETRY_MIN, RETRY_FRACTION * min(self._ttl, self._stray_ttl))
+            )
             return True
