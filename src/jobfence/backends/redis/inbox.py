@@ -18,13 +18,14 @@ already owns is returned as its own, ``complete`` stores the same result again, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, utc_from_epoch
 from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
+from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
 from .client import connect_redis
 
@@ -65,6 +66,7 @@ class RedisInboxBackend(InboxBackend):
         self._claim = self.client.register_script(_script("inbox_claim"))
         self._complete = self.client.register_script(_script("inbox_complete"))
         self._release = self.client.register_script(_script("inbox_release"))
+        self._extend = self.client.register_script(_script("inbox_extend"))
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = self._claim(
@@ -90,6 +92,19 @@ class RedisInboxBackend(InboxBackend):
 
     def release(self, key: str, owner: str) -> bool:
         return bool(self._release(keys=[self._prefix + key], args=[owner]))
+
+    def extend(self, key: str, owner: str, ttl: float) -> bool:
+        return (self.renew([(key, owner, ttl)]))[0]
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` with one script call (one round trip)."""
+        if not items:
+            return []
+        args: list[Any] = [max(1, int(self.retention * 1000))]
+        for _, owner, ttl in items:
+            args += [owner, max(1, int(ttl * 1000))]
+        reply = self._extend(keys=[self._prefix + key for key, _, _ in items], args=args)
+        return [bool(ok) for ok in reply]
 
     def purge(self, retention: float) -> int:
         return 0  # records expire natively
