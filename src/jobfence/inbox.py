@@ -27,7 +27,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ._core import compat
+from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.inbox_support import (
@@ -454,6 +454,7 @@ class Inbox:
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
         self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -670,6 +671,15 @@ class Inbox:
             except Exception as exc:
                 log.warning("releasing the claim on %r on close failed: %r", lease.name, exc)
         self.backend.close()
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): a renewer
+        of its own, so that the parent's claims stay the parent's, and a backend that opens
+        its own connections."""
+        forks.keep(self._renewer, self._cleanups)
+        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._cleanups = set()
+        self.backend.after_fork()
 
     def __enter__(self) -> Inbox:
         return self

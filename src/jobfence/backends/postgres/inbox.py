@@ -112,3 +112,8 @@ class PostgresInboxBackend(SQLInboxBackend):
 
     def close(self) -> None:
         self._pool.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()

@@ -23,7 +23,7 @@ from redis.retry import Retry
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "connect_redis"]
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "connect_redis", "forget_connections"]
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -54,3 +54,10 @@ def connect_redis(
         return Redis.from_url(url.without_options(*own), **kwargs)
     except ValueError as exc:
         raise ConfigurationError(f"invalid redis url {url.masked}: {exc}", argument="url") from None
+
+
+def forget_connections(client: Redis) -> None:
+    """In a child process right after ``fork()``: the client's pool forgets the connections
+    inherited from the parent, without closing them (:func:`jobfence._core.forks.keep`), and
+    opens its own on first use. redis-py's blocking pool does that by itself when it sees a
+    new process id; its asyncio pool does not."""

@@ -27,7 +27,7 @@ from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
-from .client import connect_redis
+from .client import connect_redis, forget_connections
 
 __all__ = ["RedisInboxBackend"]
 
@@ -124,3 +124,8 @@ class RedisInboxBackend(InboxBackend):
 
     def close(self) -> None:
         self.client.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connections inherited from
+        the parent (see ``jobfence/_core/forks.py``)."""
+        forget_connections(self.client)

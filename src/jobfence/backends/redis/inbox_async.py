@@ -25,7 +25,7 @@ from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
-from .client_async import connect_redis
+from .client_async import connect_redis, forget_connections
 
 __all__ = ["AsyncRedisInboxBackend"]
 
@@ -122,3 +122,8 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connections inherited from
+        the parent (see ``jobfence/_core/forks.py``)."""
+        forget_connections(self.client)

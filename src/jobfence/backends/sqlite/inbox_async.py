@@ -157,3 +157,8 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
 
     async def close(self) -> None:
         await self._pool.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()
