@@ -18,13 +18,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import celery
 import pytest
 
 import jobfence
 from tests.conformance.specs import LOCKS, Spec, new_namespace, spec_params
 from tests.servers import REDIS_URL, delete_redis_keys
-
-celery = pytest.importorskip("celery")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
