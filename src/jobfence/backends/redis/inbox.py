@@ -12,8 +12,9 @@ Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
 ``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
 defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: 5 s socket timeouts,
 one immediate retry). Every script is safe to re-send after a lost reply: a claim the caller
-already owns is returned as its own, ``complete`` stores the same result again, and
-``release`` remembers the owner that released (field ``x``).
+already owns is returned as its own, ``complete`` stores the same result again, ``extend``
+(also the batched renewal) sets the deadline again, and ``release`` remembers the owner that
+released (field ``x``).
 """
 
 from __future__ import annotations
