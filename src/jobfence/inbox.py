@@ -110,8 +110,10 @@ class _ClaimLease:
 
     @property
     def released(self) -> bool:
-        """Completed, released or found lost by its holder: the renewer leaves it alone."""
-        return self.claim._finished is not None
+        """Completed, released, found lost by its holder, or being completed or released right
+        now: the renewer leaves it alone (a renewal that crossed the completion finds it
+        completed, which is no loss)."""
+        return self.claim._finished is not None or self.claim._finishing
 
     def mark_lost(self, reason: str) -> None:
         if self.claim._inbox._closed:
@@ -175,6 +177,7 @@ class Claim:
         self._result: Any = _MISSING
         self._mine = owner if record.mine else None
         self._finished: str | None = None
+        self._finishing = False  # a complete() or release() is in flight
         #: a NEW claim's local deadlines, as the renewer sees it (None: not ours)
         self._lease: _ClaimLease | None = None
         if self._mine is not None:
@@ -262,7 +265,9 @@ class Claim:
         """Record the loss once and tell the holder (callbacks; async: cancel the watched
         block). A claim already completed or released is left as it is."""
         with self._mutex:
-            if self._lost_reason is not None or self._finished in ("completed", "released"):
+            if self._lost_reason is not None or self._finishing:
+                return  # lost already; or its complete() / release() will say
+            if self._finished in ("completed", "released"):
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
@@ -338,24 +343,27 @@ class Claim:
         data = inbox.serializer.dumps(result)
         if isinstance(data, str):
             data = data.encode("utf-8")
-        ok = inbox._call(
-            "inbox.complete",
-            self.key,
-            inbox.backend.complete,
-            self.key,
-            self._mine,
-            bytes(data),
-            inbox.retention,
-        )
+        self._start_finishing()
+        try:
+            ok = inbox._call(
+                "inbox.complete",
+                self.key,
+                inbox.backend.complete,
+                self.key,
+                self._mine,
+                bytes(data),
+                inbox.retention,
+            )
+            self._finished = "completed" if ok else "lost"
+        finally:
+            self._finishing = False
         inbox._stop_renewing(self)
         if not ok:
-            self._finished = "lost"
             raise ClaimLost(
                 f"the claim on {self.key!r} (attempt {self.attempt}) is no longer ours: it "
                 "expired and was taken over, or was released or purged; result not stored",
                 key=self.key,
             )
-        self._finished = "completed"
         self.state = ClaimState.COMPLETED
         self._result = result
         self.owner = None
@@ -367,12 +375,20 @@ class Claim:
         if self._mine is None or self._finished is not None:
             return False
         inbox = self._inbox
-        released = bool(  # a failed call leaves the claim ours: release() may be retried
-            inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
-        )
-        self._finished = "released" if released else "lost"
+        self._start_finishing()
+        try:
+            released = bool(  # a failed call leaves the claim ours: release() may be retried
+                inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
+            )
+            self._finished = "released" if released else "lost"
+        finally:
+            self._finishing = False
         inbox._stop_renewing(self)
         return released
+
+    def _start_finishing(self) -> None:
+        with self._mutex:  # ordered with _mark_lost: a loss found from now on is not reported
+            self._finishing = True
 
     def __enter__(self) -> Claim:
         return self

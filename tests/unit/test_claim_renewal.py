@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import time
 import uuid
@@ -15,6 +16,8 @@ import pytest
 
 import jobfence
 from jobfence import ClaimLost, ClaimState
+from jobfence._core.url import parse_url
+from jobfence.backends.memory.inbox import MemoryInboxBackend
 from jobfence.guard import current_claim, guarded
 from jobfence.testing import hooked
 
@@ -78,6 +81,48 @@ def test_a_failing_renewal_is_retried_and_the_claim_lost_only_at_its_deadline(
             claim.check()
     # expired on the backend as well (its deadline there is a little later than the local one)
     assert _wait_until(lambda: inbox.claim("k").state is ClaimState.NEW, within=2)
+
+
+class _SlowCompleteReply(MemoryInboxBackend):
+    """Completes the claim on the 'server', then holds the reply until a renewal has crossed
+    it (and found the claim completed)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.crossed = threading.Event()
+        self.completed = threading.Event()
+
+    def renew(self, items: Any) -> list[bool]:
+        answers = super().renew(items)
+        if self.completed.is_set():
+            self.crossed.set()
+        return answers
+
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        done = super().complete(key, owner, result, retention)
+        self.completed.set()
+        assert self.crossed.wait(5), "no renewal crossed the completion"
+        time.sleep(0.05)  # the renewer handles the answer meanwhile
+        return done
+
+
+def test_a_renewal_that_crosses_the_completion_is_no_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The renewal finds the claim completed on the backend before complete() has its answer:
+    the holder must not be told its claim was lost (found in review)."""
+    inbox = jobfence.Inbox(_SlowCompleteReply(parse_url(_url())))
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobfence"):
+            claim = inbox.claim("k", ttl=0.3, renew=True)
+            told: list[Any] = []
+            claim.on_lost(told.append)
+            claim.complete("done")
+        assert told == [] and not claim.lost
+        assert caplog.records == []
+        assert inbox.claim("k").result == "done"
+    finally:
+        inbox.close()
 
 
 def test_a_plain_claim_is_not_renewed(inbox: jobfence.Inbox) -> None:
