@@ -7,12 +7,15 @@ renewer keeps the claim alive, so the job is never run a second time meanwhile. 
 worker is killed with SIGKILL (no clean-up runs): a redelivery takes the claim over within
 the claim's ttl of the kill (``attempt`` 2) and stores its result.
 
-The last test does the same with the default ``claim_ttl`` (30 s): a crashed worker blocks its
-key for at most that long, not for the former 300 s.
+Then the same with the default ``claim_ttl`` (30 s): a crashed worker blocks its key for at
+most that long, not for the former 300 s. Last, a worker whose link to the backend hangs (a
+stalled TCP proxy) loses its claim when the claim ttl runs out, and its async job is cancelled
+then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -21,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -35,6 +39,7 @@ from tests.conformance.specs import (
     new_namespace,
     spec_params,
 )
+from tests.netproxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +198,51 @@ def test_a_killed_worker_blocks_its_key_for_the_default_claim_ttl_only(
     finally:
         _kill(worker)
         inbox.close()
+
+
+# -- a backend that stops answering ----------------------------------------------------------
+NETWORKED = spec_params(INBOX, lambda s: s.id in ("redis", "postgres", "mysql"))
+
+
+@pytest.mark.parametrize("backend", NETWORKED, indirect=True)
+async def test_a_job_whose_claim_cannot_be_renewed_is_cancelled_at_the_claim_ttl(
+    backend: tuple[str, str],
+) -> None:
+    """The link to the backend hangs (a stalled TCP proxy) while an async guarded job runs:
+    its claim is lost when the claim ttl runs out without a renewal, and the job is cancelled
+    then (``ClaimLost``), not left running while a redelivery may take the key over."""
+    url, table = backend
+    port = (
+        urlsplit(url).port
+        or {"redis": 6379, "postgresql": 5432, "mysql": 3306}[urlsplit(url).scheme]
+    )
+    claim_ttl = 1.5
+    with FaultProxy(port) as proxy:
+        inbox = jobfence.AsyncInbox(proxy.url_for(url, port), table=table)
+        started = asyncio.Event()
+        times: dict[str, float] = {}
+
+        @jobfence.guarded(inbox=inbox, key="{k}", claim_ttl=claim_ttl)
+        async def job(k: str) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                times["cancelled"] = time.monotonic()
+                proxy.resume()  # let the guard give the claim back
+                raise
+            return "finished"
+
+        try:
+            await inbox.install()
+            task = asyncio.ensure_future(job("order:stalled"))
+            await asyncio.wait_for(started.wait(), 10)
+            proxy.stall()
+            times["stalled"] = time.monotonic()
+            with pytest.raises(jobfence.ClaimLost):
+                await asyncio.wait_for(task, 30)
+            took = times["cancelled"] - times["stalled"]
+            assert took <= claim_ttl + 1.0, f"cancelled {took:.2f} s after the link hung"
+        finally:
+            proxy.resume()
+            await inbox.close()
