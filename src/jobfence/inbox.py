@@ -407,12 +407,6 @@ class Claim:
                     raise
                 log.warning("releasing the claim on %r failed (it will expire): %s", self.key, err)
 
-    def _release_quietly(self) -> None:
-        try:
-            self.release()
-        except JobfenceError as err:
-            log.warning("releasing the claim on %r failed (it will expire): %s", self.key, err)
-
 
 class Inbox:
     """An idempotency inbox on one backend, chosen by URL.

@@ -479,11 +479,13 @@ class AsyncClaim:
                     raise
                 log.warning("releasing the claim on %r failed (it will expire): %s", self.key, err)
 
-    async def _release_quietly(self) -> None:
-        try:
-            await self.release()
-        except JobfenceError as err:
-            log.warning("releasing the claim on %r failed (it will expire): %s", self.key, err)
+    if ASYNC:
+
+        async def _release_quietly(self) -> None:
+            try:
+                await self.release()
+            except JobfenceError as err:
+                log.warning("releasing the claim on %r failed (it will expire): %s", self.key, err)
 
 
 class AsyncInbox:
