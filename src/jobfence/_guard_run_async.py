@@ -6,6 +6,9 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
 * a duplicate (claim COMPLETED) returns the stored result without running;
 * a claim owned by another live worker raises :class:`ClaimInProgress`;
 * an exception in the function releases the claim (a redelivery may retry) and re-raises;
+* the claim is renewed while the function runs; a claim found lost cancels an async
+  function (raising :class:`ClaimLost`), and its result is stored only by an owner-checked
+  ``complete``;
 * a lost lease releases the claim -- never completes it -- and raises :class:`LockLost`.
   With both a lock and an inbox, the lease is confirmed on the backend (an owner-checked
   ``extend``, one round trip) right before the claim is completed, so a lease that is gone on
@@ -21,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ._guard_spec import GuardSpec, current_lease_var
+from ._guard_spec import GuardSpec, current_claim_var, current_lease_var
 from .errors import ClaimInProgress, JobfenceError, LockLost, LockTimeout
 
 __all__ = ["run_guarded_async"]
@@ -77,7 +80,7 @@ async def run_guarded_async(
             if spec.inbox is not None and spec.key is not None:
                 key = spec.key_name(arguments)
                 claim = await spec.inbox.claim(
-                    key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl
+                    key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
                 )
                 state = claim.state.value
                 if state == "completed":
@@ -92,13 +95,18 @@ async def run_guarded_async(
                         expires_at=until,
                     )
             token = current_lease_var.set(lease)
+            claim_token = current_claim_var.set(claim)
             try:
-                result = await fn(*args, **kwargs)
+                if claim is None:
+                    result = await fn(*args, **kwargs)
+                else:  # async: cancelled if the claim is found lost meanwhile (ClaimLost)
+                    result = await claim._run_work(fn, *args, **kwargs)
             except BaseException:
                 if claim is not None:
                     await _release_claim(claim)
                 raise
             finally:
+                current_claim_var.reset(claim_token)
                 current_lease_var.reset(token)
             if lease is not None and (lease.lost or claim is not None):
                 try:

@@ -46,6 +46,10 @@ def _canonical(value: Any) -> Any:
 current_lease_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "jobfence_current_lease", default=None
 )
+#: the idempotency claim of the guarded call running in this context (thread or task)
+current_claim_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "jobfence_current_claim", default=None
+)
 
 
 def _check_template(template: NameSpec, argument: str, signature: inspect.Signature) -> None:

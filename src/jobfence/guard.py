@@ -9,11 +9,12 @@
 For each call: take the lease named by ``lock`` (waiting up to ``timeout``), claim the
 idempotency key ``key`` (a duplicate returns the stored result without running; a key owned
 by another live worker raises ``ClaimInProgress``), run the function (re-run whole on conflicts
-and transient errors when ``attempts > 1``), store the result, release the lease. Inside,
-:func:`current_lease` returns the lease. If the lease is lost, the claim is released -- never
-completed -- and ``LockLost`` is raised. Works with only ``locks``, only ``inbox``, or both;
-decorates sync functions (with ``Locks``/``Inbox``) and ``async def`` functions (with
-``AsyncLocks``/``AsyncInbox``).
+and transient errors when ``attempts > 1``), store the result, release the lease. The claim
+is renewed while the function runs, like the lease. Inside, :func:`current_lease` and
+:func:`current_claim` return them. If the lease is lost, the claim is released -- never
+completed -- and ``LockLost`` is raised; if the claim is lost, ``ClaimLost``. Works with only
+``locks``, only ``inbox``, or both; decorates sync functions (with ``Locks``/``Inbox``) and
+``async def`` functions (with ``AsyncLocks``/``AsyncInbox``).
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from typing import Any, TypeVar
 
 from ._guard_run import run_guarded
 from ._guard_run_async import run_guarded_async
-from ._guard_spec import GuardSpec, NameSpec, current_lease_var
+from ._guard_spec import GuardSpec, NameSpec, current_claim_var, current_lease_var
 from .errors import ConfigurationError
 from .retry import RetryPolicy
 
-__all__ = ["current_lease", "guarded"]
+__all__ = ["current_claim", "current_lease", "guarded"]
+
+#: the default ``claim_ttl``: the claim is renewed while the function runs, so this is how
+#: soon a crashed worker's claim is taken over, not a bound on the function's run time
+DEFAULT_CLAIM_TTL = 30.0
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,25 +44,35 @@ def current_lease() -> Any:
     return current_lease_var.get()
 
 
+def current_claim() -> Any:
+    """The idempotency claim of the guarded call running in this thread or task (``None``
+    outside one, or without an inbox). A long sync function may call its ``check()`` (raises
+    ``ClaimLost``) or read its ``lost`` to stop early once the claim is gone."""
+    return current_claim_var.get()
+
+
+def _check_first() -> None:
+    for held in (current_lease_var.get(), current_claim_var.get()):
+        if held is not None:
+            held.check()
+
+
 def _check_lease_first(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, but every attempt first checks the guarded call's lease: a retry never starts
-    once the lease is known lost (``LockLost`` is never retried)."""
+    """``fn``, but every attempt first checks the guarded call's lease and claim: a retry
+    never starts once either is known lost (``LockLost`` and ``ClaimLost`` are never
+    retried)."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_attempt(*args: Any, **kwargs: Any) -> Any:
-            lease = current_lease_var.get()
-            if lease is not None:
-                lease.check()
+            _check_first()
             return await fn(*args, **kwargs)
 
         return async_attempt
 
     @functools.wraps(fn)
     def attempt(*args: Any, **kwargs: Any) -> Any:
-        lease = current_lease_var.get()
-        if lease is not None:
-            lease.check()
+        _check_first()
         return fn(*args, **kwargs)
 
     return attempt
@@ -86,7 +101,7 @@ def guarded(
     key: NameSpec = None,
     ttl: float = 30.0,
     timeout: float | None = None,
-    claim_ttl: float = 300.0,
+    claim_ttl: float = DEFAULT_CLAIM_TTL,
     fingerprint: bool | Callable[..., str] | None = None,
     attempts: int = 1,
     retry: RetryPolicy | None = None,
@@ -106,6 +121,13 @@ def guarded(
     ``attempts > 1`` re-runs the whole function on conflicts and transient errors
     (:func:`jobfence.retry_unit`);
     ``retry=RetryPolicy(...)`` gives full control (backoff, deadline, ``on_retry`` for metrics).
+    ``claim_ttl`` (default 30 s) is the ttl of the idempotency claim. The inbox's renewer
+    extends the claim every ``claim_ttl / 3`` while the function runs, so the function may run
+    longer, and a duplicate meanwhile gets ``ClaimInProgress``; when a worker dies, its claim
+    is taken over at most ``claim_ttl`` after its last renewal. If the renewal fails, the claim
+    is lost: an ``async def`` function is cancelled and ``ClaimLost`` raised; a sync one is
+    not interrupted (it may check :func:`current_claim`), and its result is stored only if
+    the claim is still its own on the backend (else ``ClaimLost``).
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(

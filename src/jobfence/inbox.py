@@ -18,15 +18,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import uuid
 import warnings
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ._core import compat
+from ._core import compat, forks
+from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.inbox_support import (
     DEFAULT_CLAIM_TTL,
@@ -37,6 +39,7 @@ from ._core.inbox_support import (
     Serializer,
     check_fingerprint,
 )
+from ._core.lease_state import LeaseState
 from ._core.sqlconn import adapt, is_undefined_table
 from ._core.url import mask_url
 from ._core.validate import check_name, check_namespace, check_ttl
@@ -50,7 +53,11 @@ from .errors import (
     JobfenceError,
     SchemaMissing,
 )
+from .renewal import Renewer
 from .retry import mark_protected
+
+if TYPE_CHECKING:
+    from .locks import Lease
 
 __all__ = ["DEFAULT_URL", "Claim", "Inbox"]
 
@@ -107,6 +114,55 @@ def _serialize(serializer: Serializer, result: Any) -> bytes:
     return data
 
 
+class _ClaimLease:
+    """What the inbox's renewer drives for one NEW claim: the surface of a lease that the
+    renewer reads (``name``, ``owner``, ``state``, ``renews``, ``released``, ``mark_lost``).
+
+    ``state`` holds the claim's local deadlines (:class:`LeaseState`): the claim expires
+    locally ``ttl`` after the claim request was sent, unless a renewal or :meth:`extend`
+    got through.
+    """
+
+    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
+
+    #: claims carry no fencing token (the renewer logs a lease's token)
+    token = 0
+
+    def __init__(self, claim: Claim, owner: str, state: LeaseState) -> None:
+        self.claim = claim
+        self.name = claim.key
+        self.owner = owner
+        self.state = state
+
+    @property
+    def renews(self) -> bool:
+        return self.state.renews
+
+    @property
+    def released(self) -> bool:
+        """Completed, released, found lost by its holder, or being completed or released right
+        now: the renewer leaves it alone (a renewal that crossed the completion finds it
+        completed, which is no loss)."""
+        return self.claim._finished is not None or self.claim._finishing
+
+    def mark_lost(self, reason: str, *, background: bool = False) -> None:
+        """``background``: the renewer found the loss (a lease's sync callbacks then run in a
+        thread of their own; a claim's ``on_lost`` callbacks are short and run in place)."""
+        if self.claim._inbox._closed:
+            reason = "its Inbox was closed, so the claim is no longer renewed"
+        self.claim._mark_lost(reason)
+
+
+class _ClaimRenewer(Renewer):
+    """The renewer of one inbox's claims: the lease renewer (one task or thread per inbox,
+    one batched backend call per tick), announcing each batch at the hook point
+    ``inbox.renew``."""
+
+    def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
+        hook("inbox.renew", keys=[item[0] for item in items])
+        return self._renew(items)
+
+
 class Claim:
     """The outcome of one :meth:`AsyncInbox.claim` / :meth:`Inbox.claim`.
 
@@ -116,9 +172,27 @@ class Claim:
     ``attempt`` is 1 for a key's first claim and grows by one with each takeover of an expired
     or released claim. Used as ``async with claim:`` (sync: ``with claim:``), a NEW claim is
     released if the block raises or ends without :meth:`complete`.
+
+    A NEW claim lives ``ttl`` seconds unless it is extended: by :meth:`extend`, or, when it
+    was claimed with ``renew=True``, by its inbox's renewer, which extends it every ``ttl / 3``
+    like a lease until it is completed or released. If that fails (the backend says the claim
+    is gone, or the ttl runs out before a renewal gets through), the claim is *lost*:
+    :attr:`lost` turns true, :meth:`on_lost` callbacks run, :meth:`check` raises
+    :class:`ClaimLost`, and an ``async with claim:`` body is cancelled and raises
+    :class:`ClaimLost`.
     """
 
-    def __init__(self, inbox: Inbox, key: str, record: ClaimRecord, owner: str | None) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        key: str,
+        record: ClaimRecord,
+        owner: str | None,
+        *,
+        ttl: float | None = None,
+        started: float | None = None,
+        renew: bool = False,
+    ) -> None:
         self._inbox = inbox
         self.key = key
         self.state = ClaimState.NEW if record.mine else record.state
@@ -126,13 +200,26 @@ class Claim:
         #: who owns the claim: this claim's owner id when NEW, the other worker's when
         #: IN_PROGRESS (``None`` for a released one), ``None`` when COMPLETED
         self.owner = record.owner if record.state is ClaimState.IN_PROGRESS else None
-        #: IN_PROGRESS / NEW: the claim's deadline; COMPLETED: when the record expires (UTC)
+        #: IN_PROGRESS: the other worker's deadline; NEW: the deadline the backend gave this
+        #: claim (renewals and :meth:`extend` move it on the backend); COMPLETED: when the
+        #: record expires (UTC)
         self.expires_at: datetime | None = record.expires_at
         self.fingerprint = record.fingerprint
         self._raw_result = record.result
         self._result: Any = _MISSING
         self._mine = owner if record.mine else None
         self._finished: str | None = None
+        self._finishing = False  # a complete() or release() is in flight
+        #: a NEW claim's local deadlines, as the renewer sees it (None: not ours)
+        self._lease: _ClaimLease | None = None
+        if self._mine is not None:
+            if started is None:
+                started = get_clock().monotonic()
+            state = LeaseState(inbox.ttl if ttl is None else ttl, started, renews=renew)
+            self._lease = _ClaimLease(self, self._mine, state)
+        self._lost_reason: str | None = None
+        self._callbacks: list[Callable[[Claim], Any]] = []
+        self._mutex = threading.Lock()  # guards _lost_reason and _callbacks
 
     def __repr__(self) -> str:
         return (
@@ -155,6 +242,113 @@ class Claim:
     def owned(self) -> bool:
         """True while this claim is NEW and neither completed nor released by us."""
         return self._mine is not None and self._finished is None
+
+    @property
+    def renews(self) -> bool:
+        """Whether the inbox's renewer keeps this claim alive (``claim(..., renew=True)``)."""
+        return self._lease is not None and self._lease.state.renews
+
+    @property
+    def lost(self) -> bool:
+        """True once this NEW claim is known lost: a renewal or :meth:`extend` found it gone
+        or owned by another worker, :meth:`complete` or :meth:`release` found it no longer
+        ours, or its ttl ran out (locally) before it was completed, released or extended."""
+        if self._lost_reason is not None or self._finished == "lost":
+            return True
+        lease = self._lease
+        return self._finished is None and lease is not None and lease.state.expired()
+
+    def check(self) -> None:
+        """Raise :class:`ClaimLost` if this claim was lost or released; :class:`InboxError`
+        if it was never ours (IN_PROGRESS / COMPLETED when claimed)."""
+        if self._mine is None:
+            raise InboxError(
+                f"the claim on {self.key!r} is {self.state.name}: it was never ours", key=self.key
+            )
+        if self._finished == "released":
+            raise ClaimLost(f"the claim on {self.key!r} was released", key=self.key)
+        if self.lost:
+            reason = self._lost_reason or "its ttl ran out before it was renewed or extended"
+            raise ClaimLost(
+                f"the claim on {self.key!r} (attempt {self.attempt}) was lost: {reason}",
+                key=self.key,
+            )
+
+    def on_lost(self, callback: Callable[[Claim], Any]) -> None:
+        """Call ``callback(claim)`` when the claim is found lost (at once if it already was).
+
+        Callbacks run where the loss is found: in the inbox's renewer (a thread for
+        ``Inbox``, a task for ``AsyncInbox``) or in the call that found it; keep them short.
+        They do not run after a normal completion or release.
+        """
+        with self._mutex:
+            if self._lost_reason is None:
+                self._callbacks.append(callback)
+                return
+        self._run_callback(callback)
+
+    def _run_callback(self, callback: Callable[[Claim], Any]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("on_lost callback for the claim on %r raised", self.key)
+
+    def _mark_lost(self, reason: str) -> None:
+        """Record the loss once and tell the holder (callbacks; async: cancel the watched
+        block). A claim already completed or released is left as it is."""
+        with self._mutex:
+            if self._lost_reason is not None or self._finishing:
+                return  # lost already; or its complete() / release() will say
+            if self._finished in ("completed", "released"):
+                return
+            self._lost_reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning("claim on %r (attempt %s) lost: %s", self.key, self.attempt, reason)
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    def _run_work(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Internal (used by :func:`jobfence.guarded`): ``fn(*args, **kwargs)`` as this
+        claim's work. ``AsyncClaim``: awaited, and cancelled if the claim is found lost
+        meanwhile, which then raises :class:`ClaimLost`. ``Claim``: called (a thread cannot
+        be interrupted: the work may look at :attr:`lost` or call :meth:`check`)."""
+        return fn(*args, **kwargs)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the claim's remaining lifetime to ``ttl`` seconds (default: the claim's ttl),
+        owner-checked on the backend. A new ``ttl`` also becomes the ttl renewals carry.
+
+        Raises :class:`ClaimLost` if the claim is no longer ours (expired, taken over,
+        released or purged; it is then marked lost), :class:`InboxError` if it was never ours
+        or is already completed.
+        """
+        new_ttl = None if ttl is None else check_ttl(ttl)
+        self.check()
+        lease = self._lease
+        if lease is None or self._finished == "completed":
+            raise InboxError(
+                f"the claim on {self.key!r} is completed: there is nothing to extend",
+                key=self.key,
+            )
+        inbox = self._inbox
+        state = lease.state
+        if new_ttl is None:
+            new_ttl = state.ttl
+        sent = state.now()
+        state.extend_started()
+        try:
+            ok = inbox._call(
+                "inbox.extend", self.key, inbox.backend.extend, self.key, lease.owner, new_ttl
+            )
+        except BaseException:
+            state.extend_done(None)
+            raise
+        if not ok:
+            state.extend_done(None)
+            inbox._stop_renewing(self)
+            self._mark_lost("extend found the claim gone or owned by another worker")
+            self.check()
+        state.extend_done(sent, new_ttl)
 
     def complete(self, result: Any = None) -> None:
         """Store ``result`` and mark the key completed (kept for the inbox's ``retention``).
@@ -182,23 +376,27 @@ class Claim:
             )
         inbox = self._inbox
         data = _serialize(inbox.serializer, result)
-        ok = inbox._call(
-            "inbox.complete",
-            self.key,
-            inbox.backend.complete,
-            self.key,
-            self._mine,
-            data,
-            inbox.retention,
-        )
+        self._start_finishing()
+        try:
+            ok = inbox._call(
+                "inbox.complete",
+                self.key,
+                inbox.backend.complete,
+                self.key,
+                self._mine,
+                data,
+                inbox.retention,
+            )
+            self._finished = "completed" if ok else "lost"
+        finally:
+            self._finishing = False
+        inbox._stop_renewing(self)
         if not ok:
-            self._finished = "lost"
             raise ClaimLost(
                 f"the claim on {self.key!r} (attempt {self.attempt}) is no longer ours: it "
                 "expired and was taken over, or was released or purged; result not stored",
                 key=self.key,
             )
-        self._finished = "completed"
         self.state = ClaimState.COMPLETED
         self._result = result
         self.owner = None
@@ -210,11 +408,20 @@ class Claim:
         if self._mine is None or self._finished is not None:
             return False
         inbox = self._inbox
-        released = bool(  # a failed call leaves the claim ours: release() may be retried
-            inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
-        )
-        self._finished = "released" if released else "lost"
+        self._start_finishing()
+        try:
+            released = bool(  # a failed call leaves the claim ours: release() may be retried
+                inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
+            )
+            self._finished = "released" if released else "lost"
+        finally:
+            self._finishing = False
+        inbox._stop_renewing(self)
         return released
+
+    def _start_finishing(self) -> None:
+        with self._mutex:  # ordered with _mark_lost: a loss found from now on is not reported
+            self._finishing = True
 
     def __enter__(self) -> Claim:
         return self
@@ -244,7 +451,9 @@ class Inbox:
     * ``table`` -- the table (SQL) or key prefix (Redis, memory): an SQL identifier
       (``^[A-Za-z_][A-Za-z0-9_]*$``) within the backend's limit (63 characters; 64 on
       MySQL/MariaDB); default ``jobfence_inbox``. Also a URL option. The backend validates it.
-    * ``ttl`` -- default lifetime of an in-progress claim (seconds, default 300).
+    * ``ttl`` -- default lifetime of an in-progress claim (seconds, default 300). A claim made
+      with ``renew=True`` is kept alive by the inbox's renewer, so its ttl can be short: it
+      is how soon another worker takes over after this one died.
     * ``retention`` -- how long completed records are kept for replay (default 7 days);
       older ones are deleted by :meth:`purge` (Redis expires them natively).
     * ``serializer`` -- an object with ``dumps``/``loads`` for results (default JSON).
@@ -287,6 +496,8 @@ class Inbox:
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
+        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -316,19 +527,31 @@ class Inbox:
         if self._closed:
             raise ConfigurationError("this Inbox is closed", argument="self")
 
-    def claim(self, key: str, *, fingerprint: str | None = None, ttl: float | None = None) -> Claim:
+    def claim(
+        self,
+        key: str,
+        *,
+        fingerprint: str | None = None,
+        ttl: float | None = None,
+        renew: bool = False,
+    ) -> Claim:
         """Claim ``key`` in ONE atomic backend operation; see :class:`AsyncClaim` / :class:`Claim`.
 
         ``fingerprint`` (e.g. a digest of the payload) is stored with the key; claiming a
         known key with a different one raises :class:`FingerprintMismatch` rather than
         replaying another payload's result. ``ttl`` (default: the inbox's) bounds how long the
-        claim lives unless completed or released; after it, another worker may take it over.
+        claim lives unless completed, released or extended; after it, another worker may take
+        it over. ``renew=True``: the inbox's renewer extends a NEW claim every ``ttl / 3``
+        until it is completed or released (batched: one backend call per tick for all of the
+        inbox's claims), so the work may outlast ``ttl`` while a dead worker's claim is still
+        taken over ``ttl`` after its last renewal.
         """
         self._check_open()
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
         owner = _new_owner()
+        started = get_clock().monotonic()
         try:
             record = self._call(
                 "inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl
@@ -349,7 +572,20 @@ class Inbox:
                 f"not {fingerprint!r}: the key was reused for another payload",
                 key=key,
             )
-        return Claim(self, key, record, owner)
+        claim = Claim(self, key, record, owner, ttl=ttl, started=started, renew=renew)
+        if claim._lease is not None and renew:
+            if self._closed:  # granted as the inbox closed: nobody would renew or release it
+                self._abandon(key, owner)
+                self._check_open()
+            # the renewer reads only the lease surface that _ClaimLease has
+            self._renewer.add(cast("Lease", claim._lease))
+        return claim
+
+    def _stop_renewing(self, claim: Claim) -> None:
+        """Internal (used by the claims): forget a claim that was completed, released or
+        found lost, so the renewer no longer renews it and :meth:`close` leaves it alone."""
+        if claim._lease is not None:
+            self._renewer.discard(cast("Lease", claim._lease))
 
     def _abandon(self, key: str, owner: str) -> None:
         """A claim was interrupted: give back the key in case the backend gave it to us (the
@@ -467,10 +703,27 @@ class Inbox:
         self._call("inbox.drop", None, self.backend.drop)
 
     def close(self) -> None:
+        """Stop the renewer, give back the renewed claims still in progress (best effort:
+        their holders are told they are lost, and a redelivery need not wait out their ttl),
+        and close the backend's connections."""
         if self._closed:
             return
         self._closed = True
+        for key, owner in self._renewer.close():
+            try:
+                self.backend.release(key, owner)
+            except Exception as exc:
+                log.warning("releasing the claim on %r on close failed: %r", key, exc)
         self.backend.close()
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): a renewer
+        of its own, so that the parent's claims stay the parent's, and a backend that opens
+        its own connections."""
+        forks.keep(self._renewer, self._cleanups)
+        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._cleanups = set()
+        self.backend.after_fork()
 
     def __enter__(self) -> Inbox:
         return self

@@ -19,7 +19,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._core import compat
+from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.lease_state import LeaseState
@@ -412,6 +412,7 @@ class Locks:
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
+        forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -729,6 +730,17 @@ class Locks:
                 log.warning("releasing %r on close failed (it will expire): %r", name, exc)
         compat.wait_all(self._cleanups, 5)  # what the renewer gave back as it stopped
         self.backend.close()
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): a renewer
+        of its own, so that the parent's leases stay the parent's -- the child neither renews,
+        nor releases on close, nor reports them lost -- and a backend that opens its own
+        connections."""
+        forks.keep(self._renewer, self._cleanups)
+        self._renewer = Renewer(self.backend.renew)
+        self._cleanups = set()
+        self._waiting = {}
+        self.backend.after_fork()
 
     def __enter__(self) -> Locks:
         return self

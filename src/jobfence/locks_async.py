@@ -17,7 +17,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._core import acompat
+from ._core import acompat, forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
@@ -577,6 +577,7 @@ class AsyncLocks:
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
+        forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -931,6 +932,17 @@ class AsyncLocks:
                 log.warning("releasing %r on close failed (it will expire): %r", name, exc)
         await acompat.wait_all(self._cleanups, 5)  # what the renewer gave back as it stopped
         await self.backend.close()
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): a renewer
+        of its own, so that the parent's leases stay the parent's -- the child neither renews,
+        nor releases on close, nor reports them lost -- and a backend that opens its own
+        connections."""
+        forks.keep(self._renewer, self._cleanups)
+        self._renewer = AsyncRenewer(self.backend.renew)
+        self._cleanups = set()
+        self._waiting = {}
+        self.backend.after_fork()
 
     async def __aenter__(self) -> AsyncLocks:
         return self

@@ -99,6 +99,12 @@ class ClaimW:
             return bool(await asyncio.to_thread(self.claim.release))
         return bool(await self.claim.release())
 
+    async def extend(self, ttl: float | None = None) -> None:
+        if self.sync:
+            await asyncio.to_thread(self.claim.extend, ttl)
+        else:
+            await self.claim.extend(ttl)
+
 
 class InboxW:
     """An Inbox or AsyncInbox behind one awaitable interface."""
@@ -122,6 +128,13 @@ class InboxW:
 
     async def purge(self) -> int:
         return int(await self._do("purge"))
+
+    async def on_backend(self, verb: str, *args: Any) -> Any:
+        """Call the backend's ``verb`` directly (no claim object, no local state)."""
+        fn = getattr(self.inbox.backend, verb)
+        if self.sync:
+            return await asyncio.to_thread(fn, *args)
+        return await fn(*args)
 
     async def install(self) -> None:
         await self._do("install")

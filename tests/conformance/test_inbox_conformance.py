@@ -260,6 +260,147 @@ async def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> Non
     assert retry.state is ClaimState.NEW and retry.attempt == 2
 
 
+# -- extend and renew ---------------------------------------------------------------------
+
+
+async def test_extend_keeps_a_claim_past_its_ttl_and_is_owner_checked(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("ext:1", ttl=0.5)
+    owner = claim.owner
+    assert await inbox.on_backend("extend", "ext:1", owner, 30.0) is True
+    await asyncio.sleep(0.8)  # past the claim's first deadline
+    busy = await inbox.claim("ext:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == owner
+    assert busy.expires_at is not None and claim.expires_at is not None
+    assert busy.expires_at > claim.expires_at  # the backend moved the deadline
+    assert await inbox.on_backend("extend", "ext:1", "another-owner", 30.0) is False
+    assert await inbox.on_backend("extend", "ext:unknown", owner, 30.0) is False
+    await claim.complete("done")  # the backend's owner check, whatever the local deadline
+    assert await inbox.on_backend("extend", "ext:1", owner, 30.0) is False  # completed
+    replay = await inbox.claim("ext:1")
+    assert replay.state is ClaimState.COMPLETED and replay.result == "done"
+
+
+async def test_an_expired_or_released_claim_is_never_extended(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    expired = await inbox.claim("ext:2", ttl=0.2)
+    await asyncio.sleep(0.4)
+    assert await inbox.on_backend("extend", "ext:2", expired.owner, 30.0) is False
+    taken = await inbox.claim("ext:2", ttl=30)
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+    released = await inbox.claim("ext:3", ttl=30)
+    owner = released.owner
+    assert await released.release() is True
+    assert await inbox.on_backend("extend", "ext:3", owner, 30.0) is False
+    again = await inbox.claim("ext:3")
+    assert again.state is ClaimState.NEW and again.attempt == 2
+
+
+async def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    live = [await inbox.claim(key, ttl=0.6) for key in ("ren:0", "ren:ü✓", "ren:2")]
+    gone = await inbox.claim("ren:released", ttl=30)
+    gone_owner = gone.owner
+    assert await gone.release() is True
+    expired = await inbox.claim("ren:expired", ttl=0.1)
+    await asyncio.sleep(0.2)
+    items = [(c.key, c.owner, 30.0) for c in live]
+    items.insert(1, ("ren:released", gone_owner, 30.0))
+    items += [
+        ("ren:0", "another-owner", 30.0),
+        ("ren:expired", expired.owner, 30.0),
+        ("ren:unknown", "nobody", 30.0),
+    ]
+    answers = await inbox.on_backend("renew", items)
+    assert answers == [True, False, True, True, False, False, False]
+    assert await inbox.on_backend("renew", []) == []
+    await asyncio.sleep(0.7)  # past the live claims' first deadline
+    for claim in live:
+        busy = await inbox.claim(claim.key)
+        assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    taken = await inbox.claim("ren:expired")
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+
+
+async def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("cext:1", ttl=0.5)
+    assert not claim.renews
+    await claim.extend(30)
+    await asyncio.sleep(0.7)
+    assert not claim.lost
+    claim.check()
+    busy = await inbox.claim("cext:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    await claim.complete("ok")
+    with pytest.raises(InboxError):
+        await claim.extend()
+    with pytest.raises(InboxError):
+        await busy.extend()  # never ours
+    # dropped behind its back: extend finds out, the claim is lost, on_lost runs
+    gone = await inbox.claim("cext:2", ttl=30)
+    told: list[Any] = []
+    gone.on_lost(told.append)
+    assert await inbox.on_backend("release", "cext:2", gone.owner) is True
+    with pytest.raises(ClaimLost):
+        await gone.extend()
+    assert gone.lost and told == [gone.claim]
+    with pytest.raises(ClaimLost):
+        gone.check()
+    # a claim past its ttl is lost as far as its holder knows
+    stale = await inbox.claim("cext:3", ttl=0.2)
+    await asyncio.sleep(0.3)
+    assert stale.lost
+    with pytest.raises(ClaimLost):
+        await stale.extend(30)
+
+
+async def test_a_renewed_claim_outlives_its_ttl_until_completed(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("long:1", ttl=1.0, renew=True)
+    assert claim.renews and claim.state is ClaimState.NEW
+    await asyncio.sleep(1.6)  # the work outlasts the ttl
+    assert not claim.lost
+    busy = await inbox.claim("long:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    await claim.complete("done")
+    replay = await inbox.claim("long:1")
+    assert replay.state is ClaimState.COMPLETED and replay.result == "done"
+
+
+async def test_a_renewed_claim_taken_away_is_reported_lost(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("long:2", ttl=0.6, renew=True)
+    lost = threading.Event()
+    claim.on_lost(lambda _claim: lost.set())
+    assert await inbox.on_backend("release", "long:2", claim.owner) is True  # behind its back
+    assert await asyncio.to_thread(lost.wait, 5), "the renewer did not find the claim gone"
+    assert claim.lost
+    with pytest.raises(ClaimLost):
+        claim.check()
+    with pytest.raises(ClaimLost):
+        await claim.complete("too late")
+
+
+async def test_close_gives_back_the_renewed_claims_and_tells_their_holders(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("long:3", ttl=30, renew=True)
+    plain = await inbox.claim("long:4", ttl=30)
+    await inbox.close()
+    assert claim.lost
+    with pytest.raises(ClaimLost, match="Inbox was closed"):
+        claim.check()
+    other = ienv.inbox()
+    redelivery = await other.claim("long:3")  # not after 30 s: now
+    assert redelivery.state is ClaimState.NEW and redelivery.attempt == 2
+    busy = await other.claim("long:4")  # a claim without renewal is left to its ttl
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == plain.owner
+
+
 # -- many processes -----------------------------------------------------------------------
 
 

@@ -25,8 +25,10 @@ def locks() -> Iterator[jobfence.Locks]:
 
 
 @pytest.fixture
-def inbox() -> jobfence.Inbox:
-    return jobfence.Inbox(_url())
+def inbox() -> Iterator[jobfence.Inbox]:
+    client = jobfence.Inbox(_url())
+    yield client
+    client.close()
 
 
 def test_duplicates_return_the_stored_result_without_running(
@@ -249,13 +251,15 @@ async def test_async_guarded_and_the_body_is_cancelled_when_the_lease_is_lost() 
             await asyncio.sleep(30)  # cancelled when the renewer finds the lease gone
         return oid
 
-    with pytest.raises(jobfence.LockLost):
-        await asyncio.wait_for(process(1, 2), 10)
-    assert await process(1, 2) == 1  # the claim was released, so the redelivery runs
-    assert await process(1, 2) == 1  # and now it is completed: replayed
-    assert runs == [1, 1]
-    await locks.close()
-    await inbox.close()
+    try:
+        with pytest.raises(jobfence.LockLost):
+            await asyncio.wait_for(process(1, 2), 10)
+        assert await process(1, 2) == 1  # the claim was released, so the redelivery runs
+        assert await process(1, 2) == 1  # and now it is completed: replayed
+        assert runs == [1, 1]
+    finally:
+        await inbox.close()
+        await locks.close()
 
 
 # -- the lease is lost behind the guard's back (found in review) ---------------------------
@@ -329,6 +333,7 @@ async def test_async_a_lease_gone_on_the_server_is_never_completed() -> None:
         await claim.release()
         assert await job(1) == "result-2"
     finally:
+        await inbox.close()
         await locks.close()
 
 

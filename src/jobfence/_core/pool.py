@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from . import forks
 from .options import option_pool_size
 
 __all__ = ["DEFAULT_POOL_SIZE", "ConnPool"]
@@ -112,6 +113,14 @@ class ConnPool:
                 self.give(conn)  # kept only if it is still usable
             raise
         self.give(conn)
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the idle connections inherited
+        from the parent, without closing them (:func:`jobfence._core.forks.keep`), so the
+        child opens its own. Connections the parent had in use never come back here."""
+        forks.keep(self._idle)
+        self._idle = []
+        self._mutex = threading.Lock()
 
     def close(self) -> None:
         """Close the idle connections; connections in use are closed when given back."""

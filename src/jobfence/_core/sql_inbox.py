@@ -54,6 +54,11 @@ class SQLInboxBackend(InboxBackend):
         _, count = self._run("release", {"key": self._db_key(key), "owner": owner})
         return count == 1
 
+    def extend(self, key: str, owner: str, ttl: float) -> bool:
+        params = {"key": self._db_key(key), "owner": owner, "ttl": ttl}
+        _, count = self._run("extend", params)
+        return count == 1
+
     def purge(self, retention: float) -> int:
         _, count = self._run("purge", {"retention": retention})
         return max(count, 0)

@@ -52,6 +52,11 @@ class AsyncSQLInboxBackend(AsyncInboxBackend):
         _, count = await self._run("release", {"key": self._db_key(key), "owner": owner})
         return count == 1
 
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        params = {"key": self._db_key(key), "owner": owner, "ttl": ttl}
+        _, count = await self._run("extend", params)
+        return count == 1
+
     async def purge(self, retention: float) -> int:
         _, count = await self._run("purge", {"retention": retention})
         return max(count, 0)

@@ -12,6 +12,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
+from . import forks
+
 __all__ = ["LocalWaiters"]
 
 
@@ -21,6 +23,12 @@ class LocalWaiters:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._queues: dict[Hashable, OrderedDict[int, tuple[str, Callable[[], None]]]] = {}
+        forks.register(self)
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()``: the parent's waiters are not here."""
+        self._mutex = threading.Lock()
+        self._queues = {}
 
     def add(self, key: Hashable, wake: Callable[[], None], owner: str = "") -> int:
         """Register ``wake`` (called at most once); returns a ticket for :meth:`remove`."""

@@ -61,7 +61,7 @@ class LockCapabilities:
     queue_follows_connection: bool = False
 
 
-#: one lease to renew: (name, owner, ttl seconds)
+#: one lease or claim to renew: (name or key, owner, ttl seconds)
 RenewItem = tuple[str, str, float]
 
 
@@ -190,6 +190,12 @@ class AsyncLockBackend(abc.ABC):
     async def close(self) -> None:
         """Release connections. Leases still held are left to expire."""
 
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Called in a child process right after ``fork()`` (never in the parent): forget every
+        connection, listener and in-process wait the backend inherited, without closing them
+        (closing would end the parent's sessions) and without I/O, so that the child opens
+        its own. A backend that keeps no connections does nothing."""
+
 
 class LockBackend(abc.ABC):
     """The blocking twin of :class:`AsyncLockBackend` (same verbs, same contract)."""
@@ -226,10 +232,13 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass
+
 
 # -- inbox ---------------------------------------------------------------------------------
 class AsyncInboxBackend(abc.ABC):
-    """claim / complete / release, plus install, purge and close."""
+    """claim / complete / release / extend, plus renew, install, purge and close."""
 
     #: short backend name used in errors ("redis", "postgres", ...)
     kind: str = "?"
@@ -256,6 +265,21 @@ class AsyncInboxBackend(abc.ABC):
         """Give ``key`` back (the next claim takes it over, ``attempt`` + 1) if ``owner`` owns
         the in-progress claim. Returns whether it did."""
 
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        """Set the remaining lifetime of the in-progress claim on ``key`` to ``ttl`` if
+        ``owner`` owns it and its deadline has not passed. Returns whether it did.
+
+        An expired claim is never extended, even when nobody took it over yet: once its
+        deadline passed, another worker may take it over at any moment, and its owner has
+        already been told that it is lost.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement extend()")
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """:meth:`extend` every ``(key, owner, ttl)`` of ``items``, in one round trip where the
+        backend can; one bool per item, in order."""
+        return [await self.extend(key, owner, ttl) for key, owner, ttl in items]
+
     @abc.abstractmethod
     async def purge(self, retention: float) -> int:
         """Delete completed records past their retention, and in-progress records abandoned
@@ -272,6 +296,10 @@ class AsyncInboxBackend(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Called in a child process right after ``fork()``: as
+        :meth:`AsyncLockBackend.after_fork`."""
 
 
 class InboxBackend(abc.ABC):
@@ -290,6 +318,12 @@ class InboxBackend(abc.ABC):
     @abc.abstractmethod
     def release(self, key: str, owner: str) -> bool: ...
 
+    def extend(self, key: str, owner: str, ttl: float) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} must implement extend()")
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        return [self.extend(key, owner, ttl) for key, owner, ttl in items]
+
     @abc.abstractmethod
     def purge(self, retention: float) -> int: ...
 
@@ -301,3 +335,6 @@ class InboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass

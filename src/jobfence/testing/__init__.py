@@ -92,6 +92,8 @@ _POINT_LIST = (
     HookPoint("inbox.claim", "Inbox.claim(): one atomic claim of an idempotency key", _INBOX),
     HookPoint("inbox.complete", "Claim.complete(): store the result (owner-checked)", _INBOX),
     HookPoint("inbox.release", "Claim.release(): give the key back for a redelivery", _INBOX),
+    HookPoint("inbox.extend", "Claim.extend(): reset the claim's remaining lifetime", _INBOX),
+    HookPoint("inbox.renew", "one batched renewal round trip of an inbox's renewer", ("keys",)),
     HookPoint(
         "inbox.abandon",
         "an interrupted claim gives back, owner-checked, the key it may have been given",

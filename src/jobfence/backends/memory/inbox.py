@@ -8,6 +8,7 @@ drives expiry. Sync and async inboxes of the same URL and table in one process s
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,7 +16,14 @@ from ..._core.clock import get_clock
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
-from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxBackend, InboxCapabilities
+from ..base import (
+    AsyncInboxBackend,
+    ClaimRecord,
+    ClaimState,
+    InboxBackend,
+    InboxCapabilities,
+    RenewItem,
+)
 from . import TABLE_LIMIT
 
 __all__ = ["AsyncMemoryInboxBackend", "MemoryInboxBackend", "MemoryInboxStore"]
@@ -94,6 +102,25 @@ class MemoryInboxStore:
             rec.expires = min(rec.expires, now)
             return True
 
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend each live in-progress claim ``(key, owner, ttl)`` its owner still owns."""
+        now = get_clock().time()
+        out: list[bool] = []
+        with self.mutex:
+            for key, owner, ttl in items:
+                rec = self.records.get(key)
+                if (
+                    rec is not None
+                    and rec.owner == owner
+                    and rec.state is ClaimState.IN_PROGRESS
+                    and rec.expires > now
+                ):
+                    rec.expires = now + ttl
+                    out.append(True)
+                else:
+                    out.append(False)
+        return out
+
     def purge(self, retention: float) -> int:
         now = get_clock().time()
         with self.mutex:
@@ -154,6 +181,12 @@ class MemoryInboxBackend(InboxBackend):
     def release(self, key: str, owner: str) -> bool:
         return self.store.release(key, owner)
 
+    def extend(self, key: str, owner: str, ttl: float) -> bool:
+        return self.store.renew([(key, owner, ttl)])[0]
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        return self.store.renew(items)
+
     def purge(self, retention: float) -> int:
         return self.store.purge(retention)
 
@@ -182,6 +215,12 @@ class AsyncMemoryInboxBackend(AsyncInboxBackend):
 
     async def release(self, key: str, owner: str) -> bool:
         return self.store.release(key, owner)
+
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        return self.store.renew([(key, owner, ttl)])[0]
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        return self.store.renew(items)
 
     async def purge(self, retention: float) -> int:
         return self.store.purge(retention)

@@ -39,7 +39,7 @@ from typing import Any
 
 import pymysql
 
-from ..._core import compat
+from ..._core import compat, forks
 from ..._core.clock import get_clock
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
@@ -306,6 +306,16 @@ class MySQLLockBackend(LockBackend):
                 conn.close()
             except Exception:  # the server is gone already: nothing left to close
                 _close_quietly(conn)
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connection and the wait
+        bookkeeping inherited from the parent, without closing anything (see
+        ``jobfence/_core/forks.py``)."""
+        forks.keep(self._conn)
+        self._conn = None
+        self._mutex = compat.Lock()
+        self._backoff = {}
+        self._next = set()
 
 
 def _close_quietly(conn: Any) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import aiomysql
 
-from ..._core import acompat
+from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
@@ -342,6 +342,18 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     conn.close()
             except Exception:  # the server is gone already: nothing left to close
                 _close_quietly(conn)
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connection and the wait
+        bookkeeping inherited from the parent, without closing anything (see
+        ``jobfence/_core/forks.py``)."""
+        forks.keep(self._conn)
+        self._conn = None
+        self._mutex = acompat.Lock()
+        self._backoff = {}
+        self._next = set()
+        if ASYNC:
+            self._loop = None
 
 
 def _close_quietly(conn: Any) -> None:

@@ -60,7 +60,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from ..._core import acompat
+from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.options import option_bool, option_int, option_pool_size
@@ -702,3 +702,20 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             await self._drop(held.conn)
             return False
         return bool(row is not None and row[0])
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections, the
+        listener and the session-mode locks inherited from the parent (they live on the
+        parent's connections and stay the parent's), and this process's waiters (none are
+        here), without closing anything (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()
+        forks.keep(self._held, self._blocked, self._listener)
+        self._held = {}
+        self._blocked = set()
+        self._waiters = {}
+        self._mutex = threading.Lock()
+        self._schema_mutex = acompat.Lock()
+        self._listener_mutex = acompat.Lock()
+        self._listener = None
+        self._listener_up = False
+        self._listener_retry_at = 0.0

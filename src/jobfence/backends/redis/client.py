@@ -23,7 +23,7 @@ from redis.retry import Retry
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis"]
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis", "forget_connections"]
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -69,3 +69,10 @@ def check_database(url: BackendURL) -> None:
             "redis://host:6379/0 (or nothing, for database 0)",
             argument="url",
         )
+
+
+def forget_connections(client: Redis) -> None:
+    """In a child process right after ``fork()``: the client's pool forgets the connections
+    inherited from the parent, without closing them (:func:`jobfence._core.forks.keep`), and
+    opens its own on first use. redis-py's blocking pool does that by itself when it sees a
+    new process id; its asyncio pool does not."""

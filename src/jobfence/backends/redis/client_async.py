@@ -18,10 +18,15 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from ..._core import forks
+from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis"]
+if ASYNC:
+    import asyncio
+
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis", "forget_connections"]
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 
@@ -67,3 +72,21 @@ def check_database(url: BackendURL) -> None:
             "redis://host:6379/0 (or nothing, for database 0)",
             argument="url",
         )
+
+
+def forget_connections(client: Redis) -> None:
+    """In a child process right after ``fork()``: the client's pool forgets the connections
+    inherited from the parent, without closing them (:func:`jobfence._core.forks.keep`), and
+    opens its own on first use. redis-py's blocking pool does that by itself when it sees a
+    new process id; its asyncio pool does not."""
+    if ASYNC:
+        pool = client.connection_pool
+        forks.keep(
+            [
+                *getattr(pool, "_available_connections", ()),
+                *getattr(pool, "_in_use_connections", ()),
+            ]
+        )
+        pool.reset()  # type: ignore[no-untyped-call]
+        if hasattr(pool, "_lock"):  # an asyncio.Lock, perhaps bound to the parent's loop
+            pool._lock = asyncio.Lock()

@@ -10,21 +10,23 @@ Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
 ``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
 defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: 5 s socket timeouts,
 one immediate retry). Every script is safe to re-send after a lost reply: a claim the caller
-already owns is returned as its own, ``complete`` stores the same result again, and
-``release`` remembers the owner that released (field ``x``).
+already owns is returned as its own, ``complete`` stores the same result again, ``extend``
+(also the batched renewal) sets the deadline again, and ``release`` remembers the owner that
+released (field ``x``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, utc_from_epoch
 from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities
+from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
-from .client_async import connect_redis
+from .client_async import connect_redis, forget_connections
 
 __all__ = ["AsyncRedisInboxBackend"]
 
@@ -63,6 +65,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         self._claim = self.client.register_script(_script("inbox_claim"))
         self._complete = self.client.register_script(_script("inbox_complete"))
         self._release = self.client.register_script(_script("inbox_release"))
+        self._extend = self.client.register_script(_script("inbox_extend"))
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = await self._claim(
@@ -89,6 +92,19 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
     async def release(self, key: str, owner: str) -> bool:
         return bool(await self._release(keys=[self._prefix + key], args=[owner]))
 
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        return (await self.renew([(key, owner, ttl)]))[0]
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` with one script call (one round trip)."""
+        if not items:
+            return []
+        args: list[Any] = [max(1, int(self.retention * 1000))]
+        for _, owner, ttl in items:
+            args += [owner, max(1, int(ttl * 1000))]
+        reply = await self._extend(keys=[self._prefix + key for key, _, _ in items], args=args)
+        return [bool(ok) for ok in reply]
+
     async def purge(self, retention: float) -> int:
         return 0  # records expire natively
 
@@ -107,3 +123,8 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connections inherited from
+        the parent (see ``jobfence/_core/forks.py``)."""
+        forget_connections(self.client)

@@ -55,7 +55,7 @@ from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, RenewItem
 from . import NAMESPACE_LIMIT
-from .client import connect_redis
+from .client import connect_redis, forget_connections
 
 __all__ = ["RedisLockBackend"]
 
@@ -196,3 +196,9 @@ class RedisLockBackend(LockBackend):
     def close(self) -> None:
         self._hints.clear()
         self._client.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connections and wait hints
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        forget_connections(self._client)
+        self._hints = {}

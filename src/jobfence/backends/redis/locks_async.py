@@ -53,7 +53,7 @@ from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, RenewItem
 from . import NAMESPACE_LIMIT
-from .client_async import connect_redis
+from .client_async import connect_redis, forget_connections
 
 __all__ = ["AsyncRedisLockBackend"]
 
@@ -194,3 +194,9 @@ class AsyncRedisLockBackend(AsyncLockBackend):
     async def close(self) -> None:
         self._hints.clear()
         await self._client.aclose()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connections and wait hints
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        forget_connections(self._client)
+        self._hints = {}

@@ -24,7 +24,7 @@ from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -99,6 +99,31 @@ class SQLiteInboxBackend(SQLInboxBackend):
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
+        claim); one bool per item."""
+        if not items:
+            return []
+        sql = self._sql["extend"]
+        for _ in range(2):
+            results: list[bool] = []
+            try:
+                with self._pool.connection() as conn:
+                    # a failure closes the connection (the pool discards it), which rolls
+                    # back a transaction left open
+                    conn.execute("BEGIN IMMEDIATE")
+                    for key, owner, ttl in items:
+                        cursor = conn.execute(sql, {"key": key, "owner": owner, "ttl": ttl})
+                        results.append(cursor.rowcount == 1)
+                        cursor.close()
+                    conn.execute("COMMIT")
+                    return results
+            except sqlite3.OperationalError as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def install(self) -> None:
         with self._pool.connection() as conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -123,3 +148,8 @@ class SQLiteInboxBackend(SQLInboxBackend):
 
     def close(self) -> None:
         self._pool.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()

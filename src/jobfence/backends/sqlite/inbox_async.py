@@ -24,7 +24,7 @@ from ..._core.pool_async import AsyncConnPool
 from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, record_from_row
+from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
 from .common import sqlite_path
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -108,6 +108,31 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
+        claim); one bool per item."""
+        if not items:
+            return []
+        sql = self._sql["extend"]
+        for _ in range(2):
+            results: list[bool] = []
+            try:
+                async with self._pool.connection() as conn:
+                    # a failure closes the connection (the pool discards it), which rolls
+                    # back a transaction left open
+                    await conn.execute("BEGIN IMMEDIATE")
+                    for key, owner, ttl in items:
+                        cursor = await conn.execute(sql, {"key": key, "owner": owner, "ttl": ttl})
+                        results.append(cursor.rowcount == 1)
+                        await cursor.close()
+                    await conn.execute("COMMIT")
+                    return results
+            except aiosqlite.OperationalError as exc:
+                if self._installed or not is_undefined_table(exc):
+                    raise
+                await self.install()
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def install(self) -> None:
         async with self._pool.connection() as conn:
             await conn.execute("BEGIN IMMEDIATE")
@@ -132,3 +157,8 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
 
     async def close(self) -> None:
         await self._pool.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections
+        inherited from the parent (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()

@@ -41,7 +41,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from ..._core import compat
+from ..._core import compat, forks
 from ..._core.clock import get_clock
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
@@ -374,3 +374,12 @@ class SQLiteLockBackend(LockBackend):
                 except Exception as exc:  # best effort: the entries lapse after next_in_line
                     log.warning("leaving the sqlite wait queue on close failed: %r", exc)
                 conn.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connection and the queue
+        entries inherited from the parent (its waiters are not here), without closing or
+        leaving anything (see ``jobfence/_core/forks.py``)."""
+        forks.keep(self._conn)
+        self._conn = None
+        self._mutex = compat.Lock()
+        self._queued = set()

@@ -40,7 +40,7 @@ from typing import Any
 
 import aiosqlite
 
-from ..._core import acompat
+from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
@@ -396,3 +396,12 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
                 except Exception as exc:  # best effort: the entries lapse after next_in_line
                     log.warning("leaving the sqlite wait queue on close failed: %r", exc)
                 await conn.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connection and the queue
+        entries inherited from the parent (its waiters are not here), without closing or
+        leaving anything (see ``jobfence/_core/forks.py``)."""
+        forks.keep(self._conn)
+        self._conn = None
+        self._mutex = acompat.Lock()
+        self._queued = set()

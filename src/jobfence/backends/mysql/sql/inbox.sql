@@ -108,6 +108,37 @@ WHERE k = :key AND owner = :owner AND NOT (state = 'completed' AND expires_at <=
 UPDATE {table} SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
+-- name: extend
+-- Params: :key, :owner, :ttl_us (microseconds). Owner-checked: moves the deadline of a live
+-- in-progress claim to now + ttl. Matched rows (the connection counts found rows) 1 ->
+-- extended; 0 -> not ours, not in progress, or expired (an expired claim is never extended:
+-- another worker may take it over).
+UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL :ttl_us MICROSECOND
+WHERE k = :key AND owner = :owner AND state = 'in_progress' AND expires_at > UTC_TIMESTAMP(6);
+
+-- name: renew
+-- Many claims in ONE statement, sent in one round trip together with ``renewed``. Params:
+-- :items, a JSON array of [key, owner, ttl_us] (one per claim, keys as UTF-8 text).
+UPDATE {table} AS t
+  JOIN JSON_TABLE(:items, '$[*]' COLUMNS (
+           k      VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$[0]',
+           owner  VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[1]',
+           ttl_us BIGINT PATH '$[2]')) AS i
+    ON t.k = i.k AND t.owner = i.owner
+   SET t.expires_at = UTC_TIMESTAMP(6) + INTERVAL i.ttl_us MICROSECOND
+ WHERE t.state = 'in_progress' AND t.expires_at > UTC_TIMESTAMP(6);
+
+-- name: renewed
+-- Sent right after ``renew``, in the same round trip. Params: :items, as for ``renew``.
+-- -> (item number, from 1) of every item whose claim its owner still holds, live: the
+-- ones ``renew`` extended.
+SELECT i.n FROM JSON_TABLE(:items, '$[*]' COLUMNS (
+           n     FOR ORDINALITY,
+           k     VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$[0]',
+           owner VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[1]')) AS i
+  JOIN {table} AS t ON t.k = i.k AND t.owner = i.owner
+ WHERE t.state = 'in_progress' AND t.expires_at > UTC_TIMESTAMP(6);
+
 -- name: purge
 -- Params: :retention_us, microseconds, for abandoned in-progress claims.
 DELETE FROM {table}

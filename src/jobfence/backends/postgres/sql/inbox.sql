@@ -95,6 +95,35 @@ UPDATE {table}
 SET owner = NULL, expires_at = LEAST(expires_at, clock_timestamp())
 WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
+-- name: extend
+-- Params: :key, :owner, :ttl (seconds). Owner-checked: moves the deadline of a live
+-- in-progress claim to now + ttl; one row or none. An expired claim is never extended: once
+-- its deadline passed, another worker may take it over.
+UPDATE {table}
+SET expires_at = clock_timestamp() + CAST(:ttl AS double precision) * interval '1 second'
+WHERE k = :key AND owner = :owner AND state = 'in_progress' AND expires_at > clock_timestamp();
+
+-- name: renew
+-- Params: :keys text[], :owners text[], :ttls float8[] (seconds), three arrays of the same
+-- length. ONE statement extends every claim an item names, as ``extend`` does for one.
+-- -> one row per item, in item order: (item number, renewed bool).
+WITH item AS (
+    SELECT *
+      FROM unnest(CAST(:keys AS text[]), CAST(:owners AS text[]),
+                  CAST(:ttls AS double precision[]))
+           WITH ORDINALITY AS i(k, owner, ttl, n)
+), renewed AS (
+    UPDATE {table} AS t
+       SET expires_at = clock_timestamp() + item.ttl * interval '1 second'
+      FROM item
+     WHERE t.k = item.k AND t.owner = item.owner AND t.state = 'in_progress'
+       AND t.expires_at > clock_timestamp()
+    RETURNING item.n
+)
+SELECT item.n, renewed.n IS NOT NULL
+  FROM item LEFT JOIN renewed ON renewed.n = item.n
+ ORDER BY item.n;
+
 -- name: purge
 -- Params: :retention, seconds (how long an abandoned in-progress claim is kept past its
 -- deadline). Completed records go when their retention ends.

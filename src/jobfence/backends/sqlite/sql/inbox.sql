@@ -71,6 +71,14 @@ WHERE k = :key AND owner = :owner AND NOT (state = 'completed' AND expires_at <=
 UPDATE {table} SET owner = NULL, expires_at = MIN(expires_at, (julianday('now') - 2440587.5) * 86400.0)
 WHERE k = :key AND owner = :owner AND state = 'in_progress';
 
+-- name: extend
+-- Params: :key, :owner, :ttl (seconds). Owner-checked: moves the deadline of a live
+-- in-progress claim to now + ttl; an expired claim is never extended (it may be taken over).
+-- The renewal of many claims runs this once per claim inside one BEGIN IMMEDIATE transaction.
+UPDATE {table} SET expires_at = (julianday('now') - 2440587.5) * 86400.0 + :ttl
+WHERE k = :key AND owner = :owner AND state = 'in_progress'
+  AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
 -- name: purge
 -- Params: :retention, seconds, for abandoned in-progress claims.
 DELETE FROM {table}
