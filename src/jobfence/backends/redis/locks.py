@@ -30,12 +30,16 @@ it already owns the lease. :meth:`wait` is a ``BLPOP`` on that list, bounded by 
 left on the current lease (a lease that expires without a release wakes nobody).
 
 Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
-entry's deadline. Every other keyword option, and the URL's query options, go to redis-py's
-``Redis.from_url`` (``redis.asyncio.Redis`` / ``redis.Redis``) with the defaults of
-``connect_redis`` (``client_async.py`` / ``client.py``: ``socket_timeout`` and
-``socket_connect_timeout`` 5 s, one immediate retry on a connection error, so an unreachable
-server is reported in milliseconds and a lost lease is noticed in time; every script is safe
-to re-send).
+entry's deadline; ``connect_timeout`` and ``timeout`` (seconds, default 5 each: opening a
+connection, and one request's reply). Every other keyword option, and the URL's query options,
+go to redis-py's ``Redis.from_url`` (``redis.asyncio.Redis`` / ``redis.Redis``) with the
+defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: one immediate retry on a
+connection error, none after a timeout, so an unreachable server is reported in milliseconds
+and a lost lease is noticed in time; every script is safe to re-send).
+
+Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
+before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
+``EVALSHA`` round trip even on a cold client over a slow link.
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 
@@ -53,7 +57,7 @@ from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
-from ..base import LockBackend, LockCapabilities, RenewItem
+from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client import connect_redis
 
@@ -113,17 +117,27 @@ class RedisLockBackend(LockBackend):
         )
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
+        scripts = {
+            "acquire": _script("lock_acquire.lua"),
+            "release": _script("lock_release.lua"),
+            "cancel": _script("lock_cancel_wait.lua"),
+            "renew": _script("lock_renew.lua", with_lib=False),
+            "holder": _script("lock_holder.lua", with_lib=False),
+        }
         self._client: Redis = connect_redis(
-            url, options, what="redis lock backend", own=OWN_OPTIONS
+            url,
+            options,
+            what="redis lock backend",
+            own=OWN_OPTIONS,
+            scripts=list(scripts.values()),
         )
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
-        self._acquire = self._client.register_script(_script("lock_acquire.lua"))
-        self._release = self._client.register_script(_script("lock_release.lua"))
-        self._cancel = self._client.register_script(_script("lock_cancel_wait.lua"))
-        self._renew: Script = self._client.register_script(
-            _script("lock_renew.lua", with_lib=False)
-        )
+        self._acquire = self._client.register_script(scripts["acquire"])
+        self._release = self._client.register_script(scripts["release"])
+        self._cancel = self._client.register_script(scripts["cancel"])
+        self._renew: Script = self._client.register_script(scripts["renew"])
+        self._holder = self._client.register_script(scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
 
@@ -136,6 +150,13 @@ class RedisLockBackend(LockBackend):
         return f"{self.namespace}:lock:{{{name}}}"
 
     # -- operations ----------------------------------------------------------------------
+    def prepare(self, *, waiting: bool = False) -> None:
+        """Make sure the pool holds an open connection (its scripts loaded): take one from
+        redis-py's pool, which opens it if needed, and give it back."""
+        pool: Any = self._client.connection_pool
+        conn = pool.get_connection()
+        pool.release(conn)
+
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
@@ -192,6 +213,14 @@ class RedisLockBackend(LockBackend):
             args.append(_ms(ttl))
         result = self._renew(keys, args)
         return [bool(ok) for ok in result]
+
+    def holder(self, name: str) -> LockHolder | None:
+        reply = self._holder((self.lock_key(name),))
+        if not reply:
+            return None
+        owner, token, pttl = reply
+        owner = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else str(owner)
+        return LockHolder(owner, int(token), max(0, int(pttl)) / 1000)
 
     def close(self) -> None:
         self._hints.clear()
