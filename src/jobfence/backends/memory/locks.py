@@ -19,7 +19,7 @@ from ..._core.acompat import wait_event
 from ..._core.clock import get_clock
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import AsyncLockBackend, LockBackend, LockCapabilities
+from ..base import AsyncLockBackend, LockBackend, LockCapabilities, LockHolder
 from . import NAMESPACE_LIMIT
 
 __all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_store"]
@@ -173,6 +173,15 @@ class MemoryStore:
             lease.expires = now + ttl
             return True
 
+    def holder(self, name: str) -> LockHolder | None:
+        """Who holds ``name`` now: (owner, token, seconds left by jobfence's clock)."""
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is None:
+                return None
+            return LockHolder(lease.owner, lease.token, lease.expires - now)
+
     def force_release(self, name: str) -> bool:
         """Drop a lease behind its holder's back (admin; tests of lost-lease detection)."""
         now = get_clock().monotonic()
@@ -248,6 +257,9 @@ class MemoryLockBackend(LockBackend):
     def force_release(self, name: str) -> bool:
         return self.store.force_release(name)
 
+    def holder(self, name: str) -> LockHolder | None:
+        return self.store.holder(name)
+
     def close(self) -> None:
         pass
 
@@ -289,6 +301,9 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
 
     async def force_release(self, name: str) -> bool:
         return self.store.force_release(name)
+
+    async def holder(self, name: str) -> LockHolder | None:
+        return self.store.holder(name)
 
     async def close(self) -> None:
         pass
