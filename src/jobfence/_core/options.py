@@ -16,12 +16,14 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "TIMEOUT_OPTIONS",
     "Timeouts",
+    "connect_timed_out",
     "option_bool",
     "option_int",
     "option_pool_size",
     "option_seconds",
     "option_timeouts",
     "reject_unknown",
+    "request_timed_out",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -150,3 +152,16 @@ def option_timeouts(options: Mapping[str, Any], url_options: Mapping[str, Any]) 
             default if raw is None else option_seconds(raw, argument, MIN_TIMEOUT, MAX_TIMEOUT)
         )
     return Timeouts(connect=values["connect_timeout"], request=values["timeout"])
+
+
+def connect_timed_out(seconds: float) -> TimeoutError:
+    """The error of a connection that could not be opened within ``connect_timeout``."""
+    return TimeoutError(f"could not connect within {seconds:g} s (the connect_timeout option)")
+
+
+def request_timed_out(seconds: float) -> TimeoutError:
+    """The error of a request whose reply did not come within ``timeout``."""
+    return TimeoutError(
+        f"no reply from the server within {seconds:g} s (the timeout option); "
+        "the connection was closed"
+    )

@@ -33,7 +33,6 @@ __all__ = [
     "load_queries",
     "name_hash",
     "renew_statement",
-    "timed_out",
     "use_request_timeouts",
 ]
 
@@ -160,13 +159,6 @@ def is_timeout(exc: BaseException) -> bool:
     deadline), or PyMySQL's "lost connection" raised while handling a socket timeout (the
     connection is closed then)."""
     return isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError)
-
-
-def timed_out(limit: float) -> TimeoutError:
-    return TimeoutError(
-        f"no reply from the server within {limit:g} s (the timeout option); "
-        "the connection was closed"
-    )
 
 
 def use_request_timeouts(conn: Any, timeout: float) -> None:

@@ -30,12 +30,17 @@ import pymysql
 from pymysql.constants import CLIENT
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.options import (
+    TIMEOUT_OPTIONS,
+    connect_timed_out,
+    option_timeouts,
+    request_timed_out,
+)
 from ..._core.pool import DEFAULT_POOL_SIZE, ConnPool
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, record_from_row
-from .common import STYLE, is_timeout, timed_out, use_request_timeouts
+from .common import STYLE, is_timeout, use_request_timeouts
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["MySQLInboxBackend"]
@@ -90,7 +95,12 @@ class MySQLInboxBackend(InboxBackend):
         )
 
     def _connect(self) -> Any:
-        conn = pymysql.connect(**self._params)
+        try:
+            conn = pymysql.connect(**self._params)
+        except pymysql.err.OperationalError as exc:
+            if is_timeout(exc):
+                raise connect_timed_out(self.timeouts.connect) from exc
+            raise
         use_request_timeouts(conn, self.timeouts.request)
         return conn
 
@@ -139,7 +149,7 @@ class MySQLInboxBackend(InboxBackend):
             return request()
         except Exception as exc:
             if is_timeout(exc):
-                raise timed_out(self.timeouts.request) from exc
+                raise request_timed_out(self.timeouts.request) from exc
             raise
 
     def install(self) -> None:

@@ -30,12 +30,17 @@ from pymysql.constants import CLIENT
 from ..._core import acompat
 from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.options import (
+    TIMEOUT_OPTIONS,
+    connect_timed_out,
+    option_timeouts,
+    request_timed_out,
+)
 from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import AsyncInboxBackend, ClaimRecord, ClaimState, InboxCapabilities, record_from_row
-from .common import STYLE, is_timeout, timed_out, use_request_timeouts
+from .common import STYLE, is_timeout, use_request_timeouts
 from .dialect import DIALECT, TABLE_LIMIT
 
 if not ASYNC:
@@ -102,11 +107,14 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             try:
                 return await acompat.call_bounded(lambda: aiomysql.connect(**self._params), limit)
             except TimeoutError:
-                raise TimeoutError(
-                    f"could not connect within {limit:g} s (the connect_timeout option)"
-                ) from None
+                raise connect_timed_out(limit) from None
         else:
-            conn = pymysql.connect(**self._params)
+            try:
+                conn = pymysql.connect(**self._params)
+            except pymysql.err.OperationalError as exc:
+                if is_timeout(exc):
+                    raise connect_timed_out(self.timeouts.connect) from exc
+                raise
             use_request_timeouts(conn, self.timeouts.request)
             return conn
 
@@ -159,7 +167,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
                 return await request()
         except Exception as exc:
             if is_timeout(exc):
-                raise timed_out(self.timeouts.request) from exc
+                raise request_timed_out(self.timeouts.request) from exc
             raise
 
     async def install(self) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 import pymysql
 
 from ..._core import compat
+from ..._core.options import connect_timed_out, request_timed_out
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
@@ -63,7 +64,6 @@ from .common import (
     micros,
     name_hash,
     renew_statement,
-    timed_out,
     use_request_timeouts,
 )
 
@@ -104,12 +104,17 @@ class MySQLLockBackend(LockBackend):
     def _connect(self) -> Any:
         options = self.options
         kwargs = options.connect_kwargs()
-        conn = pymysql.connect(
-            database=options.database,
-            read_timeout=options.connect_timeout,
-            write_timeout=options.connect_timeout,
-            **kwargs,
-        )
+        try:
+            conn = pymysql.connect(
+                database=options.database,
+                read_timeout=options.connect_timeout,
+                write_timeout=options.connect_timeout,
+                **kwargs,
+            )
+        except pymysql.err.OperationalError as exc:
+            if is_timeout(exc):
+                raise connect_timed_out(options.connect_timeout) from exc
+            raise
         use_request_timeouts(conn, options.timeout)
         try:
             with conn.cursor() as cur:
@@ -176,7 +181,7 @@ class MySQLLockBackend(LockBackend):
                 except Exception as exc:
                     if is_timeout(exc):  # no reply in time: not retried
                         self._drop()  # a statement cut off mid-way leaves the protocol unusable
-                        raise timed_out(self.options.timeout) from exc
+                        raise request_timed_out(self.options.timeout) from exc
                     if is_deadlock(exc) and deadlocks < _DEADLOCK_RETRIES:
                         deadlocks += 1
                         continue

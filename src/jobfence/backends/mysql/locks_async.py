@@ -43,6 +43,7 @@ import aiomysql
 
 from ..._core import acompat
 from ..._core.flavour import ASYNC
+from ..._core.options import connect_timed_out, request_timed_out
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
@@ -62,7 +63,6 @@ from .common import (
     micros,
     name_hash,
     renew_statement,
-    timed_out,
     use_request_timeouts,
 )
 
@@ -118,18 +118,20 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     options.connect_timeout,
                 )
             except TimeoutError:
-                raise TimeoutError(
-                    f"could not connect within {options.connect_timeout:g} s "
-                    "(the connect_timeout option)"
-                ) from None
+                raise connect_timed_out(options.connect_timeout) from None
             self._loop = asyncio.get_running_loop()
         else:
-            conn = pymysql.connect(
-                database=options.database,
-                read_timeout=options.connect_timeout,
-                write_timeout=options.connect_timeout,
-                **kwargs,
-            )
+            try:
+                conn = pymysql.connect(
+                    database=options.database,
+                    read_timeout=options.connect_timeout,
+                    write_timeout=options.connect_timeout,
+                    **kwargs,
+                )
+            except pymysql.err.OperationalError as exc:
+                if is_timeout(exc):
+                    raise connect_timed_out(options.connect_timeout) from exc
+                raise
             use_request_timeouts(conn, options.timeout)
         try:
             async with conn.cursor() as cur:
@@ -202,7 +204,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                 except Exception as exc:
                     if is_timeout(exc):  # no reply in time: not retried
                         self._drop()  # a statement cut off mid-way leaves the protocol unusable
-                        raise timed_out(self.options.timeout) from exc
+                        raise request_timed_out(self.options.timeout) from exc
                     if is_deadlock(exc) and deadlocks < _DEADLOCK_RETRIES:
                         deadlocks += 1
                         continue

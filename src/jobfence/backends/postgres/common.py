@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..._core.options import Timeouts
+from ..._core.options import Timeouts, request_timed_out
 from .._deadline import guard, guard_async
 
 __all__ = [
@@ -68,13 +68,6 @@ def connect_kwargs(url_options: Mapping[str, Any], timeouts: Timeouts) -> dict[s
     return params
 
 
-def _timed_out(limit: float) -> TimeoutError:
-    return TimeoutError(
-        f"no reply from the server within {limit:g} s (the timeout option); "
-        "the connection was closed"
-    )
-
-
 async def execute_bounded_async(
     conn: Any, query: str, params: Any = None, *, limit: float
 ) -> tuple[list[tuple[Any, ...]], int]:
@@ -89,7 +82,7 @@ async def execute_bounded_async(
     except Exception as exc:
         if watch.done():
             await conn.close()
-            raise _timed_out(limit) from exc
+            raise request_timed_out(limit) from exc
         raise
     finally:
         fired = watch.done()
@@ -110,7 +103,7 @@ def execute_bounded(
     except Exception as exc:
         if watch.done():
             conn.close()
-            raise _timed_out(limit) from exc
+            raise request_timed_out(limit) from exc
         raise
     finally:
         fired = watch.done()

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
@@ -63,7 +63,12 @@ class PostgresInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        return psycopg.Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs)
+        try:
+            return psycopg.Connection.connect(
+                self._conninfo, autocommit=True, **self._connect_kwargs
+            )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
 
     def _execute(self, conn: Any, sql: str, params: Any = None) -> tuple[list[Any], int]:
         """One statement within the ``timeout``; past it the connection is closed."""

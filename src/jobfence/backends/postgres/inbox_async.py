@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool_async import AsyncConnPool
 from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
@@ -61,9 +61,12 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
         )
 
     async def _connect(self) -> Any:
-        return await psycopg.AsyncConnection.connect(
-            self._conninfo, autocommit=True, **self._connect_kwargs
-        )
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, **self._connect_kwargs
+            )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
 
     async def _execute(self, conn: Any, sql: str, params: Any = None) -> tuple[list[Any], int]:
         """One statement within the ``timeout``; past it the connection is closed."""

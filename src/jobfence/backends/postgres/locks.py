@@ -76,6 +76,7 @@ from ..._core.clock import get_clock
 from ..._core.options import (
     TIMEOUT_OPTIONS,
     Timeouts,
+    connect_timed_out,
     option_bool,
     option_int,
     option_pool_size,
@@ -318,6 +319,8 @@ class PostgresLockBackend(LockBackend):
                 prepare_threshold=self.options.prepare_threshold,
                 **self._connect_kwargs,
             )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
         except psycopg.Error as exc:
             password = self.url.password
             if password and password in str(exc):  # never let a driver message leak it

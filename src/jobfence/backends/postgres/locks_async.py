@@ -75,6 +75,7 @@ from ..._core.flavour import ASYNC
 from ..._core.options import (
     TIMEOUT_OPTIONS,
     Timeouts,
+    connect_timed_out,
     option_bool,
     option_int,
     option_pool_size,
@@ -320,6 +321,8 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 prepare_threshold=self.options.prepare_threshold,
                 **self._connect_kwargs,
             )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
         except psycopg.Error as exc:
             password = self.url.password
             if password and password in str(exc):  # never let a driver message leak it
