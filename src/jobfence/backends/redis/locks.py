@@ -39,7 +39,9 @@ and a lost lease is noticed in time; every script is safe to re-send).
 
 Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
 before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
-``EVALSHA`` round trip even on a cold client over a slow link.
+``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
+their own (one connection, opened by the first :meth:`prepare`), never queued behind a
+waiter's ``BLPOP`` or a connection being opened.
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 
@@ -91,6 +93,14 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
+def _warm(client: Redis) -> None:
+    """Make sure ``client``'s pool holds an open connection: take one (redis-py opens it if
+    needed, scripts and all) and give it back."""
+    pool: Any = client.connection_pool
+    conn = pool.get_connection()
+    pool.release(conn)
+
+
 def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     raw = options.pop("waiter_slack", url.options.get("waiter_slack", DEFAULT_WAITER_SLACK))
     try:
@@ -131,12 +141,19 @@ class RedisLockBackend(LockBackend):
             own=OWN_OPTIONS,
             scripts=list(scripts.values()),
         )
+        # renewals get a client of their own: its connection is never busy with a waiter's
+        # BLPOP, so a renewal does not wait for, or open, a connection (one round trip)
+        self._renewals: Redis = connect_redis(
+            url, options, what="redis lock backend", own=OWN_OPTIONS, scripts=[scripts["renew"]]
+        )
+        self._renewals_ready = False
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
         self._acquire = self._client.register_script(scripts["acquire"])
         self._release = self._client.register_script(scripts["release"])
         self._cancel = self._client.register_script(scripts["cancel"])
         self._renew: Script = self._client.register_script(scripts["renew"])
+        self._renew_batch: Script = self._renewals.register_script(scripts["renew"])
         self._holder = self._client.register_script(scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
@@ -152,10 +169,12 @@ class RedisLockBackend(LockBackend):
     # -- operations ----------------------------------------------------------------------
     def prepare(self, *, waiting: bool = False) -> None:
         """Make sure the pool holds an open connection (its scripts loaded): take one from
-        redis-py's pool, which opens it if needed, and give it back."""
-        pool: Any = self._client.connection_pool
-        conn = pool.get_connection()
-        pool.release(conn)
+        redis-py's pool, which opens it if needed, and give it back. The first time, open
+        the renewals' connection too."""
+        clients = [self._client] if self._renewals_ready else [self._client, self._renewals]
+        for client in clients:
+            _warm(client)
+        self._renewals_ready = True
 
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
@@ -202,7 +221,8 @@ class RedisLockBackend(LockBackend):
         return bool(result[0])
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Extend every lease in ``items`` with one script call (one round trip)."""
+        """Extend every lease in ``items`` with one script call (one round trip), on the
+        renewals' own connection."""
         if not items:
             return []
         ns = self.namespace
@@ -211,7 +231,7 @@ class RedisLockBackend(LockBackend):
         for _, owner, ttl in items:
             args.append(owner)
             args.append(_ms(ttl))
-        result = self._renew(keys, args)
+        result = self._renew_batch(keys, args)
         return [bool(ok) for ok in result]
 
     def holder(self, name: str) -> LockHolder | None:
@@ -225,3 +245,4 @@ class RedisLockBackend(LockBackend):
     def close(self) -> None:
         self._hints.clear()
         self._client.close()
+        self._renewals.close()

@@ -37,7 +37,9 @@ and a lost lease is noticed in time; every script is safe to re-send).
 
 Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
 before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
-``EVALSHA`` round trip even on a cold client over a slow link.
+``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
+their own (one connection, opened by the first :meth:`prepare`), never queued behind a
+waiter's ``BLPOP`` or a connection being opened.
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 
@@ -51,6 +53,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from ..._core.clock import get_clock
+from ..._core.flavour import ASYNC
 from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
@@ -58,6 +61,9 @@ from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client_async import connect_redis
+
+if ASYNC:
+    import asyncio
 
 __all__ = ["AsyncRedisLockBackend"]
 
@@ -87,6 +93,14 @@ def _script(name: str, *, with_lib: bool = True) -> str:
 def _ms(seconds: float) -> int:
     """Seconds -> whole milliseconds, at least 1."""
     return max(1, math.ceil(seconds * 1000))
+
+
+async def _warm(client: Redis) -> None:
+    """Make sure ``client``'s pool holds an open connection: take one (redis-py opens it if
+    needed, scripts and all) and give it back."""
+    pool: Any = client.connection_pool
+    conn = await pool.get_connection()
+    await pool.release(conn)
 
 
 def _slack(url: BackendURL, options: dict[str, Any]) -> float:
@@ -129,12 +143,19 @@ class AsyncRedisLockBackend(AsyncLockBackend):
             own=OWN_OPTIONS,
             scripts=list(scripts.values()),
         )
+        # renewals get a client of their own: its connection is never busy with a waiter's
+        # BLPOP, so a renewal does not wait for, or open, a connection (one round trip)
+        self._renewals: Redis = connect_redis(
+            url, options, what="redis lock backend", own=OWN_OPTIONS, scripts=[scripts["renew"]]
+        )
+        self._renewals_ready = False
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
         self._acquire = self._client.register_script(scripts["acquire"])
         self._release = self._client.register_script(scripts["release"])
         self._cancel = self._client.register_script(scripts["cancel"])
         self._renew: AsyncScript = self._client.register_script(scripts["renew"])
+        self._renew_batch: AsyncScript = self._renewals.register_script(scripts["renew"])
         self._holder = self._client.register_script(scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
@@ -150,10 +171,15 @@ class AsyncRedisLockBackend(AsyncLockBackend):
     # -- operations ----------------------------------------------------------------------
     async def prepare(self, *, waiting: bool = False) -> None:
         """Make sure the pool holds an open connection (its scripts loaded): take one from
-        redis-py's pool, which opens it if needed, and give it back."""
-        pool: Any = self._client.connection_pool
-        conn = await pool.get_connection()
-        await pool.release(conn)
+        redis-py's pool, which opens it if needed, and give it back. The first time, open
+        the renewals' connection too."""
+        clients = [self._client] if self._renewals_ready else [self._client, self._renewals]
+        if ASYNC:
+            await asyncio.gather(*(_warm(client) for client in clients))
+        else:
+            for client in clients:
+                _warm(client)
+        self._renewals_ready = True
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
@@ -200,7 +226,8 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         return bool(result[0])
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Extend every lease in ``items`` with one script call (one round trip)."""
+        """Extend every lease in ``items`` with one script call (one round trip), on the
+        renewals' own connection."""
         if not items:
             return []
         ns = self.namespace
@@ -209,7 +236,7 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         for _, owner, ttl in items:
             args.append(owner)
             args.append(_ms(ttl))
-        result = await self._renew(keys, args)
+        result = await self._renew_batch(keys, args)
         return [bool(ok) for ok in result]
 
     async def holder(self, name: str) -> LockHolder | None:
@@ -223,3 +250,4 @@ class AsyncRedisLockBackend(AsyncLockBackend):
     async def close(self) -> None:
         self._hints.clear()
         await self._client.aclose()
+        await self._renewals.aclose()
