@@ -18,6 +18,7 @@ import pytest
 import jobfence
 from jobfence._core.clock import Clock
 from jobfence._core.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, option_timeouts
+from jobfence._core.url import parse_url
 from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
 from jobfence.testing import clocked
 from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
@@ -49,7 +50,7 @@ class SlowSetupBackend(MemoryLockBackend):
     """A memory backend whose connection setup takes SETUP seconds of the fake clock."""
 
     def __init__(self, clock: FakeClock, calls: list[str]) -> None:
-        super().__init__(jobfence._core.url.parse_url(f"memory://{uuid.uuid4().hex}"))
+        super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.clock = clock
         self.calls = calls
 
@@ -66,7 +67,7 @@ class SlowSetupBackend(MemoryLockBackend):
 
 class AsyncSlowSetupBackend(AsyncMemoryLockBackend):
     def __init__(self, clock: FakeClock, calls: list[str]) -> None:
-        super().__init__(jobfence._core.url.parse_url(f"memory://{uuid.uuid4().hex}"))
+        super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.clock = clock
         self.calls = calls
 
@@ -121,7 +122,7 @@ class FailingSetupBackend(MemoryLockBackend):
     """A backend that cannot be reached: its connection setup fails."""
 
     def __init__(self) -> None:
-        super().__init__(jobfence._core.url.parse_url(f"memory://{uuid.uuid4().hex}"))
+        super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.calls: list[str] = []
 
     def prepare(self, *, waiting: bool = False) -> None:
@@ -156,7 +157,7 @@ class ReplyLostBackend(MemoryLockBackend):
     """The grant request is sent, but its reply never arrives; giving back fails too."""
 
     def __init__(self) -> None:
-        super().__init__(jobfence._core.url.parse_url(f"memory://{uuid.uuid4().hex}"))
+        super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.calls: list[str] = []
 
     def acquire(
