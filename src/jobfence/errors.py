@@ -81,7 +81,26 @@ class LockError(JobfenceError):
 
 
 class LockTimeout(LockError, TimeoutError):
-    """``acquire(..., timeout=...)`` did not get the lease in time."""
+    """``acquire(..., timeout=...)`` did not get the lease in time.
+
+    Where the backend can tell, the message and the attributes name the lease's holder when
+    the timeout passed (else they are ``None``): ``owner`` (its owner id, ``host:pid:uuid``),
+    ``token`` (its fencing token) and ``expires_in`` (seconds left on its lease).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str = "",
+        owner: str | None = None,
+        token: int | None = None,
+        expires_in: float | None = None,
+    ) -> None:
+        super().__init__(message, name=name)
+        self.owner = owner
+        self.token = token
+        self.expires_in = expires_in
 
 
 class LockLost(LockError):

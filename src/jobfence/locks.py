@@ -26,7 +26,7 @@ from ._core.lease_state import LeaseState
 from ._core.url import mask_url
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
-from .backends.base import LockBackend, LockCapabilities
+from .backends.base import LockBackend, LockCapabilities, LockHolder
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal import Renewer
@@ -61,6 +61,18 @@ _HOST = socket.gethostname()[:64]
 
 def _new_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+def _held_by(holder: LockHolder | None) -> str:
+    """The end of a LockTimeout message: who holds the lease, as far as the backend tells."""
+    if holder is None:
+        return ""
+    text = f"; held by {holder.owner or 'another session'}"
+    if holder.token is not None:
+        text += f" (token {holder.token})"
+    if holder.expires_in is not None:
+        text += f", {holder.expires_in:.1f} s left on its lease"
+    return text
 
 
 class Lease:
@@ -426,11 +438,14 @@ class Locks:
         """True once :meth:`close` was called: no more acquires, no more renewals."""
         return self._closed
 
-    def call_backend(self, operation: str, name: str, call: Callable[[], T]) -> T:
+    def call_backend(
+        self, operation: str, name: str, call: Callable[[], T], *, hooked: bool = True
+    ) -> T:
         """Internal (used by the client and its leases): run one backend operation through
-        the I/O hook; wrap driver errors in :class:`BackendError`."""
+        the I/O hook (unless not ``hooked``); wrap driver errors in :class:`BackendError`."""
         try:
-            hook(operation, name=name, backend=self.backend.kind)
+            if hooked:
+                hook(operation, name=name, backend=self.backend.kind)
             return call()
         except JobfenceError:
             raise
@@ -484,13 +499,14 @@ class Locks:
         name = check_name(name)
         ttl = check_ttl(ttl)
         owner = _new_owner()
-        started = get_clock().monotonic()
+        self._prepare(name, waiting=False)
+        started = get_clock().monotonic()  # right before the grant request
         try:
             token = self.call_backend(
                 "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
             )
         except BaseException:  # the grant may have happened with its reply lost: give it back
-            self._abandon_quietly(name, owner)
+            self._abandon_quietly(name, owner, queued=False)
             raise
         if token is None:
             return None
@@ -498,7 +514,7 @@ class Locks:
             self._refuse_closed(name, owner)
         if not self._usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
             self._warn_late_grant(name, token, started, ttl)
-            self._abandon_quietly(name, owner)
+            self._abandon_quietly(name, owner, queued=False)
             return None
         return self._lease(name, owner, token, ttl, started, renew)
 
@@ -514,9 +530,11 @@ class Locks:
         self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
     ) -> Lease:
         clock = get_clock()
-        deadline = None if timeout is None else clock.monotonic() + timeout
+        began = clock.monotonic()
+        deadline = None if timeout is None else began + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
+        self._prepare(name, waiting=True)
         retry = _WaitRetry(name, timeout, deadline)
         try:
             while True:
@@ -545,6 +563,12 @@ class Locks:
                     retry.since = _NEVER  # answered: no grant of ours is pending
                 if remaining is not None and remaining <= 0:
                     break
+                log.debug(
+                    "waiting for %r: %.1f s so far (timeout %s)",
+                    name,
+                    clock.monotonic() - began,
+                    timeout,
+                )
                 limit = (
                     self.poll_interval if remaining is None else min(self.poll_interval, remaining)
                 )
@@ -576,9 +600,14 @@ class Locks:
             lease = self._granted(retry, owner, token, ttl, started, renew)
             if lease is not None:
                 return lease
-        raise LockTimeout(f"could not acquire {name!r} within {timeout} s", name=name) from (
-            retry.error
-        )
+        holder = self._holder(name)
+        raise LockTimeout(
+            f"could not acquire {name!r} within {timeout} s{_held_by(holder)}",
+            name=name,
+            owner=None if holder is None else holder.owner,
+            token=None if holder is None else holder.token,
+            expires_in=None if holder is None else holder.expires_in,
+        ) from retry.error
 
     def _acquire_once(self, name: str, owner: str, ttl: float, wait: float) -> int | None:
         return self.call_backend(
@@ -654,22 +683,50 @@ class Locks:
             ttl - left,
         )
 
-    def _abandon(self, name: str, owner: str) -> None:
-        """An acquire was interrupted: leave the wait queue and give back a lease that may
-        have been granted to us meanwhile (even if the reply never reached us)."""
+    def _prepare(self, name: str, *, waiting: bool) -> None:
+        """Let the backend open and set up its connection (scripts, tables, a listener) before
+        a lease's clock starts: connection setup on a slow link must not eat into the lease.
+        Nothing was asked of the lock yet, so a failure here leaves nothing to clean up."""
+        self.call_backend(
+            "lock.acquire", name, partial(self.backend.prepare, waiting=waiting), hooked=False
+        )
+
+    def _holder(self, name: str) -> LockHolder | None:
+        """Who holds ``name`` now, for a :class:`LockTimeout` (``None`` if the backend cannot
+        tell, or the question fails: the timeout is what the caller must hear about)."""
+        try:
+            return self.backend.holder(name)
+        except Exception as exc:
+            log.debug("could not ask who holds %r: %r", name, exc)
+            return None
+
+    def _abandon(self, name: str, owner: str, *, queued: bool = True) -> None:
+        """An acquire was interrupted: leave the wait queue (``queued``: a waiting acquire
+        may have joined one) and give back a lease that may have been granted to us
+        meanwhile (even if the reply never reached us)."""
         kind = self.backend.kind
         try:
-            hook("lock.abandon_wait", name=name, backend=kind)
-            self.backend.cancel_wait(name, owner)
+            if queued:
+                hook("lock.abandon_wait", name=name, backend=kind)
+                self.backend.cancel_wait(name, owner)
             hook("lock.abandon_release", name=name, backend=kind)
             self.backend.release(name, owner)  # owner-checked: a no-op if not ours
         except Exception as exc:
-            log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
+            if queued:
+                log.warning("could not leave the wait queue of %r (it will expire): %r", name, exc)
+            else:
+                log.warning(
+                    "could not give back %r in case it was granted (it will expire): %r",
+                    name,
+                    exc,
+                )
 
-    def _abandon_quietly(self, name: str, owner: str) -> None:
+    def _abandon_quietly(self, name: str, owner: str, *, queued: bool = True) -> None:
         # Wait for the clean-up a little (a release right after an interrupted waiter must
         # not hand it the lease), but not long: an interrupted acquire must end promptly.
-        compat.clean_up(partial(self._abandon, name, owner), self._cleanups, CLEANUP_WAIT)
+        compat.clean_up(
+            partial(self._abandon, name, owner, queued=queued), self._cleanups, CLEANUP_WAIT
+        )
 
     def acquire(
         self,

@@ -6,11 +6,25 @@ import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["option_bool", "option_int", "option_pool_size", "option_seconds", "reject_unknown"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "TIMEOUT_OPTIONS",
+    "Timeouts",
+    "connect_timed_out",
+    "option_bool",
+    "option_int",
+    "option_pool_size",
+    "option_seconds",
+    "option_timeouts",
+    "reject_unknown",
+    "request_timed_out",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -100,3 +114,54 @@ def _user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
+
+
+#: seconds a new connection may take to open (every network backend)
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: seconds one request may wait for its reply (every network backend)
+DEFAULT_TIMEOUT = 5.0
+#: the options that set them, as URL query options or keywords
+TIMEOUT_OPTIONS = ("connect_timeout", "timeout")
+#: the longest either may be set to
+MAX_TIMEOUT = 3600.0
+#: the shortest either may be set to
+MIN_TIMEOUT = 0.01
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The deadlines of a network backend's calls, in seconds.
+
+    ``connect``: opening a new connection. ``request``: one request, from sending it to its
+    reply; a request that waits in the server on purpose (a blocking lock wait) gets its wait
+    on top.
+    """
+
+    connect: float = DEFAULT_CONNECT_TIMEOUT
+    request: float = DEFAULT_TIMEOUT
+
+
+def option_timeouts(options: Mapping[str, Any], url_options: Mapping[str, Any]) -> Timeouts:
+    """``connect_timeout`` and ``timeout`` (seconds, keywords win over the URL), each from
+    ``MIN_TIMEOUT`` to ``MAX_TIMEOUT``; the defaults where not given."""
+    values: dict[str, float] = {}
+    defaults = {"connect_timeout": DEFAULT_CONNECT_TIMEOUT, "timeout": DEFAULT_TIMEOUT}
+    for argument, default in defaults.items():
+        raw = options.get(argument, url_options.get(argument))
+        values[argument] = (
+            default if raw is None else option_seconds(raw, argument, MIN_TIMEOUT, MAX_TIMEOUT)
+        )
+    return Timeouts(connect=values["connect_timeout"], request=values["timeout"])
+
+
+def connect_timed_out(seconds: float) -> TimeoutError:
+    """The error of a connection that could not be opened within ``connect_timeout``."""
+    return TimeoutError(f"could not connect within {seconds:g} s (the connect_timeout option)")
+
+
+def request_timed_out(seconds: float) -> TimeoutError:
+    """The error of a request whose reply did not come within ``timeout``."""
+    return TimeoutError(
+        f"no reply from the server within {seconds:g} s (the timeout option); "
+        "the connection was closed"
+    )

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "AsyncInboxBackend",
@@ -28,6 +28,7 @@ __all__ = [
     "InboxCapabilities",
     "LockBackend",
     "LockCapabilities",
+    "LockHolder",
     "RenewItem",
     "record_from_row",
 ]
@@ -63,6 +64,20 @@ class LockCapabilities:
 
 #: one lease or claim to renew: (name or key, owner, ttl seconds)
 RenewItem = tuple[str, str, float]
+
+
+class LockHolder(NamedTuple):
+    """Who holds a lease right now, as :meth:`AsyncLockBackend.holder` reports it.
+
+    ``owner`` is the holder's owner id (``host:pid:uuid``), ``None`` where the server does not
+    record it (PostgreSQL session mode); ``token`` its fencing token, ``None`` if unknown;
+    ``expires_in`` the seconds left on the lease by the server's clock, ``None`` where a lease
+    has no ttl (PostgreSQL session mode).
+    """
+
+    owner: str | None
+    token: int | None
+    expires_in: float | None
 
 
 class ClaimState(str, enum.Enum):
@@ -180,6 +195,20 @@ class AsyncLockBackend(abc.ABC):
         """Create the backend's tables now (idempotent). Backends without a schema do nothing;
         SQL backends also create them on first use of their own connection."""
 
+    async def prepare(self, *, waiting: bool = False) -> None:  # noqa: B027 - optional
+        """Open and set up what the next :meth:`acquire` needs (a connection with its session
+        settings and scripts, the tables; with ``waiting``, what a waiter needs too), so that
+        the grant request itself costs one round trip. A no-op when all is ready.
+
+        ``Locks`` calls it before it reads the clock that a new lease's local deadline counts
+        from: connection setup on a slow link does not eat into the lease.
+        """
+
+    async def holder(self, name: str) -> LockHolder | None:
+        """Who holds ``name`` now (``None``: nobody, or the backend cannot tell). Read-only;
+        ``LockTimeout`` and operator tools report it."""
+        return None
+
     async def force_release(self, name: str) -> bool:
         """Administrative: drop the lease on ``name`` whoever holds it (the holder will find
         it lost at its next renewal). Used by tests of lost-lease detection. Returns whether
@@ -225,6 +254,12 @@ class LockBackend(abc.ABC):
 
     def install(self) -> None:  # noqa: B027 - optional, a no-op by default
         pass
+
+    def prepare(self, *, waiting: bool = False) -> None:  # noqa: B027 - optional
+        pass
+
+    def holder(self, name: str) -> LockHolder | None:
+        return None
 
     def force_release(self, name: str) -> bool:
         raise NotImplementedError(f"{type(self).__name__} must implement force_release()")

@@ -21,7 +21,7 @@ from ..._core.clock import get_clock
 from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import AsyncLockBackend, LockBackend, LockCapabilities
+from ..base import AsyncLockBackend, LockBackend, LockCapabilities, LockHolder
 from . import NAMESPACE_LIMIT
 
 __all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_store"]
@@ -177,6 +177,15 @@ class MemoryStore:
             lease.expires = now + ttl
             return True
 
+    def holder(self, name: str) -> LockHolder | None:
+        """Who holds ``name`` now: (owner, token, seconds left by jobfence's clock)."""
+        now = get_clock().monotonic()
+        with self.mutex:
+            lease = self._live(name, now)
+            if lease is None:
+                return None
+            return LockHolder(lease.owner, lease.token, lease.expires - now)
+
     def force_release(self, name: str) -> bool:
         """Drop a lease behind its holder's back (admin; tests of lost-lease detection)."""
         now = get_clock().monotonic()
@@ -256,6 +265,9 @@ class MemoryLockBackend(LockBackend):
     def force_release(self, name: str) -> bool:
         return self.store.force_release(name)
 
+    def holder(self, name: str) -> LockHolder | None:
+        return self.store.holder(name)
+
     def close(self) -> None:
         pass
 
@@ -296,6 +308,9 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
 
     async def force_release(self, name: str) -> bool:
         return self.store.force_release(name)
+
+    async def holder(self, name: str) -> LockHolder | None:
+        return self.store.holder(name)
 
     async def close(self) -> None:
         pass

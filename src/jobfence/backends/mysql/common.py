@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..._core.options import option_seconds
+from ..._core.options import option_seconds, option_timeouts
 from ..._core.sqlfiles import convert, load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
@@ -29,9 +29,11 @@ __all__ = [
     "check_namespace",
     "is_deadlock",
     "is_disconnect",
+    "is_timeout",
     "load_queries",
     "name_hash",
     "renew_statement",
+    "use_request_timeouts",
 ]
 
 SCHEMA_VERSION = 1
@@ -152,6 +154,21 @@ def is_deadlock(exc: BaseException) -> bool:
     return _code(exc) in _DEADLOCK_CODES
 
 
+def is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a request that got no reply in time: ``TimeoutError`` (the async
+    deadline), or PyMySQL's "lost connection" raised while handling a socket timeout (the
+    connection is closed then)."""
+    return isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError)
+
+
+def use_request_timeouts(conn: Any, timeout: float) -> None:
+    """A PyMySQL connection opened with ``connect_timeout`` as its read and write timeouts
+    (so the server's greeting and the login wait at most that long) waits ``timeout`` for
+    every later reply. PyMySQL applies these attributes at the next read or write."""
+    conn._read_timeout = timeout
+    conn._write_timeout = timeout
+
+
 _seconds = option_seconds
 
 
@@ -205,6 +222,7 @@ class MySQLOptions:
             )
         poll_initial = _seconds(merged.get("poll_initial", 0.002), "poll_initial", 0.0001, 60.0)
         socket = merged.get("unix_socket")
+        timeouts = option_timeouts(options, url.options)
         return cls(
             host=url.host or "localhost",
             port=url.port or DEFAULT_PORT,
@@ -213,10 +231,8 @@ class MySQLOptions:
             database=database,
             unix_socket=str(socket) if socket else None,
             mode=mode,
-            connect_timeout=_seconds(
-                merged.get("connect_timeout", 10.0), "connect_timeout", 0.01, 3600.0
-            ),
-            timeout=_seconds(merged.get("timeout", 10.0), "timeout", 0.01, 3600.0),
+            connect_timeout=timeouts.connect,
+            timeout=timeouts.request,
             poll_initial=poll_initial,
             poll_max=_seconds(merged.get("poll_max", 0.05), "poll_max", poll_initial, 60.0),
             next_in_line=_seconds(merged.get("next_in_line", 0.25), "next_in_line", 0.0, 60.0),

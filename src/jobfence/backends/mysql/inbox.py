@@ -13,21 +13,30 @@ server's clock (``UTC_TIMESTAMP(6)``). The table is created on first use or by
 ``install()``.
 
 URL / keyword options: ``table`` (default ``jobfence_inbox``), ``pool_size`` (idle connections
-kept for reuse, default 8; ``max_idle`` is a deprecated name for it).
+kept for reuse, default 8; ``max_idle`` is a deprecated name for it), ``connect_timeout`` and
+``timeout`` (seconds, default 5 each: opening a connection -- TCP, greeting, login -- and one
+request's reply; a connection whose request timed out is closed, never reused).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import pymysql
 from pymysql.constants import CLIENT
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
+from ..._core.options import (
+    TIMEOUT_OPTIONS,
+    connect_timed_out,
+    option_timeouts,
+    request_timed_out,
+)
 from ..._core.pool import DEFAULT_POOL_SIZE, ConnPool
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
@@ -39,10 +48,12 @@ from ..base import (
     RenewItem,
     record_from_row,
 )
-from .common import STYLE
+from .common import STYLE, is_timeout, use_request_timeouts
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["MySQLInboxBackend"]
+
+T = TypeVar("T")
 
 
 def _text(value: Any) -> str | None:
@@ -63,7 +74,10 @@ class MySQLInboxBackend(InboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = inbox_table(url, table, options, backend="mysql", limit=TABLE_LIMIT)
+        self.table = inbox_table(
+            url, table, options, backend="mysql", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
+        )
+        self.timeouts = option_timeouts(options, url.options)
         self._params: dict[str, Any] = {
             "host": url.host or "127.0.0.1",
             "port": url.port or 3306,
@@ -73,9 +87,12 @@ class MySQLInboxBackend(InboxBackend):
             "autocommit": True,
             # one round trip for claim + the read of its outcome; rowcount = matched rows
             "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
+            "connect_timeout": self.timeouts.connect,
         }
         database = url.path.lstrip("/") or None
         self._params["database"] = database
+        # the greeting and the login wait connect_timeout; then each reply timeout
+        self._params["read_timeout"] = self._params["write_timeout"] = self.timeouts.connect
         self._sql = q = DIALECT.inbox_queries(self.table, style=STYLE)
         self._claim_new_sql = q["claim_new"]
         # one multi-statement round trip; both statements take the same parameters
@@ -87,7 +104,14 @@ class MySQLInboxBackend(InboxBackend):
         )
 
     def _connect(self) -> Any:
-        return pymysql.connect(**self._params)
+        try:
+            conn = pymysql.connect(**self._params)
+        except pymysql.err.OperationalError as exc:
+            if is_timeout(exc):
+                raise connect_timed_out(self.timeouts.connect) from exc
+            raise
+        use_request_timeouts(conn, self.timeouts.request)
+        return conn
 
     @staticmethod
     def _close(conn: Any) -> None:
@@ -108,24 +132,41 @@ class MySQLInboxBackend(InboxBackend):
         for _ in range(2):
             try:
                 with self._pool.connection() as conn, conn.cursor() as cur:
-                    cur.execute(sql, params)
-                    count, last_id = cur.rowcount, cur.lastrowid
-                    if second:
-                        cur.nextset()
-                    rows = list(cur.fetchall()) if cur.description else []
-                    return rows, count, last_id
+                    return self._bounded(partial(self._request, cur, sql, params, second))
             except Exception as exc:
                 if self._installed or not is_undefined_table(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @staticmethod
+    def _request(
+        cur: Any, sql: str, params: Mapping[str, Any], second: bool
+    ) -> tuple[list[Any], int, int | None]:
+        cur.execute(sql, params)
+        count, last_id = cur.rowcount, cur.lastrowid
+        if second:
+            cur.nextset()
+        rows = list(cur.fetchall()) if cur.description else []
+        return rows, count, last_id
+
+    def _bounded(self, request: Callable[[], T]) -> T:
+        """Run one request within the ``timeout`` (PyMySQL: its read and write timeouts;
+        aiomysql: a deadline around it). A timed-out request raises ``TimeoutError``; its
+        connection is closed by the pool (it closes a connection that saw an error)."""
+        try:
+            return request()
+        except Exception as exc:
+            if is_timeout(exc):
+                raise request_timed_out(self.timeouts.request) from exc
+            raise
+
     def install(self) -> None:
         with warnings.catch_warnings():  # hide the server's "table already exists" notes
             warnings.simplefilter("ignore")
             with self._pool.connection() as conn, conn.cursor() as cur:
                 for statement in self._sql.statements("schema"):
-                    cur.execute(statement)
+                    self._bounded(partial(cur.execute, statement))
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
@@ -180,7 +221,7 @@ class MySQLInboxBackend(InboxBackend):
         with self._pool.connection() as conn, conn.cursor() as cur:
             for statement in self._sql.statements("drop"):
                 try:
-                    cur.execute(statement)
+                    self._bounded(partial(cur.execute, statement))
                 except Exception as exc:
                     if not is_undefined_table(exc):
                         raise

@@ -18,13 +18,17 @@ contract, lives in ``sql/locks.sql``.
   one allowed to take a freed lease for a moment, so a releasing worker cannot re-take the lock
   ahead of one that was waiting. A release in the same process wakes a waiter at once.
 * **Connections**: one autocommit connection per backend, opened lazily (the constructor needs
-  no event loop) and guarded by a lock, shared by the callers and the renewer. A connection that
-  was lost (killed, server restarted) is replaced, and the statement retried once (every
-  statement here is safe to repeat); if the server stays unreachable, the error propagates and
-  the renewer marks leases lost when their ttl runs out.
+  no event loop, and :meth:`prepare` opens it before ``Locks`` starts a lease's clock) and
+  guarded by a lock, shared by the callers and the renewer. A connection that was lost (killed,
+  server restarted) is replaced, and the statement retried once (every statement here is safe
+  to repeat); if the server stays unreachable, the error propagates and the renewer marks
+  leases lost when their ttl runs out.
+* **Deadlines**: opening a connection (TCP, the server's greeting, the login) waits at most
+  ``connect_timeout``, every statement at most ``timeout`` for its reply; a statement past its
+  deadline has its connection closed (its protocol state is unknown) and is not retried.
 
 URL / keyword options: ``mode`` (``lease``, the default and only mode), ``connect_timeout`` and
-``timeout`` (seconds, default 10: connecting, and one statement), ``poll_initial`` /
+``timeout`` (seconds, default 5: connecting, and one statement), ``poll_initial`` /
 ``poll_max`` (the wait backoff, default 0.002 / 0.05 s), ``next_in_line`` (how long a waiter
 stays next in line without polling again, default 0.25 s; 0 disables), ``unix_socket``.
 """
@@ -40,10 +44,11 @@ import aiomysql
 from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
+from ..._core.options import connect_timed_out, request_timed_out
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
-from ..base import AsyncLockBackend, RenewItem
+from ..base import AsyncLockBackend, LockHolder, RenewItem
 from .common import (
     CAPABILITIES,
     SCHEMA_VERSION,
@@ -54,10 +59,12 @@ from .common import (
     held_statement,
     is_deadlock,
     is_disconnect,
+    is_timeout,
     load_queries,
     micros,
     name_hash,
     renew_statement,
+    use_request_timeouts,
 )
 
 if ASYNC:
@@ -102,17 +109,31 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
 
     # -- connection ----------------------------------------------------------------------
     async def _connect(self) -> Any:
-        kwargs = self.options.connect_kwargs()
+        options = self.options
+        kwargs = options.connect_kwargs()
         if ASYNC:
-            conn = await aiomysql.connect(db=self.options.database, **kwargs)
+            # aiomysql bounds only the TCP connection: bound the greeting and login too
+            try:
+                conn = await acompat.call_bounded(
+                    lambda: aiomysql.connect(db=options.database, **kwargs),
+                    options.connect_timeout,
+                )
+            except TimeoutError:
+                raise connect_timed_out(options.connect_timeout) from None
             self._loop = asyncio.get_running_loop()
         else:
-            conn = pymysql.connect(
-                database=self.options.database,
-                read_timeout=self.options.timeout,
-                write_timeout=self.options.timeout,
-                **kwargs,
-            )
+            try:
+                conn = pymysql.connect(
+                    database=options.database,
+                    read_timeout=options.connect_timeout,
+                    write_timeout=options.connect_timeout,
+                    **kwargs,
+                )
+            except pymysql.err.OperationalError as exc:
+                if is_timeout(exc):
+                    raise connect_timed_out(options.connect_timeout) from exc
+                raise
+            use_request_timeouts(conn, options.timeout)
         try:
             async with conn.cursor() as cur:
                 for statement in SESSION_SETUP:
@@ -154,6 +175,18 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
             rows = await cur.fetchall()
             return int(cur.rowcount), int(cur.lastrowid or 0), list(rows or ())
 
+    async def _open(self) -> bool:
+        """Make sure the shared connection is open (call with ``_mutex`` held); return
+        whether it was opened just now."""
+        if self._closed:
+            raise ConfigurationError("this mysql lock backend is closed", argument="self")
+        if ASYNC and self._conn is not None and self._loop is not asyncio.get_running_loop():
+            self._drop()  # opened on another (maybe closed) event loop
+        if self._conn is not None:
+            return False
+        self._conn = await self._connect()
+        return True
+
     async def _execute(self, sql: str, args: Any) -> Result:
         """Run one statement on the shared connection, reconnecting once if it was lost.
 
@@ -163,22 +196,16 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         victim (rolled back by InnoDB) is retried a few times.
         """
         async with self._mutex:
-            if self._closed:
-                raise ConfigurationError("this mysql lock backend is closed", argument="self")
-            if ASYNC and self._conn is not None and self._loop is not asyncio.get_running_loop():
-                self._drop()  # opened on another (maybe closed) event loop
             reconnected = False
             deadlocks = 0
             while True:
-                fresh = self._conn is None
-                if fresh:
-                    self._conn = await self._connect()
+                fresh = await self._open()
                 try:
                     return await self._run(sql, args)
                 except Exception as exc:
-                    if ASYNC and isinstance(exc, TimeoutError):
+                    if is_timeout(exc):  # no reply in time: not retried
                         self._drop()  # a statement cut off mid-way leaves the protocol unusable
-                        raise
+                        raise request_timed_out(self.options.timeout) from exc
                     if is_deadlock(exc) and deadlocks < _DEADLOCK_RETRIES:
                         deadlocks += 1
                         continue
@@ -195,8 +222,19 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
     async def install(self) -> None:
         """Create the tables now (they are also created on first use)."""
         async with self._mutex:
-            if self._conn is None:
-                self._conn = await self._connect()
+            await self._open()
+
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Open the connection (and create the tables) now, before a lease's clock starts."""
+        await self.install()
+
+    async def holder(self, name: str) -> LockHolder | None:
+        _, _, rows = await self._execute(self.queries["holder"], {"hash": name_hash(name)})
+        if not rows:
+            return None
+        owner, token, left_us = rows[0]
+        owner = owner.decode("utf-8") if isinstance(owner, (bytes, bytearray)) else str(owner)
+        return LockHolder(owner, int(token), max(0, int(left_us)) / 1_000_000)
 
     def _key(self, name: str) -> tuple[str, str, str]:
         return (*self._key_prefix, name)

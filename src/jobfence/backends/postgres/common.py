@@ -1,10 +1,33 @@
-"""Names and keys as PostgreSQL ``text`` can store them; which pooled connection is reusable."""
+"""Names and keys as PostgreSQL ``text`` can store them; which pooled connection is reusable;
+the deadlines of every connection and statement (hand-written for both flavours)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["pg_text", "reusable"]
+from ..._core.options import Timeouts, request_timed_out
+from .._deadline import guard, guard_async
+
+__all__ = [
+    "KEEPALIVES",
+    "connect_kwargs",
+    "execute_bounded",
+    "execute_bounded_async",
+    "pg_text",
+    "reusable",
+]
+
+#: TCP keepalive settings (libpq parameters) used unless the URL sets its own: a dead peer
+#: behind an idle connection (a pooled one, the LISTEN connection) is noticed within about
+#: 5 + 2 * 3 = 11 s instead of the kernel's default of over two hours
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
 
 _ESCAPE = "\ufffe"
 
@@ -32,3 +55,58 @@ def reusable(conn: Any) -> bool:
         and not conn.broken
         and conn.info.transaction_status == TransactionStatus.IDLE
     )
+
+
+def connect_kwargs(url_options: Mapping[str, Any], timeouts: Timeouts) -> dict[str, Any]:
+    """libpq parameters for a new connection: ``connect_timeout`` (libpq counts whole seconds,
+    at least 2, and bounds the whole opening: TCP, TLS, authentication), the TCP keepalives
+    and ``tcp_user_timeout`` (sent data unacknowledged for ``timeout`` breaks the connection),
+    each unless the URL sets that libpq parameter itself."""
+    params: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeouts.connect))}
+    defaults = {**KEEPALIVES, "tcp_user_timeout": math.ceil(timeouts.request * 1000)}
+    params.update({k: v for k, v in defaults.items() if k not in url_options})
+    return params
+
+
+async def execute_bounded_async(
+    conn: Any, query: str, params: Any = None, *, limit: float
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Run ``query`` on the psycopg ``AsyncConnection`` ``conn``: (rows, rowcount). If the
+    reply has not arrived within ``limit`` seconds, the connection is broken off and closed
+    and ``TimeoutError`` is raised (the statement may or may not have run)."""
+    watch = guard_async(conn.fileno(), limit)
+    try:
+        cursor = await conn.execute(query, params)
+        rows = await cursor.fetchall() if cursor.description is not None else []
+        count = cursor.rowcount
+    except Exception as exc:
+        if watch.done():
+            await conn.close()
+            raise request_timed_out(limit) from exc
+        raise
+    finally:
+        fired = watch.done()
+    if fired:  # the reply came just as the deadline passed: the socket is shut all the same
+        await conn.close()
+    return rows, count
+
+
+def execute_bounded(
+    conn: Any, query: str, params: Any = None, *, limit: float
+) -> tuple[list[tuple[Any, ...]], int]:
+    """The blocking twin of :func:`execute_bounded_async`, for a psycopg ``Connection``."""
+    watch = guard(conn.fileno(), limit)
+    try:
+        cursor = conn.execute(query, params)
+        rows = cursor.fetchall() if cursor.description is not None else []
+        count = cursor.rowcount
+    except Exception as exc:
+        if watch.done():
+            conn.close()
+            raise request_timed_out(limit) from exc
+        raise
+    finally:
+        fired = watch.done()
+    if fired:
+        conn.close()
+    return rows, count

@@ -11,7 +11,9 @@ a second statement (``peek``; duplicates are the rare path). The table is create
 processes starting at once do not race on ``CREATE TABLE``.
 
 URL / keyword options: ``table`` (default ``jobfence_inbox``), ``pool_size`` (idle connections
-kept for reuse, default 8; ``max_idle`` is its deprecated former name).
+kept for reuse, default 8; ``max_idle`` is its deprecated former name), ``connect_timeout`` and
+``timeout`` (seconds, default 5 each: opening a connection, and one statement's reply; a
+statement past its deadline has its connection closed, never reused; see ``common.py``).
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from typing import Any
 import psycopg
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
+from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
-from .common import reusable
+from .common import connect_kwargs, execute_bounded, reusable
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["PostgresInboxBackend"]
 
-_OPTIONS = ("table", "pool_size", "max_idle")
+_OPTIONS = ("table", "pool_size", "max_idle", *TIMEOUT_OPTIONS)
 DEFAULT_POOL_SIZE = 8
 
 
@@ -45,7 +48,11 @@ class PostgresInboxBackend(SQLInboxBackend):
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
-        self.table = inbox_table(url, table, options, backend="postgres", limit=TABLE_LIMIT)
+        self.table = inbox_table(
+            url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
+        )
+        self.timeouts = option_timeouts(options, url.options)
+        self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         self._conninfo = url.without_options(*_OPTIONS)
         if self._conninfo.startswith("postgres://"):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
@@ -56,7 +63,16 @@ class PostgresInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        return psycopg.Connection.connect(self._conninfo, autocommit=True)
+        try:
+            return psycopg.Connection.connect(
+                self._conninfo, autocommit=True, **self._connect_kwargs
+            )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
+
+    def _execute(self, conn: Any, sql: str, params: Any = None) -> tuple[list[Any], int]:
+        """One statement within the ``timeout``; past it the connection is closed."""
+        return execute_bounded(conn, sql, params, limit=self.timeouts.request)
 
     @staticmethod
     def _close(conn: Any) -> None:
@@ -73,9 +89,7 @@ class PostgresInboxBackend(SQLInboxBackend):
         for _ in range(2):
             try:
                 with self._pool.connection() as conn:
-                    cur = conn.execute(sql, params)
-                    rows = cur.fetchall() if cur.description else []
-                    return rows, cur.rowcount
+                    return self._execute(conn, sql, params)
             except psycopg.Error as exc:
                 if self._installed or not is_undefined_table(exc):
                     raise
@@ -97,7 +111,7 @@ class PostgresInboxBackend(SQLInboxBackend):
     def install(self) -> None:
         with self._pool.connection() as conn, conn.transaction():
             for statement in self._sql.statements("schema"):
-                conn.execute(statement)
+                self._execute(conn, statement)
         self._installed = True
 
     def drop(self) -> None:
@@ -105,7 +119,7 @@ class PostgresInboxBackend(SQLInboxBackend):
         with self._pool.connection() as conn:
             for statement in self._sql.statements("drop"):
                 try:
-                    conn.execute(statement)
+                    self._execute(conn, statement)
                 except psycopg.errors.UndefinedTable:
                     pass
         self._installed = False

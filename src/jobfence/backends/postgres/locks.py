@@ -46,7 +46,16 @@ URL / keyword options (keywords win; everything else in the URL goes to libpq un
 ``mode`` (``lease`` | ``session``), ``notify`` (``true`` | ``false``, lease mode),
 ``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated name
 for it), ``prepare_threshold`` (psycopg's;
-``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21).
+``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21),
+``connect_timeout`` and ``timeout`` (seconds, default 5 each).
+
+Deadlines: opening a connection waits at most ``connect_timeout`` (libpq's parameter: whole
+seconds, at least 2); every statement waits at most ``timeout`` for its reply (a session-mode
+``pg_advisory_lock`` its wait on top), after which its connection is broken off, closed and
+never reused (``common.execute_bounded``); idle connections have TCP keepalives and
+``tcp_user_timeout`` (``common.connect_kwargs``). :meth:`prepare` opens a connection, creates
+the tables and starts the LISTEN connection before ``Locks`` starts a lease's clock, so a
+grant costs one round trip even on a cold client.
 """
 
 from __future__ import annotations
@@ -64,15 +73,23 @@ from psycopg import Connection
 
 from ..._core import compat, forks
 from ..._core.clock import get_clock
-from ..._core.options import option_bool, option_int, option_pool_size
+from ..._core.options import (
+    TIMEOUT_OPTIONS,
+    Timeouts,
+    connect_timed_out,
+    option_bool,
+    option_int,
+    option_pool_size,
+    option_timeouts,
+)
 from ..._core.pool import ConnPool
 from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
-from ..base import LockBackend, LockCapabilities, RenewItem
-from .common import pg_text, reusable
+from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
+from .common import connect_kwargs, execute_bounded, pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
 
 __all__ = [
@@ -91,7 +108,7 @@ log = logging.getLogger("jobfence.backends.postgres")
 
 SCHEMA_VERSION = 1
 MODES = ("lease", "session")
-OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold")
+OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS)
 #: deprecated names of options (accepted, with a DeprecationWarning)
 _ALIASES = ("max_idle",)
 DEFAULT_POOL_SIZE = 4
@@ -182,6 +199,7 @@ class PostgresOptions:
     notify: bool
     pool_size: int
     prepare_threshold: int | None
+    timeouts: Timeouts
 
     @classmethod
     def parse(cls, url: BackendURL, options: dict[str, Any]) -> PostgresOptions:
@@ -214,6 +232,7 @@ class PostgresOptions:
             notify=_option_bool(merged.get("notify", True), "notify"),
             pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
             prepare_threshold=threshold,
+            timeouts=option_timeouts(options, url.options),
         )
 
 
@@ -264,6 +283,8 @@ class PostgresLockBackend(LockBackend):
         )
         self.queries = load_queries(namespace)
         self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        self.timeouts = self.options.timeouts
+        self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
         self._pool = ConnPool(
             self._connect, self._drop, pool_size=self.options.pool_size, reusable=reusable
@@ -296,7 +317,10 @@ class PostgresLockBackend(LockBackend):
                 self._conninfo,
                 autocommit=True,
                 prepare_threshold=self.options.prepare_threshold,
+                **self._connect_kwargs,
             )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
         except psycopg.Error as exc:
             password = self.url.password
             if password and password in str(exc):  # never let a driver message leak it
@@ -320,6 +344,14 @@ class PostgresLockBackend(LockBackend):
         except Exception:  # already broken: nothing left to close
             pass
 
+    def _execute(
+        self, conn: Conn, query: str, params: dict[str, Any] | None = None, *, wait: float = 0.0
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Run one statement on ``conn`` within the ``timeout`` (plus ``wait``, for one that
+        waits in the server on purpose): (rows, rowcount). Past it the connection is closed
+        and ``TimeoutError`` raised."""
+        return execute_bounded(conn, query, params, limit=self.timeouts.request + wait)
+
     def _run(
         self, query: str, params: dict[str, Any] | None = None
     ) -> tuple[list[tuple[Any, ...]], int]:
@@ -327,9 +359,7 @@ class PostgresLockBackend(LockBackend):
         self._ready()
         conn = self._take()
         try:
-            cursor = conn.execute(query, params)
-            rows = cursor.fetchall() if cursor.description is not None else []
-            rowcount = cursor.rowcount
+            rows, rowcount = self._execute(conn, query, params)
         except BaseException:
             self._give(conn)  # kept only if it is idle and healthy
             raise
@@ -349,13 +379,13 @@ class PostgresLockBackend(LockBackend):
             conn = self._take()
             try:
                 try:
-                    conn.execute(self.queries["schema"])
+                    self._execute(conn, self.queries["schema"])
                 except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                     # another component created a shared table at the same instant without
                     # our advisory lock: it exists now, so the second run only finds it
-                    conn.execute(self.queries["schema"])
-                cursor = conn.execute(self.queries["schema_version"])
-                row = cursor.fetchone()
+                    self._execute(conn, self.queries["schema"])
+                rows, _ = self._execute(conn, self.queries["schema_version"])
+                row = rows[0] if rows else None
             except BaseException:
                 self._give(conn)
                 raise
@@ -366,6 +396,31 @@ class PostgresLockBackend(LockBackend):
             self._installed = True
 
     # -- the verbs -----------------------------------------------------------------------
+    def prepare(self, *, waiting: bool = False) -> None:
+        """Create the tables, open a pooled connection and, for a lease-mode waiter with
+        ``notify``, the LISTEN connection -- each once -- so that the grant request that
+        follows is one round trip."""
+        self._ready()
+        if waiting and self.mode == "lease" and self.options.notify:
+            self._ensure_listener()
+        self._give(self._take())
+
+    def holder(self, name: str) -> LockHolder | None:
+        """Lease mode: the live lease's owner, token and seconds left. Session mode: the
+        token of the session holding the advisory lock (its owner id and ttl are not
+        recorded on the server)."""
+        if self.mode == "session":
+            params = {**_halves(advisory_key(self.namespace, name)), "name": stored_name(name)}
+            rows, _ = self._run(self.queries["session_holder"], params)
+            if not rows:
+                return None
+            return LockHolder(None, None if rows[0][0] is None else int(rows[0][0]), None)
+        rows, _ = self._run(self.queries["holder"], {"name": stored_name(name)})
+        if not rows:
+            return None
+        owner, token, left = rows[0]
+        return LockHolder(str(owner), int(token), max(0.0, float(left)))
+
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
@@ -506,7 +561,7 @@ class PostgresLockBackend(LockBackend):
         self._closed = True
         for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
             try:
-                blocked.cancel_safe()
+                blocked.cancel_safe(timeout=self.timeouts.connect)
             except Exception:  # it finished meanwhile, or the server is gone
                 pass
         with self._mutex:
@@ -578,7 +633,7 @@ class PostgresLockBackend(LockBackend):
                 log.warning("postgres LISTEN connection failed (waiters poll): %s", exc)
                 return
             try:
-                conn.execute(self.queries["listen"])
+                self._execute(conn, self.queries["listen"])
             except Exception as exc:
                 self._drop(conn)
                 self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
@@ -614,26 +669,27 @@ class PostgresLockBackend(LockBackend):
         conn = self._take()
         try:
             if wait is None or wait <= 0:
-                cursor = conn.execute(self.queries["session_try"], params)
-                row = cursor.fetchone()
+                rows, _ = self._execute(conn, self.queries["session_try"], params)
+                row = rows[0] if rows else None
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
                 self._blocked.add(conn)
                 try:
-                    cursor = conn.execute(
+                    rows, _ = self._execute(
+                        conn,
                         self.queries["session_lock"],
                         {**params, "lock_timeout": f"{limit_ms}ms"},
+                        wait=limit_ms / 1000,
                     )
-                    row = cursor.fetchone()
+                    row = rows[0] if rows else None
                 except psycopg.errors.LockNotAvailable:
                     # the lock may have been granted in the instant the timeout fired:
                     # look on this very connection, and keep it if we got it
                     row = None
-                    cursor = conn.execute(self.queries["session_held"], _halves(key))
-                    held = cursor.fetchone()
-                    if held is not None and held[0]:
-                        cursor = conn.execute(self.queries["session_bump"], params)
-                        row = cursor.fetchone()
+                    held, _ = self._execute(conn, self.queries["session_held"], _halves(key))
+                    if held and held[0][0]:
+                        rows, _ = self._execute(conn, self.queries["session_bump"], params)
+                        row = rows[0] if rows else None
         except BaseException:
             self._blocked.discard(conn)
             self._drop(conn)  # closing the session frees anything it may hold
@@ -656,8 +712,8 @@ class PostgresLockBackend(LockBackend):
         if held is None:
             return False
         try:
-            cursor = held.conn.execute(self.queries["session_unlock"], {"key": held.key})
-            row = cursor.fetchone()
+            rows, _ = self._execute(held.conn, self.queries["session_unlock"], {"key": held.key})
+            row = rows[0] if rows else None
         except BaseException:
             broken = held.conn.broken or held.conn.closed
             self._drop(held.conn)  # closing the session frees the lock in any case
@@ -679,9 +735,9 @@ class PostgresLockBackend(LockBackend):
         if held is None:
             return False
         try:
-            cursor = held.conn.execute(self.queries["session_held"], _halves(held.key))
-            row = cursor.fetchone()
-        except psycopg.Error:
+            rows, _ = self._execute(held.conn, self.queries["session_held"], _halves(held.key))
+            row = rows[0] if rows else None
+        except (psycopg.Error, TimeoutError):  # a timeout closed the connection
             if not (held.conn.broken or held.conn.closed):
                 raise
             with self._mutex:

@@ -44,7 +44,16 @@ URL / keyword options (keywords win; everything else in the URL goes to libpq un
 ``mode`` (``lease`` | ``session``), ``notify`` (``true`` | ``false``, lease mode),
 ``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated name
 for it), ``prepare_threshold`` (psycopg's;
-``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21).
+``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21),
+``connect_timeout`` and ``timeout`` (seconds, default 5 each).
+
+Deadlines: opening a connection waits at most ``connect_timeout`` (libpq's parameter: whole
+seconds, at least 2); every statement waits at most ``timeout`` for its reply (a session-mode
+``pg_advisory_lock`` its wait on top), after which its connection is broken off, closed and
+never reused (``common.execute_bounded``); idle connections have TCP keepalives and
+``tcp_user_timeout`` (``common.connect_kwargs``). :meth:`prepare` opens a connection, creates
+the tables and starts the LISTEN connection before ``Locks`` starts a lease's clock, so a
+grant costs one round trip even on a cold client.
 """
 
 from __future__ import annotations
@@ -63,15 +72,23 @@ from psycopg import AsyncConnection
 from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
-from ..._core.options import option_bool, option_int, option_pool_size
+from ..._core.options import (
+    TIMEOUT_OPTIONS,
+    Timeouts,
+    connect_timed_out,
+    option_bool,
+    option_int,
+    option_pool_size,
+    option_timeouts,
+)
 from ..._core.pool_async import AsyncConnPool
 from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
-from ..base import AsyncLockBackend, LockCapabilities, RenewItem
-from .common import pg_text, reusable
+from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
+from .common import connect_kwargs, execute_bounded_async, pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
 
 if ASYNC:
@@ -93,7 +110,7 @@ log = logging.getLogger("jobfence.backends.postgres")
 
 SCHEMA_VERSION = 1
 MODES = ("lease", "session")
-OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold")
+OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS)
 #: deprecated names of options (accepted, with a DeprecationWarning)
 _ALIASES = ("max_idle",)
 DEFAULT_POOL_SIZE = 4
@@ -184,6 +201,7 @@ class PostgresOptions:
     notify: bool
     pool_size: int
     prepare_threshold: int | None
+    timeouts: Timeouts
 
     @classmethod
     def parse(cls, url: BackendURL, options: dict[str, Any]) -> PostgresOptions:
@@ -216,6 +234,7 @@ class PostgresOptions:
             notify=_option_bool(merged.get("notify", True), "notify"),
             pool_size=option_pool_size(options, url.options, DEFAULT_POOL_SIZE),
             prepare_threshold=threshold,
+            timeouts=option_timeouts(options, url.options),
         )
 
 
@@ -266,6 +285,8 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         )
         self.queries = load_queries(namespace)
         self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        self.timeouts = self.options.timeouts
+        self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
         self._pool = AsyncConnPool(
             self._connect, self._drop, pool_size=self.options.pool_size, reusable=reusable
@@ -298,7 +319,10 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 self._conninfo,
                 autocommit=True,
                 prepare_threshold=self.options.prepare_threshold,
+                **self._connect_kwargs,
             )
+        except psycopg.errors.ConnectionTimeout as exc:
+            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
         except psycopg.Error as exc:
             password = self.url.password
             if password and password in str(exc):  # never let a driver message leak it
@@ -322,6 +346,14 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         except Exception:  # already broken: nothing left to close
             pass
 
+    async def _execute(
+        self, conn: Conn, query: str, params: dict[str, Any] | None = None, *, wait: float = 0.0
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Run one statement on ``conn`` within the ``timeout`` (plus ``wait``, for one that
+        waits in the server on purpose): (rows, rowcount). Past it the connection is closed
+        and ``TimeoutError`` raised."""
+        return await execute_bounded_async(conn, query, params, limit=self.timeouts.request + wait)
+
     async def _run(
         self, query: str, params: dict[str, Any] | None = None
     ) -> tuple[list[tuple[Any, ...]], int]:
@@ -329,9 +361,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         await self._ready()
         conn = await self._take()
         try:
-            cursor = await conn.execute(query, params)
-            rows = await cursor.fetchall() if cursor.description is not None else []
-            rowcount = cursor.rowcount
+            rows, rowcount = await self._execute(conn, query, params)
         except BaseException:
             await self._give(conn)  # kept only if it is idle and healthy
             raise
@@ -351,13 +381,13 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             conn = await self._take()
             try:
                 try:
-                    await conn.execute(self.queries["schema"])
+                    await self._execute(conn, self.queries["schema"])
                 except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                     # another component created a shared table at the same instant without
                     # our advisory lock: it exists now, so the second run only finds it
-                    await conn.execute(self.queries["schema"])
-                cursor = await conn.execute(self.queries["schema_version"])
-                row = await cursor.fetchone()
+                    await self._execute(conn, self.queries["schema"])
+                rows, _ = await self._execute(conn, self.queries["schema_version"])
+                row = rows[0] if rows else None
             except BaseException:
                 await self._give(conn)
                 raise
@@ -368,6 +398,31 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
             self._installed = True
 
     # -- the verbs -----------------------------------------------------------------------
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Create the tables, open a pooled connection and, for a lease-mode waiter with
+        ``notify``, the LISTEN connection -- each once -- so that the grant request that
+        follows is one round trip."""
+        await self._ready()
+        if waiting and self.mode == "lease" and self.options.notify:
+            await self._ensure_listener()
+        await self._give(await self._take())
+
+    async def holder(self, name: str) -> LockHolder | None:
+        """Lease mode: the live lease's owner, token and seconds left. Session mode: the
+        token of the session holding the advisory lock (its owner id and ttl are not
+        recorded on the server)."""
+        if self.mode == "session":
+            params = {**_halves(advisory_key(self.namespace, name)), "name": stored_name(name)}
+            rows, _ = await self._run(self.queries["session_holder"], params)
+            if not rows:
+                return None
+            return LockHolder(None, None if rows[0][0] is None else int(rows[0][0]), None)
+        rows, _ = await self._run(self.queries["holder"], {"name": stored_name(name)})
+        if not rows:
+            return None
+        owner, token, left = rows[0]
+        return LockHolder(str(owner), int(token), max(0.0, float(left)))
+
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
@@ -510,7 +565,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         self._closed = True
         for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
             try:
-                await blocked.cancel_safe()
+                await blocked.cancel_safe(timeout=self.timeouts.connect)
             except Exception:  # it finished meanwhile, or the server is gone
                 pass
         if ASYNC:
@@ -590,7 +645,7 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
                 log.warning("postgres LISTEN connection failed (waiters poll): %s", exc)
                 return
             try:
-                await conn.execute(self.queries["listen"])
+                await self._execute(conn, self.queries["listen"])
             except Exception as exc:
                 await self._drop(conn)
                 self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
@@ -626,26 +681,27 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         conn = await self._take()
         try:
             if wait is None or wait <= 0:
-                cursor = await conn.execute(self.queries["session_try"], params)
-                row = await cursor.fetchone()
+                rows, _ = await self._execute(conn, self.queries["session_try"], params)
+                row = rows[0] if rows else None
             else:
                 limit_ms = max(1, math.ceil(wait * 1000))
                 self._blocked.add(conn)
                 try:
-                    cursor = await conn.execute(
+                    rows, _ = await self._execute(
+                        conn,
                         self.queries["session_lock"],
                         {**params, "lock_timeout": f"{limit_ms}ms"},
+                        wait=limit_ms / 1000,
                     )
-                    row = await cursor.fetchone()
+                    row = rows[0] if rows else None
                 except psycopg.errors.LockNotAvailable:
                     # the lock may have been granted in the instant the timeout fired:
                     # look on this very connection, and keep it if we got it
                     row = None
-                    cursor = await conn.execute(self.queries["session_held"], _halves(key))
-                    held = await cursor.fetchone()
-                    if held is not None and held[0]:
-                        cursor = await conn.execute(self.queries["session_bump"], params)
-                        row = await cursor.fetchone()
+                    held, _ = await self._execute(conn, self.queries["session_held"], _halves(key))
+                    if held and held[0][0]:
+                        rows, _ = await self._execute(conn, self.queries["session_bump"], params)
+                        row = rows[0] if rows else None
         except BaseException:
             self._blocked.discard(conn)
             await self._drop(conn)  # closing the session frees anything it may hold
@@ -668,8 +724,10 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         if held is None:
             return False
         try:
-            cursor = await held.conn.execute(self.queries["session_unlock"], {"key": held.key})
-            row = await cursor.fetchone()
+            rows, _ = await self._execute(
+                held.conn, self.queries["session_unlock"], {"key": held.key}
+            )
+            row = rows[0] if rows else None
         except BaseException:
             broken = held.conn.broken or held.conn.closed
             await self._drop(held.conn)  # closing the session frees the lock in any case
@@ -691,9 +749,11 @@ class AsyncPostgresLockBackend(AsyncLockBackend):
         if held is None:
             return False
         try:
-            cursor = await held.conn.execute(self.queries["session_held"], _halves(held.key))
-            row = await cursor.fetchone()
-        except psycopg.Error:
+            rows, _ = await self._execute(
+                held.conn, self.queries["session_held"], _halves(held.key)
+            )
+            row = rows[0] if rows else None
+        except (psycopg.Error, TimeoutError):  # a timeout closed the connection
             if not (held.conn.broken or held.conn.closed):
                 raise
             with self._mutex:

@@ -2,24 +2,38 @@
 ``client_async.py``, ``redis.Redis`` in the generated ``client.py``): the same option checks
 and the same defaults for locks and the inbox.
 
-Defaults: ``socket_timeout`` and ``socket_connect_timeout`` of 5 s (redis-py's default is to
-wait forever, which would hide a lost lease or hang a claim), and one immediate retry on a
-connection error instead of redis-py's backoff, so an unreachable server is reported in
-milliseconds. Every verb jobfence sends is safe to re-send: acquire, renew, extend,
-complete and claim are idempotent for their owner, and a release remembers who released.
+Deadlines: ``connect_timeout`` (redis-py's ``socket_connect_timeout``) and ``timeout``
+(``socket_timeout``), 5 s each by default like every jobfence backend (redis-py's default is
+to wait forever, which would hide a lost lease or hang a claim). A request whose reply does
+not come within ``timeout`` fails and its connection is closed (redis-py disconnects on a
+read error), never reused in an unknown state.
+
+Retries: one immediate retry on a connection error (a reset, a refused connection) instead of
+redis-py's backoff, so an unreachable server is reported in milliseconds; no retry after a
+timeout, so a server that does not answer is reported after ``timeout``, not a multiple of
+it. Every verb jobfence sends is safe to re-send: acquire, renew, extend, complete and claim
+are idempotent for their owner, and a release remembers who released.
+
+Scripts: every new connection loads the backend's Lua scripts (one pipelined round trip of
+``SCRIPT LOAD``, part of opening the connection), so the first ``EVALSHA`` on it never costs
+the extra round trips of a ``NOSCRIPT`` reply (a server whose script cache was flushed still
+gets the script re-sent by redis-py).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..._core import forks
 from ..._core.flavour import ASYNC
+from ..._core.options import DEFAULT_TIMEOUT, TIMEOUT_OPTIONS, option_timeouts
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
@@ -28,34 +42,71 @@ if ASYNC:
 
 __all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis", "forget_connections"]
 
-DEFAULT_SOCKET_TIMEOUT = 5.0
+#: the default of both deadlines (``connect_timeout`` and ``timeout``)
+DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
+#: jobfence's name of each redis-py timeout option
+_TIMEOUT_NAMES = {"connect_timeout": "socket_connect_timeout", "timeout": "socket_timeout"}
+
+
+def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
+    """The ``redis_connect_func`` of a client: redis-py's own handshake, then one pipelined
+    ``SCRIPT LOAD`` of every script (one round trip)."""
+
+    async def setup(conn: Any) -> None:
+        await conn.on_connect()
+        commands = [("SCRIPT", "LOAD", script) for script in scripts]
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        for _ in commands:
+            await conn.read_response()
+
+    return setup
 
 
 def connect_redis(
-    url: BackendURL, options: dict[str, Any], *, what: str, own: tuple[str, ...] = ()
+    url: BackendURL,
+    options: dict[str, Any],
+    *,
+    what: str,
+    own: tuple[str, ...] = (),
+    scripts: Sequence[str] = (),
 ) -> Redis:
-    """A client for ``url`` (its query options minus ``own`` go to redis-py) with the keyword
-    ``options`` (keyword arguments of ``redis.Redis``); a bad option or URL raises
-    :class:`ConfigurationError` naming it. ``what`` names the backend in messages."""
+    """A client for ``url`` (its query options minus ``own`` and the timeout options go to
+    redis-py) with the keyword ``options`` (``connect_timeout``, ``timeout``, and keyword
+    arguments of ``redis.Redis``); a bad option or URL raises :class:`ConfigurationError`
+    naming it. ``what`` names the backend in messages; ``scripts`` are loaded on every new
+    connection."""
+    timeouts = option_timeouts(options, url.options)
+    for ours, theirs in _TIMEOUT_NAMES.items():
+        if (ours in options or ours in url.options) and (
+            theirs in options or theirs in url.options
+        ):
+            raise ConfigurationError(
+                f"{ours} and {theirs} set the same deadline of the {what}; give one of them",
+                argument=ours,
+            )
+    options = {k: v for k, v in options.items() if k not in TIMEOUT_OPTIONS}
     allowed = set(inspect.signature(Redis.__init__).parameters) - {"self"}
     allowed.add("connection_class")  # a connection-pool option
     for key in options:
         if key not in allowed:
-            extra = "".join(f"{name}, " for name in own)
+            extra = "".join(f"{name}, " for name in (*own, *TIMEOUT_OPTIONS))
             raise ConfigurationError(
                 f"unknown option {key!r} for the {what}; allowed: {extra}the keyword "
                 "arguments of redis.Redis (socket_timeout, max_connections, ssl_ca_certs, ...)",
                 argument=key,
             )
     kwargs: dict[str, Any] = {
-        "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
-        "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
-        "retry": Retry(NoBackoff(), 1),
+        "socket_timeout": timeouts.request,
+        "socket_connect_timeout": timeouts.connect,
+        # a timeout is not retried: the caller hears of it after one `timeout`
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     }
+    if scripts and "redis_connect_func" not in options:
+        kwargs["redis_connect_func"] = _load_scripts_on_connect(scripts)
     kwargs.update(options)
     check_database(url)
     try:
-        return Redis.from_url(url.without_options(*own), **kwargs)
+        return Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"

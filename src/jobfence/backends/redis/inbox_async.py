@@ -6,13 +6,14 @@ one round trip and atomic on the server; time is Redis's own clock (``TIME``). C
 records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has nothing to do;
 an abandoned in-progress record expires ``retention`` after its deadline.
 
-Keys: ``<table>:<idempotency key>`` (a hash). URL option: ``table`` (default
-``jobfence_inbox``); the rest of the URL and the keyword options go to redis-py, with the
-defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: 5 s socket timeouts,
-one immediate retry). Every script is safe to re-send after a lost reply: a claim the caller
-already owns is returned as its own, ``complete`` stores the same result again, ``extend``
-(also the batched renewal) sets the deadline again, and ``release`` remembers the owner that
-released (field ``x``).
+Keys: ``<table>:<idempotency key>`` (a hash). URL options: ``table`` (default
+``jobfence_inbox``), ``connect_timeout`` and ``timeout`` (seconds, default 5 each); the rest of
+the URL and the keyword options go to redis-py, with the defaults of ``connect_redis``
+(``client_async.py`` / ``client.py``: one immediate retry on a connection error, the scripts
+loaded as each connection opens). Every script is safe to re-send after a lost reply: a
+claim the caller already owns is returned as its own, ``complete`` stores the same result
+again, ``extend`` (also the batched renewal) sets the deadline again, and ``release``
+remembers the owner that released (field ``x``).
 """
 
 from __future__ import annotations
@@ -61,11 +62,19 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         )
         self.retention = retention
         self._prefix = f"{self.table}:"
-        self.client = connect_redis(url, options, what="redis inbox", own=("table",))
-        self._claim = self.client.register_script(_script("inbox_claim"))
-        self._complete = self.client.register_script(_script("inbox_complete"))
-        self._release = self.client.register_script(_script("inbox_release"))
-        self._extend = self.client.register_script(_script("inbox_extend"))
+        scripts = [
+            _script("inbox_claim"),
+            _script("inbox_complete"),
+            _script("inbox_release"),
+            _script("inbox_extend"),
+        ]
+        self.client = connect_redis(
+            url, options, what="redis inbox", own=("table",), scripts=scripts
+        )
+        self._claim = self.client.register_script(scripts[0])
+        self._complete = self.client.register_script(scripts[1])
+        self._release = self.client.register_script(scripts[2])
+        self._extend = self.client.register_script(scripts[3])
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = await self._claim(

@@ -28,12 +28,18 @@ it already owns the lease. :meth:`wait` is a ``BLPOP`` on that list, bounded by 
 left on the current lease (a lease that expires without a release wakes nobody).
 
 Options (URL query or keyword): ``waiter_slack`` (seconds, default 1) is added to a waiter
-entry's deadline. Every other keyword option, and the URL's query options, go to redis-py's
-``Redis.from_url`` (``redis.asyncio.Redis`` / ``redis.Redis``) with the defaults of
-``connect_redis`` (``client_async.py`` / ``client.py``: ``socket_timeout`` and
-``socket_connect_timeout`` 5 s, one immediate retry on a connection error, so an unreachable
-server is reported in milliseconds and a lost lease is noticed in time; every script is safe
-to re-send).
+entry's deadline; ``connect_timeout`` and ``timeout`` (seconds, default 5 each: opening a
+connection, and one request's reply). Every other keyword option, and the URL's query options,
+go to redis-py's ``Redis.from_url`` (``redis.asyncio.Redis`` / ``redis.Redis``) with the
+defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: one immediate retry on a
+connection error, none after a timeout, so an unreachable server is reported in milliseconds
+and a lost lease is noticed in time; every script is safe to re-send).
+
+Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
+before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
+``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
+their own (one connection, opened by the first :meth:`prepare`), never queued behind a
+waiter's ``BLPOP`` or a connection being opened.
 Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 """
 
@@ -47,13 +53,17 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from ..._core.clock import get_clock
+from ..._core.flavour import ASYNC
 from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
-from ..base import AsyncLockBackend, LockCapabilities, RenewItem
+from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client_async import connect_redis, forget_connections
+
+if ASYNC:
+    import asyncio
 
 __all__ = ["AsyncRedisLockBackend"]
 
@@ -85,6 +95,14 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
+async def _warm(client: Redis) -> None:
+    """Make sure ``client``'s pool holds an open connection: take one (redis-py opens it if
+    needed, scripts and all) and give it back."""
+    pool: Any = client.connection_pool
+    conn = await pool.get_connection()
+    await pool.release(conn)
+
+
 def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     raw = options.pop("waiter_slack", url.options.get("waiter_slack", DEFAULT_WAITER_SLACK))
     try:
@@ -111,17 +129,34 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         )
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
+        scripts = {
+            "acquire": _script("lock_acquire.lua"),
+            "release": _script("lock_release.lua"),
+            "cancel": _script("lock_cancel_wait.lua"),
+            "renew": _script("lock_renew.lua", with_lib=False),
+            "holder": _script("lock_holder.lua", with_lib=False),
+        }
         self._client: Redis = connect_redis(
-            url, options, what="redis lock backend", own=OWN_OPTIONS
+            url,
+            options,
+            what="redis lock backend",
+            own=OWN_OPTIONS,
+            scripts=list(scripts.values()),
         )
+        # renewals get a client of their own: its connection is never busy with a waiter's
+        # BLPOP, so a renewal does not wait for, or open, a connection (one round trip)
+        self._renewals: Redis = connect_redis(
+            url, options, what="redis lock backend", own=OWN_OPTIONS, scripts=[scripts["renew"]]
+        )
+        self._renewals_ready = False
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
-        self._acquire = self._client.register_script(_script("lock_acquire.lua"))
-        self._release = self._client.register_script(_script("lock_release.lua"))
-        self._cancel = self._client.register_script(_script("lock_cancel_wait.lua"))
-        self._renew: AsyncScript = self._client.register_script(
-            _script("lock_renew.lua", with_lib=False)
-        )
+        self._acquire = self._client.register_script(scripts["acquire"])
+        self._release = self._client.register_script(scripts["release"])
+        self._cancel = self._client.register_script(scripts["cancel"])
+        self._renew: AsyncScript = self._client.register_script(scripts["renew"])
+        self._renew_batch: AsyncScript = self._renewals.register_script(scripts["renew"])
+        self._holder = self._client.register_script(scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
 
@@ -134,6 +169,18 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         return f"{self.namespace}:lock:{{{name}}}"
 
     # -- operations ----------------------------------------------------------------------
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Make sure the pool holds an open connection (its scripts loaded): take one from
+        redis-py's pool, which opens it if needed, and give it back. The first time, open
+        the renewals' connection too."""
+        clients = [self._client] if self._renewals_ready else [self._client, self._renewals]
+        if ASYNC:
+            await asyncio.gather(*(_warm(client) for client in clients))
+        else:
+            for client in clients:
+                _warm(client)
+        self._renewals_ready = True
+
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
@@ -179,7 +226,8 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         return bool(result[0])
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Extend every lease in ``items`` with one script call (one round trip)."""
+        """Extend every lease in ``items`` with one script call (one round trip), on the
+        renewals' own connection."""
         if not items:
             return []
         ns = self.namespace
@@ -188,15 +236,26 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         for _, owner, ttl in items:
             args.append(owner)
             args.append(_ms(ttl))
-        result = await self._renew(keys, args)
+        result = await self._renew_batch(keys, args)
         return [bool(ok) for ok in result]
+
+    async def holder(self, name: str) -> LockHolder | None:
+        reply = await self._holder((self.lock_key(name),))
+        if not reply:
+            return None
+        owner, token, pttl = reply
+        owner = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else str(owner)
+        return LockHolder(owner, int(token), max(0, int(pttl)) / 1000)
 
     async def close(self) -> None:
         self._hints.clear()
         await self._client.aclose()
+        await self._renewals.aclose()
 
     def after_fork(self) -> None:
         """In a child process right after ``fork()``: forget the connections and wait hints
         inherited from the parent (see ``jobfence/_core/forks.py``)."""
         forget_connections(self._client)
+        forget_connections(self._renewals)
+        self._renewals_ready = False
         self._hints = {}

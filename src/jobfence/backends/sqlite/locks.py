@@ -46,7 +46,7 @@ from ..._core.clock import get_clock
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
-from ..base import LockBackend, RenewItem
+from ..base import LockBackend, LockHolder, RenewItem
 from .common import (
     CAPABILITIES,
     QUEUE_CAPABILITIES,
@@ -235,6 +235,20 @@ class SQLiteLockBackend(LockBackend):
             return None
         row = rows[0]
         return bool(row[0]), int(row[1]), float(row[2])
+
+    def prepare(self, *, waiting: bool = False) -> None:
+        """Open the file and create the tables now, before a lease's clock starts."""
+        with self._mutex:
+            self._connection()
+
+    def holder(self, name: str) -> LockHolder | None:
+        with self._mutex:
+            conn = self._connection()
+            rows = self._fetch(conn, self.queries["holder"], {"name": name})
+        if not rows:
+            return None
+        owner, token, left = rows[0]
+        return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     def wait(self, name: str, owner: str, timeout: float) -> int | None:
         """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.

@@ -46,7 +46,7 @@ from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
-from ..base import AsyncLockBackend, RenewItem
+from ..base import AsyncLockBackend, LockHolder, RenewItem
 from .common import (
     CAPABILITIES,
     QUEUE_CAPABILITIES,
@@ -248,6 +248,20 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             return None
         row = rows[0]
         return bool(row[0]), int(row[1]), float(row[2])
+
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Open the file and create the tables now, before a lease's clock starts."""
+        async with self._mutex:
+            await self._connection()
+
+    async def holder(self, name: str) -> LockHolder | None:
+        async with self._mutex:
+            conn = await self._connection()
+            rows = await self._fetch(conn, self.queries["holder"], {"name": name})
+        if not rows:
+            return None
+        owner, token, left = rows[0]
+        return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     async def wait(self, name: str, owner: str, timeout: float) -> int | None:
         """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.

@@ -176,6 +176,13 @@ SELECT LOWER(HEX(name_hash)), owner FROM {namespace}_locks
  WHERE name_hash IN ({hashes}) AND expires_at > UTC_TIMESTAMP(6);
 
 
+-- name: holder
+-- Params: :hash. Read-only. -> (owner, token, microseconds left) of the live lease, or no row.
+SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+  FROM {namespace}_locks
+ WHERE name_hash = UNHEX(:hash) AND expires_at > UTC_TIMESTAMP(6);
+
+
 -- name: cancel_wait
 -- Params: :hash, :owner. A waiter that gives up stops being next in line.
 UPDATE {namespace}_locks SET next_owner = NULL, next_until = NULL

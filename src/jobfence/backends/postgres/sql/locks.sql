@@ -282,6 +282,14 @@ SELECT item.n, renewed.n IS NOT NULL
  ORDER BY item.n;
 
 
+-- name: holder
+-- Lease mode. Params: :name. Read-only.
+-- -> (owner, token, seconds_left) of the live lease, or no row.
+SELECT owner, token, extract(epoch FROM expires_at - clock_timestamp())::float8
+  FROM {namespace}_locks
+ WHERE name = :name AND expires_at > clock_timestamp();
+
+
 -- name: force_release
 -- Lease mode. Params: :name. Deletes the lease whoever holds it (tests, operator tools);
 -- keeps the counter. -> (released bool, notified count), one row.
@@ -365,6 +373,23 @@ SELECT EXISTS (
       FROM pg_locks
      WHERE locktype = 'advisory'
        AND pid = pg_backend_pid()
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = :hi::bigint::oid
+       AND objid = :lo::bigint::oid
+       AND objsubid = 1
+       AND granted
+);
+
+
+-- name: session_holder
+-- Session mode, from any connection. Params: :hi, :lo (see session_held), :name. Read-only.
+-- -> (token) -- the name's last token, the holder's -- when some session holds the lock, no
+-- row otherwise.
+SELECT (SELECT token FROM {namespace}_lock_tokens WHERE name = :name)
+ WHERE EXISTS (
+    SELECT 1
+      FROM pg_locks
+     WHERE locktype = 'advisory'
        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
        AND classid = :hi::bigint::oid
        AND objid = :lo::bigint::oid

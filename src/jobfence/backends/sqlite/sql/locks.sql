@@ -78,6 +78,17 @@ SELECT owner = :owner,
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
 
 
+-- name: holder
+-- Params: :name. Read-only. -> (owner, token, remaining) of the live lease on :name, or no
+-- row when it is free (remaining: its lifetime left in seconds).
+SELECT owner,
+       token,
+       expires_at - (julianday('now') - 2440587.5) * 86400.0
+  FROM {namespace}_locks
+ WHERE name = :name
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
+
 -- name: queue_head
 -- Params: :name. -> (owner, ttl) of the first live waiter on :name, or no row.
 SELECT owner, ttl FROM {namespace}_lock_queue
