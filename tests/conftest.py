@@ -74,3 +74,26 @@ def _no_leaked_lock_clients() -> Iterator[None]:
         f"it creates): clients {[repr(c) for c in leaked]}, renewer threads {running}",
         pytrace=False,
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_clock_or_hook() -> Iterator[None]:
+    """A test that replaces jobfence's clock or I/O hook must put the real ones back: a fake
+    clock left behind freezes every later test's timeouts."""
+    from jobfence._core import clock as clock_module
+    from jobfence.testing import get_clock, get_hook, set_clock, set_hook
+
+    real = clock_module.Clock
+    if type(get_clock()) is not real or get_hook() is not None:  # left by an earlier test
+        set_clock(real())
+        set_hook(None)
+    yield
+    leaked = []
+    if type(get_clock()) is not real:
+        leaked.append(f"the clock ({get_clock()!r})")
+        set_clock(real())
+    if get_hook() is not None:
+        leaked.append(f"the I/O hook ({get_hook()!r})")
+        set_hook(None)
+    if leaked:
+        pytest.fail(f"the test left {' and '.join(leaked)} replaced", pytrace=False)
