@@ -1,9 +1,11 @@
 """A disposable PostgreSQL server for tests that restart it.
 
 It listens on a free loopback port with its data directory, socket and log in a temporary
-directory; ``trust`` authentication for the ``postgres`` user, ``fsync`` off. It runs the
-binaries of ``/usr/lib/postgresql/<version>/bin`` (or of ``$PG_BIN``); as root it runs them as
-the ``postgres`` user (``runuser``), which owns the directory.
+directory; ``trust`` authentication for the ``postgres`` user, ``fsync`` off. With
+``password=...`` the ``postgres`` superuser has that password and every TCP connection must
+prove it with ``scram-sha-256`` (``ScramPostgres``, for the tests of secret masking). It runs
+the binaries of ``/usr/lib/postgresql/<version>/bin`` (or of ``$PG_BIN``); as root it runs them
+as the ``postgres`` user (``runuser``), which owns the directory.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from tests.reliability._redis_server import free_port
 
-__all__ = ["PostgresServer"]
+__all__ = ["PostgresServer", "ScramPostgres"]
 
 
 def _bin_dir() -> Path:
@@ -32,7 +35,8 @@ def _bin_dir() -> Path:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
+        self.password = password
         self.bin = _bin_dir()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="jobfence-pg-"))
@@ -56,13 +60,21 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
-        self._run(
-            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-            "--no-sync",
-        )  # fmt: skip
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.dir / "pw"
+            pwfile.write_text(self.password + "\n", encoding="utf-8")
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = [f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256"]
+        try:
+            self._run("initdb", "-D", str(self.data), "-U", "postgres", *auth, "-E", "UTF8",
+                      "--no-sync")  # fmt: skip
+        finally:
+            (self.dir / "pw").unlink(missing_ok=True)
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c full_page_writes=off"
+            "-c full_page_writes=off -c password_encryption=scram-sha-256"
         )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start")
         self.started = True
@@ -98,3 +110,23 @@ class PostgresServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ScramPostgres(PostgresServer):
+    """``with ScramPostgres(password) as pg:`` -- the superuser ``postgres`` has ``password``,
+    and every TCP connection must prove it with SCRAM (``pg.url_with(...)`` builds URLs)."""
+
+    def __init__(self, password: str) -> None:
+        super().__init__(password)
+
+    def url_with(
+        self, *, password: str | None = None, query: str = "", in_query: bool = False
+    ) -> str:
+        """A URL for database ``postgres``: the password (this server's unless given) in the
+        user-info, or as ``?password=`` with ``in_query``."""
+        secret = quote((password if password is not None else self.password) or "", safe="")
+        if in_query:
+            extra = f"password={secret}" + (f"&{query}" if query else "")
+            return f"postgresql://postgres@127.0.0.1:{self.port}/postgres?{extra}"
+        tail = f"?{query}" if query else ""
+        return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/postgres{tail}"

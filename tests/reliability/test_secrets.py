@@ -22,8 +22,8 @@ from urllib.parse import quote
 import pytest
 
 import jobfence
+from tests.reliability._pg_server import ScramPostgres
 from tests.reliability._redis_server import RedisServer
-from tests.reliability._scram_postgres import ScramPostgres
 from tests.servers import MYSQL_URL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -202,25 +202,29 @@ async def test_async_redis_clients_never_show_the_password(
 
 def test_postgres_passwords_never_show(seen: Seen) -> None:
     with ScramPostgres(f"{LEFT}/{RIGHT}") as pg:
-        for url in (pg.url(), pg.url(in_query=True), pg.url(query=f"sslpassword={RIGHT}")):
+        for url in (
+            pg.url_with(),
+            pg.url_with(in_query=True),
+            pg.url_with(query=f"sslpassword={RIGHT}"),
+        ):
             assert _locks_round(seen, url) is None
             assert _inbox_round(seen, url) is None
             assert _locks_round(seen, url, mode="session") is None
-        for url in (pg.url(password=WRONG), pg.url(password=WRONG, in_query=True)):
+        for url in (pg.url_with(password=WRONG), pg.url_with(password=WRONG, in_query=True)):
             for outcome in (_locks_round(seen, url), _inbox_round(seen, url)):
                 assert isinstance(outcome, jobfence.BackendError)
                 assert "password authentication failed" in str(outcome)
         for sep in "/?#":
             _refused(seen, f"postgresql://postgres:{LEFT}{sep}{RIGHT}@127.0.0.1:{pg.port}/db")
-        result = _doctor(seen, pg.url(in_query=True), pg.url(password=WRONG))
+        result = _doctor(seen, pg.url_with(in_query=True), pg.url_with(password=WRONG))
         assert result.returncode == 1
         assert result.stdout.count(" ok ") == 1, result.stdout
 
 
 async def test_async_postgres_clients_never_show_the_password(seen: Seen) -> None:
     with ScramPostgres(f"{LEFT}#{RIGHT}") as pg:
-        assert await _async_round(seen, pg.url(in_query=True)) == [None, None]
-        outcomes = await _async_round(seen, pg.url(password=WRONG))
+        assert await _async_round(seen, pg.url_with(in_query=True)) == [None, None]
+        outcomes = await _async_round(seen, pg.url_with(password=WRONG))
         assert all(isinstance(o, jobfence.BackendError) for o in outcomes)
 
 
