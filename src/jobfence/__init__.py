@@ -29,7 +29,7 @@ from .errors import (
 )
 from .fencing import fence
 from .fencing_async import fence_async
-from .guard import current_lease, guarded
+from .guard import current_claim, current_lease, guarded
 from .inbox import Claim, Inbox
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks import Lease, Locks
@@ -68,6 +68,7 @@ __all__ = [
     "StaleVersion",
     "UnprotectedRetryWarning",
     "__version__",
+    "current_claim",
     "current_lease",
     "fence",
     "fence_async",
