@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import celery
 import pytest
 
 import jobfence
-from tests.conformance.specs import LOCKS, Spec, new_namespace, spec_params
+from tests.conformance.specs import LOCKS, spec_params
 from tests.servers import REDIS_URL, delete_redis_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -32,16 +31,6 @@ TASK = "jobfence_fork_test.work"
 TASKS = 30
 #: backends shared between processes, with the inbox on the same server
 SPECS = spec_params(LOCKS, lambda s: s.cross_process and s.ttl_expiry)
-
-
-@pytest.fixture
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    spec: Spec = request.param
-    url, namespace = spec.make_url(tmp_path), new_namespace()
-    try:
-        yield url, namespace
-    finally:
-        spec.cleanup(url, namespace)
 
 
 def _stop(worker: subprocess.Popen[str]) -> tuple[str, str]:

@@ -22,15 +22,13 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import jobfence
 from jobfence.testing import hooked
-from tests.conformance.specs import LOCKS, Spec, inbox_table, new_namespace, spec_params
+from tests.conformance.specs import LOCKS, inbox_table, spec_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -152,16 +150,6 @@ def _held_elsewhere(url: str, namespace: str, name: str) -> bool:
         return other.try_acquire(name, ttl=1, renew=False) is None
     finally:
         other.close()
-
-
-@pytest.fixture
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    spec: Spec = request.param
-    url, namespace = spec.make_url(tmp_path), new_namespace()
-    try:
-        yield url, namespace
-    finally:
-        spec.cleanup(url, namespace)
 
 
 def _inbox_url(url: str) -> str:

@@ -18,13 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import jobfence
-from tests.conformance.specs import FLAVOURS, LOCKS, Spec, new_namespace, spec_params
+from tests.conformance.specs import FLAVOURS, LOCKS, spec_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -87,16 +86,6 @@ else:
             print("RELEASE", await lease.release(), flush=True)
     asyncio.run(main())
 """
-
-
-@pytest.fixture
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    spec: Spec = request.param
-    url, namespace = spec.make_url(tmp_path), new_namespace()
-    try:
-        yield url, namespace
-    finally:
-        spec.cleanup(url, namespace)
 
 
 def _start_holder(url: str, namespace: str, name: str, flavour: str) -> subprocess.Popen[str]:
