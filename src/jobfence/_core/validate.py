@@ -122,3 +122,20 @@ def check_schema_version(
             backend=backend,
             operation="install",
         )
+
+
+#: a queue name: what every queue server accepts as a name (a RabbitMQ queue, a Redis key
+#: part, a value of the SQL queue tables' ``queue`` column)
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
+
+
+def check_queue_name(name: object, *, argument: str = "name") -> str:
+    """A queue name: 1 to 128 characters of ``A-Z a-z 0-9 _ . : -``, not starting with
+    ``.``, ``:`` or ``-``."""
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"{argument} must be a queue name: 1 to 128 characters of A-Z a-z 0-9 _ . : - "
+            f"(not starting with . : or -), got {name!r}",
+            argument=argument,
+        )
+    return name

@@ -3,15 +3,16 @@
 Each server has one package under ``jobfence.backends`` holding everything jobfence does with
 that server (its locks and its inbox, their helpers, their ``sql/`` or ``lua/`` files):
 
-=================  ===========================================  ===========  ==============
-scheme             backend                                      parts        extra
-=================  ===========================================  ===========  ==============
-``memory://``      in-process (tests, the testing toolkit)      locks inbox  --
-``sqlite:///p``    SQLite file, cross-process on one host       locks inbox  ``[sqlite]``
-``redis://``       Redis (``rediss://`` for TLS)                locks inbox  ``[redis]``
-``postgresql://``  PostgreSQL (also ``postgres://``)            locks inbox  ``[postgres]``
-``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``) locks inbox ``[mysql]``
-=================  ===========================================  ===========  ==============
+=================  =============================================  =================  ============
+scheme             backend                                        parts              extra
+=================  =============================================  =================  ============
+``memory://``      in-process (tests, the testing toolkit)        locks inbox queue  --
+``sqlite:///p``    SQLite file, cross-process on one host         locks inbox queue  ``[sqlite]``
+``redis://``       Redis (``rediss://`` for TLS; queue: Streams)  locks inbox queue  ``[redis]``
+``postgresql://``  PostgreSQL (also ``postgres://``)              locks inbox queue  ``[postgres]``
+``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``)  locks inbox        ``[mysql]``
+``amqp://``        RabbitMQ (``amqps://`` for TLS)                queue              ``[rabbitmq]``
+=================  =============================================  =================  ============
 
 (``[sqlite]`` brings ``aiosqlite`` for the async clients; the sync ones need only the standard
 library.)
@@ -63,6 +64,7 @@ __all__ = [
     "open_backend",
     "open_inbox_backend",
     "open_lock_backend",
+    "open_queue_backend",
     "registered",
     "sql_dialect",
 ]
@@ -70,7 +72,7 @@ __all__ = [
 log = logging.getLogger("jobfence.backends")
 
 #: the parts a backend package may provide
-PARTS = ("locks", "inbox")
+PARTS = ("locks", "inbox", "queue")
 ENTRY_POINT_GROUP = "jobfence.backends"
 
 
@@ -103,13 +105,19 @@ class BackendInfo:
 
 
 def _builtin(
-    name: str, schemes: tuple[str, ...], stem: str, extra: str | None, **kw: Any
+    name: str,
+    schemes: tuple[str, ...],
+    stem: str,
+    extra: str | None,
+    parts: tuple[str, ...] = ("locks", "inbox", "queue"),
+    **kw: Any,
 ) -> BackendInfo:
+    suffix = {"locks": "LockBackend", "inbox": "InboxBackend", "queue": "QueueBackend"}
     return BackendInfo(
         name=name,
         schemes=schemes,
         package=f"{__name__}.{name}",
-        parts={"locks": f"{stem}LockBackend", "inbox": f"{stem}InboxBackend"},
+        parts={part: stem + suffix[part] for part in parts},
         extra=extra,
         **kw,
     )
@@ -137,8 +145,18 @@ BACKENDS: dict[str, BackendInfo] = {
             ("mysql", "mariadb"),
             "MySQL",
             "mysql",
+            parts=("locks", "inbox"),
             description="MySQL / MariaDB",
             dialect="mysql",
+        ),
+        _builtin(
+            "rabbitmq",
+            ("amqp", "amqps"),
+            "Rabbit",
+            "rabbitmq",
+            parts=("queue",),
+            twins=False,
+            description="RabbitMQ",
         ),
     )
 }
@@ -192,7 +210,7 @@ def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") 
     return info
 
 
-_PART_WORD = {"locks": "lock", "inbox": "inbox"}
+_PART_WORD = {"locks": "lock", "inbox": "inbox", "queue": "queue"}
 
 # Views by part, kept for callers of the earlier per-part tables: scheme -> backend.
 LOCK_BACKENDS: Mapping[str, BackendInfo] = {
@@ -239,6 +257,12 @@ def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any
 def open_inbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
     """Create the inbox backend for ``url`` (a str); ``options`` go to its constructor."""
     return open_backend(url, "inbox", asynchronous=asynchronous, **options)
+
+
+def open_queue_backend(url: object, name: str, *, asynchronous: bool, **options: Any) -> Any:
+    """Create the queue backend of the queue ``name`` for ``url``; ``options`` go to its
+    constructor."""
+    return open_backend(url, "queue", asynchronous=asynchronous, name=name, **options)
 
 
 def sql_dialect(name: str) -> SQLDialect:

@@ -1,4 +1,5 @@
-"""The backend interfaces and the types they share, for locks and the inbox, sync and async.
+"""The backend interfaces and the types they share, for locks, the inbox and queues, sync and
+async.
 
 A backend is a small plugin chosen by URL scheme (see :mod:`jobfence.backends`). Every method
 is one atomic operation on the server -- a Lua script, one SQL statement or transaction, or one
@@ -22,13 +23,19 @@ from typing import Any, NamedTuple
 __all__ = [
     "AsyncInboxBackend",
     "AsyncLockBackend",
+    "AsyncQueueBackend",
     "ClaimRecord",
     "ClaimState",
+    "DeadLetter",
     "InboxBackend",
     "InboxCapabilities",
     "LockBackend",
     "LockCapabilities",
     "LockHolder",
+    "QueueBackend",
+    "QueueCapabilities",
+    "QueueStats",
+    "QueuedMessage",
     "RenewItem",
     "record_from_row",
 ]
@@ -364,6 +371,213 @@ class InboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def install(self) -> None: ...
+
+    @abc.abstractmethod
+    def drop(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass
+
+
+# -- queues --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueueCapabilities:
+    """What a queue backend guarantees; the conformance suite reads these.
+
+    * ``cross_process`` -- consumers in different processes (and hosts) share the queue.
+    * ``visibility_timeout`` -- a delivered message that is neither acked nor renewed within
+      its ``visibility`` is delivered again, even while its consumer is alive but paused.
+      RabbitMQ has none: an unacked message comes back when its consumer's connection closes
+      (or when the broker's ``consumer_timeout`` closes it), and ``renew`` only tells whether
+      that connection is still up.
+    * ``server_wakeup`` -- a waiting :meth:`AsyncQueueBackend.receive` is woken by the server
+      when a message arrives (no polling while idle).
+    """
+
+    cross_process: bool
+    visibility_timeout: bool = True
+    server_wakeup: bool = False
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """One delivery of a message, as a backend reports it.
+
+    ``id`` is the message id given at publish time (the same on every delivery); ``delivery``
+    counts deliveries, 1 for the first; ``receipt`` is the backend's handle of this delivery,
+    opaque to callers, for ``ack``/``nack``/``renew``/``dead_letter`` (a later delivery of the
+    same message has another receipt); ``published_at`` is seconds since the epoch by the
+    server's clock where it records one; ``last_error`` is the error a ``nack`` recorded.
+    """
+
+    id: str
+    body: bytes
+    headers: dict[str, str]
+    delivery: int
+    receipt: str
+    published_at: float | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """How many messages a queue holds, by state. ``ready`` can be delivered now;
+    ``delayed`` wait for their time (published or nacked with a delay); ``in_flight`` are
+    delivered and not yet acked; ``dead`` are dead letters. A backend that cannot tell one
+    count reports ``None`` for it."""
+
+    ready: int | None
+    delayed: int | None
+    in_flight: int | None
+    dead: int | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message moved to the dead letters: after ``deliveries`` deliveries, with the last
+    ``error``; ``dead_at`` is seconds since the epoch, if known."""
+
+    id: str
+    body: bytes
+    headers: dict[str, str]
+    deliveries: int
+    error: str | None
+    dead_at: float | None = None
+
+
+class AsyncQueueBackend(abc.ABC):
+    """One named queue on one server: at-least-once delivery with acks, delays, renewal of
+    a delivery's visibility and dead letters.
+
+    ``consumer`` is the receiving client's owner id (``host:pid:uuid``); the verbs that
+    finish or renew a delivery are owner-checked on the server where it can tell (a delivery
+    that was given to another consumer since, after its visibility passed, is no longer
+    this one's: ``ack`` returns False and does not remove the new delivery).
+    """
+
+    kind: str = "?"
+    capabilities: QueueCapabilities
+    #: the queue's validated name
+    name: str
+
+    @abc.abstractmethod
+    async def publish(
+        self, messages: Sequence[tuple[str, bytes, dict[str, str]]], delay: float = 0.0
+    ) -> None:
+        """Append ``(id, body, headers)`` messages, deliverable after ``delay`` seconds, in
+        one round trip where the backend can. Ids need not be unique: a message published
+        twice is delivered twice."""
+
+    @abc.abstractmethod
+    async def receive(
+        self, consumer: str, max_messages: int, visibility: float, wait: float
+    ) -> list[QueuedMessage]:
+        """Deliver up to ``max_messages`` messages to ``consumer``, each hidden from other
+        consumers for ``visibility`` seconds; wait up to ``wait`` seconds for the first one
+        (``0``: do not wait) and return ``[]`` if none came. Messages whose visibility passed
+        without an ack are delivered again, ``delivery`` + 1."""
+
+    @abc.abstractmethod
+    async def ack(self, receipt: str, consumer: str) -> bool:
+        """Remove the delivered message if the delivery is still ``consumer``'s."""
+
+    @abc.abstractmethod
+    async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
+        """Give the message back, to be delivered again after ``delay`` seconds (``0``: at
+        once), recording ``error``; only if the delivery is still ``consumer``'s."""
+
+    @abc.abstractmethod
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """For each ``(receipt, consumer, visibility)``: keep the delivery hidden for
+        ``visibility`` more seconds if it is still ``consumer``'s and its visibility has not
+        passed; one bool per item, in order, in one round trip where the backend can."""
+
+    @abc.abstractmethod
+    async def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool:
+        """Move the delivered message to the dead letters with ``error``, if the delivery is
+        still ``consumer``'s."""
+
+    @abc.abstractmethod
+    async def stats(self) -> QueueStats:
+        """Message counts by state."""
+
+    @abc.abstractmethod
+    async def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first."""
+
+    @abc.abstractmethod
+    async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Publish dead letters again (those with ``ids``, or all), with their delivery count
+        reset; return how many."""
+
+    @abc.abstractmethod
+    async def purge(self) -> int:
+        """Delete every message of the queue: ready, delayed, in flight and dead. Returns how
+        many, where the backend can count them."""
+
+    async def install(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Create the queue's tables or server objects now (idempotent)."""
+
+    @abc.abstractmethod
+    async def drop(self) -> None:
+        """Delete the queue and everything the backend stored for it (tests, uninstall)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Deliveries not acked are redelivered later (after their
+        visibility, or at once where the server redelivers on disconnect)."""
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Called in a child process right after ``fork()``: as
+        :meth:`AsyncLockBackend.after_fork`."""
+
+
+class QueueBackend(abc.ABC):
+    """The blocking twin of :class:`AsyncQueueBackend` (same verbs, same contract)."""
+
+    kind: str = "?"
+    capabilities: QueueCapabilities
+    name: str
+
+    @abc.abstractmethod
+    def publish(
+        self, messages: Sequence[tuple[str, bytes, dict[str, str]]], delay: float = 0.0
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def receive(
+        self, consumer: str, max_messages: int, visibility: float, wait: float
+    ) -> list[QueuedMessage]: ...
+
+    @abc.abstractmethod
+    def ack(self, receipt: str, consumer: str) -> bool: ...
+
+    @abc.abstractmethod
+    def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool: ...
+
+    @abc.abstractmethod
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]: ...
+
+    @abc.abstractmethod
+    def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool: ...
+
+    @abc.abstractmethod
+    def stats(self) -> QueueStats: ...
+
+    @abc.abstractmethod
+    def dead_letters(self, limit: int) -> list[DeadLetter]: ...
+
+    @abc.abstractmethod
+    def requeue_dead(self, ids: Sequence[str] | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def purge(self) -> int: ...
+
+    def install(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass
 
     @abc.abstractmethod
     def drop(self) -> None: ...
