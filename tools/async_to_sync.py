@@ -80,6 +80,7 @@ TWINS: dict[str, str] = {
     "fencing_async.py": "fencing.py",
     "inbox_async.py": "inbox.py",
     "locks_async.py": "locks.py",
+    "queue_async.py": "queue.py",
     "renewal_async.py": "renewal.py",
     "versioned_async.py": "versioned.py",
 }

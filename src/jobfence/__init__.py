@@ -1,7 +1,8 @@
 """jobfence: make background jobs safe to scale out and to retry.
 
 Locks with fencing tokens and lost-lease detection, fenced writes, a transactional inbox for
-exactly-once effects, whole-unit retries, and test seams (:mod:`jobfence.testing`: one I/O hook
+exactly-once effects, whole-unit retries, at-least-once queues with a guarded worker, and test
+seams (:mod:`jobfence.testing`: one I/O hook
 with stable point names, one replaceable clock). The documentation is in the source
 repository's ``README.md`` and ``docs/``.
 """
@@ -23,20 +24,25 @@ from .errors import (
     LockError,
     LockLost,
     LockTimeout,
+    MessageLost,
+    QueueError,
     SchemaMissing,
     StaleToken,
     StaleVersion,
 )
 from .fencing import fence
 from .fencing_async import fence_async
-from .guard import current_claim, current_lease, guarded
+from .guard import current_claim, current_lease, current_message, guarded
 from .inbox import Claim, Inbox
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
+from .queue import Message, Queue
+from .queue_async import AsyncMessage, AsyncQueue
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
 from .versioned import versioned_update
 from .versioned_async import versioned_update_async
+from .worker import AsyncWorker, Worker, WorkerStats
 
 __version__ = "0.1.0.dev0"
 
@@ -45,6 +51,9 @@ __all__ = [
     "AsyncInbox",
     "AsyncLease",
     "AsyncLocks",
+    "AsyncMessage",
+    "AsyncQueue",
+    "AsyncWorker",
     "BackendError",
     "Claim",
     "ClaimInProgress",
@@ -62,14 +71,21 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "Locks",
+    "Message",
+    "MessageLost",
+    "Queue",
+    "QueueError",
     "RetryPolicy",
     "SchemaMissing",
     "StaleToken",
     "StaleVersion",
     "UnprotectedRetryWarning",
+    "Worker",
+    "WorkerStats",
     "__version__",
     "current_claim",
     "current_lease",
+    "current_message",
     "fence",
     "fence_async",
     "guarded",

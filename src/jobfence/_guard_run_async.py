@@ -3,7 +3,8 @@
 
 lock -> claim -> run (with retries) -> complete -> release, with the failure rules:
 
-* a duplicate (claim COMPLETED) returns the stored result without running;
+* a duplicate (claim COMPLETED) returns the stored result without running (inside a worker's
+  handler, the worker counts it as a suppressed duplicate);
 * a claim owned by another live worker raises :class:`ClaimInProgress`;
 * an exception in the function releases the claim (a redelivery may retry) and re-raises;
 * the claim is renewed while the function runs; a claim found lost cancels an async
@@ -24,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ._guard_spec import GuardSpec, current_claim_var, current_lease_var
+from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
 from .errors import ClaimInProgress, JobfenceError, LockLost, LockTimeout
 
 __all__ = ["run_guarded_async"]
@@ -77,13 +78,14 @@ async def run_guarded_async(
     try:
         async with lease if lease is not None else contextlib.nullcontext():
             claim = None
-            if spec.inbox is not None and spec.key is not None:
+            if spec.inbox is not None:
                 key = spec.key_name(arguments)
                 claim = await spec.inbox.claim(
                     key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
                 )
                 state = claim.state.value
                 if state == "completed":
+                    note_duplicate()
                     return claim.result
                 if state == "in_progress":
                     owner = getattr(claim, "owner", None)

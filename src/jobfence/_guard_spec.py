@@ -50,6 +50,31 @@ current_lease_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
 current_claim_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "jobfence_current_claim", default=None
 )
+#: the queue message a jobfence Worker's handler is processing in this context
+current_message_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "jobfence_current_message", default=None
+)
+
+
+def default_key(argument: str = "key") -> str:
+    """The idempotency key to use when none is given: the id of the message the current
+    worker handler processes (the same on every redelivery)."""
+    message = current_message_var.get()
+    if message is None:
+        raise ConfigurationError(
+            f"no {argument} given, and this is not inside a jobfence Worker's handler (where "
+            f"the {argument} defaults to the message id): pass {argument}='...'",
+            argument=argument,
+        )
+    return str(message.id)
+
+
+def note_duplicate() -> None:
+    """Tell the worker whose message is being handled here that the inbox found it a
+    duplicate (it counts suppressed duplicates)."""
+    message = current_message_var.get()
+    if message is not None:
+        message.duplicate = True
 
 
 def _check_template(template: NameSpec, argument: str, signature: inspect.Signature) -> None:
@@ -100,11 +125,6 @@ class GuardSpec:
                 "guarded(locks=...) needs lock='name template' (e.g. 'inventory:{product_id}')",
                 argument="lock",
             )
-        if self.inbox is not None and self.key is None:
-            raise ConfigurationError(
-                "guarded(inbox=...) needs key='key template' (e.g. 'order:{order_id}')",
-                argument="key",
-            )
         if self.lock is not None and self.locks is None:
             raise ConfigurationError("guarded(lock=...) needs locks=...", argument="locks")
         if self.key is not None and self.inbox is None:
@@ -145,6 +165,10 @@ class GuardSpec:
         return self._name(self.lock, arguments, "lock")
 
     def key_name(self, arguments: dict[str, Any]) -> str:
+        """The idempotency key of a call: the ``key`` template filled in, or without one the
+        id of the message the current worker handler processes."""
+        if self.key is None:
+            return default_key()
         return self._name(self.key, arguments, "key")
 
     def fingerprint_of(self, arguments: dict[str, Any]) -> str | None:

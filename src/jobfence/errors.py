@@ -41,6 +41,8 @@ __all__ = [
     "LockError",
     "LockLost",
     "LockTimeout",
+    "MessageLost",
+    "QueueError",
     "SchemaMissing",
     "StaleToken",
     "StaleVersion",
@@ -146,6 +148,22 @@ class ClaimLost(InboxError):
 
 class FingerprintMismatch(InboxError):
     """The key was claimed before with a different payload fingerprint."""
+
+
+class QueueError(JobfenceError):
+    """Base class of queue errors. ``queue`` is the queue's name, ``message_id`` the
+    message's id where one is concerned."""
+
+    def __init__(self, message: str, *, queue: str = "", message_id: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.message_id = message_id
+
+
+class MessageLost(QueueError):
+    """This delivery is no longer the receiver's: its visibility passed (or its renewal
+    failed) and the message may be delivered to another consumer, or it was already acked,
+    nacked or dead-lettered. Its ``ack`` did not happen."""
 
 
 class ConflictError(JobfenceError):

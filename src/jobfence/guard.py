@@ -26,11 +26,17 @@ from typing import Any, TypeVar
 
 from ._guard_run import run_guarded
 from ._guard_run_async import run_guarded_async
-from ._guard_spec import GuardSpec, NameSpec, current_claim_var, current_lease_var
+from ._guard_spec import (
+    GuardSpec,
+    NameSpec,
+    current_claim_var,
+    current_lease_var,
+    current_message_var,
+)
 from .errors import ConfigurationError
 from .retry import RetryPolicy
 
-__all__ = ["current_claim", "current_lease", "guarded"]
+__all__ = ["current_claim", "current_lease", "current_message", "guarded"]
 
 #: the default ``claim_ttl``: the claim is renewed while the function runs, so this is how
 #: soon a crashed worker's claim is taken over, not a bound on the function's run time
@@ -49,6 +55,13 @@ def current_claim() -> Any:
     outside one, or without an inbox). A long sync function may call its ``check()`` (raises
     ``ClaimLost``) or read its ``lost`` to stop early once the claim is gone."""
     return current_claim_var.get()
+
+
+def current_message() -> Any:
+    """The queue message the :class:`~jobfence.Worker` handler running in this thread or task
+    processes (``None`` outside one). Its ``id`` is the default idempotency key of
+    :func:`guarded` and ``Inbox.claim_in`` there."""
+    return current_message_var.get()
 
 
 def _check_first() -> None:
@@ -111,7 +124,9 @@ def guarded(
     """Guard a job function with a lease, an idempotency claim, or both.
 
     ``lock``/``key`` are ``str.format`` templates over the function's arguments
-    (``"inventory:{product_id}"``) or callables receiving the arguments by name.
+    (``"inventory:{product_id}"``) or callables receiving the arguments by name. Without
+    ``key``, inside a :class:`~jobfence.Worker` handler the key is the message's id (the same
+    on every redelivery); elsewhere a call without ``key`` raises ``ConfigurationError``.
     ``timeout``: seconds to wait for the lease (``None`` waits, ``0`` tries once); when it
     passes, ``LockTimeout`` is raised, or with ``if_locked="skip"`` the call returns
     ``skipped_result`` without running. ``fingerprint=True`` hashes the arguments so a key

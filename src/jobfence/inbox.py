@@ -43,6 +43,7 @@ from ._core.lease_state import LeaseState
 from ._core.sqlconn import adapt, is_undefined_table
 from ._core.url import mask_url
 from ._core.validate import check_name, check_namespace, check_ttl
+from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
 from .backends.base import ClaimRecord, ClaimState, InboxBackend
 from .errors import (
@@ -599,8 +600,14 @@ class Inbox:
     def _abandon_quietly(self, key: str, owner: str) -> None:
         compat.clean_up(partial(self._abandon, key, owner), self._cleanups, CLEANUP_WAIT)
 
-    def claim_in(self, conn: Any, key: str, *, fingerprint: str | None = None) -> bool:
+    def claim_in(
+        self, conn: Any, key: str | None = None, *, fingerprint: str | None = None
+    ) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.
+
+        Without ``key``: the key of the :func:`jobfence.guarded` call running here, else the
+        id of the message a :class:`~jobfence.Worker` handler processes here (the same on
+        every redelivery); elsewhere ``ConfigurationError``.
 
         Returns True iff this transaction is the first to apply ``key`` (the marker row was
         inserted, or a key held by :meth:`claim` was marked applied): do the effect in the
@@ -613,6 +620,9 @@ class Inbox:
         PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy Connection / Session).
         """
         self._check_open()
+        if key is None:
+            claim = current_claim_var.get()
+            key = claim.key if claim is not None else default_key()
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
         sc = adapt(conn, argument="conn")

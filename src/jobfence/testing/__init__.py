@@ -66,6 +66,7 @@ class HookPoint:
 
 _LOCK = ("name", "backend")
 _INBOX = ("key", "backend")
+_QUEUE = ("queue", "id", "delivery", "backend")
 
 _POINT_LIST = (
     HookPoint(
@@ -118,6 +119,22 @@ _POINT_LIST = (
         "versioned.update",
         "versioned_update(_async): the conditional UPDATE",
         ("table", "key", "version"),
+    ),
+    HookPoint(
+        "queue.publish", "Queue.publish(_many)(): append messages", ("queue", "ids", "backend")
+    ),
+    HookPoint("queue.receive", "Queue.receive(): one receive round trip", ("queue", "backend")),
+    HookPoint("queue.ack", "Message.ack(): remove the delivered message", _QUEUE),
+    HookPoint("queue.nack", "Message.nack(): give the message back for redelivery", _QUEUE),
+    HookPoint("queue.dead_letter", "Message.dead_letter(): move it to the dead letters", _QUEUE),
+    HookPoint("queue.extend", "Message.extend(): keep the delivery hidden longer", _QUEUE),
+    HookPoint(
+        "queue.renew", "one batched renewal round trip of a queue's renewer", ("queue", "receipts")
+    ),
+    HookPoint(
+        "queue.manage",
+        "Queue.stats/dead_letters/requeue_dead/purge/install/drop (operation names which)",
+        ("queue", "operation", "backend"),
     ),
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )

@@ -1,4 +1,4 @@
-"""``memory://``: in-process locks and inbox, for tests and the testing toolkit.
+"""``memory://``: in-process locks, inbox and queues, for tests and the testing toolkit.
 
 It passes the same conformance suites as the server backends. ``memory://name`` selects a
 separate store, and so does each lock ``namespace`` and inbox ``table``; sync and async clients
@@ -14,9 +14,12 @@ __all__ = [
     "TABLE_LIMIT",
     "AsyncMemoryInboxBackend",
     "AsyncMemoryLockBackend",
+    "AsyncMemoryQueueBackend",
     "MemoryInboxBackend",
     "MemoryInboxStore",
     "MemoryLockBackend",
+    "MemoryQueueBackend",
+    "MemoryQueueStore",
     "MemoryStore",
     "get_store",
 ]
@@ -35,6 +38,9 @@ _LAZY = {
     "MemoryInboxBackend": "inbox",
     "AsyncMemoryInboxBackend": "inbox",
     "MemoryInboxStore": "inbox",
+    "MemoryQueueBackend": "queue",
+    "AsyncMemoryQueueBackend": "queue",
+    "MemoryQueueStore": "queue",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

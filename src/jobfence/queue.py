@@ -1,0 +1,642 @@
+# Generated from queue_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""Queues: publish, receive, ack, nack with a delay, renew a delivery, dead letters.
+
+``AsyncQueue``/``AsyncMessage`` live in ``queue_async.py``; ``Queue``/``Message`` in
+``queue.py``, generated from it. The backend is chosen by URL: Redis Streams (``redis://``),
+a PostgreSQL table (``postgresql://``), a SQLite table (``sqlite:///file.db``), RabbitMQ
+(``amqp://``) or in-process (``memory://``).
+
+Delivery is at least once on every backend: a message is delivered until it is acked, and a
+delivery that is neither acked nor renewed within its ``visibility`` is delivered again
+(RabbitMQ: when its consumer's connection closes). The message ``id`` given at publish time
+is the same on every delivery: it is what :func:`jobfence.guarded` and ``Inbox.claim_in`` key
+on by default inside a :class:`~jobfence.Worker`'s handler, so a redelivery is a duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ._core import forks
+from ._core.clock import get_clock
+from ._core.hooks import hook
+from ._core.inbox_support import JSONSerializer, Serializer
+from ._core.lease_state import LeaseState
+from ._core.url import mask_url
+from ._core.validate import check_name, check_queue_name, check_ttl
+from .backends import open_queue_backend
+from .backends.base import DeadLetter, QueueBackend, QueuedMessage, QueueStats
+from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
+from .renewal import Renewer
+
+if TYPE_CHECKING:
+    from .locks import Lease
+
+__all__ = ["DEFAULT_QUEUE_URL", "DEFAULT_VISIBILITY", "Message", "Queue"]
+
+log = logging.getLogger("jobfence.queue")
+
+T = TypeVar("T")
+
+#: the embedded default queue, used when no URL is given and JOBFENCE_URL is not set
+DEFAULT_QUEUE_URL = "sqlite:///jobfence.db"
+#: seconds a delivery stays hidden from other consumers unless acked or renewed
+DEFAULT_VISIBILITY = 30.0
+#: the most messages one receive may ask for
+MAX_RECEIVE = 1000
+#: the most header entries, and bytes of one header name or value
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 4096
+
+_HOST = socket.gethostname()[:64]
+
+
+def _new_consumer() -> str:
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ConfigurationError(
+            f"headers must be a mapping of str to str, got {type(headers).__name__}",
+            argument="headers",
+        )
+    if len(headers) > MAX_HEADERS:
+        raise ConfigurationError(
+            f"headers may have at most {MAX_HEADERS} entries, got {len(headers)}",
+            argument="headers",
+        )
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name:
+            raise ConfigurationError(
+                f"headers must map non-empty str names to str values, got {name!r}: {value!r}",
+                argument="headers",
+            )
+        if max(len(name.encode("utf-8", "replace")), len(value.encode("utf-8", "replace"))) > (
+            MAX_HEADER_BYTES
+        ):
+            raise ConfigurationError(
+                f"header {name!r}: names and values may have at most {MAX_HEADER_BYTES} bytes",
+                argument="headers",
+            )
+        out[name] = value
+    return out
+
+
+def _check_delay(delay: object, argument: str = "delay") -> float:
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (0 <= delay < 1e9):
+        raise ConfigurationError(
+            f"{argument} must be a number of seconds >= 0, got {delay!r}", argument=argument
+        )
+    return float(delay)
+
+
+class _MessageLease:
+    """What the queue's renewer drives for one delivery: the surface of a lease that the
+    renewer reads (``name``: the receipt, ``owner``: the consumer, ``state``, ``renews``,
+    ``released``, ``mark_lost``)."""
+
+    __slots__ = ("__weakref__", "message", "name", "owner", "state")
+
+    token = 0
+
+    def __init__(self, message: Message, state: LeaseState) -> None:
+        self.message = message
+        self.name = message.receipt
+        self.owner = message._queue.consumer
+        self.state = state
+
+    @property
+    def renews(self) -> bool:
+        return self.state.renews
+
+    @property
+    def released(self) -> bool:
+        return self.message._finished is not None
+
+    def mark_lost(self, reason: str, *, background: bool = False) -> None:
+        self.message._mark_lost(reason)
+
+
+class _MessageRenewer(Renewer):
+    """The renewer of one queue client's deliveries: the lease renewer (one task or thread
+    per client, one batched backend call per tick), announcing each batch at ``queue.renew``."""
+
+    queue_name = ""
+
+    def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
+        hook("queue.renew", queue=self.queue_name, receipts=[item[0] for item in items])
+        return self._renew(items)
+
+
+class Message:
+    """One delivery of a message, from :meth:`AsyncQueue.receive` / :meth:`Queue.receive`.
+
+    * ``id`` -- the message id (the same on every delivery of the message);
+    * ``body`` -- the decoded body (JSON by default), ``raw`` the bytes as stored;
+    * ``delivery`` -- 1 for the first delivery, 2, 3... for redeliveries;
+    * ``headers`` (dict of str), ``queue`` (the queue's name), ``published_at`` (seconds since
+      the epoch, where the backend records it), ``last_error`` (the error of the last nack).
+
+    Finish each delivery with exactly one of :meth:`ack` (done: remove it), :meth:`nack` (give
+    it back, redelivered after ``delay``) or :meth:`dead_letter`. A delivery received with
+    ``renew=True`` is kept hidden by the queue's renewer until it is finished; if a renewal
+    fails or its visibility passes first, it is *lost*: :attr:`lost` turns true,
+    :meth:`on_lost` callbacks run, :meth:`check` raises :class:`MessageLost`, and
+    :meth:`ack` raises :class:`MessageLost` (another consumer may have the message now).
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        raw: QueuedMessage,
+        *,
+        visibility: float,
+        started: float,
+        renew: bool,
+    ) -> None:
+        self._queue = queue
+        self.id = raw.id
+        self.raw = raw.body
+        self.headers = raw.headers
+        self.delivery = raw.delivery
+        self.receipt = raw.receipt
+        self.published_at = raw.published_at
+        self.last_error = raw.last_error
+        self.queue = queue.name
+        self.visibility = visibility
+        self._body: Any = _UNDECODED
+        self._finished: str | None = None
+        self._lost_reason: str | None = None
+        self._callbacks: list[Callable[[Message], Any]] = []
+        self._mutex = threading.Lock()
+        self._lease = _MessageLease(self, LeaseState(visibility, started, renews=renew))
+
+    def __repr__(self) -> str:
+        state = self._finished or ("lost" if self._lost_reason else "held")
+        return f"<{type(self).__name__} {self.queue}:{self.id!r} delivery={self.delivery} {state}>"
+
+    @property
+    def body(self) -> Any:
+        """The body, decoded by the queue's serializer (JSON by default) on first use."""
+        if self._body is _UNDECODED:
+            try:
+                self._body = self._queue.serializer.loads(self.raw)
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"message {self.id!r} of queue {self.queue!r}: its body cannot be decoded "
+                    f"by the queue's serializer ({type(exc).__name__}: {exc}); read .raw",
+                    argument="serializer",
+                ) from exc
+        return self._body
+
+    @property
+    def lost(self) -> bool:
+        """Whether this delivery is known to be no longer this consumer's."""
+        return self._lost_reason is not None
+
+    @property
+    def finished(self) -> str | None:
+        """``"acked"``, ``"nacked"`` or ``"dead"`` once finished, else ``None``."""
+        return self._finished
+
+    def check(self) -> None:
+        """Raise :class:`MessageLost` if the delivery is lost."""
+        if self._lost_reason is not None:
+            raise MessageLost(
+                f"message {self.id!r} (delivery {self.delivery}) of queue {self.queue!r} was "
+                f"lost: {self._lost_reason}",
+                queue=self.queue,
+                message_id=self.id,
+            )
+
+    def on_lost(self, callback: Callable[[Message], Any]) -> None:
+        """Call ``callback(message)`` when the delivery is found lost (at once if it is)."""
+        with self._mutex:
+            if self._lost_reason is None:
+                self._callbacks.append(callback)
+                return
+        self._run_callback(callback)
+
+    def _run_callback(self, callback: Callable[[Message], Any]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("on_lost callback of message %r raised", self.id)
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._lost_reason is not None or self._finished is not None:
+                return
+            self._lost_reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning(
+            "message %r (delivery %s) of queue %r lost: %s",
+            self.id,
+            self.delivery,
+            self.queue,
+            reason,
+        )
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    def _start_finishing(self) -> None:
+        if self._finished is not None:
+            raise ConfigurationError(
+                f"message {self.id!r} was already {self._finished}", argument="self"
+            )
+        self._queue._stop_renewing(self)
+
+    def _finished_as(self, state: str, ok: bool) -> bool:
+        if ok:
+            self._finished = state
+        else:
+            self._mark_lost("the backend no longer holds this delivery for this consumer")
+        return ok
+
+    def ack(self) -> None:
+        """Remove the message: it was processed. Raises :class:`MessageLost` if the delivery
+        is no longer this consumer's (it may be delivered again, or be with another consumer
+        now)."""
+        self._start_finishing()
+        q = self._queue
+        ok = q._message_call("queue.ack", self, q.backend.ack, self.receipt, q.consumer)
+        if not self._finished_as("acked", ok):
+            self.check()
+
+    def nack(self, delay: float = 0.0, error: str | BaseException | None = None) -> bool:
+        """Give the message back: delivered again after ``delay`` seconds (``0``: at once),
+        with ``error`` recorded as its ``last_error``. Returns False if the delivery was no
+        longer this consumer's (then it comes back by itself)."""
+        delay = _check_delay(delay)
+        text = _error_text(error)
+        self._start_finishing()
+        q = self._queue
+        ok = q._message_call(
+            "queue.nack", self, q.backend.nack, self.receipt, q.consumer, delay, text
+        )
+        return self._finished_as("nacked", ok)
+
+    def dead_letter(self, error: str | BaseException | None = None) -> bool:
+        """Move the message to the queue's dead letters, with ``error``. Returns False if the
+        delivery was no longer this consumer's."""
+        text = _error_text(error)
+        self._start_finishing()
+        q = self._queue
+        ok = q._message_call(
+            "queue.dead_letter", self, q.backend.dead_letter, self.receipt, q.consumer, text
+        )
+        return self._finished_as("dead", ok)
+
+    def extend(self, visibility: float | None = None) -> None:
+        """Keep the delivery hidden for ``visibility`` more seconds (default: the ttl its
+        renewals carry); a new value also becomes what renewals carry. Raises
+        :class:`MessageLost` if the delivery is no longer this consumer's."""
+        new = None if visibility is None else check_ttl(visibility, argument="visibility")
+        self.check()
+        state = self._lease.state
+        if new is None:
+            new = state.ttl
+        sent = state.now()
+        state.extend_started()
+        try:
+            ok = self._queue._message_call(
+                "queue.extend",
+                self,
+                self._queue.backend.renew,
+                [(self.receipt, self._queue.consumer, new)],
+            )
+        except BaseException:
+            state.extend_done(None)
+            raise
+        if not (ok and ok[0]):
+            state.extend_done(None)
+            self._queue._stop_renewing(self)
+            self._mark_lost("extend found the delivery gone or given to another consumer")
+            self.check()
+        state.extend_done(sent, new)
+
+
+_UNDECODED: Any = object()
+
+
+def _error_text(error: str | BaseException | None) -> str | None:
+    if error is None:
+        return None
+    if isinstance(error, BaseException):
+        error = f"{type(error).__name__}: {error}"
+    if not isinstance(error, str):
+        raise ConfigurationError(
+            f"error must be a str, an exception or None, got {type(error).__name__}",
+            argument="error",
+        )
+    return error[:8192]
+
+
+class Queue:
+    """A named queue on one backend, chosen by URL.
+
+    The URL: ``"redis://..."`` (Redis Streams), ``"postgresql://..."``, ``"sqlite:///f.db"``,
+    ``"amqp://..."`` (RabbitMQ) or ``"memory://"``; without one, ``$JOBFENCE_URL`` or the
+    embedded SQLite file ``jobfence.db``. ``name``: 1 to 128 characters of ``A-Z a-z 0-9 _ .
+    : -``. ``visibility``: default seconds a delivery stays hidden from other consumers
+    (30). ``serializer``: ``dumps``/``loads`` for bodies (default JSON). Other keyword
+    options go to the backend (see the backend's page in the docs).
+    """
+
+    def __init__(
+        self,
+        url: str | QueueBackend | None = None,
+        name: str = "default",
+        *,
+        visibility: float = DEFAULT_VISIBILITY,
+        serializer: Serializer | None = None,
+        **options: Any,
+    ) -> None:
+        self.name = check_queue_name(name)
+        self.visibility = check_ttl(visibility, argument="visibility")
+        if serializer is None:
+            serializer = JSONSerializer()
+        elif not (
+            callable(getattr(serializer, "dumps", None))
+            and callable(getattr(serializer, "loads", None))
+        ):
+            raise ConfigurationError(
+                "serializer must have dumps(obj) -> str | bytes and loads(bytes) -> obj "
+                f"(e.g. the json or pickle module), got {serializer!r}",
+                argument="serializer",
+            )
+        self.serializer: Serializer = serializer
+        if isinstance(url, QueueBackend):
+            self.backend = url
+            self.url = f"{url.kind}://"
+        else:
+            if url is None:
+                url = os.environ.get("JOBFENCE_URL") or DEFAULT_QUEUE_URL
+            self.backend = open_queue_backend(url, self.name, asynchronous=False, **options)
+            self.url = mask_url(url)
+        #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
+        self.consumer = _new_consumer()
+        self._closed = False
+        self._renewer = self._new_renewer()
+        forks.register(self)
+
+    def _new_renewer(self) -> _MessageRenewer:
+        renewer = _MessageRenewer(self.backend.renew, name="jobfence-queue-renewer")
+        renewer.queue_name = self.name
+        return renewer
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} name={self.name}>"
+
+    @property
+    def capabilities(self) -> Any:
+        return self.backend.capabilities
+
+    def _io(
+        self,
+        point: str,
+        announce: Callable[[], Any],
+        fn: Callable[..., T],
+        *args: Any,
+        what: str = "",
+    ) -> T:
+        """``announce()`` (the I/O hook's call at ``point``), then ``fn(*args)``; wrap driver
+        errors -- and faults a hook injects, which stand for them -- in BackendError."""
+        self._check_open()
+        try:
+            announce()
+            return fn(*args)
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{self.backend.kind} queue {self.name!r} ({self.url}): {what or point} "
+                f"failed: {type(exc).__name__}: {exc}",
+                backend=self.backend.kind,
+                operation=point,
+            ) from exc
+
+    def _message_call(self, point: str, message: Message, fn: Callable[..., T], *args: Any) -> T:
+        """A verb on one delivery, announced at ``point`` with the message's id."""
+        return self._io(
+            point,
+            lambda: hook(
+                point,
+                queue=self.name,
+                id=message.id,
+                delivery=message.delivery,
+                backend=self.backend.kind,
+            ),
+            fn,
+            *args,
+            what=f"{point} of message {message.id!r}",
+        )
+
+    def _manage(self, operation: str, fn: Callable[..., T], *args: Any) -> T:
+        """An administrative verb, announced at ``queue.manage``."""
+        return self._io(
+            "queue.manage",
+            lambda: hook(
+                "queue.manage", queue=self.name, operation=operation, backend=self.backend.kind
+            ),
+            fn,
+            *args,
+            what=operation,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this Queue is closed", argument="self")
+
+    def _encode(self, body: Any) -> bytes:
+        try:
+            data = self.serializer.dumps(body)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"body cannot be published: the serializer failed on a {type(body).__name__} "
+                f"({type(exc).__name__}: {exc}); pass a JSON value, or give the Queue another "
+                "serializer",
+                argument="body",
+            ) from exc
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ConfigurationError(
+                f"the serializer returned {type(data).__name__}, not bytes or str",
+                argument="serializer",
+            )
+        return bytes(data)
+
+    def publish(
+        self,
+        body: Any,
+        *,
+        id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+    ) -> str:
+        """Append one message and return its id (``id``, or a new random one). ``body`` is
+        serialised (JSON by default); ``delay`` seconds before it may be delivered. The same
+        id published twice is delivered twice: ids make redeliveries recognisable, they do
+        not deduplicate publishing."""
+        return (
+            self.publish_many(
+                [body], ids=None if id is None else [id], headers=headers, delay=delay
+            )
+        )[0]
+
+    def publish_many(
+        self,
+        bodies: Iterable[Any],
+        *,
+        ids: Iterable[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+    ) -> list[str]:
+        """Append many messages in one round trip where the backend can; return their ids.
+        ``ids`` (as many as ``bodies``) defaults to new random ids; ``headers`` go on every
+        message."""
+        bodies = list(bodies)
+        if ids is None:
+            id_list = [uuid.uuid4().hex for _ in bodies]
+        else:
+            id_list = [check_name(i, argument="id") for i in ids]
+            if len(id_list) != len(bodies):
+                raise ConfigurationError(
+                    f"ids must have one id per body: {len(id_list)} ids for {len(bodies)} bodies",
+                    argument="ids",
+                )
+        head = _check_headers(headers)
+        delay = _check_delay(delay)
+        batch = [(i, self._encode(b), dict(head)) for i, b in zip(id_list, bodies, strict=True)]
+        if batch:
+            self._io(
+                "queue.publish",
+                lambda: hook(
+                    "queue.publish", queue=self.name, ids=id_list, backend=self.backend.kind
+                ),
+                self.backend.publish,
+                batch,
+                delay,
+            )
+        return id_list
+
+    def receive(
+        self,
+        max_messages: int = 1,
+        *,
+        visibility: float | None = None,
+        wait: float = 0.0,
+        renew: bool = False,
+    ) -> list[Message]:
+        """Up to ``max_messages`` deliveries, each hidden from other consumers for
+        ``visibility`` seconds (default: the queue's); waits up to ``wait`` seconds for the
+        first (``0``: returns at once). ``renew=True``: the queue's renewer keeps each delivery
+        hidden (one batched round trip per tick) until it is finished, so a handler may run
+        longer than ``visibility`` while a dead consumer's messages still come back
+        ``visibility`` after its last renewal."""
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= MAX_RECEIVE
+        ):
+            raise ConfigurationError(
+                f"max_messages must be an int from 1 to {MAX_RECEIVE}, got {max_messages!r}",
+                argument="max_messages",
+            )
+        vis = (
+            self.visibility if visibility is None else check_ttl(visibility, argument="visibility")
+        )
+        wait = _check_delay(wait, "wait")
+        started = get_clock().monotonic()
+        raws = self._io(
+            "queue.receive",
+            lambda: hook("queue.receive", queue=self.name, backend=self.backend.kind),
+            self.backend.receive,
+            self.consumer,
+            max_messages,
+            vis,
+            wait,
+        )
+        messages = [
+            Message(self, raw, visibility=vis, started=started, renew=renew) for raw in raws
+        ]
+        if renew:
+            for message in messages:
+                # the renewer reads only the lease surface that _MessageLease has
+                self._renewer.add(cast("Lease", message._lease))
+        return messages
+
+    def _stop_renewing(self, message: Message) -> None:
+        self._renewer.discard(cast("Lease", message._lease))
+
+    def stats(self) -> QueueStats:
+        """Message counts: ready, delayed, in flight, dead (``None`` where the backend cannot
+        tell)."""
+        return self._manage("stats", self.backend.stats)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise ConfigurationError(
+                f"limit must be an int from 1 to 100000, got {limit!r}", argument="limit"
+            )
+        return self._manage("dead_letters", self.backend.dead_letters, limit)
+
+    def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Publish dead letters again (those with ``ids``, or all), delivery count reset;
+        returns how many."""
+        if ids is not None:
+            ids = [check_name(i, argument="ids") for i in ids]
+        return self._manage("requeue_dead", self.backend.requeue_dead, ids)
+
+    def purge(self) -> int:
+        """Delete every message of the queue (ready, delayed, in flight, dead)."""
+        return self._manage("purge", self.backend.purge)
+
+    def install(self) -> None:
+        """Create the queue's tables or server objects now (they are also created on first
+        use)."""
+        self._manage("install", self.backend.install)
+
+    def drop(self) -> None:
+        """Delete the queue and everything stored for it (tests, uninstall)."""
+        self._manage("drop", self.backend.drop)
+
+    def close(self) -> None:
+        """Stop renewing, give back (nack) the deliveries still renewed so they are
+        redelivered at once, and close the backend's connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for receipt, consumer in self._renewer.close():
+            try:
+                self.backend.nack(receipt, consumer, 0.0, "the consumer closed its queue")
+            except Exception as exc:
+                log.warning("giving back a delivery on close failed (it comes back): %r", exc)
+        self.backend.close()
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()``: a consumer id and renewer of its own,
+        and a backend that opens its own connections."""
+        forks.keep(self._renewer)
+        self.consumer = _new_consumer()
+        self._renewer = self._new_renewer()
+        self.backend.after_fork()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

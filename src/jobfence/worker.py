@@ -1,0 +1,565 @@
+"""The worker: a consumer loop around a handler, on any jobfence queue.
+
+``AsyncWorker`` runs on an :class:`~jobfence.AsyncQueue` inside an event loop; ``Worker`` is
+the same loop for a :class:`~jobfence.Queue`, run from blocking code (``Worker.run()`` starts
+its own event loop, and calls the sync backend in threads). One body of logic serves both:
+
+* **bounded concurrency**: at most ``concurrency`` messages are in flight; ``async def``
+  handlers run as tasks, plain functions in a pool of ``concurrency`` threads;
+* **ack after the handler returns**, never before: a worker that dies mid-message leaves it
+  to be redelivered (after ``visibility``, or at once where the server redelivers on
+  disconnect);
+* **an exception** gives the message back with a backoff (``backoff * 2 ** (delivery - 1)``
+  seconds, at most ``max_backoff``, with jitter); after ``max_deliveries`` deliveries it goes
+  to the dead letters with its last error. A message already delivered more than
+  ``max_deliveries`` times (its consumers kept dying) is dead-lettered without running;
+* **renewal**: every delivery is kept hidden by the queue's renewer (one batched round trip
+  per tick for all in-flight messages) while its handler runs; if a renewal fails the message
+  is *lost*: an ``async def`` handler is cancelled, a thread sees ``message.lost`` /
+  ``message.check()``, and the message is not acked (another consumer may have it);
+* **graceful shutdown** on SIGTERM/SIGINT (when run in the main thread) or :meth:`stop`:
+  stop receiving, let in-flight handlers finish within ``shutdown_timeout`` seconds, then
+  give back (nack, no delay) what is unfinished so that it is redelivered at once;
+* :attr:`stats` and logging (logger ``jobfence.worker``; each line names the message id and
+  delivery, also as ``extra`` fields ``message_id``, ``delivery``, ``queue``).
+
+Inside the handler, :func:`jobfence.current_message` is the message, and
+:func:`jobfence.guarded` / ``Inbox.claim_in`` without a key use its id: a redelivery or a
+duplicate publish is then recognised as a duplicate (counted in ``stats.duplicates``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import dataclasses
+import inspect
+import logging
+import random
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._core.validate import check_ttl
+from ._guard_spec import current_message_var
+from .backends.base import (
+    AsyncQueueBackend,
+    DeadLetter,
+    QueueBackend,
+    QueuedMessage,
+    QueueStats,
+    RenewItem,
+)
+from .errors import ConfigurationError, FingerprintMismatch, JobfenceError, MessageLost
+from .queue import Queue
+from .queue_async import AsyncMessage, AsyncQueue
+
+__all__ = ["AsyncWorker", "Worker", "WorkerStats"]
+
+log = logging.getLogger("jobfence.worker")
+
+#: how long one receive waits for a message before the loop looks at ``stop`` again
+RECEIVE_WAIT = 1.0
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """What a worker did so far.
+
+    * ``received`` -- deliveries received;
+    * ``processed`` -- handlers that returned, their messages acked;
+    * ``duplicates`` -- of those, deliveries the inbox recognised as already processed
+      (``guarded`` returned the stored result without running the function);
+    * ``retried`` -- deliveries given back after an exception, to be redelivered;
+    * ``dead_lettered`` -- messages moved to the dead letters;
+    * ``lost`` -- deliveries that stopped being this worker's before they were finished
+      (visibility passed, renewal failed); they are redelivered, not acked;
+    * ``given_back`` -- deliveries returned unfinished at shutdown;
+    * ``in_flight`` -- handlers running now.
+    """
+
+    received: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    lost: int = 0
+    given_back: int = 0
+    in_flight: int = 0
+
+
+def _positive_int(value: object, argument: str, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ConfigurationError(
+            f"{argument} must be an int from 1 to {high}, got {value!r}", argument=argument
+        )
+    return value
+
+
+def _seconds(value: object, argument: str, *, zero: bool = True) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (0 <= value < 1e9)
+        or (not zero and value == 0)
+    ):
+        allowed = ">= 0" if zero else "> 0"
+        raise ConfigurationError(
+            f"{argument} must be a number of seconds {allowed}, got {value!r}", argument=argument
+        )
+    return float(value)
+
+
+def _extra(message: AsyncMessage) -> dict[str, Any]:
+    return {"message_id": message.id, "delivery": message.delivery, "queue": message.queue}
+
+
+class AsyncWorker:
+    """Consume ``queue`` with ``handler(message)``; see the module documentation.
+
+    ``handler``: an ``async def`` function or a plain one (run in threads), called with the
+    message (``.id``, ``.body``, ``.delivery``, ``.headers``, ``.queue``). Returning acks the
+    message; raising gives it back. ``visibility`` (default: the queue's) is how long a
+    delivery stays hidden between renewals; ``max_deliveries`` how many deliveries a message
+    gets before it is dead-lettered; ``backoff``/``max_backoff`` the redelivery delay after an
+    exception; ``shutdown_timeout`` how long :meth:`run` lets in-flight handlers finish after
+    a stop; ``prefetch`` how many messages one receive may take (default: the free slots).
+    """
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        handler: Callable[[Any], Any],
+        *,
+        concurrency: int = 8,
+        max_deliveries: int = 5,
+        visibility: float | None = None,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        shutdown_timeout: float = 30.0,
+        prefetch: int | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if not isinstance(queue, AsyncQueue):
+            raise ConfigurationError(
+                f"queue must be a jobfence.AsyncQueue (use jobfence.Worker for a Queue), got "
+                f"{type(queue).__name__}",
+                argument="queue",
+            )
+        if not callable(handler):
+            raise ConfigurationError(
+                f"handler must be callable as handler(message), got {handler!r}",
+                argument="handler",
+            )
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = _positive_int(concurrency, "concurrency", 10_000)
+        self.max_deliveries = _positive_int(max_deliveries, "max_deliveries", 1_000_000)
+        self.visibility = (
+            queue.visibility if visibility is None else check_ttl(visibility, argument="visibility")
+        )
+        self.backoff = _seconds(backoff, "backoff")
+        self.max_backoff = _seconds(max_backoff, "max_backoff")
+        self.shutdown_timeout = _seconds(shutdown_timeout, "shutdown_timeout")
+        self.prefetch = (
+            self.concurrency if prefetch is None else _positive_int(prefetch, "prefetch", 1000)
+        )
+        self.handle_signals = bool(handle_signals)
+        self.stats = WorkerStats()
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            type(handler).__call__
+        )
+        self._stop_requested = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._tasks: dict[asyncio.Task[None], AsyncMessage] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.queue.name} concurrency={self.concurrency}>"
+
+    # -- control -------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop: no more receives; in-flight handlers get
+        ``shutdown_timeout`` seconds to finish. Safe from any thread and from a handler."""
+        self._stop_requested.set()
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None:
+            try:
+                loop.call_soon_threadsafe(stopping.set)
+            except RuntimeError:  # the loop is closed: run() is over
+                pass
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # not supported here
+                continue
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._stop_requested.is_set():
+            log.warning("%s again: giving back in-flight messages now", sig.name)
+            self.shutdown_timeout = 0.0
+            for task in list(self._tasks):
+                task.cancel()
+        else:
+            log.info(
+                "%s: stopping; in-flight messages get %.0f s to finish",
+                sig.name,
+                self.shutdown_timeout,
+            )
+        self.stop()
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self) -> WorkerStats:
+        """Receive and handle messages until :meth:`stop` or SIGTERM/SIGINT; then drain
+        (see the class). Returns the stats."""
+        if self._running:
+            raise ConfigurationError("this worker is already running", argument="self")
+        self._running = True
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stopping = asyncio.Event()
+        if self._stop_requested.is_set():
+            self._stopping.set()
+        if not self._is_async:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.concurrency, thread_name_prefix="jobfence-worker"
+            )
+        signals = self._install_signals(loop)
+        slot_free = asyncio.Event()
+        log.info(
+            "worker on queue %r (%s): concurrency %d, max_deliveries %d, visibility %.1f s",
+            self.queue.name,
+            self.queue.url,
+            self.concurrency,
+            self.max_deliveries,
+            self.visibility,
+        )
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._tasks)
+                if free <= 0:
+                    slot_free.clear()
+                    await _first(slot_free.wait(), self._stopping.wait())
+                    continue
+                try:
+                    messages = await self.queue.receive(
+                        min(free, self.prefetch),
+                        visibility=self.visibility,
+                        wait=RECEIVE_WAIT,
+                        renew=True,
+                    )
+                except JobfenceError as exc:
+                    log.error("receive from queue %r failed: %s", self.queue.name, exc)
+                    await _first(asyncio.sleep(1.0), self._stopping.wait())
+                    continue
+                for message in messages:
+                    self.stats.received += 1
+                    if self._stopping.is_set():
+                        await self._give_back(message, "the worker is stopping")
+                        continue
+                    task = loop.create_task(self._handle(message))
+                    self._tasks[task] = message
+                    self.stats.in_flight = len(self._tasks)
+                    task.add_done_callback(lambda t: self._done(t, slot_free))
+            await self._drain()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+            self._loop = None
+            self._running = False
+            self._stop_requested.clear()
+            log.info("worker on queue %r stopped: %s", self.queue.name, self.stats)
+        return self.stats
+
+    def _done(self, task: asyncio.Task[None], slot_free: asyncio.Event) -> None:
+        self._tasks.pop(task, None)
+        self.stats.in_flight = len(self._tasks)
+        slot_free.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker task failed", exc_info=task.exception())
+
+    async def _drain(self) -> None:
+        """In-flight handlers get ``shutdown_timeout`` seconds; the rest are cancelled (a
+        thread cannot be: its message is given back and its result ignored)."""
+        if not self._tasks:
+            return
+        log.info(
+            "waiting up to %.1f s for %d in-flight message(s)",
+            self.shutdown_timeout,
+            len(self._tasks),
+        )
+        _done, pending = await asyncio.wait(list(self._tasks), timeout=self.shutdown_timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _give_back(self, message: AsyncMessage, why: str) -> None:
+        try:
+            if await message.nack(0.0, why):
+                self.stats.given_back += 1
+        except JobfenceError as exc:
+            log.warning(
+                "giving back message %r failed (it comes back after its visibility): %s",
+                message.id,
+                exc,
+                extra=_extra(message),
+            )
+
+    async def _handle(self, message: AsyncMessage) -> None:
+        if message.delivery > self.max_deliveries:
+            error = (
+                f"delivered {message.delivery} times without an ack (max_deliveries "
+                f"{self.max_deliveries}); last error: {message.last_error}"
+            )
+            await self._dead_letter(message, error)
+            return
+        token = current_message_var.set(message)
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        cancelled_for_loss = False
+
+        def on_lost(_message: AsyncMessage) -> None:
+            nonlocal cancelled_for_loss
+            if self._is_async and task is not None:
+                cancelled_for_loss = True
+                loop.call_soon_threadsafe(task.cancel)
+
+        message.on_lost(on_lost)
+        try:
+            if self._is_async:
+                await self.handler(message)
+            else:
+                ctx = contextvars.copy_context()
+                await loop.run_in_executor(self._pool, ctx.run, self.handler, message)
+        except asyncio.CancelledError:
+            if cancelled_for_loss or message.lost:
+                self.stats.lost += 1
+                log.warning(
+                    "message %r (delivery %d) lost while its handler ran; not acked",
+                    message.id,
+                    message.delivery,
+                    extra=_extra(message),
+                )
+                cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+                if cancelling is not None and cancelling():
+                    task.uncancel()  # type: ignore[union-attr]
+                return
+            await asyncio.shield(self._give_back(message, "the worker stopped before it finished"))
+            raise
+        except Exception as exc:
+            await self._failed(message, exc)
+            return
+        finally:
+            current_message_var.reset(token)
+        try:
+            await message.ack()
+        except MessageLost:
+            self.stats.lost += 1
+            log.warning(
+                "message %r (delivery %d) was handled, but the delivery was lost before the "
+                "ack: it will be delivered again",
+                message.id,
+                message.delivery,
+                extra=_extra(message),
+            )
+            return
+        except JobfenceError as exc:
+            log.error(
+                "ack of message %r failed (it will be delivered again): %s",
+                message.id,
+                exc,
+                extra=_extra(message),
+            )
+            return
+        self.stats.processed += 1
+        if getattr(message, "duplicate", False):
+            self.stats.duplicates += 1
+        log.debug(
+            "message %r (delivery %d) processed",
+            message.id,
+            message.delivery,
+            extra=_extra(message),
+        )
+
+    def _backoff(self, delivery: int) -> float:
+        base = min(self.max_backoff, self.backoff * 2.0 ** min(delivery - 1, 60))
+        return base * random.uniform(0.5, 1.0)
+
+    async def _failed(self, message: AsyncMessage, exc: Exception) -> None:
+        if message.lost:
+            self.stats.lost += 1
+            log.warning(
+                "message %r (delivery %d): handler raised after the delivery was lost: %r",
+                message.id,
+                message.delivery,
+                exc,
+                extra=_extra(message),
+            )
+            return
+        final = isinstance(exc, FingerprintMismatch) or message.delivery >= self.max_deliveries
+        if final:
+            await self._dead_letter(message, exc)
+            return
+        delay = self._backoff(message.delivery)
+        log.warning(
+            "message %r (delivery %d) failed, redelivered in %.1f s: %s: %s",
+            message.id,
+            message.delivery,
+            delay,
+            type(exc).__name__,
+            exc,
+            extra=_extra(message),
+        )
+        try:
+            if await message.nack(delay, exc):
+                self.stats.retried += 1
+            else:
+                self.stats.lost += 1
+        except JobfenceError as err:
+            log.error("nack of message %r failed: %s", message.id, err, extra=_extra(message))
+
+    async def _dead_letter(self, message: AsyncMessage, error: str | BaseException) -> None:
+        log.error(
+            "message %r (delivery %d) goes to the dead letters: %s",
+            message.id,
+            message.delivery,
+            error if isinstance(error, str) else f"{type(error).__name__}: {error}",
+            extra=_extra(message),
+        )
+        try:
+            if await message.dead_letter(error):
+                self.stats.dead_lettered += 1
+            else:
+                self.stats.lost += 1
+        except JobfenceError as err:
+            log.error(
+                "dead-lettering message %r failed: %s", message.id, err, extra=_extra(message)
+            )
+
+
+async def _first(*aws: Any) -> None:
+    """Wait until the first of ``aws`` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class _ThreadedBackend(AsyncQueueBackend):
+    """A sync queue backend driven from an event loop: each call runs in a thread."""
+
+    def __init__(self, backend: QueueBackend) -> None:
+        self.sync = backend
+        self.kind = backend.kind
+        self.capabilities = backend.capabilities
+        self.name = backend.name
+
+    async def publish(
+        self, messages: Sequence[tuple[str, bytes, dict[str, str]]], delay: float = 0.0
+    ) -> None:
+        await asyncio.to_thread(self.sync.publish, messages, delay)
+
+    async def receive(
+        self, consumer: str, max_messages: int, visibility: float, wait: float
+    ) -> list[QueuedMessage]:
+        return await asyncio.to_thread(self.sync.receive, consumer, max_messages, visibility, wait)
+
+    async def ack(self, receipt: str, consumer: str) -> bool:
+        return await asyncio.to_thread(self.sync.ack, receipt, consumer)
+
+    async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
+        return await asyncio.to_thread(self.sync.nack, receipt, consumer, delay, error)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        return await asyncio.to_thread(self.sync.renew, items)
+
+    async def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool:
+        return await asyncio.to_thread(self.sync.dead_letter, receipt, consumer, error)
+
+    async def stats(self) -> QueueStats:
+        return await asyncio.to_thread(self.sync.stats)
+
+    async def dead_letters(self, limit: int) -> list[DeadLetter]:
+        return await asyncio.to_thread(self.sync.dead_letters, limit)
+
+    async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+        return await asyncio.to_thread(self.sync.requeue_dead, ids)
+
+    async def purge(self) -> int:
+        return await asyncio.to_thread(self.sync.purge)
+
+    async def install(self) -> None:
+        await asyncio.to_thread(self.sync.install)
+
+    async def drop(self) -> None:
+        await asyncio.to_thread(self.sync.drop)
+
+    async def close(self) -> None:
+        """The sync queue owns the backend: its ``close()`` closes it."""
+
+
+class Worker:
+    """The worker for a blocking :class:`~jobfence.Queue`: the same loop as
+    :class:`AsyncWorker` (same arguments), run by :meth:`run` in an event loop of its own;
+    the queue's backend is called in threads, and plain-function handlers run in a pool of
+    ``concurrency`` threads."""
+
+    def __init__(self, queue: Queue, handler: Callable[[Any], Any], **options: Any) -> None:
+        if not isinstance(queue, Queue):
+            raise ConfigurationError(
+                f"queue must be a jobfence.Queue (use jobfence.AsyncWorker for an AsyncQueue), "
+                f"got {type(queue).__name__}",
+                argument="queue",
+            )
+        self.queue = queue
+        self._aqueue = AsyncQueue(
+            _ThreadedBackend(queue.backend),
+            queue.name,
+            visibility=queue.visibility,
+            serializer=queue.serializer,
+        )
+        self._aqueue.url = queue.url
+        self._worker = AsyncWorker(self._aqueue, handler, **options)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.queue.name} concurrency={self.concurrency}>"
+
+    def __getattr__(self, name: str) -> Any:
+        # concurrency, max_deliveries, visibility, ... as configured on the loop
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._worker, name)
+
+    @property
+    def stats(self) -> WorkerStats:
+        return self._worker.stats
+
+    def run(self) -> WorkerStats:
+        """Receive and handle messages until :meth:`stop` or SIGTERM/SIGINT, then drain.
+        Blocks; returns the stats."""
+        return asyncio.run(self._worker.run())
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop (safe from any thread and from a handler)."""
+        self._worker.stop()
