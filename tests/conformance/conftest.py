@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.flavours import InboxW, LocksW
+import jobfence
+
+from tests.conformance.flavours import InboxW, LocksW, QueueW
 from tests.conformance.specs import (
     FLAVOURS,
     INBOX,
     LOCKS,
+    QUEUE,
     Spec,
     inbox_table,
     new_namespace,
@@ -32,6 +35,11 @@ def spec(request: pytest.FixtureRequest) -> Spec:
 
 @pytest.fixture(params=spec_params(INBOX))
 def inbox_spec(request: pytest.FixtureRequest) -> Spec:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=spec_params(QUEUE))
+def queue_spec(request: pytest.FixtureRequest) -> Spec:
     return request.param  # type: ignore[no-any-return]
 
 
@@ -104,6 +112,48 @@ class InboxEnv(_Isolated):
                     pass
         finally:
             self.cleanup()
+
+
+class QueueEnv(_Isolated):
+    """One queue backend, one queue name (the test's namespace): makes clients of either
+    flavour; afterwards closes them and drops the queue."""
+
+    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
+        super().__init__(spec, flavour, tmp_path)
+        self.name = self.namespace
+        self.queues: list[QueueW] = []
+
+    def queue(self, flavour: str | None = None, name: str | None = None, **options: Any) -> QueueW:
+        queue = QueueW(self.url, name or self.name, (flavour or self.flavour) == "sync", **options)
+        self.queues.append(queue)
+        return queue
+
+    async def aclose(self) -> None:
+        try:
+            names = {q.queue.name for q in self.queues}
+            for queue in self.queues:
+                try:
+                    await queue.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+            for name in names:
+                try:
+                    dropper = jobfence.AsyncQueue(self.url, name)
+                    await dropper.drop()
+                    await dropper.close()
+                except Exception:
+                    pass
+        finally:
+            self.cleanup()
+
+
+@pytest.fixture
+async def qenv(queue_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[QueueEnv]:
+    e = QueueEnv(queue_spec, flavour, tmp_path)
+    try:
+        yield e
+    finally:
+        await e.aclose()
 
 
 @pytest.fixture

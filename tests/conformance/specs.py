@@ -10,7 +10,9 @@ as ``namespace=`` (SQL tables ``<namespace>_*``, Redis keys ``<namespace>:*``); 
 uses the table :func:`inbox_table` ``(namespace)`` (SQL table ``<namespace>_inbox``, Redis keys
 ``<namespace>_inbox:*``). So a spec's ``cleanup(url, namespace)`` removes whatever a test left,
 of either part: the SQL tables whose names start with the namespace (and their rows in
-``jobfence_inbox_schema``), or the Redis keys that start with it.
+``jobfence_inbox_schema``), or the Redis keys that start with it. The queue suite names each
+test's queue after its namespace and drops that queue afterwards (the SQL queue backends keep
+every queue in one table, isolated by name).
 
 ``test_specs.py`` fails unless every part of every registered backend
 (``jobfence.backends.registered()``) is run through that part's suite by some spec.
@@ -27,19 +29,28 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL, delete_redis_keys, mysql_params
+from tests.servers import (
+    MYSQL_URL,
+    POSTGRES_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    delete_redis_keys,
+    mysql_params,
+)
 
 #: the API flavours every conformance test runs with (test ids ``[<spec id>-<flavour>]``)
 FLAVOURS = ["sync", "async"]
 
 LOCKS = "locks"
 INBOX = "inbox"
+QUEUE = "queue"
 
 #: part (as in ``BackendInfo.parts``) -> the conformance suite that checks it, by file name in
 #: this directory
 SUITES: dict[str, str] = {
     LOCKS: "test_lock_conformance.py",
     INBOX: "test_inbox_conformance.py",
+    QUEUE: "test_queue_conformance.py",
 }
 
 #: the table that holds the inbox schema versions, one row per inbox table (SQL backends)
@@ -168,19 +179,20 @@ def _with_option(url: str, option: str) -> str:
 
 
 BOTH = frozenset({LOCKS, INBOX})
+ALL = frozenset({LOCKS, INBOX, QUEUE})
 
 SPECS: list[Spec] = [
     Spec(
         "memory",
         "memory",
-        BOTH,
+        ALL,
         lambda tmp: f"memory://{uuid.uuid4().hex}",
         _no_cleanup,
         cross_process=False,
     ),
-    Spec("sqlite", "sqlite", BOTH, lambda tmp: f"sqlite:///{tmp / 'jobfence.db'}", _no_cleanup),
-    Spec("redis", "redis", BOTH, lambda tmp: REDIS_URL, _redis_cleanup),
-    Spec("postgres", "postgres", BOTH, lambda tmp: POSTGRES_URL, _postgres_cleanup),
+    Spec("sqlite", "sqlite", ALL, lambda tmp: f"sqlite:///{tmp / 'jobfence.db'}", _no_cleanup),
+    Spec("redis", "redis", ALL, lambda tmp: REDIS_URL, _redis_cleanup),
+    Spec("postgres", "postgres", ALL, lambda tmp: POSTGRES_URL, _postgres_cleanup),
     Spec(
         "postgres-session",
         "postgres",
@@ -191,4 +203,12 @@ SPECS: list[Spec] = [
         note="mode=session changes how locks are held; the inbox does not read it",
     ),
     Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup),
+    Spec(
+        "rabbitmq",
+        "rabbitmq",
+        frozenset({QUEUE}),
+        lambda tmp: RABBITMQ_URL,
+        _no_cleanup,
+        note="queues only; each test drops its own queue",
+    ),
 ]

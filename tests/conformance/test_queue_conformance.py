@@ -1,0 +1,405 @@
+"""The queue contract, run against every queue backend (``specs.py``), sync and async.
+
+Each test uses a queue of its own (named after the test's namespace), dropped afterwards. The
+timing tests use visibilities and delays of about a second: they check that a message comes
+back after its visibility or delay and not before, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import jobfence
+from jobfence import ConfigurationError, MessageLost
+from tests.conformance.conftest import QueueEnv
+from tests.conformance.flavours import MessageW
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _visibility(qenv: QueueEnv) -> bool:
+    return bool(qenv.queue().capabilities.visibility_timeout)
+
+
+async def _receive_all(queue: Any, n: int, *, wait: float = 5.0, **kw: Any) -> list[MessageW]:
+    """Receive until ``n`` deliveries came (or ``wait`` seconds passed without one)."""
+    got: list[MessageW] = []
+    while len(got) < n:
+        batch = await queue.receive(n - len(got), wait=wait, **kw)
+        if not batch:
+            break
+        got.extend(batch)
+    return got
+
+
+async def test_publish_receive_ack_round_trip(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    body = {"order_id": 7, "product_id": 1, "qty": 5, "note": "café ✓"}
+    msg_id = await q.publish(body, id="order:7", headers={"tenant": "acme"})
+    assert msg_id == "order:7"
+    (m,) = await _receive_all(q, 1)
+    assert (m.id, m.body, m.delivery, m.queue) == ("order:7", body, 1, qenv.name)
+    assert m.headers.get("tenant") == "acme"
+    assert m.raw and isinstance(m.raw, bytes)
+    await m.ack()
+    assert m.finished == "acked"
+    assert await q.receive(wait=0) == []
+    stats = await q.stats()
+    assert stats.ready in (0, None) and stats.in_flight in (0, None)
+    assert stats.dead in (0, None)
+
+
+async def test_ids_default_to_new_random_ones_and_duplicates_are_delivered_twice(
+    qenv: QueueEnv,
+) -> None:
+    q = qenv.queue()
+    generated = await q.publish({"n": 1})
+    assert generated and isinstance(generated, str)
+    await q.publish({"n": 2}, id="same")
+    await q.publish({"n": 3}, id="same")
+    got = await _receive_all(q, 3)
+    assert sorted(m.id for m in got) == sorted([generated, "same", "same"])
+    assert all(m.delivery == 1 for m in got)
+    for m in got:
+        await m.ack()
+
+
+async def test_one_consumer_receives_in_publish_order(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    ids = await q.publish_many([{"n": i} for i in range(20)], ids=[f"m{i:02d}" for i in range(20)])
+    for i in range(20, 25):
+        ids.append(await q.publish({"n": i}, id=f"m{i:02d}"))
+    got: list[MessageW] = []
+    while len(got) < 25:
+        batch = await q.receive(7, wait=5)
+        assert batch, f"only {len(got)} of 25 delivered"
+        assert len(batch) <= 7
+        got.extend(batch)
+    assert [m.id for m in got] == ids
+    assert [m.body["n"] for m in got] == list(range(25))
+    for m in got:
+        await m.ack()
+
+
+async def test_a_delivery_is_hidden_from_other_consumers_while_visible(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish({"n": 1}, id="only")
+    (m,) = await _receive_all(a, 1, visibility=30)
+    assert await b.receive(wait=0.3) == []
+    await m.ack()
+
+
+async def test_unacked_delivery_comes_back_after_its_visibility(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish({"n": 1}, id="vis")
+    (first,) = await _receive_all(a, 1, visibility=1.0)
+    received_at = time.monotonic()
+    if not _visibility(qenv):
+        # RabbitMQ: a delivery stays with its live consumer whatever the visibility; it comes
+        # back when the consumer's channel closes (the next test)
+        assert await b.receive(wait=1.5) == []
+        await first.ack()
+        assert await b.receive(wait=0.3) == []
+        return
+    (second,) = await _receive_all(b, 1, wait=10)
+    assert time.monotonic() - received_at >= 0.9  # not before its visibility passed
+    assert (second.id, second.delivery) == ("vis", 2)
+    assert second.receipt != first.receipt
+    with pytest.raises(MessageLost):
+        await first.ack()  # the old delivery is not the consumer's any more
+    assert first.lost
+    with pytest.raises(MessageLost):
+        first.check()
+    await second.ack()  # the new delivery was not touched by the failed ack
+    assert await b.receive(wait=0) == []
+
+
+async def test_unacked_delivery_comes_back_when_its_consumer_closes(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish({"n": 1}, id="closer")
+    (m,) = await _receive_all(a, 1, visibility=1.0, renew=True)
+    assert m.delivery == 1
+    await a.close()  # gives back the renewed delivery (RabbitMQ: the channel closes)
+    (again,) = await _receive_all(b, 1, wait=10)
+    assert (again.id, again.delivery) == ("closer", 2)
+    await again.ack()
+
+
+async def test_extend_keeps_a_delivery_hidden_past_its_visibility(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish({"n": 1}, id="ext")
+    (m,) = await _receive_all(a, 1, visibility=1.0)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        await m.extend(1.0)
+        assert await b.receive(wait=0.3) == []
+    await m.ack()
+    assert await b.receive(wait=0) == []
+
+
+async def test_renew_true_keeps_a_delivery_hidden_by_the_renewer(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish({"n": 1}, id="renewed")
+    (m,) = await _receive_all(a, 1, visibility=0.6, renew=True)
+    assert await b.receive(wait=2.0) == []  # > 3 visibilities: only renewals kept it
+    assert not m.lost
+    await m.ack()
+
+
+async def test_extend_after_the_visibility_passed_is_refused(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="late")
+    (m,) = await _receive_all(q, 1, visibility=0.5)
+    await asyncio.sleep(0.8)  # let the visibility pass (the behaviour under test)
+    if not _visibility(qenv):  # RabbitMQ: the delivery is the consumer's while its channel lives
+        await m.extend(5)
+        await m.ack()
+        return
+    with pytest.raises(MessageLost):
+        await m.extend(5)
+    assert m.lost
+    (again,) = await _receive_all(q, 1)
+    assert again.delivery == 2
+    await again.ack()
+
+
+async def test_nack_without_delay_redelivers_at_once_with_the_error(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="nack0")
+    (m,) = await _receive_all(q, 1)
+    assert await m.nack(0, ValueError("boom")) is True
+    assert m.finished == "nacked"
+    (again,) = await _receive_all(q, 1, wait=5)
+    assert (again.id, again.delivery) == ("nack0", 2)
+    assert again.last_error is not None and "boom" in again.last_error
+    await again.ack()
+
+
+async def test_nack_with_a_delay_is_not_redelivered_before_it(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="nackd")
+    (m,) = await _receive_all(q, 1)
+    nacked_at = time.monotonic()
+    assert await m.nack(1.0, "later")
+    assert await q.receive(wait=0.3) == []
+    (again,) = await _receive_all(q, 1, wait=10)
+    assert time.monotonic() - nacked_at >= 0.9
+    assert (again.id, again.delivery) == ("nackd", 2)
+    await again.ack()
+
+
+async def test_publish_with_a_delay(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    published_at = time.monotonic()
+    await q.publish({"n": 1}, id="later", delay=1.0)
+    await q.publish({"n": 2}, id="now")
+    (first,) = await _receive_all(q, 1)
+    assert first.id == "now"
+    (second,) = await _receive_all(q, 1, wait=10)
+    assert second.id == "later"
+    assert time.monotonic() - published_at >= 0.9
+    await first.ack()
+    await second.ack()
+
+
+async def test_dead_letters_keep_the_error_and_can_be_requeued(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="poison", headers={"h": "v"})
+    await q.publish({"n": 2}, id="fine")
+    got = await _receive_all(q, 2)
+    poison = next(m for m in got if m.id == "poison")
+    fine = next(m for m in got if m.id == "fine")
+    assert await poison.dead_letter(RuntimeError("bad payload")) is True
+    await fine.ack()
+    assert await q.receive(wait=0.3) == []
+    stats = await q.stats()
+    assert stats.dead in (1, None)
+    (dead,) = await q.dead_letters()
+    assert dead.id == "poison" and dead.deliveries == 1
+    assert dead.error is not None and "bad payload" in dead.error
+    assert dead.headers.get("h") == "v"
+    assert await q.requeue_dead() == 1
+    (back,) = await _receive_all(q, 1, wait=10)
+    assert (back.id, back.delivery, back.body) == ("poison", 1, {"n": 1})
+    await back.ack()
+    assert await q.dead_letters() == []
+
+
+async def test_requeue_dead_by_id(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish_many([{"n": 1}, {"n": 2}], ids=["d1", "d2"])
+    for m in await _receive_all(q, 2):
+        assert await m.dead_letter("no")
+    assert sorted(d.id for d in await q.dead_letters()) == ["d1", "d2"]
+    assert await q.requeue_dead(["d2"]) == 1
+    (back,) = await _receive_all(q, 1, wait=10)
+    assert back.id == "d2"
+    await back.ack()
+    assert [d.id for d in await q.dead_letters()] == ["d1"]
+
+
+async def test_queues_with_other_names_are_separate(qenv: QueueEnv) -> None:
+    a = qenv.queue()
+    other = qenv.queue(name=qenv.name + ".other")
+    await a.publish({"n": 1}, id="mine")
+    await other.publish({"n": 2}, id="theirs")
+    (m,) = await _receive_all(other, 1)
+    assert m.id == "theirs"
+    assert await other.receive(wait=0.2) == []
+    (mine,) = await _receive_all(a, 1)
+    assert mine.id == "mine"
+    await m.ack()
+    await mine.ack()
+
+
+async def test_concurrent_consumers_get_each_message_once(qenv: QueueEnv) -> None:
+    n = 60
+    publisher = qenv.queue()
+    await publisher.publish_many([{"n": i} for i in range(n)], ids=[f"c{i}" for i in range(n)])
+    seen: list[tuple[str, int]] = []
+
+    async def consume(queue: Any) -> None:
+        while True:
+            batch = await queue.receive(5, wait=1.0, visibility=60)
+            if not batch:
+                return
+            for m in batch:
+                seen.append((m.id, m.delivery))
+                await m.ack()
+
+    await asyncio.gather(*(consume(qenv.queue()) for _ in range(4)))
+    assert sorted(i for i, _ in seen) == sorted(f"c{i}" for i in range(n))
+    assert all(d == 1 for _, d in seen)
+
+
+async def test_a_waiting_receive_is_woken_by_a_publish(qenv: QueueEnv) -> None:
+    consumer, producer = qenv.queue(), qenv.queue()
+    await consumer.receive(wait=0)  # connections and tables are set up before the clock starts
+    started = time.monotonic()
+    waiting = asyncio.ensure_future(consumer.receive(wait=20))
+    await asyncio.sleep(0.3)  # the receive is waiting by now (if not, it finds the message)
+    await producer.publish({"n": 1}, id="wake")
+    (m,) = await asyncio.wait_for(waiting, 20)
+    assert m.id == "wake"
+    # woken well before its 20 s wait ran out (a receiver that only polled at the end, or
+    # slept through the publish, would take the whole wait)
+    assert time.monotonic() - started < 10
+    await m.ack()
+
+
+async def test_purge_deletes_every_message(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish_many([{"n": i} for i in range(5)])
+    await q.publish({"n": 9}, delay=60)
+    (m,) = await _receive_all(q, 1)
+    assert await m.dead_letter("x")
+    await q.purge()
+    assert await q.receive(wait=0.3) == []
+    assert await q.dead_letters() == []
+
+
+async def test_a_finished_message_cannot_be_finished_again(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1})
+    (m,) = await _receive_all(q, 1)
+    await m.ack()
+    with pytest.raises(ConfigurationError):
+        await m.ack()
+    with pytest.raises(ConfigurationError):
+        await m.nack()
+
+
+async def test_bad_input_is_refused_with_the_argument_named(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    cases: list[tuple[str, Any]] = [
+        ("max_messages", lambda: q.receive(0)),
+        ("max_messages", lambda: q.receive(True)),
+        ("visibility", lambda: q.receive(visibility=0)),
+        ("wait", lambda: q.receive(wait=-1)),
+        ("delay", lambda: q.publish({}, delay=-1)),
+        ("headers", lambda: q.publish({}, headers={"a": 1})),
+        ("id", lambda: q.publish({}, id="")),
+        ("body", lambda: q.publish(object())),
+        ("ids", lambda: q.publish_many([1, 2], ids=["x"])),
+    ]
+    for argument, call in cases:
+        with pytest.raises(ConfigurationError) as info:
+            await call()
+        assert info.value.argument == argument, (argument, info.value)
+    for bad in ("", "-x", "a b", "x" * 129, 5):
+        with pytest.raises(ConfigurationError) as info:
+            jobfence.AsyncQueue(qenv.url, bad)  # type: ignore[arg-type]
+        assert info.value.argument == "name"
+    assert await q.receive(wait=0) == []  # nothing was published by the refused calls
+
+
+async def test_worker_processes_each_message_once_and_dead_letters_poison(
+    qenv: QueueEnv,
+) -> None:
+    """The worker on this backend: a guarded handler (inbox keyed on the message id by
+    default) with duplicates published on purpose, a transient failure and a poison message."""
+    q = qenv.queue(visibility=5)
+    n = 12
+    ids = [f"w{i}" for i in range(n)]
+    await q.publish_many([{"n": i} for i in range(n)], ids=ids)
+    await q.publish_many([{"n": 0}, {"n": 1}], ids=["w0", "w1"])  # duplicates
+    await q.publish({"n": -1}, id="poison")
+    effects: list[str] = []
+    inbox_url = f"memory://{qenv.namespace}"
+
+    def record(message: Any) -> int:
+        if message.body["n"] == -1:
+            raise ValueError("poison")
+        if message.body["n"] == 3 and message.delivery == 1:
+            raise ConnectionError("transient")
+        effects.append(message.id)
+        return int(message.body["n"])
+
+    if qenv.sync:
+        inbox = jobfence.Inbox(inbox_url)
+        handler = jobfence.guarded(inbox=inbox)(record)
+        worker: Any = jobfence.Worker(
+            q.queue, handler, concurrency=4, max_deliveries=2, backoff=0.05
+        )
+    else:
+        ainbox = jobfence.AsyncInbox(inbox_url)
+
+        @jobfence.guarded(inbox=ainbox)
+        async def ahandler(message: Any) -> int:
+            return record(message)
+
+        worker = jobfence.AsyncWorker(
+            q.queue, ahandler, concurrency=4, max_deliveries=2, backoff=0.05
+        )
+
+    def finished() -> bool:
+        s = worker.stats
+        return s.processed + s.dead_lettered >= n + 3
+
+    async def stop_when_finished() -> None:
+        deadline = time.monotonic() + 60
+        while not finished() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        worker.stop()
+
+    stopper = asyncio.ensure_future(stop_when_finished())
+    if qenv.sync:
+        stats = await asyncio.to_thread(worker.run)
+    else:
+        stats = await worker.run()
+    await stopper
+    assert sorted(effects) == sorted(ids), "every message's effect exactly once"
+    assert stats.processed == n + 2 and stats.duplicates == 2
+    assert stats.retried >= 2  # the transient failure and the poison's first delivery
+    assert stats.dead_lettered == 1
+    assert stats.in_flight == 0
+    (dead,) = await q.dead_letters()
+    assert dead.id == "poison" and "poison" in (dead.error or "")
+    if qenv.sync:
+        inbox.close()
+    else:
+        await ainbox.close()
