@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import jobfence
-
 from tests.conformance.flavours import InboxW, LocksW, QueueW
 from tests.conformance.specs import (
     FLAVOURS,
