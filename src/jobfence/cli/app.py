@@ -1,4 +1,5 @@
-"""``jobfence`` command line: ``doctor`` checks that backends work with a probe lease."""
+"""``jobfence`` command line: ``doctor`` checks that backends work with a probe lease;
+``worker`` runs a handler on a queue; ``queue`` publishes and inspects messages."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from .. import __version__
 from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
+from .queue_cmd import queue_group
+from .worker_cmd import worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,6 +60,10 @@ def doctor(urls: tuple[str, ...], namespace: str) -> None:
             table.add_row(mask_url(url), "[red]error", "", "", str(exc))
     console.print(table)
     raise SystemExit(1 if failed else 0)
+
+
+cli.add_command(worker)
+cli.add_command(queue_group)
 
 
 def main() -> None:

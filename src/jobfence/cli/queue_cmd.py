@@ -1,0 +1,169 @@
+"""``jobfence queue publish|stats|dead-letters|requeue URL NAME``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import JobfenceError
+from ..queue import Queue
+
+
+@contextmanager
+def _queue(url: str, name: str) -> Iterator[Queue]:
+    try:
+        queue = Queue(url, name)
+    except JobfenceError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        yield queue
+    except JobfenceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        try:
+            queue.close()
+        except JobfenceError:
+            pass
+
+
+def _console() -> Console:
+    # not a terminal: no 80-column cut
+    return Console(soft_wrap=not sys.stdout.isatty())
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return ""
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
+@click.group("queue")
+def queue_group() -> None:
+    """Publish to a queue and look at its messages."""
+
+
+@queue_group.command("publish")
+@click.argument("url")
+@click.argument("name")
+@click.argument("bodies", nargs=-1)
+@click.option("--id", "msg_id", help="The message id (one body only; default: a random id).")
+@click.option("--header", "headers", multiple=True, metavar="K=V", help="A header (repeatable).")
+@click.option(
+    "--delay", type=float, default=0.0, show_default=True, help="Seconds before delivery."
+)
+@click.option(
+    "--lines",
+    type=click.File("r"),
+    help="Publish each line of this file (- for stdin) as a JSON body.",
+)
+def publish(
+    url: str,
+    name: str,
+    bodies: tuple[str, ...],
+    msg_id: str | None,
+    headers: tuple[str, ...],
+    delay: float,
+    lines: Any,
+) -> None:
+    """Publish BODIES (JSON texts) to the queue NAME at URL; prints the message ids."""
+    texts = list(bodies)
+    if lines is not None:
+        texts.extend(line for line in (raw.strip() for raw in lines) if line)
+    if not texts:
+        raise click.UsageError("give at least one JSON body, or --lines FILE")
+    if msg_id is not None and len(texts) != 1:
+        raise click.UsageError("--id goes with exactly one body")
+    parsed: list[Any] = []
+    for text in texts:
+        try:
+            parsed.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{text!r} is not JSON: {exc}", param_hint="BODIES") from None
+    head: dict[str, str] = {}
+    for item in headers:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--header")
+        head[key] = value
+    with _queue(url, name) as queue:
+        ids = queue.publish_many(
+            parsed, ids=None if msg_id is None else [msg_id], headers=head, delay=delay
+        )
+    for i in ids:
+        click.echo(i)
+
+
+@queue_group.command("stats")
+@click.argument("url")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def stats(url: str, name: str, as_json: bool) -> None:
+    """Message counts of the queue NAME at URL: ready, delayed, in flight, dead."""
+    with _queue(url, name) as queue:
+        counts = queue.stats()
+    values = {
+        "ready": counts.ready,
+        "delayed": counts.delayed,
+        "in_flight": counts.in_flight,
+        "dead": counts.dead,
+    }
+    if as_json:
+        click.echo(json.dumps({"queue": name, **values}))
+        return
+    table = Table(title=f"queue {name}")
+    for column in values:
+        table.add_column(column, justify="right")
+    table.add_row(*("?" if v is None else str(v) for v in values.values()))
+    _console().print(table)
+
+
+@queue_group.command("dead-letters")
+@click.argument("url")
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one per message.")
+def dead_letters(url: str, name: str, limit: int, as_json: bool) -> None:
+    """The dead letters of the queue NAME at URL, oldest first, with their last error."""
+    with _queue(url, name) as queue:
+        dead = queue.dead_letters(limit)
+    if as_json:
+        for d in dead:
+            click.echo(
+                json.dumps(
+                    {
+                        "id": d.id,
+                        "body": d.body.decode("utf-8", "replace"),
+                        "headers": d.headers,
+                        "deliveries": d.deliveries,
+                        "error": d.error,
+                        "dead_at": _when(d.dead_at) or None,
+                    }
+                )
+            )
+        return
+    table = Table(title=f"dead letters of {name} ({len(dead)})")
+    for column in ("id", "deliveries", "dead at", "error", "body"):
+        table.add_column(column)
+    for d in dead:
+        body = d.body.decode("utf-8", "replace")
+        table.add_row(d.id, str(d.deliveries), _when(d.dead_at), d.error or "", body[:200])
+    _console().print(table)
+
+
+@queue_group.command("requeue")
+@click.argument("url")
+@click.argument("name")
+@click.option("--id", "ids", multiple=True, help="Requeue only this dead letter (repeatable).")
+def requeue(url: str, name: str, ids: tuple[str, ...]) -> None:
+    """Publish the dead letters of the queue NAME at URL again (all, or --id ones)."""
+    with _queue(url, name) as queue:
+        count = queue.requeue_dead(list(ids) or None)
+    click.echo(f"requeued {count} message(s)")

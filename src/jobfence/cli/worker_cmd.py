@@ -1,0 +1,173 @@
+"""``jobfence worker module:handler --queue URL --name NAME --concurrency N``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ..errors import JobfenceError
+from ..queue import Queue
+from ..queue_async import AsyncQueue
+from ..worker import AsyncWorker, Worker, WorkerStats
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def load_handler(spec: str) -> Any:
+    """``module:function`` (``function`` may be dotted: ``module:Class.method``) -> the
+    callable, imported with the current directory on ``sys.path``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{spec!r} is not module:function", param_hint="HANDLER")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="HANDLER"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise click.BadParameter(
+                f"{module_name!r} has no {attr!r}", param_hint="HANDLER"
+            ) from None
+    if not callable(obj):
+        raise click.BadParameter(f"{spec!r} is not callable", param_hint="HANDLER")
+    return obj
+
+
+def _status(name: str, url: str, stats: WorkerStats, concurrency: int) -> Table:
+    table = Table(title=f"jobfence worker: {name} on {url}", title_justify="left")
+    for column in (
+        "in flight",
+        "processed",
+        "duplicates",
+        "retried",
+        "dead-lettered",
+        "lost",
+        "received",
+    ):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{stats.in_flight}/{concurrency}",
+        str(stats.processed),
+        str(stats.duplicates),
+        str(stats.retried),
+        str(stats.dead_lettered),
+        str(stats.lost),
+        str(stats.received),
+    )
+    return table
+
+
+@click.command("worker")
+@click.argument("handler")
+@click.option("--queue", "url", envvar="JOBFENCE_URL", required=True, help="The queue's URL.")
+@click.option("--name", required=True, help="The queue's name.")
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=8, show_default=True)
+@click.option("--max-deliveries", type=click.IntRange(1), default=5, show_default=True)
+@click.option(
+    "--visibility", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True
+)
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.option("--live/--no-live", default=None, help="Rich live status (default: on a terminal).")
+def worker(
+    handler: str,
+    url: str,
+    name: str,
+    concurrency: int,
+    max_deliveries: int,
+    visibility: float,
+    shutdown_timeout: float,
+    log_level: str,
+    live: bool | None,
+) -> None:
+    """Run HANDLER (module:function) on the queue NAME at --queue URL until SIGTERM/SIGINT.
+
+    An ``async def`` handler runs as asyncio tasks, a plain function in threads. It gets the
+    message (.id, .body, .delivery, .headers); returning acks it, raising redelivers it
+    with a backoff, and after --max-deliveries it goes to the dead letters.
+    """
+    fn = load_handler(handler)
+    console = Console(stderr=True)
+    if live is None:
+        live = console.is_terminal
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    options: dict[str, Any] = {
+        "concurrency": concurrency,
+        "max_deliveries": max_deliveries,
+        "visibility": visibility,
+        "shutdown_timeout": shutdown_timeout,
+    }
+    is_async = inspect.iscoroutinefunction(fn)
+    try:
+        if is_async:
+            aqueue = AsyncQueue(url, name, visibility=visibility)
+            runner: Any = AsyncWorker(aqueue, fn, **options)
+        else:
+            queue = Queue(url, name, visibility=visibility)
+            runner = Worker(queue, fn, **options)
+    except JobfenceError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    def run() -> WorkerStats:
+        if is_async:
+
+            async def main() -> WorkerStats:
+                try:
+                    result: WorkerStats = await runner.run()
+                    return result
+                finally:
+                    await aqueue.close()
+
+            return asyncio.run(main())
+        try:
+            return runner.run()  # type: ignore[no-any-return]
+        finally:
+            queue.close()
+
+    shown = url if "@" not in url else url.split("@", 1)[1]
+    if not live:
+        stats = run()
+    else:
+        stop_refresh = threading.Event()
+        with Live(
+            _status(name, shown, runner.stats, concurrency),
+            console=console,
+            refresh_per_second=4,
+            transient=False,
+        ) as display:
+
+            def refresh() -> None:
+                while not stop_refresh.wait(0.25):
+                    display.update(_status(name, shown, runner.stats, concurrency))
+
+            refresher = threading.Thread(target=refresh, daemon=True)
+            refresher.start()
+            try:
+                stats = run()
+            finally:
+                stop_refresh.set()
+                refresher.join()
+                display.update(_status(name, shown, runner.stats, concurrency))
+    logging.getLogger("jobfence.worker").info("final stats: %s", stats)
