@@ -124,13 +124,14 @@ class _ClaimLease:
     got through.
     """
 
-    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
+    __slots__ = ("__weakref__", "claim", "label", "name", "owner", "state")
 
     #: claims carry no fencing token (the renewer logs a lease's token)
     token = 0
 
     def __init__(self, claim: Claim, owner: str, state: LeaseState) -> None:
         self.claim = claim
+        self.label = f"the claim on {claim.key!r} (attempt {claim.attempt})"
         self.name = claim.key
         self.owner = owner
         self.state = state

@@ -104,12 +104,15 @@ class _MessageLease:
     renewer reads (``name``: the receipt, ``owner``: the consumer, ``state``, ``renews``,
     ``released``, ``mark_lost``)."""
 
-    __slots__ = ("__weakref__", "message", "name", "owner", "state")
+    __slots__ = ("__weakref__", "label", "message", "name", "owner", "state")
 
     token = 0
 
     def __init__(self, message: AsyncMessage, state: LeaseState) -> None:
         self.message = message
+        self.label = (
+            f"message {message.id!r} (delivery {message.delivery}) of queue {message.queue!r}"
+        )
         self.name = message.receipt
         self.owner = message._queue.consumer
         self.state = state

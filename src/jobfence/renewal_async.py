@@ -83,7 +83,17 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     """What the renewer keeps of one lease: a weak reference to it, and what it needs to
     renew the lease or give it back without it."""
 
-    __slots__ = ("active", "key", "name", "owner", "renews", "state", "token", "warned_at")
+    __slots__ = (
+        "active",
+        "key",
+        "label",
+        "name",
+        "owner",
+        "renews",
+        "state",
+        "token",
+        "warned_at",
+    )
 
     name: str
     owner: str
@@ -93,12 +103,17 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     key: int
     active: bool
     warned_at: float
+    label: str
 
     def __init__(self, lease: AsyncLease, callback: Callable[[_Tracked], Any]) -> None:
         super().__init__(lease, callback)  # type: ignore[call-arg]  # weakref.ref takes them
         self.name = lease.name
         self.owner = lease.owner
         self.token = lease.token
+        # what the log calls it: a claim or a queue delivery says so (``label``)
+        self.label = getattr(lease, "label", None) or (
+            f"the lease on {lease.name!r} (token {lease.token})"
+        )
         self.renews = lease.renews
         self.state = lease.state
         self.key = id(lease)
@@ -331,10 +346,9 @@ class AsyncRenewer:
             return
         entry.warned_at = now
         log.warning(
-            "renewing the lease on %r (token %s) failed, retrying; it is lost in %.2f s "
-            "unless a renewal gets through: %r",
-            entry.name,
-            entry.token,
+            "renewing %s failed, retrying; it is lost in %.2f s unless a renewal gets "
+            "through: %r",
+            entry.label,
             entry.state.remaining(now),
             exc,
         )

@@ -1,0 +1,287 @@
+"""The worker loop on the in-process queue: concurrency, acks, retries, dead letters, renewal,
+lost deliveries, shutdown, stats, logging, bad input. (Every queue backend runs the worker end
+to end in the conformance suite; real processes and SIGKILL in tests/acceptance.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import jobfence
+from jobfence import ConfigurationError
+from jobfence.testing import hooked
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _url() -> str:
+    return f"memory://{uuid.uuid4().hex}"
+
+
+async def _run_until(worker: jobfence.AsyncWorker, done: Any, limit: float = 20.0) -> None:
+    """Run ``worker`` until ``done()`` is true, then stop it and wait for run() to return."""
+
+    async def watch() -> None:
+        deadline = time.monotonic() + limit
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        worker.stop()
+
+    watcher = asyncio.ensure_future(watch())
+    await worker.run()
+    await watcher
+    assert done(), worker.stats
+
+
+async def test_acks_after_the_handler_and_never_runs_more_than_concurrency() -> None:
+    q = jobfence.AsyncQueue(_url(), "c", visibility=10)
+    await q.publish_many([{"n": i} for i in range(12)])
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+    seen: list[int] = []
+
+    async def handler(message: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        stats = await q.stats()
+        assert stats.in_flight is not None and stats.in_flight >= 1  # not acked before it ends
+        if len(seen) < 3:
+            await release.wait() if running < 3 else release.set()
+        seen.append(message.body["n"])
+        running -= 1
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=3)
+    await _run_until(worker, lambda: worker.stats.processed == 12)
+    assert peak == 3
+    assert sorted(seen) == list(range(12))
+    assert (await q.stats()).in_flight == 0
+    await q.close()
+
+
+async def test_an_exception_redelivers_with_backoff_then_dead_letters() -> None:
+    q = jobfence.AsyncQueue(_url(), "r")
+    await q.publish({"n": 1}, id="always-fails")
+    deliveries: list[tuple[int, float]] = []
+
+    async def handler(message: Any) -> None:
+        deliveries.append((message.delivery, time.monotonic()))
+        raise RuntimeError(f"attempt {message.delivery}")
+
+    worker = jobfence.AsyncWorker(q, handler, max_deliveries=3, backoff=0.2, max_backoff=0.3)
+    await _run_until(worker, lambda: worker.stats.dead_lettered == 1)
+    assert [d for d, _ in deliveries] == [1, 2, 3]
+    # the second redelivery waited at least half of min(0.2 * 2, 0.3) (jitter is 50-100%)
+    assert deliveries[2][1] - deliveries[1][1] >= 0.15
+    assert worker.stats.retried == 2 and worker.stats.processed == 0
+    (dead,) = await q.dead_letters()
+    assert dead.id == "always-fails" and dead.deliveries == 3
+    assert dead.error == "RuntimeError: attempt 3"
+    await q.close()
+
+
+async def test_a_message_delivered_too_often_is_dead_lettered_without_running() -> None:
+    q = jobfence.AsyncQueue(_url(), "d")
+    await q.publish({"n": 1}, id="crashy")
+    for _ in range(2):  # two consumers "died" holding it: give it back unacked
+        (m,) = await q.receive()
+        await m.nack(0)
+    ran: list[str] = []
+
+    async def handler(message: Any) -> None:
+        ran.append(message.id)
+
+    worker = jobfence.AsyncWorker(q, handler, max_deliveries=2)
+    await _run_until(worker, lambda: worker.stats.dead_lettered == 1)
+    assert ran == []
+    (dead,) = await q.dead_letters()
+    assert dead.deliveries == 3 and "delivered 3 times" in (dead.error or "")
+    await q.close()
+
+
+async def test_a_long_handler_keeps_its_message_by_renewal() -> None:
+    url = _url()
+    q = jobfence.AsyncQueue(url, "long", visibility=0.3)
+    other = jobfence.AsyncQueue(url, "long")
+    await q.publish({"n": 1}, id="slow")
+    stolen: list[Any] = []
+
+    async def handler(message: Any) -> None:
+        deadline = time.monotonic() + 1.5  # five visibilities
+        while time.monotonic() < deadline:
+            stolen.extend(await other.receive(wait=0.1))
+        assert not message.lost
+
+    worker = jobfence.AsyncWorker(q, handler, visibility=0.3)
+    await _run_until(worker, lambda: worker.stats.processed == 1)
+    assert stolen == []
+    assert worker.stats.lost == 0
+    assert await other.receive(wait=0) == []
+    await q.close()
+    await other.close()
+
+
+async def test_a_lost_delivery_cancels_an_async_handler_and_is_not_acked() -> None:
+    url = _url()
+    q = jobfence.AsyncQueue(url, "lost", visibility=0.3)
+    await q.publish({"n": 1}, id="lost-one")
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+
+    def fail_renewals(point: str, **info: Any) -> None:
+        if point == "queue.renew":
+            raise ConnectionError("renewal cut off")
+
+    async def handler(message: Any) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            worker.stop()
+            raise
+
+    worker = jobfence.AsyncWorker(q, handler, visibility=0.3)
+    with hooked(fail_renewals):
+        await _run_until(worker, lambda: worker.stats.lost >= 1)
+    assert started.is_set() and cancelled.is_set()
+    assert worker.stats.processed == 0
+    # not acked: the message comes back to the next consumer, as a redelivery
+    again = jobfence.AsyncQueue(url, "lost")
+    (m,) = await again.receive(wait=5)
+    assert m.id == "lost-one" and m.delivery >= 2
+    await m.ack()
+    await q.close()
+    await again.close()
+
+
+async def test_stop_gives_back_unfinished_messages_after_the_shutdown_timeout() -> None:
+    url = _url()
+    q = jobfence.AsyncQueue(url, "stop", visibility=30)
+    await q.publish_many([{"n": 1}, {"n": 2}], ids=["fast", "stuck"])
+    started = asyncio.Event()
+
+    async def handler(message: Any) -> None:
+        if message.id == "stuck":
+            started.set()
+            await asyncio.sleep(60)
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=2, shutdown_timeout=0.2)
+    run = asyncio.ensure_future(worker.run())
+    await asyncio.wait_for(started.wait(), 10)
+    worker.stop()
+    stats = await asyncio.wait_for(run, 10)
+    assert stats.given_back == 1 and stats.in_flight == 0
+    # given back at once: the 30 s visibility does not hold it
+    again = jobfence.AsyncQueue(url, "stop")
+    (m,) = await again.receive(wait=2)
+    assert (m.id, m.delivery) == ("stuck", 2)
+    await m.ack()
+    await q.close()
+    await again.close()
+
+
+def test_sync_worker_runs_plain_handlers_in_threads_with_the_current_message() -> None:
+    q = jobfence.Queue(_url(), "sync")
+    q.publish_many([{"n": i} for i in range(6)], ids=[f"s{i}" for i in range(6)])
+    seen: dict[str, str] = {}
+    threads: set[str] = set()
+    worker = jobfence.Worker(q, lambda m: None, concurrency=2)
+
+    def handler(message: Any) -> None:
+        seen[message.id] = jobfence.current_message().id
+        threads.add(threading.current_thread().name)
+        if len(seen) == 6:
+            worker.stop()  # stop() from inside a handler
+
+    worker = jobfence.Worker(q, handler, concurrency=2)
+    stats = worker.run()
+    assert stats.processed == 6
+    assert seen == {f"s{i}": f"s{i}" for i in range(6)}
+    assert threads and all(t.startswith("jobfence-worker") for t in threads)
+    assert jobfence.current_message() is None
+    q.close()
+
+
+def test_guarded_without_a_key_uses_the_message_id_and_counts_duplicates() -> None:
+    url = _url()
+    q = jobfence.Queue(url, "dup")
+    inbox = jobfence.Inbox(url)
+    for _ in range(3):
+        q.publish({"n": 1}, id="order:1")
+    calls: list[str] = []
+
+    @jobfence.guarded(inbox=inbox)
+    def handler(message: Any) -> str:
+        assert jobfence.current_claim().key == "order:1"
+        calls.append(message.id)
+        return "done"
+
+    worker = jobfence.Worker(q, handler, concurrency=1)
+
+    def watch() -> None:
+        while worker.stats.processed < 3:
+            time.sleep(0.01)
+        worker.stop()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    stats = worker.run()
+    watcher.join()
+    assert calls == ["order:1"]
+    assert stats.processed == 3 and stats.duplicates == 2
+    with pytest.raises(ConfigurationError) as info:
+        handler(object())  # outside a worker there is no message id to key on
+    assert info.value.argument == "key"
+    inbox.close()
+    q.close()
+
+
+async def test_log_lines_name_the_message(caplog: pytest.LogCaptureFixture) -> None:
+    q = jobfence.AsyncQueue(_url(), "log")
+    await q.publish({"n": 1}, id="logged")
+
+    async def handler(message: Any) -> None:
+        if message.delivery == 1:
+            raise ValueError("first time")
+
+    worker = jobfence.AsyncWorker(q, handler, backoff=0)
+    with caplog.at_level(logging.WARNING, logger="jobfence.worker"):
+        await _run_until(worker, lambda: worker.stats.processed == 1)
+    (record,) = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert "'logged'" in record.getMessage() and "ValueError: first time" in record.getMessage()
+    assert (record.message_id, record.delivery, record.queue) == ("logged", 1, "log")  # type: ignore[attr-defined]
+    await q.close()
+
+
+def test_bad_arguments_are_refused_with_the_argument_named() -> None:
+    aq = jobfence.AsyncQueue(_url(), "bad")
+    q = jobfence.Queue(_url(), "bad")
+
+    async def handler(message: Any) -> None:
+        pass
+
+    cases: list[tuple[str, Any]] = [
+        ("queue", lambda: jobfence.AsyncWorker(q, handler)),  # type: ignore[arg-type]
+        ("queue", lambda: jobfence.Worker(aq, handler)),  # type: ignore[arg-type]
+        ("handler", lambda: jobfence.AsyncWorker(aq, 5)),  # type: ignore[arg-type]
+        ("concurrency", lambda: jobfence.AsyncWorker(aq, handler, concurrency=0)),
+        ("concurrency", lambda: jobfence.AsyncWorker(aq, handler, concurrency=1.5)),
+        ("max_deliveries", lambda: jobfence.AsyncWorker(aq, handler, max_deliveries=0)),
+        ("visibility", lambda: jobfence.AsyncWorker(aq, handler, visibility=-1)),
+        ("backoff", lambda: jobfence.AsyncWorker(aq, handler, backoff=-1)),
+        ("shutdown_timeout", lambda: jobfence.AsyncWorker(aq, handler, shutdown_timeout="x")),
+        ("prefetch", lambda: jobfence.AsyncWorker(aq, handler, prefetch=0)),
+    ]
+    for argument, make in cases:
+        with pytest.raises(ConfigurationError) as info:
+            make()
+        assert info.value.argument == argument
+    q.close()
