@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""The worker: messages per second against a hand-written consumer loop, in one run.
+
+For each queue backend, in interleaved rounds (median of the rounds), ``--messages`` messages
+are published, then consumed until the queue is empty; the rate counts only the consuming:
+
+  (a) a hand-written consumer loop on the same server, with the driver directly and the usual
+      at-least-once shape: receive a batch, run the handler, ack each message after it
+      (Redis ``XREADGROUP`` + ``XACK``/``XDEL``; PostgreSQL and SQLite ``UPDATE ... SKIP
+      LOCKED`` lease + ``DELETE`` per message; RabbitMQ ``aio-pika`` with prefetch and manual
+      acks), ``--concurrency`` consumers at once;
+  (b) ``jobfence.AsyncWorker`` with a no-op handler, the same concurrency;
+  (c) ``jobfence.AsyncWorker`` with a ``guarded(inbox=...)`` handler (the inbox on the same
+      server; RabbitMQ's on Redis), keyed on the message id.
+
+Round trips that a guarded message costs on top of receive and ack are counted, not assumed:
+the I/O hook (``jobfence.testing``) sees every backend call, and each backend call here is one
+round trip (a Lua script, one statement); renewal ticks are reported apart.
+
+Usage: ``python benchmarks/bench_worker.py [--messages 2000] [--rounds 3] [--concurrency 8]
+[--only redis,postgres,sqlite,rabbitmq]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.servers import POSTGRES_URL, RABBITMQ_URL, REDIS_URL
+
+import jobfence
+from jobfence.testing import hooked
+
+Consume = Callable[[int], Awaitable[float]]  # publish n, consume them all -> seconds
+
+
+async def _drain_worker(queue: jobfence.AsyncQueue, handler: Any, n: int, conc: int) -> float:
+    worker = jobfence.AsyncWorker(queue, handler, concurrency=conc, handle_signals=False)
+    started = time.perf_counter()
+
+    async def watch() -> None:
+        while worker.stats.processed < n:
+            await asyncio.sleep(0.002)
+        worker.stop()
+
+    watcher = asyncio.ensure_future(watch())
+    await worker.run()
+    await watcher
+    elapsed = time.perf_counter() - started
+    assert worker.stats.processed == n, worker.stats
+    return elapsed
+
+
+def jobfence_cases(url: str, inbox_url: str, conc: int) -> dict[str, Consume]:
+    async def noop(message: Any) -> None:
+        pass
+
+    async def plain(n: int) -> float:
+        queue = jobfence.AsyncQueue(url, "bench-" + uuid.uuid4().hex[:10])
+        await queue.publish_many([{"i": i} for i in range(n)])
+        try:
+            return await _drain_worker(queue, noop, n, conc)
+        finally:
+            await queue.drop()
+            await queue.close()
+
+    async def guarded(n: int) -> float:
+        queue = jobfence.AsyncQueue(url, "bench-" + uuid.uuid4().hex[:10])
+        table = "bench_inbox_" + uuid.uuid4().hex[:8]
+        inbox = jobfence.AsyncInbox(inbox_url, table=table)
+        await inbox.install()
+
+        @jobfence.guarded(inbox=inbox)
+        async def handler(message: Any) -> None:
+            pass
+
+        await queue.publish_many([{"i": i} for i in range(n)])
+        try:
+            return await _drain_worker(queue, handler, n, conc)
+        finally:
+            await queue.drop()
+            await queue.close()
+            await inbox.drop()
+            await inbox.close()
+
+    return {"jobfence AsyncWorker, no-op": plain, "jobfence AsyncWorker, guarded": guarded}
+
+
+# -- hand-written loops ---------------------------------------------------------------------
+
+
+def redis_floor(conc: int) -> Consume:
+    import redis.asyncio as aredis
+
+    async def run(n: int) -> float:
+        client = aredis.Redis.from_url(REDIS_URL)
+        key = "bench:stream:" + uuid.uuid4().hex
+        await client.xgroup_create(key, "g", id="0", mkstream=True)
+        pipe = client.pipeline(transaction=False)
+        for i in range(n):
+            pipe.xadd(key, {"body": f'{{"i": {i}}}'})
+        await pipe.execute()
+        done = 0
+        started = time.perf_counter()
+
+        async def consumer(name: str) -> None:
+            nonlocal done
+            while done < n:
+                got = await client.xreadgroup("g", name, {key: ">"}, count=conc, block=50)
+                for _stream, entries in got or []:
+                    for entry_id, _fields in entries:
+                        await client.xack(key, "g", entry_id)
+                        await client.xdel(key, entry_id)
+                        done += 1
+
+        await asyncio.gather(*(consumer(f"c{i}") for i in range(conc)))
+        elapsed = time.perf_counter() - started
+        await client.delete(key)
+        await client.aclose()
+        return elapsed
+
+    return run
+
+
+def _sql_lease_loop(
+    connect: Callable[[], Awaitable[Any]],
+    setup: Callable[[Any, str, int], Awaitable[None]],
+    receive_sql: str,
+    ack_sql: str,
+    drop_sql: str,
+    conc: int,
+    execute: Callable[[Any, str, tuple[Any, ...]], Awaitable[list[Any]]],
+) -> Consume:
+    async def run(n: int) -> float:
+        table = "bench_q_" + uuid.uuid4().hex[:8]
+        conns = [await connect() for _ in range(conc)]
+        await setup(conns[0], table, n)
+        done = 0
+        started = time.perf_counter()
+
+        async def consumer(conn: Any) -> None:
+            nonlocal done
+            idle = 0
+            while done < n:
+                token = uuid.uuid4().hex
+                rows = await execute(conn, receive_sql.format(t=table), (token,))
+                if not rows:
+                    idle += 1
+                    await asyncio.sleep(0.001 * min(idle, 10))
+                    continue
+                idle = 0
+                for (row_id,) in rows:
+                    await execute(conn, ack_sql.format(t=table), (row_id, token))
+                    done += 1
+
+        await asyncio.gather(*(consumer(c) for c in conns))
+        elapsed = time.perf_counter() - started
+        await execute(conns[0], drop_sql.format(t=table), ())
+        for c in conns:
+            await c.close()
+        return elapsed
+
+    return run
+
+
+def postgres_floor(conc: int) -> Consume:
+    import psycopg
+
+    async def connect() -> Any:
+        return await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
+
+    async def execute(conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        cur = await conn.execute(sql.replace("?", "%s"), params)
+        return list(await cur.fetchall()) if cur.description else []
+
+    async def setup(conn: Any, table: str, n: int) -> None:
+        await conn.execute(
+            f"CREATE TABLE {table} (id bigserial PRIMARY KEY, body jsonb, "
+            "visible_at timestamptz NOT NULL DEFAULT now(), token text)"
+        )
+        await conn.execute(
+            f"INSERT INTO {table} (body) SELECT jsonb_build_object('i', g) "
+            "FROM generate_series(1, %s) g",
+            (n,),
+        )
+
+    receive = (
+        "UPDATE {t} SET visible_at = now() + interval '30 seconds', token = ? WHERE id IN "
+        "(SELECT id FROM {t} WHERE visible_at <= now() ORDER BY id LIMIT "
+        + str(conc)
+        + " FOR UPDATE SKIP LOCKED) RETURNING id"
+    )
+    ack = "DELETE FROM {t} WHERE id = ? AND token = ?"
+    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute)
+
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # unix seconds in SQLite 3.40
+
+
+def sqlite_floor(conc: int, path: str) -> Consume:
+    import aiosqlite
+
+    async def connect() -> Any:
+        conn = await aiosqlite.connect(path, isolation_level=None, timeout=30)
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    async def execute(conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        cur = await conn.execute(sql, params)
+        rows = await cur.fetchall()
+        await cur.close()
+        return list(rows)
+
+    async def setup(conn: Any, table: str, n: int) -> None:
+        await conn.execute(
+            f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, body TEXT, "
+            "visible_at REAL NOT NULL DEFAULT 0, token TEXT)"
+        )
+        await conn.executemany(
+            f"INSERT INTO {table} (body) VALUES (?)", [(f'{{"i": {i}}}',) for i in range(n)]
+        )
+
+    receive = (
+        "UPDATE {t} SET visible_at = " + _NOW + " + 30, token = ? WHERE id IN "
+        "(SELECT id FROM {t} WHERE visible_at <= "
+        + _NOW
+        + " ORDER BY id LIMIT "
+        + str(conc)
+        + ") RETURNING id"
+    )
+    ack = "DELETE FROM {t} WHERE id = ? AND token = ?"
+    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute)
+
+
+def rabbitmq_floor(conc: int) -> Consume:
+    import aio_pika
+
+    async def run(n: int) -> float:
+        conn = await aio_pika.connect_robust(RABBITMQ_URL)
+        channel = await conn.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=conc)
+        name = "bench-floor-" + uuid.uuid4().hex[:10]
+        queue = await channel.declare_queue(
+            name, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        for i in range(n):
+            await channel.default_exchange.publish(
+                aio_pika.Message(f'{{"i": {i}}}'.encode(), message_id=str(i)), routing_key=name
+            )
+        done = 0
+        finished = asyncio.Event()
+        started = time.perf_counter()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            nonlocal done
+            await message.ack()
+            done += 1
+            if done >= n:
+                finished.set()
+
+        tag = await queue.consume(on_message)
+        await finished.wait()
+        elapsed = time.perf_counter() - started
+        await queue.cancel(tag)
+        await queue.delete(if_unused=False, if_empty=False)
+        await conn.close()
+        return elapsed
+
+    return run
+
+
+# -- round trips -----------------------------------------------------------------------------
+
+
+async def count_trips(url: str, inbox_url: str, n: int, conc: int) -> dict[str, float]:
+    """Backend calls per message by hook point, for a guarded no-op handler."""
+    seen: collections.Counter[str] = collections.Counter()
+
+    def count(point: str, **info: Any) -> None:
+        seen[point] += 1
+
+    case = jobfence_cases(url, inbox_url, conc)["jobfence AsyncWorker, guarded"]
+    with hooked(count):
+        await case(n)
+    return {point: seen[point] / n for point in sorted(seen)}
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
+    urls = {
+        "redis": (REDIS_URL, REDIS_URL, redis_floor(conc)),
+        "postgres": (POSTGRES_URL, POSTGRES_URL, postgres_floor(conc)),
+        "sqlite": (
+            f"sqlite:///{tmp}/q.db",
+            f"sqlite:///{tmp}/q.db",
+            sqlite_floor(conc, f"{tmp}/floor.db"),
+        ),
+        "rabbitmq": (RABBITMQ_URL, REDIS_URL, rabbitmq_floor(conc)),
+    }
+    url, inbox_url, floor = urls[backend]
+    cases: dict[str, Consume] = {"hand-written loop": floor, **jobfence_cases(url, inbox_url, conc)}
+    for fn in cases.values():  # warm-up: connections, tables, scripts
+        await fn(min(n, 100))
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            rates[name].append(n / await fn(n))
+    base = statistics.median(rates["hand-written loop"])
+    print(f"\n{backend}: {n} messages, concurrency {conc}, {rounds} interleaved rounds")
+    print(f"  {'':34} {'msg/s (median)':>15} {'min':>8} {'max':>8} {'/ hand-written':>15}")
+    for name, values in rates.items():
+        med = statistics.median(values)
+        print(f"  {name:34} {med:15.0f} {min(values):8.0f} {max(values):8.0f} {med / base:14.2f}x")
+    trips = await count_trips(url, inbox_url, min(n, 500), conc)
+    extra = {p: v for p, v in trips.items() if p.startswith(("inbox.", "lock."))}
+    print(
+        "  backend calls per guarded message: "
+        + ", ".join(f"{p} {v:.2f}" for p, v in trips.items())
+    )
+    print(f"  on top of receive and ack: {sum(extra.values()):.2f} round trips per message")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--only", default="redis,postgres,sqlite,rabbitmq")
+    args = parser.parse_args()
+    print(
+        f"python {sys.version.split()[0]}, jobfence {jobfence.__version__}, {os.cpu_count()} CPUs"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in args.only.split(","):
+            asyncio.run(bench(backend.strip(), args.messages, args.rounds, args.concurrency, tmp))
+
+
+if __name__ == "__main__":
+    main()
