@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._core import compat, forks
@@ -259,11 +259,14 @@ class SQLiteQueueBackend(QueueBackend):
             self._connection()
 
     # -- in-process wake-ups -------------------------------------------------------------
-    def _listen(self) -> tuple[compat.Event, int]:
-        """A fresh event, registered to be set by the next publish in this process."""
+    def _listen(self) -> tuple[compat.Event, Callable[[], None], int]:
+        """A fresh event, registered to be set by the next publish in this process: the event,
+        the callback that sets it and the registry's ticket. Keep the callback referenced
+        while the ticket is in use: the ticket is its ``id()``, which a collected callback
+        would free for another waiter's."""
         event = compat.Event()
         wake = event.set
-        return event, WAITERS.add(self._wake_key, wake)
+        return event, wake, WAITERS.add(self._wake_key, wake)
 
     def _wake(self, count: int) -> None:
         """Wake up to ``count`` receives of this queue waiting in this process."""
@@ -353,12 +356,14 @@ class SQLiteQueueBackend(QueueBackend):
             return messages
         clock = get_clock()
         deadline = clock.monotonic() + wait
-        event, ticket = self._listen()  # before the first look: no publish goes unseen
+        event, _callback, ticket = self._listen()  # before the first look: no publish goes unseen
         try:
             pause = min(POLL_START, self.poll_interval)
             while True:
                 messages, due_in = self._poll(consumer, max_messages, visibility)
                 if messages:
+                    if event.is_set():  # a wake-up that came while we looked: pass it on
+                        self._wake(1)
                     return messages
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0:
@@ -368,7 +373,7 @@ class SQLiteQueueBackend(QueueBackend):
                     sleep = min(sleep, max(due_in, 0.0) + _DUE_MARGIN)
                 if clock.wait(event, sleep):
                     WAITERS.remove(self._wake_key, ticket)  # (the wake-up removed it already)
-                    event, ticket = self._listen()
+                    event, _callback, ticket = self._listen()
                     pause = min(POLL_START, self.poll_interval)
                 else:
                     pause = min(pause * 2, self.poll_interval)

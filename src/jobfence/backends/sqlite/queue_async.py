@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiosqlite
@@ -272,8 +272,11 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             await self._connection()
 
     # -- in-process wake-ups -------------------------------------------------------------
-    def _listen(self) -> tuple[acompat.Event, int]:
-        """A fresh event, registered to be set by the next publish in this process."""
+    def _listen(self) -> tuple[acompat.Event, Callable[[], None], int]:
+        """A fresh event, registered to be set by the next publish in this process: the event,
+        the callback that sets it and the registry's ticket. Keep the callback referenced
+        while the ticket is in use: the ticket is its ``id()``, which a collected callback
+        would free for another waiter's."""
         event = acompat.Event()
         if ASYNC:
             loop = asyncio.get_running_loop()
@@ -283,7 +286,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
 
         else:
             wake = event.set
-        return event, WAITERS.add(self._wake_key, wake)
+        return event, wake, WAITERS.add(self._wake_key, wake)
 
     def _wake(self, count: int) -> None:
         """Wake up to ``count`` receives of this queue waiting in this process."""
@@ -373,12 +376,14 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             return messages
         clock = get_clock()
         deadline = clock.monotonic() + wait
-        event, ticket = self._listen()  # before the first look: no publish goes unseen
+        event, _callback, ticket = self._listen()  # before the first look: no publish goes unseen
         try:
             pause = min(POLL_START, self.poll_interval)
             while True:
                 messages, due_in = await self._poll(consumer, max_messages, visibility)
                 if messages:
+                    if event.is_set():  # a wake-up that came while we looked: pass it on
+                        self._wake(1)
                     return messages
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0:
@@ -388,7 +393,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
                     sleep = min(sleep, max(due_in, 0.0) + _DUE_MARGIN)
                 if await clock.wait_async(event, sleep):
                     WAITERS.remove(self._wake_key, ticket)  # (the wake-up removed it already)
-                    event, ticket = self._listen()
+                    event, _callback, ticket = self._listen()
                     pause = min(POLL_START, self.poll_interval)
                 else:
                     pause = min(pause * 2, self.poll_interval)
