@@ -77,6 +77,7 @@ TWINS: dict[str, str] = {
     "backends/redis/locks_async.py": "backends/redis/locks.py",
     "backends/sqlite/inbox_async.py": "backends/sqlite/inbox.py",
     "backends/sqlite/locks_async.py": "backends/sqlite/locks.py",
+    "backends/sqlite/queue_async.py": "backends/sqlite/queue.py",
     "fencing_async.py": "fencing.py",
     "inbox_async.py": "inbox.py",
     "locks_async.py": "locks.py",

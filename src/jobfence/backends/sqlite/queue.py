@@ -1,0 +1,504 @@
+# Generated from backends/sqlite/queue_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""``sqlite:///path`` -- the embedded queue backend: on aiosqlite in ``queue_async.py``, on
+sqlite3 in ``queue.py`` (generated from it).
+
+Messages are rows of one table (``jobfence_queue`` by default) shared by every queue name in
+the file, so every process on this host that opens the file shares the queues. The SQL, and
+the life of a row, are in ``sql/queue.sql``.
+
+* Every verb is ONE statement in autocommit mode -- a receive is one ``UPDATE ... RETURNING``
+  that picks and delivers the messages, an ack one owner-checked ``DELETE``, a renewal of
+  many deliveries one ``UPDATE ... FROM json_each(...)`` -- except a publish, whose inserts run
+  in one ``BEGIN IMMEDIATE`` transaction. SQLite runs writers one at a time, so each is atomic
+  across threads and processes. The file runs in WAL mode with a busy timeout: concurrent
+  processes queue for the write lock instead of failing (``database is locked`` after the
+  timeout propagates).
+* A delivery's handle (its receipt) is ``"<seq>.<token>"``: the row and a random token drawn
+  for that delivery, so an old delivery's ack / nack / renewal / dead_letter never touches a
+  newer delivery of the same message.
+* Time: deadlines (delays, visibility) are measured by one clock only, SQLite's
+  ``julianday('now')`` on this host.
+* Waiting (``receive(wait > 0)``): SQLite cannot notify other processes. A publish (or a nack
+  without delay, or a requeue) in the SAME process wakes a waiting receive at once (a
+  process-wide registry per file, table and queue name, shared by the sync and async
+  clients). Publishes from other processes are found by polling: a read-only probe of one
+  index entry (no write lock), with a backoff from 2 ms doubling up to ``poll_interval``
+  (0.1 s by default), never sleeping past the moment the next delayed or in-flight message
+  becomes deliverable.
+
+URL / keyword options (keywords win): ``table`` (default ``jobfence_queue``), ``busy_timeout``
+(seconds, default 30), ``synchronous`` (``full`` default; ``normal`` trades the durability of
+the last transactions on power loss for speed), ``poll_interval`` (seconds, default 0.1: the
+longest pause between two polls of an idle waiting receive).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..._core import compat, forks
+from ..._core.clock import get_clock
+from ..._core.options import option_seconds, reject_unknown
+from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlfiles import Queries, load_sql
+from ..._core.url import BackendURL
+from ..._core.validate import check_namespace, check_queue_name, check_schema_version
+from ...errors import ConfigurationError
+from ..base import (
+    DeadLetter,
+    QueueBackend,
+    QueueCapabilities,
+    QueuedMessage,
+    QueueStats,
+    RenewItem,
+)
+from .common import WAITERS, sqlite_path
+from .dialect import DIALECT, TABLE_LIMIT
+
+__all__ = ["SQLiteQueueBackend"]
+
+SCHEMA_VERSION = 1
+DEFAULT_TABLE = "jobfence_queue"
+DEFAULT_BUSY_TIMEOUT = 30.0
+DEFAULT_POLL_INTERVAL = 0.1
+#: the first pause of a waiting receive that found nothing; it doubles up to poll_interval
+POLL_START = 0.002
+#: added to a pause that ends when a message becomes due (SQLite's clock has ms resolution)
+_DUE_MARGIN = 0.001
+OPTIONS = ("table", "busy_timeout", "synchronous", "poll_interval")
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+def _parse_receipt(receipt: str) -> tuple[int, str] | None:
+    """``(seq, token)`` of a receipt ``"<seq>.<token>"``; ``None`` if it is not one."""
+    seq, dot, token = receipt.partition(".")
+    if not dot or not token or not seq.isascii() or not seq.isdigit():
+        return None
+    return int(seq), token
+
+
+def _headers(text: Any) -> dict[str, str]:
+    value = json.loads(text)
+    return {str(k): str(v) for k, v in value.items()}
+
+
+class SQLiteQueueBackend(QueueBackend):
+    """One named queue in a SQLite file, shared by every process on this host that opens it.
+
+    The connection is opened lazily on first use (the constructor needs no event loop) and
+    guarded by a lock, so one backend serves a consumer's receive loop, its handlers' acks and
+    its renewer; a waiting receive holds the lock only while it polls, never while it sleeps.
+    """
+
+    kind = "sqlite"
+    capabilities = QueueCapabilities(cross_process=True, visibility_timeout=True)
+
+    def __init__(self, url: BackendURL, *, name: str, **options: Any) -> None:
+        self.name = check_queue_name(name)
+        self.path = sqlite_path(url)
+        merged: dict[str, Any] = {**url.options, **options}
+        reject_unknown(merged, OPTIONS, "sqlite queue")
+        self.table = check_namespace(
+            merged.get("table", DEFAULT_TABLE),
+            limit=TABLE_LIMIT,
+            backend="sqlite",
+            argument="table",
+        )
+        self.busy_timeout = option_seconds(
+            merged.get("busy_timeout", DEFAULT_BUSY_TIMEOUT), "busy_timeout", 0.0, 3600.0
+        )
+        synchronous = str(merged.get("synchronous", "full")).lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise ConfigurationError(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}",
+                argument="synchronous",
+            )
+        self.synchronous = synchronous
+        self.poll_interval = option_seconds(
+            merged.get("poll_interval", DEFAULT_POLL_INTERVAL), "poll_interval", 0.001, 60.0
+        )
+        self.queries: Queries = load_sql(
+            DIALECT.package, "queue.sql", names={"table": self.table}, quote=DIALECT.quote
+        )
+        #: the in-process wake-up key: the same queue through any client in this process
+        self._wake_key = ("queue", os.path.realpath(self.path), self.table, self.name)
+        self._conn: sqlite3.Connection | None = None
+        self._mutex = compat.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} table={self.table!r} name={self.name!r}>"
+
+    # -- connection ----------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        if self._conn is not None:
+            if self._conn.in_transaction:  # an interrupted operation left one open
+                self._rollback(self._conn)
+            return self._conn
+        if self._closed:
+            raise ConfigurationError("this sqlite queue backend is closed", argument="self")
+        pending = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn = pending
+        try:
+            self._setup_retrying(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _setup_retrying(self, conn: sqlite3.Connection) -> None:
+        """Run :meth:`_setup`, retrying while another process holds the file.
+
+        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
+        waiting for the busy timeout, when several processes open a new file together.
+        """
+        clock = get_clock()
+        deadline = clock.monotonic() + self.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._setup(conn)
+                return
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                if ("locked" not in message and "busy" not in message) or (
+                    clock.monotonic() + delay > deadline
+                ):
+                    raise
+            clock.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        cursor = conn.execute("PRAGMA journal_mode")
+        row = cursor.fetchone()
+        cursor.close()
+        if row is None or str(row[0]).lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        self._create(conn)
+
+    def _create(self, conn: sqlite3.Connection) -> None:
+        """Create the table (idempotent) and check its schema version."""
+        try:
+            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
+        except BaseException:
+            self._rollback(conn)
+            raise
+        row = self._fetch_on(conn, self.queries["schema_version"], {})
+        check_schema_version(
+            row[0] if row else None,
+            SCHEMA_VERSION,
+            backend=self.kind,
+            tables=f"queue table {self.table} in {self.path!r}",
+        )
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:  # no transaction open (it failed to start, or already ended)
+            pass
+
+    @staticmethod
+    def _fetch_on(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run one statement and fetch all its rows in one go (async: ONE call to aiosqlite's
+        thread): a caller interrupted in between must not leave a half-read statement open
+        (a read would hold an old snapshot, a write its transaction)."""
+        return conn.execute(sql, params).fetchall()
+
+    @staticmethod
+    def _count_on(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
+        """Run one statement; the number of rows it changed."""
+        cursor = conn.execute(sql, params)
+        try:
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    def _fetch_locked(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """:meth:`_fetch_on` on the connection (``_mutex`` held). The table is created again
+        if it is gone (``drop()`` drops it once no queue of the file has a message left)."""
+        conn = self._connection()
+        try:
+            return self._fetch_on(conn, sql, params)
+        except sqlite3.OperationalError as exc:
+            if not is_undefined_table(exc):
+                raise
+        self._create(conn)
+        return self._fetch_on(conn, sql, params)
+
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        with self._mutex:
+            return self._fetch_locked(sql, params)
+
+    def _count(self, sql: str, params: dict[str, Any]) -> int:
+        """Run one writing statement; the number of rows it changed (table re-created if
+        gone, as :meth:`_fetch_locked`)."""
+        with self._mutex:
+            conn = self._connection()
+            try:
+                return self._count_on(conn, sql, params)
+            except sqlite3.OperationalError as exc:
+                if not is_undefined_table(exc):
+                    raise
+            self._create(conn)
+            return self._count_on(conn, sql, params)
+
+    def install(self) -> None:
+        """Create the table now (it is also created on first use)."""
+        with self._mutex:
+            self._connection()
+
+    # -- in-process wake-ups -------------------------------------------------------------
+    def _listen(self) -> tuple[compat.Event, Callable[[], None], int]:
+        """A fresh event, registered to be set by the next publish in this process: the event,
+        the callback that sets it and the registry's ticket. Keep the callback referenced
+        while the ticket is in use: the ticket is its ``id()``, which a collected callback
+        would free for another waiter's."""
+        event = compat.Event()
+        wake = event.set
+        return event, wake, WAITERS.add(self._wake_key, wake)
+
+    def _wake(self, count: int) -> None:
+        """Wake up to ``count`` receives of this queue waiting in this process."""
+        for _ in range(min(count, WAITERS.count(self._wake_key))):
+            WAITERS.notify(self._wake_key)
+
+    # -- the verbs -----------------------------------------------------------------------
+    def publish(
+        self, messages: Sequence[tuple[str, bytes, dict[str, str]]], delay: float = 0.0
+    ) -> None:
+        """Insert the messages in ONE transaction, then wake receives waiting in this
+        process: one per message (a delayed batch: one, which learns when it is due)."""
+        if not messages:
+            return
+        delay = max(0.0, float(delay))
+        rows = [
+            {
+                "queue": self.name,
+                "id": message_id,
+                "body": body,
+                "headers": json.dumps(headers, separators=(",", ":")),
+                "delay": delay,
+            }
+            for message_id, body, headers in messages
+        ]
+        sql = self.queries["publish"]
+        with self._mutex:
+            conn = self._connection()
+            for attempt in range(2):
+                try:
+                    # inside the try: an interrupted BEGIN may still have run (aiosqlite runs
+                    # it in its own thread), and the ROLLBACK must end that transaction
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.executemany(sql, rows)
+                    conn.execute("COMMIT")
+                    break
+                except BaseException as exc:
+                    self._rollback(conn)
+                    if attempt or not is_undefined_table(exc):
+                        raise
+                self._create(conn)
+        self._wake(len(rows) if delay <= 0 else 1)
+
+    def _poll(
+        self, consumer: str, max_messages: int, visibility: float
+    ) -> tuple[list[QueuedMessage], float | None]:
+        """One look: deliver what is deliverable now. Returns the messages, and when there
+        were none the seconds until the next one becomes deliverable (``None``: unknown, or
+        the queue holds none)."""
+        q = self.queries
+        with self._mutex:
+            # a read first: an idle poll never takes the write lock
+            rows = self._fetch_locked(q["due"], {"queue": self.name})
+            due_in = None if not rows or rows[0][0] is None else float(rows[0][0])
+            if due_in is None or due_in > 0:
+                return [], due_in
+            params = {
+                "queue": self.name,
+                "consumer": consumer,
+                "visibility": float(visibility),
+                "limit": int(max_messages),
+            }
+            rows = self._fetch_locked(q["take"], params)
+        if not rows:  # another consumer took them between the look and the take
+            return [], None
+        rows.sort(key=lambda row: int(row[0]))  # publish order
+        return [
+            QueuedMessage(
+                id=str(message_id),
+                body=bytes(body),
+                headers=_headers(headers),
+                delivery=int(delivery),
+                receipt=f"{int(seq)}.{token}",
+                published_at=None if published_at is None else float(published_at),
+                last_error=None if last_error is None else str(last_error),
+            )
+            for seq, message_id, body, headers, delivery, token, published_at, last_error in rows
+        ], None
+
+    def receive(
+        self, consumer: str, max_messages: int, visibility: float, wait: float
+    ) -> list[QueuedMessage]:
+        """Deliver up to ``max_messages`` messages; with ``wait``, poll until one comes
+        (woken at once by a publish in this process) or ``wait`` seconds pass."""
+        if wait <= 0:
+            messages, _ = self._poll(consumer, max_messages, visibility)
+            return messages
+        clock = get_clock()
+        deadline = clock.monotonic() + wait
+        event, _callback, ticket = self._listen()  # before the first look: no publish goes unseen
+        try:
+            pause = min(POLL_START, self.poll_interval)
+            while True:
+                messages, due_in = self._poll(consumer, max_messages, visibility)
+                if messages:
+                    if event.is_set():  # a wake-up that came while we looked: pass it on
+                        self._wake(1)
+                    return messages
+                remaining = deadline - clock.monotonic()
+                if remaining <= 0:
+                    return []
+                sleep = min(pause, remaining)
+                if due_in is not None:  # never past the moment the next one is due
+                    sleep = min(sleep, max(due_in, 0.0) + _DUE_MARGIN)
+                if clock.wait(event, sleep):
+                    WAITERS.remove(self._wake_key, ticket)  # (the wake-up removed it already)
+                    event, _callback, ticket = self._listen()
+                    pause = min(POLL_START, self.poll_interval)
+                else:
+                    pause = min(pause * 2, self.poll_interval)
+        finally:
+            WAITERS.remove(self._wake_key, ticket)
+
+    def _owned(self, receipt: str, consumer: str) -> dict[str, Any] | None:
+        """The owner-check parameters of a delivery; ``None`` for a malformed receipt."""
+        parsed = _parse_receipt(receipt)
+        if parsed is None:
+            return None
+        seq, token = parsed
+        return {"queue": self.name, "seq": seq, "receipt": token, "consumer": consumer}
+
+    def ack(self, receipt: str, consumer: str) -> bool:
+        """Delete the message if this delivery is still ``consumer``'s current one (also
+        after its visibility passed, as long as nobody received it since)."""
+        params = self._owned(receipt, consumer)
+        if params is None:
+            return False
+        return self._count(self.queries["ack"], params) == 1
+
+    def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
+        params = self._owned(receipt, consumer)
+        if params is None:
+            return False
+        delay = max(0.0, float(delay))
+        done = self._count(self.queries["nack"], {**params, "delay": delay, "error": error})
+        if done == 1 and delay <= 0:
+            self._wake(1)
+        return done == 1
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Renew every delivery of ``items`` in ONE statement; one bool per item."""
+        parsed = [_parse_receipt(receipt) for receipt, _consumer, _visibility in items]
+        batch = [
+            [found[0], found[1], consumer, float(visibility)]
+            for found, (_receipt, consumer, visibility) in zip(parsed, items, strict=True)
+            if found is not None
+        ]
+        renewed: set[tuple[int, str, str]] = set()
+        if batch:
+            rows = self._fetch(
+                self.queries["renew"], {"queue": self.name, "items": json.dumps(batch)}
+            )
+            renewed = {(int(seq), str(token), str(consumer)) for seq, token, consumer in rows}
+        return [
+            found is not None and (found[0], found[1], consumer) in renewed
+            for found, (_receipt, consumer, _visibility) in zip(parsed, items, strict=True)
+        ]
+
+    def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool:
+        params = self._owned(receipt, consumer)
+        if params is None:
+            return False
+        return self._count(self.queries["dead_letter"], {**params, "error": error}) == 1
+
+    def stats(self) -> QueueStats:
+        rows = self._fetch(self.queries["stats"], {"queue": self.name})
+        ready, delayed, in_flight, dead = (int(n) for n in rows[0])
+        return QueueStats(ready=ready, delayed=delayed, in_flight=in_flight, dead=dead)
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        rows = self._fetch(self.queries["dead_letters"], {"queue": self.name, "limit": int(limit)})
+        return [
+            DeadLetter(
+                id=str(message_id),
+                body=bytes(body),
+                headers=_headers(headers),
+                deliveries=int(delivery),
+                error=None if error is None else str(error),
+                dead_at=None if dead_at is None else float(dead_at),
+            )
+            for message_id, body, headers, delivery, error, dead_at in rows
+        ]
+
+    def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Make dead letters deliverable again (delivery count reset); wakes as many waiting
+        receives in this process."""
+        if ids is None:
+            count = self._count(self.queries["requeue_dead"], {"queue": self.name})
+        else:
+            wanted = list(dict.fromkeys(ids))
+            if not wanted:
+                return 0
+            count = self._count(
+                self.queries["requeue_dead_ids"], {"queue": self.name, "ids": json.dumps(wanted)}
+            )
+        self._wake(count)
+        return count
+
+    def purge(self) -> int:
+        return self._count(self.queries["purge"], {"queue": self.name})
+
+    def drop(self) -> None:
+        """Delete every message of the queue; drop the table too once no queue of the file
+        has a message left in it (one transaction: a concurrent publish either lands before,
+        and keeps the table, or after, and creates it again)."""
+        q = self.queries
+        with self._mutex:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                self._count_on(conn, q["purge"], {"queue": self.name})
+                if not self._fetch_on(conn, q["any_left"], {}):
+                    for statement in q.statements("drop"):
+                        conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback(conn)
+                if not is_undefined_table(exc):  # dropped already
+                    raise
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Deliveries not acked come back after their
+        visibility."""
+        with self._mutex:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the connection inherited from
+        the parent, without closing it (see ``jobfence/_core/forks.py``)."""
+        forks.keep(self._conn)
+        self._conn = None
+        self._mutex = compat.Lock()
