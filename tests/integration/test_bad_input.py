@@ -121,7 +121,9 @@ def test_claim_in_refuses_the_same_fingerprints(dialect: str, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    "result", [{1, 2}, object(), "\ud800", {"when": float("nan"), "x": b"raw"}], ids=repr
+    "result",
+    [{1, 2}, object(), "\ud800", {"when": float("nan"), "x": b"raw"}],
+    ids=["set", "object", "lone-surrogate", "nan-and-bytes"],
 )
 def test_a_result_that_cannot_be_stored_names_result_and_keeps_the_claim(
     inbox: jobfence.Inbox, result: Any
