@@ -201,9 +201,9 @@ def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") 
         info = _BY_SCHEME.get(scheme)
     if info is None or (part is not None and part not in info.parts):
         serving = [s for s, i in _BY_SCHEME.items() if part is None or part in i.parts]
-        what = f"a {_PART_WORD.get(part, part)} backend" if part else "a backend"
+        what = f"has no {_PART_WORD.get(part, part)} backend" if part else "is not known"
         raise ConfigurationError(
-            f"{argument} scheme {scheme!r} has no {what}; allowed: "
+            f"{argument} scheme {scheme!r} {what}; allowed: "
             + ", ".join(f"{s}://" for s in serving),
             argument=argument,
         )

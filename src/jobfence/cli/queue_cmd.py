@@ -35,8 +35,8 @@ def _queue(url: str, name: str) -> Iterator[Queue]:
 
 
 def _console() -> Console:
-    # not a terminal: no 80-column cut
-    return Console(soft_wrap=not sys.stdout.isatty())
+    """Rich output on stdout; not on a terminal, tables are not cut to 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 def _when(epoch: float | None) -> str:
