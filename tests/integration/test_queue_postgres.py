@@ -33,6 +33,7 @@ from jobfence.backends.postgres.queue_async import (
     CAPABILITIES,
     POLLING_CAPABILITIES,
     AsyncPostgresQueueBackend,
+    notify_channel,
 )
 from jobfence.errors import ConfigurationError
 from tests.servers import POSTGRES_URL
@@ -191,7 +192,8 @@ class Queues:
         self.made: list[Q] = []
 
     def __call__(self, name: str | None = None, *, table: str | None = None, **kw: Any) -> Q:
-        extra = {k: str(kw.pop(k)) for k in list(kw) if k in ("notify", "application_name")}
+        url_options = ("notify", "application_name", "prepare_threshold")
+        extra = {k: str(kw.pop(k)) for k in list(kw) if k in url_options}
         url = _url(table or self.table, **extra)
         q = Q(url, name or "q." + uuid.uuid4().hex[:12], self.sync, **kw)
         self.made.append(q)
@@ -308,6 +310,16 @@ async def test_bodies_headers_ids_and_errors_round_trip(queues: Queues) -> None:
     assert await q.dead_letter(again.receipt, "c1", "\x00dead")
     [dead] = await q.dead_letters()
     assert (dead.id, dead.error, dead.headers) == ("id\x00nul", "\x00dead", headers)
+
+
+async def test_without_prepared_statements(queues: Queues) -> None:
+    """``prepare_threshold=none`` (PgBouncer < 1.21): every verb still works, repeatedly."""
+    q = queues(prepare_threshold="none")
+    for _ in range(7):  # past psycopg's default threshold of 5
+        await q.publish("a")
+        [m] = await q.receive("c1", wait=1)
+        assert await q.renew([(m.receipt, "c1", 30)]) == [True]
+        assert await q.ack(m.receipt, "c1")
 
 
 async def test_fifo_for_one_consumer(queues: Queues) -> None:
@@ -490,7 +502,9 @@ async def test_drop_keeps_other_queues_and_drops_the_last_ones_table(
 ) -> None:
     one = queues(table=fresh_table)
     two = queues(table=fresh_table)
-    await one.publish("a")
+    for i in range(6):  # past psycopg's prepare threshold: a prepared statement outlives
+        await one.publish(f"a{i}")  # the table it was prepared for
+        await one.stats()
     await two.publish("b")
     assert _table_exists(admin, fresh_table)
     await one.drop()
@@ -507,7 +521,24 @@ async def test_drop_keeps_other_queues_and_drops_the_last_ones_table(
     # a client that used the table before creates it again on its next statement
     await one.publish("c")
     assert _table_exists(admin, fresh_table)
+    assert await one.stats() == (1, 0, 0, 0)
     assert _ids(await one.receive("c1")) == ["c"]
+
+
+async def test_drop_leaves_a_busy_table(queues: Queues, fresh_table: str) -> None:
+    """drop() waits at most about a second for the table lock: a table in use by a long
+    transaction keeps existing (empty of the queue's messages) instead of stalling every
+    statement on it behind the drop."""
+    q = queues(table=fresh_table)
+    await q.publish("a")
+    with psycopg.connect(POSTGRES_URL) as reader:  # a transaction, not autocommit
+        reader.execute(f'SELECT count(*) FROM "{fresh_table}"').fetchone()
+        await q.drop()
+        assert reader.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{fresh_table}"',)
+        ).fetchone() == (True,)
+        reader.rollback()
+    assert await q.stats() == (0, 0, 0, 0)
 
 
 async def test_two_queues_never_see_each_others_messages(queues: Queues) -> None:
@@ -671,8 +702,8 @@ async def test_a_waiting_receive_is_woken_by_another_clients_publish(queues: Que
 
 
 async def test_an_idle_wait_sends_one_statement(queues: Queues) -> None:
-    """No polling while idle: one receive statement for a 2 s wait, also while other queues
-    of the same table get messages (their notifications wake nobody here)."""
+    """No polling while idle: one receive statement for a 2 s wait, also while another queue
+    of the same table gets messages."""
     q = queues()
     neighbour = queues()
     task, count = await _start_waiting(q, "c1", wait=2.0)
@@ -684,6 +715,36 @@ async def test_an_idle_wait_sends_one_statement(queues: Queues) -> None:
     assert time.monotonic() - started >= 1.0  # it really waited
     assert count["receive"] == 1
     assert count.total - count["listen"] - count["schema"] - count["schema_version"] == 1
+
+
+async def test_a_queue_with_a_cut_channel_wakes_only_its_own_consumers(
+    queues: Queues, admin: psycopg.Connection[Any]
+) -> None:
+    """Channels longer than 63 characters are cut, so two queues of a long-named table can
+    share one; the payload (the queue name) still keeps their consumers apart."""
+    long_table = ("jfq_" + uuid.uuid4().hex[:12]).ljust(58, "x")
+    names: dict[str, str] = {}
+    for i in range(10_000):
+        name = f"long.{i}"
+        channel = notify_channel(long_table, name)
+        if channel in names:
+            break
+        names[channel] = name
+    assert len(channel) == 63 and "#" in channel
+    try:
+        mine = queues(names[channel], table=long_table)
+        theirs = queues(name, table=long_table)
+        assert mine.backend.channel == theirs.backend.channel
+        task, count = await _start_waiting(mine, "c1", wait=1.5)
+        await theirs.publish("not-for-you")
+        assert await asyncio.wait_for(task, 20) == []
+        assert count["receive"] == 1  # the other queue's notification woke nobody here
+        task, count = await _start_waiting(mine, "c1", wait=30)
+        await queues.twin(mine).publish("for-you")
+        assert _ids(await asyncio.wait_for(task, 20)) == ["for-you"]
+        assert count["receive"] == 2
+    finally:
+        _drop_table(admin, long_table)
 
 
 async def test_a_waiting_receive_wakes_when_a_visibility_ends(queues: Queues) -> None:
@@ -837,6 +898,16 @@ def test_options_are_checked() -> None:
     assert backend.table == "kw_table"  # keywords win; one lower-case spelling
     assert backend.capabilities.server_wakeup is False
     assert backend.timeouts.request == 2.0
+    assert backend.prepare_threshold == 5
+    assert (
+        AsyncPostgresQueueBackend(
+            _parsed(POSTGRES_URL), name="q", prepare_threshold="none"
+        ).prepare_threshold
+        is None
+    )
+    with pytest.raises(ConfigurationError) as info:
+        AsyncPostgresQueueBackend(_parsed(POSTGRES_URL), name="q", prepare_threshold=-1)
+    assert info.value.argument == "prepare_threshold"
     assert "table=" not in backend._conninfo and "notify=" not in backend._conninfo
 
 

@@ -7,8 +7,8 @@ One table (option ``table``, default ``jobfence_queue``) holds the messages of e
 one row per message; the SQL and the table's layout are in ``sql/queue.sql``. Every verb is
 ONE statement on an autocommit connection of the client's pool:
 
-* ``publish`` inserts the whole batch from arrays (``unnest``) and notifies the table's
-  channel with the queue name, in the same statement;
+* ``publish`` inserts the whole batch from arrays (``unnest``) and notifies the queue's
+  channel (:func:`notify_channel`), in the same statement;
 * ``receive`` takes the next deliverable rows with ``FOR UPDATE SKIP LOCKED`` and gives each
   a new delivery (delivery + 1, a new random receipt, hidden until now + visibility); a
   delivered row stays ``ready`` with its ``visible_at`` in the future, so that once the
@@ -34,7 +34,9 @@ lock, with a schema-version row in ``jobfence_queue_schema``.
 
 URL / keyword options (keywords win): ``table`` (default ``jobfence_queue``; an SQL identifier
 of at most 58 characters, lower-cased), ``notify`` (``true`` | ``false``, default true),
-``pool_size`` (idle connections kept for reuse, default 8), ``connect_timeout`` and
+``pool_size`` (idle connections kept for reuse, default 8), ``prepare_threshold`` (psycopg's;
+``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21),
+``connect_timeout`` and
 ``timeout`` (seconds, default 5 each: opening a connection, and one statement's reply; a
 statement past its deadline has its connection closed, never reused; see ``common.py``).
 Every other URL option goes to libpq unchanged.
@@ -42,6 +44,7 @@ Every other URL option goes to libpq unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -58,6 +61,7 @@ from ..._core.options import (
     TIMEOUT_OPTIONS,
     connect_timed_out,
     option_bool,
+    option_int,
     option_timeouts,
     reject_unknown,
 )
@@ -75,7 +79,7 @@ from ..base import (
     RenewItem,
 )
 from .common import connect_kwargs, execute_bounded, pg_text, reusable
-from .dialect import DIALECT, QUEUE_TABLE_LIMIT
+from .dialect import DIALECT, IDENTIFIER_LIMIT, QUEUE_TABLE_LIMIT
 
 __all__ = [
     "CAPABILITIES",
@@ -84,6 +88,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "PostgresQueueBackend",
     "load_queue_queries",
+    "notify_channel",
 ]
 
 log = logging.getLogger("jobfence.backends.postgres")
@@ -91,7 +96,7 @@ log = logging.getLogger("jobfence.backends.postgres")
 #: version of the queue table's layout, stored in ``jobfence_queue_schema``
 SCHEMA_VERSION = 1
 DEFAULT_TABLE = "jobfence_queue"
-OPTIONS = ("table", "notify", "pool_size", *TIMEOUT_OPTIONS)
+OPTIONS = ("table", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS)
 DEFAULT_POOL_SIZE = 8
 #: the listener wakes this often to notice that its client was closed
 LISTEN_TICK = 0.5
@@ -119,11 +124,33 @@ _ESCAPE = "\ufffe"
 _MAX_SEQ = 2**63 - 1
 
 
-def load_queue_queries(table: str) -> Queries:
-    """The sections of ``sql/queue.sql`` for ``table`` (validated and lower-cased), with
-    psycopg placeholders."""
+def notify_channel(table: str, queue: str) -> str:
+    """The LISTEN/NOTIFY channel of ``queue`` in ``table``: ``"<table>.<queue>"``, or, when
+    that is longer than PostgreSQL's 63-byte names, ``"<table>.#<BLAKE2b hex of queue>"`` cut
+    to 63 characters (two queues sharing a cut channel only wake each other's consumers in
+    vain: the payload, the queue name, tells them apart)."""
+    channel = f"{table}.{queue}"
+    if len(channel) <= IDENTIFIER_LIMIT:
+        return channel
+    digest = hashlib.blake2b(queue.encode("utf-8"), digest_size=32).hexdigest()
+    return f"{table}.#{digest}"[:IDENTIFIER_LIMIT]
+
+
+def _quote(name: str) -> str:
+    """A double-quoted identifier, as it is (a channel holds dots that are not qualifiers;
+    validated table names and channels hold no double quote)."""
+    return '"' + name + '"'
+
+
+def load_queue_queries(table: str, channel: str) -> Queries:
+    """The sections of ``sql/queue.sql`` for ``table`` (validated and lower-cased) and the
+    queue's ``channel`` (see :func:`notify_channel`), with psycopg placeholders."""
     return load_sql(
-        DIALECT.package, "queue.sql", names={"table": table}, quote=DIALECT.quote, style="pyformat"
+        DIALECT.package,
+        "queue.sql",
+        names={"table": table, "channel": channel},
+        quote=_quote,
+        style="pyformat",
     )
 
 
@@ -215,8 +242,14 @@ class PostgresQueueBackend(QueueBackend):
             limit=QUEUE_TABLE_LIMIT,
             backend="postgres",
             argument="table",
-        ).lower()  # one spelling for the table, its quoted name and its NOTIFY channel
+        ).lower()  # one spelling: the table PostgreSQL would make of the unquoted name
         self.notify = option_bool(merged.get("notify", True), "notify")
+        threshold = merged.get("prepare_threshold", 5)
+        self.prepare_threshold = (
+            None
+            if threshold is None or str(threshold).strip().lower() in ("none", "off")
+            else option_int(threshold, "prepare_threshold", 0, 1_000_000)
+        )
         if not self.notify:
             self.capabilities = POLLING_CAPABILITIES
         self.url = url
@@ -225,7 +258,8 @@ class PostgresQueueBackend(QueueBackend):
         self._conninfo = url.without_options(*OPTIONS)
         if self._conninfo.startswith("postgres://"):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
-        self._sql = load_queue_queries(self.table)
+        self.channel = notify_channel(self.table, self.name)
+        self._sql = load_queue_queries(self.table, self.channel)
         self._pool = ConnPool.configured(
             self._connect, self._drop, options, url.options, DEFAULT_POOL_SIZE, reusable
         )
@@ -247,7 +281,12 @@ class PostgresQueueBackend(QueueBackend):
         if self._closed:
             raise ConfigurationError("this postgres queue backend is closed", argument="self")
         try:
-            return Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs)
+            return Connection.connect(
+                self._conninfo,
+                autocommit=True,
+                prepare_threshold=self.prepare_threshold,
+                **self._connect_kwargs,
+            )
         except psycopg.errors.ConnectionTimeout as exc:
             raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
         except psycopg.Error as exc:
@@ -328,6 +367,7 @@ class PostgresQueueBackend(QueueBackend):
             "publish",
             {
                 "queue": self.name,
+                "channel": self.channel,
                 "ids": [pg_text(id_) for id_, _, _ in messages],
                 "bodies": [bytes(body) for _, body, _ in messages],
                 "headers": [_headers_in(headers) for _, _, headers in messages],
@@ -341,6 +381,8 @@ class PostgresQueueBackend(QueueBackend):
         """One ``receive`` statement; when it finds nothing and ``wait > 0``, sleep until a
         notification for this queue, the instant the next message becomes deliverable, or
         the end of the wait, then look again."""
+        if max_messages <= 0:
+            return []
         params = {
             "queue": self.name,
             "n": int(max_messages),
@@ -407,6 +449,7 @@ class PostgresQueueBackend(QueueBackend):
             "nack",
             {
                 "queue": self.name,
+                "channel": self.channel,
                 "seq": handle[0],
                 "receipt": handle[1],
                 "consumer": consumer,
@@ -499,6 +542,7 @@ class PostgresQueueBackend(QueueBackend):
             "requeue_dead",
             {
                 "queue": self.name,
+                "channel": self.channel,
                 "every": ids is None,
                 "ids": [] if ids is None else [pg_text(id_) for id_ in ids],
             },
@@ -550,7 +594,7 @@ class PostgresQueueBackend(QueueBackend):
         waiting receives if it is this queue's. ``None`` (the listener stopped, or the
         client closes): wake them all, to look again (or return)."""
         if payload is not None and payload != self.name:
-            return  # another queue of the same table
+            return  # another queue whose channel name was cut to the same one
         with self._mutex:
             events = list(self._waiters)
         for event in events:

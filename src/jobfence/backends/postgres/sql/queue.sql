@@ -5,8 +5,14 @@
 --     Comments are removed before a statement is sent.
 --   * {table} is the table name (an SQL identifier of at most 58 characters; default
 --     jobfence_queue), and {table}_next one name made from it. jobfence lower-cases the name
---     and double-quotes it. Inside quotes ('{table}') the bare name is written; it is also
---     the LISTEN/NOTIFY channel of the table. Migration tools: fill {table} the same way.
+--     and double-quotes it. Inside quotes ('{table}') the bare name is written. Migration
+--     tools: fill {table} the same way.
+--   * {channel} (only in "listen") is the queue's LISTEN/NOTIFY channel, double-quoted:
+--     "<table>.<queue name>", or, when that is longer than 63 characters,
+--     "<table>.#<hex of the BLAKE2b digest of the queue name>" cut to 63 characters; the
+--     statements that notify take it as the parameter :channel. One channel per queue: a
+--     client is sent the notifications of its own queue only, however many queues share
+--     the table. The payload is the queue name (a client ignores any other).
 --   * Parameters are named, :name; jobfence converts them for the driver (psycopg
 --     %(name)s with a literal percent sign doubled).
 --   * This file is jobfence/backends/postgres/sql/queue.sql; the locks, the inbox and the
@@ -35,8 +41,8 @@
 -- receipt; "in flight" one with a receipt.
 --
 -- Every statement that makes a message deliverable sooner than waiting consumers may expect
--- (publish, nack, requeue_dead) notifies the channel '{table}' with the queue name as
--- payload, in the same statement; the notification is sent when it commits.
+-- (publish, nack, requeue_dead) notifies the queue's channel with the queue name as payload,
+-- in the same statement; the notification is sent when it commits.
 
 -- name: schema
 -- ONE statement (a DO block), so that it is one transaction even on an autocommit connection.
@@ -79,12 +85,12 @@ $jobfence$;
 SELECT version FROM jobfence_queue_schema WHERE table_name = '{table}';
 
 -- name: publish
--- ONE statement for the whole batch. Params: :queue, :ids text[], :bodies bytea[],
--- :headers text[] (NULL elements: no headers), three arrays of the same length, in publish
--- order; :delay (seconds). Every message of the batch gets the same visible_at, and seq
--- follows the arrays' order, so (visible_at, seq) keeps the batch in order. The waiting
--- consumers of the queue are notified (also for a delay: one may be sleeping until a later
--- instant). -> one row: (messages inserted).
+-- ONE statement for the whole batch. Params: :queue, :channel; :ids text[], :bodies
+-- bytea[], :headers text[] (NULL elements: no headers), three arrays of the same length, in
+-- publish order; :delay (seconds). Every message of the batch gets the same visible_at,
+-- and seq follows the arrays' order, so (visible_at, seq) keeps the batch in order. The
+-- waiting consumers of the queue are notified (also for a delay: one may be sleeping until
+-- a later instant). -> one row: (messages inserted, notifications).
 WITH inserted AS (
     INSERT INTO {table} (queue, id, body, headers, visible_at, published_at)
     SELECT :queue, m.id, m.body, m.headers,
@@ -95,7 +101,7 @@ WITH inserted AS (
      ORDER BY m.n
     RETURNING 1
 ), woken AS (
-    SELECT pg_notify('{table}', :queue)
+    SELECT pg_notify(:channel, :queue)
 )
 SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken);
 
@@ -153,7 +159,7 @@ DELETE FROM {table}
    AND queue = :queue AND state = 'ready';
 
 -- name: nack
--- Params: :queue, :seq, :receipt, :consumer, :delay (seconds), :error (or NULL).
+-- Params: :queue, :channel, :seq, :receipt, :consumer, :delay (seconds), :error (or NULL).
 -- Owner-checked as ack. Gives the message back, deliverable again after :delay (its next
 -- delivery counts + 1), and notifies the queue's waiting consumers. -> one row if it was
 -- nacked, else none.
@@ -162,7 +168,7 @@ UPDATE {table}
        receipt = NULL, consumer = NULL, last_error = :error
  WHERE seq = :seq AND receipt = CAST(:receipt AS uuid) AND consumer = :consumer
    AND queue = :queue AND state = 'ready'
-RETURNING pg_notify('{table}', queue);
+RETURNING pg_notify(:channel, queue);
 
 -- name: renew
 -- Params: :queue; :seqs bigint[], :receipts uuid[], :consumers text[], :visibilities
@@ -209,9 +215,9 @@ SELECT id, body, headers, delivery, last_error,
  LIMIT :limit;
 
 -- name: requeue_dead
--- Params: :queue, :every (boolean: all dead letters), :ids text[] (when not :every). They
--- become ready at once with delivery 0 (the next delivery is 1), in their publish order, and
--- keep their last_error. -> one row: (how many, notified count).
+-- Params: :queue, :channel, :every (boolean: all dead letters), :ids text[] (when not
+-- :every). They become ready at once with delivery 0 (the next delivery is 1), in their
+-- publish order, and keep their last_error. -> one row: (how many, notified count).
 WITH requeued AS (
     UPDATE {table}
        SET state = 'ready', delivery = 0, visible_at = clock.now, dead_at = NULL,
@@ -221,7 +227,7 @@ WITH requeued AS (
        AND (CAST(:every AS boolean) OR id = ANY(CAST(:ids AS text[])))
     RETURNING 1
 ), woken AS (
-    SELECT pg_notify('{table}', :queue) FROM (SELECT 1 FROM requeued LIMIT 1) AS one
+    SELECT pg_notify(:channel, :queue) FROM (SELECT 1 FROM requeued LIMIT 1) AS one
 )
 SELECT (SELECT count(*) FROM requeued), (SELECT count(*) FROM woken);
 
@@ -245,20 +251,29 @@ DELETE FROM {table} WHERE queue = :queue;
 -- No parameters (a DO block cannot take any); run after purge. Drops the table and its
 -- schema row if no queue has messages in it any more: under the install lock and an ACCESS
 -- EXCLUSIVE lock on the table, so that no message published meanwhile is dropped with it.
+-- The table lock is waited for at most 1 s (every statement on the table queues behind a
+-- waiting ACCESS EXCLUSIVE request); if it is busy for longer, the empty table is left.
 DO $jobfence$
 BEGIN
     PERFORM pg_advisory_xact_lock(7669456882363163493);
     IF to_regclass('"{table}"') IS NULL THEN
         RETURN;
     END IF;
-    LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;
+    PERFORM set_config('lock_timeout', '1s', true);
+    BEGIN
+        LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN;
+    END;
     IF NOT EXISTS (SELECT 1 FROM {table}) THEN
         DROP TABLE {table};
-        DELETE FROM jobfence_queue_schema WHERE table_name = '{table}';
+        IF to_regclass('jobfence_queue_schema') IS NOT NULL THEN
+            DELETE FROM jobfence_queue_schema WHERE table_name = '{table}';
+        END IF;
     END IF;
 END
 $jobfence$;
 
 -- name: listen
 -- On the dedicated listener connection of a client that waits in receive.
-LISTEN {table};
+LISTEN {channel};
