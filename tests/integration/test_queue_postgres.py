@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -847,6 +848,37 @@ async def test_wait_zero_never_blocks(queues: Queues) -> None:
     count = q.count()
     assert await q.receive("c1", wait=0) == []
     assert count.total == 1
+
+
+def _use_after_fork(backend: PostgresQueueBackend, results: Any) -> None:
+    backend.after_fork()  # forget the parent's connections and listener, without I/O
+    backend.publish([("from-child", b"", {})])
+    got = backend.receive("child", 10, 30, 5)
+    results.put([(m.id, backend.ack(m.receipt, "child")) for m in got])
+    backend.close()
+
+
+@pytest.mark.slow
+def test_a_forked_child_opens_its_own_connections(table: str) -> None:
+    """The parent's pooled connections and LISTEN connection stay the parent's: a child that
+    calls after_fork() works on connections of its own (closing them at its end), and the
+    parent's keep working."""
+    backend = PostgresQueueBackend(_parsed(_url(table)), name="fork." + uuid.uuid4().hex[:8])
+    try:
+        assert backend.receive("parent", 1, 30, 0.2) == []  # pool + listener in use
+        fork = multiprocessing.get_context("fork")
+        results = fork.Queue()
+        child = fork.Process(target=_use_after_fork, args=(backend, results))
+        child.start()
+        assert results.get(timeout=30) == [("from-child", True)]
+        child.join(30)
+        assert child.exitcode == 0
+        backend.publish([("from-parent", b"", {})])
+        [m] = backend.receive("parent", 10, 30, 5)
+        assert m.id == "from-parent" and backend.ack(m.receipt, "parent")
+    finally:
+        backend.drop()
+        backend.close()
 
 
 # -- schema, options, registry ------------------------------------------------------------------
