@@ -72,6 +72,7 @@ TWINS: dict[str, str] = {
     "backends/mysql/locks_async.py": "backends/mysql/locks.py",
     "backends/postgres/inbox_async.py": "backends/postgres/inbox.py",
     "backends/postgres/locks_async.py": "backends/postgres/locks.py",
+    "backends/postgres/queue_async.py": "backends/postgres/queue.py",
     "backends/redis/client_async.py": "backends/redis/client.py",
     "backends/redis/inbox_async.py": "backends/redis/inbox.py",
     "backends/redis/locks_async.py": "backends/redis/locks.py",

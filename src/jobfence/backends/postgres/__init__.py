@@ -1,9 +1,11 @@
-"""``postgresql://``: locks (lease and session modes) and inbox on PostgreSQL (psycopg 3).
+"""``postgresql://``: locks (lease and session modes), inbox and queue on PostgreSQL
+(psycopg 3).
 
-Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``common`` (text mapping,
-reusable connections), ``dialect`` (what fence, claim_in, versioned_update and
-inbox.install(conn) need to know about PostgreSQL; the name limits ``NAMESPACE_LIMIT`` and
-``TABLE_LIMIT``), ``sql/`` (``locks.sql``, ``inbox.sql``, ``fence.sql``).
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``queue`` /
+``queue_async``, ``common`` (text mapping, reusable connections), ``dialect`` (what fence,
+claim_in, versioned_update and inbox.install(conn) need to know about PostgreSQL; the name
+limits ``NAMESPACE_LIMIT``, ``TABLE_LIMIT`` and ``QUEUE_TABLE_LIMIT``), ``sql/``
+(``locks.sql``, ``inbox.sql``, ``queue.sql``, ``fence.sql``).
 ``pip install 'jobfence[postgres]'``.
 """
 
@@ -16,13 +18,16 @@ __all__ = [
     "MODES",
     "NAMESPACE_LIMIT",
     "POLLING_CAPABILITIES",
+    "QUEUE_TABLE_LIMIT",
     "SCHEMA_VERSION",
     "SESSION_CAPABILITIES",
     "TABLE_LIMIT",
     "AsyncPostgresInboxBackend",
     "AsyncPostgresLockBackend",
+    "AsyncPostgresQueueBackend",
     "PostgresInboxBackend",
     "PostgresLockBackend",
+    "PostgresQueueBackend",
     "advisory_key",
     "load_queries",
     "stored_name",
@@ -31,6 +36,7 @@ __all__ = [
 _LAZY = {
     "NAMESPACE_LIMIT": "dialect",
     "TABLE_LIMIT": "dialect",
+    "QUEUE_TABLE_LIMIT": "dialect",
     "LEASE_CAPABILITIES": "locks",
     "MODES": "locks",
     "POLLING_CAPABILITIES": "locks",
@@ -43,6 +49,8 @@ _LAZY = {
     "AsyncPostgresLockBackend": "locks_async",
     "PostgresInboxBackend": "inbox",
     "AsyncPostgresInboxBackend": "inbox_async",
+    "PostgresQueueBackend": "queue",
+    "AsyncPostgresQueueBackend": "queue_async",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

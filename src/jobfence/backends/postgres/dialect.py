@@ -12,7 +12,14 @@ from ..._core.sqlconn import SQLDialect
 from ...errors import ConfigurationError
 from .common import pg_text
 
-__all__ = ["DIALECT", "IDENTIFIER_LIMIT", "LOCK_TABLES", "NAMESPACE_LIMIT", "TABLE_LIMIT"]
+__all__ = [
+    "DIALECT",
+    "IDENTIFIER_LIMIT",
+    "LOCK_TABLES",
+    "NAMESPACE_LIMIT",
+    "QUEUE_TABLE_LIMIT",
+    "TABLE_LIMIT",
+]
 
 #: PostgreSQL identifiers are at most 63 bytes (NAMEDATALEN - 1); longer ones are cut
 IDENTIFIER_LIMIT = 63
@@ -22,6 +29,8 @@ LOCK_TABLES = ("_locks", "_lock_tokens", "_lock_queue", "_schema")
 NAMESPACE_LIMIT = IDENTIFIER_LIMIT - max(len(suffix) for suffix in LOCK_TABLES)
 #: the inbox ``table`` is a table name of its own
 TABLE_LIMIT = IDENTIFIER_LIMIT
+#: the queue ``table`` names its index ``{table}_next`` too: 63 - len("_next") = 58
+QUEUE_TABLE_LIMIT = IDENTIFIER_LIMIT - len("_next")
 
 
 class PostgresDialect(SQLDialect):
