@@ -168,6 +168,10 @@ class Lease:
         own call (``extend``, the release at the end of a block, ``close``) runs them in that
         call. They do not run after a normal release.
         """
+        if self._lost_reason is None and not self._released and self.state.expired():
+            # expired by the local clock, but the renewer has not marked it yet (it may be
+            # late under load): the holder's call finds the loss, as ``lost`` already says
+            self.mark_lost(self.state.expiry_reason())
         with self._mutex:
             if self._lost_reason is None:
                 self._callbacks.append(callback)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import jobfence
+import jobfence.testing
 from jobfence._core.clock import Clock
 from jobfence._core.compat import BoundedCaller
 from jobfence._core.lease_state import LeaseState
@@ -692,3 +693,17 @@ def test_the_leak_check_fails_a_test_that_leaves_a_client_open(tmp_path: Path) -
     # the leaking test itself passes; its teardown is the error
     assert "2 passed, 1 error" in result.stdout, result.stdout + result.stderr
     assert "left lock clients open" in result.stdout
+
+
+def test_on_lost_runs_at_once_for_a_lease_expired_before_the_renewer_marked_it() -> None:
+    """``lost`` already says True once the local deadline passed; ``on_lost`` must agree and
+    run the callback in the caller, not wait for the renewer (late under load)."""
+    clock = _FakeClock(1000.0)
+    with jobfence.testing.clocked(clock), jobfence.Locks(f"memory://{uuid.uuid4().hex}") as locks:
+        lease = locks.try_acquire("x", ttl=5, renew=False)
+        assert lease is not None
+        clock.now += 10  # past the ttl; the renewer sleeps on real time and has not looked
+        assert lease.lost
+        called: list[Any] = []
+        lease.on_lost(called.append)
+        assert called == [lease]
