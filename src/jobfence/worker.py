@@ -31,6 +31,7 @@ duplicate publish is then recognised as a duplicate (counted in ``stats.duplicat
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextvars
 import dataclasses
@@ -98,6 +99,14 @@ def _positive_int(value: object, argument: str, high: int) -> int:
     return value
 
 
+def _nonnegative_int(value: object, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
+        raise ConfigurationError(
+            f"{argument} must be an int from 0 to 10000, got {value!r}", argument=argument
+        )
+    return value
+
+
 def _seconds(value: object, argument: str, *, zero: bool = True) -> float:
     if (
         isinstance(value, bool)
@@ -125,7 +134,9 @@ class AsyncWorker:
     delivery stays hidden between renewals; ``max_deliveries`` how many deliveries a message
     gets before it is dead-lettered; ``backoff``/``max_backoff`` the redelivery delay after an
     exception; ``shutdown_timeout`` how long :meth:`run` lets in-flight handlers finish after
-    a stop; ``prefetch`` how many messages one receive may take (default: the free slots).
+    a stop; ``prefetch`` how many received messages may wait for a free slot (default:
+    ``concurrency``): the next batch is received while handlers run, and waiting messages are
+    renewed like running ones and given back at a stop.
     """
 
     def __init__(
@@ -164,7 +175,7 @@ class AsyncWorker:
         self.max_backoff = _seconds(max_backoff, "max_backoff")
         self.shutdown_timeout = _seconds(shutdown_timeout, "shutdown_timeout")
         self.prefetch = (
-            self.concurrency if prefetch is None else _positive_int(prefetch, "prefetch", 1000)
+            self.concurrency if prefetch is None else _nonnegative_int(prefetch, "prefetch")
         )
         self.handle_signals = bool(handle_signals)
         self.stats = WorkerStats()
@@ -249,35 +260,62 @@ class AsyncWorker:
             self.max_deliveries,
             self.visibility,
         )
+        # Receiving runs beside the handlers: while they run, the next batch is fetched into a
+        # local buffer (at most ``prefetch`` messages, renewed like the running ones), so a
+        # receive round trip does not leave slots idle. A receive starts once a quarter of the
+        # room is free, so batches stay large.
+        room_limit = self.concurrency + self.prefetch
+        batch = max(1, room_limit // 4)
+        buffer: collections.deque[AsyncMessage] = collections.deque()
+        receiving: asyncio.Task[list[AsyncMessage]] | None = None
+        stop_wait = loop.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
-                free = self.concurrency - len(self._tasks)
-                if free <= 0:
-                    slot_free.clear()
-                    await _first(slot_free.wait(), self._stopping.wait())
-                    continue
-                try:
-                    messages = await self.queue.receive(
-                        min(free, self.prefetch),
-                        visibility=self.visibility,
-                        wait=RECEIVE_WAIT,
-                        renew=True,
+                while buffer and len(self._tasks) < self.concurrency:
+                    self._start(loop, buffer.popleft(), slot_free)
+                room = room_limit - len(self._tasks) - len(buffer)
+                if receiving is None and (room >= batch or not (self._tasks or buffer)):
+                    idle = not (self._tasks or buffer)
+                    receiving = loop.create_task(
+                        self.queue.receive(
+                            min(room, 1000),
+                            visibility=self.visibility,
+                            wait=RECEIVE_WAIT if idle else 0.0,
+                            renew=True,
+                        )
                     )
-                except JobfenceError as exc:
-                    log.error("receive from queue %r failed: %s", self.queue.name, exc)
-                    await _first(asyncio.sleep(1.0), self._stopping.wait())
-                    continue
-                for message in messages:
-                    self.stats.received += 1
-                    if self._stopping.is_set():
-                        await self._give_back(message, "the worker is stopping")
+                slot_free.clear()
+                waits: list[asyncio.Future[Any]] = [stop_wait]
+                if receiving is not None:
+                    waits.append(receiving)
+                slot_wait = loop.create_task(slot_free.wait()) if self._tasks else None
+                if slot_wait is not None:
+                    waits.append(slot_wait)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if slot_wait is not None:
+                    slot_wait.cancel()
+                if receiving is not None and receiving.done():
+                    done, receiving = receiving, None
+                    try:
+                        got = done.result()
+                    except JobfenceError as exc:
+                        log.error("receive from queue %r failed: %s", self.queue.name, exc)
+                        await _first(asyncio.sleep(1.0), self._stopping.wait())
                         continue
-                    task = loop.create_task(self._handle(message))
-                    self._tasks[task] = message
-                    self.stats.in_flight = len(self._tasks)
-                    task.add_done_callback(lambda t: self._done(t, slot_free))
+                    self.stats.received += len(got)
+                    buffer.extend(got)
+            # stopping: what was received but not started goes back at once
+            if receiving is not None:
+                try:
+                    buffer.extend(await receiving)
+                except JobfenceError:
+                    pass
+            for message in buffer:
+                await self._give_back(message, "the worker is stopping")
+            buffer.clear()
             await self._drain()
         finally:
+            stop_wait.cancel()
             for sig in signals:
                 loop.remove_signal_handler(sig)
             if self._pool is not None:
@@ -288,6 +326,14 @@ class AsyncWorker:
             self._stop_requested.clear()
             log.info("worker on queue %r stopped: %s", self.queue.name, self.stats)
         return self.stats
+
+    def _start(
+        self, loop: asyncio.AbstractEventLoop, message: AsyncMessage, slot_free: asyncio.Event
+    ) -> None:
+        task = loop.create_task(self._handle(message))
+        self._tasks[task] = message
+        self.stats.in_flight = len(self._tasks)
+        task.add_done_callback(lambda t: self._done(t, slot_free))
 
     def _done(self, task: asyncio.Task[None], slot_free: asyncio.Event) -> None:
         self._tasks.pop(task, None)

@@ -278,7 +278,7 @@ def test_bad_arguments_are_refused_with_the_argument_named() -> None:
         ("visibility", lambda: jobfence.AsyncWorker(aq, handler, visibility=-1)),
         ("backoff", lambda: jobfence.AsyncWorker(aq, handler, backoff=-1)),
         ("shutdown_timeout", lambda: jobfence.AsyncWorker(aq, handler, shutdown_timeout="x")),
-        ("prefetch", lambda: jobfence.AsyncWorker(aq, handler, prefetch=0)),
+        ("prefetch", lambda: jobfence.AsyncWorker(aq, handler, prefetch=-1)),
     ]
     for argument, make in cases:
         with pytest.raises(ConfigurationError) as info:

@@ -34,7 +34,7 @@ lock, with a schema-version row in ``jobfence_queue_schema``.
 
 URL / keyword options (keywords win): ``table`` (default ``jobfence_queue``; an SQL identifier
 of at most 58 characters, lower-cased), ``notify`` (``true`` | ``false``, default true),
-``pool_size`` (idle connections kept for reuse, default 8), ``prepare_threshold`` (psycopg's;
+``pool_size`` (idle connections kept for reuse, default 16), ``prepare_threshold`` (psycopg's;
 ``none`` disables server-side prepared statements, e.g. for PgBouncer < 1.21),
 ``connect_timeout`` and
 ``timeout`` (seconds, default 5 each: opening a connection, and one statement's reply; a
@@ -97,7 +97,9 @@ log = logging.getLogger("jobfence.backends.postgres")
 SCHEMA_VERSION = 1
 DEFAULT_TABLE = "jobfence_queue"
 OPTIONS = ("table", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS)
-DEFAULT_POOL_SIZE = 8
+#: a worker runs up to ``concurrency`` acks at once beside its receive and renewals: keep
+#: enough idle connections that a busy worker never opens one per statement
+DEFAULT_POOL_SIZE = 16
 #: the listener wakes this often to notice that its client was closed
 LISTEN_TICK = 0.5
 #: after the listener failed to start, waiting receives poll for this long before it is
