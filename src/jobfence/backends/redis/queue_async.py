@@ -33,8 +33,8 @@ and the URL's query options, go to redis-py with the defaults of ``connect_redis
 (``client_async.py`` / ``client.py``: one immediate retry on a connection error). Every
 script is safe to re-send after a lost reply: each call carries a random call id, and a
 script that changed something records its result under it for 60 s, so the re-send answers
-the same and changes nothing again. Requires Redis >= 6.2 (``XADD``/``XCLAIM`` in scripts,
-``ZRANGE`` by index with ``WITHSCORES``, float-free ``XREAD BLOCK``); tested on 7.0.
+the same and changes nothing again. Requires Redis >= 6.0, like the other Redis parts
+(Streams, and scripts that read ``TIME`` before they write).
 """
 
 from __future__ import annotations
