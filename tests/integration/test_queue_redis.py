@@ -286,10 +286,10 @@ def test_the_same_consumer_gets_its_expired_delivery_again_with_a_new_receipt(ma
 def test_renew_keeps_a_delivery_hidden_and_a_late_renew_fails(make: Make) -> None:
     q = make()
     q.publish(_messages("kept", "late"))
-    [kept] = q.receive("A", 1, 0.6, 0)
-    for _ in range(4):  # 1.2 s in all, twice the visibility
+    [kept] = q.receive("A", 1, 1.0, 0)
+    for _ in range(5):  # 1.5 s in all, longer than the visibility
         time.sleep(0.3)
-        assert q.renew([(kept.receipt, "A", 0.6)]) == [True]
+        assert q.renew([(kept.receipt, "A", 1.0)]) == [True]
         assert [m.id for m in q.receive("B", 1, 0.6, 0)] in (["late"], [])
     assert q.ack(kept.receipt, "A") is True
     # "late" went to B above; let its visibility pass without renewing it
@@ -600,10 +600,10 @@ def test_a_consumer_killed_mid_message_loses_it_to_another_after_the_visibility(
         "url, name, flavour = sys.argv[1:4]\n"
         "if flavour == 'sync':\n"
         "    q = open_queue_backend(url, name, asynchronous=False)\n"
-        "    m = q.receive('victim', 1, 1.0, 10)\n"
+        "    m = q.receive('victim', 1, 1.5, 10)\n"
         "else:\n"
         "    q = open_queue_backend(url, name, asynchronous=True)\n"
-        "    m = asyncio.run(q.receive('victim', 1, 1.0, 10))\n"
+        "    m = asyncio.run(q.receive('victim', 1, 1.5, 10))\n"
         "print('RECEIVED', m[0].receipt, flush=True)\n"
         "time.sleep(3600)\n"
     )
