@@ -1,6 +1,8 @@
-"""``redis://`` / ``rediss://``: locks and inbox on Redis (redis-py), one Lua script per verb.
+"""``redis://`` / ``rediss://``: locks, inbox and queues on Redis (redis-py), one Lua script per
+verb (queues on Redis Streams).
 
-Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``client`` /
+Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``queue`` /
+``queue_async``, ``client`` /
 ``client_async`` (the one client builder both parts use), ``lua/`` (one file per script).
 ``pip install 'jobfence[redis]'``.
 """
@@ -14,8 +16,10 @@ __all__ = [
     "TABLE_LIMIT",
     "AsyncRedisInboxBackend",
     "AsyncRedisLockBackend",
+    "AsyncRedisQueueBackend",
     "RedisInboxBackend",
     "RedisLockBackend",
+    "RedisQueueBackend",
 ]
 
 #: a namespace is a key prefix (``<namespace>:lock:{name}``): any non-empty str, capped
@@ -28,6 +32,8 @@ _LAZY = {
     "AsyncRedisLockBackend": "locks_async",
     "RedisInboxBackend": "inbox",
     "AsyncRedisInboxBackend": "inbox_async",
+    "RedisQueueBackend": "queue",
+    "AsyncRedisQueueBackend": "queue_async",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
