@@ -214,7 +214,7 @@ def sqlite_floor(conc: int, path: str) -> Consume:
     async def connect() -> Any:
         conn = await aiosqlite.connect(path, isolation_level=None, timeout=30)
         await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA synchronous=NORMAL")
+        await conn.execute("PRAGMA synchronous=FULL")  # what jobfence's SQLite queue uses
         return conn
 
     async def execute(conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:

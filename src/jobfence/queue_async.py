@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ._core import forks
 from ._core.clock import get_clock
+from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.inbox_support import JSONSerializer, Serializer
 from ._core.lease_state import LeaseState
@@ -33,6 +34,9 @@ from .backends import open_queue_backend
 from .backends.base import AsyncQueueBackend, DeadLetter, QueuedMessage, QueueStats
 from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
 from .renewal_async import AsyncRenewer
+
+if ASYNC:
+    import asyncio
 
 if TYPE_CHECKING:
     from .locks_async import AsyncLease
@@ -271,7 +275,10 @@ class AsyncMessage:
         now)."""
         self._start_finishing()
         q = self._queue
-        ok = await q._message_call("queue.ack", self, q.backend.ack, self.receipt, q.consumer)
+        if ASYNC:  # acks finishing together share one round trip (the queue's ack batcher)
+            ok = await q._message_call("queue.ack", self, q._ack_batched, self.receipt)
+        else:
+            ok = q._message_call("queue.ack", self, q.backend.ack, self.receipt, q.consumer)
         if not self._finished_as("acked", ok):
             self.check()
 
@@ -388,6 +395,11 @@ class AsyncQueue:
             self.url = mask_url(url)
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
+        if ASYNC:
+            # acks waiting for the next ack_many round trip, and whether one is under way
+            self._acks: list[tuple[str, asyncio.Future[bool]]] = []
+            self._acks_flushing = False
+            self._ack_flusher: asyncio.Task[None] | None = None
         self._closed = False
         self._renewer = self._new_renewer()
         forks.register(self)
@@ -457,6 +469,44 @@ class AsyncQueue:
             *args,
             what=operation,
         )
+
+    if ASYNC:
+
+        async def _ack_batched(self, receipt: str) -> bool:
+            """Ack ``receipt`` in the next ``ack_many`` round trip: while one is under way,
+            the acks that come in wait for it to end and go together in the next (group
+            commit), so concurrent handlers pay one round trip per batch, and a lone ack
+            pays one round trip as before."""
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[bool] = loop.create_future()
+            self._acks.append((receipt, future))
+            if not self._acks_flushing:
+                self._acks_flushing = True
+                self._ack_flusher = loop.create_task(self._flush_acks())
+            return await future
+
+        async def _flush_acks(self) -> None:
+            try:
+                while self._acks:
+                    batch, self._acks = self._acks, []
+                    try:
+                        results = await self.backend.ack_many(
+                            [(receipt, self.consumer) for receipt, _ in batch]
+                        )
+                        if len(results) != len(batch):
+                            raise RuntimeError(
+                                f"ack_many answered {len(results)} results for {len(batch)} acks"
+                            )
+                    except Exception as exc:
+                        for _, future in batch:
+                            if not future.done():
+                                future.set_exception(exc)
+                        continue
+                    for (_, future), ok in zip(batch, results, strict=True):
+                        if not future.done():
+                            future.set_result(bool(ok))
+            finally:
+                self._acks_flushing = False
 
     def _check_open(self) -> None:
         if self._closed:

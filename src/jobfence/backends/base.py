@@ -484,6 +484,11 @@ class AsyncQueueBackend(abc.ABC):
     async def ack(self, receipt: str, consumer: str) -> bool:
         """Remove the delivered message if the delivery is still ``consumer``'s."""
 
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """:meth:`ack` every ``(receipt, consumer)`` of ``items``, in one round trip where the
+        backend can; one bool per item, in order."""
+        return [await self.ack(receipt, consumer) for receipt, consumer in items]
+
     @abc.abstractmethod
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         """Give the message back, to be delivered again after ``delay`` seconds (``0``: at
@@ -554,6 +559,9 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     def ack(self, receipt: str, consumer: str) -> bool: ...
+
+    def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        return [self.ack(receipt, consumer) for receipt, consumer in items]
 
     @abc.abstractmethod
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool: ...

@@ -136,12 +136,17 @@ class MemoryQueueStore:
         return msg
 
     def ack(self, receipt: str, consumer: str) -> bool:
+        return self.ack_many([(receipt, consumer)])[0]
+
+    def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        out: list[bool] = []
         with self.mutex:
-            msg = self._held(receipt, consumer)
-            if msg is None:
-                return False
-            del self.messages[msg.seq]
-            return True
+            for receipt, consumer in items:
+                msg = self._held(receipt, consumer)
+                if msg is not None:
+                    del self.messages[msg.seq]
+                out.append(msg is not None)
+        return out
 
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         now = get_clock().time()
@@ -293,6 +298,9 @@ class MemoryQueueBackend(QueueBackend):
     def ack(self, receipt: str, consumer: str) -> bool:
         return self.store.ack(receipt, consumer)
 
+    def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        return self.store.ack_many(items)
+
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return self.store.nack(receipt, consumer, delay, error)
 
@@ -362,6 +370,9 @@ class AsyncMemoryQueueBackend(AsyncQueueBackend):
 
     async def ack(self, receipt: str, consumer: str) -> bool:
         return self.store.ack(receipt, consumer)
+
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        return self.store.ack_many(items)
 
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return self.store.nack(receipt, consumer, delay, error)

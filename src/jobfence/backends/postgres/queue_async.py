@@ -445,6 +445,32 @@ class AsyncPostgresQueueBackend(AsyncQueueBackend):
         )
         return count == 1
 
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """Ack every delivery of ``items`` with ONE statement; one bool per item. A receipt
+        this backend did not hand out (or named twice: acked once) is False."""
+        slots: list[int] = []  # each item's position in the arrays, -1: not acked by it
+        seen: set[tuple[int, uuid.UUID, str]] = set()
+        seqs: list[int] = []
+        tokens: list[uuid.UUID] = []
+        consumers: list[str] = []
+        for receipt, consumer in items:
+            handle = _parse_receipt(receipt)
+            key = None if handle is None else (handle[0], handle[1], consumer)
+            if handle is None or key in seen:
+                slots.append(-1)
+                continue
+            seen.add(key)  # type: ignore[arg-type]
+            slots.append(len(seqs))
+            seqs.append(handle[0])
+            tokens.append(handle[1])
+            consumers.append(consumer)
+        acked: list[bool] = []
+        if seqs:
+            params = {"queue": self.name, "seqs": seqs, "receipts": tokens, "consumers": consumers}
+            rows, _ = await self._run("ack_many", params)
+            acked = [bool(row[1]) for row in rows]
+        return [slot >= 0 and acked[slot] for slot in slots]
+
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         handle = _parse_receipt(receipt)
         if handle is None:

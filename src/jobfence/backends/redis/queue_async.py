@@ -240,6 +240,16 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
     async def ack(self, receipt: str, consumer: str) -> bool:
         return bool(await self._run["ack"](self._keys, [_call_id(), receipt, consumer]))
 
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """Ack every delivery of ``items``: one ``ack`` script call each, pipelined (one round
+        trip); each is owner-checked and safe to re-send like a single ack."""
+        if not items:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for receipt, consumer in items:
+            await self._run["ack"](self._keys, [_call_id(), receipt, consumer], client=pipe)
+        return [bool(ok) for ok in await pipe.execute()]
+
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         args: list[Any] = [_call_id(), receipt, consumer, _ms(delay) if delay > 0 else 0]
         if error is not None:

@@ -416,6 +416,28 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             return False
         return await self._count(self.queries["ack"], params) == 1
 
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """Ack every delivery of ``items`` in ONE statement; one bool per item (an item named
+        twice is True once)."""
+        parsed = [_parse_receipt(receipt) for receipt, _consumer in items]
+        batch = [
+            [found[0], found[1], consumer]
+            for found, (_receipt, consumer) in zip(parsed, items, strict=True)
+            if found is not None
+        ]
+        acked: set[tuple[int, str, str]] = set()
+        if batch:
+            rows = await self._fetch(
+                self.queries["ack_many"], {"queue": self.name, "items": json.dumps(batch)}
+            )
+            acked = {(int(seq), str(token), str(consumer)) for seq, token, consumer in rows}
+        out: list[bool] = []
+        for found, (_receipt, consumer) in zip(parsed, items, strict=True):
+            key = None if found is None else (found[0], found[1], consumer)
+            out.append(key is not None and key in acked)
+            acked.discard(key)  # type: ignore[arg-type]  # an item named twice is acked once
+        return out
+
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         params = self._owned(receipt, consumer)
         if params is None:

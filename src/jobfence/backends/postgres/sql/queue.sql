@@ -158,6 +158,26 @@ DELETE FROM {table}
  WHERE seq = :seq AND receipt = CAST(:receipt AS uuid) AND consumer = :consumer
    AND queue = :queue AND state = 'ready';
 
+-- name: ack_many
+-- Params: :queue; :seqs bigint[], :receipts uuid[], :consumers text[], three arrays of the
+-- same length. ONE statement acks every delivery an item names, owner-checked as ``ack``.
+-- -> one row per item, in item order: (item number, acked bool).
+WITH item AS (
+    SELECT *
+      FROM unnest(CAST(:seqs AS bigint[]), CAST(:receipts AS uuid[]),
+                  CAST(:consumers AS text[]))
+           WITH ORDINALITY AS i(seq, receipt, consumer, n)
+), acked AS (
+    DELETE FROM {table} AS t
+     USING item
+     WHERE t.seq = item.seq AND t.receipt = item.receipt AND t.consumer = item.consumer
+       AND t.queue = :queue AND t.state = 'ready'
+    RETURNING item.n
+)
+SELECT item.n, acked.n IS NOT NULL
+  FROM item LEFT JOIN acked ON acked.n = item.n
+ ORDER BY item.n;
+
 -- name: nack
 -- Params: :queue, :channel, :seq, :receipt, :consumer, :delay (seconds), :error (or NULL).
 -- Owner-checked as ack. Gives the message back, deliverable again after :delay (its next

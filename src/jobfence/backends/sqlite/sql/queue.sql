@@ -113,6 +113,20 @@ DELETE FROM {table}
    AND receipt = :receipt AND consumer = :consumer;
 
 
+-- name: ack_many
+-- Params: :queue, :items: a JSON array of [seq, receipt, consumer] arrays. ONE statement
+-- acks every delivery that is still its consumer's current one, as ``ack`` does for one.
+-- -> (seq, receipt, consumer) of every message deleted.
+DELETE FROM {table}
+ WHERE queue = :queue AND state = 'ready'
+   AND seq IN (SELECT json_extract(value, '$[0]') FROM json_each(:items))
+   AND EXISTS (SELECT 1 FROM json_each(:items) AS r
+                WHERE json_extract(r.value, '$[0]') = {table}.seq
+                  AND json_extract(r.value, '$[1]') = {table}.receipt
+                  AND json_extract(r.value, '$[2]') = {table}.consumer)
+RETURNING seq, receipt, consumer;
+
+
 -- name: nack
 -- Params: :queue, :seq, :receipt, :consumer, :delay (seconds), :error. Owner-checked: the
 -- message becomes deliverable again after :delay (its next delivery counts + 1).
