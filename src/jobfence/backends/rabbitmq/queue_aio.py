@@ -147,6 +147,13 @@ class _Link:
         #: one batch of confirms in flight at a time (see common.unique_waves)
         self.publishing = asyncio.Lock()
         self.broken = False
+        #: the events of the receives waiting on this link: set when it closes or breaks,
+        #: so that a wait ends at once instead of running out on a dead connection
+        self.waiters: set[asyncio.Event] = set()
+
+    def wake_all(self, _sender: object = None, _exc: BaseException | None = None) -> None:
+        for event in self.waiters:
+            event.set()
 
     @property
     def usable(self) -> bool:
@@ -167,7 +174,9 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         self._link: _Link | None = None
         self._connecting: asyncio.Lock | None = None
         self._declared: dict[str, float] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closers: set[asyncio.Task[None]] = set()
+        #: close() was called (a receive it interrupts returns [] rather than failing)
+        self._closing = False
 
     def __repr__(self) -> str:
         s = self._settings
@@ -199,6 +208,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
                 return link
             if link is not None:
                 self._break(link)
+            self._closing = False
             self._link = link = await self._open()
             return link
 
@@ -217,6 +227,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             raw = await channel.get_underlay_channel()
             link = _Link(connection, raw, self._timeout)
+            channel.close_callbacks.add(link.wake_all)
             await raw.basic_qos(prefetch_count=1, timeout=self._timeout)
             for route in self._topology.installed():
                 await self._declare(link, route)
@@ -229,12 +240,13 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         """Stop using ``link`` (lost, or in an unknown state after a missed deadline): its
         connection is closed in the background and its deliveries go back to the queue."""
         link.broken = True
+        link.wake_all()
         if self._link is link:
             self._link = None
         if not link.connection.is_closed:
             task = asyncio.get_running_loop().create_task(self._close_quietly(link.connection))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._closers.add(task)
+            task.add_done_callback(self._closers.discard)
 
     async def _close_quietly(self, connection: aio_pika.abc.AbstractConnection) -> None:
         try:
@@ -390,9 +402,12 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             link,
             link.channel.basic_consume(self.name, on_message, no_ack=False, timeout=self._timeout),
         )
+        link.waiters.add(arrived)
         try:
-            await wait_event(arrived, wait)
+            if link.usable:
+                await wait_event(arrived, wait)
         finally:
+            link.waiters.discard(arrived)
             if link.usable:
                 await self._request(
                     link, link.channel.basic_cancel(ok.consumer_tag, timeout=self._timeout)
@@ -401,6 +416,10 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
                 for _ in range(3):
                     await asyncio.sleep(0)
             waiting = False
+        if not link.usable:  # what it delivered went back to the queue with the channel
+            got.clear()
+            if not self._closing:
+                raise ConnectionError("the connection to RabbitMQ was lost during the wait")
 
     # -- settling -------------------------------------------------------------------------
 
@@ -575,16 +594,18 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         self._break(link)  # the next call connects again and declares the queue anew
 
     async def close(self) -> None:
+        self._closing = True
         link, self._link = self._link, None
         if link is not None:
             link.broken = True
+            link.wake_all()
             await self._close_quietly(link.connection)
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._closers:
+            await asyncio.gather(*self._closers, return_exceptions=True)
 
     def after_fork(self) -> None:
         link, self._link = self._link, None
         if link is not None:
             forks.keep(link.connection)  # the parent's: neither used nor closed here
         self._connecting = None
-        self._closing = set()
+        self._closers = set()

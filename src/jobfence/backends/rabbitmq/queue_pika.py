@@ -35,6 +35,10 @@ from typing import Any, Generic, TypeVar
 import pika
 import pika.exceptions
 from pika import spec
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectorException,
+    AMQPConnectorStackTimeout,
+)
 
 from ..._core import forks
 from ..._core.options import connect_timed_out, request_timed_out
@@ -351,8 +355,10 @@ class RabbitQueueBackend(QueueBackend):
         started = time.monotonic()
         try:
             connection = pika.BlockingConnection(params)
-        except pika.exceptions.AMQPConnectionError as exc:
-            if time.monotonic() - started >= s.timeouts.connect:
+        except (pika.exceptions.AMQPConnectionError, AMQPConnectorException) as exc:
+            if isinstance(exc, AMQPConnectorStackTimeout) or (
+                time.monotonic() - started >= s.timeouts.connect
+            ):
                 raise connect_timed_out(s.timeouts.connect) from exc
             raise
         link = _Link(connection, None)
@@ -567,7 +573,7 @@ class RabbitQueueBackend(QueueBackend):
         if not link.usable:
             if self._closing:
                 return []
-            raise pika.exceptions.ConnectionWrongStateError("the connection was lost")
+            raise ConnectionError("the connection to RabbitMQ was lost during the wait")
         with self._deadline(link):
             # deliver what a posted call read, so that the cancel does not requeue it
             link.connection.process_data_events(0)
