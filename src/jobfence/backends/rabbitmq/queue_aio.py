@@ -318,6 +318,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
                     properties=_properties(m),
                     mandatory=True,
                     timeout=self._timeout,
+                    wait=False,  # do not hold the channel until each frame is written
                 )
                 for m in wave
             ),
