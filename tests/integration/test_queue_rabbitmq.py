@@ -421,6 +421,27 @@ async def test_one_client_shared_by_many_consumers(make: Factory) -> None:
     assert sorted(seen) == sorted(f"m{i}" for i in range(total))
 
 
+async def test_many_settlements_at_once(make: Factory) -> None:
+    """Concurrent acks, nacks and dead letters of one client (tasks sharing one round trip,
+    or threads taking turns on the connection) each settle their own delivery."""
+    q = make()
+    await q.publish([(f"m{i}", b"", {}) for i in range(40)])
+    got = await receive_all(q, "c", 40)
+    assert len(got) == 40
+    results = await asyncio.gather(
+        *(q.ack(m.receipt, "c") for m in got[:20]),
+        *(q.nack(m.receipt, "c", 0, "again") for m in got[20:30]),
+        *(q.dead_letter(m.receipt, "c", "dead") for m in got[30:]),
+    )
+    assert results == [True] * 40
+    assert await q.renew([(m.receipt, "c", 30.0) for m in got]) == [False] * 40  # settled
+    stats = await q.stats()
+    assert (stats.ready, stats.dead) == (10, 10)
+    again = await receive_all(q, "c", 10)
+    assert sorted(m.id for m in again) == [f"m{i}" for i in range(20, 30)]
+    assert {(m.delivery, m.last_error) for m in again} == {(2, "again")}
+
+
 def test_sync_ack_from_another_thread_while_a_receive_waits(name: str) -> None:
     """A worker's handler thread acks while its main thread waits in receive: the ack is
     handed to the waiting thread and done at once, not after the wait."""

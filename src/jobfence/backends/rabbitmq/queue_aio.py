@@ -318,7 +318,6 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
                     properties=_properties(m),
                     mandatory=True,
                     timeout=self._timeout,
-                    wait=False,  # do not hold the channel until each frame is written
                 )
                 for m in wave
             ),

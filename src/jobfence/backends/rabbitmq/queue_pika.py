@@ -527,8 +527,9 @@ class RabbitQueueBackend(QueueBackend):
         """Fill ``got`` up to ``max_messages``: this client's leftovers, then ``basic.get``
         until the queue is empty. What was taken before a failure is kept for the next
         receive."""
-        got.extend(link.leftovers[: max_messages - len(got)])
-        del link.leftovers[: len(got)]
+        kept = link.leftovers[: max(0, max_messages - len(got))]
+        del link.leftovers[: len(kept)]
+        got.extend(kept)
         try:
             while len(got) < max_messages:
                 with self._deadline(link):
