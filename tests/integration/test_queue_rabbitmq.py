@@ -312,7 +312,7 @@ async def test_dead_letters_peek_and_requeue(make: Factory) -> None:
     assert [(d.id, d.body, d.headers, d.deliveries, d.error) for d in dead] == [
         ("a", b"1", {"h": "1"}, 2, "poison"),
         ("b", b"2", {}, 1, None),
-        ("c", b"3", {}, 1, "x" * 8192),  # long errors are cut
+        ("c", b"3", {}, 1, "x" * 8192),  # long errors are cut to 8192 bytes
     ]
     assert all(d.dead_at is not None and d.dead_at >= before - 1 for d in dead)
     assert [d.id for d in await q.dead_letters(2)] == ["a", "b"]  # a peek: still there, in order
@@ -709,10 +709,29 @@ def test_configuration_errors(asynchronous: bool) -> None:
     assert open_("amqps://u:p@h/")._settings.tls is not None
 
 
-async def test_reserved_header_names_are_refused(make: Factory) -> None:
+async def test_headers_that_do_not_fit_are_refused(make: Factory) -> None:
+    """Reserved names, names longer than an AMQP field name, and headers too large for one
+    frame (which would make RabbitMQ close the connection) are refused before sending."""
     q = make()
-    for header in ("x-jobfence-error", "x-delivery-count", "x-death", "x-first-death-queue"):
+    await q.publish([("first", b"", {})])
+    [held] = await q.receive("c", 1, 30.0, 5.0)
+    bad = [
+        {"x-jobfence-error": "v"},
+        {"x-delivery-count": "1"},
+        {"x-death": "v"},
+        {"x-first-death-queue": "v"},
+        {"n" * 129: "v"},
+        {f"h{i}": "v" * 4000 for i in range(40)},  # 160 kB
+    ]
+    for headers in bad:
         with pytest.raises(ConfigurationError) as caught:
-            await q.publish([("a", b"", {header: "v"})])
+            await q.publish([("a", b"", headers)])
         assert caught.value.argument == "headers"
-    assert await q.receive("c", 5, 30.0, 0) == []
+    big = {f"h{i:02}": "é" * 700 for i in range(64)}  # 64 headers of 1400 bytes: they fit
+    await q.publish([("big", b"", big)])
+    [m] = await q.receive("c", 1, 30.0, 5.0)
+    assert (m.id, m.headers) == ("big", big)
+    assert await q.dead_letter(m.receipt, "c", "é" * 5000) is True  # 10 kB of error
+    [dead] = await q.dead_letters(1)
+    assert dead.error == "é" * 4096  # cut to 8192 bytes
+    assert await q.ack(held.receipt, "c") is True  # the connection lived through it all

@@ -300,10 +300,16 @@ H_DEAD_AT = "x-jobfence-dead-at"  # epoch milliseconds
 #: headers RabbitMQ writes itself
 _BROKER_HEADERS = ("x-delivery-count", "x-acquired-count", "x-death")
 _BROKER_PREFIXES = ("x-first-death-", "x-last-death-", H_PREFIX)
-#: the longest error text kept (all headers of a message must fit in one AMQP frame)
-MAX_ERROR_CHARS = 8192
+#: the longest error text kept, in bytes of UTF-8 (a message's headers travel in one frame)
+MAX_ERROR_BYTES = 8192
 #: the longest message_id property (an AMQP short string)
 _MAX_MESSAGE_ID_BYTES = 255
+#: the longest header name (an AMQP field name; aio-pika would silently cut a longer one)
+MAX_HEADER_NAME_BYTES = 128
+#: the most bytes a message's headers may take when published: all of them travel in the
+#: message's content header, which must fit in one AMQP frame (128 KiB on a default broker,
+#: or RabbitMQ closes the connection), with room left for the error and counts jobfence adds
+MAX_HEADER_BYTES = 100_000
 
 
 def is_reserved_header(name: str) -> bool:
@@ -345,8 +351,20 @@ def _build(
     return Outgoing(id_, body, message_id, headers, published_ms // 1000)
 
 
+def _table_bytes(headers: Mapping[str, Any]) -> int:
+    """The size of ``headers`` encoded as an AMQP field table (string values; numbers are
+    counted as 9 bytes)."""
+    size = 4
+    for name, value in headers.items():
+        size += 2 + len(name.encode("utf-8", "replace"))
+        size += 5 + len(value.encode("utf-8", "replace")) if isinstance(value, str) else 9
+    return size
+
+
 def fresh(id_: str, body: bytes, headers: Mapping[str, str], now: float) -> Outgoing:
-    """A message as ``publish`` sends it. ``ConfigurationError`` for a reserved header name."""
+    """A message as ``publish`` sends it. ``ConfigurationError`` (argument ``headers``) for a
+    reserved header name, a name longer than an AMQP field name, or headers too large for one
+    AMQP frame."""
     for name in headers:
         if is_reserved_header(name):
             raise ConfigurationError(
@@ -354,11 +372,27 @@ def fresh(id_: str, body: bytes, headers: Mapping[str, str], now: float) -> Outg
                 "x-acquired-count, x-death, x-first-death-*, x-last-death-*)",
                 argument="headers",
             )
-    return _build(id_, body, headers, _ms(now))
+        if len(name.encode("utf-8", "replace")) > MAX_HEADER_NAME_BYTES:
+            raise ConfigurationError(
+                f"header {name[:40]!r}...: names may have at most {MAX_HEADER_NAME_BYTES} bytes "
+                "on RabbitMQ (an AMQP field name)",
+                argument="headers",
+            )
+    message = _build(id_, body, headers, _ms(now))
+    size = _table_bytes(message.headers)
+    if size > MAX_HEADER_BYTES:
+        raise ConfigurationError(
+            f"the headers (and a long id) of message {id_[:80]!r} take {size} bytes; at most "
+            f"{MAX_HEADER_BYTES} fit in one AMQP frame on RabbitMQ",
+            argument="headers",
+        )
+    return message
 
 
 def _error_text(error: str | None) -> str | None:
-    return None if error is None else error[:MAX_ERROR_CHARS]
+    if error is None:
+        return None
+    return error.encode("utf-8", "replace")[:MAX_ERROR_BYTES].decode("utf-8", "ignore")
 
 
 def retry_copy(message: Incoming, error: str | None) -> Outgoing:
