@@ -442,6 +442,42 @@ async def test_many_settlements_at_once(make: Factory) -> None:
     assert {(m.delivery, m.last_error) for m in again} == {(2, "again")}
 
 
+async def test_cancelled_async_receives_lose_nothing(name: str) -> None:
+    """An asyncio receive cancelled at any point (in a basic.get, in its wait, while its
+    consumer is being cancelled) neither loses a message nor closes the channel: a message
+    it got is returned by the next receive, and the client's other deliveries stay valid."""
+    import random
+
+    rng = random.Random(5)
+    q = open_queue_backend(URL, name, asynchronous=True)
+    producer = open_queue_backend(URL, name, asynchronous=True)
+    try:
+        await q.publish([("held", b"", {})])
+        [held] = await q.receive("c", 1, 30.0, 5.0)
+        seen: list[str] = []
+        for i in range(40):
+            receiving = asyncio.ensure_future(q.receive("c", 3, 30.0, 5.0))
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            await producer.publish([(f"m{i}", b"", {})])
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            receiving.cancel()
+            try:
+                for m in await receiving:
+                    seen.append(m.id)
+                    assert await q.ack(m.receipt, "c") is True
+            except asyncio.CancelledError:
+                pass
+        for m in await receive_all(Client(q, True), "c", 40 - len(seen), wait=2.0):
+            seen.append(m.id)
+            assert await q.ack(m.receipt, "c") is True
+        assert sorted(seen) == sorted(f"m{i}" for i in range(40))
+        assert await q.ack(held.receipt, "c") is True  # the channel was never closed
+    finally:
+        await q.drop()
+        await q.close()
+        await producer.close()
+
+
 def test_sync_ack_from_another_thread_while_a_receive_waits(name: str) -> None:
     """A worker's handler thread acks while its main thread waits in receive: the ack is
     handed to the waiting thread and done at once, not after the wait."""

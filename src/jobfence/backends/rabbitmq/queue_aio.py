@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -174,7 +174,8 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         self._link: _Link | None = None
         self._connecting: asyncio.Lock | None = None
         self._declared: dict[str, float] = {}
-        self._closers: set[asyncio.Task[None]] = set()
+        #: requests and clean-ups that outlived their caller (see _request), closing connections
+        self._background: set[asyncio.Future[Any]] = set()
         #: close() was called (a receive it interrupts returns [] rather than failing)
         self._closing = False
 
@@ -244,9 +245,17 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         if self._link is link:
             self._link = None
         if not link.connection.is_closed:
-            task = asyncio.get_running_loop().create_task(self._close_quietly(link.connection))
-            self._closers.add(task)
-            task.add_done_callback(self._closers.discard)
+            self._keep(asyncio.ensure_future(self._close_quietly(link.connection)))
+
+    def _keep(self, task: asyncio.Future[Any]) -> None:
+        """Hold a background task until it is done (and retrieve its failure)."""
+        self._background.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     async def _close_quietly(self, connection: aio_pika.abc.AbstractConnection) -> None:
         try:
@@ -254,17 +263,42 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         except BaseException:  # a connection being discarded
             pass
 
-    async def _request(self, link: _Link, request: Any) -> Any:
+    async def _request(
+        self, link: _Link, request: Any, orphan: Callable[[Any], None] | None = None
+    ) -> Any:
         """Await one request of ``link``: a missed deadline or a lost connection breaks the
-        link (and raises)."""
+        link (and raises).
+
+        A caller that is cancelled does not cancel the request: aiormq closes the channel
+        when a request waiting for its reply is cancelled (the reply would come later), and
+        with the channel every delivery on it. The request goes on in the background and
+        ``orphan`` gets its result (a message it got is kept for the next receive)."""
+        task = asyncio.ensure_future(request)
         try:
-            return await request
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the request itself was cancelled: the link is unusable
+                self._break(link)
+                raise ConnectionError("a request to RabbitMQ was cancelled") from None
+            task.add_done_callback(lambda done: self._orphaned(link, done, orphan))
+            self._keep(task)
+            raise
         except asyncio.TimeoutError:
             self._break(link)
             raise request_timed_out(self._timeout) from None
         except _LINK_ERRORS:
             self._break(link)
             raise
+
+    def _orphaned(
+        self, link: _Link, task: asyncio.Future[Any], orphan: Callable[[Any], None] | None
+    ) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            self._break(link)
+        elif orphan is not None:
+            orphan(task.result())
 
     async def _declare(self, link: _Link, route: Route) -> spec.Queue.DeclareOk:
         ok = await self._request(
@@ -376,7 +410,9 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         """``basic.get`` until ``got`` holds ``max_messages`` or the queue is empty."""
         while len(got) < max_messages:
             reply: DeliveredMessage = await self._request(
-                link, link.channel.basic_get(self.name, no_ack=False, timeout=self._timeout)
+                link,
+                link.channel.basic_get(self.name, no_ack=False, timeout=self._timeout),
+                orphan=lambda late: self._keep_got(link, late),
             )
             if not isinstance(reply.delivery, spec.Basic.GetOk):
                 return
@@ -385,41 +421,64 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             if message.remaining == 0:
                 return
 
+    def _keep_got(self, link: _Link, reply: DeliveredMessage) -> None:
+        """A message got for a receive that was cancelled meanwhile: the next one returns it."""
+        if isinstance(reply.delivery, spec.Basic.GetOk) and link.usable:
+            link.leftovers.append(_parse(reply))
+
     async def _wait_one(self, link: _Link, got: list[Incoming], wait: float) -> None:
         """Wait up to ``wait`` seconds for the broker to push one message to a consumer of
-        prefetch 1, and append it to ``got``."""
+        prefetch 1, and append it to ``got``. However the wait ends (a push, the time, a
+        cancelled receive, a lost connection), the consumer is cancelled, and a message
+        pushed to it that this receive does not return is kept for the next one."""
         arrived = asyncio.Event()
-        waiting = True
+        sink = [got]  # where pushes go: ``got`` while this receive may still return them
 
         async def on_message(message: DeliveredMessage) -> None:
-            if waiting:
-                got.append(_parse(message))
-                arrived.set()
-            else:  # pushed after this receive ended: the next one returns it
-                link.leftovers.append(_parse(message))
+            sink[0].append(_parse(message))
+            arrived.set()
 
-        ok = await self._request(
-            link,
-            link.channel.basic_consume(self.name, on_message, no_ack=False, timeout=self._timeout),
+        consuming = asyncio.ensure_future(
+            link.channel.basic_consume(self.name, on_message, no_ack=False, timeout=self._timeout)
         )
         link.waiters.add(arrived)
         try:
-            if link.usable:
-                await wait_event(arrived, wait)
-        finally:
-            link.waiters.discard(arrived)
-            if link.usable:
-                await self._request(
-                    link, link.channel.basic_cancel(ok.consumer_tag, timeout=self._timeout)
-                )
-                # a delivery that arrived before the cancel-ok runs its callback first
-                for _ in range(3):
-                    await asyncio.sleep(0)
-            waiting = False
+            try:
+                await asyncio.shield(consuming)
+                if link.usable:
+                    await wait_event(arrived, wait)
+            finally:
+                link.waiters.discard(arrived)
+                ending = asyncio.ensure_future(self._end_consumer(link, consuming))
+            await asyncio.shield(ending)
+        except BaseException:
+            sink[0] = link.leftovers  # receive() keeps what is in ``got`` already
+            self._keep(ending)
+            raise
+        sink[0] = link.leftovers
         if not link.usable:  # what it delivered went back to the queue with the channel
             got.clear()
             if not self._closing:
                 raise ConnectionError("the connection to RabbitMQ was lost during the wait")
+
+    async def _end_consumer(self, link: _Link, consuming: asyncio.Future[Any]) -> None:
+        """Cancel the consumer ``consuming`` started (once it started) and let the callback
+        of a delivery that came before the cancel-ok run."""
+        try:
+            ok = await consuming
+        except BaseException:
+            if not consuming.cancelled():
+                self._break(link)
+            return
+        if not link.usable:
+            return
+        try:
+            await link.channel.basic_cancel(ok.consumer_tag, timeout=self._timeout)
+        except (asyncio.TimeoutError, *_LINK_ERRORS):
+            self._break(link)
+            return
+        for _ in range(3):  # a delivery read before the cancel-ok runs its callback first
+            await asyncio.sleep(0)
 
     # -- settling -------------------------------------------------------------------------
 
@@ -600,12 +659,12 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             link.broken = True
             link.wake_all()
             await self._close_quietly(link.connection)
-        if self._closers:
-            await asyncio.gather(*self._closers, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     def after_fork(self) -> None:
         link, self._link = self._link, None
         if link is not None:
             forks.keep(link.connection)  # the parent's: neither used nor closed here
         self._connecting = None
-        self._closers = set()
+        self._background = set()
