@@ -17,6 +17,8 @@ after it was lost; publisher confirms on, ``prefetch_count`` 1 for the consumers
   arrived before the connection could drop. A delivery of a lost channel answers False.
 * Every request has the ``timeout`` deadline; a request that misses it breaks the connection
   (closed in the background, never reused in an unknown state).
+* A cancelled call never cancels its request (aiormq would close the channel, and with it
+  every delivery on it): the request finishes in the background (``_request``).
 """
 
 from __future__ import annotations

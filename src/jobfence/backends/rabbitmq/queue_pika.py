@@ -547,38 +547,53 @@ class RabbitQueueBackend(QueueBackend):
 
     def _wait_one(self, link: _Link, seconds: float) -> list[Incoming]:
         """Wait up to ``seconds`` for the broker to push one message to a consumer of
-        prefetch 1, running the calls other threads post meanwhile."""
+        prefetch 1, running the calls other threads post meanwhile. However the wait ends,
+        the consumer is cancelled; a message pushed to it that this receive does not return
+        (it failed, or was interrupted) is kept for the next one."""
         got: list[Incoming] = []
+        sink = [got]  # where pushes go: ``got`` while this receive may still return them
 
         def on_message(_channel: Any, method: Any, properties: Any, body: bytes) -> None:
-            got.append(_parse(method, properties, body))
+            sink[0].append(_parse(method, properties, body))
 
         with self._deadline(link):
             tag = link.channel.basic_consume(self.name, on_message, auto_ack=False)
         until = time.monotonic() + seconds
-        self._start_waiting(link)
         try:
-            with self._deadline(link, extra=seconds):
-                while not got and not self._closing and link.usable:
-                    remaining = until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    link.connection.process_data_events(time_limit=remaining)
-                    self._run_posted(link)
+            self._start_waiting(link)
+            try:
+                with self._deadline(link, extra=seconds):
+                    while not got and not self._closing and link.usable:
+                        remaining = until - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        link.connection.process_data_events(time_limit=remaining)
+                        self._run_posted(link)
+            finally:
+                self._stop_waiting(link)
+            if link.usable:
+                with self._deadline(link):
+                    # deliver what a posted call read, so that the cancel does not requeue it
+                    link.connection.process_data_events(0)
+                    link.channel.basic_cancel(tag)
         except _LINK_ERRORS:
             if self._closing:
                 return []
             raise
-        finally:
-            self._stop_waiting(link)
-        if not link.usable:
+        except BaseException:  # interrupted: the consumer must not live on
+            if link.usable:
+                sink[0] = link.leftovers
+                link.leftovers[:0] = got
+                try:
+                    with self._deadline(link):
+                        link.channel.basic_cancel(tag)
+                except Exception:  # the link is broken; the original error wins
+                    pass
+            raise
+        if not link.usable:  # what it delivered went back to the queue with the channel
             if self._closing:
                 return []
             raise ConnectionError("the connection to RabbitMQ was lost during the wait")
-        with self._deadline(link):
-            # deliver what a posted call read, so that the cancel does not requeue it
-            link.connection.process_data_events(0)
-            link.channel.basic_cancel(tag)
         return got
 
     # -- settling --------------------------------------------------------------------------
