@@ -25,7 +25,14 @@ import pytest
 
 from jobfence.backends import open_queue_backend
 from jobfence.backends.base import QueuedMessage
-from jobfence.backends.rabbitmq.common import DELAY_BUCKETS, Topology, delay_bucket
+from jobfence.backends.rabbitmq.common import (
+    DELAY_BUCKETS,
+    Topology,
+    delay_bucket,
+    fresh,
+    parse_incoming,
+    unique_waves,
+)
 from jobfence.errors import ConfigurationError
 from tests.netproxy import FaultProxy
 
@@ -272,6 +279,43 @@ def test_delays_round_up_to_a_bucket() -> None:
     assert len(DELAY_BUCKETS) == len(set(DELAY_BUCKETS)) < 200
     with pytest.raises(ConfigurationError):
         delay_bucket(50 * 86400)
+
+
+def test_delivery_counts_and_dead_letters_read_from_headers() -> None:
+    """The delivery count from the broker's headers (RabbitMQ 3.10+: x-delivery-count; 4.x:
+    x-acquired-count too) plus jobfence's carried count; dead letters RabbitMQ made itself."""
+
+    def parse(headers: dict[str, Any] | None, redelivered: bool = False) -> Any:
+        return parse_incoming(
+            tag=1,
+            body=b"",
+            message_id="m",
+            headers=headers,
+            timestamp=None,
+            redelivered=redelivered,
+            remaining=None,
+        )
+
+    assert parse(None).delivery == 1
+    assert parse(None, redelivered=True).delivery == 2  # a queue that counts nothing
+    assert parse({"x-delivery-count": 2}).delivery == 3
+    assert parse({"x-delivery-count": 1, "x-acquired-count": 4}).delivery == 5
+    assert parse({"x-delivery-count": 2, "x-jobfence-deliveries": 3}).delivery == 6
+    user = parse({"a": b"bytes", "n": 7, "x-death": [], "x-jobfence-error": "e"})
+    assert (user.headers, user.last_error) == ({"a": "bytes", "n": "7"}, "e")
+    broker_dead = parse(
+        {"x-delivery-count": 20, "x-first-death-reason": "delivery_limit", "x-death": []}
+    ).dead_letter()
+    assert (broker_dead.deliveries, broker_dead.error) == (
+        21,
+        "dead-lettered by RabbitMQ: delivery_limit",
+    )
+
+
+def test_waves_never_repeat_a_message_id() -> None:
+    messages = [fresh(i, b"", {}, 0.0) for i in ("a", "b", "a", "c", "x" * 300, "x" * 300)]
+    waves = [[m.id for m in wave] for wave in unique_waves(messages)]
+    assert waves == [["a", "b"], ["a", "c", "x" * 300, "x" * 300]]
 
 
 async def test_a_delay_queue_deleted_meanwhile_is_declared_again(make: Factory) -> None:

@@ -424,13 +424,14 @@ def unique_waves(messages: Sequence[Outgoing]) -> Iterator[list[Outgoing]]:
     driver matches a returned (unroutable) message to its publish by ``message_id``, so one
     run of confirms in flight must not hold the same id twice."""
     wave: list[Outgoing] = []
-    seen: set[str | None] = set()
+    seen: set[str] = set()
     for message in messages:
-        if message.message_id in seen:
+        if message.message_id in seen:  # (None: the driver makes up a unique one)
             yield wave
             wave, seen = [], set()
         wave.append(message)
-        seen.add(message.message_id)
+        if message.message_id is not None:
+            seen.add(message.message_id)
     if wave:
         yield wave
 

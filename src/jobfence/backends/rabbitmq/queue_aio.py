@@ -262,7 +262,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
     async def _close_quietly(self, connection: aio_pika.abc.AbstractConnection) -> None:
         try:
             await asyncio.wait_for(connection.close(), self._timeout)
-        except BaseException:  # a connection being discarded
+        except Exception:  # a connection being discarded
             pass
 
     async def _request(
