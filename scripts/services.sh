@@ -35,8 +35,15 @@ start_redis() {
   fi
 }
 
+start_rabbitmq() {
+  if command -v rabbitmq-server >/dev/null 2>&1; then
+    rabbitmq-server -detached
+  fi
+}
+
 failed=0
-for svc in "postgres 5432 start_postgres" "mariadb 3306 start_mariadb" "redis 6379 start_redis"; do
+for svc in "postgres 5432 start_postgres 30" "mariadb 3306 start_mariadb 30" \
+  "redis 6379 start_redis 30" "rabbitmq 5672 start_rabbitmq 90"; do
   set -- $svc
   if port_open "$2"; then
     echo "services: $1 is running on 127.0.0.1:$2"
@@ -44,7 +51,7 @@ for svc in "postgres 5432 start_postgres" "mariadb 3306 start_mariadb" "redis 63
   fi
   echo "services: $1 is not running on 127.0.0.1:$2; starting it"
   "$3" || true
-  if wait_port "$1" "$2" 30; then
+  if wait_port "$1" "$2" "$4"; then  # RabbitMQ takes several seconds to boot
     echo "services: $1 started"
   else
     echo "services: ERROR: $1 is unreachable on 127.0.0.1:$2 and could not be started" >&2
