@@ -168,10 +168,15 @@ WITH item AS (
                   CAST(:consumers AS text[]))
            WITH ORDINALITY AS i(seq, receipt, consumer, n)
 ), acked AS (
+    -- Each row is found by its primary key (seq = ANY): the queue and state are compared
+    -- with IS NOT DISTINCT FROM, which no index serves, so that a planner with stale
+    -- statistics (a queue table fills and empties fast) cannot walk the whole queue instead.
     DELETE FROM {table} AS t
      USING item
-     WHERE t.seq = item.seq AND t.receipt = item.receipt AND t.consumer = item.consumer
-       AND t.queue = :queue AND t.state = 'ready'
+     WHERE t.seq = ANY (CAST(:seqs AS bigint[]))
+       AND t.seq = item.seq AND t.receipt = item.receipt AND t.consumer = item.consumer
+       AND t.queue IS NOT DISTINCT FROM CAST(:queue AS text)
+       AND t.state IS NOT DISTINCT FROM 'ready'
     RETURNING item.n
 )
 SELECT item.n, acked.n IS NOT NULL
@@ -206,8 +211,11 @@ WITH item AS (
     UPDATE {table} AS t
        SET visible_at = clock_timestamp() + item.visibility * interval '1 second'
       FROM item
-     WHERE t.seq = item.seq AND t.receipt = item.receipt AND t.consumer = item.consumer
-       AND t.queue = :queue AND t.state = 'ready' AND t.visible_at > clock_timestamp()
+     WHERE t.seq = ANY (CAST(:seqs AS bigint[]))
+       AND t.seq = item.seq AND t.receipt = item.receipt AND t.consumer = item.consumer
+       -- by primary key only (see ack_many)
+       AND t.queue IS NOT DISTINCT FROM CAST(:queue AS text)
+       AND t.state IS NOT DISTINCT FROM 'ready' AND t.visible_at > clock_timestamp()
     RETURNING item.n
 )
 SELECT item.n, renewed.n IS NOT NULL
