@@ -11,7 +11,12 @@ are published, then consumed until the queue is empty; the rate counts only the 
       acks), ``--concurrency`` consumers at once;
   (b) ``jobfence.AsyncWorker`` with a no-op handler, the same concurrency;
   (c) ``jobfence.AsyncWorker`` with a ``guarded(inbox=...)`` handler (the inbox on the same
-      server; RabbitMQ's on Redis), keyed on the message id.
+      server; RabbitMQ's on Redis), keyed on the message id, against (d) the hand-written
+      loop with the usual hand-written idempotency mark per message (``INSERT ... ON CONFLICT
+      DO NOTHING`` / ``INSERT OR IGNORE`` / ``SET NX``, one round trip; the check-then-mark
+      that the inbox replaces, so a cheaper anchor than what the inbox guarantees).
+
+Each jobfence row's ratio is to its anchor: (b) / (a), (c) / (d).
 
 Round trips that a guarded message costs on top of receive and ack are counted, not assumed:
 the I/O hook (``jobfence.testing``) sees every backend call, and each backend call here is one
@@ -33,6 +38,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -100,7 +106,7 @@ def jobfence_cases(url: str, inbox_url: str, conc: int) -> dict[str, Consume]:
 # -- hand-written loops ---------------------------------------------------------------------
 
 
-def redis_floor(conc: int) -> Consume:
+def redis_floor(conc: int, dedupe: bool = False) -> Consume:
     import redis.asyncio as aredis
 
     async def run(n: int) -> float:
@@ -120,6 +126,8 @@ def redis_floor(conc: int) -> Consume:
                 got = await client.xreadgroup("g", name, {key: ">"}, count=conc, block=50)
                 for _stream, entries in got or []:
                     for entry_id, _fields in entries:
+                        if dedupe:  # the hand-written idempotency mark: SET NX
+                            await client.set(f"{key}:done:{entry_id}", 1, nx=True, px=600_000)
                         await client.xack(key, "g", entry_id)
                         await client.xdel(key, entry_id)
                         done += 1
@@ -141,6 +149,7 @@ def _sql_lease_loop(
     drop_sql: str,
     conc: int,
     execute: Callable[[Any, str, tuple[Any, ...]], Awaitable[list[Any]]],
+    dedupe_sql: str | None = None,
 ) -> Consume:
     async def run(n: int) -> float:
         table = "bench_q_" + uuid.uuid4().hex[:8]
@@ -161,12 +170,15 @@ def _sql_lease_loop(
                     continue
                 idle = 0
                 for (row_id,) in rows:
+                    if dedupe_sql is not None:  # the hand-written idempotency mark
+                        await execute(conn, dedupe_sql.format(t=table), (str(row_id),))
                     await execute(conn, ack_sql.format(t=table), (row_id, token))
                     done += 1
 
         await asyncio.gather(*(consumer(c) for c in conns))
         elapsed = time.perf_counter() - started
         await execute(conns[0], drop_sql.format(t=table), ())
+        await execute(conns[0], f"DROP TABLE IF EXISTS {table}_done", ())
         for c in conns:
             await c.close()
         return elapsed
@@ -174,7 +186,7 @@ def _sql_lease_loop(
     return run
 
 
-def postgres_floor(conc: int) -> Consume:
+def postgres_floor(conc: int, dedupe: bool = False) -> Consume:
     import psycopg
 
     async def connect() -> Any:
@@ -194,6 +206,7 @@ def postgres_floor(conc: int) -> Consume:
             "FROM generate_series(1, %s) g",
             (n,),
         )
+        await conn.execute(f"CREATE TABLE {table}_done (k text PRIMARY KEY)")
 
     receive = (
         "UPDATE {t} SET visible_at = now() + interval '30 seconds', token = ? WHERE id IN "
@@ -202,13 +215,14 @@ def postgres_floor(conc: int) -> Consume:
         + " FOR UPDATE SKIP LOCKED) RETURNING id"
     )
     ack = "DELETE FROM {t} WHERE id = ? AND token = ?"
-    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute)
+    mark = "INSERT INTO {t}_done (k) VALUES (?) ON CONFLICT DO NOTHING" if dedupe else None
+    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute, mark)
 
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # unix seconds in SQLite 3.40
 
 
-def sqlite_floor(conc: int, path: str) -> Consume:
+def sqlite_floor(conc: int, path: str, dedupe: bool = False) -> Consume:
     import aiosqlite
 
     async def connect() -> Any:
@@ -231,6 +245,7 @@ def sqlite_floor(conc: int, path: str) -> Consume:
         await conn.executemany(
             f"INSERT INTO {table} (body) VALUES (?)", [(f'{{"i": {i}}}',) for i in range(n)]
         )
+        await conn.execute(f"CREATE TABLE {table}_done (k TEXT PRIMARY KEY)")
 
     receive = (
         "UPDATE {t} SET visible_at = " + _NOW + " + 30, token = ? WHERE id IN "
@@ -241,11 +256,13 @@ def sqlite_floor(conc: int, path: str) -> Consume:
         + ") RETURNING id"
     )
     ack = "DELETE FROM {t} WHERE id = ? AND token = ?"
-    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute)
+    mark = "INSERT OR IGNORE INTO {t}_done (k) VALUES (?)" if dedupe else None
+    return _sql_lease_loop(connect, setup, receive, ack, "DROP TABLE {t}", conc, execute, mark)
 
 
-def rabbitmq_floor(conc: int) -> Consume:
+def rabbitmq_floor(conc: int, dedupe: bool = False) -> Consume:
     import aio_pika
+    import redis.asyncio as aredis
 
     async def run(n: int) -> float:
         conn = await aio_pika.connect_robust(RABBITMQ_URL)
@@ -263,8 +280,12 @@ def rabbitmq_floor(conc: int) -> Consume:
         finished = asyncio.Event()
         started = time.perf_counter()
 
+        marks = aredis.Redis.from_url(REDIS_URL)
+
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             nonlocal done
+            if dedupe:  # the hand-written idempotency mark, on Redis like the guarded inbox
+                await marks.set(f"{name}:done:{message.message_id}", 1, nx=True, px=600_000)
             await message.ack()
             done += 1
             if done >= n:
@@ -276,6 +297,7 @@ def rabbitmq_floor(conc: int) -> Consume:
         await queue.cancel(tag)
         await queue.delete(if_unused=False, if_empty=False)
         await conn.close()
+        await marks.aclose()
         return elapsed
 
     return run
@@ -302,17 +324,23 @@ async def count_trips(url: str, inbox_url: str, n: int, conc: int) -> dict[str, 
 
 async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
     urls = {
-        "redis": (REDIS_URL, REDIS_URL, redis_floor(conc)),
-        "postgres": (POSTGRES_URL, POSTGRES_URL, postgres_floor(conc)),
+        "redis": (REDIS_URL, REDIS_URL, partial(redis_floor, conc)),
+        "postgres": (POSTGRES_URL, POSTGRES_URL, partial(postgres_floor, conc)),
         "sqlite": (
             f"sqlite:///{tmp}/q.db",
             f"sqlite:///{tmp}/q.db",
-            sqlite_floor(conc, f"{tmp}/floor.db"),
+            partial(sqlite_floor, conc, f"{tmp}/floor.db"),
         ),
-        "rabbitmq": (RABBITMQ_URL, REDIS_URL, rabbitmq_floor(conc)),
+        "rabbitmq": (RABBITMQ_URL, REDIS_URL, partial(rabbitmq_floor, conc)),
     }
     url, inbox_url, floor = urls[backend]
-    cases: dict[str, Consume] = {"hand-written loop": floor, **jobfence_cases(url, inbox_url, conc)}
+    ours = jobfence_cases(url, inbox_url, conc)
+    cases: dict[str, Consume] = {
+        "hand-written loop": floor(),
+        "jobfence AsyncWorker, no-op": ours["jobfence AsyncWorker, no-op"],
+        "hand-written loop + idempotency mark": floor(dedupe=True),
+        "jobfence AsyncWorker, guarded": ours["jobfence AsyncWorker, guarded"],
+    }
     for fn in cases.values():  # warm-up: connections, tables, scripts
         await fn(min(n, 100))
     rates: dict[str, list[float]] = {name: [] for name in cases}

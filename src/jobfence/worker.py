@@ -63,6 +63,8 @@ log = logging.getLogger("jobfence.worker")
 
 #: how long one receive waits for a message before the loop looks at ``stop`` again
 RECEIVE_WAIT = 1.0
+#: receives in flight at once (while one round trip is under way, the next may start)
+RECEIVERS = 2
 
 
 @dataclasses.dataclass
@@ -267,35 +269,35 @@ class AsyncWorker:
         room_limit = self.concurrency + self.prefetch
         batch = max(1, room_limit // 4)
         buffer: collections.deque[AsyncMessage] = collections.deque()
-        receiving: asyncio.Task[list[AsyncMessage]] | None = None
+        receiving: dict[asyncio.Task[list[AsyncMessage]], int] = {}  # -> messages asked for
         stop_wait = loop.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
                 while buffer and len(self._tasks) < self.concurrency:
                     self._start(loop, buffer.popleft(), slot_free)
-                room = room_limit - len(self._tasks) - len(buffer)
-                if receiving is None and (room >= batch or not (self._tasks or buffer)):
-                    idle = not (self._tasks or buffer)
-                    receiving = loop.create_task(
+                room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
+                idle = not (self._tasks or buffer or receiving)
+                if len(receiving) < RECEIVERS and (room >= batch or idle):
+                    asked = min(room, 1000)
+                    task = loop.create_task(
                         self.queue.receive(
-                            min(room, 1000),
+                            asked,
                             visibility=self.visibility,
                             wait=RECEIVE_WAIT if idle else 0.0,
                             renew=True,
                         )
                     )
+                    receiving[task] = asked
                 slot_free.clear()
-                waits: list[asyncio.Future[Any]] = [stop_wait]
-                if receiving is not None:
-                    waits.append(receiving)
+                waits: list[asyncio.Future[Any]] = [stop_wait, *receiving]
                 slot_wait = loop.create_task(slot_free.wait()) if self._tasks else None
                 if slot_wait is not None:
                     waits.append(slot_wait)
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if slot_wait is not None:
                     slot_wait.cancel()
-                if receiving is not None and receiving.done():
-                    done, receiving = receiving, None
+                for done in [t for t in receiving if t.done()]:
+                    del receiving[done]
                     try:
                         got = done.result()
                     except JobfenceError as exc:
@@ -305,11 +307,12 @@ class AsyncWorker:
                     self.stats.received += len(got)
                     buffer.extend(got)
             # stopping: what was received but not started goes back at once
-            if receiving is not None:
+            for pending in list(receiving):
                 try:
-                    buffer.extend(await receiving)
+                    buffer.extend(await pending)
                 except JobfenceError:
                     pass
+            receiving.clear()
             for message in buffer:
                 await self._give_back(message, "the worker is stopping")
             buffer.clear()
