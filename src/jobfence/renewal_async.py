@@ -346,8 +346,7 @@ class AsyncRenewer:
             return
         entry.warned_at = now
         log.warning(
-            "renewing %s failed, retrying; it is lost in %.2f s unless a renewal gets "
-            "through: %r",
+            "renewing %s failed, retrying; it is lost in %.2f s unless a renewal gets through: %r",
             entry.label,
             entry.state.remaining(now),
             exc,
