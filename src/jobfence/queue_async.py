@@ -675,7 +675,8 @@ class AsyncQueue:
         self._closed = True
         for receipt, consumer in await self._renewer.close():
             try:
-                await self.backend.nack(receipt, consumer, 0.0, "the consumer closed its queue")
+                # no error: a give-back is not a failure (and RabbitMQ requeues it in place)
+                await self.backend.nack(receipt, consumer, 0.0, None)
             except Exception as exc:
                 log.warning("giving back a delivery on close failed (it comes back): %r", exc)
         await self.backend.close()

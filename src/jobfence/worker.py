@@ -267,6 +267,10 @@ class AsyncWorker:
         # receive round trip does not leave slots idle. A receive starts once a quarter of the
         # room is free, so batches stay large.
         room_limit = self.concurrency + self.prefetch
+        try:  # a backend whose server pushes (RabbitMQ) subscribes now
+            await self.queue.backend.stream(room_limit)
+        except Exception as exc:  # the receives will report a broken link again
+            log.warning("queue %r: subscribing failed: %r", self.queue.name, exc)
         batch = max(1, room_limit // 4)
         buffer: collections.deque[AsyncMessage] = collections.deque()
         receiving: dict[asyncio.Task[list[AsyncMessage]], int] = {}  # -> messages asked for
@@ -362,9 +366,19 @@ class AsyncWorker:
             await asyncio.wait(pending)
 
     async def _give_back(self, message: AsyncMessage, why: str) -> None:
+        """Return an unfinished message for redelivery at once. No error is recorded (a
+        give-back is not a failure: ``last_error`` keeps the last real one), and RabbitMQ
+        requeues it in place."""
         try:
-            if await message.nack(0.0, why):
+            if await message.nack(0.0):
                 self.stats.given_back += 1
+                log.info(
+                    "message %r (delivery %d) given back: %s",
+                    message.id,
+                    message.delivery,
+                    why,
+                    extra=_extra(message),
+                )
         except JobfenceError as exc:
             log.warning(
                 "giving back message %r failed (it comes back after its visibility): %s",

@@ -403,3 +403,62 @@ async def test_worker_processes_each_message_once_and_dead_letters_poison(
         inbox.close()
     else:
         await ainbox.close()
+
+
+async def test_ack_many_acks_each_delivery_once_and_only_the_owners(qenv: QueueEnv) -> None:
+    a, b = qenv.queue(), qenv.queue()
+    await a.publish_many([{"n": i} for i in range(4)], ids=[f"am{i}" for i in range(4)])
+    mine = await _receive_all(a, 3)
+    (other,) = await _receive_all(b, 1)
+    items = [(m.receipt, a.queue.consumer) for m in mine]
+    items += [(mine[0].receipt, a.queue.consumer)]  # named twice: acked once
+    items += [(other.receipt, a.queue.consumer)]  # not this consumer's delivery
+    items += [("not-a-receipt", a.queue.consumer)]
+    if qenv.sync:
+        results = await asyncio.to_thread(a.queue.backend.ack_many, items)
+    else:
+        results = await a.queue.backend.ack_many(items)
+    assert results == [True, True, True, False, False, False]
+    await other.ack()  # untouched by the refused item
+    assert await a.receive(wait=0.2) == []
+
+
+async def test_concurrent_acks_share_round_trips(qenv: QueueEnv) -> None:
+    """AsyncQueue batches concurrent acks into ack_many calls; the sync Queue acks each
+    message with its own ``ack`` call (it has no event loop to gather them on)."""
+    q = qenv.queue()
+    await q.publish_many([{"n": i} for i in range(8)])
+    got = await _receive_all(q, 8)
+    calls: list[int] = []
+    backend = q.queue.backend
+    real = backend.ack_many
+
+    async def counting(items: Any) -> list[bool]:
+        calls.append(len(items))
+        return list(await real(items))
+
+    backend.ack_many = counting
+    await asyncio.gather(*(m.ack() for m in got))
+    if qenv.sync:
+        assert calls == []
+    else:
+        assert sum(calls) == 8 and len(calls) < 8  # batched: fewer round trips than acks
+    assert all(m.finished == "acked" for m in got)
+    assert await q.receive(wait=0.2) == []
+
+
+async def test_a_streaming_client_gives_back_what_it_did_not_return_when_it_closes(
+    qenv: QueueEnv,
+) -> None:
+    a, b = qenv.queue(flavour="async"), qenv.queue()
+    await a.publish_many([{"n": i} for i in range(5)], ids=[f"s{i}" for i in range(5)])
+    await a.queue.backend.stream(5)  # a worker's hint: a pushing server subscribes
+    (held,) = await a.receive(1, wait=5, renew=True)
+    await a.close()  # the renewed delivery is nacked; pushed ones go back with the channel
+    got = await _receive_all(b, 5, wait=10)
+    assert sorted(m.id for m in got) == [f"s{i}" for i in range(5)]
+    # its second delivery at least (RabbitMQ: a delivery pushed back to a client that was
+    # still subscribed, then returned with its channel, counts too)
+    assert next(m for m in got if m.id == held.id).delivery >= 2
+    for m in got:
+        await m.ack()

@@ -489,6 +489,13 @@ class AsyncQueueBackend(abc.ABC):
         backend can; one bool per item, in order."""
         return [await self.ack(receipt, consumer) for receipt, consumer in items]
 
+    async def stream(self, prefetch: int) -> None:  # noqa: B027 - optional, a no-op by default
+        """A hint from a client that will receive continuously (a worker): a backend whose
+        server pushes deliveries may subscribe now, with at most ``prefetch`` deliveries on
+        their way to this client, instead of asking for each batch. Deliveries pushed and not
+        yet returned by :meth:`receive` are this client's: they go back to the queue when it
+        closes or dies. Backends that pull do nothing."""
+
     @abc.abstractmethod
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         """Give the message back, to be delivered again after ``delay`` seconds (``0``: at

@@ -152,6 +152,9 @@ class _Link:
         #: the events of the receives waiting on this link: set when it closes or breaks,
         #: so that a wait ends at once instead of running out on a dead connection
         self.waiters: set[asyncio.Event] = set()
+        #: subscribed for a worker (``stream``): pushes land in ``leftovers`` and set ``pushed``
+        self.streaming = False
+        self.pushed = asyncio.Event()
 
     def wake_all(self, _sender: object = None, _exc: BaseException | None = None) -> None:
         for event in self.waiters:
@@ -180,6 +183,8 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         self._background: set[asyncio.Future[Any]] = set()
         #: close() was called (a receive it interrupts returns [] rather than failing)
         self._closing = False
+        #: > 0 once a worker asked to stream (see stream())
+        self._stream_prefetch = 0
 
     def __repr__(self) -> str:
         s = self._settings
@@ -390,10 +395,59 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
 
     # -- receiving ------------------------------------------------------------------------
 
+    async def stream(self, prefetch: int) -> None:
+        """Subscribe this client to the queue with ``prefetch`` (a worker receives
+        continuously): from then on the broker pushes deliveries into the client's leftovers
+        and :meth:`receive` takes them from there, with no ``basic.get`` round trips."""
+        self._stream_prefetch = max(1, min(int(prefetch), 65535))
+        await self._start_stream(await self._connected())
+
+    async def _start_stream(self, link: _Link) -> None:
+        if self._stream_prefetch <= 0 or link.streaming or not link.usable:
+            return
+        link.streaming = True
+
+        async def on_message(message: DeliveredMessage) -> None:
+            link.leftovers.append(_parse(message))
+            link.pushed.set()
+
+        try:
+            await link.channel.basic_qos(
+                prefetch_count=self._stream_prefetch, timeout=self._timeout
+            )
+            await link.channel.basic_consume(
+                self.name, on_message, no_ack=False, timeout=self._timeout
+            )
+        except (asyncio.TimeoutError, *_LINK_ERRORS):
+            self._break(link)
+            raise
+
+    async def _receive_streamed(
+        self, link: _Link, consumer: str, max_messages: int, wait: float
+    ) -> list[QueuedMessage]:
+        """Take up to ``max_messages`` pushed deliveries, waiting up to ``wait`` for one."""
+        if not link.leftovers and wait > 0:
+            link.pushed.clear()
+            link.waiters.add(link.pushed)
+            try:
+                await wait_event(link.pushed, wait)
+            finally:
+                link.waiters.discard(link.pushed)
+            if not link.usable:
+                if self._closing:
+                    return []
+                raise ConnectionError("the connection to RabbitMQ was lost during the wait")
+        got = link.leftovers[:max_messages]
+        del link.leftovers[:max_messages]
+        return [link.deliveries.hand_out(m, consumer) for m in got]
+
     async def receive(
         self, consumer: str, max_messages: int, visibility: float, wait: float
     ) -> list[QueuedMessage]:
         link = await self._connected()
+        if self._stream_prefetch > 0:
+            await self._start_stream(link)  # again on a new connection
+            return await self._receive_streamed(link, consumer, max_messages, wait)
         got = link.leftovers[:max_messages]
         del link.leftovers[:max_messages]
         try:
@@ -504,6 +558,23 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         if link is None or message is None:
             return False
         return await self._settled(link, link.channel.basic_ack(message.tag))
+
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """Ack every delivery of ``items``, then wait for ONE barrier round trip for all."""
+        link = self._live()
+        if link is None:
+            return [False] * len(items)
+        taken = [link.deliveries.take(receipt, consumer) for receipt, consumer in items]
+        try:
+            for message in taken:
+                if message is not None:
+                    await link.channel.basic_ack(message.tag)
+            if any(message is not None for message in taken):
+                await link.barrier.wait()
+        except (asyncio.TimeoutError, *_LINK_ERRORS):
+            self._break(link)
+            return [False] * len(items)
+        return [message is not None for message in taken]
 
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         link = self._live()
