@@ -625,7 +625,8 @@ class Queue:
         self._closed = True
         for receipt, consumer in self._renewer.close():
             try:
-                self.backend.nack(receipt, consumer, 0.0, "the consumer closed its queue")
+                # no error: a give-back is not a failure (and RabbitMQ requeues it in place)
+                self.backend.nack(receipt, consumer, 0.0, None)
             except Exception as exc:
                 log.warning("giving back a delivery on close failed (it comes back): %r", exc)
         self.backend.close()
