@@ -347,12 +347,19 @@ async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
     for _ in range(rounds):
         for name, fn in cases.items():
             rates[name].append(n / await fn(n))
-    base = statistics.median(rates["hand-written loop"])
+    anchors = {
+        "jobfence AsyncWorker, no-op": "hand-written loop",
+        "jobfence AsyncWorker, guarded": "hand-written loop + idempotency mark",
+    }
     print(f"\n{backend}: {n} messages, concurrency {conc}, {rounds} interleaved rounds")
-    print(f"  {'':34} {'msg/s (median)':>15} {'min':>8} {'max':>8} {'/ hand-written':>15}")
+    print(f"  {'':38} {'msg/s (median)':>14} {'each round':>24} {'/ its anchor':>13}")
     for name, values in rates.items():
         med = statistics.median(values)
-        print(f"  {name:34} {med:15.0f} {min(values):8.0f} {max(values):8.0f} {med / base:14.2f}x")
+        each = " ".join(f"{v:.0f}" for v in values)
+        ratio = ""
+        if name in anchors:
+            ratio = f"{med / statistics.median(rates[anchors[name]]):12.2f}x"
+        print(f"  {name:38} {med:14.0f} {each:>24} {ratio:>13}")
     trips = await count_trips(url, inbox_url, min(n, 500), conc)
     extra = {p: v for p, v in trips.items() if p.startswith(("inbox.", "lock."))}
     print(
