@@ -198,3 +198,24 @@ def test_bad_queue_arguments_are_named(tmp_path: Path) -> None:
     assert bad_scheme.returncode == 2
     assert "scheme 'mysql' has no queue backend" in bad_scheme.stderr
     assert "amqp://" in bad_scheme.stderr  # the schemes that do have a queue are listed
+
+
+def test_live_status_shows_the_worker_counts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    out = tmp_path / "out.txt"
+    env = {**_env(out), "COLUMNS": "160"}
+    queue = jobfence.Queue(url, "orders")
+    queue.publish_many([{"n": i} for i in range(3)])
+    worker = _worker(url, "record", env, "--live", "--concurrency", "2")
+    try:
+        _wait_for(lambda: out.exists() and len(out.read_text().splitlines()) == 3)
+        _wait_for(lambda: queue.stats().in_flight == 0 and queue.stats().ready == 0)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _stdout, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    assert "jobfence worker: orders" in stderr  # the status table, drawn on stderr
+    for column in ("in flight", "processed", "duplicates", "retried", "dead-lettered", "lost"):
+        assert column in stderr
+    assert "0/2" in stderr  # nothing in flight out of 2 slots at the end
+    queue.close()
