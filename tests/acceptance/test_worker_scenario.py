@@ -171,5 +171,6 @@ def test_guarded_workers_leave_one_effect_per_message_and_naive_ones_do_not(
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(f'TRUNCATE "{table}"')
     guarded = _run_scenario(url, "guarded", table, inbox_table)
+    print(f"{backend}: naive {naive}, guarded {guarded}")  # shown with pytest -s
     assert guarded["kills"] == len(KILL_AT)
     assert guarded == {"effects": MESSAGES, "distinct": MESSAGES, "kills": len(KILL_AT)}
