@@ -10,10 +10,12 @@ counted from the ledger itself.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +34,20 @@ WORKERS = 4
 KILL_AT = (0.2, 0.45, 0.7)  # SIGKILL one worker when the ledger holds this share of messages
 
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(autouse=True)
+def one_scenario_at_a_time() -> Iterator[None]:
+    """A lock file shared by every pytest process on this machine: four scenarios at once (under
+    pytest-xdist) would open more PostgreSQL connections -- 16 worker processes, their pools and
+    handler threads -- than a default server allows."""
+    with open(os.path.join(tempfile.gettempdir(), "jobfence-worker-scenario.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
 
 QUEUES: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'queue.db'}",
