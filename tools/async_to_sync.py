@@ -77,6 +77,7 @@ TWINS: dict[str, str] = {
     "backends/redis/inbox_async.py": "backends/redis/inbox.py",
     "backends/redis/locks_async.py": "backends/redis/locks.py",
     "backends/redis/queue_async.py": "backends/redis/queue.py",
+    "backends/sqlite/connect_async.py": "backends/sqlite/connect.py",
     "backends/sqlite/inbox_async.py": "backends/sqlite/inbox.py",
     "backends/sqlite/locks_async.py": "backends/sqlite/locks.py",
     "backends/sqlite/queue_async.py": "backends/sqlite/queue.py",

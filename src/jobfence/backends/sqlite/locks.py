@@ -57,6 +57,7 @@ from .common import (
     load_queries,
     sqlite_path,
 )
+from .connect import open_wal, rollback_quietly
 
 __all__ = ["SQLiteLockBackend"]
 
@@ -97,49 +98,13 @@ class SQLiteLockBackend(LockBackend):
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite lock backend is closed", argument="self")
-        pending = sqlite3.connect(
-            self.path,
-            timeout=self.options.busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
+        self._conn = open_wal(
+            self.path, self.options.busy_timeout, self.options.synchronous, self._create
         )
-        conn = pending
-        try:
-            self._setup_retrying(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        return conn
+        return self._conn
 
-    def _setup_retrying(self, conn: sqlite3.Connection) -> None:
-        """Run :meth:`_setup`, retrying while another process holds the file.
-
-        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
-        waiting for the busy timeout, when several processes open a new file together.
-        """
-        clock = get_clock()
-        deadline = clock.monotonic() + self.options.busy_timeout
-        delay = 0.005
-        while True:
-            try:
-                self._setup(conn)
-                return
-            except sqlite3.OperationalError as exc:
-                message = str(exc).lower()
-                if ("locked" not in message and "busy" not in message) or (
-                    clock.monotonic() + delay > deadline
-                ):
-                    raise
-            clock.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-    def _setup(self, conn: sqlite3.Connection) -> None:
-        cursor = conn.execute("PRAGMA journal_mode")
-        row = cursor.fetchone()
-        if row is None or str(row[0]).lower() != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
+    def _create(self, conn: sqlite3.Connection) -> None:
+        """Create the tables (idempotent) and check their schema version."""
         try:
             conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
@@ -154,12 +119,7 @@ class SQLiteLockBackend(LockBackend):
             tables=f"lock tables {self.namespace}_* in {self.path!r}",
         )
 
-    @staticmethod
-    def _rollback(conn: sqlite3.Connection) -> None:
-        try:
-            conn.execute("ROLLBACK")
-        except Exception:  # no transaction open (it failed to start, or already ended)
-            pass
+    _rollback = staticmethod(rollback_quietly)
 
     def install(self) -> None:
         """Create the tables now (they are also created on first use)."""

@@ -57,10 +57,10 @@ from .common import (
     load_queries,
     sqlite_path,
 )
+from .connect_async import open_wal, rollback_quietly
 
 if ASYNC:
     import asyncio
-    import threading
 
 __all__ = ["AsyncSQLiteLockBackend"]
 
@@ -101,55 +101,13 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite lock backend is closed", argument="self")
-        pending = aiosqlite.connect(
-            self.path,
-            timeout=self.options.busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
+        self._conn = await open_wal(
+            self.path, self.options.busy_timeout, self.options.synchronous, self._create
         )
-        if ASYNC:
-            # aiosqlite runs the connection in a non-daemon thread: an unclosed client must not
-            # keep the interpreter from exiting (SQLite is crash-safe either way).
-            thread = getattr(pending, "_thread", None)
-            if isinstance(thread, threading.Thread) and not thread.is_alive():
-                thread.daemon = True
-        conn = await pending
-        try:
-            await self._setup_retrying(conn)
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
-        return conn
+        return self._conn
 
-    async def _setup_retrying(self, conn: aiosqlite.Connection) -> None:
-        """Run :meth:`_setup`, retrying while another process holds the file.
-
-        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
-        waiting for the busy timeout, when several processes open a new file together.
-        """
-        clock = get_clock()
-        deadline = clock.monotonic() + self.options.busy_timeout
-        delay = 0.005
-        while True:
-            try:
-                await self._setup(conn)
-                return
-            except aiosqlite.OperationalError as exc:
-                message = str(exc).lower()
-                if ("locked" not in message and "busy" not in message) or (
-                    clock.monotonic() + delay > deadline
-                ):
-                    raise
-            await clock.asleep(delay)
-            delay = min(delay * 2, 0.1)
-
-    async def _setup(self, conn: aiosqlite.Connection) -> None:
-        cursor = await conn.execute("PRAGMA journal_mode")
-        row = await cursor.fetchone()
-        if row is None or str(row[0]).lower() != "wal":
-            await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute(f"PRAGMA synchronous={self.options.synchronous}")
+    async def _create(self, conn: aiosqlite.Connection) -> None:
+        """Create the tables (idempotent) and check their schema version."""
         try:
             await conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
@@ -164,12 +122,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             tables=f"lock tables {self.namespace}_* in {self.path!r}",
         )
 
-    @staticmethod
-    async def _rollback(conn: aiosqlite.Connection) -> None:
-        try:
-            await conn.execute("ROLLBACK")
-        except Exception:  # no transaction open (it failed to start, or already ended)
-            pass
+    _rollback = staticmethod(rollback_quietly)
 
     async def install(self) -> None:
         """Create the tables now (they are also created on first use)."""

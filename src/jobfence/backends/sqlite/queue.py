@@ -58,6 +58,7 @@ from ..base import (
     RenewItem,
 )
 from .common import WAITERS, sqlite_path
+from .connect import open_wal, rollback_quietly
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteQueueBackend"]
@@ -143,48 +144,8 @@ class SQLiteQueueBackend(QueueBackend):
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite queue backend is closed", argument="self")
-        pending = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        conn = pending
-        try:
-            self._setup_retrying(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        return conn
-
-    def _setup_retrying(self, conn: sqlite3.Connection) -> None:
-        """Run :meth:`_setup`, retrying while another process holds the file.
-
-        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
-        waiting for the busy timeout, when several processes open a new file together.
-        """
-        clock = get_clock()
-        deadline = clock.monotonic() + self.busy_timeout
-        delay = 0.005
-        while True:
-            try:
-                self._setup(conn)
-                return
-            except sqlite3.OperationalError as exc:
-                message = str(exc).lower()
-                if ("locked" not in message and "busy" not in message) or (
-                    clock.monotonic() + delay > deadline
-                ):
-                    raise
-            clock.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-    def _setup(self, conn: sqlite3.Connection) -> None:
-        cursor = conn.execute("PRAGMA journal_mode")
-        row = cursor.fetchone()
-        cursor.close()
-        if row is None or str(row[0]).lower() != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        self._create(conn)
+        self._conn = open_wal(self.path, self.busy_timeout, self.synchronous, self._create)
+        return self._conn
 
     def _create(self, conn: sqlite3.Connection) -> None:
         """Create the table (idempotent) and check its schema version."""
@@ -201,12 +162,7 @@ class SQLiteQueueBackend(QueueBackend):
             tables=f"queue table {self.table} in {self.path!r}",
         )
 
-    @staticmethod
-    def _rollback(conn: sqlite3.Connection) -> None:
-        try:
-            conn.execute("ROLLBACK")
-        except Exception:  # no transaction open (it failed to start, or already ended)
-            pass
+    _rollback = staticmethod(rollback_quietly)
 
     @staticmethod
     def _fetch_on(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:

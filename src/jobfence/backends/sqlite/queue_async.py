@@ -58,11 +58,11 @@ from ..base import (
     RenewItem,
 )
 from .common import WAITERS, sqlite_path
+from .connect_async import open_wal, rollback_quietly
 from .dialect import DIALECT, TABLE_LIMIT
 
 if ASYNC:
     import asyncio
-    import threading
 
 __all__ = ["AsyncSQLiteQueueBackend"]
 
@@ -147,54 +147,8 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite queue backend is closed", argument="self")
-        pending = aiosqlite.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        if ASYNC:
-            # aiosqlite runs the connection in a non-daemon thread: an unclosed client must not
-            # keep the interpreter from exiting (SQLite is crash-safe either way).
-            thread = getattr(pending, "_thread", None)
-            if isinstance(thread, threading.Thread) and not thread.is_alive():
-                thread.daemon = True
-        conn = await pending
-        try:
-            await self._setup_retrying(conn)
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
-        return conn
-
-    async def _setup_retrying(self, conn: aiosqlite.Connection) -> None:
-        """Run :meth:`_setup`, retrying while another process holds the file.
-
-        Switching to WAL and WAL recovery can report ``database is locked`` at once, without
-        waiting for the busy timeout, when several processes open a new file together.
-        """
-        clock = get_clock()
-        deadline = clock.monotonic() + self.busy_timeout
-        delay = 0.005
-        while True:
-            try:
-                await self._setup(conn)
-                return
-            except aiosqlite.OperationalError as exc:
-                message = str(exc).lower()
-                if ("locked" not in message and "busy" not in message) or (
-                    clock.monotonic() + delay > deadline
-                ):
-                    raise
-            await clock.asleep(delay)
-            delay = min(delay * 2, 0.1)
-
-    async def _setup(self, conn: aiosqlite.Connection) -> None:
-        cursor = await conn.execute("PRAGMA journal_mode")
-        row = await cursor.fetchone()
-        await cursor.close()
-        if row is None or str(row[0]).lower() != "wal":
-            await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        await self._create(conn)
+        self._conn = await open_wal(self.path, self.busy_timeout, self.synchronous, self._create)
+        return self._conn
 
     async def _create(self, conn: aiosqlite.Connection) -> None:
         """Create the table (idempotent) and check its schema version."""
@@ -211,12 +165,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             tables=f"queue table {self.table} in {self.path!r}",
         )
 
-    @staticmethod
-    async def _rollback(conn: aiosqlite.Connection) -> None:
-        try:
-            await conn.execute("ROLLBACK")
-        except Exception:  # no transaction open (it failed to start, or already ended)
-            pass
+    _rollback = staticmethod(rollback_quietly)
 
     @staticmethod
     async def _fetch_on(conn: aiosqlite.Connection, sql: str, params: dict[str, Any]) -> list[Any]:

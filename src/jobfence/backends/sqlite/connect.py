@@ -1,0 +1,77 @@
+# Generated from backends/sqlite/connect_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
+"""Opening a SQLite connection the way every SQLite backend needs it: ``open_wal`` in
+``connect_async.py`` (aiosqlite), and its blocking twin in ``connect.py`` (sqlite3,
+generated from it).
+
+The connection is in autocommit mode (``isolation_level=None``: the backends issue their own
+``BEGIN IMMEDIATE``), in WAL mode with the backend's ``synchronous`` level, with a busy
+timeout, and its schema is created by the backend's ``create(conn)``. Switching to WAL and WAL
+recovery can report ``database is locked`` at once, without waiting for the busy timeout, when
+several processes open a new file together: the setup is retried (with a backoff) until the
+busy timeout.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from ..._core.clock import get_clock
+
+__all__ = ["open_wal", "rollback_quietly"]
+
+
+def open_wal(
+    path: str,
+    busy_timeout: float,
+    synchronous: str,
+    create: Callable[[sqlite3.Connection], None],
+) -> sqlite3.Connection:
+    """A new connection to ``path``, set up and with its schema (closed again on failure)."""
+    pending = sqlite3.connect(
+        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
+    conn = pending
+    try:
+        clock = get_clock()
+        deadline = clock.monotonic() + busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                _setup(conn, synchronous, create)
+                return conn
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                if ("locked" not in message and "busy" not in message) or (
+                    clock.monotonic() + delay > deadline
+                ):
+                    raise
+            clock.sleep(delay)
+            delay = min(delay * 2, 0.1)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _setup(
+    conn: sqlite3.Connection,
+    synchronous: str,
+    create: Callable[[sqlite3.Connection], None],
+) -> None:
+    cursor = conn.execute("PRAGMA journal_mode")
+    row = cursor.fetchone()
+    cursor.close()
+    if row is None or str(row[0]).lower() != "wal":
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    create(conn)
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """``ROLLBACK``, ignoring the error when no transaction is open (it failed to start, or
+    already ended)."""
+    try:
+        conn.execute("ROLLBACK")
+    except Exception:
+        pass
