@@ -71,6 +71,7 @@ TWINS: dict[str, str] = {
     "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",
     "backends/mysql/locks_async.py": "backends/mysql/locks.py",
     "backends/postgres/inbox_async.py": "backends/postgres/inbox.py",
+    "backends/postgres/listen_async.py": "backends/postgres/listen.py",
     "backends/postgres/locks_async.py": "backends/postgres/locks.py",
     "backends/postgres/queue_async.py": "backends/postgres/queue.py",
     "backends/redis/client_async.py": "backends/redis/client.py",

@@ -91,6 +91,7 @@ from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from .common import connect_kwargs, execute_bounded, pg_text, reusable
 from .dialect import DIALECT, NAMESPACE_LIMIT
+from .listen import Listener
 
 __all__ = [
     "LEASE_CAPABILITIES",
@@ -112,10 +113,6 @@ OPTIONS = ("mode", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS)
 #: deprecated names of options (accepted, with a DeprecationWarning)
 _ALIASES = ("max_idle",)
 DEFAULT_POOL_SIZE = 4
-#: the listener wakes this often to notice that its client was closed
-LISTEN_TICK = 0.5
-#: after the listener failed to start, waiters poll for this long before it is tried again
-LISTEN_RETRY = 5.0
 
 LEASE_CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
@@ -259,7 +256,7 @@ class _Held:
     token: int
 
 
-class PostgresLockBackend(LockBackend):
+class PostgresLockBackend(Listener, LockBackend):
     """Leases in PostgreSQL (``mode=lease``, default) or session advisory locks
     (``mode=session``). See the module docstring and ``docs/backends/postgres.md``.
 
@@ -268,6 +265,10 @@ class PostgresLockBackend(LockBackend):
     """
 
     kind = "postgres"
+
+    @property
+    def _listen_sql(self) -> str:
+        return str(self.queries["listen"])
 
     def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
         self.namespace = check_namespace(namespace)
@@ -295,12 +296,9 @@ class PostgresLockBackend(LockBackend):
         self._waiters: dict[str, dict[str, _Waiter]] = {}
         self._mutex = threading.Lock()  # guards _held, _waiters (never across I/O)
         self._schema_mutex = compat.Lock()
-        self._listener_mutex = compat.Lock()
         self._installed = False
-        self._listener: Any = None
-        self._listener_up = False
-        self._listener_retry_at = 0.0
         self._closed = False
+        self._reset_listener()
 
     def __repr__(self) -> str:
         return (
@@ -612,51 +610,6 @@ class PostgresLockBackend(LockBackend):
                 waiter.notified = True
                 waiter.event.set()
 
-    def _listening(self) -> bool:
-        """Is the LISTEN connection up (and its task/thread alive, e.g. not on a closed loop)?"""
-        return self._listener_up and compat.worker_alive(self._listener)
-
-    def _ensure_listener(self) -> None:
-        """Start the LISTEN connection unless it runs; on failure, waiters poll for a while."""
-        if self._listening():
-            return
-        clock = get_clock()
-        if self._closed or clock.monotonic() < self._listener_retry_at:
-            return
-        with self._listener_mutex:
-            if self._listening():
-                return
-            try:
-                conn = self._connect()
-            except Exception as exc:
-                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
-                log.warning("postgres LISTEN connection failed (waiters poll): %s", exc)
-                return
-            try:
-                self._execute(conn, self.queries["listen"])
-            except Exception as exc:
-                self._drop(conn)
-                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
-                log.warning("postgres LISTEN failed (waiters poll): %s", exc)
-                return
-            self._listener_up = True
-            self._listener = compat.spawn(
-                lambda: self._listen(conn), f"jobfence-postgres-listener-{self.namespace}"
-            )
-
-    def _listen(self, conn: Conn) -> None:
-        try:
-            while not self._closed:
-                for note in conn.notifies(timeout=LISTEN_TICK):
-                    self._wake(note.payload)
-        except Exception as exc:
-            if not self._closed:
-                log.warning("postgres LISTEN connection lost (waiters poll): %s", exc)
-        finally:
-            self._listener_up = False
-            self._wake(None)  # let every waiter look again now
-            self._drop(conn)
-
     # -- session mode --------------------------------------------------------------------
     def _session_acquire(self, name: str, owner: str, wait: float | None) -> int | None:
         with self._mutex:
@@ -753,13 +706,10 @@ class PostgresLockBackend(LockBackend):
         parent's connections and stay the parent's), and this process's waiters (none are
         here), without closing anything (see ``jobfence/_core/forks.py``)."""
         self._pool.after_fork()
-        forks.keep(self._held, self._blocked, self._listener)
+        forks.keep(self._held, self._blocked, self._listener, self._listener_conn)
         self._held = {}
         self._blocked = set()
         self._waiters = {}
         self._mutex = threading.Lock()
         self._schema_mutex = compat.Lock()
-        self._listener_mutex = compat.Lock()
-        self._listener = None
-        self._listener_up = False
-        self._listener_retry_at = 0.0
+        self._reset_listener()

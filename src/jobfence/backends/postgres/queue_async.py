@@ -79,6 +79,7 @@ from ..base import (
 )
 from .common import connect_kwargs, execute_bounded_async, pg_text, reusable
 from .dialect import DIALECT, IDENTIFIER_LIMIT, QUEUE_TABLE_LIMIT
+from .listen_async import LISTEN_TICK, AsyncListener
 
 if ASYNC:
     import asyncio
@@ -102,11 +103,6 @@ OPTIONS = ("table", "notify", "pool_size", "prepare_threshold", *TIMEOUT_OPTIONS
 #: a worker runs up to ``concurrency`` acks at once beside its receive and renewals: keep
 #: enough idle connections that a busy worker never opens one per statement
 DEFAULT_POOL_SIZE = 16
-#: the listener wakes this often to notice that its client was closed
-LISTEN_TICK = 0.5
-#: after the listener failed to start, waiting receives poll for this long before it is
-#: tried again
-LISTEN_RETRY = 5.0
 #: seconds between two looks of a waiting receive that gets no notifications
 POLL_INTERVAL = 1.0
 #: the shortest pause of a waiting receive between two looks: when the next message is due
@@ -225,7 +221,7 @@ def _message(row: Sequence[Any]) -> QueuedMessage:
     )
 
 
-class AsyncPostgresQueueBackend(AsyncQueueBackend):
+class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
     """One queue (``name``) in a PostgreSQL table shared by every queue. See the module
     docstring and ``docs/queues/postgres.md``.
 
@@ -236,6 +232,12 @@ class AsyncPostgresQueueBackend(AsyncQueueBackend):
 
     kind = "postgres"
     capabilities = CAPABILITIES
+
+    _listener_label = ("postgres queue", "waiting receives poll")
+
+    @property
+    def _listen_sql(self) -> str:
+        return str(self._sql["listen"])
 
     def __init__(self, url: BackendURL, *, name: str, **options: Any) -> None:
         self.name = check_queue_name(name)
@@ -270,12 +272,8 @@ class AsyncPostgresQueueBackend(AsyncQueueBackend):
         #: the events of this client's waiting receives; the listener sets them
         self._waiters: set[acompat.Event] = set()
         self._mutex = threading.Lock()  # guards _waiters (never held across I/O)
-        self._listener_mutex = acompat.Lock()
-        self._listener: Any = None
-        self._listener_conn: Any = None
-        self._listener_up = False
-        self._listener_retry_at = 0.0
         self._closed = False
+        self._reset_listener()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url.masked} table={self.table!r} name={self.name!r}>"
@@ -611,11 +609,7 @@ class AsyncPostgresQueueBackend(AsyncQueueBackend):
         forks.keep(self._listener, self._listener_conn)
         self._waiters = set()
         self._mutex = threading.Lock()
-        self._listener_mutex = acompat.Lock()
-        self._listener = None
-        self._listener_conn = None
-        self._listener_up = False
-        self._listener_retry_at = 0.0
+        self._reset_listener()
 
     # -- waiting -------------------------------------------------------------------------
     def _register(self) -> acompat.Event:
@@ -638,51 +632,3 @@ class AsyncPostgresQueueBackend(AsyncQueueBackend):
             events = list(self._waiters)
         for event in events:
             event.set()
-
-    def _listening(self) -> bool:
-        """Is the LISTEN connection up (and its task/thread alive, e.g. not on a closed
-        loop)?"""
-        return self._listener_up and acompat.worker_alive(self._listener)
-
-    async def _ensure_listener(self) -> None:
-        """Start the LISTEN connection unless it runs; on failure, waiting receives poll for
-        a while."""
-        if self._listening():
-            return
-        clock = get_clock()
-        if self._closed or clock.monotonic() < self._listener_retry_at:
-            return
-        async with self._listener_mutex:
-            if self._listening():
-                return
-            try:
-                conn = await self._connect()
-            except Exception as exc:
-                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
-                log.warning("postgres queue LISTEN connection failed (receive polls): %s", exc)
-                return
-            try:
-                await self._execute(conn, self._sql["listen"])
-            except Exception as exc:
-                await self._drop(conn)
-                self._listener_retry_at = clock.monotonic() + LISTEN_RETRY
-                log.warning("postgres queue LISTEN failed (receive polls): %s", exc)
-                return
-            self._listener_conn = conn
-            self._listener_up = True
-            self._listener = acompat.spawn(
-                lambda: self._listen(conn), f"jobfence-postgres-queue-listener-{self.name}"
-            )
-
-    async def _listen(self, conn: Conn) -> None:
-        try:
-            while not self._closed:
-                async for note in conn.notifies(timeout=LISTEN_TICK):
-                    self._wake(note.payload)
-        except Exception as exc:
-            if not self._closed:
-                log.warning("postgres queue LISTEN connection lost (receive polls): %s", exc)
-        finally:
-            self._listener_up = False
-            self._wake(None)  # let every waiting receive look again now
-            await self._drop(conn)
