@@ -541,7 +541,16 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         if self.mode == "session":
             params = _halves(advisory_key(self.namespace, name))
             rows, _ = await self._run(self.queries["session_force_release"], params)
-            return any(bool(row[0]) for row in rows)
+            terminated = any(bool(row[0]) for row in rows)
+            if terminated:  # the lock is free only once the backend has exited
+                clock = get_clock()
+                deadline = clock.monotonic() + self.timeouts.request
+                while clock.monotonic() < deadline:
+                    held, _ = await self._run(self.queries["session_holders"], params)
+                    if not held[0][0]:
+                        break
+                    await clock.asleep(0.005)
+            return terminated
         rows, _ = await self._run(self.queries["force_release"], {"name": stored_name(name)})
         return bool(rows[0][0])
 

@@ -404,6 +404,22 @@ SELECT (SELECT token FROM {namespace}_lock_tokens WHERE name = :name)
 SELECT pg_advisory_unlock(:key);
 
 
+-- name: session_holders
+-- Session mode, from any connection. Params: :hi, :lo (see session_held).
+-- -> (held bool): some backend still holds the advisory lock. A terminated backend keeps
+-- its locks until it has exited, which pg_terminate_backend does not wait for.
+SELECT EXISTS (
+    SELECT 1
+      FROM pg_locks
+     WHERE locktype = 'advisory'
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = :hi::bigint::oid
+       AND objid = :lo::bigint::oid
+       AND objsubid = 1
+       AND granted
+);
+
+
 -- name: session_force_release
 -- Session mode, from any connection. Params: :hi, :lo (see session_held).
 -- Terminates every backend holding the advisory lock, which frees it; the holder's liveness
