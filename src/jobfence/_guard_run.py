@@ -9,6 +9,10 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
   handler, the worker counts it as a suppressed duplicate);
 * a claim owned by another live worker raises :class:`ClaimInProgress`;
 * an exception in the function releases the claim (a redelivery may retry) and re-raises;
+* once the function has returned, its claim is never released for a failure to store the
+  result: a transient failure is retried, and if the result still cannot be stored the claim
+  is kept (completed by an attempt whose answer was lost, or in progress until its ttl), so a
+  redelivery does not run the function a second time;
 * the claim is renewed while the function runs; a claim found lost cancels an async
   function (raising :class:`ClaimLost`), and its result is stored only by an owner-checked
   ``complete``;
@@ -27,14 +31,20 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ._core.clock import get_clock
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
-from .errors import ClaimInProgress, JobfenceError, LockLost, LockTimeout
+from .conflicts import is_transient
+from .errors import BackendError, ClaimInProgress, ClaimLost, JobfenceError, LockLost, LockTimeout
 
 __all__ = ["run_guarded"]
 
 log = logging.getLogger("jobfence.guard")
 
 _SKIPPED = object()
+#: how many times a transiently failing ``complete`` is tried, and the pause between tries
+#: (seconds, times the attempt number)
+COMPLETE_ATTEMPTS = 3
+COMPLETE_PAUSE = 0.05
 
 
 def _release_claim(claim: Any) -> None:
@@ -42,6 +52,42 @@ def _release_claim(claim: Any) -> None:
         claim.release()
     except JobfenceError as err:  # the claim will expire after its ttl
         log.warning("releasing the claim on %r failed: %s", claim.key, err)
+
+
+def _complete(claim: Any, result: Any) -> None:
+    """Store the result. The function has run, so a failure here must not let a redelivery
+    run it again: a transient failure (the backend did not answer) is retried, up to
+    ``COMPLETE_ATTEMPTS`` times while the claim is held; if the result still cannot be
+    stored, or a retry finds the claim no longer in progress (the first attempt may have
+    stored it before its answer was lost), the claim is kept, not released: a redelivery
+    finds it completed, or in progress until its ttl passes. Only an error that says
+    nothing was stored (a result the serializer rejects) gives the key back."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            claim.complete(result)
+            return
+        except ClaimLost:
+            raise  # taken over, or stored by an attempt whose answer was lost: keep it
+        except BackendError as err:
+            if not is_transient(err) and attempt == 1:
+                _release_claim(claim)
+                raise
+            if attempt >= COMPLETE_ATTEMPTS or claim.lost:
+                claim._inbox._stop_renewing(claim)  # expires after its ttl; never released
+                raise
+            log.warning(
+                "storing the result of %r failed (%s); trying again (%d of %d)",
+                claim.key,
+                err,
+                attempt + 1,
+                COMPLETE_ATTEMPTS,
+            )
+            get_clock().sleep(COMPLETE_PAUSE * attempt)
+        except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
+            _release_claim(claim)
+            raise
 
 
 def _confirm(lease: Any) -> None:
@@ -122,11 +168,7 @@ def run_guarded(
                         _release_claim(claim)
                     raise
             if claim is not None:
-                try:
-                    claim.complete(result)
-                except BaseException:  # e.g. a result the serializer rejects: let a redelivery in
-                    _release_claim(claim)
-                    raise
+                _complete(claim, result)
                 completed = True
             return result
     except LockLost as lost:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident
 from .backends import sql_dialect
@@ -87,6 +88,12 @@ async def versioned_update_async(
             raise ConfigurationError(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
+    if ASYNC:
+        simulated = getattr(conn, "__jobfence_versioned_update__", None)
+        if simulated is not None:  # a jobfence.testing simulated table or transaction
+            await ahook("versioned.update", table=table, key=keys, version=expected)
+            new_version: int = await simulated(table, keys, expected, sets, version_column)
+            return new_version
     sc = adapt_async(conn)
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote

@@ -37,18 +37,46 @@ from typing import TypeVar
 
 from .._core.clock import Clock, get_clock, set_clock
 from .._core.hooks import HookFn, get_hook, set_hook
+from . import faults, strategies
+from ._sim import SimClock, SimTask, Simulation, Violation, point
+from .checkers import Checker, exactly_once, fencing_monotonic, no_lost_update, single_holder
+from .explore import Failure, Report, Tape, explore, replay
+from .faults import Fault, InjectedFault
+from .table import SimTable, SimTransaction, Write
 
 __all__ = [
     "POINTS",
+    "Checker",
     "Clock",
+    "Failure",
+    "Fault",
     "HookFn",
     "HookPoint",
+    "InjectedFault",
+    "Report",
+    "SimClock",
+    "SimTable",
+    "SimTask",
+    "SimTransaction",
+    "Simulation",
+    "Tape",
+    "Violation",
+    "Write",
     "clocked",
+    "exactly_once",
+    "explore",
+    "faults",
+    "fencing_monotonic",
     "get_clock",
     "get_hook",
     "hooked",
+    "no_lost_update",
+    "point",
+    "replay",
     "set_clock",
     "set_hook",
+    "single_holder",
+    "strategies",
 ]
 
 C = TypeVar("C", bound=Clock)

@@ -56,6 +56,10 @@ class MemoryQueueStore:
         self.messages: dict[int, _Message] = {}  # by seq; dict order = publish order
         self._seq = itertools.count(1)
         self._wakers: dict[int, Callable[[], None]] = {}
+        #: ids whose next ack is lost on the way: answered as done, the message stays in
+        #: flight and is delivered again when its visibility passes (the testing toolkit's
+        #: ``lost_ack`` fault)
+        self.lose_acks: set[str] = set()
 
     # -- waiting -----------------------------------------------------------------------
     def add_waker(self, wake: Callable[[], None]) -> int:
@@ -144,7 +148,10 @@ class MemoryQueueStore:
             for receipt, consumer in items:
                 msg = self._held(receipt, consumer)
                 if msg is not None:
-                    del self.messages[msg.seq]
+                    if msg.id in self.lose_acks:
+                        self.lose_acks.discard(msg.id)
+                    else:
+                        del self.messages[msg.seq]
                 out.append(msg is not None)
         return out
 
@@ -234,6 +241,15 @@ class MemoryQueueStore:
 
 _stores: dict[str, MemoryQueueStore] = {}
 _stores_mutex = threading.Lock()
+
+
+def forget(prefix: str) -> None:
+    """Drop every store whose URL starts with ``prefix`` (``memory://`` + prefix), so that a
+    process creating many short-lived stores (the testing toolkit's simulations) does not
+    keep them all."""
+    with _stores_mutex:
+        for key in [key for key in _stores if key.startswith(prefix)]:
+            del _stores[key]
 
 
 def get_queue_store(url: BackendURL, name: str) -> MemoryQueueStore:

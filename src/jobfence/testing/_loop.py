@@ -1,0 +1,90 @@
+"""The simulation's event loop: asyncio with virtual time and a scheduler at the points.
+
+``SimLoop`` is a ``SelectorEventLoop`` whose :meth:`time` is virtual. Its iteration
+(``_run_once``, the one CPython's ``BaseEventLoop`` runs) differs in what it does when
+nothing is ready to run:
+
+1. if real I/O is in flight (a statement of a real-database table, a registered reader),
+   it waits for it, at most ``block_timeout`` real seconds;
+2. otherwise it asks the simulation to let one task parked at a point go on (the
+   scheduler's choice);
+3. if no task is parked, it moves virtual time to the next timer at once (so ttls,
+   backoff, visibility timeouts and renewal cost no wall time);
+4. if there is no timer either, every task left waits for something that never comes:
+   the simulation is told (a deadlock).
+
+Ready callbacks themselves run in FIFO order, as in asyncio, so everything between two
+points is deterministic. This relies on CPython's ``BaseEventLoop`` attributes
+(``_ready``, ``_scheduled``, ``_selector``, ``_process_events``), stable since 3.8.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._sim import Simulation
+
+__all__ = ["SimLoop"]
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Tasks of a crashed process, or of a schedule a check ended, are unwound with
+    exceptions nobody retrieves: not worth a report. Anything else is."""
+    from ._sim import _Crashed, _Stop
+
+    if isinstance(context.get("exception"), (_Crashed, _Stop)):
+        return
+    loop.default_exception_handler(context)
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """An event loop whose time is virtual and whose idle moments are the scheduler's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vtime = 0.0
+        self.sim: Simulation | None = None
+        self.set_exception_handler(_quiet)
+
+    def time(self) -> float:
+        return self.vtime
+
+    def _io_pending(self) -> bool:
+        sim = self.sim
+        if sim is not None and sim.external > 0:
+            return True
+        # the self-pipe is always registered; anything else is real I/O someone waits for
+        return len(self._selector.get_map()) > 1  # type: ignore[attr-defined]
+
+    def _run_once(self) -> None:
+        ready: Any = self._ready  # type: ignore[attr-defined]
+        scheduled: list[Any] = self._scheduled  # type: ignore[attr-defined]
+        while scheduled and scheduled[0]._cancelled:
+            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            heapq.heappop(scheduled)._scheduled = False
+        if not ready:
+            sim = self.sim
+            if self._io_pending():
+                limit = sim.block_timeout if sim is not None else 0.0
+                events = self._selector.select(limit)  # type: ignore[attr-defined]
+                self._process_events(events)  # type: ignore[attr-defined]
+                if not ready and sim is not None and sim.external > 0:
+                    sim.stalled_io()  # a statement blocks (e.g. on another task's row lock)
+            if not ready and sim is not None and sim.decide():
+                pass  # a parked task was let go: its wake-up is ready now
+            elif not ready and scheduled:
+                self.vtime = max(self.vtime, scheduled[0]._when)
+            elif not ready and sim is not None and not self._io_pending():
+                sim.idle_forever()
+        now = self.vtime
+        while scheduled and scheduled[0]._when <= now:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()

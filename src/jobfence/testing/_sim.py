@@ -1,0 +1,737 @@
+"""One schedule of a scenario: the tasks, the points, the faults and the checks.
+
+A :class:`Simulation` (the ``sim`` a scenario receives) owns the tasks of one run. Every
+task is an asyncio task on a :class:`~jobfence.testing._loop.SimLoop` (or a thread, for a
+plain function) and runs only between two *points*: the jobfence hook points (every backend
+operation and sleep), the points of simulated tables, and ``await testing.point(name)``. At
+a point the strategy decides who goes on; everything between two points runs alone, so a
+schedule is a sequence of decisions (the *tape*) and replays exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import itertools
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._core.clock import Clock
+from .._core.hooks import hook
+from ..errors import ConfigurationError, JobfenceError
+from .faults import DEFAULT_PAUSE, Fault, InjectedFault
+from .strategies import Strategy
+
+if TYPE_CHECKING:
+    from ._loop import SimLoop
+    from .checkers import Checker
+    from .table import SimTable
+
+__all__ = ["SimClock", "SimTask", "Simulation", "Violation", "point"]
+
+#: the simulation running now (one at a time per process); the hook routes points here
+_current: Simulation | None = None
+_PROCESS: contextvars.ContextVar[_Process | None] = contextvars.ContextVar(
+    "jobfence_sim_process", default=None
+)
+#: virtual time 0 is this wall-clock instant (2026-01-01T00:00:00Z), the same in every run
+EPOCH = 1_767_225_600.0
+_ids = itertools.count(1)
+# the task each running loop runs now (what asyncio.current_task reads), read directly: a
+# simulation asks it at every point
+_CURRENT_TASKS: dict[Any, Any] = getattr(asyncio.tasks, "_current_tasks", {})
+_running_loop = asyncio._get_running_loop
+#: points after which a process holds something another process recovers once it expires
+_TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive"})
+
+
+class Violation(Exception):
+    """A check failed: what the schedule's failure reports (``check`` and ``message``)."""
+
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check = check
+        self.message = message
+
+
+class _Stop(BaseException):
+    """Ends the schedule at once (a check failed); not an ``Exception``, so a job's own
+    ``except Exception`` cannot swallow it."""
+
+
+class _Deadlock(Exception):
+    pass
+
+
+class _Budget(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class _Process:
+    """A group of tasks that stop and die together: a spawned task and every task started
+    from it (its clients' renewers)."""
+
+    name: str
+    paused_until: float | None = None
+    crashed: bool = False
+    background: int = 0
+    #: it has taken a lease, a claim or a delivery: work someone else takes over once it
+    #: expires, so pausing or crashing it here is a fault worth trying
+    holds: bool = False
+
+
+@dataclass(eq=False)
+class SimTask:
+    """A task of the simulation: ``name`` (``t1``, ``t2``... in spawn order, or what
+    ``spawn`` was given; background tasks are ``t1.1``, ``t1.2``...), its result or error
+    once done."""
+
+    name: str
+    process: _Process
+    thread: bool = False
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    # scheduling state
+    waiter: asyncio.Future[None] | None = field(default=None, repr=False)
+    go: threading.Event | None = field(default=None, repr=False)
+    parked_at: str | None = None
+    wait_event: threading.Event | None = field(default=None, repr=False)
+    wait_until: float | None = None
+    atask: asyncio.Task[Any] | None = field(default=None, repr=False)
+    finished: asyncio.Future[Any] | None = field(default=None, repr=False)
+
+
+class SimClock(Clock):
+    """Virtual time: the loop's clock, moved only when every task waits."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        self._loop = loop
+
+    def monotonic(self) -> float:
+        return self._loop.vtime
+
+    def time(self) -> float:
+        return EPOCH + self._loop.vtime
+
+    def sleep(self, seconds: float) -> None:
+        hook("sleep", seconds=seconds)
+        sim = _current
+        if sim is None:
+            return
+        sim.thread_wait(None, seconds)
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        if event.is_set():
+            return True
+        sim = _current
+        if sim is None or timeout <= 0:
+            return event.is_set()
+        sim.thread_wait(event, timeout)
+        return event.is_set()
+
+
+class _Gate:
+    """What the hook returns to an async caller at a point: awaiting it is the decision."""
+
+    __slots__ = ("fault", "point", "sim", "task")
+
+    def __init__(self, sim: Simulation, task: SimTask, point: str, fault: Fault | None) -> None:
+        self.sim = sim
+        self.task = task
+        self.point = point
+        self.fault = fault
+
+    def __await__(self) -> Generator[Any, None, Fault | None]:
+        sim, task, fault = self.sim, self.task, self.fault
+        proc = task.process
+        if fault is not None:
+            sim.impaired = True
+        if fault is not None and fault.kind == "crash":
+            sim.crash(proc)
+        elif fault is not None and fault.kind == "pause_past_ttl":
+            until = sim.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
+            proc.paused_until = until
+            sim.loop.call_at(until, sim.noop)  # so that time gets there
+        forced = fault is not None
+        if proc.crashed or proc.paused_until is not None or not sim.go_on(task, forced):
+            fut: asyncio.Future[None] = sim.loop.create_future()
+            task.waiter = fut
+            task.parked_at = self.point
+            sim.parked.append(task)
+            yield from fut.__await__()
+        if sim.stopping and proc.crashed:
+            raise _Crashed
+        if fault is not None and fault.kind == "transient":
+            raise InjectedFault(fault)
+        return fault if fault is not None and fault.kind == "commit_unknown" else None
+
+
+class _Crashed(BaseException):
+    """Unwinds a crashed task at the end of its schedule (never caught by ``except
+    Exception``)."""
+
+
+def _route(point: str, **info: Any) -> Any:
+    sim = _current
+    if sim is None:
+        return None
+    return sim.on_point(point, info)
+
+
+class Simulation:
+    """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
+
+    block_timeout = 1.0
+
+    def __init__(
+        self,
+        loop: SimLoop,
+        strategy: Strategy,
+        faults: tuple[Fault, ...],
+        *,
+        max_steps: int,
+        max_time: float,
+        record: bool,
+    ) -> None:
+        self.loop = loop
+        self.strategy = strategy
+        self.faults = faults
+        self._by_hit: dict[tuple[str, int], list[Fault]] = {}
+        for f in faults:
+            self._by_hit.setdefault((f.point, f.nth), []).append(f)
+        self.max_steps = max_steps
+        self.max_time = max_time
+        self.record = record
+        self.id = next(_ids)
+        self.namespace = f"jfsim{self.id}"
+        self.tasks: list[SimTask] = []
+        self._by_atask: dict[asyncio.Task[Any], SimTask] = {}
+        self._by_thread: dict[int, SimTask] = {}
+        self.parked: list[SimTask] = []
+        self.sleeping: list[SimTask] = []  # thread tasks waiting in virtual time
+        self.hits: dict[str, int] = {}
+        self.trail: list[tuple[str, int, str]] = []  # (point, nth, task) when recording
+        self.picks: list[str] = []
+        self.deviations = 0
+        self.steps = 0
+        self.external = 0
+        self.running_threads = 0
+        self.stopping = False
+        self.failure: BaseException | None = None
+        self.checkers: list[Checker] = []
+        self.effects: dict[str, list[Any]] = {}
+        self.sections: dict[str, list[tuple[SimTask, Any]]] = {}
+        self.tables: list[SimTable] = []
+        self.clients: list[Any] = []
+        self._spawned = 0
+        self._cv = threading.Condition()
+        self.main = _Process("main")
+        #: some process was paused or crashed: candidates need filtering
+        self.impaired = False
+
+    # -- public API ---------------------------------------------------------------------
+    def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
+        """Start a task: a coroutine (``job(...)`` already called), an async function with
+        its arguments, or a plain function with its arguments (run in a thread, controlled
+        at jobfence's points and sleeps). Each spawned task is its own *process*: faults
+        that pause or crash it stop the tasks it started too. Returns its :class:`SimTask`."""
+        self._spawned += 1
+        label = name if name is not None else f"t{self._spawned}"
+        if not isinstance(label, str) or not label or any(c in label for c in " #@()+,|"):
+            raise ConfigurationError(
+                f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}",
+                argument="name",
+            )
+        if any(t.name == label for t in self.tasks):
+            raise ConfigurationError(f"a task named {label!r} exists already", argument="name")
+        proc = _Process(label)
+        task = SimTask(label, proc)
+        self.tasks.append(task)
+        task.finished = self.loop.create_future()
+        if inspect.iscoroutine(job):
+            coro = job
+        elif inspect.iscoroutinefunction(job):
+            coro = job(*args, **kwargs)
+        elif callable(job):
+            task.thread = True
+            self._start_thread(task, job, args, kwargs)
+            return task
+        else:
+            raise ConfigurationError(
+                f"job must be a coroutine, an async function or a function, got {job!r}",
+                argument="job",
+            )
+        ctx = contextvars.copy_context()
+        ctx.run(_PROCESS.set, proc)
+        atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
+        task.atask = atask
+        self._by_atask[atask] = task
+        return task
+
+    async def join(self, *tasks: SimTask) -> list[Any]:
+        """Wait until the given tasks (default: every spawned task) are done; return their
+        results (an exception a job ended with is its result here, see :attr:`SimTask.error`).
+        A crashed task counts as done."""
+        chosen = list(tasks) if tasks else list(self.tasks)
+        out = []
+        for task in chosen:
+            assert task.finished is not None
+            await asyncio.shield(task.finished) if not task.finished.done() else None
+            out.append(task.error if task.error is not None else task.result)
+        return out
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep in virtual time (a ``sleep`` point)."""
+        from .._core.clock import get_clock
+
+        await get_clock().asleep(seconds)
+
+    def now(self) -> float:
+        """Virtual seconds since the schedule began."""
+        return self.loop.vtime
+
+    def table(
+        self,
+        name: str,
+        rows: dict[Any, dict[str, Any]] | None = None,
+        *,
+        url: str | None = None,
+        fenced: bool = False,
+    ) -> SimTable:
+        """A table of versioned rows (see :class:`~jobfence.testing.table.SimTable`): in
+        memory, or with ``url`` (``sqlite:///path`` or ``postgresql://...``) a real table
+        in that database, its statements still ordered at the points."""
+        from .table import make_table
+
+        table: SimTable = make_table(self, name, rows or {}, url=url, fenced=fenced)
+        self.tables.append(table)
+        return table
+
+    def locks(self, **options: Any) -> Any:
+        """An ``AsyncLocks`` on this schedule's own ``memory://`` store."""
+        from ..locks_async import AsyncLocks
+
+        client = AsyncLocks(f"memory://{self.namespace}", **options)
+        self.clients.append(client)
+        return client
+
+    def inbox(self, **options: Any) -> Any:
+        """An ``AsyncInbox`` on this schedule's own ``memory://`` store."""
+        from ..inbox_async import AsyncInbox
+
+        client = AsyncInbox(f"memory://{self.namespace}", **options)
+        self.clients.append(client)
+        return client
+
+    def queue(self, name: str = "jobs", **options: Any) -> Any:
+        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store."""
+        from ..queue_async import AsyncQueue
+
+        client = AsyncQueue(f"memory://{self.namespace}", name, **options)
+        self.clients.append(client)
+        return client
+
+    async def effect(self, kind: str, key: Any) -> None:
+        """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point
+        named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them."""
+        gate = self.on_point(f"effect.{kind}", {"key": key})
+        if gate is not None:
+            await gate
+        self.effects.setdefault(kind, []).append(key)
+
+    @asynccontextmanager
+    async def critical(self, name: str, lease: Any = None) -> Any:
+        """Mark the block as the critical section ``name``, for
+        :func:`~jobfence.testing.single_holder`. With a jobfence ``lease``, the task counts
+        as a holder only while the lease is neither lost nor past its ttl."""
+        task = self.current()
+        if task is None:
+            raise ConfigurationError(
+                "sim.critical() marks a section of a spawned task; call it inside one",
+                argument="name",
+            )
+        entry = (task, lease)
+        holders = self.sections.setdefault(name, [])
+        holders.append(entry)
+        try:
+            yield
+        finally:
+            holders.remove(entry)
+
+    def check(self, condition: object, message: str = "check failed") -> None:
+        """Fail the schedule with ``message`` unless ``condition`` is true."""
+        if not condition:
+            self.violate("check", message)
+            raise _Stop
+
+    def watch(self, *checkers: Checker) -> None:
+        """Check these invariants after every step and at the end of the schedule."""
+        self.checkers.extend(checkers)
+
+    # -- the points -----------------------------------------------------------------------
+    def current(self) -> SimTask | None:
+        """The simulated task running now (``None`` outside one)."""
+        atask = _CURRENT_TASKS.get(self.loop) if _running_loop() is self.loop else None
+        if atask is None:
+            return self._by_thread.get(threading.get_ident())
+        task = self._by_atask.get(atask)
+        if task is None and atask.get_loop() is self.loop:
+            proc = _PROCESS.get() or self.main
+            proc.background += 1
+            task = SimTask(f"{proc.name}.{proc.background}", proc)
+            self._by_atask[atask] = task
+        return task
+
+    def on_point(self, point: str, info: dict[str, Any]) -> Any:
+        if self.stopping:
+            task = self.current()
+            if task is not None and task.process.crashed:
+                raise _Crashed
+            return None
+        task = self.current()
+        if task is None or task.process is self.main:
+            return None  # the scenario's own setup and checks: not a job, never faulted
+        nth = self.hits[point] = self.hits.get(point, 0) + 1
+        if self.record:
+            self.trail.append((point, nth, "+" if task.process.holds else ""))
+            if point in _TAKES:
+                task.process.holds = True
+        fault = None
+        for f in self._by_hit.get((point, nth), ()):
+            if f.task is None or task.name == f.task:
+                fault = f
+                break
+        if fault is not None and fault.kind == "lost_ack":
+            self._lose_ack(info)
+            fault = None
+        if task.thread:
+            self._thread_point(task, point, fault)
+            return None
+        return _Gate(self, task, point, fault)
+
+    def _lose_ack(self, info: dict[str, Any]) -> None:
+        from ..backends.memory.queue import _stores
+
+        for key, store in list(_stores.items()):
+            if key.startswith(self.namespace) and key.endswith(f"\x00{info.get('queue')}"):
+                store.lose_acks.add(str(info.get("id")))
+
+    def runnable(self, task: SimTask) -> bool:
+        proc = task.process
+        if proc.crashed:
+            return False
+        if proc.paused_until is not None:
+            if self.loop.vtime < proc.paused_until:
+                return False
+            proc.paused_until = None
+        return True
+
+    def _pick(self, candidates: list[SimTask]) -> SimTask:
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise _Budget(f"the schedule took more than max_steps={self.max_steps} decisions")
+        if len(candidates) == 1:
+            return candidates[0]
+        i = self.strategy.choose(candidates, len(self.picks))
+        if i:
+            self.deviations += 1
+        chosen = candidates[i]
+        self.picks.append(chosen.name)
+        return chosen
+
+    def go_on(self, task: SimTask, forced: bool) -> bool:
+        """``task`` reached a point: True if it goes on; else it parks (the caller parks it)
+        and, when the decision could be made now, the chosen task is let go."""
+        if self.checkers:
+            self.run_checks()
+        if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
+            return False
+        if self.impaired or self.sleeping:
+            others = [t for t in self.parked if self.runnable(t)]
+            self._wake_threads(others)
+        else:
+            others = self.parked[:]
+        if not others:
+            return not forced or not self._has_timers()
+        candidates = [*others, task] if forced else [task, *others]
+        chosen = self._pick(candidates)
+        if chosen is task:
+            return True
+        self._release(chosen)
+        return False
+
+    def _has_timers(self) -> bool:
+        return bool(self.loop._scheduled)  # type: ignore[attr-defined]
+
+    def decide(self) -> bool:
+        """The loop is idle: let one parked task go (False if none can)."""
+        if self.stopping:
+            return False
+        if self.checkers:
+            self.run_checks()
+        if self.loop.vtime > self.max_time:
+            raise _Budget(f"virtual time passed max_time={self.max_time:g} s")
+        candidates = [t for t in self.parked if self.runnable(t)]
+        self._wake_threads(candidates)
+        if not candidates:
+            return False
+        self._release(self._pick(candidates))
+        return True
+
+    def _release(self, task: SimTask) -> None:
+        self.parked.remove(task)
+        task.parked_at = None
+        if task.thread:
+            self.running_threads += 1
+            self.external += 1
+            assert task.go is not None
+            task.go.set()
+            return
+        waiter, task.waiter = task.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def stalled_io(self) -> None:
+        """Real I/O did not answer within ``block_timeout``: only statements give way."""
+
+    def idle_forever(self) -> None:
+        stuck = [t.name for t in self.tasks if not t.done and not t.process.crashed]
+        who = ", ".join(stuck) if stuck else "the scenario"
+        raise _Deadlock(f"deadlock: {who} wait(s) for something that never comes")
+
+    def noop(self) -> None:
+        pass
+
+    def crash(self, proc: _Process) -> None:
+        """``proc`` died: its tasks never run again and count as done (with no result)."""
+        proc.crashed = True
+        for task in self.tasks:
+            if task.process is proc and not task.done:
+                task.done = True
+                if task.finished is not None and not task.finished.done():
+                    task.finished.set_result(None)
+
+    def run_checks(self) -> None:
+        for checker in self.checkers:
+            problem = checker.step(self)
+            if problem:
+                self.violate(checker.name, problem)
+                raise _Stop
+
+    def violate(self, check: str, message: str) -> Violation:
+        error = Violation(check, message)
+        if self.failure is None:
+            self.failure = error
+        return error
+
+    # -- threads (plain functions) ----------------------------------------------------------
+    def _start_thread(
+        self, task: SimTask, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        task.go = threading.Event()
+        ctx = contextvars.copy_context()
+        ctx.run(_PROCESS.set, task.process)
+        loop = self.loop
+
+        def body() -> None:
+            self._by_thread[threading.get_ident()] = task
+            task.go.wait()  # type: ignore[union-attr]
+            try:
+                task.result = ctx.run(fn, *args, **kwargs)
+            except _Crashed:
+                pass
+            except BaseException as exc:
+                task.error = exc
+            finally:
+                task.done = True
+                with self._cv:
+                    self.running_threads -= 1
+                    self.external -= 1
+                try:
+                    loop.call_soon_threadsafe(self._thread_done, task)
+                except RuntimeError:  # the loop is closed: the schedule ended
+                    pass
+
+        task.parked_at = "start"
+        self.parked.append(task)
+        threading.Thread(target=body, name=f"jobfence-sim-{task.name}", daemon=True).start()
+
+    def _thread_done(self, task: SimTask) -> None:
+        self._finish(task)
+
+    def _thread_point(self, task: SimTask, point: str, fault: Fault | None) -> None:
+        proc = task.process
+        if fault is not None:
+            self.impaired = True
+        if fault is not None and fault.kind == "crash":
+            proc.crashed = True
+            self.loop.call_soon_threadsafe(self.crash, proc)
+        elif fault is not None and fault.kind == "pause_past_ttl":
+            until = self.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
+            proc.paused_until = until
+            self.loop.call_soon_threadsafe(self.loop.call_at, until, self.noop)
+        forced = fault is not None
+        if proc.crashed or proc.paused_until is not None or not self._thread_go_on(task, forced):
+            self._thread_park(task, point)
+        if proc.crashed:
+            raise _Crashed
+        if fault is not None and fault.kind == "transient":
+            raise InjectedFault(fault)
+
+    def _thread_go_on(self, task: SimTask, forced: bool) -> bool:
+        others = [t for t in self.parked if self.runnable(t)]
+        if not others:
+            return not forced
+        candidates = [*others, task] if forced else [task, *others]
+        chosen = self._pick(candidates)
+        if chosen is task:
+            return True
+        if chosen.thread:
+            self.parked.remove(chosen)
+            chosen.parked_at = None
+            self.running_threads += 1
+            self.external += 1
+            assert chosen.go is not None
+            chosen.go.set()
+        else:
+            self.loop.call_soon_threadsafe(self._release, chosen)
+        return False
+
+    def _thread_park(self, task: SimTask, point: str) -> None:
+        assert task.go is not None
+        task.go.clear()
+        task.parked_at = point
+        self.parked.append(task)
+        with self._cv:
+            self.running_threads -= 1
+            self.external -= 1
+        self.loop.call_soon_threadsafe(self.noop)
+        task.go.wait()
+        if self.stopping:
+            raise _Crashed
+
+    def thread_wait(self, event: threading.Event | None, timeout: float) -> None:
+        """A thread task waits in virtual time for ``event`` (or just sleeps)."""
+        task = self._by_thread.get(threading.get_ident())
+        if task is None:  # a thread of jobfence's own (a sync renewer): not controlled
+            done = threading.Event()
+            self.loop.call_soon_threadsafe(
+                lambda: self.loop.call_at(self.loop.vtime + max(timeout, 0), done.set)
+            )
+            while not done.is_set() and not (event is not None and event.is_set()):
+                done.wait(0.01)
+            return
+        task.wait_event = event
+        task.wait_until = self.loop.vtime + max(timeout, 0)
+        self.loop.call_soon_threadsafe(self.loop.call_at, task.wait_until, self.noop)
+        self.sleeping.append(task)
+        assert task.go is not None
+        task.go.clear()
+        with self._cv:
+            self.running_threads -= 1
+            self.external -= 1
+        self.loop.call_soon_threadsafe(self.noop)
+        task.go.wait()
+        if self.stopping:
+            raise _Crashed
+
+    def _wake_threads(self, into: list[SimTask]) -> None:
+        """Thread tasks whose virtual wait is over (time or event) become candidates."""
+        if not self.sleeping:
+            return
+        now = self.loop.vtime
+        for task in list(self.sleeping):
+            due = task.wait_until is not None and now >= task.wait_until
+            if due or (task.wait_event is not None and task.wait_event.is_set()):
+                self.sleeping.remove(task)
+                task.wait_event = task.wait_until = None
+                task.parked_at = "wait"
+                self.parked.append(task)
+                into.append(task)
+
+    # -- running ----------------------------------------------------------------------------
+    async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
+        try:
+            task.result = await coro
+        except _Crashed:
+            pass
+        except _Stop:
+            self.loop.stop()  # a check failed: the schedule ends here
+        except asyncio.CancelledError:
+            if not task.process.crashed:
+                task.error = asyncio.CancelledError()
+        except Exception as exc:
+            task.error = exc
+        finally:
+            self._finish(task)
+
+    def _finish(self, task: SimTask) -> None:
+        task.done = True
+        if task.finished is not None and not task.finished.done():
+            task.finished.set_result(None)
+        if task.error is not None and not _expected(task.error) and self.failure is None:
+            self.failure = task.error
+
+    def iter_holders(self) -> Iterator[tuple[str, list[SimTask]]]:
+        """Per critical section: the tasks counted as holding it now."""
+        for name, entries in self.sections.items():
+            holders = []
+            for task, lease in entries:
+                if task is not None and task.process.crashed:
+                    continue
+                if lease is not None and not _lease_valid(lease, self.loop.vtime):
+                    continue
+                holders.append(task)
+            yield name, holders
+
+    async def close_clients(self) -> None:
+        for client in reversed(self.clients):
+            try:
+                await client.close()
+            except Exception:  # a crashed task's client: nothing left to give back
+                pass
+
+
+def _lease_valid(lease: Any, now: float) -> bool:
+    if getattr(lease, "lost", False):
+        return False
+    expires_in = getattr(lease, "expires_in", None)
+    return expires_in is None or expires_in > 0
+
+
+def _expected(error: BaseException) -> bool:
+    """A job ending in an injected fault or a jobfence error (lost lease, stale version,
+    claim in progress...) is an outcome of the schedule, not a bug in the scenario."""
+    seen = 0
+    link: BaseException | None = error
+    while link is not None and seen < 20:
+        if isinstance(link, (InjectedFault, JobfenceError, asyncio.CancelledError)):
+            return True
+        link = link.__cause__ or link.__context__
+        seen += 1
+    return False
+
+
+async def point(name: str) -> None:
+    """A point in your own code: a place where the simulation may switch tasks or inject
+    a fault (``await testing.point("db.write")``). Outside a simulation it does nothing."""
+    sim = _current
+    if sim is None:
+        return
+    gate = sim.on_point(name, {})
+    if gate is not None:
+        await gate
+
+
+def install(sim: Simulation | None) -> None:
+    global _current
+    _current = sim
+
+
+route = _route

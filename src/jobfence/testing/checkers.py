@@ -1,0 +1,153 @@
+"""Invariants checked after every step of a schedule and at its end.
+
+Pass them to :func:`jobfence.testing.explore` (``checks=[...]``) or to ``sim.watch(...)``
+inside a scenario. Each is a :class:`Checker`: :meth:`~Checker.step` runs at every decision,
+:meth:`~Checker.end` once the scenario returned; either returns a description of what is
+wrong, or ``None``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._sim import Simulation
+
+__all__ = ["Checker", "exactly_once", "fencing_monotonic", "no_lost_update", "single_holder"]
+
+
+class Checker:
+    """An invariant: ``name`` and the two checks (override one or both)."""
+
+    name = "checker"
+
+    def step(self, sim: Simulation) -> str | None:
+        return None
+
+    def end(self, sim: Simulation) -> str | None:
+        return self.step(sim)
+
+
+def _dupes(effects: Iterable[Any]) -> list[Any]:
+    return [key for key, count in Counter(effects).items() if count > 1]
+
+
+class _ExactlyOnce(Checker):
+    name = "exactly_once"
+
+    def __init__(self, effects: str | list[Any], expected: Iterable[Any] | None) -> None:
+        self._effects = effects
+        self._expected = list(expected) if expected is not None else None
+
+    def _list(self, sim: Simulation) -> list[Any]:
+        if isinstance(self._effects, str):
+            return sim.effects.get(self._effects, [])
+        return self._effects
+
+    def step(self, sim: Simulation) -> str | None:
+        effects = self._list(sim)
+        dupes = _dupes(effects)
+        if dupes:
+            what = self._effects if isinstance(self._effects, str) else "effect"
+            return f"{what} applied more than once for {', '.join(map(repr, dupes))}"
+        return None
+
+    def end(self, sim: Simulation) -> str | None:
+        problem = self.step(sim)
+        if problem or self._expected is None:
+            return problem
+        done = set(self._list(sim))
+        missing = [key for key in self._expected if key not in done]
+        if missing:
+            return f"no effect for {', '.join(map(repr, missing))}"
+        return None
+
+
+def exactly_once(effects: str | list[Any], expected: Iterable[Any] | None = None) -> Checker:
+    """No effect twice at any step; at the end, one for each of ``expected`` (if given).
+
+    ``effects`` is the kind passed to ``sim.effect(kind, key)`` (e.g. ``"charge"``), or a
+    list the scenario appends keys to.
+    """
+    return _ExactlyOnce(effects, expected)
+
+
+class _NoLostUpdate(Checker):
+    name = "no_lost_update"
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def step(self, sim: Simulation) -> str | None:
+        tables = [self._table] if self._table is not None else sim.tables
+        for table in tables:
+            for write in table.lost_updates():
+                return (
+                    f"{write.task} wrote {table.name}[{write.key!r}] = {write.values!r} from "
+                    f"version {write.base} it read, over version {write.over} written since "
+                    "by another: that change is lost"
+                )
+        return None
+
+
+def no_lost_update(table: Any = None) -> Checker:
+    """No committed write to a simulated table was computed from a read of an older version
+    of its row than the one it replaced (a write that overwrites a change it never saw).
+    Every table of the schedule, or only ``table``. Blind writes (no read of the row first)
+    are not judged."""
+    return _NoLostUpdate(table)
+
+
+class _SingleHolder(Checker):
+    name = "single_holder"
+
+    def __init__(self, name: str | None) -> None:
+        self._name = name
+
+    def step(self, sim: Simulation) -> str | None:
+        for section, holders in sim.iter_holders():
+            if self._name is not None and section != self._name:
+                continue
+            if len(holders) > 1:
+                who = ", ".join(task.name for task in holders)
+                return f"{who} are inside the critical section {section!r} at once"
+        return None
+
+
+def single_holder(name: str | None = None) -> Checker:
+    """At most one task inside each ``sim.critical(name)`` section at any step (a task
+    whose ``lease=`` is lost or past its ttl does not count)."""
+    return _SingleHolder(name)
+
+
+class _FencingMonotonic(Checker):
+    name = "fencing_monotonic"
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def step(self, sim: Simulation) -> str | None:
+        tables = [self._table] if self._table is not None else sim.tables
+        for table in tables:
+            highest: dict[Any, tuple[int, str]] = {}
+            for write in table.history:
+                if write.token is None:
+                    continue
+                top = highest.get(write.key)
+                if top is not None and write.token < top[0]:
+                    return (
+                        f"{write.task} wrote {table.name}[{write.key!r}] with token "
+                        f"{write.token} after {top[1]} had written with token {top[0]}: a "
+                        "stale holder's write was accepted"
+                    )
+                if top is None or write.token > top[0]:
+                    highest[write.key] = (write.token, write.task)
+        return None
+
+
+def fencing_monotonic(table: Any = None) -> Checker:
+    """The fencing tokens of the committed writes to each row never go down: a holder whose
+    lease was taken over cannot write after its successor (``write(..., token=t)``)."""
+    return _FencingMonotonic(table)

@@ -1,0 +1,567 @@
+"""Run a scenario under many schedules and faults; report, replay and shrink failures.
+
+``explore(scenario, schedules=1000, seed=0, faults="auto")`` runs ``scenario(sim)`` once per
+schedule. Schedule ``i`` has the seed ``seed + i``; it is fully determined by it (its faults
+and, for the random strategies, the generator of its picks), so ``pytest
+--jobfence-seed=N`` re-runs exactly schedule ``N - seed`` of every ``explore`` in the test.
+Schedule 0 is always FIFO without faults (it also records the points the scenario hits).
+
+With ``faults="auto"`` the next schedules try, on FIFO, every single fault at every hit of
+every point schedule 0 hit (in the order it hit them: a ``transient`` failure, then
+``commit_unknown`` at table writes and commits, ``lost_ack`` at acks, ``pause_past_ttl``,
+``crash``), then every pair of them; the rest go round that plan again under the chosen
+``strategy``. The first failure is shrunk (fewest faults, then fewest deviations from FIFO)
+and reported with its seed and tape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._core.clock import set_clock
+from .._core.hooks import set_hook
+from ..errors import ConfigurationError
+from . import _sim
+from ._loop import SimLoop
+from ._sim import SimClock, Simulation, Violation, _Budget, _Deadlock, _Stop
+from .checkers import Checker
+from .faults import Auto, Fault, parse
+from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy
+
+__all__ = ["Failure", "Report", "Tape", "explore", "replay"]
+
+Scenario = Callable[[Simulation], Awaitable[Any]]
+STRATEGIES = ("random", "pct", "fifo", "exhaustive")
+
+_LOG = logging.getLogger("jobfence")
+#: set by ``pytest --jobfence-seed=N``: run only that schedule
+_REPLAY_SEED: int | None = None
+
+
+@dataclass(frozen=True)
+class Tape:
+    """What a schedule did: the task picked at each decision and the faults injected.
+    ``str(tape)`` is ``"t1 t2 t1 | transient(db.write#1)"``; :meth:`parse` reads it back."""
+
+    picks: tuple[str, ...]
+    faults: tuple[Fault, ...] = ()
+
+    def __str__(self) -> str:
+        picks = " ".join(self.picks) or "-"
+        if not self.faults:
+            return picks
+        return f"{picks} | {', '.join(map(str, self.faults))}"
+
+    @classmethod
+    def parse(cls, text: str) -> Tape:
+        picks, _, faults = text.partition("|")
+        names = tuple(p for p in picks.split() if p != "-")
+        found = tuple(parse(f) for f in faults.replace("),", ")\x00").split("\x00") if f.strip())
+        return cls(names, found)
+
+
+@dataclass
+class Failure:
+    """A failed schedule: its ``seed`` and ``index``, what failed (``check`` is the
+    checker's name, or ``"exception"``, ``"deadlock"``, ``"budget"``), the ``message``,
+    the job's ``error`` if one raised, the shrunk ``tape`` and the ``original`` one."""
+
+    seed: int
+    index: int
+    check: str
+    message: str
+    tape: Tape
+    original: Tape
+    deviations: int
+    error: BaseException | None = None
+    _rerun: Callable[[Tape], Report] | None = field(default=None, repr=False)
+
+    def replay(self) -> Report:
+        """Run the scenario once more following :attr:`tape` (a one-schedule report)."""
+        if self._rerun is None:
+            raise ConfigurationError("this failure has no scenario to replay", argument="failure")
+        return self._rerun(self.tape)
+
+    def __str__(self) -> str:
+        faults = ", ".join(map(str, self.tape.faults)) or "none"
+        return (
+            f"schedule {self.index} (seed {self.seed}) failed: {self.check}: {self.message}\n"
+            f"  faults: {faults}\n"
+            f"  tape:   {self.tape}   ({self.deviations} deviation(s) from FIFO; before "
+            f"shrinking: {len(self.original.picks)} picks, {len(self.original.faults)} faults)\n"
+            f"  replay: pytest --jobfence-seed={self.seed}, or failure.replay() / "
+            f"testing.replay(scenario, {str(self.tape)!r})"
+        )
+
+
+@dataclass
+class Report:
+    """The outcome of :func:`explore`: ``schedules`` run, ``failures`` (the first one,
+    shrunk, unless ``stop_on_failure=False``), ``seconds`` of wall time, and whether an
+    exhaustive search walked every branch (``exhausted``)."""
+
+    schedules: int
+    failures: list[Failure]
+    seconds: float
+    seed: int
+    strategy: str
+    faults: str
+    exhausted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def assert_ok(self) -> None:
+        """Raise ``AssertionError`` with the first failure (seed, tape, how to replay)."""
+        if self.failures:
+            raise AssertionError(f"jobfence.testing: {self.failures[0]}")
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.schedules} schedule(s), strategy {self.strategy}, faults {self.faults}, "
+            f"{self.seconds:.3f} s"
+        )
+        if self.ok:
+            return f"{head}: no failure" + (" (search exhausted)" if self.exhausted else "")
+        return f"{head}: {len(self.failures)} failure(s)\n{self.failures[0]}"
+
+
+@dataclass
+class _Outcome:
+    failed: bool
+    check: str
+    message: str
+    error: BaseException | None
+    tape: Tape
+    deviations: int
+    trail: list[tuple[str, int, str]]
+    steps: int
+
+    @property
+    def signature(self) -> str:
+        return self.check
+
+
+def _kinds(point: str, holds: bool) -> tuple[str, ...]:
+    """The faults worth trying at a hit of ``point``; pausing or crashing a process only
+    where it holds a lease, claim or delivery that another process takes over (elsewhere a
+    crash only loses the job, which nothing in the scenario would bring back)."""
+    if point == "sleep":
+        return ()
+    if point.endswith(".renew"):
+        return ("transient",)
+    kinds = ["transient"]
+    if point in ("db.write", "db.commit"):
+        kinds.append("commit_unknown")
+    if point == "queue.ack":
+        kinds.append("lost_ack")
+    if holds:
+        kinds += ["pause_past_ttl", "crash"]
+    return tuple(kinds)
+
+
+def _singles(trail: Sequence[tuple[str, int, str]], kinds: tuple[str, ...]) -> list[Fault]:
+    out: list[Fault] = []
+    seen: set[tuple[str, int]] = set()
+    for point, nth, holds in trail:
+        if holds == "-" or (point, nth) in seen:
+            continue
+        seen.add((point, nth))
+        out.extend(Fault(kind, point, nth) for kind in _kinds(point, holds == "+") if kind in kinds)
+    return out
+
+
+def _plan(trail: Sequence[tuple[str, int, str]], limit: int, spec: Auto) -> list[tuple[Fault, ...]]:
+    singles = _singles(trail, spec.kinds)
+    plan: list[tuple[Fault, ...]] = [(f,) for f in singles]
+    for j in range(len(singles) if spec.depth > 1 else 0):
+        if len(plan) >= limit:
+            break
+        for i in range(j):
+            a, b = singles[i], singles[j]
+            if (a.point, a.nth) != (b.point, b.nth):
+                plan.append((a, b))
+    return plan[:limit]
+
+
+class _Runner:
+    def __init__(
+        self,
+        scenario: Scenario,
+        checks: Sequence[Checker],
+        max_steps: int,
+        max_time: float,
+        quiet: bool = True,
+    ) -> None:
+        if not callable(scenario):
+            raise ConfigurationError(
+                f"scenario must be an async function scenario(sim), got {scenario!r}",
+                argument="scenario",
+            )
+        self.scenario = scenario
+        self.checks = list(checks)
+        for check in self.checks:
+            if not isinstance(check, Checker):
+                raise ConfigurationError(
+                    f"checks must be jobfence.testing checkers (exactly_once(...), "
+                    f"no_lost_update(), single_holder(), fencing_monotonic()), got {check!r}",
+                    "checks",
+                )
+        self.max_steps = max_steps
+        self.max_time = max_time
+        self.quiet = quiet
+        self.loop = SimLoop()
+
+    def close(self) -> None:
+        self.loop.close()
+
+    async def _main(self, sim: Simulation) -> None:
+        result = self.scenario(sim)
+        if not inspect.isawaitable(result):
+            raise ConfigurationError(
+                "scenario must be an async function scenario(sim) (it returned "
+                f"{type(result).__name__}, not an awaitable)",
+                "scenario",
+            )
+        await result
+        await sim.join()
+        for checker in sim.checkers:
+            problem = checker.end(sim)
+            if problem:
+                sim.violate(checker.name, problem)
+                raise _Stop
+
+    def run(self, strategy: Strategy, faults: tuple[Fault, ...], record: bool = False) -> _Outcome:
+        loop = self.loop
+        sim = Simulation(
+            loop,
+            strategy,
+            faults,
+            max_steps=self.max_steps,
+            max_time=self.max_time,
+            record=record,
+        )
+        sim.watch(*self.checks)
+        strategy.begin()
+        loop.vtime = 0.0
+        loop.sim = sim
+        quiet = self.quiet and _LOG.level < logging.ERROR
+        level = _LOG.level
+        if quiet:  # thousands of schedules of expected warnings; a replay shows them
+            _LOG.setLevel(logging.ERROR)
+        old_clock = set_clock(SimClock(loop))
+        old_hook = set_hook(_sim.route)
+        _sim.install(sim)
+        error: BaseException | None = None
+        try:
+            main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+            try:
+                loop.run_until_complete(main)
+            except (_Stop, _Deadlock, _Budget) as exc:
+                error = exc
+            except Exception as exc:
+                error = exc
+        finally:
+            try:
+                self._teardown(sim)
+            finally:
+                _sim.install(None)
+                set_hook(old_hook)
+                set_clock(old_clock)
+                loop.sim = None
+                if quiet:
+                    _LOG.setLevel(level)
+        return self._outcome(sim, error)
+
+    def _teardown(self, sim: Simulation) -> None:
+        loop = self.loop
+        sim.stopping = True
+        for task in list(sim.parked) + list(sim.sleeping):
+            if task.thread and task.go is not None:
+                task.process.crashed = True
+                task.go.set()
+        if sim.clients:
+            loop.run_until_complete(sim.close_clients())
+        if loop._scheduled or sim.parked or any(not t.done for t in sim.tasks):  # type: ignore[attr-defined]
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=3600))
+        for handle in loop._scheduled:  # type: ignore[attr-defined]
+            handle.cancel()
+        loop._scheduled.clear()  # type: ignore[attr-defined]
+        loop._timer_cancelled_count = 0  # type: ignore[attr-defined]
+        for table in sim.tables:
+            closer = getattr(table, "close", None)
+            if closer is not None:
+                loop.run_until_complete(closer())
+        if sim.clients:
+            from ..backends.memory import inbox, locks, queue
+
+            for module in (locks, inbox, queue):
+                module.forget(sim.namespace)
+
+    def _outcome(self, sim: Simulation, error: BaseException | None) -> _Outcome:
+        failure = sim.failure
+        check, message, err = "", "", None
+        if isinstance(failure, Violation):
+            check, message = failure.check, failure.message
+        elif failure is not None:
+            check, message, err = "exception", _describe(failure, sim), failure
+        elif isinstance(error, _Deadlock):
+            check, message = "deadlock", str(error)
+        elif isinstance(error, _Budget):
+            check, message = "budget", str(error)
+        elif error is not None and not isinstance(error, _Stop):
+            check, message, err = "exception", f"the scenario raised {error!r}", error
+        tape = Tape(tuple(sim.picks), sim.faults)
+        return _Outcome(
+            bool(check), check, message, err, tape, sim.deviations, sim.trail, sim.steps
+        )
+
+
+def _describe(error: BaseException, sim: Simulation) -> str:
+    who = next((t.name for t in sim.tasks if t.error is error), "a task")
+    return f"{who} raised {error!r}"
+
+
+def _strategy(name: str, seed: int, depth: int, steps: int) -> Strategy:
+    if name == "random":
+        return Random(seed)
+    if name == "pct":
+        return PCT(seed, depth=depth, steps=steps)
+    return Fifo()
+
+
+def _check_int(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}", argument=name)
+    return value
+
+
+def _fault_sets(faults: Any) -> tuple[str, tuple[Fault, ...] | None, Auto]:
+    """("auto" | "none" | "fixed", the fixed faults, the auto limits)."""
+    if faults is None:
+        return "none", (), Auto()
+    if isinstance(faults, str) and faults == "auto":
+        return "auto", None, Auto()
+    if isinstance(faults, Auto):
+        return "auto", None, faults
+    if isinstance(faults, Fault):
+        return "fixed", (faults,), Auto()
+    if isinstance(faults, (list, tuple)) and all(isinstance(f, Fault) for f in faults):
+        return "fixed", tuple(faults), Auto()
+    raise ConfigurationError(
+        'faults must be None, "auto", faults.auto(...), a Fault or a list of them '
+        f"(jobfence.testing.faults.transient(...)...), got {faults!r}",
+        argument="faults",
+    )
+
+
+def explore(
+    scenario: Scenario,
+    *,
+    schedules: int = 1000,
+    seed: int = 0,
+    strategy: str = "random",
+    faults: Any = None,
+    checks: Sequence[Checker] = (),
+    depth: int = 2,
+    max_preemptions: int | None = None,
+    max_steps: int = 100_000,
+    max_time: float = 86_400.0,
+    stop_on_failure: bool = True,
+    shrink: bool = True,
+) -> Report:
+    """Run ``scenario(sim)`` under up to ``schedules`` schedules; return a :class:`Report`.
+
+    ``strategy``: ``"random"`` (seeded), ``"pct"`` (``depth`` 1-3), ``"fifo"`` or
+    ``"exhaustive"`` (every sequence of picks, depth first, at most ``max_preemptions``
+    deviations from FIFO if given, until ``schedules`` ran). ``faults``: ``None``, a list of
+    :class:`~jobfence.testing.faults.Fault`, or ``"auto"``. ``checks``: invariants checked
+    at every step and at the end, on top of what the scenario checks itself. A schedule
+    fails on a check, a job raising an exception that is neither injected nor a jobfence
+    error, a deadlock, or more than ``max_steps`` decisions / ``max_time`` virtual seconds.
+    """
+    schedules = _check_int(schedules, "schedules", 1)
+    seed = _check_int(seed, "seed", 0)
+    depth = _check_int(depth, "depth", 1)
+    if strategy not in STRATEGIES:
+        raise ConfigurationError(
+            f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}",
+            argument="strategy",
+        )
+    if max_preemptions is not None:
+        _check_int(max_preemptions, "max_preemptions", 0)
+    mode, fixed, spec = _fault_sets(faults)
+    runner = _Runner(scenario, checks, _check_int(max_steps, "max_steps", 1), max_time)
+    started = time.perf_counter()
+    failures: list[Failure] = []
+    ran = 0
+    exhausted = False
+    only = None
+    if _REPLAY_SEED is not None and seed <= _REPLAY_SEED < seed + schedules:
+        only = _REPLAY_SEED - seed
+
+    def record(index: int, outcome: _Outcome, faults_used: tuple[Fault, ...]) -> bool:
+        if not outcome.failed:
+            return False
+        if isinstance(outcome.error, ConfigurationError):  # the test is wrong, not the jobs
+            raise outcome.error
+        tape, devs = outcome.tape, outcome.deviations
+        if shrink:
+            tape, devs = _shrink(runner, outcome)
+        failures.append(
+            Failure(
+                seed + index,
+                index,
+                outcome.check,
+                outcome.message,
+                tape,
+                outcome.tape,
+                devs,
+                outcome.error,
+                lambda t: replay(scenario, t, checks=checks, max_steps=max_steps),
+            )
+        )
+        return stop_on_failure
+
+    try:
+        baseline = runner.run(Fifo(), fixed or (), record=True)
+        ran = 1
+        steps = max(baseline.steps, 1)
+        if only in (None, 0) and record(0, baseline, fixed or ()):
+            return _report(ran, failures, started, seed, strategy, mode, exhausted)
+        plan: list[tuple[Fault, ...]]
+        plan = [(), *_plan(baseline.trail, schedules, spec)] if mode == "auto" else [fixed or ()]
+        if strategy == "exhaustive":
+            index, exhausted = 0, True
+            for faults_used in plan:
+                walker = Exhaustive(max_preemptions)
+                while True:
+                    if index + 1 >= schedules:
+                        exhausted = False
+                        break
+                    index += 1
+                    outcome = runner.run(walker, faults_used)
+                    if only is None or index == only:
+                        ran += 1
+                        if record(index, outcome, faults_used) or index == only:
+                            return _report(ran, failures, started, seed, strategy, mode, False)
+                    if not walker.advance():
+                        break
+                if not exhausted:
+                    break
+            return _report(ran, failures, started, seed, strategy, mode, exhausted)
+        singles = len(plan) if mode == "auto" else 0
+        for index in range(1, schedules):
+            if only is not None and index != only:
+                continue
+            if mode == "auto" and index < singles:
+                strat: Strategy = Fifo()
+                faults_used = plan[index]
+            else:
+                strat = _strategy(strategy, seed + index, depth, steps)
+                faults_used = plan[(index - singles) % len(plan)] if mode == "auto" else plan[0]
+            outcome = runner.run(strat, faults_used)
+            ran += 1
+            if record(index, outcome, faults_used):
+                break
+        return _report(ran, failures, started, seed, strategy, mode, exhausted)
+    finally:
+        runner.close()
+
+
+def _report(
+    ran: int,
+    failures: list[Failure],
+    started: float,
+    seed: int,
+    strategy: str,
+    mode: str,
+    exhausted: bool,
+) -> Report:
+    return Report(ran, failures, time.perf_counter() - started, seed, strategy, mode, exhausted)
+
+
+def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> tuple[Tape, int]:
+    """Fewest faults first, then fewest deviations from FIFO, keeping the same failure."""
+    best = outcome
+    want = outcome.signature
+    runs = 0
+    faults = list(best.tape.faults)
+    i = 0
+    while i < len(faults) and runs < budget:
+        trial = tuple(faults[:i] + faults[i + 1 :])
+        attempt = runner.run(TapeStrategy(best.tape.picks), trial)
+        runs += 1
+        if attempt.failed and attempt.signature == want:
+            faults = list(trial)
+            best = attempt
+        else:
+            i += 1
+    changed = True
+    while changed and runs < budget:
+        changed = False
+        picks: list[str | None] = list(best.tape.picks)
+        for j in range(len(picks) - 1, -1, -1):
+            if runs >= budget:
+                break
+            trial_picks = [*picks[:j], None, *picks[j + 1 :]]
+            attempt = runner.run(TapeStrategy(trial_picks), best.tape.faults)
+            runs += 1
+            if (
+                attempt.failed
+                and attempt.signature == want
+                and attempt.deviations < best.deviations
+            ):
+                best = attempt
+                changed = True
+                break
+    return best.tape, best.deviations
+
+
+def replay(
+    scenario: Scenario,
+    tape: Tape | str,
+    *,
+    checks: Sequence[Checker] = (),
+    max_steps: int = 100_000,
+    max_time: float = 86_400.0,
+) -> Report:
+    """Run ``scenario`` once, following ``tape`` (a :class:`Tape` or its ``str``)."""
+    if isinstance(tape, str):
+        tape = Tape.parse(tape)
+    if not isinstance(tape, Tape):
+        raise ConfigurationError(f"tape must be a Tape or its str, got {tape!r}", argument="tape")
+    runner = _Runner(scenario, checks, max_steps, max_time, quiet=False)
+    started = time.perf_counter()
+    try:
+        outcome = runner.run(TapeStrategy(tape.picks), tape.faults)
+    finally:
+        runner.close()
+    failures = []
+    if outcome.failed:
+        failures.append(
+            Failure(
+                -1,
+                0,
+                outcome.check,
+                outcome.message,
+                outcome.tape,
+                tape,
+                outcome.deviations,
+                outcome.error,
+                lambda t: replay(scenario, t, checks=checks, max_steps=max_steps),
+            )
+        )
+    return _report(1, failures, started, -1, "tape", "fixed", False)

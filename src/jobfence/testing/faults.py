@@ -1,0 +1,184 @@
+"""Faults a simulation injects at the n-th hit of a point.
+
+Each fault names a point (a jobfence hook point such as ``"inbox.claim"`` or ``"queue.ack"``,
+a point of a simulated table such as ``"db.write"``, or a name the scenario passes to
+``testing.point``) and which hit of it, counted over every task of the schedule from 1::
+
+    from jobfence.testing import faults
+
+    faults.transient("db.write", nth=1)      # the first write fails (a network blip)
+    faults.commit_unknown("db.commit")       # applied, but the caller hears it failed
+    faults.lost_ack()                        # the first ack is lost: the message comes back
+    faults.pause_past_ttl("effect.charge")   # the process stops there past every lease
+    faults.crash("inbox.complete")           # the process dies there (SIGKILL)
+
+``faults="auto"`` (in :func:`jobfence.testing.explore`) builds them by itself from the points
+the scenario actually hits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigurationError
+
+__all__ = [
+    "KINDS",
+    "Auto",
+    "Fault",
+    "InjectedFault",
+    "auto",
+    "commit_unknown",
+    "crash",
+    "lost_ack",
+    "parse",
+    "pause_past_ttl",
+    "transient",
+]
+
+#: every kind of fault, in the order ``faults="auto"`` tries them at one hit
+KINDS = ("transient", "commit_unknown", "lost_ack", "pause_past_ttl", "crash")
+
+#: how long ``pause_past_ttl`` stops a process unless told: longer than any lease
+DEFAULT_PAUSE = 3600.0
+
+
+class InjectedFault(ConnectionResetError):
+    """The error an injected ``transient`` or ``commit_unknown`` fault raises.
+
+    A ``ConnectionResetError``, so ``jobfence.is_transient`` (and therefore ``retry_unit``)
+    treats it as a transient failure, as it would a dropped connection. ``fault`` is the
+    :class:`Fault` that raised it.
+    """
+
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(f"injected fault: {fault}")
+        self.fault = fault
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: its ``kind`` (see :data:`KINDS`), the ``point`` and which hit of it
+    (``nth``, from 1, counted over all tasks), optionally only in the task named ``task``,
+    and for ``pause_past_ttl`` how many virtual ``seconds`` the process stops."""
+
+    kind: str
+    point: str
+    nth: int = 1
+    task: str | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigurationError(
+                f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}", argument="kind"
+            )
+        if not isinstance(self.point, str) or not self.point:
+            raise ConfigurationError(
+                f"point must be a non-empty point name, got {self.point!r}", argument="point"
+            )
+        if isinstance(self.nth, bool) or not isinstance(self.nth, int) or self.nth < 1:
+            raise ConfigurationError(
+                f"nth must be an int >= 1 (the first hit is 1), got {self.nth!r}",
+                argument="nth",
+            )
+        if self.seconds is not None and (
+            isinstance(self.seconds, bool)
+            or not isinstance(self.seconds, (int, float))
+            or not self.seconds > 0
+        ):
+            raise ConfigurationError(
+                f"seconds must be a number > 0 or None, got {self.seconds!r}",
+                argument="seconds",
+            )
+
+    def __str__(self) -> str:
+        extra = ""
+        if self.task is not None:
+            extra += f"@{self.task}"
+        if self.seconds is not None:
+            extra += f"+{self.seconds:g}s"
+        return f"{self.kind}({self.point}#{self.nth}{extra})"
+
+
+_PATTERN = re.compile(
+    r"^(?P<kind>\w+)\((?P<point>[^#()]+)#(?P<nth>\d+)(?:@(?P<task>[^+)]+))?"
+    r"(?:\+(?P<seconds>[0-9.e+-]+)s)?\)$"
+)
+
+
+def parse(text: str) -> Fault:
+    """The :class:`Fault` written as ``str(fault)``, e.g. ``"transient(db.write#1)"``."""
+    match = _PATTERN.match(text.strip())
+    if match is None:
+        raise ConfigurationError(
+            f"a fault is written kind(point#nth), e.g. 'transient(db.write#1)'; got {text!r}",
+            argument="fault",
+        )
+    seconds = match["seconds"]
+    return Fault(
+        match["kind"],
+        match["point"],
+        int(match["nth"]),
+        match["task"],
+        float(seconds) if seconds is not None else None,
+    )
+
+
+def transient(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
+    """The ``nth`` hit of ``point`` fails with :class:`InjectedFault` before doing
+    anything (at a jobfence point: as a :class:`~jobfence.BackendError` caused by it)."""
+    return Fault("transient", point, nth, task)
+
+
+def commit_unknown(point: str = "db.commit", nth: int = 1, *, task: str | None = None) -> Fault:
+    """The ``nth`` commit (or auto-committed write) of a simulated table is applied, then
+    raises :class:`InjectedFault`: the caller cannot tell it happened."""
+    return Fault("commit_unknown", point, nth, task)
+
+
+def lost_ack(nth: int = 1, *, point: str = "queue.ack", task: str | None = None) -> Fault:
+    """The ``nth`` ack of a simulated queue is answered as done but never arrives: the
+    message is delivered again once its visibility passes."""
+    return Fault("lost_ack", point, nth, task)
+
+
+def pause_past_ttl(
+    point: str, nth: int = 1, *, seconds: float | None = None, task: str | None = None
+) -> Fault:
+    """The process of the task hitting ``point`` the ``nth`` time stops there (a GC pause,
+    SIGSTOP) for ``seconds`` of virtual time, by default longer than any lease; its
+    renewers stop with it. Every other task goes on meanwhile."""
+    return Fault("pause_past_ttl", point, nth, task, seconds)
+
+
+def crash(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
+    """The process of the task hitting ``point`` the ``nth`` time dies there (SIGKILL): none
+    of its tasks runs again and nothing of it is cleaned up; what it held expires."""
+    return Fault("crash", point, nth, task)
+
+
+@dataclass(frozen=True)
+class Auto:
+    """``faults="auto"`` with limits: only these ``kinds``, at most ``depth`` (1 or 2) faults
+    per schedule."""
+
+    kinds: tuple[str, ...] = KINDS
+    depth: int = 2
+
+
+def auto(kinds: Sequence[str] = KINDS, depth: int = 2) -> Auto:
+    """What ``faults="auto"`` explores, restricted to ``kinds`` (e.g. ``["transient"]``) and
+    to single faults (``depth=1``) or single and double ones (``depth=2``, the default)."""
+    chosen = tuple(kinds)
+    unknown = [k for k in chosen if k not in KINDS]
+    if not chosen or unknown:
+        raise ConfigurationError(
+            f"kinds must be a non-empty list of {', '.join(KINDS)}; got {list(kinds)!r}",
+            argument="kinds",
+        )
+    if depth not in (1, 2):
+        raise ConfigurationError(f"depth must be 1 or 2, got {depth!r}", argument="depth")
+    return Auto(chosen, depth)

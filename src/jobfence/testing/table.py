@@ -1,0 +1,313 @@
+"""Simulated data: a table of versioned rows whose reads, writes and commits are points.
+
+``sim.table("inventory", {1: {"stock": 10}})`` makes one. Each row is a dict (reads return
+shallow copies) with an int ``version`` column (1 unless given) that every write bumps. Its
+operations are points, so the scheduler can switch tasks between them and faults can hit them:
+
+========================================  ==========================================
+``await db.read(key)``                    ``db.read``: the row (a copy) or ``None``
+``await db.write(key, **values)``         ``db.write``: set columns, committed at once
+``await db.update(key, version, **v)``    ``db.write``: only if the row is still at
+                                          ``version``, else ``StaleVersion``
+``async with db.transaction() as tx:``    the same verbs on ``tx``; the writes are
+                                          applied at ``db.commit``, all or none
+``db.get(key)``                           the committed row, no point (for checks)
+========================================  ==========================================
+
+``jobfence.versioned_update_async(db_or_tx, "inventory", {"id": key}, version, values)``
+works on a table or a transaction too. Writes take ``token=`` (a lease's fencing token): a
+table made with ``fenced=True`` refuses a token lower than one it has accepted for that row
+(:class:`~jobfence.StaleToken`), and :func:`~jobfence.testing.fencing_monotonic` checks the
+tokens either way. The table keeps every committed write in :attr:`SimTable.history`, with
+the version its writer had read, which is how :func:`~jobfence.testing.no_lost_update`
+tells a lost update.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._core.flavour import ASYNC
+from ..errors import ConfigurationError, StaleToken, StaleVersion
+from .faults import Fault, InjectedFault
+
+if TYPE_CHECKING:
+    from ._sim import Simulation
+
+__all__ = ["SimTable", "SimTransaction", "Write", "make_table"]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One committed write: who, which row, the values, the version its writer had read of
+    the row (``base``, ``None`` for a blind write), the version it replaced (``over``), the
+    new ``version``, and the fencing ``token`` it carried."""
+
+    task: str
+    key: Any
+    values: dict[str, Any]
+    base: int | None
+    over: int | None
+    version: int
+    token: int | None
+
+
+def _check_values(values: Mapping[str, Any], version_column: str) -> None:
+    if version_column in values:
+        raise ConfigurationError(
+            f"the {version_column!r} column is bumped by every write: leave it out",
+            argument="values",
+        )
+
+
+class _Base:
+    """What a table and a transaction share: the verbs."""
+
+    table: SimTable
+
+    async def read(self, key: Any) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
+        raise NotImplementedError
+
+    async def update(
+        self, key: Any, version: int, *, token: int | None = None, **values: Any
+    ) -> int:
+        raise NotImplementedError
+
+    if ASYNC:
+
+        async def __jobfence_versioned_update__(
+            self,
+            table: str,
+            keys: dict[str, Any],
+            version: int,
+            values: dict[str, Any],
+            version_column: str,
+        ) -> int:
+            own = self.table
+            if table != own.name or list(keys) != [own.key_column]:
+                raise ConfigurationError(
+                    f"this simulated table is {own.name!r} keyed by {own.key_column!r}; "
+                    f"got table {table!r} and key columns {list(keys)!r}",
+                    argument="key",
+                )
+            if version_column != own.version_column:
+                raise ConfigurationError(
+                    f"the simulated table's version column is {own.version_column!r}",
+                    argument="version_column",
+                )
+            return await self.update(keys[own.key_column], version, **values)
+
+
+class SimTable(_Base):
+    """A simulated table (see the module docs). ``name``, ``key_column`` (``"id"``) and
+    ``version_column`` (``"version"``) matter to ``versioned_update``."""
+
+    key_column = "id"
+    version_column = "version"
+
+    def __init__(
+        self, sim: Simulation, name: str, rows: Mapping[Any, Mapping[str, Any]], fenced: bool
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"name must be a non-empty str, got {name!r}", argument="name")
+        self.sim = sim
+        self.name = name
+        self.table = self
+        self.fenced = fenced
+        self._rows: dict[Any, dict[str, Any]] = {}
+        for key, row in rows.items():
+            if not isinstance(row, Mapping):
+                raise ConfigurationError(
+                    f"rows must map each key to a dict of columns; {key!r} -> {row!r}",
+                    argument="rows",
+                )
+            stored = dict(row)
+            stored.setdefault(self.version_column, 1)
+            self._rows[key] = stored
+        self.history: list[Write] = []
+        self._read: dict[tuple[str, Any], int | None] = {}
+        self._tokens: dict[Any, int] = {}
+
+    # -- without points (checks, setup) ------------------------------------------------
+    def get(self, key: Any) -> dict[str, Any] | None:
+        """The committed row (a copy), or ``None``; no point."""
+        row = self._rows.get(key)
+        return copy.deepcopy(row) if row is not None else None
+
+    def rows(self) -> dict[Any, dict[str, Any]]:
+        """Every committed row (copies); no point."""
+        return copy.deepcopy(self._rows)
+
+    def lost_updates(self) -> list[Write]:
+        """The committed writes computed from an older version than the one they replaced."""
+        return [w for w in self.history if w.base is not None and w.base != w.over]
+
+    # -- the points ------------------------------------------------------------------
+    async def _point(self, point: str, key: Any) -> Fault | None:
+        gate = self.sim.on_point(point, {"table": self.name, "key": key})
+        if gate is None:
+            return None
+        result: Fault | None = await gate
+        return result
+
+    def _who(self) -> str:
+        task = self.sim.current()
+        return task.name if task is not None else "main"
+
+    def _note_read(self, key: Any) -> dict[str, Any] | None:
+        row = self._rows.get(key)
+        self._read[(self._who(), key)] = row[self.version_column] if row is not None else None
+        return dict(row) if row is not None else None
+
+    def _apply(
+        self,
+        who: str,
+        changes: list[tuple[Any, dict[str, Any], int | None, int | None, bool]],
+    ) -> list[int]:
+        """Apply (key, values, expected version or None, token, insert) atomically."""
+        ver = self.version_column
+        for key, _values, expected, token, _insert in changes:
+            row = self._rows.get(key)
+            if expected is not None and (row is None or row[ver] != expected):
+                raise StaleVersion(
+                    f"stale version for {self.name} {key!r}: expected {ver} = {expected}, "
+                    f"but {'the row is gone' if row is None else f'it is at {row[ver]}'}",
+                    table=self.name,
+                    key={self.key_column: key},
+                    expected=expected,
+                    current=copy.deepcopy(row),
+                )
+            if self.fenced and token is not None and token < self._tokens.get(key, token):
+                raise StaleToken(f"{self.name}:{key}", token, self._tokens[key])
+        versions = []
+        for key, values, _expected, token, _insert in changes:
+            row = self._rows.get(key)
+            over = row[ver] if row is not None else None
+            new = (over or 0) + 1
+            if row is None:
+                row = self._rows[key] = {}
+            row.update(copy.deepcopy(values))
+            row[ver] = new
+            base = self._read.get((who, key), None) if (who, key) in self._read else None
+            self.history.append(Write(who, key, dict(values), base, over, new, token))
+            self._read[(who, key)] = new
+            if token is not None:
+                self._tokens[key] = max(token, self._tokens.get(key, token))
+            versions.append(new)
+        return versions
+
+    async def read(self, key: Any) -> dict[str, Any] | None:
+        """The row as committed now (a copy), or ``None``; point ``db.read``."""
+        fault = await self._point("db.read", key)
+        if fault is not None:
+            raise InjectedFault(fault)
+        return self._note_read(key)
+
+    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
+        """Set ``values`` on the row (created if missing), committed at once; returns the
+        new version; point ``db.write``."""
+        _check_values(values, self.version_column)
+        fault = await self._point("db.write", key)
+        (version,) = self._apply(self._who(), [(key, values, None, token, False)])
+        if fault is not None:
+            raise InjectedFault(fault)
+        return version
+
+    async def update(
+        self, key: Any, version: int, *, token: int | None = None, **values: Any
+    ) -> int:
+        """Set ``values`` only if the row is still at ``version`` (else
+        :class:`~jobfence.StaleVersion`); returns the new version; point ``db.write``."""
+        _check_values(values, self.version_column)
+        fault = await self._point("db.write", key)
+        (new,) = self._apply(self._who(), [(key, values, version, token, False)])
+        if fault is not None:
+            raise InjectedFault(fault)
+        return new
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SimTransaction]:
+        """A transaction: its writes are applied together at ``db.commit`` when the block
+        ends, or not at all if it raises."""
+        tx = SimTransaction(self)
+        yield tx
+        await tx.commit()
+
+
+class SimTransaction(_Base):
+    """The verbs of :class:`SimTable` inside one transaction (reads see its own writes)."""
+
+    def __init__(self, table: SimTable) -> None:
+        self.table = table
+        self._changes: list[tuple[Any, dict[str, Any], int | None, int | None, bool]] = []
+
+    async def read(self, key: Any) -> dict[str, Any] | None:
+        table = self.table
+        fault = await table._point("db.read", key)
+        if fault is not None:
+            raise InjectedFault(fault)
+        row = table._note_read(key)
+        for k, values, _e, _t, _i in self._changes:
+            if k == key:
+                row = {**(row or {}), **copy.deepcopy(values)}
+        return row
+
+    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
+        table = self.table
+        _check_values(values, table.version_column)
+        fault = await table._point("db.write", key)
+        if fault is not None:
+            raise InjectedFault(fault)
+        self._changes.append((key, dict(values), None, token, False))
+        row = table._rows.get(key)
+        return (row[table.version_column] if row is not None else 0) + 1
+
+    async def update(
+        self, key: Any, version: int, *, token: int | None = None, **values: Any
+    ) -> int:
+        table = self.table
+        _check_values(values, table.version_column)
+        fault = await table._point("db.write", key)
+        if fault is not None:
+            raise InjectedFault(fault)
+        row = table._rows.get(key)
+        current = row[table.version_column] if row is not None else None
+        if current != version:
+            table._apply(table._who(), [(key, {}, version, None, False)])  # raises
+        self._changes.append((key, dict(values), version, token, False))
+        return version + 1
+
+    async def commit(self) -> None:
+        """Apply the writes (point ``db.commit``); a ``commit_unknown`` fault applies them
+        and raises."""
+        table = self.table
+        fault = await table._point("db.commit", None)
+        if fault is not None and fault.kind != "commit_unknown":
+            raise InjectedFault(fault)
+        changes, self._changes = self._changes, []
+        if changes:
+            table._apply(table._who(), changes)
+        if fault is not None:
+            raise InjectedFault(fault)
+
+
+def make_table(
+    sim: Simulation,
+    name: str,
+    rows: Mapping[Any, Mapping[str, Any]],
+    *,
+    url: str | None,
+    fenced: bool,
+) -> Any:
+    if url is None:
+        return SimTable(sim, name, rows, fenced)
+    raise ConfigurationError(
+        "url= (a real database under the simulation) is not available yet", argument="url"
+    )
