@@ -24,6 +24,8 @@ import asyncio
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from ._sim import _Crashed, _Stop
+
 if TYPE_CHECKING:
     from ._sim import Simulation
 
@@ -33,8 +35,6 @@ __all__ = ["SimLoop"]
 def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """Tasks of a crashed process, or of a schedule a check ended, are unwound with
     exceptions nobody retrieves: not worth a report. Anything else is."""
-    from ._sim import _Crashed, _Stop
-
     if isinstance(context.get("exception"), (_Crashed, _Stop)):
         return
     loop.default_exception_handler(context)

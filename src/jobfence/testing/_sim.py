@@ -677,6 +677,8 @@ class Simulation:
             task.finished.set_result(None)
         if task.error is not None and not _expected(task.error) and self.failure is None:
             self.failure = task.error
+        if self.checkers and not self.stopping:
+            self.run_checks()  # a task's last step ends here, with no point after it
 
     def iter_holders(self) -> Iterator[tuple[str, list[SimTask]]]:
         """Per critical section: the tasks counted as holding it now."""

@@ -43,6 +43,8 @@ STRATEGIES = ("random", "pct", "fifo", "exhaustive")
 _LOG = logging.getLogger("jobfence")
 #: set by ``pytest --jobfence-seed=N``: run only that schedule
 _REPLAY_SEED: int | None = None
+#: set by ``pytest --jobfence-schedules=N``: every explore runs N schedules
+_SCHEDULES: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,13 +93,14 @@ class Failure:
 
     def __str__(self) -> str:
         faults = ", ".join(map(str, self.tape.faults)) or "none"
+        where = f"schedule {self.index} (seed {self.seed})" if self.seed >= 0 else "the replay"
+        seed = f"pytest --jobfence-seed={self.seed}, or " if self.seed >= 0 else ""
         return (
-            f"schedule {self.index} (seed {self.seed}) failed: {self.check}: {self.message}\n"
+            f"{where} failed: {self.check}: {self.message}\n"
             f"  faults: {faults}\n"
             f"  tape:   {self.tape}   ({self.deviations} deviation(s) from FIFO; before "
             f"shrinking: {len(self.original.picks)} picks, {len(self.original.faults)} faults)\n"
-            f"  replay: pytest --jobfence-seed={self.seed}, or failure.replay() / "
-            f"testing.replay(scenario, {str(self.tape)!r})"
+            f"  replay: {seed}failure.replay() / testing.replay(scenario, {str(self.tape)!r})"
         )
 
 
@@ -393,6 +396,8 @@ def explore(
     error, a deadlock, or more than ``max_steps`` decisions / ``max_time`` virtual seconds.
     """
     schedules = _check_int(schedules, "schedules", 1)
+    if _SCHEDULES:
+        schedules = _SCHEDULES
     seed = _check_int(seed, "seed", 0)
     depth = _check_int(depth, "depth", 1)
     if strategy not in STRATEGIES:

@@ -41,8 +41,9 @@ __all__ = [
 #: every kind of fault, in the order ``faults="auto"`` tries them at one hit
 KINDS = ("transient", "commit_unknown", "lost_ack", "pause_past_ttl", "crash")
 
-#: how long ``pause_past_ttl`` stops a process unless told: longer than any lease
-DEFAULT_PAUSE = 3600.0
+#: how long ``pause_past_ttl`` stops a process unless told (virtual seconds): ten times
+#: jobfence's default ttl, claim ttl and visibility (30 s); pass ``seconds=`` for longer ones
+DEFAULT_PAUSE = 300.0
 
 
 class InjectedFault(ConnectionResetError):
@@ -149,8 +150,9 @@ def pause_past_ttl(
     point: str, nth: int = 1, *, seconds: float | None = None, task: str | None = None
 ) -> Fault:
     """The process of the task hitting ``point`` the ``nth`` time stops there (a GC pause,
-    SIGSTOP) for ``seconds`` of virtual time, by default longer than any lease; its
-    renewers stop with it. Every other task goes on meanwhile."""
+    SIGSTOP) for ``seconds`` of virtual time (default :data:`DEFAULT_PAUSE`, 300 s: past
+    leases of jobfence's default 30 s); its renewers stop with it. Every other task goes on
+    meanwhile."""
     return Fault("pause_past_ttl", point, nth, task, seconds)
 
 
