@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -45,15 +46,19 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
-def pytest_configure(config: Any) -> None:
-    from . import explore
+def _explore_module() -> Any:
+    # the module, not the function of the same name the package exports
+    return importlib.import_module("jobfence.testing.explore")
 
+
+def pytest_configure(config: Any) -> None:
+    explore = _explore_module()
     explore._REPLAY_SEED = config.getoption("--jobfence-seed")
     explore._SCHEDULES = config.getoption("--jobfence-schedules") or None
 
 
 def pytest_unconfigure(config: Any) -> None:
-    from . import explore
+    explore = _explore_module()
 
     explore._REPLAY_SEED = None
     explore._SCHEDULES = None
