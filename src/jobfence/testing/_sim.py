@@ -43,7 +43,7 @@ EPOCH = 1_767_225_600.0
 _ids = itertools.count(1)
 # the task each running loop runs now (what asyncio.current_task reads), read directly: a
 # simulation asks it at every point
-_CURRENT_TASKS: dict[Any, Any] = getattr(asyncio.tasks, "_current_tasks", {})
+_CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
 _running_loop = asyncio._get_running_loop
 #: points after which a process holds something another process recovers once it expires
 _TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive"})
@@ -377,7 +377,12 @@ class Simulation:
     # -- the points -----------------------------------------------------------------------
     def current(self) -> SimTask | None:
         """The simulated task running now (``None`` outside one)."""
-        atask = _CURRENT_TASKS.get(self.loop) if _running_loop() is self.loop else None
+        if _running_loop() is not self.loop:
+            atask = None
+        elif _CURRENT_TASKS is not None:
+            atask = _CURRENT_TASKS.get(self.loop)
+        else:  # an asyncio without the dict: the public, slower way
+            atask = asyncio.current_task()
         if atask is None:
             return self._by_thread.get(threading.get_ident())
         task = self._by_atask.get(atask)
