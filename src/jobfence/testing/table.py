@@ -67,7 +67,7 @@ def _check_values(values: Mapping[str, Any], version_column: str) -> None:
 class _Base:
     """What a table and a transaction share: the verbs."""
 
-    table: SimTable
+    table: _Table
 
     async def read(self, key: Any) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -105,23 +105,26 @@ class _Base:
             return await self.update(keys[own.key_column], version, **values)
 
 
-class SimTable(_Base):
-    """A simulated table (see the module docs). ``name``, ``key_column`` (``"id"``) and
-    ``version_column`` (``"version"``) matter to ``versioned_update``."""
+class _Table(_Base):
+    """What every simulated table keeps, wherever its rows live: the history of committed
+    writes, the version of each row each task last read or wrote, and the points."""
 
     key_column = "id"
     version_column = "version"
 
-    def __init__(
-        self, sim: Simulation, name: str, rows: Mapping[Any, Mapping[str, Any]], fenced: bool
-    ) -> None:
+    def __init__(self, sim: Simulation, name: str, fenced: bool) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"name must be a non-empty str, got {name!r}", argument="name")
         self.sim = sim
         self.name = name
         self.table = self
         self.fenced = fenced
-        self._rows: dict[Any, dict[str, Any]] = {}
+        self.history: list[Write] = []
+        self._read: dict[tuple[str, Any], int | None] = {}
+
+    def _initial(self, rows: Mapping[Any, Mapping[str, Any]]) -> dict[Any, dict[str, Any]]:
+        """The starting rows, each a new dict with its version (1 unless given)."""
+        out: dict[Any, dict[str, Any]] = {}
         for key, row in rows.items():
             if not isinstance(row, Mapping):
                 raise ConfigurationError(
@@ -130,20 +133,14 @@ class SimTable(_Base):
                 )
             stored = dict(row)
             stored.setdefault(self.version_column, 1)
-            self._rows[key] = stored
-        self.history: list[Write] = []
-        self._read: dict[tuple[str, Any], int | None] = {}
-        self._tokens: dict[Any, int] = {}
+            out[key] = stored
+        return out
 
-    # -- without points (checks, setup) ------------------------------------------------
     def get(self, key: Any) -> dict[str, Any] | None:
-        """The committed row (a copy), or ``None``; no point."""
-        row = self._rows.get(key)
-        return copy.deepcopy(row) if row is not None else None
+        raise NotImplementedError
 
     def rows(self) -> dict[Any, dict[str, Any]]:
-        """Every committed row (copies); no point."""
-        return copy.deepcopy(self._rows)
+        raise NotImplementedError
 
     def lost_updates(self) -> list[Write]:
         """The committed writes computed from an older version than the one they replaced."""
@@ -161,6 +158,56 @@ class SimTable(_Base):
         task = self.sim.current()
         return task.name if task is not None else "main"
 
+    # -- the bookkeeping -------------------------------------------------------------
+    def _stale(self, key: Any, expected: int, row: dict[str, Any] | None) -> StaleVersion:
+        """The error of a write expecting ``expected`` while the row is ``row`` now."""
+        ver = self.version_column
+        return StaleVersion(
+            f"stale version for {self.name} {key!r}: expected {ver} = {expected}, "
+            f"but {'the row is gone' if row is None else f'it is at {row[ver]}'}",
+            table=self.name,
+            key={self.key_column: key},
+            expected=expected,
+            current=copy.deepcopy(row),
+        )
+
+    def _record(
+        self,
+        who: str,
+        key: Any,
+        values: dict[str, Any],
+        over: int | None,
+        new: int,
+        token: int | None,
+    ) -> None:
+        """A committed write of ``who``: into the history, with the version ``who`` had
+        read of the row (``base``); ``who`` has seen ``new`` since."""
+        base = self._read.get((who, key))
+        self.history.append(Write(who, key, dict(values), base, over, new, token))
+        self._read[(who, key)] = new
+
+
+class SimTable(_Table):
+    """A simulated table (see the module docs). ``name``, ``key_column`` (``"id"``) and
+    ``version_column`` (``"version"``) matter to ``versioned_update``."""
+
+    def __init__(
+        self, sim: Simulation, name: str, rows: Mapping[Any, Mapping[str, Any]], fenced: bool
+    ) -> None:
+        super().__init__(sim, name, fenced)
+        self._rows: dict[Any, dict[str, Any]] = self._initial(rows)
+        self._tokens: dict[Any, int] = {}
+
+    # -- without points (checks, setup) ------------------------------------------------
+    def get(self, key: Any) -> dict[str, Any] | None:
+        """The committed row (a copy), or ``None``; no point."""
+        row = self._rows.get(key)
+        return copy.deepcopy(row) if row is not None else None
+
+    def rows(self) -> dict[Any, dict[str, Any]]:
+        """Every committed row (copies); no point."""
+        return copy.deepcopy(self._rows)
+
     def _note_read(self, key: Any) -> dict[str, Any] | None:
         row = self._rows.get(key)
         self._read[(self._who(), key)] = row[self.version_column] if row is not None else None
@@ -176,14 +223,7 @@ class SimTable(_Base):
         for key, _values, expected, token, _insert in changes:
             row = self._rows.get(key)
             if expected is not None and (row is None or row[ver] != expected):
-                raise StaleVersion(
-                    f"stale version for {self.name} {key!r}: expected {ver} = {expected}, "
-                    f"but {'the row is gone' if row is None else f'it is at {row[ver]}'}",
-                    table=self.name,
-                    key={self.key_column: key},
-                    expected=expected,
-                    current=copy.deepcopy(row),
-                )
+                raise self._stale(key, expected, row)
             if self.fenced and token is not None and token < self._tokens.get(key, token):
                 raise StaleToken(f"{self.name}:{key}", token, self._tokens[key])
         versions = []
@@ -195,9 +235,7 @@ class SimTable(_Base):
                 row = self._rows[key] = {}
             row.update(copy.deepcopy(values))
             row[ver] = new
-            base = self._read.get((who, key), None) if (who, key) in self._read else None
-            self.history.append(Write(who, key, dict(values), base, over, new, token))
-            self._read[(who, key)] = new
+            self._record(who, key, values, over, new, token)
             if token is not None:
                 self._tokens[key] = max(token, self._tokens.get(key, token))
             versions.append(new)
@@ -244,6 +282,8 @@ class SimTable(_Base):
 class SimTransaction(_Base):
     """The verbs of :class:`SimTable` inside one transaction (reads see its own writes)."""
 
+    table: SimTable
+
     def __init__(self, table: SimTable) -> None:
         self.table = table
         self._changes: list[tuple[Any, dict[str, Any], int | None, int | None, bool]] = []
@@ -280,7 +320,7 @@ class SimTransaction(_Base):
         row = table._rows.get(key)
         current = row[table.version_column] if row is not None else None
         if current != version:
-            table._apply(table._who(), [(key, {}, version, None, False)])  # raises
+            raise table._stale(key, version, row)
         self._changes.append((key, dict(values), version, token, False))
         return version + 1
 
