@@ -56,8 +56,14 @@ class SimLoop(asyncio.SelectorEventLoop):
         sim = self.sim
         if sim is not None and sim.external > 0:
             return True
-        # the self-pipe is always registered; anything else is real I/O someone waits for
-        return len(self._selector.get_map()) > 1  # type: ignore[attr-defined]
+        # the self-pipe is always registered; anything else is real I/O someone waits for,
+        # except the socket of a statement that stalled (it may wait for long)
+        registered = self._selector.get_map()  # type: ignore[attr-defined]
+        waiting = len(registered) - 1
+        if waiting and sim is not None and sim.statements:
+            stalled = [s.fd for s in sim.statements if s.stalled and s.fd is not None]
+            waiting -= sum(1 for fd in stalled if fd in registered)
+        return waiting > 0
 
     def _run_once(self) -> None:
         ready: Any = self._ready  # type: ignore[attr-defined]
@@ -75,6 +81,8 @@ class SimLoop(asyncio.SelectorEventLoop):
                     return  # a thread task runs: nobody else may until it reaches a point
                 if not ready and sim is not None and sim.external > 0:
                     sim.stalled_io()  # a statement blocks (e.g. on another task's row lock)
+            elif sim is not None and sim.statements:  # stalled ones: take an answer, no wait
+                self._process_events(self._selector.select(0))  # type: ignore[attr-defined]
             if not ready and sim is not None and sim.decide():
                 pass  # a parked task was let go: its wake-up is ready now
             elif not ready and scheduled:

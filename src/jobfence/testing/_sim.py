@@ -16,9 +16,9 @@ import inspect
 import itertools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from .._core.clock import Clock
 from .._core.hooks import hook
@@ -29,7 +29,8 @@ from .strategies import Strategy
 if TYPE_CHECKING:
     from ._loop import SimLoop
     from .checkers import Checker
-    from .table import SimTable
+    from .table import SimTable, _Table
+    from .table_real import RealTable
 
 __all__ = ["SimClock", "SimTask", "Simulation", "Violation", "point"]
 
@@ -172,6 +173,18 @@ class _Gate:
         return fault if fault is not None and fault.kind == "commit_unknown" else None
 
 
+class _Statement:
+    """A statement of a real-database table in flight (:meth:`Simulation.real_io`): the
+    socket it waits on (``fd``, if the driver waits on the loop's selector), and whether it
+    stalled."""
+
+    __slots__ = ("fd", "stalled")
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.stalled = False
+
+
 class _Crashed(BaseException):
     """Unwinds a crashed task at the end of its schedule (never caught by ``except
     Exception``)."""
@@ -221,13 +234,14 @@ class Simulation:
         self.deviations = 0
         self.steps = 0
         self.external = 0
+        self.statements: list[_Statement] = []  # real statements in flight
         self.running_threads = 0
         self.stopping = False
         self.failure: BaseException | None = None
         self.checkers: list[Checker] = []
         self.effects: dict[str, list[Any]] = {}
         self.sections: dict[str, list[tuple[SimTask, Any]]] = {}
-        self.tables: list[SimTable] = []
+        self.tables: list[_Table] = []
         self.clients: list[Any] = []
         self._spawned = 0
         self._cv = threading.Condition()
@@ -296,6 +310,26 @@ class Simulation:
         """Virtual seconds since the schedule began."""
         return self.loop.vtime
 
+    @overload
+    def table(
+        self,
+        name: str,
+        rows: dict[Any, dict[str, Any]] | None = None,
+        *,
+        url: None = None,
+        fenced: bool = False,
+    ) -> SimTable: ...
+
+    @overload
+    def table(
+        self,
+        name: str,
+        rows: dict[Any, dict[str, Any]] | None = None,
+        *,
+        url: str,
+        fenced: bool = False,
+    ) -> RealTable: ...
+
     def table(
         self,
         name: str,
@@ -303,13 +337,14 @@ class Simulation:
         *,
         url: str | None = None,
         fenced: bool = False,
-    ) -> SimTable:
+    ) -> SimTable | RealTable:
         """A table of versioned rows (see :class:`~jobfence.testing.table.SimTable`): in
         memory, or with ``url`` (``sqlite:///path`` or ``postgresql://...``) a real table
-        in that database, its statements still ordered at the points."""
+        in that database (:class:`~jobfence.testing.table_real.RealTable`), its statements
+        still ordered at the points."""
         from .table import make_table
 
-        table: SimTable = make_table(self, name, rows or {}, url=url, fenced=fenced)
+        table: SimTable | RealTable = make_table(self, name, rows or {}, url=url, fenced=fenced)
         self.tables.append(table)
         return table
 
@@ -502,10 +537,44 @@ class Simulation:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @contextmanager
+    def real_io(self) -> Iterator[_Statement]:
+        """The block is a statement of a real database (a table made with ``url=``): it
+        counts in :attr:`external`, so the loop waits for its answer instead of letting
+        another task go, unless it stalls (:meth:`stalled_io`)."""
+        statement = _Statement()
+        self.statements.append(statement)
+        self.external += 1
+        try:
+            yield statement
+        finally:
+            self.statements.remove(statement)
+            if not statement.stalled:
+                self.external -= 1
+
     def stalled_io(self) -> None:
-        """Real I/O did not answer within ``block_timeout``: only statements give way."""
+        """Real I/O did not answer within ``block_timeout``: only statements give way.
+        Each statement in flight (it waits, e.g. for a row lock a parked task holds) stops
+        counting in :attr:`external`, nor its socket as I/O to wait for, so the scheduler
+        can let another task go; its answer is taken whenever it comes. The order of events
+        then depends on real timing."""
+        for statement in self.statements:
+            if not statement.stalled:
+                statement.stalled = True
+                self.external -= 1
+
+    def answered(self, statement: _Statement) -> None:
+        """A round trip of ``statement`` answered: if it had stalled, the rest of it counts
+        again."""
+        if statement.stalled:
+            statement.stalled = False
+            self.external += 1
 
     def idle_forever(self) -> None:
+        if any(s.stalled for s in self.statements):  # not idle: count them again, wait
+            for statement in self.statements:
+                self.answered(statement)
+            return
         stuck = [t.name for t in self.tasks if not t.done and not t.process.crashed]
         who = ", ".join(stuck) if stuck else "the scenario"
         raise _Deadlock(f"deadlock: {who} wait(s) for something that never comes")

@@ -21,6 +21,10 @@ table made with ``fenced=True`` refuses a token lower than one it has accepted f
 tokens either way. The table keeps every committed write in :attr:`SimTable.history`, with
 the version its writer had read, which is how :func:`~jobfence.testing.no_lost_update`
 tells a lost update.
+
+``sim.table(name, rows, url="sqlite:///..." or "postgresql://...")`` keeps the rows in a
+real database instead, with the same verbs, points and history
+(:mod:`jobfence.testing.table_real`).
 """
 
 from __future__ import annotations
@@ -346,8 +350,9 @@ def make_table(
     url: str | None,
     fenced: bool,
 ) -> Any:
+    """The table ``sim.table(...)`` makes: in memory, or in the database at ``url``."""
     if url is None:
         return SimTable(sim, name, rows, fenced)
-    raise ConfigurationError(
-        "url= (a real database under the simulation) is not available yet", argument="url"
-    )
+    from .table_real import RealTable
+
+    return RealTable(sim, name, rows, fenced, url)
