@@ -49,7 +49,7 @@ def outside(url: str, table: RealTable, key: Any) -> dict[str, Any] | None:
     """The row ``key`` read by a connection of the test's own (committed data only)."""
     with admin(dialect(url), sqlite_file(url)) as conn:
         found = query(
-            conn, f"SELECT version, data FROM {table._sql} WHERE id = ?", (json.dumps(key),)
+            conn, f"SELECT version, data FROM {table.sql_name} WHERE id = ?", (json.dumps(key),)
         )
     if not found:
         return None
@@ -251,7 +251,7 @@ def test_nothing_is_left_behind(db_url: str) -> None:
                 "SELECT schema_name FROM information_schema.schemata WHERE schema_name IN ("
                 + ", ".join("?" for _ in names)
                 + ")",
-                tuple(name.split(".")[0] for name in names),
+                tuple(name.split(".")[0].strip('"') for name in names),
             )
         else:
             left = query(conn, "SELECT name FROM sqlite_master WHERE name LIKE '%jfsim%'")
@@ -481,3 +481,9 @@ def test_a_transaction_is_its_tasks_own(db_url: str) -> None:
     if file is not None:
         with sqlite3.connect(file) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_postgres_scheme_is_accepted_too() -> None:
+    url = POSTGRES_URL.replace("postgresql://", "postgres://", 1)
+    assert url.startswith("postgres://")
+    explore(fixed(url), schedules=3, faults=faults.auto(kinds=["transient"])).assert_ok()

@@ -106,14 +106,14 @@ class _Driver:
     def admin_run(self, conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         raise NotImplementedError
 
-    def create(self, conn: Any, table: str, name: str, rows: list[tuple[Any, ...]]) -> None:
+    def create(self, conn: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
 
-    def drop(self, conn: Any, table: str, name: str) -> None:
+    def drop(self, conn: Any, table: str) -> None:
         raise NotImplementedError
 
-    def qualified(self, name: str, uid: str) -> tuple[str, str]:
-        """(the quoted name statements use, the unquoted one to show)."""
+    def qualified(self, name: str, uid: str) -> str:
+        """The table's name in the database, quoted (schema-qualified on PostgreSQL)."""
         raise NotImplementedError
 
     async def connect(self) -> Any:
@@ -170,7 +170,7 @@ class _SQLite(_Driver):
     def admin_run(self, conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         return list(conn.execute(sql, params).fetchall())
 
-    def create(self, conn: Any, table: str, name: str, rows: list[tuple[Any, ...]]) -> None:
+    def create(self, conn: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
@@ -185,12 +185,11 @@ class _SQLite(_Driver):
             conn.execute("ROLLBACK")
             raise
 
-    def drop(self, conn: Any, table: str, name: str) -> None:
+    def drop(self, conn: Any, table: str) -> None:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
 
-    def qualified(self, name: str, uid: str) -> tuple[str, str]:
-        shown = f"{name}_jfsim_{uid}"
-        return f'"{shown}"', shown
+    def qualified(self, name: str, uid: str) -> str:
+        return f'"{name}_jfsim_{uid}"'
 
     async def connect(self) -> Any:
         pending = self.aiosqlite.connect(
@@ -253,7 +252,7 @@ class _Postgres(_Driver):
         cursor = conn.execute(sql, params)
         return cursor.fetchall() if cursor.description is not None else []
 
-    def create(self, conn: Any, table: str, name: str, rows: list[tuple[Any, ...]]) -> None:
+    def create(self, conn: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
         schema = table.split(".")[0]
         with conn.transaction():
             conn.execute(f"CREATE SCHEMA {schema}")
@@ -267,12 +266,11 @@ class _Postgres(_Driver):
                     rows,
                 )
 
-    def drop(self, conn: Any, table: str, name: str) -> None:
+    def drop(self, conn: Any, table: str) -> None:
         conn.execute(f"DROP SCHEMA IF EXISTS {table.split('.')[0]} CASCADE")
 
-    def qualified(self, name: str, uid: str) -> tuple[str, str]:
-        schema = f"jfsim_{uid}"
-        return f'"{schema}"."{name}"', f"{schema}.{name}"
+    def qualified(self, name: str, uid: str) -> str:
+        return f'"jfsim_{uid}"."{name}"'
 
     async def connect(self) -> Any:
         return await self.psycopg.AsyncConnection.connect(self.url, **self.kwargs)
@@ -328,7 +326,8 @@ def _driver(url: object) -> tuple[_Driver, str]:
 class RealTable(_Table):
     """A simulated table in a real database (see the module docs): the verbs, points and
     checks of :class:`~jobfence.testing.SimTable`. :attr:`sql_name` is the table's name
-    in the database (for a look with a connection of your own while the schedule runs)."""
+    in the database, quoted (for a look with a connection of your own while the schedule
+    runs)."""
 
     def __init__(
         self,
@@ -352,9 +351,10 @@ class RealTable(_Table):
                 )
             initial.append((self._key(key), version, None, self._dump(row, "rows")))
         self._driver, self.url = _driver(url)
-        self._sql, self.sql_name = self._driver.qualified(name, uuid.uuid4().hex[:12])
+        #: the table's name in the database, quoted, as a statement of your own names it
+        self.sql_name = self._driver.qualified(name, uuid.uuid4().hex[:12])
         m = self._driver.mark
-        t = self._sql
+        t = self.sql_name
         self._select = f"SELECT version, token, data FROM {t} WHERE id = {m}"
         self._select_lock = self._select + self._driver.lock_row
         self._insert = f"INSERT INTO {t} (id, version, token, data) VALUES ({m}, {m}, {m}, {m})"
@@ -363,7 +363,7 @@ class RealTable(_Table):
         self._closed = False
         self._admin = self._driver.admin()
         try:
-            self._driver.create(self._admin, self._sql, name, initial)
+            self._driver.create(self._admin, self.sql_name, initial)
         except BaseException:
             self._admin.close()
             raise
@@ -433,7 +433,7 @@ class RealTable(_Table):
         self._check_open()
         out = {}
         for text, version, data in self._driver.admin_run(
-            self._admin, f"SELECT id, version, data FROM {self._sql} ORDER BY id"
+            self._admin, f"SELECT id, version, data FROM {self.sql_name} ORDER BY id"
         ):
             row = json.loads(data)
             row[self.version_column] = version
@@ -531,7 +531,7 @@ class RealTable(_Table):
                 for mine in conns.values():
                     for conn in mine:
                         await self._discard(conn, None)
-            self._driver.drop(self._admin, self._sql, self.name)
+            self._driver.drop(self._admin, self.sql_name)
         finally:
             self._admin.close()
 
