@@ -153,14 +153,13 @@ class _Gate:
         proc = task.process
         if fault is not None:
             sim.impaired = True
-        if fault is not None and fault.kind == "crash":
-            sim.crash(proc)
-        elif fault is not None and fault.kind == "pause_past_ttl":
-            until = sim.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
-            proc.paused_until = until
-            sim.loop.call_at(until, sim.noop)  # so that time gets there
-        forced = fault is not None
-        if proc.crashed or proc.paused_until is not None or not sim.go_on(task, forced):
+            if fault.kind == "crash":
+                sim.crash(proc)
+            elif fault.kind == "pause_past_ttl":
+                until = sim.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
+                proc.paused_until = until
+                sim.loop.call_at(until, sim.noop)  # so that time gets there
+        if proc.crashed or proc.paused_until is not None or not sim.go_on(task, fault is not None):
             fut: asyncio.Future[None] = sim.loop.create_future()
             task.waiter = fut
             task.parked_at = self.point
@@ -168,9 +167,11 @@ class _Gate:
             yield from fut.__await__()
         if sim.stopping and proc.crashed:
             raise _Crashed
-        if fault is not None and fault.kind == "transient":
+        if fault is None:
+            return None
+        if fault.kind == "transient":
             raise InjectedFault(fault)
-        return fault if fault is not None and fault.kind == "commit_unknown" else None
+        return fault if fault.kind == "commit_unknown" else None
 
 
 class _Statement:
@@ -443,13 +444,14 @@ class Simulation:
             if point in _TAKES:
                 task.process.holds = True
         fault = None
-        for f in self._by_hit.get((point, nth), ()):
-            if f.task is None or task.name == f.task:
-                fault = f
-                break
-        if fault is not None and fault.kind == "lost_ack":
-            self._lose_ack(info)
-            fault = None
+        if self._by_hit:  # a schedule without faults skips the look-up
+            for f in self._by_hit.get((point, nth), ()):
+                if f.task is None or task.name == f.task:
+                    fault = f
+                    break
+            if fault is not None and fault.kind == "lost_ack":
+                self._lose_ack(info)
+                fault = None
         if task.thread:
             self._thread_point(task, point, fault)
             return None
@@ -496,7 +498,7 @@ class Simulation:
             others = [t for t in self.parked if self.runnable(t)]
             self._wake_threads(others)
         else:
-            others = self.parked[:]
+            others = self.parked
         if not others:
             return not forced or not self._has_timers()
         candidates = [*others, task] if forced else [task, *others]
