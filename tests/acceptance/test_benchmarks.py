@@ -58,7 +58,7 @@ def test_bench_testing_quick_prints_every_row_and_finds_both_bugs() -> None:
     assert lost[2] == "no_lost_update", lost
     duplicate = rows[("(b) duplicate processing", "yes")]
     assert duplicate[2] == "exactly_once", duplicate
-    assert "no_lost_update: t2 wrote inventory['stock']" in out
+    assert "no_lost_update: t1 wrote inventory['stock']" in out
     assert "exactly_once: charge applied more than once for 'order-1'" in out
     # 3. the profile section
     assert "## 3. Where the time goes" in out

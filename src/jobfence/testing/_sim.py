@@ -228,6 +228,9 @@ class Simulation:
         self._by_atask: dict[asyncio.Task[Any], SimTask] = {}
         self._by_thread: dict[int, SimTask] = {}
         self.parked: list[SimTask] = []
+        #: tasks parked only so that others could reach their points first: still the
+        #: running ones, so they come first among the candidates (the FIFO choice)
+        self.deferred: list[SimTask] = []
         self.sleeping: list[SimTask] = []  # thread tasks waiting in virtual time
         self.hits: dict[str, int] = {}
         self.trail: list[tuple[str, int, str]] = []  # (point, nth, task) when recording
@@ -475,6 +478,10 @@ class Simulation:
         return True
 
     def _pick(self, candidates: list[SimTask]) -> SimTask:
+        if self.deferred:
+            first = [t for t in self.deferred if t in candidates]
+            candidates = first + [t for t in candidates if t not in first]
+            self.deferred.clear()
         self.steps += 1
         if self.steps > self.max_steps:
             raise _Budget(f"the schedule took more than max_steps={self.max_steps} decisions")
@@ -493,6 +500,7 @@ class Simulation:
         if self.checkers:
             self.run_checks()
         if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
+            self.deferred.append(task)
             return False
         if self.impaired or self.sleeping:
             others = [t for t in self.parked if self.runnable(t)]

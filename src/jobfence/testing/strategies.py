@@ -4,7 +4,9 @@ A strategy is asked at every *decision*: a task reached a point (or every task i
 one) and more than one task could go on. ``candidates`` is in canonical order: the task that
 just reached the point first (unless a fault made it give way), then the parked tasks in the
 order they parked, so ``candidates[0]`` is always the FIFO choice and any other pick is a
-*deviation* (a preemption). The strategies:
+*deviation* (a preemption). A task that parked only so that tasks just spawned or woken could
+reach their points counts as the one that just reached its point: it was running. The
+strategies:
 
 - :class:`Fifo`: never deviates (each task runs until it blocks; then the one parked first);
 - :class:`Random`: a seeded uniform pick;

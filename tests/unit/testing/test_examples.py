@@ -54,8 +54,8 @@ def test_a_naive_retry_loses_an_update_under_auto_faults() -> None:
     (blip,) = failure.original.faults  # found with the article's network blip on a write...
     assert (blip.kind, blip.point) == ("transient", "db.write")
     assert failure.tape.faults == () and failure.deviations == 1  # ...shrunk: one preemption
-    assert str(failure).startswith("schedule 3 (seed 3) failed: no_lost_update: t2 wrote")
-    assert "tape:   t2 t1 t1   (1 deviation(s)" in str(failure)  # as docs/testing.md shows
+    assert str(failure).startswith("schedule 3 (seed 3) failed: no_lost_update: t1 wrote")
+    assert "tape:   t1 t2 t2   (1 deviation(s)" in str(failure)  # as docs/testing.md shows
     assert report.schedules <= 50
     assert not failure.replay().ok  # the tape replays the same lost update
 
