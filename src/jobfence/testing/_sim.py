@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from .._core.clock import Clock
 from .._core.hooks import hook
@@ -68,8 +68,9 @@ class _Deadlock(Exception):
     pass
 
 
-class _Budget(Exception):
-    pass
+class _Budget(_Stop):
+    """``max_steps`` or ``max_time`` ran out: ends the schedule like a failed check (a
+    ``BaseException`` too, so a job's ``except Exception`` cannot swallow it and spin on)."""
 
 
 @dataclass(eq=False)
@@ -484,7 +485,7 @@ class Simulation:
             self.deferred.clear()
         self.steps += 1
         if self.steps > self.max_steps:
-            raise _Budget(f"the schedule took more than max_steps={self.max_steps} decisions")
+            self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
         if len(candidates) == 1:
             return candidates[0]
         i = self.strategy.choose(candidates, len(self.picks))
@@ -493,6 +494,10 @@ class Simulation:
         chosen = candidates[i]
         self.picks.append(chosen.name)
         return chosen
+
+    def _over_budget(self, message: str) -> NoReturn:
+        self.violate("budget", message)
+        raise _Budget(message)
 
     def go_on(self, task: SimTask, forced: bool) -> bool:
         """``task`` reached a point: True if it goes on; else it parks (the caller parks it)
@@ -526,7 +531,7 @@ class Simulation:
         if self.checkers:
             self.run_checks()
         if self.loop.vtime > self.max_time:
-            raise _Budget(f"virtual time passed max_time={self.max_time:g} s")
+            self._over_budget(f"virtual time passed max_time={self.max_time:g} s")
         candidates = [t for t in self.parked if self.runnable(t)]
         self._wake_threads(candidates)
         if not candidates:

@@ -514,7 +514,7 @@ def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> tuple[Tape
             best = attempt
         else:
             i += 1
-    changed = True
+    changed = best.deviations > 0  # else there is no deviation to take back
     while changed and runs < budget:
         changed = False
         picks: list[str | None] = list(best.tape.picks)
