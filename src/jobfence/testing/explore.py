@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ _LOG = logging.getLogger("jobfence")
 _REPLAY_SEED: int | None = None
 #: set by ``pytest --jobfence-schedules=N``: every explore runs N schedules
 _SCHEDULES: int | None = None
+#: the random module is seeded with this at the start of every schedule (and restored after)
+_RANDOM_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,10 @@ class _Runner:
         old_clock = set_clock(SimClock(loop))
         old_hook = set_hook(_sim.route)
         _sim.install(sim)
+        # what jobs draw from the random module (retry_unit's jitter: how long a backoff
+        # sleeps, so which task wakes first) is the same in every run of a schedule
+        old_random = random.getstate()
+        random.seed(_RANDOM_SEED)
         error: BaseException | None = None
         try:
             main = contextvars.copy_context().run(loop.create_task, self._main(sim))
@@ -277,6 +284,7 @@ class _Runner:
                 self._teardown(sim)
             finally:
                 _sim.install(None)
+                random.setstate(old_random)
                 set_hook(old_hook)
                 set_clock(old_clock)
                 loop.sim = None
