@@ -608,7 +608,7 @@ class Simulation:
 
     def run_checks(self) -> None:
         for checker in self.checkers:
-            problem = checker.step(self)
+            problem = verdict(checker, self, end=False)
             if problem:
                 self.violate(checker.name, problem)
                 raise _Stop
@@ -787,6 +787,16 @@ class Simulation:
                 await client.close()
             except Exception:  # a crashed task's client: nothing left to give back
                 pass
+
+
+def verdict(checker: Checker, sim: Simulation, *, end: bool) -> str | None:
+    """What ``checker`` finds wrong now (``end``: at the end of the schedule), or ``None``.
+    A checker that raises fails the schedule under its own name: its exception is not
+    thrown into the job whose point ran the check, which might catch it and go on."""
+    try:
+        return checker.end(sim) if end else checker.step(sim)
+    except Exception as exc:
+        return f"the checker raised {exc!r}"
 
 
 def _lease_valid(lease: Any, now: float) -> bool:

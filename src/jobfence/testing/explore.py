@@ -240,7 +240,7 @@ class _Runner:
         await result
         await sim.join()
         for checker in sim.checkers:
-            problem = checker.end(sim)
+            problem = _sim.verdict(checker, sim, end=True)
             if problem:
                 sim.violate(checker.name, problem)
                 raise _Stop
