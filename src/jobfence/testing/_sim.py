@@ -161,11 +161,26 @@ class _Gate:
                 proc.paused_until = until
                 sim.loop.call_at(until, sim.noop)  # so that time gets there
         if proc.crashed or proc.paused_until is not None or not sim.go_on(task, fault is not None):
-            fut: asyncio.Future[None] = sim.loop.create_future()
-            task.waiter = fut
-            task.parked_at = self.point
-            sim.parked.append(task)
-            yield from fut.__await__()
+            cancelled = False
+            while True:
+                fut: asyncio.Future[None] = sim.loop.create_future()
+                task.waiter = fut
+                task.parked_at = self.point
+                sim.parked.append(task)
+                try:
+                    yield from fut.__await__()
+                    break
+                except asyncio.CancelledError:
+                    # cancelled where it waits (by another task, a timeout, its lease found
+                    # lost): it is no candidate any more
+                    sim.unpark(task)
+                    if sim.stopping or not (proc.crashed or proc.paused_until is not None):
+                        raise
+                    # a stopped process runs no code: it hears of it once it runs again
+                    # (a crashed one never does)
+                    cancelled = True
+            if cancelled:
+                raise asyncio.CancelledError
         if sim.stopping and proc.crashed:
             raise _Crashed
         if fault is None:
@@ -538,6 +553,15 @@ class Simulation:
             return False
         self._release(self._pick(candidates))
         return True
+
+    def unpark(self, task: SimTask) -> None:
+        """``task`` stopped waiting at its point without being let go (it was cancelled)."""
+        if task in self.parked:
+            self.parked.remove(task)
+        if task in self.deferred:
+            self.deferred.remove(task)
+        task.waiter = None
+        task.parked_at = None
 
     def _release(self, task: SimTask) -> None:
         self.parked.remove(task)

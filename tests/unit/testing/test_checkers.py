@@ -170,10 +170,22 @@ def test_single_holder_stops_the_schedule_when_a_second_task_enters() -> None:
     assert reached == []
 
 
-def test_single_holder_passes_a_lock() -> None:
+def test_single_holder_passes_a_lock_and_counts_a_lease_only_while_it_is_valid() -> None:
     reached: list[str] = []
     checks = [testing.single_holder("stock")]
     assert testing.explore(_sections(reached, True, False), schedules=30, checks=checks).ok
+    # paused past its ttl inside the section: the next holder enters while t1 is still
+    # there. Counted by its task alone, that is two holders ...
+    pause = [faults.pause_past_ttl("inside", seconds=60)]
+    report = testing.explore(
+        _sections(reached, True, False), schedules=1, faults=pause, checks=checks, shrink=False
+    )
+    assert report.failures[0].check == "single_holder"
+    # ... with lease=, a holder whose lease has run out does not count
+    report = testing.explore(
+        _sections(reached, True, True), schedules=1, faults=pause, checks=checks, shrink=False
+    )
+    assert report.ok, report
 
 
 def test_single_holder_name_limits_it_to_one_section() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -297,3 +298,49 @@ def test_auto_tries_every_kind_by_default() -> None:
 def test_parse_reads_back_str_of_every_fault(fault: Fault) -> None:
     assert parse(str(fault)) == fault
     assert parse(f"  {fault}  ") == fault
+
+
+def test_a_paused_process_runs_no_code_until_its_pause_ends() -> None:
+    """A timeout that runs out while the process is stopped interrupts it only once it runs
+    again: it is not woken to run its clean-up in the middle of the pause."""
+    seen: list[Any] = []
+
+    async def job(sim: Simulation) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await testing.point("work")
+        except TimeoutError:
+            seen.append(("timed out", sim.now()))
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job, sim)
+        await sim.join()
+
+    fault = faults.pause_past_ttl("work", seconds=60)
+    assert testing.explore(scenario, schedules=1, faults=[fault]).ok
+    assert seen == [("timed out", 60.0)]
+
+
+def test_a_crashed_process_runs_no_code_even_when_cancelled() -> None:
+    seen: list[Any] = []
+
+    async def victim(sim: Simulation, log: list[str]) -> None:
+        try:
+            await testing.point("work")
+        finally:
+            log.append("clean-up")  # a killed process cleans nothing up
+
+    async def killer(sim: Simulation, target: Any) -> None:
+        await sim.sleep(1)
+        target.atask.cancel()
+        await sim.sleep(1)
+
+    async def scenario(sim: Simulation) -> None:
+        log: list[str] = []
+        target = sim.spawn(victim, sim, log)
+        sim.spawn(killer, sim, target)
+        await sim.join()
+        seen.append(list(log))
+
+    assert testing.explore(scenario, schedules=1, faults=[faults.crash("work")]).ok
+    assert seen == [[]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from math import factorial
 from typing import Any
 
@@ -219,3 +220,37 @@ def test_the_scenario_s_own_setup_is_never_faulted() -> None:
 
     assert testing.explore(recorded, schedules=50, faults="auto").ok
     assert trail and all("(x#1" in f for f in trail)
+
+
+def test_a_task_cancelled_where_it_waits_is_no_candidate_any_more() -> None:
+    """Cancelled while parked at a point, a task must leave the candidates: a decision must
+    never pick a task that has ended."""
+    bad: list[Any] = []
+
+    async def victim(sim: Simulation, ended: list[int]) -> None:
+        try:
+            await testing.point("a")
+            await testing.point("b")
+        except asyncio.CancelledError:
+            ended.append(len(sim.picks))
+            raise
+
+    async def killer(sim: Simulation, target: Any) -> None:
+        await testing.point("k")
+        target.atask.cancel()
+        for _ in range(4):
+            await testing.point("k")
+
+    async def scenario(sim: Simulation) -> None:
+        ended: list[int] = []
+        target = sim.spawn(victim, sim, ended)
+        sim.spawn(killer, sim, target)
+        sim.spawn(killer, sim, sim.spawn(victim, sim, []))
+        results = await sim.join()
+        if ended and "t1" in sim.picks[ended[0] :]:
+            bad.append(tuple(sim.picks))
+        assert all(isinstance(r, (asyncio.CancelledError, type(None))) for r in results)
+
+    report = testing.explore(scenario, schedules=100, seed=1)
+    assert report.ok, report
+    assert bad == []
