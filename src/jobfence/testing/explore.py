@@ -263,6 +263,7 @@ class _Runner:
         level = _LOG.level
         if quiet:  # thousands of schedules of expected warnings; a replay shows them
             _LOG.setLevel(logging.ERROR)
+        stores = _memory_stores()
         old_clock = set_clock(SimClock(loop))
         old_hook = set_hook(_sim.route)
         _sim.install(sim)
@@ -281,7 +282,7 @@ class _Runner:
                 error = exc
         finally:
             try:
-                self._teardown(sim)
+                self._teardown(sim, stores)
             finally:
                 _sim.install(None)
                 random.setstate(old_random)
@@ -292,7 +293,7 @@ class _Runner:
                     _LOG.setLevel(level)
         return self._outcome(sim, error)
 
-    def _teardown(self, sim: Simulation) -> None:
+    def _teardown(self, sim: Simulation, stores: dict[Any, set[str]]) -> None:
         loop = self.loop
         sim.stopping = True
         for task in list(sim.parked) + list(sim.sleeping):
@@ -315,11 +316,7 @@ class _Runner:
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
-        if sim.clients:
-            from ..backends.memory import inbox, locks, queue
-
-            for module in (locks, inbox, queue):
-                module.forget(sim.namespace)
+        _drop_new_stores(stores)
 
     def _outcome(self, sim: Simulation, error: BaseException | None) -> _Outcome:
         failure = sim.failure
@@ -338,6 +335,27 @@ class _Runner:
         return _Outcome(
             bool(check), check, message, err, tape, sim.deviations, sim.trail, sim.steps
         )
+
+
+def _memory_stores() -> dict[Any, set[str]]:
+    """The ``memory://`` stores (locks, inbox, queue) that exist now, by backend module."""
+    from ..backends.memory import inbox, locks, queue
+
+    out: dict[Any, set[str]] = {}
+    for module in (locks, inbox, queue):
+        with module._stores_mutex:
+            out[module] = set(module._stores)
+    return out
+
+
+def _drop_new_stores(before: dict[Any, set[str]]) -> None:
+    """Forget the ``memory://`` stores created during a schedule (``sim.locks()``... and a
+    job's own clients alike): the next schedule starts from the same state, so each one
+    replays alone, and thousands of schedules keep none of them."""
+    for module, keys in before.items():
+        with module._stores_mutex:
+            for key in [key for key in module._stores if key not in keys]:
+                del module._stores[key]
 
 
 def _describe(error: BaseException, sim: Simulation) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import jobfence
@@ -206,3 +207,53 @@ def test_an_injected_fault_or_a_jobfence_error_ending_a_job_is_not_a_failure() -
     )
     assert report.ok, report
     assert seen == [["InjectedFault", "LockTimeout", "RuntimeError"]]
+
+
+# -- isolation of schedules -----------------------------------------------------------------
+
+
+def test_a_memory_store_a_schedule_creates_does_not_outlive_it() -> None:
+    """A job's own memory:// client (here an inbox on a fixed URL, as a sync job in a thread
+    would make one) starts every schedule empty: what one schedule stored must not change
+    the next one, or a schedule would not replay alone."""
+    url = f"memory://jftest-{uuid.uuid4().hex}"
+    states: list[str] = []
+
+    def job() -> None:
+        inbox = jobfence.Inbox(url)
+        try:
+            claim = inbox.claim("order:1", ttl=60)
+            states.append(claim.state.value)
+            if claim.state is jobfence.ClaimState.NEW:
+                claim.complete("charged")
+        finally:
+            inbox.close()
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job)
+        await sim.join()
+
+    assert testing.explore(scenario, schedules=3).ok
+    assert states == ["new", "new", "new"]
+
+
+def test_many_schedules_leave_no_memory_store_behind() -> None:
+    from jobfence.backends.memory import inbox, locks, queue
+
+    async def job(sim: Simulation, n: int) -> None:
+        async with await sim.locks().acquire("res", ttl=30):
+            claim = await sim.inbox().claim(f"job:{n}")
+            await testing.point("work")
+            await claim.complete(n)
+        await sim.queue().publish(n)
+        sync = jobfence.Locks(f"memory://{sim.namespace}-sync")  # a job's own client
+        sync.close()
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job, sim, 1)
+        sim.spawn(job, sim, 2)
+        await sim.join()
+
+    before = [len(m._stores) for m in (locks, inbox, queue)]
+    assert testing.explore(scenario, schedules=300).ok
+    assert [len(m._stores) for m in (locks, inbox, queue)] == before
