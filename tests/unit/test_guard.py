@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import jobfence
+from jobfence._guard_run import COMPLETE_ATTEMPTS
 from jobfence.guard import current_lease, guarded
 
 
@@ -410,3 +411,111 @@ def test_a_transient_error_confirming_the_lease_still_completes_the_claim(
         set_hook(old)
     assert job(1) == "done"  # replayed
     assert effects == [1]
+
+
+# -- once the function has returned, a failure to store its result never lets it run again --
+def _failing_complete(times: int) -> Any:
+    """A hook that makes the first ``times`` stores of a result (inbox.complete) fail as a
+    dropped connection would; ``calls`` counts them."""
+    calls: list[str] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "inbox.complete":
+            calls.append(info["key"])
+            if len(calls) <= times:
+                raise ConnectionResetError("injected: the inbox did not answer")
+
+    hook.calls = calls  # type: ignore[attr-defined]
+    return hook
+
+
+def test_a_complete_that_fails_once_is_retried_and_the_claim_ends_completed(
+    inbox: jobfence.Inbox,
+) -> None:
+    from jobfence.testing import hooked
+
+    runs: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}")
+    def job(n: int) -> str:
+        runs.append(n)
+        return f"done {n}"
+
+    hook = _failing_complete(1)
+    with hooked(hook):
+        assert job(1) == "done 1"
+    assert hook.calls == ["job:1", "job:1"]  # the failed try, then the one that stored it
+    claim = inbox.claim("job:1")
+    assert claim.state is jobfence.ClaimState.COMPLETED and claim.result == "done 1"
+    assert job(1) == "done 1"  # a duplicate: replayed, not run
+    assert runs == [1]
+
+
+def test_a_complete_that_always_fails_keeps_the_claim_so_the_function_never_runs_twice(
+    inbox: jobfence.Inbox,
+) -> None:
+    from jobfence.testing import hooked
+
+    runs: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}", claim_ttl=60)
+    def job(n: int) -> str:
+        runs.append(n)
+        return f"done {n}"
+
+    hook = _failing_complete(1_000)
+    with hooked(hook), pytest.raises(jobfence.BackendError):
+        job(1)
+    assert len(hook.calls) == COMPLETE_ATTEMPTS  # every try failed
+    with pytest.raises(jobfence.ClaimInProgress):
+        job(1)  # the claim was kept, not released: the redelivery does not run it
+    assert runs == [1]
+    assert inbox.claim("job:1").state is jobfence.ClaimState.IN_PROGRESS
+
+
+async def test_async_a_complete_that_fails_once_is_retried_and_the_claim_ends_completed() -> None:
+    from jobfence.testing import hooked
+
+    inbox = jobfence.AsyncInbox(_url())
+    runs: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}")
+    async def job(n: int) -> str:
+        runs.append(n)
+        return f"done {n}"
+
+    try:
+        hook = _failing_complete(1)
+        with hooked(hook):
+            assert await job(1) == "done 1"
+        assert hook.calls == ["job:1", "job:1"]
+        claim = await inbox.claim("job:1")
+        assert claim.state is jobfence.ClaimState.COMPLETED and claim.result == "done 1"
+        assert await job(1) == "done 1"
+        assert runs == [1]
+    finally:
+        await inbox.close()
+
+
+async def test_async_a_complete_that_always_fails_keeps_the_claim() -> None:
+    from jobfence.testing import hooked
+
+    inbox = jobfence.AsyncInbox(_url())
+    runs: list[int] = []
+
+    @guarded(inbox=inbox, key="job:{n}", claim_ttl=60)
+    async def job(n: int) -> str:
+        runs.append(n)
+        return f"done {n}"
+
+    try:
+        hook = _failing_complete(1_000)
+        with hooked(hook), pytest.raises(jobfence.BackendError):
+            await job(1)
+        assert len(hook.calls) == COMPLETE_ATTEMPTS
+        with pytest.raises(jobfence.ClaimInProgress):
+            await job(1)
+        assert runs == [1]
+        assert (await inbox.claim("job:1")).state is jobfence.ClaimState.IN_PROGRESS
+    finally:
+        await inbox.close()
