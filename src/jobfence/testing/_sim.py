@@ -277,18 +277,29 @@ class Simulation:
         that pause or crash it stop the tasks it started too. Returns its :class:`SimTask`."""
         self._spawned += 1
         label = name if name is not None else f"t{self._spawned}"
+        problem = None
         if not isinstance(label, str) or not label or any(c in label for c in " #@()+,|"):
-            raise ConfigurationError(
-                f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}",
-                argument="name",
+            problem = (
+                f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}"
             )
-        if any(t.name == label for t in self.tasks):
-            raise ConfigurationError(f"a task named {label!r} exists already", argument="name")
+        elif any(t.name == label for t in self.tasks):
+            problem = f"a task named {label!r} exists already"
+        if problem is not None:
+            if inspect.iscoroutine(job):
+                job.close()  # never run: no "never awaited" warning on top of the error
+            raise ConfigurationError(problem, argument="name")
         proc = _Process(label)
         task = SimTask(label, proc)
         self.tasks.append(task)
         task.finished = self.loop.create_future()
         if inspect.iscoroutine(job):
+            if args or kwargs:
+                job.close()
+                raise ConfigurationError(
+                    "args: a coroutine (job(...) already called) takes no more arguments; "
+                    "pass the function and its arguments instead, spawn(job, *args)",
+                    argument="args",
+                )
             coro = job
         elif inspect.iscoroutinefunction(job):
             coro = job(*args, **kwargs)
@@ -395,6 +406,7 @@ class Simulation:
     async def effect(self, kind: str, key: Any) -> None:
         """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point
         named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them."""
+        _check_point_name(kind, "kind")
         gate = self.on_point(f"effect.{kind}", {"key": key})
         if gate is not None:
             await gate
@@ -406,7 +418,7 @@ class Simulation:
         :func:`~jobfence.testing.single_holder`. With a jobfence ``lease``, the task counts
         as a holder only while the lease is neither lost nor past its ttl."""
         task = self.current()
-        if task is None:
+        if task is None or task.process is self.main:
             raise ConfigurationError(
                 "sim.critical() marks a section of a spawned task; call it inside one",
                 argument="name",
@@ -788,8 +800,11 @@ class Simulation:
         task.done = True
         if task.finished is not None and not task.finished.done():
             task.finished.set_result(None)
-        if task.error is not None and not _expected(task.error) and self.failure is None:
-            self.failure = task.error
+        error = task.error
+        # a ConfigurationError ending a job says the test is wrong: explore raises it
+        misuse = isinstance(error, ConfigurationError) and not self.stopping
+        if error is not None and (misuse or not _expected(error)) and self.failure is None:
+            self.failure = error
         if self.checkers and not self.stopping:
             self.run_checks()  # a task's last step ends here, with no point after it
 
@@ -843,9 +858,18 @@ def _expected(error: BaseException) -> bool:
     return False
 
 
+def _check_point_name(name: object, argument: str) -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in "#()"):
+        raise ConfigurationError(
+            f"{argument} must be a non-empty str without any of #(), got {name!r}",
+            argument=argument,
+        )
+
+
 async def point(name: str) -> None:
     """A point in your own code: a place where the simulation may switch tasks or inject
     a fault (``await testing.point("db.write")``). Outside a simulation it does nothing."""
+    _check_point_name(name, "name")
     sim = _current
     if sim is None:
         return

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigurationError
+
 if TYPE_CHECKING:
     from ._sim import Simulation
 
@@ -71,6 +73,16 @@ def exactly_once(effects: str | list[Any], expected: Iterable[Any] | None = None
     ``effects`` is the kind passed to ``sim.effect(kind, key)`` (e.g. ``"charge"``), or a
     list the scenario appends keys to.
     """
+    if not isinstance(effects, (str, list)) or effects == "":
+        raise ConfigurationError(
+            "effects must be the kind given to sim.effect() (a non-empty str) or a list the "
+            f"scenario appends to, got {effects!r}",
+            argument="effects",
+        )
+    if expected is not None and (isinstance(expected, (str, bytes)) or not _iterable(expected)):
+        raise ConfigurationError(
+            f"expected must be None or a list of keys, got {expected!r}", argument="expected"
+        )
     return _ExactlyOnce(effects, expected)
 
 
@@ -97,6 +109,7 @@ def no_lost_update(table: Any = None) -> Checker:
     of its row than the one it replaced (a write that overwrites a change it never saw).
     Every table of the schedule, or only ``table``. Blind writes (no read of the row first)
     are not judged."""
+    _check_table(table, "lost_updates")
     return _NoLostUpdate(table)
 
 
@@ -119,6 +132,11 @@ class _SingleHolder(Checker):
 def single_holder(name: str | None = None) -> Checker:
     """At most one task inside each ``sim.critical(name)`` section at any step (a task
     whose ``lease=`` is lost or past its ttl does not count)."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(
+            f"name must be None (every section) or a section's name, got {name!r}",
+            argument="name",
+        )
     return _SingleHolder(name)
 
 
@@ -150,4 +168,21 @@ class _FencingMonotonic(Checker):
 def fencing_monotonic(table: Any = None) -> Checker:
     """The fencing tokens of the committed writes to each row never go down: a holder whose
     lease was taken over cannot write after its successor (``write(..., token=t)``)."""
+    _check_table(table, "history")
     return _FencingMonotonic(table)
+
+
+def _iterable(value: object) -> bool:
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True
+
+
+def _check_table(table: object, attribute: str) -> None:
+    if table is not None and not hasattr(table, attribute):
+        raise ConfigurationError(
+            f"table must be None (every table) or a table from sim.table(), got {table!r}",
+            argument="table",
+        )

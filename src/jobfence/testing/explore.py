@@ -213,14 +213,15 @@ class _Runner:
                 argument="scenario",
             )
         self.scenario = scenario
+        if not isinstance(checks, (list, tuple)) or not all(
+            isinstance(check, Checker) for check in checks
+        ):
+            raise ConfigurationError(
+                "checks must be a list of jobfence.testing checkers (exactly_once(...), "
+                f"no_lost_update(), single_holder(), fencing_monotonic()), got {checks!r}",
+                argument="checks",
+            )
         self.checks = list(checks)
-        for check in self.checks:
-            if not isinstance(check, Checker):
-                raise ConfigurationError(
-                    f"checks must be jobfence.testing checkers (exactly_once(...), "
-                    f"no_lost_update(), single_holder(), fencing_monotonic()), got {check!r}",
-                    "checks",
-                )
         self.max_steps = max_steps
         self.max_time = max_time
         self.quiet = quiet
@@ -235,7 +236,7 @@ class _Runner:
             raise ConfigurationError(
                 "scenario must be an async function scenario(sim) (it returned "
                 f"{type(result).__name__}, not an awaitable)",
-                "scenario",
+                argument="scenario",
             )
         await result
         await sim.join()
@@ -377,6 +378,14 @@ def _check_int(value: object, name: str, low: int) -> int:
     return value
 
 
+def _check_seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(
+            f"{name} must be a number of virtual seconds > 0, got {value!r}", argument=name
+        )
+    return float(value)
+
+
 def _fault_sets(faults: Any) -> tuple[str, tuple[Fault, ...] | None, Auto]:
     """("auto" | "none" | "fixed", the fixed faults, the auto limits)."""
     if faults is None:
@@ -426,6 +435,9 @@ def explore(
         schedules = _SCHEDULES
     seed = _check_int(seed, "seed", 0)
     depth = _check_int(depth, "depth", 1)
+    if depth > 3:
+        raise ConfigurationError(f"depth must be 1, 2 or 3, got {depth!r}", argument="depth")
+    max_time = _check_seconds(max_time, "max_time")
     if strategy not in STRATEGIES:
         raise ConfigurationError(
             f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}",
@@ -574,6 +586,8 @@ def replay(
         tape = Tape.parse(tape)
     if not isinstance(tape, Tape):
         raise ConfigurationError(f"tape must be a Tape or its str, got {tape!r}", argument="tape")
+    max_steps = _check_int(max_steps, "max_steps", 1)
+    max_time = _check_seconds(max_time, "max_time")
     runner = _Runner(scenario, checks, max_steps, max_time, quiet=False)
     started = time.perf_counter()
     try:

@@ -76,9 +76,20 @@ class Fault:
             raise ConfigurationError(
                 f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}", argument="kind"
             )
-        if not isinstance(self.point, str) or not self.point:
+        if not isinstance(self.point, str) or not self.point or any(c in self.point for c in "#()"):
             raise ConfigurationError(
-                f"point must be a non-empty point name, got {self.point!r}", argument="point"
+                f"point must be a non-empty point name without any of #(), got {self.point!r}",
+                argument="point",
+            )
+        if self.task is not None and (
+            not isinstance(self.task, str)
+            or not self.task
+            or any(c in self.task for c in " #@()+,|")
+        ):
+            raise ConfigurationError(
+                "task must be None or a task's name (t1, t1.1, or the name= given to spawn), "
+                f"got {self.task!r}",
+                argument="task",
             )
         if isinstance(self.nth, bool) or not isinstance(self.nth, int) or self.nth < 1:
             raise ConfigurationError(
