@@ -320,16 +320,18 @@ class Simulation:
         return task
 
     async def join(self, *tasks: SimTask) -> list[Any]:
-        """Wait until the given tasks (default: every spawned task) are done; return their
-        results (an exception a job ended with is its result here, see :attr:`SimTask.error`).
-        A crashed task counts as done."""
-        chosen = list(tasks) if tasks else list(self.tasks)
-        out = []
-        for task in chosen:
-            assert task.finished is not None
-            await asyncio.shield(task.finished) if not task.finished.done() else None
-            out.append(task.error if task.error is not None else task.result)
-        return out
+        """Wait until the given tasks (default: every spawned task, those spawned meanwhile
+        by other tasks too) are done; return their results (an exception a job ended with is
+        its result here, see :attr:`SimTask.error`). A crashed task counts as done."""
+        chosen = list(tasks) if tasks else self.tasks
+        while True:
+            waiting = [
+                t.finished for t in chosen if t.finished is not None and not t.finished.done()
+            ]
+            if not waiting:
+                break
+            await asyncio.shield(waiting[0])
+        return [t.error if t.error is not None else t.result for t in list(chosen)]
 
     async def sleep(self, seconds: float) -> None:
         """Sleep in virtual time (a ``sleep`` point)."""

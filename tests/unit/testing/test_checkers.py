@@ -312,3 +312,20 @@ def test_a_checker_that_raises_at_the_end_fails_the_schedule_under_its_name() ->
         "raising_at_the_end",
         "the checker raised KeyError('missing')",
     )
+
+
+def test_a_job_that_catches_base_exception_cannot_hide_a_violation() -> None:
+    async def stubborn(sim: Simulation) -> None:
+        for _ in range(5):
+            try:
+                await sim.effect("charge", "order:1")
+                await testing.point("after")
+            except BaseException:  # what a careless job does
+                pass
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(stubborn, sim)
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=2, checks=[testing.exactly_once("charge")])
+    assert report.failures[0].check == "exactly_once"

@@ -125,3 +125,37 @@ def test_the_clock_is_virtual_during_a_schedule_and_restored_after() -> None:
     assert testing.explore(scenario, schedules=2).ok
     assert seen == {"start": 0.0, "mono": 123.5, "wall": EPOCH + 123.5, "now": 123.5}
     assert testing.get_clock() is before
+
+
+def test_wait_for_and_timeout_run_on_virtual_time_and_their_tasks_are_controlled() -> None:
+    seen: list[Any] = []
+
+    async def slow(sim: Simulation) -> str:
+        await testing.point("slow")
+        await asyncio.sleep(10)
+        await testing.point("slow")
+        return "done"
+
+    async def job(sim: Simulation) -> None:
+        try:
+            seen.append(await asyncio.wait_for(slow(sim), 4))
+        except TimeoutError:
+            seen.append(("wait_for timed out", sim.now()))
+        try:
+            async with asyncio.timeout(3):
+                seen.append(await slow(sim))
+        except TimeoutError:
+            seen.append(("timeout", sim.now()))
+        seen.append(await asyncio.wait_for(slow(sim), 60))
+
+    async def scenario(sim: Simulation) -> None:
+        seen.clear()
+        sim.spawn(job, sim)
+        sim.spawn(slow, sim)
+        await sim.join()
+        seen.append(sorted({p for p in sim.picks}))
+
+    for _ in range(2):
+        assert testing.explore(scenario, schedules=8, seed=2).ok
+        assert seen[:3] == [("wait_for timed out", 4.0), ("timeout", 7.0), "done"]
+    assert "t1.1" in seen[3] or "t1.2" in seen[3]  # wait_for's inner task is a candidate

@@ -254,3 +254,38 @@ def test_a_task_cancelled_where_it_waits_is_no_candidate_any_more() -> None:
     report = testing.explore(scenario, schedules=100, seed=1)
     assert report.ok, report
     assert bad == []
+
+
+def test_nested_spawns_are_processes_of_their_own() -> None:
+    """A task may spawn tasks: each is a process of its own (t2, t3 in spawn order), which
+    the parent may join, and which a crash of the parent does not take down."""
+    seen: list[Any] = []
+
+    async def child(log: list[str], label: str) -> str:
+        await testing.point("child")
+        log.append(label)
+        return label
+
+    async def parent(sim: Simulation, log: list[str]) -> None:
+        first = sim.spawn(child, log, "c1")
+        second = sim.spawn(child(log, "c2"))
+        assert (first.name, second.name) == ("t2", "t3")
+        await testing.point("parent")  # where the crash hits, before the children ran
+        assert await sim.join(first, second) == ["c1", "c2"]
+        log.append("parent")
+
+    def scenario_with(log: list[str]) -> Any:
+        async def scenario(sim: Simulation) -> None:
+            log.clear()
+            sim.spawn(parent, sim, log)
+            await sim.join()
+            seen.append(([t.name for t in sim.tasks], sorted(log)))
+
+        return scenario
+
+    log: list[str] = []
+    assert testing.explore(scenario_with(log), schedules=10).ok
+    assert all(s == (["t1", "t2", "t3"], ["c1", "c2", "parent"]) for s in seen)
+    seen.clear()
+    report = testing.explore(scenario_with(log), schedules=1, faults=[faults.crash("parent")])
+    assert report.ok and seen == [(["t1", "t2", "t3"], ["c1", "c2"])]

@@ -257,3 +257,13 @@ def test_many_schedules_leave_no_memory_store_behind() -> None:
     before = [len(m._stores) for m in (locks, inbox, queue)]
     assert testing.explore(scenario, schedules=300).ok
     assert [len(m._stores) for m in (locks, inbox, queue)] == before
+
+
+def test_a_scenario_that_raises_fails_the_schedule_with_its_exception() -> None:
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(testing.point, "x")
+        raise KeyError("boom")
+
+    failure = testing.explore(scenario, schedules=3).failures[0]
+    assert failure.check == "exception" and isinstance(failure.error, KeyError)
+    assert failure.message == "the scenario raised KeyError('boom')"
