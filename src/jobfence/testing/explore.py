@@ -212,6 +212,13 @@ class _Runner:
                 f"scenario must be an async function scenario(sim), got {scenario!r}",
                 argument="scenario",
             )
+        if _sim._current is not None or asyncio._get_running_loop() is not None:
+            raise ConfigurationError(
+                "explore() and replay() run the scenario on an event loop of their own: call "
+                "them from synchronous code (a plain `def test_...`), not from a running event "
+                "loop or another scenario",
+                argument="scenario",
+            )
         self.scenario = scenario
         if not isinstance(checks, (list, tuple)) or not all(
             isinstance(check, Checker) for check in checks

@@ -3,6 +3,7 @@ the argument."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -191,3 +192,27 @@ def test_replaying_a_failure_without_a_scenario() -> None:
 
     failure = Failure(0, 0, "check", "m", Tape(()), Tape(()), 0)
     _raises("failure", failure.replay)
+
+
+def test_explore_refuses_to_run_inside_an_event_loop_or_another_scenario() -> None:
+    async def from_async_code() -> None:
+        _raises("scenario", lambda: testing.explore(_nothing, schedules=2))
+        _raises("scenario", lambda: testing.replay(_nothing, "-"))
+
+    asyncio.run(from_async_code())
+    inner: list[Any] = []
+
+    async def nested(sim: Simulation) -> None:
+        try:
+            testing.explore(_nothing, schedules=1)
+        except ConfigurationError as exc:
+            inner.append(exc.argument)
+        await testing.point("still controlled")  # the outer simulation is still installed
+        inner.append(sim.hits)
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(nested, sim)
+        await sim.join()
+
+    assert testing.explore(scenario, schedules=1).ok
+    assert inner == ["scenario", {"still controlled": 1}]
