@@ -712,6 +712,8 @@ class Simulation:
             raise InjectedFault(fault)
 
     def _thread_go_on(self, task: SimTask, forced: bool) -> bool:
+        if self.checkers:  # every other task waits while a thread task runs
+            self.run_checks()
         others = [t for t in self.parked if self.runnable(t)]
         if not others:
             return not forced

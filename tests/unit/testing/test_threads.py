@@ -267,3 +267,32 @@ def test_a_scenario_that_raises_fails_the_schedule_with_its_exception() -> None:
     failure = testing.explore(scenario, schedules=3).failures[0]
     assert failure.check == "exception" and isinstance(failure.error, KeyError)
     assert failure.message == "the scenario raised KeyError('boom')"
+
+
+def test_checks_run_at_the_points_of_thread_tasks_too() -> None:
+    sent: list[str] = []
+    after: list[str] = []
+
+    def mailer(sim: Simulation) -> None:
+        name = sim.current().name  # type: ignore[union-attr]
+        locks = jobfence.Locks(f"memory://{sim.namespace}/mail")
+        try:
+            testing.get_clock().sleep(1)
+            sent.append("mail:1")  # no deduplication: the second thread sends it again
+            # the next point (a lock operation, no wait): the check stops this thread here
+            locks.try_acquire(f"lock:{name}", ttl=30, renew=False)
+            after.append(name)
+        finally:
+            locks.close()
+
+    async def scenario(sim: Simulation) -> None:
+        sent.clear()
+        after.clear()
+        sim.spawn(mailer, sim)
+        sim.spawn(mailer, sim)
+        await sim.join()
+
+    checks = [testing.exactly_once(sent)]
+    report = testing.explore(scenario, schedules=3, checks=checks, shrink=False)
+    assert report.failures[0].check == "exactly_once"
+    assert len(after) < 2  # the thread that sent it twice never went past its next point
