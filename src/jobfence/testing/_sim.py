@@ -851,13 +851,16 @@ def _lease_valid(lease: Any, now: float) -> bool:
 
 def _expected(error: BaseException) -> bool:
     """A job ending in an injected fault or a jobfence error (lost lease, stale version,
-    claim in progress...) is an outcome of the schedule, not a bug in the scenario."""
+    claim in progress...), or in an error raised *from* one (``raise Gave_up() from exc``),
+    is an outcome of the schedule, not a bug in the scenario. An error raised while
+    handling one, without ``from`` (a ``TypeError`` in an ``except`` block), is a bug the
+    fault revealed."""
     seen = 0
     link: BaseException | None = error
     while link is not None and seen < 20:
         if isinstance(link, (InjectedFault, JobfenceError, asyncio.CancelledError)):
             return True
-        link = link.__cause__ or link.__context__
+        link = link.__cause__
         seen += 1
     return False
 

@@ -153,6 +153,12 @@ class _Outcome:
 
     @property
     def signature(self) -> str:
+        """What a shrunk schedule must fail with to count as the same failure: the same
+        checker, the same ``sim.check`` message, or an exception of the same type."""
+        if self.check == "exception" and self.error is not None:
+            return f"exception: {type(self.error).__qualname__}"
+        if self.check == "check":
+            return f"check: {self.message}"
         return self.check
 
 
@@ -467,19 +473,17 @@ def explore(
             return False
         if isinstance(outcome.error, ConfigurationError):  # the test is wrong, not the jobs
             raise outcome.error
-        tape, devs = outcome.tape, outcome.deviations
-        if shrink:
-            tape, devs = _shrink(runner, outcome)
+        shrunk = _shrink(runner, outcome) if shrink else outcome
         failures.append(
             Failure(
                 seed + index,
                 index,
-                outcome.check,
-                outcome.message,
-                tape,
+                shrunk.check,
+                shrunk.message,
+                shrunk.tape,
                 outcome.tape,
-                devs,
-                outcome.error,
+                shrunk.deviations,
+                shrunk.error,
                 lambda t: replay(scenario, t, checks=checks, max_steps=max_steps),
             )
         )
@@ -543,8 +547,9 @@ def _report(
     return Report(ran, failures, time.perf_counter() - started, seed, strategy, mode, exhausted)
 
 
-def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> tuple[Tape, int]:
-    """Fewest faults first, then fewest deviations from FIFO, keeping the same failure."""
+def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> _Outcome:
+    """Fewest faults first, then fewest deviations from FIFO, keeping the same failure
+    (:attr:`_Outcome.signature`); the outcome of the shrunk schedule."""
     best = outcome
     want = outcome.signature
     runs = 0
@@ -577,7 +582,7 @@ def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> tuple[Tape
                 best = attempt
                 changed = True
                 break
-    return best.tape, best.deviations
+    return best
 
 
 def replay(

@@ -201,3 +201,43 @@ def test_retry_jitter_replays_too() -> None:
         records.clear()
         testing.explore(scenario, schedules=3, faults=blips)
         assert records == first
+
+
+def test_shrinking_keeps_the_same_failure_not_just_any_failure() -> None:
+    """Without its fault this job fails too, but with another exception: the fault stays in
+    the shrunk tape, and the failure reported is the one its tape replays."""
+
+    async def job() -> None:
+        try:
+            await testing.point("a")
+        except testing.InjectedFault:
+            raise TypeError("the fault handler is broken")  # noqa: B904  (a bug under test)
+        raise KeyError("always broken")
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job)
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=3, faults=[faults.transient("a")])
+    failure = report.failures[0]
+    assert isinstance(failure.error, TypeError)
+    assert failure.tape.faults == (faults.transient("a"),)
+    assert failure.replay().failures[0].message == failure.message
+
+    async def two_checks(sim: Simulation) -> None:
+        flags: dict[str, bool] = {}
+
+        async def flagger() -> None:
+            try:
+                await testing.point("b")
+            except testing.InjectedFault:
+                flags["faulted"] = True
+
+        sim.spawn(flagger)
+        await sim.join()
+        sim.check(not flags, "the fault was seen")
+        sim.check(False, "always fails")
+
+    failure = testing.explore(two_checks, schedules=2, faults=[faults.transient("b")]).failures[0]
+    assert failure.message == "the fault was seen" and failure.tape.faults
+    assert failure.replay().failures[0].message == "the fault was seen"

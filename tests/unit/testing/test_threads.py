@@ -296,3 +296,25 @@ def test_checks_run_at_the_points_of_thread_tasks_too() -> None:
     report = testing.explore(scenario, schedules=3, checks=checks, shrink=False)
     assert report.failures[0].check == "exactly_once"
     assert len(after) < 2  # the thread that sent it twice never went past its next point
+
+
+def test_an_error_raised_while_handling_an_injected_fault_is_a_failure() -> None:
+    """``raise Gave_up() from exc`` ends a job as an outcome; a TypeError in the ``except``
+    block is a bug the fault revealed."""
+
+    log: list[str] = []
+
+    async def job() -> None:
+        try:
+            await testing.point("x")
+        except ConnectionError as exc:
+            log.append("failed: %d" % exc)  # noqa: UP031  (the bug: %d of an exception)
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job)
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=2, faults=[faults.transient("x")])
+    failure = report.failures[0]
+    assert failure.check == "exception" and isinstance(failure.error, TypeError)
+    assert isinstance(failure.error.__context__, testing.InjectedFault)
