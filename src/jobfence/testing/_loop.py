@@ -86,6 +86,8 @@ class SimLoop(asyncio.SelectorEventLoop):
             if not ready and sim is not None and sim.decide():
                 pass  # a parked task was let go: its wake-up is ready now
             elif not ready and scheduled:
+                if sim is not None and not sim.stopping and scheduled[0]._when > sim.max_time:
+                    sim.out_of_time()
                 self.vtime = max(self.vtime, scheduled[0]._when)
             elif not ready and sim is not None and not self._io_pending():
                 sim.idle_forever()

@@ -524,6 +524,10 @@ class Simulation:
         self.picks.append(chosen.name)
         return chosen
 
+    def out_of_time(self) -> NoReturn:
+        """Virtual time is to pass ``max_time``: the schedule fails (a budget)."""
+        self._over_budget(f"virtual time passed max_time={self.max_time:g} s")
+
     def _over_budget(self, message: str) -> NoReturn:
         self.violate("budget", message)
         raise _Budget(message)
@@ -560,7 +564,7 @@ class Simulation:
         if self.checkers:
             self.run_checks()
         if self.loop.vtime > self.max_time:
-            self._over_budget(f"virtual time passed max_time={self.max_time:g} s")
+            self.out_of_time()
         candidates = [t for t in self.parked if self.runnable(t)]
         self._wake_threads(candidates)
         if not candidates:

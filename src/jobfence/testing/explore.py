@@ -484,7 +484,9 @@ def explore(
                 outcome.tape,
                 shrunk.deviations,
                 shrunk.error,
-                lambda t: replay(scenario, t, checks=checks, max_steps=max_steps),
+                lambda t: replay(
+                    scenario, t, checks=checks, max_steps=max_steps, max_time=max_time
+                ),
             )
         )
         return stop_on_failure
@@ -618,7 +620,9 @@ def replay(
                 tape,
                 outcome.deviations,
                 outcome.error,
-                lambda t: replay(scenario, t, checks=checks, max_steps=max_steps),
+                lambda t: replay(
+                    scenario, t, checks=checks, max_steps=max_steps, max_time=max_time
+                ),
             )
         )
     return _report(1, failures, started, -1, "tape", "fixed", False)

@@ -241,3 +241,17 @@ def test_shrinking_keeps_the_same_failure_not_just_any_failure() -> None:
     failure = testing.explore(two_checks, schedules=2, faults=[faults.transient("b")]).failures[0]
     assert failure.message == "the fault was seen" and failure.tape.faults
     assert failure.replay().failures[0].message == "the fault was seen"
+
+
+def test_a_failure_replays_with_the_budgets_it_was_found_with() -> None:
+    async def long_job(sim: Simulation) -> None:
+        await sim.sleep(60_000)
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(long_job, sim)
+        await sim.join()
+
+    failure = testing.explore(scenario, schedules=2, max_time=50_000).failures[0]
+    assert failure.check == "budget"
+    again = failure.replay().failures[0]
+    assert (again.check, again.message) == (failure.check, failure.message)
