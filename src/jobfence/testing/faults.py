@@ -41,6 +41,10 @@ __all__ = [
 #: every kind of fault, in the order ``faults="auto"`` tries them at one hit
 KINDS = ("transient", "commit_unknown", "lost_ack", "pause_past_ttl", "crash")
 
+#: the points where a fault of these kinds can happen: a simulated table's write and commit
+#: (applied, then raising), a simulated queue's ack (lost on its way)
+_ONLY_AT = {"commit_unknown": ("db.write", "db.commit"), "lost_ack": ("queue.ack",)}
+
 #: how long ``pause_past_ttl`` stops a process unless told (virtual seconds): ten times
 #: jobfence's default ttl, claim ttl and visibility (30 s); pass ``seconds=`` for longer ones
 DEFAULT_PAUSE = 300.0
@@ -95,6 +99,18 @@ class Fault:
             raise ConfigurationError(
                 f"nth must be an int >= 1 (the first hit is 1), got {self.nth!r}",
                 argument="nth",
+            )
+        where = _ONLY_AT.get(self.kind)
+        if where is not None and self.point not in where:
+            raise ConfigurationError(
+                f"a {self.kind} fault works at {' or '.join(where)} only (elsewhere it would do "
+                f"nothing), got point {self.point!r}",
+                argument="point",
+            )
+        if self.seconds is not None and self.kind != "pause_past_ttl":
+            raise ConfigurationError(
+                f"seconds is for pause_past_ttl faults only, got {self.seconds!r} for {self.kind}",
+                argument="seconds",
             )
         if self.seconds is not None and (
             isinstance(self.seconds, bool)

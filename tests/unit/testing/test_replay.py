@@ -90,7 +90,7 @@ def test_shrinking_drops_the_fault_and_the_deviations_the_failure_does_not_need(
         "-",
         "t1 | transient(db.write#1)",
         "- | crash(inbox.complete#2@t2)",
-        "t2 t1.1 t1 | transient(a#1), pause_past_ttl(effect.charge#3@t1+12.5s), lost_ack(q.ack#1)",
+        "t2 t1.1 t1 | transient(a#1), pause_past_ttl(x#3@t1+12.5s), lost_ack(queue.ack#1)",
     ],
 )
 def test_tape_parse_reads_back_str(text: str) -> None:

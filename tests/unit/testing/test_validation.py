@@ -84,6 +84,11 @@ def test_replay_names_the_bad_argument() -> None:
         ("task", lambda: faults.crash("x", task="")),
         ("task", lambda: faults.crash("x", task=3)),  # type: ignore[arg-type]
         ("task", lambda: faults.crash("x", task="t1 t2")),
+        # faults only some points can carry (elsewhere they would do nothing at all)
+        ("point", lambda: faults.commit_unknown("inbox.complete")),
+        ("point", lambda: faults.Fault("commit_unknown", "db.read")),
+        ("point", lambda: faults.lost_ack(point="queue.nack")),
+        ("seconds", lambda: faults.crash("x").__class__("crash", "x", 1, None, 5)),
         ("seconds", lambda: faults.pause_past_ttl("x", seconds=0)),
         ("seconds", lambda: faults.pause_past_ttl("x", seconds=-1)),
         ("seconds", lambda: faults.pause_past_ttl("x", seconds="1")),  # type: ignore[arg-type]
