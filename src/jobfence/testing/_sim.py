@@ -799,7 +799,9 @@ class Simulation:
         except asyncio.CancelledError:
             if not task.process.crashed:
                 task.error = asyncio.CancelledError()
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # an Exception, or a BaseException of the job's own
             task.error = exc
         finally:
             self._finish(task)

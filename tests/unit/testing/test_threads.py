@@ -318,3 +318,26 @@ def test_an_error_raised_while_handling_an_injected_fault_is_a_failure() -> None
     failure = report.failures[0]
     assert failure.check == "exception" and isinstance(failure.error, TypeError)
     assert isinstance(failure.error.__context__, testing.InjectedFault)
+
+
+class _Abort(BaseException):
+    """A job's own BaseException (not an Exception)."""
+
+
+def test_a_job_ending_in_a_base_exception_of_its_own_fails_the_schedule() -> None:
+    async def job() -> None:
+        await testing.point("a")
+        raise _Abort("gone")
+
+    def thread_job() -> None:
+        testing.get_clock().sleep(1)
+        raise _Abort("gone too")
+
+    for spawned in (job, thread_job):
+
+        async def scenario(sim: Simulation, spawned: Any = spawned) -> None:
+            sim.spawn(spawned)
+            await sim.join()
+
+        failure = testing.explore(scenario, schedules=2).failures[0]
+        assert failure.check == "exception" and isinstance(failure.error, _Abort), spawned
