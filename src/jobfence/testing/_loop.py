@@ -46,6 +46,8 @@ class SimLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
         self.vtime = 0.0
+        #: iterations in a row that found something ready (none was idle)
+        self.spins = 0
         self.sim: Simulation | None = None
         self.set_exception_handler(_quiet)
 
@@ -71,8 +73,14 @@ class SimLoop(asyncio.SelectorEventLoop):
         while scheduled and scheduled[0]._cancelled:
             self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
             heapq.heappop(scheduled)._scheduled = False
-        if not ready:
-            sim = self.sim
+        sim = self.sim
+        if ready:
+            self.spins += 1
+            if sim is not None and self.spins > sim.max_spins and not sim.stopping:
+                self.spins = 0
+                sim.spinning()
+        else:
+            self.spins = 0
             if self._io_pending():
                 limit = sim.block_timeout if sim is not None else 0.0
                 events = self._selector.select(limit)  # type: ignore[attr-defined]

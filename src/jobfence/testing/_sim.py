@@ -218,6 +218,10 @@ class Simulation:
     """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
 
     block_timeout = 1.0
+    #: loop iterations in a row that each found something ready to run (so no decision was
+    #: made and virtual time stood still) before the schedule fails: a task that loops
+    #: without awaiting anything that takes time (``await asyncio.sleep(0)`` in a loop)
+    max_spins = 1_000_000
 
     def __init__(
         self,
@@ -253,6 +257,7 @@ class Simulation:
         self.picks: list[str] = []
         self.deviations = 0
         self.steps = 0
+        self.points = 0
         self.external = 0
         self.statements: list[_Statement] = []  # real statements in flight
         self.running_threads = 0
@@ -471,6 +476,11 @@ class Simulation:
         task = self.current()
         if task is None or task.process is self.main:
             return None  # the scenario's own setup and checks: not a job, never faulted
+        self.points += 1
+        if self.points > self.max_steps:  # a lone task looping over points decides nothing
+            self._over_budget(
+                f"the schedule's tasks reached more than max_steps={self.max_steps} points"
+            )
         nth = self.hits[point] = self.hits.get(point, 0) + 1
         if self.record:
             self.trail.append((point, nth, "+" if task.process.holds else ""))
@@ -523,6 +533,12 @@ class Simulation:
         chosen = candidates[i]
         self.picks.append(chosen.name)
         return chosen
+
+    def spinning(self) -> NoReturn:
+        self._over_budget(
+            f"no task reached a point and virtual time did not move in {self.max_spins} loop "
+            "iterations: a task loops without waiting for anything (asyncio.sleep(0) in a loop?)"
+        )
 
     def out_of_time(self) -> NoReturn:
         """Virtual time is to pass ``max_time``: the schedule fails (a budget)."""

@@ -441,7 +441,8 @@ def explore(
     :class:`~jobfence.testing.faults.Fault`, or ``"auto"``. ``checks``: invariants checked
     at every step and at the end, on top of what the scenario checks itself. A schedule
     fails on a check, a job raising an exception that is neither injected nor a jobfence
-    error, a deadlock, or more than ``max_steps`` decisions / ``max_time`` virtual seconds.
+    error, a deadlock, or more than ``max_steps`` decisions (or points reached) / ``max_time``
+    virtual seconds.
     """
     schedules = _check_int(schedules, "schedules", 1)
     if _SCHEDULES:

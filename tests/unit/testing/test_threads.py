@@ -6,6 +6,8 @@ import asyncio
 import uuid
 from typing import Any
 
+import pytest
+
 import jobfence
 from jobfence import testing
 from jobfence.testing import Simulation, faults
@@ -132,6 +134,35 @@ def test_max_steps_ends_a_livelock() -> None:
         assert failure.error is None
         assert failure.index == 0 and failure.deviations == 0
         assert len(ran) == 1  # found under FIFO with no fault: nothing to shrink, no re-run
+
+
+def test_max_steps_ends_a_lone_task_looping_over_points() -> None:
+    """Alone, a task passes its points without any decision: the points count too (a
+    polling loop without a pause would otherwise never end)."""
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(_spinner(catch=True))
+        await sim.join()
+
+    failure = testing.explore(scenario, schedules=2, max_steps=500).failures[0]
+    assert failure.check == "budget" and "max_steps=500" in failure.message
+
+
+def test_a_task_spinning_without_points_or_time_fails_the_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Simulation, "max_spins", 20_000)
+
+    async def busy() -> None:
+        while True:
+            await asyncio.sleep(0)  # neither a point nor any time: only the loop turns
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(busy)
+        await sim.join()
+
+    failure = testing.explore(scenario, schedules=2).failures[0]
+    assert failure.check == "budget" and "20000 loop iterations" in failure.message
 
 
 def test_max_time_ends_a_task_that_sleeps_forever() -> None:
