@@ -22,7 +22,8 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +239,7 @@ class _Runner:
         self.max_steps = max_steps
         self.max_time = max_time
         self.quiet = quiet
+        self._in_session = False
         self.loop = SimLoop()
 
     def close(self) -> None:
@@ -273,39 +275,54 @@ class _Runner:
         strategy.begin()
         loop.vtime = 0.0
         loop.sim = sim
+        with self.session():
+            stores = _memory_stores()
+            _sim.install(sim)
+            # what jobs draw from the random module (retry_unit's jitter: how long a backoff
+            # sleeps, so which task wakes first) is the same in every run of a schedule
+            random.seed(_RANDOM_SEED)
+            error: BaseException | None = None
+            try:
+                main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+                try:
+                    loop.run_until_complete(main)
+                except (_Stop, _Deadlock, _Budget) as exc:
+                    error = exc
+                except Exception as exc:
+                    error = exc
+            finally:
+                try:
+                    self._teardown(sim, stores)
+                finally:
+                    _sim.install(None)
+                    loop.sim = None
+        return self._outcome(sim, error)
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """The simulation's clock and hook, quiet logs and a saved ``random`` state, for
+        every schedule run inside the block (explore keeps one session for all of them;
+        installing them per schedule would cost more than a small schedule itself)."""
+        if self._in_session:
+            yield
+            return
         quiet = self.quiet and _LOG.level < logging.ERROR
         level = _LOG.level
         if quiet:  # thousands of schedules of expected warnings; a replay shows them
             _LOG.setLevel(logging.ERROR)
-        stores = _memory_stores()
-        old_clock = set_clock(SimClock(loop))
+        old_clock = set_clock(SimClock(self.loop))
         old_hook = set_hook(_sim.route)
-        _sim.install(sim)
-        # what jobs draw from the random module (retry_unit's jitter: how long a backoff
-        # sleeps, so which task wakes first) is the same in every run of a schedule
         old_random = random.getstate()
-        random.seed(_RANDOM_SEED)
-        error: BaseException | None = None
+        self._in_session = True
         try:
-            main = contextvars.copy_context().run(loop.create_task, self._main(sim))
-            try:
-                loop.run_until_complete(main)
-            except (_Stop, _Deadlock, _Budget) as exc:
-                error = exc
-            except Exception as exc:
-                error = exc
+            yield
         finally:
-            try:
-                self._teardown(sim, stores)
-            finally:
-                _sim.install(None)
-                random.setstate(old_random)
-                set_hook(old_hook)
-                set_clock(old_clock)
-                loop.sim = None
-                if quiet:
-                    _LOG.setLevel(level)
-        return self._outcome(sim, error)
+            self._in_session = False
+            random.setstate(old_random)
+            set_hook(old_hook)
+            set_clock(old_clock)
+            if quiet:
+                _LOG.setLevel(level)
 
     def _teardown(self, sim: Simulation, stores: dict[Any, set[str]]) -> None:
         loop = self.loop
@@ -492,6 +509,8 @@ def explore(
         )
         return stop_on_failure
 
+    session = runner.session()
+    session.__enter__()
     try:
         baseline = runner.run(Fifo(), fixed or (), record=True)
         ran = 1
@@ -535,6 +554,7 @@ def explore(
                 break
         return _report(ran, failures, started, seed, strategy, mode, exhausted)
     finally:
+        session.__exit__(None, None, None)
         runner.close()
 
 
