@@ -240,6 +240,7 @@ class _Runner:
         self.max_time = max_time
         self.quiet = quiet
         self._in_session = False
+        self._main_task: asyncio.Task[Any] | None = None
         self.loop = SimLoop()
 
     def close(self) -> None:
@@ -284,6 +285,7 @@ class _Runner:
             error: BaseException | None = None
             try:
                 main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+                self._main_task = main
                 try:
                     loop.run_until_complete(main)
                 except (_Stop, _Deadlock, _Budget) as exc:
@@ -296,6 +298,7 @@ class _Runner:
                 finally:
                     _sim.install(None)
                     loop.sim = None
+                    self._main_task = None
         return self._outcome(sim, error)
 
     @contextmanager
@@ -333,7 +336,13 @@ class _Runner:
                 task.go.set()
         if sim.clients:
             loop.run_until_complete(sim.close_clients())
-        if loop._scheduled or sim.parked or any(not t.done for t in sim.tasks):  # type: ignore[attr-defined]
+        main = self._main_task
+        if (
+            loop._scheduled  # type: ignore[attr-defined]
+            or sim.parked
+            or any(not t.done for t in sim.tasks)
+            or (main is not None and not main.done())  # a check ended the schedule early
+        ):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for t in pending:
                 t.cancel()

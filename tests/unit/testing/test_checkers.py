@@ -3,7 +3,11 @@ correct scenario."""
 
 from __future__ import annotations
 
+import gc
+import logging
 from typing import Any
+
+import pytest
 
 import jobfence
 from jobfence import testing
@@ -329,3 +333,21 @@ def test_a_job_that_catches_base_exception_cannot_hide_a_violation() -> None:
 
     report = testing.explore(scenario, schedules=2, checks=[testing.exactly_once("charge")])
     assert report.failures[0].check == "exactly_once"
+
+
+def test_a_check_failing_in_the_last_task_leaves_no_pending_task_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def job(sim: Any) -> None:
+        await sim.effect("x", 1)
+        await sim.effect("x", 1)  # the second one is the violation, at its own step
+        await testing.point("after")
+
+    async def scenario(sim: Any) -> None:
+        sim.spawn(job(sim))
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        report = testing.explore(scenario, schedules=3, checks=[testing.exactly_once("x")])
+        gc.collect()
+    assert report.failures[0].check == "exactly_once"
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]

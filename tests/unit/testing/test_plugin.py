@@ -9,7 +9,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-INNER = '''
+INNER = """
 from jobfence import testing
 
 async def job(db, qty):
@@ -28,7 +28,7 @@ def test_inventory(request):
     report = testing.explore(scenario, schedules=500, seed=7, shrink=False, stop_on_failure=False)
     print("RAN", report.schedules, "TAPE", report.failures[0].tape if report.failures else None)
     report.assert_ok()
-'''
+"""
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
