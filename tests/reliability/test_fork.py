@@ -38,6 +38,11 @@ SPECS = spec_params(LOCKS, lambda s: s.cross_process)
 CHILDREN = 3
 ROUNDS = 8
 PARENT_TTL = 1.5
+#: a child's leases and claims: renewed about every CHILD_TTL / 3, so a hold of CHILD_HOLD sees
+#: a renewal, with room for a slow round trip on a loaded machine (a 0.6 s ttl once expired
+#: under a parallel test run, and its release found it gone)
+CHILD_TTL = 1.2
+CHILD_HOLD = 0.5
 
 
 class _Records(logging.Handler):
@@ -85,11 +90,11 @@ def _child(locks: Any, inbox: Any, parent_name: str, out: Any) -> None:
             for i in range(ROUNDS):
                 name = f"child:{os.getpid()}:{i}"
                 try:
-                    lease = locks.try_acquire(name, ttl=0.6)
+                    lease = locks.try_acquire(name, ttl=CHILD_TTL)
                     assert lease is not None, "a free name was not granted"
-                    claim = inbox.claim(name, ttl=0.6, renew=True)
+                    claim = inbox.claim(name, ttl=CHILD_TTL, renew=True)
                     assert claim.state is jobfence.ClaimState.NEW, claim
-                    time.sleep(0.25)  # long enough for a renewal of both
+                    time.sleep(CHILD_HOLD)  # long enough for a renewal of both
                     claim.complete({"i": i})
                     assert inbox.claim(name).result == {"i": i}
                     assert lease.release()
@@ -112,11 +117,11 @@ def _async_child(locks: Any, inbox: Any, parent_name: str, out: Any) -> None:
         for i in range(ROUNDS):
             name = f"child:{os.getpid()}:{i}"
             try:
-                lease = await locks.try_acquire(name, ttl=0.6)
+                lease = await locks.try_acquire(name, ttl=CHILD_TTL)
                 assert lease is not None, "a free name was not granted"
-                claim = await inbox.claim(name, ttl=0.6, renew=True)
+                claim = await inbox.claim(name, ttl=CHILD_TTL, renew=True)
                 assert claim.state is jobfence.ClaimState.NEW, claim
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(CHILD_HOLD)
                 await claim.complete({"i": i})
                 assert (await inbox.claim(name)).result == {"i": i}
                 assert await lease.release()
