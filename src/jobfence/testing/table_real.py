@@ -220,6 +220,11 @@ class _SQLite(_Driver):
 
     async def close(self, conn: Any) -> None:
         await conn.close()
+        # aiosqlite's worker thread answers the close, then exits: wait for that (a moment),
+        # so that no thread of a finished schedule is still running when explore returns
+        thread = getattr(conn, "_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
 
 
 class _Postgres(_Driver):
