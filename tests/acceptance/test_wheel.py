@@ -1,0 +1,61 @@
+"""The package as users get it: ``python -m build`` makes an sdist and a wheel that ``twine
+check`` accepts, and the wheel, installed alone into a clean virtual environment, runs the
+README's first example and the ``jobfence`` command."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*cmd: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+    assert result.returncode == 0, f"{cmd}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.mark.slow
+def test_the_built_wheel_installs_alone_and_runs_the_readme_example(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
+    wheels = list(dist.glob("jobfence-*.whl"))
+    sdists = list(dist.glob("jobfence-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    twine = (sys.executable, "-m", "twine", "check", "--strict")
+    checked = _run(*twine, *wheels, *sdists, cwd=tmp_path)
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        names = wheel.namelist()
+        meta = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        entry = wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+    assert "jobfence/py.typed" in names  # the type hints ship
+    assert any(n.endswith("backends/postgres/sql/locks.sql") for n in names)  # server scripts
+    assert "Requires-Python: >=3.10" in meta and "License-Expression: MIT" in meta
+    assert "Classifier: Typing :: Typed" in meta
+    assert b"jobfence = jobfence.cli.app:main" in entry  # the command
+    assert b"[pytest11]" in entry and b"jobfence.testing.plugin" in entry  # the plugin
+
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(python, "-m", "pip", "install", "--quiet", wheels[0], cwd=tmp_path)
+    # the example runs from a directory of its own, so only the installed package is importable
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(ROOT / "examples" / "lock_contention.py", work / "lock_contention.py")
+    where = _run(python, "-c", "import jobfence; print(jobfence.__file__)", cwd=work)
+    assert str(venv) in where.stdout and str(ROOT / "src") not in where.stdout
+    out = _run(python, "lock_contention.py", "--db", work / "locks.db", cwd=work).stdout
+    assert "all checks passed" in out and "FAIL" not in out
+    help_text = _run(venv / "bin" / "jobfence", "--help", cwd=work).stdout
+    assert "worker" in help_text
