@@ -35,6 +35,7 @@ from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident, is_undefined_table
 from ._core.validate import check_name
+from ._guard_spec import current_lease_var
 from .backends import sql_dialect
 from .errors import ConfigurationError, SchemaMissing, StaleToken
 
@@ -89,8 +90,39 @@ async def install_async(conn: Any, *, table: str = DEFAULT_TABLE) -> None:
     await sc.execute(sql_dialect(sc.dialect).fence_queries(table)["install"], {})
 
 
-async def fence_async(conn: Any, resource: str, token: int, *, table: str = DEFAULT_TABLE) -> None:
+def _job_resource(resource: str | None, token: int | None) -> tuple[str, int]:
+    """``resource`` and ``token`` as given, or both from the lease of the guarded job this
+    runs in (its lock name and token), so the fenced resource is not a second string kept in
+    sync with the lock template by hand."""
+    if resource is not None and token is not None:
+        return resource, token
+    if resource is not None or token is not None:
+        raise ConfigurationError(
+            "pass both resource and token, or neither (inside a guarded job with a lock: "
+            "its lock name and token)",
+            argument="resource" if resource is None else "token",
+        )
+    lease = current_lease_var.get()
+    if lease is None:
+        raise ConfigurationError(
+            "resource and token are needed here: only inside a jobfence.guarded job with a "
+            "lock do they default to its lock name and token",
+            argument="resource",
+        )
+    return lease.name, lease.token
+
+
+async def fence_async(
+    conn: Any,
+    resource: str | None = None,
+    token: int | None = None,
+    *,
+    table: str = DEFAULT_TABLE,
+) -> None:
     """Record ``token`` for ``resource`` in the caller's open transaction.
+
+    Inside a :func:`jobfence.guarded` job with a lock, both may be left out: they are the
+    job's lock name and its lease's token.
 
     Raises :class:`~jobfence.errors.StaleToken` (``resource``, ``token``, ``newest``) if a
     newer token has already written ``resource``; the caller should then roll back. Equal or
@@ -98,6 +130,7 @@ async def fence_async(conn: Any, resource: str, token: int, *, table: str = DEFA
     supported drivers); nothing is committed, begun or rolled back here. Raises
     :class:`~jobfence.errors.SchemaMissing` if the table was not installed.
     """
+    resource, token = _job_resource(resource, token)
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
