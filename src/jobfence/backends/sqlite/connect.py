@@ -19,7 +19,15 @@ from collections.abc import Callable
 
 from ..._core.clock import get_clock
 
-__all__ = ["open_wal", "rollback_quietly"]
+__all__ = ["connect", "open_wal", "rollback_quietly"]
+
+
+def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """A new autocommit connection to ``path`` that any thread may use."""
+    pending = sqlite3.connect(
+        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
+    return pending
 
 
 def open_wal(
@@ -29,10 +37,7 @@ def open_wal(
     create: Callable[[sqlite3.Connection], None],
 ) -> sqlite3.Connection:
     """A new connection to ``path``, set up and with its schema (closed again on failure)."""
-    pending = sqlite3.connect(
-        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-    )
-    conn = pending
+    conn = connect(path, busy_timeout)
     try:
         clock = get_clock()
         deadline = clock.monotonic() + busy_timeout

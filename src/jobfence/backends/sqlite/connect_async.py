@@ -22,16 +22,11 @@ from ..._core.flavour import ASYNC
 if ASYNC:
     import threading
 
-__all__ = ["open_wal", "rollback_quietly"]
+__all__ = ["connect", "open_wal", "rollback_quietly"]
 
 
-async def open_wal(
-    path: str,
-    busy_timeout: float,
-    synchronous: str,
-    create: Callable[[aiosqlite.Connection], Awaitable[None]],
-) -> aiosqlite.Connection:
-    """A new connection to ``path``, set up and with its schema (closed again on failure)."""
+async def connect(path: str, busy_timeout: float) -> aiosqlite.Connection:
+    """A new autocommit connection to ``path`` that any thread may use."""
     pending = aiosqlite.connect(
         path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
     )
@@ -41,7 +36,17 @@ async def open_wal(
         thread = getattr(pending, "_thread", None)
         if isinstance(thread, threading.Thread) and not thread.is_alive():
             thread.daemon = True
-    conn = await pending
+    return await pending
+
+
+async def open_wal(
+    path: str,
+    busy_timeout: float,
+    synchronous: str,
+    create: Callable[[aiosqlite.Connection], Awaitable[None]],
+) -> aiosqlite.Connection:
+    """A new connection to ``path``, set up and with its schema (closed again on failure)."""
+    conn = await connect(path, busy_timeout)
     try:
         clock = get_clock()
         deadline = clock.monotonic() + busy_timeout

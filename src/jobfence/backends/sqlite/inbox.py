@@ -26,6 +26,7 @@ from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
 from .common import sqlite_path
+from .connect import connect
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteInboxBackend"]
@@ -61,10 +62,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        pending = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        conn = pending
+        conn = connect(self.path, self.busy_timeout)
         try:
             cursor = conn.execute("PRAGMA journal_mode")
             row = cursor.fetchone()

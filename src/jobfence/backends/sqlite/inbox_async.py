@@ -17,7 +17,6 @@ from typing import Any
 
 import aiosqlite
 
-from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
@@ -26,10 +25,8 @@ from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
 from .common import sqlite_path
+from .connect_async import connect
 from .dialect import DIALECT, TABLE_LIMIT
-
-if ASYNC:
-    import threading
 
 __all__ = ["AsyncSQLiteInboxBackend"]
 
@@ -64,16 +61,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         )
 
     async def _connect(self) -> Any:
-        pending = aiosqlite.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        if ASYNC:
-            # aiosqlite runs each connection in a non-daemon thread: an unclosed client must not
-            # keep the interpreter from exiting.
-            thread = getattr(pending, "_thread", None)
-            if isinstance(thread, threading.Thread) and not thread.is_alive():
-                thread.daemon = True
-        conn = await pending
+        conn = await connect(self.path, self.busy_timeout)
         try:
             cursor = await conn.execute("PRAGMA journal_mode")
             row = await cursor.fetchone()
