@@ -757,6 +757,12 @@ class Simulation:
         task.go.clear()
         task.parked_at = point
         self.parked.append(task)
+        self._thread_yield(task)
+
+    def _thread_yield(self, task: SimTask) -> None:
+        """A thread task stops running (parked or waiting): wake the loop, which waits for
+        that, and wait until the scheduler lets it go again."""
+        assert task.go is not None
         with self._cv:
             self.running_threads -= 1
             self.external -= 1
@@ -779,16 +785,10 @@ class Simulation:
         task.wait_event = event
         task.wait_until = self.loop.vtime + max(timeout, 0)
         self.loop.call_soon_threadsafe(self.loop.call_at, task.wait_until, self.noop)
-        self.sleeping.append(task)
         assert task.go is not None
         task.go.clear()
-        with self._cv:
-            self.running_threads -= 1
-            self.external -= 1
-        self.loop.call_soon_threadsafe(self.noop)
-        task.go.wait()
-        if self.stopping:
-            raise _Crashed
+        self.sleeping.append(task)
+        self._thread_yield(task)
 
     def _wake_threads(self, into: list[SimTask]) -> None:
         """Thread tasks whose virtual wait is over (time or event) become candidates."""

@@ -150,6 +150,36 @@ class _Table(_Base):
         """The committed writes computed from an older version than the one they replaced."""
         return [w for w in self.history if w.base is not None and w.base != w.over]
 
+    async def _alone(
+        self, key: Any, values: dict[str, Any], expected: int | None, token: int | None
+    ) -> int:
+        """Apply one write outside a transaction (at ``expected`` version if not ``None``),
+        committed and recorded; the new version."""
+        raise NotImplementedError
+
+    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
+        """Set ``values`` on the row (created if missing), committed at once; returns the
+        new version; point ``db.write`` (a ``commit_unknown`` fault there applies, then
+        raises)."""
+        _check_values(values, self.version_column)
+        fault = await self._point("db.write", key)
+        version = await self._alone(key, values, None, token)
+        if fault is not None:
+            raise InjectedFault(fault)
+        return version
+
+    async def update(
+        self, key: Any, version: int, *, token: int | None = None, **values: Any
+    ) -> int:
+        """Set ``values`` only if the row is still at ``version`` (else
+        :class:`~jobfence.StaleVersion`); returns the new version; point ``db.write``."""
+        _check_values(values, self.version_column)
+        fault = await self._point("db.write", key)
+        new = await self._alone(key, values, version, token)
+        if fault is not None:
+            raise InjectedFault(fault)
+        return new
+
     # -- the points ------------------------------------------------------------------
     async def _point(self, point: str, key: Any) -> Fault | None:
         gate = self.sim.on_point(point, {"table": self.name, "key": key})
@@ -252,26 +282,10 @@ class SimTable(_Table):
             raise InjectedFault(fault)
         return self._note_read(key)
 
-    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
-        """Set ``values`` on the row (created if missing), committed at once; returns the
-        new version; point ``db.write``."""
-        _check_values(values, self.version_column)
-        fault = await self._point("db.write", key)
-        (version,) = self._apply(self._who(), [(key, values, None, token, False)])
-        if fault is not None:
-            raise InjectedFault(fault)
-        return version
-
-    async def update(
-        self, key: Any, version: int, *, token: int | None = None, **values: Any
+    async def _alone(
+        self, key: Any, values: dict[str, Any], expected: int | None, token: int | None
     ) -> int:
-        """Set ``values`` only if the row is still at ``version`` (else
-        :class:`~jobfence.StaleVersion`); returns the new version; point ``db.write``."""
-        _check_values(values, self.version_column)
-        fault = await self._point("db.write", key)
-        (new,) = self._apply(self._who(), [(key, values, version, token, False)])
-        if fault is not None:
-            raise InjectedFault(fault)
+        (new,) = self._apply(self._who(), [(key, values, expected, token, False)])
         return new
 
     @asynccontextmanager

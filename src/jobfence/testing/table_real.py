@@ -51,6 +51,7 @@ running ahead never times it out. PostgreSQL sessions run with ``synchronous_com
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 import uuid
@@ -139,18 +140,21 @@ class _Driver:
         raise NotImplementedError
 
 
+def _import_driver(module: str, what: str, extra: str) -> Any:
+    """The driver module, or a ConfigurationError naming the extra that brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # pragma: no cover - the extra brings it
+        raise ConfigurationError(
+            f"a simulated table in {what}: pip install 'jobfence[{extra}]'", argument="url"
+        ) from None
+
+
 class _SQLite(_Driver):
     begin_alone = "BEGIN IMMEDIATE"
 
     def __init__(self, path: str) -> None:
-        try:
-            import aiosqlite
-        except ImportError:  # pragma: no cover - the [sqlite] extra brings it
-            raise ConfigurationError(
-                "a simulated table in SQLite needs aiosqlite: pip install 'jobfence[sqlite]'",
-                argument="url",
-            ) from None
-        self.aiosqlite = aiosqlite
+        self.aiosqlite = _import_driver("aiosqlite", "SQLite needs aiosqlite", "sqlite")
         self.path = path
 
     def admin(self) -> Any:
@@ -232,14 +236,7 @@ class _Postgres(_Driver):
     lock_row = " FOR UPDATE"
 
     def __init__(self, url: str, params: Mapping[str, str]) -> None:
-        try:
-            import psycopg
-        except ImportError:  # pragma: no cover - the [postgres] extra brings it
-            raise ConfigurationError(
-                "a simulated table in PostgreSQL needs psycopg 3: pip install 'jobfence[postgres]'",
-                argument="url",
-            ) from None
-        self.psycopg = psycopg
+        self.psycopg = _import_driver("psycopg", "PostgreSQL needs psycopg 3", "postgres")
         self.url = url
         # commits need not wait for the disk: the rows live as long as the schedule
         session = f"-c lock_timeout={int(LOCK_WAIT * 1000)} -c synchronous_commit=off"
@@ -605,28 +602,6 @@ class RealTable(_Table):
             conn = await self._connection(task, io)
             found = await self._run(conn, self._select, (self._key(key),))
         return self._seen(task.name if task is not None else "main", key, found)
-
-    async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
-        """Set ``values`` on the row (created if missing), committed at once; returns the
-        new version; point ``db.write``."""
-        _check_values(values, self.version_column)
-        fault = await self._point("db.write", key)
-        version = await self._alone(key, values, None, token)
-        if fault is not None:
-            raise InjectedFault(fault)
-        return version
-
-    async def update(
-        self, key: Any, version: int, *, token: int | None = None, **values: Any
-    ) -> int:
-        """Set ``values`` only if the row is still at ``version`` (else
-        :class:`~jobfence.StaleVersion`); returns the new version; point ``db.write``."""
-        _check_values(values, self.version_column)
-        fault = await self._point("db.write", key)
-        new = await self._alone(key, values, version, token)
-        if fault is not None:
-            raise InjectedFault(fault)
-        return new
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[RealTransaction]:

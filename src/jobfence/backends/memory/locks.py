@@ -201,15 +201,6 @@ _stores: dict[str, MemoryStore] = {}
 _stores_mutex = threading.Lock()
 
 
-def forget(prefix: str) -> None:
-    """Drop every store whose URL starts with ``prefix`` (``memory://`` + prefix), so that a
-    process creating many short-lived stores (the testing toolkit's simulations) does not
-    keep them all."""
-    with _stores_mutex:
-        for key in [key for key in _stores if key.startswith(prefix)]:
-            del _stores[key]
-
-
 def get_store(key: str = "") -> MemoryStore:
     with _stores_mutex:
         store = _stores.get(key)
