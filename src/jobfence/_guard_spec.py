@@ -54,19 +54,29 @@ current_claim_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
 current_message_var: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "jobfence_current_message", default=None
 )
+#: the default idempotency key a framework integration (Celery, RQ, ...) sets while its task
+#: runs: ``"<framework>:<the framework's message or job id>"``
+current_job_key_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jobfence_current_job_key", default=None
+)
 
 
 def default_key(argument: str = "key") -> str:
     """The idempotency key to use when none is given: the id of the message the current
-    worker handler processes (the same on every redelivery)."""
+    worker handler processes, or the job key a framework integration set for the task it
+    runs (both the same on every redelivery)."""
     message = current_message_var.get()
-    if message is None:
-        raise ConfigurationError(
-            f"no {argument} given, and this is not inside a jobfence Worker's handler (where "
-            f"the {argument} defaults to the message id): pass {argument}='...'",
-            argument=argument,
-        )
-    return str(message.id)
+    if message is not None:
+        return str(message.id)
+    job_key = current_job_key_var.get()
+    if job_key is not None:
+        return job_key
+    raise ConfigurationError(
+        f"no {argument} given, and this is not inside a jobfence Worker's handler or a task of "
+        f"a jobfence framework integration (where the {argument} defaults to the message or "
+        f"job id): pass {argument}='...'",
+        argument=argument,
+    )
 
 
 def note_duplicate() -> None:

@@ -1,0 +1,134 @@
+"""What the framework integrations (Celery, RQ, Dramatiq, arq) share.
+
+Each framework module turns its task function into a :func:`jobfence.guarded` one, with two
+things only the framework knows:
+
+* ``job_id``: the framework's own id of the message or job being run (the same on every
+  redelivery of that message). Without a ``key=`` template the idempotency key is
+  ``"<framework>:<job id>"``, so a redelivery is a duplicate and returns the stored result.
+* ``retry``: how to fail the task into the framework's own retry, after ``delay`` seconds.
+  jobfence's "not now, try again" outcomes go there (see :func:`wants_retry`); every other
+  exception, the task's own included, is left to the framework as it is.
+
+``FingerprintMismatch`` and ``ConfigurationError`` are never retried: the same message would
+fail the same way each time. A framework that retries every exception by default gets
+``final`` to stop that (e.g. Dramatiq); the others let them through unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from .._guard_spec import current_job_key_var
+from ..conflicts import is_transient
+from ..errors import (
+    BackendError,
+    ClaimInProgress,
+    ClaimLost,
+    ConfigurationError,
+    FingerprintMismatch,
+    LockLost,
+    LockTimeout,
+)
+from ..guard import guarded
+
+__all__ = ["DEFAULT_RETRY_DELAY", "check_retry_delay", "guard_task", "wants_retry"]
+
+#: seconds a task that jobfence sends back to the framework's retry waits before it runs again
+DEFAULT_RETRY_DELAY = 5.0
+
+#: the outcomes that mean "this message is fine, run it again later"
+RETRIED = (LockLost, ClaimLost, ClaimInProgress, LockTimeout)
+
+JobId = Callable[[tuple[Any, ...], dict[str, Any]], "str | None"]
+Retry = Callable[[BaseException, float], BaseException]
+Final = Callable[[BaseException], BaseException]
+
+
+def wants_retry(exc: BaseException) -> bool:
+    """Should a task that raised ``exc`` go back to its framework's retry? Yes for a lost
+    lease or claim, a claim another worker holds, a lock not obtained in time and a
+    transient backend error; no for a fingerprint mismatch, bad configuration and anything
+    else (the task's own exceptions follow the framework's own rules)."""
+    if isinstance(exc, (FingerprintMismatch, ConfigurationError)):
+        return False
+    if isinstance(exc, RETRIED):
+        return True
+    return isinstance(exc, BackendError) and is_transient(exc)
+
+
+def check_retry_delay(retry_delay: Any) -> float:
+    if (
+        isinstance(retry_delay, bool)
+        or not isinstance(retry_delay, (int, float))
+        or not retry_delay >= 0
+        or retry_delay == float("inf")
+    ):
+        raise ConfigurationError(
+            f"retry_delay must be a finite number of seconds >= 0, got {retry_delay!r}",
+            argument="retry_delay",
+        )
+    return float(retry_delay)
+
+
+def guard_task(
+    fn: Callable[..., Any],
+    *,
+    framework: str,
+    job_id: JobId,
+    retry: Retry,
+    retry_delay: float,
+    final: Final | None = None,
+    **guard_options: Any,
+) -> Callable[..., Any]:
+    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments),
+    with the framework's job id as the default key and jobfence's retryable outcomes raised
+    as the framework's retry. Works for sync and ``async def`` functions."""
+    delay = check_retry_delay(retry_delay)
+    inner = guarded(**guard_options)(fn)
+
+    def translate(exc: BaseException) -> BaseException | None:
+        if wants_retry(exc):
+            return retry(exc, delay)
+        if final is not None and isinstance(exc, (FingerprintMismatch, ConfigurationError)):
+            return final(exc)
+        return None
+
+    def job_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        ident = job_id(args, kwargs)
+        return None if ident is None else f"{framework}:{ident}"
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_task(*args: Any, **kwargs: Any) -> Any:
+            token = current_job_key_var.set(job_key(args, kwargs))
+            try:
+                return await inner(*args, **kwargs)
+            except Exception as exc:
+                replacement = translate(exc)
+                if replacement is None or replacement is exc:
+                    raise
+                raise replacement from exc
+            finally:
+                current_job_key_var.reset(token)
+
+        return async_task
+
+    @functools.wraps(fn)
+    def task(*args: Any, **kwargs: Any) -> Any:
+        token = current_job_key_var.set(job_key(args, kwargs))
+        try:
+            return inner(*args, **kwargs)
+        except Exception as exc:
+            replacement = translate(exc)
+            if replacement is None or replacement is exc:
+                raise
+            raise replacement from exc
+        finally:
+            current_job_key_var.reset(token)
+
+    return task
