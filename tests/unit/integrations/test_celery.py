@@ -1,0 +1,234 @@
+"""jobfence.integrations.celery with real Celery tasks, run by ``Task.apply()`` (Celery's own
+tracer, request and retry machinery, without a broker): the task id as the default key,
+jobfence's "not now" as Celery's retry with ``retry_delay``, fingerprint mismatches final,
+``bind=True`` tasks, and bad configuration."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import celery
+import pytest
+from celery.signals import task_retry
+
+import jobfence
+from jobfence.errors import (
+    ClaimInProgress,
+    ConfigurationError,
+    FingerprintMismatch,
+    LockTimeout,
+)
+from jobfence.integrations import celery as jfcelery
+
+
+@pytest.fixture
+def app() -> Iterator[celery.Celery]:
+    application = celery.Celery(f"jf-unit-{uuid.uuid4().hex[:8]}", broker="memory://")
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def inbox() -> Iterator[jobfence.Inbox]:
+    box = jobfence.Inbox(f"memory://{uuid.uuid4().hex}")
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def locks() -> Iterator[jobfence.Locks]:
+    client = jobfence.Locks(f"memory://{uuid.uuid4().hex}")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def retries() -> Iterator[list[Any]]:
+    """The ``reason`` (a ``celery.exceptions.Retry``) of every retry Celery records."""
+    seen: list[Any] = []
+
+    def on_retry(sender: Any = None, reason: Any = None, **_: Any) -> None:
+        seen.append(reason)
+
+    task_retry.connect(on_retry, weak=False)
+    yield seen
+    task_retry.disconnect(on_retry)
+
+
+def test_the_task_id_is_the_default_key_so_a_redelivery_returns_the_stored_result(app, inbox):
+    runs: list[tuple[str | None, int, int]] = []
+
+    @app.task(acks_late=True)
+    @jfcelery.guarded(inbox=inbox)
+    def add(x: int, y: int) -> int:
+        runs.append((jfcelery.job_key(), x, y))
+        return x + y
+
+    first = add.apply((2, 3), task_id="task-1")
+    again = add.apply((2, 3), task_id="task-1")  # the same message delivered again
+    assert (first.state, first.result) == ("SUCCESS", 5)
+    assert (again.state, again.result) == ("SUCCESS", 5)
+    assert runs == [("celery:task-1", 2, 3)]
+    stored = inbox.claim("celery:task-1")
+    assert (stored.state.value, stored.result) == ("completed", 5)
+    assert add.apply((2, 3), task_id="task-2").result == 5  # another task: its own key
+    assert runs == [("celery:task-1", 2, 3), ("celery:task-2", 2, 3)]
+    assert jfcelery.job_key() is None  # outside a task
+
+
+def test_a_key_template_and_a_lock_template_see_the_task_arguments(app, inbox, locks):
+    seen: list[Any] = []
+
+    @app.task
+    @jfcelery.guarded(locks=locks, inbox=inbox, lock="product:{product_id}", key="order:{order_id}")
+    def apply_order(order_id: int, product_id: int) -> str:
+        seen.append((jobfence.current_lease().name, jobfence.guard.current_claim().key))
+        return f"applied {order_id}"
+
+    assert apply_order.apply((7, 3), task_id="a").result == "applied 7"
+    assert apply_order.apply((7, 3), task_id="b").result == "applied 7"  # another task, same key
+    assert seen == [("product:3", "order:7")]
+
+
+def test_a_bound_task_keeps_self_out_of_templates_and_fingerprint(app, inbox):
+    calls: list[Any] = []
+
+    @app.task(bind=True)
+    @jfcelery.guarded(inbox=inbox, key="order:{order_id}", fingerprint=True)
+    def apply_order(self: Any, order_id: int, qty: int) -> int:
+        calls.append((self.name, self.request.id, order_id, qty))
+        return qty
+
+    assert apply_order.apply((1,), {"qty": 5}, task_id="t-1").result == 5
+    assert calls == [(apply_order.name, "t-1", 1, 5)]
+    mismatch = apply_order.apply((1, 6), task_id="t-2")  # same key, other arguments
+    assert mismatch.state == "FAILURE"
+    assert isinstance(mismatch.result, FingerprintMismatch)
+    assert len(calls) == 1
+
+
+def test_a_claim_in_progress_becomes_celerys_retry_after_retry_delay(app, inbox, retries):
+    held = inbox.claim("celery:t-9", ttl=60)  # another worker holds this task's key
+    runs: list[int] = []
+
+    @app.task(max_retries=5)
+    @jfcelery.guarded(inbox=inbox, retry_delay=7.5)
+    def work(n: int) -> int:
+        runs.append(celery.current_task.request.retries)
+        return n
+
+    def free_after_two(sender: Any = None, reason: Any = None, **_: Any) -> None:
+        if len(retries) == 2:
+            held.release()  # the other worker gives the key back
+
+    task_retry.connect(free_after_two, weak=False)
+    try:
+        result = work.apply((4,), task_id="t-9")
+    finally:
+        task_retry.disconnect(free_after_two)
+    assert (result.state, result.result) == ("SUCCESS", 4)
+    assert [type(r.exc) for r in retries] == [ClaimInProgress, ClaimInProgress]
+    assert [r.when for r in retries] == [7.5, 7.5]  # Celery's countdown is the retry_delay
+    assert runs == [2]  # ran once, on Celery's second retry of the same task id
+
+
+def test_a_lock_timeout_is_retried_until_max_retries_then_fails(app, locks, retries):
+    other = locks.acquire("report", ttl=60)
+
+    @app.task(max_retries=2)
+    @jfcelery.guarded(locks=locks, lock="report", timeout=0, retry_delay=0.25)
+    def report() -> str:
+        raise AssertionError("must not run while another worker holds the lock")
+
+    result = report.apply(task_id="r-1")
+    other.release()
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, LockTimeout)  # Celery re-raises the cause at the limit
+    assert [(type(r.exc), r.when) for r in retries] == [(LockTimeout, 0.25)] * 2
+
+
+def test_a_fingerprint_mismatch_fails_at_once_never_retried(app, inbox, retries):
+    @app.task(max_retries=5)
+    @jfcelery.guarded(inbox=inbox, key="charge:{charge_id}", fingerprint=True)
+    def charge(charge_id: str, cents: int) -> int:
+        return cents
+
+    assert charge.apply(("c1", 100)).result == 100
+    wrong = charge.apply(("c1", 999))
+    assert wrong.state == "FAILURE"
+    assert isinstance(wrong.result, FingerprintMismatch)
+    assert retries == []
+
+
+def test_the_task_exceptions_follow_celerys_rules_and_release_the_claim(app, inbox, retries):
+    attempts: list[int] = []
+
+    @app.task
+    @jfcelery.guarded(inbox=inbox, retry=jobfence.RetryPolicy(attempts=3, backoff=0.001))
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("transient: re-run the whole unit in this process")
+        if len(attempts) == 3:
+            raise ValueError("the task's own error")
+        return "ok"
+
+    failed = flaky.apply(task_id="f-1")
+    assert failed.state == "FAILURE" and isinstance(failed.result, ValueError)
+    assert len(attempts) == 3 and retries == []  # RetryPolicy re-ran it; Celery did not retry
+    assert flaky.apply(task_id="f-1").result == "ok"  # the claim was released: it runs again
+
+
+def test_a_direct_call_has_no_task_id(app, inbox, locks):
+    @app.task
+    @jfcelery.guarded(inbox=inbox)
+    def no_key() -> int:
+        return 1
+
+    @app.task
+    @jfcelery.guarded(inbox=inbox, key="k:{n}")
+    def keyed(n: int) -> int:
+        return n
+
+    with pytest.raises(ConfigurationError) as info:
+        no_key()
+    assert info.value.argument == "key"
+    assert keyed(3) == 3
+    inbox.claim("k:4", ttl=60)
+    with pytest.raises(ClaimInProgress):  # no worker to retry it: raised as it is
+        keyed(4)
+
+
+def test_bad_configuration_names_the_argument(app, inbox):
+    async def coroutine() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError) as info:
+        jfcelery.guarded(inbox=inbox)(coroutine)
+    assert info.value.argument == "fn" and "synchronously" in str(info.value)
+
+    @app.task
+    def plain() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError) as info:
+        jfcelery.guarded(inbox=inbox)(plain)
+    assert info.value.argument == "fn" and "UNDER @app.task" in str(info.value)
+
+    with pytest.raises(ConfigurationError) as info:
+        jfcelery.guarded(inbox=inbox, retry_delay=-1)
+    assert info.value.argument == "retry_delay"
+
+    def bound(self: Any, order_id: int) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError) as info:
+        jfcelery.guarded(inbox=inbox, key="order:{self_id}")(bound)
+    assert info.value.argument == "key" and "order_id" in str(info.value)
+
+    guarded_bound = jfcelery.guarded(inbox=inbox, key="order:{order_id}")(bound)
+    with pytest.raises(ConfigurationError) as info:
+        guarded_bound(1)  # not registered with bind=True: no task as first argument
+    assert info.value.argument == "fn" and "bind=True" in str(info.value)
