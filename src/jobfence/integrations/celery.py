@@ -23,8 +23,8 @@ What it adds to :func:`jobfence.guarded`:
   passes), a lock not obtained within ``timeout`` and a transient backend error call
   ``Task.retry(exc=..., countdown=retry_delay)``; the task's ``max_retries`` applies.
 * ``FingerprintMismatch`` and ``ConfigurationError`` are raised as they are: Celery does not
-  retry a task's exceptions unless ``autoretry_for`` says so (then also list them in
-  ``dont_autoretry_for``).
+  retry a task's exceptions unless ``autoretry_for`` says so (then also give
+  ``dont_autoretry_for=NOT_RETRIED``).
 
 With ``@app.task(bind=True)`` the function's first parameter, ``self``, is the task: it is not
 one of the arguments the ``lock``/``key`` templates and ``fingerprint`` see. Celery runs tasks
@@ -45,15 +45,20 @@ from typing import Any, TypeVar
 import celery
 from celery import current_task
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
 from ..retry import RetryPolicy
 from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task
 
-__all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "guarded", "job_key"]
+__all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "NOT_RETRIED", "guarded", "job_key"]
 
 #: the prefix of the default idempotency key: ``"celery:<task id>"``
 FRAMEWORK = "celery"
+
+#: the jobfence errors that fail the same way on every run of a message: give them as
+#: ``dont_autoretry_for`` to a task whose ``autoretry_for`` would catch them, e.g.
+#: ``@app.task(autoretry_for=(Exception,), dont_autoretry_for=NOT_RETRIED)``
+NOT_RETRIED: tuple[type[Exception], ...] = (FingerprintMismatch, ConfigurationError)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

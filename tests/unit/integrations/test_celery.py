@@ -162,6 +162,22 @@ def test_a_fingerprint_mismatch_fails_at_once_never_retried(app, inbox, retries)
     assert retries == []
 
 
+def test_with_autoretry_for_every_exception_not_retried_stays_final(app, inbox, retries):
+    @app.task(autoretry_for=(Exception,), dont_autoretry_for=jfcelery.NOT_RETRIED, max_retries=3)
+    @jfcelery.guarded(inbox=inbox, key="charge:{charge_id}", fingerprint=True)
+    def charge(charge_id: str, cents: int) -> int:
+        if cents < 0:
+            raise ValueError("negative")
+        return cents
+
+    assert charge.apply(("c1", 100)).result == 100
+    wrong = charge.apply(("c1", 999))
+    assert wrong.state == "FAILURE" and isinstance(wrong.result, FingerprintMismatch)
+    assert retries == []
+    charge.apply(("c2", -1))  # the task's own error: autoretry_for retries it, 3 times
+    assert [type(r.exc) for r in retries] == [ValueError] * 3
+
+
 def test_the_task_exceptions_follow_celerys_rules_and_release_the_claim(app, inbox, retries):
     attempts: list[int] = []
 
