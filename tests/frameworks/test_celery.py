@@ -154,11 +154,14 @@ def test_celery_workers_apply_every_order_once_through_a_sigkill(tmp_path: Path)
         assert duplicate == outcomes[killed.id]
         assert ledger.started("killed") == runs
     finally:
-        for result in sent:
-            result.forget()
-        client.close()
-        inbox.close()
-        with kombu.Connection(AMQP_URL) as conn:
-            conn.default_channel.queue_delete(queue)
-        delete_redis_keys(f"*{ledger.schema}*")
-        ledger.drop()
+        try:
+            for result in sent:
+                result.forget()
+            client.close()
+            inbox.close()
+            with kombu.Connection(AMQP_URL) as conn:  # the queue and the exchange Celery made
+                conn.default_channel.queue_delete(queue)
+                conn.default_channel.exchange_delete(queue)
+            delete_redis_keys(f"*{ledger.schema}*")
+        finally:
+            ledger.drop()
