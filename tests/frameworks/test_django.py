@@ -182,3 +182,42 @@ def test_sqlite_database_is_locked_through_django(tmp_path: Path) -> None:
     assert blocked["conflict"] is True and blocked["transient"] is False
     assert out["integrity"]["conflict"] is False and out["integrity"]["transient"] is False
     assert_broken_atomic_never_retried(out["broken_atomic"])
+
+
+DOC = ROOT / "docs" / "how-to" / "django.md"
+
+#: runs the page's python blocks in one interpreter, each in a fresh namespace after the blocks
+#: it names in ``<!-- after: ... -->`` (the docs conventions), skipping ``no-run`` blocks
+_DOC_RUNNER = r"""
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+pattern = re.compile(r"((?:<!-- [^>]*-->\n)*)```python\n(.*?)```", re.S)
+named, runs = {}, 0
+for marks, code in pattern.findall(text):
+    name = re.search(r"<!-- block: (\S+) -->", marks)
+    after = re.search(r"<!-- after: ([^>]*?) -->", marks)
+    if name:
+        named[name.group(1)] = code
+    if "<!-- no-run:" in marks:
+        continue
+    namespace = {}
+    for dep in (after.group(1).split(",") if after else []):
+        exec(compile(named[dep.strip()], dep.strip(), "exec"), namespace)
+    exec(compile(code, name.group(1) if name else "block", "exec"), namespace)
+    runs += 1
+print(runs)
+"""
+
+
+def test_how_to_page_runs(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _DOC_RUNNER, str(DOC)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip().splitlines()[-1]) == 6  # every block but the no-run one
+    assert "jobfence_inbox" in sqlite_tables(tmp_path / "shop.db")
