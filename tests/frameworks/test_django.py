@@ -1,7 +1,8 @@
-"""jobfence in a real Django project (tests/frameworks/django_project), on PostgreSQL and SQLite.
+"""jobfence in a real Django project (tests/frameworks/django_project), on PostgreSQL, SQLite
+and MariaDB/MySQL.
 
-Each test runs ``manage.py`` in a subprocess against a database of its own (PostgreSQL: a
-fresh ``jf_dj_<random>`` database, dropped afterwards; SQLite: a file in a temp dir):
+Each test runs ``manage.py`` in a subprocess against a database of its own (PostgreSQL and
+MySQL: a fresh ``jf_dj_<random>`` database, dropped afterwards; SQLite: a file in a temp dir):
 ``migrate`` creates jobfence's tables, ``jf_check`` runs jobfence on Django's connection inside
 ``transaction.atomic()`` and prints what happened, ``migrate jobfence zero`` drops the tables.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 
 from tests.frameworks._support import DSN, ROOT
@@ -67,6 +69,30 @@ def pg_database() -> Iterator[str]:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture
+def mysql_database() -> Iterator[str]:
+    name = f"jf_dj_{uuid.uuid4().hex[:12]}"
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield name
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name}")
+    finally:
+        conn.close()
+
+
+def mysql_tables(name: str) -> set[str]:
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW TABLES")
+            return {r[0] for r in cur.fetchall()}
+    finally:
+        conn.close()
+
+
 def pg_tables(name: str) -> set[str]:
     dsn = DSN.rsplit("/", 1)[0] + f"/{name}"
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -109,6 +135,7 @@ def assert_scenario(out: dict[str, Any]) -> None:
     assert out["guarded_calls"] == 1
     assert out["stock_after_guarded"] == 32
     assert out["guarded_record"] == ["completed", True]
+    assert "sync_to_async" in out["async_refused"]
 
 
 def assert_broken_atomic_never_retried(broken: dict[str, Any]) -> None:
@@ -150,6 +177,29 @@ def test_sqlite_migrate_with_custom_table_names(tmp_path: Path) -> None:
     project.manage("migrate", "jobfence", "zero", "--verbosity", "0")
     tables = sqlite_tables(db)
     assert not {"shop_inbox", "shop_fences", "jobfence_inbox_schema"} & tables
+    assert "shop_product" in tables
+
+
+def test_mysql_migrate_scenario_errors_and_unmigrate(mysql_database: str) -> None:
+    # PyMySQL installed as MySQLdb (see jfproject/settings.py)
+    project = Project("mysql", mysql_database)
+    project.manage("migrate", "--verbosity", "0")
+    assert {"jobfence_inbox", "jobfence_fences"} <= mysql_tables(mysql_database)
+
+    out = project.check("scenario")
+    assert out["vendor"] == "mysql"
+    assert_scenario(out)
+
+    out = project.check("conflicts")
+    blocked = out["blocked_write"]  # 1205 lock wait timeout
+    assert blocked["type"] == "django.db.utils.OperationalError"
+    assert blocked["conflict"] is True and blocked["transient"] is False
+    assert out["integrity"]["conflict"] is False and out["integrity"]["transient"] is False
+    assert_broken_atomic_never_retried(out["broken_atomic"])
+
+    project.manage("migrate", "jobfence", "zero", "--verbosity", "0")
+    tables = mysql_tables(mysql_database)
+    assert not {"jobfence_inbox", "jobfence_fences", "jobfence_inbox_schema"} & tables
     assert "shop_product" in tables
 
 
