@@ -23,9 +23,13 @@ Classification is table-driven (the tables below are the documentation) and neve
 driver: classes are recognised by module and class name, so an optional driver that is not
 installed costs nothing. An exception is classified by the first link of its chain that the
 tables know: the exception itself, then SQLAlchemy's ``.orig``, ``__cause__`` and
-``__context__`` (unless suppressed with ``raise ... from None``). A link the tables mark as
+``__context__`` (unless suppressed with ``raise ... from None``). Django's database errors
+(``django.db.utils.OperationalError``, ``IntegrityError``, ...) carry the driver's error as
+``__cause__`` and are classified by it: a serialization failure or deadlock raised through
+Django's ORM or cursor is a conflict, a dropped connection transient. A link the tables mark as
 *never retry* (e.g. :class:`~jobfence.ConfigurationError`, SQLAlchemy's
-``PendingRollbackError``, Redis authentication errors) stops the walk. ``KeyboardInterrupt``,
+``PendingRollbackError``, Django's ``TransactionManagementError``, Redis authentication
+errors) stops the walk. ``KeyboardInterrupt``,
 ``SystemExit`` and ``asyncio.CancelledError`` are never classified.
 """
 
@@ -138,6 +142,8 @@ _CLASS_TABLE: dict[tuple[str, str], _Result] = {
     ("sqlalchemy", "PendingRollbackError"): NEVER,  # retrying inside a failed transaction
     ("sqlalchemy", "DisconnectionError"): TRANSIENT,
     ("sqlalchemy", "TimeoutError"): TRANSIENT,  # pool checkout timed out
+    # Django: a query inside an atomic() block that already failed; the block must end first
+    ("django", "TransactionManagementError"): NEVER,
     # psycopg_pool
     ("psycopg_pool", "PoolClosed"): NEVER,
     ("psycopg_pool", "PoolTimeout"): TRANSIENT,
@@ -348,7 +354,16 @@ def is_transient(exc: BaseException) -> bool:
 
 # Functions whose frames mark "this error was raised while committing". Module prefix ->
 # predicate on the function name. Used only for errors already classified transient.
-_COMMIT_DRIVERS = ("psycopg", "psycopg2", "asyncpg", "pymysql", "aiomysql", "MySQLdb", "sqlalchemy")
+_COMMIT_DRIVERS = (
+    "psycopg",
+    "psycopg2",
+    "asyncpg",
+    "pymysql",
+    "aiomysql",
+    "MySQLdb",
+    "sqlalchemy",
+    "django.db.backends",  # BaseDatabaseWrapper.commit()
+)
 
 
 def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:

@@ -171,6 +171,16 @@ def test_numeric_style_numbers_each_name_once() -> None:
     )
 
 
+def test_format_style_lists_a_name_per_placeholder() -> None:
+    out, names = convert(SQL, "format")
+    assert names == ("a", "b", "a", "b_2")  # one per %s, in order: "a" twice
+    assert out == (
+        "SELECT %s, %s::float8, '50%%', ':not_a_param', x::int, \"c:d\"\n"
+        "FROM t WHERE k = %s AND t.x LIKE 'a%%' AND e = %s"
+    )
+    assert convert("SELECT '50%' FROM t", "format") == ("SELECT '50%' FROM t", ())
+
+
 def test_sqlalchemy_style_escapes_colons_text_would_misread() -> None:
     out, names = convert(SQL, "sqlalchemy")
     assert names == ("a", "b", "b_2")

@@ -20,10 +20,26 @@ aiosqlite ``Connection``     sqlite       ``:name``                             
 SQLAlchemy                   from         ``:name`` with ``text()``               (async)
 ``AsyncConnection``,         ``.dialect``
 ``AsyncSession``
+Django ``connection``,       from         ``%s``, through Django's cursor
+``connections[alias]``       ``.vendor``
 ===========================  ===========  ===============================================
 
 MariaDB counts as ``mysql``. Drivers are recognised by module and class name (the MRO is
 walked, so subclasses work), so no optional driver is ever imported here.
+
+A Django connection (``django.db.connection``, a proxy to the current thread's connection of
+the default alias, or ``django.db.connections[alias]``, a ``BaseDatabaseWrapper``) is
+connected with ``ensure_connection()`` and its statements run through Django's own cursor,
+not on the driver connection underneath: Django then sees them as its own queries. A broken
+``atomic()`` block refuses them (``TransactionManagementError``) instead of sending them into
+an aborted transaction; a failed statement sets the wrapper's ``errors_occurred``, so Django's
+health checks replace a dead connection; ``execute_wrapper()`` instrumentation and
+``connection.queries`` see them; and errors arrive as Django wraps them
+(``django.db.utils.OperationalError`` ... with the driver's error as ``__cause__``), as the
+rest of the application's queries do. Any driver Django's ``postgresql`` (psycopg 3 or
+psycopg2), ``sqlite3`` and ``mysql`` (mysqlclient, or PyMySQL installed as ``MySQLdb``)
+backends use works, since the driver is never called directly. Django has no asyncio
+connections: in async code call the sync functions through ``asgiref``'s ``sync_to_async``.
 
 API (stable: other modules build on it)::
 
@@ -31,7 +47,7 @@ API (stable: other modules build on it)::
     sc = adapt_async(conn)            # AsyncSqlConn, for asyncio connections
     sc.dialect                        # "postgresql" | "mysql" | "sqlite"
     sc.driver                         # "psycopg", "asyncpg", "pymysql", "aiomysql", "sqlite3",
-                                      # "aiosqlite", or "sqlalchemy+<driver>"
+                                      # "aiosqlite", "sqlalchemy+<driver>" or "django+<driver>"
     result = sc.execute(sql, params)  # (await it for AsyncSqlConn) -> Result
     result.rows, result.rowcount, result.lastrowid, result.columns
 
@@ -81,8 +97,11 @@ __all__ = [
 DIALECTS = ("postgresql", "mysql", "sqlite")
 
 SYNC_SUPPORTED = (
-    "psycopg.Connection, pymysql.Connection, sqlite3.Connection, sqlalchemy Connection or Session"
+    "psycopg.Connection, pymysql.Connection, sqlite3.Connection, sqlalchemy Connection or "
+    "Session, Django connection (django.db.connection or connections[alias])"
 )
+#: Django ``connection.vendor`` -> dialect
+_DJANGO_VENDORS = {"postgresql": "postgresql", "sqlite": "sqlite", "mysql": "mysql"}
 ASYNC_SUPPORTED = (
     "psycopg.AsyncConnection, asyncpg Connection (or pool connection), aiomysql.Connection, "
     "aiosqlite.Connection, sqlalchemy AsyncConnection or AsyncSession"
@@ -234,14 +253,16 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def is_undefined_table(exc: BaseException) -> bool:
     """Whether ``exc`` (or the driver error inside it) says that a table does not exist.
 
-    PostgreSQL SQLSTATE 42P01 (psycopg ``UndefinedTable``, asyncpg ``UndefinedTableError``),
-    MySQL/MariaDB error 1146, SQLite ``no such table``; SQLAlchemy wrappers are unwrapped.
+    PostgreSQL SQLSTATE 42P01 (psycopg ``UndefinedTable``, psycopg2 ``pgcode``, asyncpg
+    ``UndefinedTableError``), MySQL/MariaDB error 1146, SQLite ``no such table``; SQLAlchemy and
+    Django wrappers are unwrapped.
     """
     for e in _chain(exc):
-        if getattr(e, "sqlstate", None) == "42P01":
+        if "42P01" in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None)):
             return True
         args = getattr(e, "args", ())
-        if args and args[0] == 1146 and type(e).__module__.split(".")[0] in ("pymysql", "aiomysql"):
+        top = type(e).__module__.split(".")[0]
+        if args and args[0] == 1146 and top in ("pymysql", "aiomysql", "MySQLdb"):
             return True
         if isinstance(e, sqlite3.OperationalError) and "no such table" in str(e):
             return True
@@ -277,6 +298,7 @@ _STYLE = {
     "sqlite3": "named",
     "aiosqlite": "named",
     "asyncpg": "numeric",
+    "django": "format",
 }
 
 Params = Mapping[str, Any] | Sequence[Any]
@@ -291,13 +313,13 @@ def _prepare(kind: str, sql: str, params: Params) -> tuple[str, Any]:
     style = _STYLE.get(kind, "sqlalchemy")
     if isinstance(params, Mapping):
         converted = convert(sql, style)
-        if style == "numeric":
+        if style == "numeric" or (style == "format" and converted.names):
             return converted.sql, [params[name] for name in converted.names]
         if not converted.names:
             return converted.sql, None
         return converted.sql, {name: params[name] for name in converted.names}
     values = tuple(params)
-    if style == "pyformat":
+    if style in ("pyformat", "format"):
         return (_to_format(sql), values) if values else (sql, None)
     if style == "numeric":
         return _to_dollar(sql), list(values)
@@ -357,6 +379,10 @@ def _kind(conn: object) -> str | None:
             return "aiomysql"
         if top == "aiosqlite" and name == "Connection":
             return "aiosqlite"
+        if module == "django.db.backends.base.base" and name == "BaseDatabaseWrapper":
+            return "django"
+        if module == "django.utils.connection" and name == "ConnectionProxy":
+            return "django"
         if top == "sqlalchemy":
             if name == "Connection":
                 return "sa-conn"
@@ -393,9 +419,38 @@ def _sa_dialect(conn: Any, argument: str) -> tuple[str, str]:
     return name, f"sqlalchemy+{dialect.driver}"
 
 
+def _django_wrapper(conn: Any) -> Any:
+    """The ``BaseDatabaseWrapper`` behind ``conn``: ``django.db.connection`` is a proxy to the
+    current thread's connection of the default alias."""
+    if type(conn).__name__ == "ConnectionProxy":
+        return conn._connections[conn._alias]
+    return conn
+
+
+def _django_dialect(conn: Any, argument: str) -> tuple[str, str]:
+    vendor = getattr(conn, "vendor", None)
+    dialect = _DJANGO_VENDORS.get(vendor) if isinstance(vendor, str) else None
+    if dialect is None:
+        raise ConfigurationError(
+            f"{argument}: Django database vendor {vendor!r} is not supported; allowed: "
+            f"{', '.join(_DJANGO_VENDORS)}",
+            argument=argument,
+        )
+    conn.ensure_connection()
+    driver = type(conn.connection).__module__.split(".")[0]
+    return dialect, f"django+{driver}"
+
+
 def _unsupported(conn: object, argument: str, *, want_async: bool) -> ConfigurationError:
     kind = _kind(conn)
     cls = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    if kind == "django" and want_async:
+        return ConfigurationError(
+            f"{argument}: {cls} is not supported here: Django's database connections are "
+            "blocking; call the sync function (from async code through "
+            "asgiref.sync.sync_to_async)",
+            argument=argument,
+        )
     if kind is not None and (kind in _ASYNC_KINDS) != want_async:
         hint = (
             "it is an asyncio connection: use the *_async function"
@@ -448,6 +503,14 @@ class SqlConn:
                 rows = list(cur.fetchall()) if cur.description else []
                 cols = [c[0] for c in cur.description or ()]
                 return Result(rows, _count(rows, cur.rowcount, cols), cur.lastrowid, cols)
+        if kind == "django":
+            # Django's cursor: its transaction state, error wrapping and instrumentation apply
+            with conn.cursor() as cur:
+                cur.execute(query, args)
+                rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
+                cols = [c[0] for c in cur.description or ()]
+                lastrowid = getattr(cur, "lastrowid", None)
+                return Result(rows, _count(rows, cur.rowcount, cols), lastrowid, cols)
         if kind == "sqlite3":
             cur = conn.cursor()
             try:
@@ -485,6 +548,10 @@ def adapt(conn: object, *, argument: str = "conn") -> SqlConn:
     if kind in ("sa-conn", "sa-session"):
         dialect, driver = _sa_dialect(conn, argument)
         return SqlConn(conn, kind, dialect, driver)
+    if kind == "django":
+        wrapper = _django_wrapper(conn)
+        dialect, driver = _django_dialect(wrapper, argument)
+        return SqlConn(wrapper, kind, dialect, driver)
     return SqlConn(conn, kind, _DIALECT[kind], "psycopg" if kind == "psycopg" else kind)
 
 

@@ -27,6 +27,8 @@ file the same steps run, and the result is cached:
    ``sqlalchemy``  SQLAlchemy ``text()``             ``:name``; other colons that ``text()``
                                                      would read as parameters are escaped
    ``numeric``     asyncpg                           ``$1``, ``$2``... (one number per name)
+   ``format``      Django's cursors                  ``%s``; a literal ``%`` is doubled (only
+                                                     when the statement has parameters)
    ==============  ================================  ========================================
 
 A section holds one statement, or several separated by ``;`` (a script such as a schema):
@@ -56,7 +58,7 @@ __all__ = [
     "strip_comments",
 ]
 
-STYLES = ("named", "pyformat", "numeric", "sqlalchemy")
+STYLES = ("named", "pyformat", "numeric", "sqlalchemy", "format")
 
 _SECTION = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
 _TOKEN = re.compile(
@@ -159,7 +161,8 @@ def fill(
 
 class Converted(NamedTuple):
     """A statement in a driver's placeholder style, and its parameter names in order of first
-    appearance (for ``numeric``: ``$1`` is ``names[0]``)."""
+    appearance (for ``numeric``: ``$1`` is ``names[0]``); for ``format``, one name per ``%s``
+    in order (a name used twice is listed twice)."""
 
     sql: str
     names: tuple[str, ...]
@@ -181,14 +184,18 @@ def convert(sql: str, style: str) -> Converted:
         return Converted(sql, tuple(names))
     out: list[str] = []
     starts: set[int] = set()  # where our parameters start (sqlalchemy)
+    positional: list[str] = []  # the name of each %s (format)
     for index, (kind, text, match) in enumerate(pieces):
         if kind != "param":
-            out.append(text.replace("%", "%%") if style == "pyformat" else text)
+            out.append(text.replace("%", "%%") if style in ("pyformat", "format") else text)
             continue
         assert match is not None
         name = match.group("name")
         if style == "pyformat":
             out.append(f"%({name})s")
+        elif style == "format":
+            out.append("%s")
+            positional.append(name)
         elif style == "numeric":
             out.append(f"${names.index(name) + 1}")
         else:
@@ -197,6 +204,8 @@ def convert(sql: str, style: str) -> Converted:
             # text() does not take ":name" right before a colon (a "::" cast): add a space
             out.append(f":{name} " if following.startswith(":") else f":{name}")
     text = "".join(out)
+    if style == "format":
+        return Converted(text, tuple(positional))
     if style == "sqlalchemy":
         text = _SA_BIND.sub(
             lambda m: m.group(0) if m.start() in starts else "\\" + m.group(0), text
