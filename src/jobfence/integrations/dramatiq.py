@@ -94,7 +94,7 @@ def _with_not_retried(throws: Any) -> tuple[type[BaseException], ...]:
     return own + tuple(cls for cls in NOT_RETRIED if cls not in own)
 
 
-class JobfenceMiddleware(Middleware):  # type: ignore[misc]
+class JobfenceMiddleware(Middleware):
     """Dramatiq middleware for actors decorated with :func:`guarded`. Add it to the broker
     once (``broker.add_middleware(JobfenceMiddleware())``), before or after the actors are
     declared.

@@ -29,7 +29,7 @@ from jobfence.integrations.dramatiq import JobfenceMiddleware, guarded
 JOIN = 30_000
 
 
-class Recorder(Middleware):  # type: ignore[misc]
+class Recorder(Middleware):
     """Every outcome of every message processed: (message id, exception or None, retries)."""
 
     def __init__(self) -> None:
