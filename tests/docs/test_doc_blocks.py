@@ -226,3 +226,20 @@ def test_no_run_blocks_say_why() -> None:
 def test_pages_keep_their_runnable_examples(page: str, at_least: int) -> None:
     assert (ROOT / page).is_file(), page
     assert len([b for b in RUNNABLE if b.page == page]) >= at_least
+
+
+def test_a_block_using_names_it_does_not_define_is_caught() -> None:
+    """The README's exactly-once example once used psycopg, DSN and locks undefined; the
+    check finds such names, also inside functions the block never calls."""
+    code = (
+        "import jobfence\n"
+        "inbox = jobfence.Inbox('memory://')\n"
+        "def apply(order_id):\n"
+        "    with psycopg.connect(DSN) as conn:\n"
+        "        inbox.claim_in(conn, f'order:{order_id}')\n"
+        "@jobfence.guarded(locks=locks, inbox=inbox, key='order:{order_id}')\n"
+        "def process(order_id):\n"
+        "    return [x for x in range(order_id)]\n"
+    )
+    used = set(_used_globals(code, "example")) - _defined(code, "example") - set(dir(builtins))
+    assert used == {"psycopg", "DSN", "locks"}
