@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import jobfence, redis, psycopg, pymysql, aiosqlite, aio_pika, pika, pytest, xdist" \
+.venv/bin/python -c "import jobfence, redis, psycopg, pymysql, aiosqlite, aio_pika, pika, pytest, xdist, mkdocs, mkdocstrings, mkdocs_click, material" \
   || { echo "test.sh: installing the test dependencies failed" >&2; exit 1; }
 
 bash scripts/services.sh

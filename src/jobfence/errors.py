@@ -198,5 +198,5 @@ class CommitOutcomeUnknown(JobfenceError):
     Raise it (``raise CommitOutcomeUnknown("...") from exc``) where your code knows a commit's
     outcome is unknown; a test can raise it from the I/O hook to simulate "commit applied but
     reported failed".
-    :func:`jobfence.retry_unit` retries it only for protected units (see docs/retries.md).
+    :func:`jobfence.retry_unit` retries it only for protected units (see docs/concepts/retries.md).
     """

@@ -24,7 +24,7 @@ RETURNING``; MySQL/MariaDB use ``INSERT ... ON DUPLICATE KEY UPDATE`` keeping th
 and reporting the result through ``LAST_INSERT_ID(expr)``. Equal tokens pass (the same holder
 may fence several times). The table is never created implicitly: run :func:`install_async`
 (sync: :func:`install`) once, or apply the shipped SQL with your migration tool. See
-docs/fencing.md.
+docs/concepts/fencing.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ has three holes: two workers can both pass the check; a crash between the work a
 re-runs the work; the mark can fail after the work. The inbox's ``claim`` closes the first
 (one atomic claim, states new / in progress / completed, takeover of a dead worker's claim
 after its ttl); its ``claim_in`` closes the other two for database effects (the marker
-commits in the same transaction as the effect). See docs/inbox.md.
+commits in the same transaction as the effect). See docs/concepts/inbox.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Stock of product 1 is 10; job 1 orders 5, job 2 orders 3. The units below are th
 version (a statement-level retry that re-sends the value computed from a stale read) and the
 three fixes: (a) a versioned update + ``retry_unit``, (b) ``claim_in`` per order +
 ``retry_unit``, (c) ``guarded`` with a lock and an inbox. They are the same functions as in
-docs/retries.md, plus three calls into the test harness:
+docs/concepts/retries.md, plus three calls into the test harness:
 
 * ``plan.at(point, ...)`` -- where a scripted test parks a job on ``threading.Event``s to force
   the article's interleaving (points: ``start``, ``read``, ``failed``, ``duplicate``,

@@ -1,5 +1,5 @@
 """Every backend call passes the I/O hook, clean-ups included, in the order
-docs/testing-seams.md ("The order of the points") documents.
+docs/reference/testing-seams.md ("The order of the points") documents.
 
 One scripted scenario per backend, sync and async: a lease taken; a second client's waiting
 acquire interrupted by a failure at its first wait (so it leaves the queue and gives back what

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import queue
 import random
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,27 +373,3 @@ def test_randomised_final_stock_is_start_minus_all_orders(
         # each order's effect was committed exactly once (reported, or reported failed)
         assert stats["applied"] + stats["injected:after_commit"] == ORDERS, replay
         assert db.applied_keys() == {f"order:{o}" for o, _q in orders}, replay
-
-
-# -- the docs page's examples ----------------------------------------------------------------
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "retries.md"
-
-
-def test_the_docs_examples_run_in_order() -> None:
-    """docs/retries.md's "The bug, fixed three ways" examples run, in order, as one
-    script (on a SQLite file), and their assertions hold."""
-    text = DOC.read_text()
-    section = text[text.index("## The bug, fixed three ways") : text.index("## Which fix")]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 7
-    namespace: dict[str, Any] = {}
-    try:
-        for index, block in enumerate(blocks):
-            exec(compile(block, f"docs/retries.md seed example {index + 1}", "exec"), namespace)
-    finally:
-        for name in ("locks", "inbox"):
-            client = namespace.get(name)
-            if client is not None:
-                client.close()
-    assert namespace["stock"]() == 2

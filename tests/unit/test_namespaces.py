@@ -32,7 +32,7 @@ PACKAGES: dict[str, tuple[Any, bool]] = {
     "postgres": (postgres, True),
     "mysql": (mysql, True),
 }
-#: the limits as documented in docs/backends/namespaces.md
+#: the limits as documented in docs/concepts/namespaces.md
 LIMITS = {
     "memory": (64, 63),
     "sqlite": (63, 63),

@@ -160,9 +160,10 @@ def test_points_are_documented_and_read_only() -> None:
         assert point.info and all(isinstance(k, str) for k in point.info)
     with pytest.raises(TypeError):
         POINTS["x"] = POINTS["sleep"]  # type: ignore[index]
-    doc = (SRC.parent.parent / "docs" / "testing-seams.md").read_text(encoding="utf-8")
+    doc_path = SRC.parent.parent / "docs" / "reference" / "testing-seams.md"
+    doc = doc_path.read_text(encoding="utf-8")
     missing = [name for name in POINTS if f"`{name}`" not in doc]
-    assert not missing, f"docs/testing-seams.md does not describe {missing}"
+    assert not missing, f"docs/reference/testing-seams.md does not describe {missing}"
 
 
 # ------------------------------------------------------------------------ the public API
@@ -362,17 +363,3 @@ def test_a_fake_clock_expires_a_memory_inbox_claim_for_a_takeover() -> None:
             first.complete("late")
         second.complete("done")
         inbox.close()
-
-
-# ------------------------------------------------------------------------ the reference page
-
-
-def test_the_examples_of_the_reference_page_run() -> None:
-    doc = (SRC.parent.parent / "docs" / "testing-seams.md").read_text(encoding="utf-8")
-    blocks = [b.split("```", 1)[0] for b in doc.split("```python\n")[1:]]
-    assert len(blocks) >= 4
-    namespace: dict[str, Any] = {"__name__": "docs_testing_seams"}
-    before_hook, before_clock = get_hook(), get_clock()
-    for block in blocks:  # in order, in one namespace, like a reader would
-        exec(compile(block, "docs/testing-seams.md", "exec"), namespace)
-    assert get_hook() is before_hook and get_clock() is before_clock

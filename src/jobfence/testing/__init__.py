@@ -24,7 +24,7 @@ Both are global to the process (every thread, every event loop), and :func:`hook
 :func:`clocked` restore what was there before. The point names, the keywords each one
 carries and these functions are a stable API: a name is never renamed or removed, and a
 keyword is never removed, without a deprecation period; new points and keywords may be
-added. See ``docs/testing-seams.md``.
+added. See ``docs/reference/testing-seams.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The three examples of docs/testing.md, as a user writes them: each scenario is a few lines
+"""The three examples of docs/how-to/testing.md, as a user writes them: each scenario is a few lines
 and the toolkit finds the bug by itself (or shows there is none in what it explored)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_a_naive_retry_loses_an_update_under_auto_faults() -> None:
     assert (blip.kind, blip.point) == ("transient", "db.write")
     assert failure.tape.faults == () and failure.deviations == 1  # ...shrunk: one preemption
     assert str(failure).startswith("schedule 3 (seed 3) failed: no_lost_update: t1 wrote")
-    assert "tape:   t1 t2 t2   (1 deviation(s)" in str(failure)  # as docs/testing.md shows
+    assert "tape:   t1 t2 t2   (1 deviation(s)" in str(failure)  # as docs/how-to/testing.md shows
     assert report.schedules <= 50
     assert not failure.replay().ok  # the tape replays the same lost update
 

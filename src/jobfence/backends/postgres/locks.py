@@ -258,7 +258,7 @@ class _Held:
 
 class PostgresLockBackend(Listener, LockBackend):
     """Leases in PostgreSQL (``mode=lease``, default) or session advisory locks
-    (``mode=session``). See the module docstring and ``docs/backends/postgres.md``.
+    (``mode=session``). See the module docstring and ``docs/how-to/backends/postgres.md``.
 
     Connections are opened lazily (the constructor needs no event loop), with autocommit, and
     kept in a small idle pool; the tables are created on first use (or by :meth:`install`).

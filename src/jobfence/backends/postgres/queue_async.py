@@ -223,7 +223,7 @@ def _message(row: Sequence[Any]) -> QueuedMessage:
 
 class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
     """One queue (``name``) in a PostgreSQL table shared by every queue. See the module
-    docstring and ``docs/queues/postgres.md``.
+    docstring and ``docs/how-to/queues/postgres.md``.
 
     Connections are opened lazily (the constructor needs no event loop), with autocommit,
     and kept in the client's pool; the LISTEN connection is opened by the first waiting

@@ -166,7 +166,7 @@ class _Link:
 
 
 class AsyncRabbitQueueBackend(AsyncQueueBackend):
-    """The queue ``name`` on RabbitMQ (see ``docs/queues/rabbitmq.md``)."""
+    """The queue ``name`` on RabbitMQ (see ``docs/how-to/queues/rabbitmq.md``)."""
 
     kind = "rabbitmq"
     capabilities = CAPABILITIES

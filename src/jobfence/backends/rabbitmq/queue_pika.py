@@ -216,7 +216,7 @@ def _pump(ref: weakref.ref[RabbitQueueBackend], stop: threading.Event, interval:
 
 
 class RabbitQueueBackend(QueueBackend):
-    """The queue ``name`` on RabbitMQ (see ``docs/queues/rabbitmq.md``); safe to share
+    """The queue ``name`` on RabbitMQ (see ``docs/how-to/queues/rabbitmq.md``); safe to share
     between threads."""
 
     kind = "rabbitmq"

@@ -6,7 +6,7 @@
 --   * "-- name: <section>" starts a section; here each holds ONE statement. Comments are
 --     removed before a statement is sent.
 --   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
---     identifier of at most 48 characters, see docs/backends/mysql.md) followed by the
+--     identifier of at most 48 characters, see docs/how-to/backends/mysql.md) followed by the
 --     suffix, quoted with backticks. {hashes}, {pairs} and {ttl_us} (renew, held) are filled
 --     per call by jobfence.
 --   * Parameters are named, :name, always bound by the driver, never spliced; jobfence

@@ -5,7 +5,7 @@
 --   * "-- name: <section>" starts a section: one statement, or a script of statements separated
 --     by ";" (schema). Comments are removed before a statement is sent.
 --   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
---     identifier of at most 51 characters, see docs/backends/postgres.md) followed by the
+--     identifier of at most 51 characters, see docs/how-to/backends/postgres.md) followed by the
 --     suffix, double-quoted (so the namespace's case is kept). Inside quotes
 --     ('{namespace}_locks') the bare name is written. {schema_key} is an integer.
 --   * Parameters are named, :name; jobfence converts them for the driver (psycopg: %(name)s).

@@ -5,7 +5,7 @@
 --   * "-- name: <section>" starts a section: one statement, or a script of statements separated
 --     by ";" (schema). Comments are removed before a statement is sent.
 --   * {namespace}_locks is ONE table name: the client's namespace (validated as an SQL
---     identifier of at most 63 characters, see docs/backends/sqlite.md) followed by the
+--     identifier of at most 63 characters, see docs/how-to/backends/sqlite.md) followed by the
 --     suffix, double-quoted.
 --   * Parameters are named, :name, as sqlite3 takes them.
 --
