@@ -242,11 +242,43 @@ def load_class(info: BackendInfo, part: str, *, asynchronous: bool, scheme: str 
 
 def open_backend(url: object, part: str, *, asynchronous: bool, **options: Any) -> Any:
     """Create the ``part`` backend (``"locks"``, ``"inbox"``) for ``url``; ``options`` go to
-    its constructor."""
+    its constructor.
+
+    ``url`` may also be a caller's client (:mod:`jobfence.backends.clients`): the backend that
+    serves it gets it as ``client=`` and uses it as it is."""
+    if not isinstance(url, str) and url is not None:
+        return _open_for_client(url, part, asynchronous=asynchronous, **options)
     parsed: BackendURL = parse_url(url)
     info = backend_for(parsed.scheme, part)
     cls = load_class(info, part, asynchronous=asynchronous, scheme=parsed.scheme)
     return cls(parsed, **options)
+
+
+def _open_for_client(client: object, part: str, *, asynchronous: bool, **options: Any) -> Any:
+    from .clients import check_flavour, classify, unusable
+
+    kind = classify(client)
+    if kind is None:
+        raise unusable(client)
+    info = BACKENDS[kind.backend]
+    if part not in info.parts:
+        raise ConfigurationError(
+            f"url: the {info.description} backend ({kind.label}) has no "
+            f"{_PART_WORD.get(part, part)} part",
+            argument="url",
+        )
+    check_flavour(kind, part, asynchronous=asynchronous)
+    cls = load_class(info, part, asynchronous=asynchronous, scheme=kind.scheme)
+    placeholder = BackendURL(
+        raw=f"{kind.scheme}://",
+        scheme=kind.scheme,
+        host=None,
+        port=None,
+        username=None,
+        password=None,
+        path="",
+    )
+    return cls(placeholder, client=client, **options)
 
 
 def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
