@@ -40,11 +40,11 @@ from ._core.inbox_support import (
 )
 from ._core.lease_state import LeaseState
 from ._core.sqlconn import adapt_async, is_undefined_table
-from .backends.clients import Client, describe_target
 from ._core.validate import check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
 from .backends.base import AsyncInboxBackend, ClaimRecord, ClaimState
+from .backends.clients import Client, describe_target
 from .errors import (
     BackendError,
     ConfigurationError,

@@ -507,9 +507,10 @@ class Locks:
     ) -> Lease | None:
         """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
         self._check_open()
-        name = check_name(name)
-        ttl = check_ttl(ttl)
-        owner = _new_owner()
+        return self._try_acquire(check_name(name), _new_owner(), check_ttl(ttl), renew)
+
+    def _try_acquire(self, name: str, owner: str, ttl: float, renew: bool) -> Lease | None:
+        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
         self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
         try:
@@ -529,8 +530,11 @@ class Locks:
             return None
         return self._lease(name, owner, token, ttl, started, renew)
 
-    def _acquire(self, name: str, ttl: float, timeout: float | None, renew: bool) -> Lease:
-        owner = _new_owner()
+    def _acquire(
+        self, name: str, ttl: float, timeout: float | None, renew: bool, owner: str | None = None
+    ) -> Lease:
+        """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
+        owner = owner or _new_owner()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
             return self._acquire_as(name, owner, ttl, timeout, renew)

@@ -22,10 +22,10 @@ from ._core.clock import get_clock
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.lease_state import LeaseState
-from .backends.clients import Client, describe_target
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import AsyncLockBackend, LockCapabilities, LockHolder
+from .backends.clients import Client, describe_target
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal_async import AsyncRenewer
@@ -674,9 +674,12 @@ class AsyncLocks:
     ) -> AsyncLease | None:
         """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
         self._check_open()
-        name = check_name(name)
-        ttl = check_ttl(ttl)
-        owner = _new_owner()
+        return await self._try_acquire(check_name(name), _new_owner(), check_ttl(ttl), renew)
+
+    async def _try_acquire(
+        self, name: str, owner: str, ttl: float, renew: bool
+    ) -> AsyncLease | None:
+        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
         await self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
         try:
@@ -697,9 +700,10 @@ class AsyncLocks:
         return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
-        self, name: str, ttl: float, timeout: float | None, renew: bool
+        self, name: str, ttl: float, timeout: float | None, renew: bool, owner: str | None = None
     ) -> AsyncLease:
-        owner = _new_owner()
+        """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
+        owner = owner or _new_owner()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
             return await self._acquire_as(name, owner, ttl, timeout, renew)

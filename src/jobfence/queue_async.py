@@ -28,10 +28,10 @@ from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.inbox_support import JSONSerializer, Serializer
 from ._core.lease_state import LeaseState
-from .backends.clients import Client, describe_target
 from ._core.validate import check_name, check_queue_name, check_ttl
 from .backends import open_queue_backend
 from .backends.base import AsyncQueueBackend, DeadLetter, QueuedMessage, QueueStats
+from .backends.clients import Client, describe_target
 from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
 from .renewal_async import AsyncRenewer
 

@@ -31,7 +31,13 @@ from ..errors import ConfigurationError
 
 __all__ = [
     "Client",
-    "ClientKind", "check_flavour", "classify", "describe", "describe_target", "unusable"]
+    "ClientKind",
+    "check_flavour",
+    "classify",
+    "describe",
+    "describe_target",
+    "unusable",
+]
 
 #: a caller's client passed in place of a URL (see the table above); typed loosely so that
 #: jobfence need not import redis-py, psycopg or SQLAlchemy

@@ -188,8 +188,11 @@ def client_socket_timeout(client: Any) -> float | None:
         kwargs = getattr(client, "connection_kwargs", None)  # asyncio RedisCluster
     if kwargs is None:
         node = getattr(client, "get_default_node", lambda: None)()
-        kwargs = getattr(getattr(getattr(node, "redis_connection", None), "connection_pool", None),
-                         "connection_kwargs", None)
+        kwargs = getattr(
+            getattr(getattr(node, "redis_connection", None), "connection_pool", None),
+            "connection_kwargs",
+            None,
+        )
     timeout = (kwargs or {}).get("socket_timeout")
     return float(timeout) if timeout else None
 

@@ -120,7 +120,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         if self._cluster:  # one script call per hash slot (the keys carry no hash tag)
             answers = [False] * len(items)
             for group in by_slot(keys).values():
-                for i, ok in zip(group, await self._renew_some(keys, items, group)):
+                for i, ok in zip(group, await self._renew_some(keys, items, group), strict=True):
                     answers[i] = ok
             return answers
         return await self._renew_some(keys, items, range(len(items)))

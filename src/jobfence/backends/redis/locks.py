@@ -97,8 +97,9 @@ def _script(name: str, *, with_lib: bool = True) -> str:
 
 
 def _ms(seconds: float) -> int:
-    """Seconds -> whole milliseconds, at least 1."""
-    return max(1, math.ceil(seconds * 1000))
+    """Seconds -> whole milliseconds, at least 1 (rounded up, but float noise as in
+    ``20.999 * 1000 == 20999.000000000004`` does not add a millisecond)."""
+    return max(1, math.ceil(round(seconds * 1000, 6)))
 
 
 def _warm(client: Redis) -> None:
@@ -135,6 +136,7 @@ class RedisLockBackend(LockBackend):
         *,
         namespace: str = "jobfence",
         client: Any = None,
+        bare_keys: bool = False,
         **options: Any,
     ) -> None:
         self.namespace = check_namespace(
@@ -152,6 +154,9 @@ class RedisLockBackend(LockBackend):
         #: whether the client is ours to close (False: the caller passed it in)
         self._owned = client is None
         self._cluster = False
+        #: the lease key is the name itself, as redis-py's ``Lock`` names its key
+        #: (``jobfence.compat.redis_py``); the namespace is not used
+        self.bare_keys = bare_keys
         if client is not None:
             # a caller's client, used as configured; replies may be decoded (the lock's
             # replies are numbers and owner strings), and it is never closed here
@@ -197,6 +202,15 @@ class RedisLockBackend(LockBackend):
     # -- keys ----------------------------------------------------------------------------
     def lock_key(self, name: str) -> str:
         """The lease key of ``name``; every other key of the name derives from it."""
+        if self.bare_keys:
+            if self._cluster and by_slot([name, name + ":q"]).keys() != by_slot([name]).keys():
+                raise ConfigurationError(
+                    "on Redis Cluster the name of a redis-py style lock must hold a hash tag "
+                    f"(as in '{{orders}}:lock'), so that the keys derived from it share its "
+                    f"slot; got {name!r}",
+                    argument="name",
+                )
+            return name
         if self._cluster and name.startswith("}"):
             # "{}" would be an empty hash tag: the keys of the name would hash apart
             raise ConfigurationError(
@@ -224,7 +238,7 @@ class RedisLockBackend(LockBackend):
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
         key = self.lock_key(name)
-        ttl_ms = max(1, math.ceil(ttl * 1000))
+        ttl_ms = _ms(ttl)
         if wait is None:  # a plain try: the short path
             result = int(self._acquire((key,), (owner, ttl_ms)))
             return result if result > 0 else None
@@ -274,8 +288,8 @@ class RedisLockBackend(LockBackend):
             groups = list(by_slot(keys).values())
             replies = [self._renew_some(keys, items, group) for group in groups]
             answers = [False] * len(items)
-            for group, reply in zip(groups, replies):
-                for i, ok in zip(group, reply):
+            for group, reply in zip(groups, replies, strict=True):
+                for i, ok in zip(group, reply, strict=True):
                     answers[i] = ok
             return answers
         return self._renew_some(keys, items, range(len(items)))

@@ -45,7 +45,6 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from ..._core.clock import get_clock
