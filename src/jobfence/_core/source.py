@@ -97,7 +97,8 @@ class Source:
             if not before:
                 self._set_autocommit(conn, False)
         except Exception:
-            self._close_quietly(conn)
+            if handle is None:
+                self._close_quietly(conn)
             self._give_back(conn, handle, broken=True)
             return
         self._give_back(conn, handle, broken=False)
@@ -106,7 +107,8 @@ class Source:
         """Close a connection whose state is unknown and hand it back to be replaced."""
         with self._mutex:
             _before, handle = self._out.pop(id(conn), (False, None))
-        self._close_quietly(conn)
+        if handle is None:  # an engine closes the connection it invalidates itself
+            self._close_quietly(conn)
         self._give_back(conn, handle, broken=True)
 
     # -- per kind ---------------------------------------------------------------------------

@@ -96,7 +96,8 @@ class AsyncSource:
             if not before:
                 await self._set_autocommit(conn, False)
         except Exception:
-            await self._close_quietly(conn)
+            if handle is None:
+                await self._close_quietly(conn)
             await self._give_back(conn, handle, broken=True)
             return
         await self._give_back(conn, handle, broken=False)
@@ -105,7 +106,8 @@ class AsyncSource:
         """Close a connection whose state is unknown and hand it back to be replaced."""
         with self._mutex:
             _before, handle = self._out.pop(id(conn), (False, None))
-        await self._close_quietly(conn)
+        if handle is None:  # an engine closes the connection it invalidates itself
+            await self._close_quietly(conn)
         await self._give_back(conn, handle, broken=True)
 
     # -- per kind ---------------------------------------------------------------------------
