@@ -171,11 +171,13 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
         scripts = {script: _script(script) for script in _SCRIPTS}
         #: whether the client is ours to close (False: the caller passed it in)
         self._owned = client is None
+        self._cluster = False
         if client is not None:
             self._client: Any = adopt_redis(
                 client, options, what="redis queue backend", binary=True
             )
-            if is_cluster(client):
+            self._cluster = is_cluster(client)
+            if self._cluster:
                 check_cluster_prefix(self.namespace, argument="namespace")
         else:
             self._client = connect_redis(
@@ -260,6 +262,8 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
         trip); each is owner-checked and safe to re-send like a single ack."""
         if not items:
             return []
+        if self._cluster:  # redis-py's cluster pipelines refuse scripts: one call each
+            return [await self.ack(receipt, consumer) for receipt, consumer in items]
         pipe = self._client.pipeline(transaction=False)
         for receipt, consumer in items:
             await self._run["ack"](self._keys, [_call_id(), receipt, consumer], client=pipe)
