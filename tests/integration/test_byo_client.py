@@ -24,8 +24,8 @@ import redis.asyncio.cluster
 import redis.cluster
 import sqlalchemy
 from pymysql.constants import CLIENT
-from redis.credentials import UsernamePasswordCredentialProvider
 from redis.crc import key_slot
+from redis.credentials import UsernamePasswordCredentialProvider
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobfence
@@ -367,9 +367,11 @@ def test_objects_that_are_no_client_are_refused() -> None:
 
 
 def test_a_factory_must_return_a_psycopg_connection(tmp_path: Path) -> None:
-    with jobfence.Locks(lambda: sqlite3.connect(tmp_path / "x.db")) as locks:
-        with pytest.raises(ConfigurationError, match="psycopg"):
-            locks.try_acquire("job")
+    with (
+        jobfence.Locks(lambda: sqlite3.connect(tmp_path / "x.db")) as locks,
+        pytest.raises(ConfigurationError, match="psycopg"),
+    ):
+        locks.try_acquire("job")
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
