@@ -357,7 +357,7 @@ async def test_a_blocking_client_is_refused_by_the_async_classes_and_vice_versa(
 
 
 def test_objects_that_are_no_client_are_refused() -> None:
-    with pytest.raises(ConfigurationError, match="URL string, or a client") as err:
+    with pytest.raises(ConfigurationError, match="non-empty URL string, or a client") as err:
         jobfence.Locks(42)  # type: ignore[arg-type]
     assert err.value.argument == "url"
     with pytest.raises(ConfigurationError, match="in-memory"):

@@ -124,7 +124,7 @@ def check_flavour(kind: ClientKind, part: str, *, asynchronous: bool) -> None:
 def unusable(client: Any) -> ConfigurationError:
     """The error for an object that is neither a URL nor a client jobfence can use."""
     return ConfigurationError(
-        "url must be a URL string, or a client to use as it is: redis.Redis / "
+        "url must be a non-empty URL string, or a client to use as it is: redis.Redis / "
         "redis.asyncio.Redis (also RedisCluster), psycopg_pool.ConnectionPool / "
         "AsyncConnectionPool, a callable returning a psycopg connection, or a SQLAlchemy "
         f"Engine / AsyncEngine; got {type(client).__module__}.{type(client).__qualname__}",

@@ -203,7 +203,7 @@ class RedisLockBackend(LockBackend):
     def lock_key(self, name: str) -> str:
         """The lease key of ``name``; every other key of the name derives from it."""
         if self.bare_keys:
-            if self._cluster and by_slot([name, name + ":q"]).keys() != by_slot([name]).keys():
+            if self._cluster and len(by_slot([name, name + ":q"])) != 1:
                 raise ConfigurationError(
                     "on Redis Cluster the name of a redis-py style lock must hold a hash tag "
                     f"(as in '{{orders}}:lock'), so that the keys derived from it share its "
