@@ -550,6 +550,27 @@ async def test_asyncio_redis_py_lock_hands_over_in_arrival_order(
     assert first is not None
 
 
+def test_redis_py_locks_and_jobfence_locks_exclude_each_other(prefix: str) -> None:
+    """During a rolling move, old workers (redis-py's Lock) and new ones (jobfence's) lock
+    the same key: neither takes a lock the other holds."""
+    import redis.lock
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        name = prefix + ":shared"
+        theirs = client.lock(name, lock_class=redis.lock.Lock)  # never expires
+        assert theirs.acquire(blocking=False)
+        ours = client.lock(name, timeout=10, sleep=0.05, lock_class=RedisPyLock)
+        assert not ours.acquire(blocking_timeout=0.5)  # waits, in vain
+        theirs.release()
+        assert ours.acquire(blocking=False)
+        assert not client.lock(name, lock_class=redis.lock.Lock).acquire(blocking=False)
+        ours.release()
+        close_locks(client)
+    finally:
+        client.close()
+
+
 async def _queued(client: Any, name: str, count: int) -> bool:
     return int(await client.zcard(name + ":q")) >= count
 
