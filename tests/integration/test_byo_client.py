@@ -3,7 +3,8 @@ backend provides, on the real servers; the sync/async pairing; ownership (a clie
 is never closed, and its connections go back as they were); what jobfence refuses.
 
 Servers: the shared Redis (an ACL user of its own, keys limited to the test's prefix), a
-disposable three-node Redis Cluster, PostgreSQL, MariaDB and SQLite files.
+disposable Redis with a Sentinel, a disposable three-node Redis Cluster, PostgreSQL, MariaDB
+and SQLite files.
 """
 
 from __future__ import annotations
@@ -242,6 +243,58 @@ def test_connection_options_are_refused_with_a_client() -> None:
         assert err.value.argument == "max_connections"
     finally:
         client.close()
+
+
+# -- Redis Sentinel -----------------------------------------------------------------------------
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[int]:
+    """A disposable Redis server and one Sentinel monitoring it (as ``mymaster``); yields
+    the Sentinel's port."""
+    import subprocess
+    import time
+
+    from tests.reliability._redis_server import RedisServer, free_port
+
+    with RedisServer() as master:
+        port = free_port()
+        config = tmp_path / "sentinel.conf"
+        config.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+            f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+        )
+        proc = subprocess.Popen(
+            ["redis-server", str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            probe = redis.Redis(port=port, socket_timeout=1)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    if probe.sentinel_get_master_addr_by_name("mymaster"):
+                        break
+                except redis.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the sentinel did not start"
+                time.sleep(0.02)
+            probe.close()
+            yield port
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_sentinel_master_client_serves_every_part(sentinel: int) -> None:
+    from redis.sentinel import Sentinel
+
+    master = Sentinel([("127.0.0.1", sentinel)], socket_timeout=1).master_for(
+        "mymaster", socket_timeout=5
+    )
+    try:
+        use_all(master, _prefix())
+    finally:
+        master.close()
 
 
 # -- Redis Cluster ------------------------------------------------------------------------------

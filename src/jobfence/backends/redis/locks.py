@@ -37,6 +37,12 @@ defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: one immediat
 connection error, none after a timeout, so an unreachable server is reported in milliseconds
 and a lost lease is noticed in time; every script is safe to re-send).
 
+A caller's client (``client=``: a ``redis.asyncio.Redis`` / ``redis.Redis`` or a
+``RedisCluster``, passed to ``Locks`` in place of the URL) is used as it is and never closed;
+renewals then share it (one script call per hash slot on a cluster). ``bare_keys=True`` makes
+the lease key the name itself, as redis-py's ``Lock`` names its key
+(``jobfence.compat.redis_py``).
+
 Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
 before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
 ``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
