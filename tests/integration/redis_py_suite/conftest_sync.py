@@ -33,7 +33,7 @@ def _get_client(
     from_url: str | None = None,
     **kwargs: Any,
 ) -> Any:
-    """redis-py's helper: a client of ``cls`` on the test server, flushed and closed (with
+    """redis-py's ``_get_client``: a client of ``cls`` on the test server, flushed and closed (with
     the jobfence client kept for it) when the test ends."""
     client = cls.from_url(from_url or URL, **kwargs)
 
