@@ -40,11 +40,11 @@ from ._core.inbox_support import (
 )
 from ._core.lease_state import LeaseState
 from ._core.sqlconn import adapt_async, is_undefined_table
-from ._core.url import mask_url
 from ._core.validate import check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
 from .backends.base import AsyncInboxBackend, ClaimRecord, ClaimState
+from .backends.clients import Client, describe_target
 from .errors import (
     BackendError,
     ConfigurationError,
@@ -528,7 +528,10 @@ class AsyncInbox:
 
     The URL: ``"postgresql://..."``, ``"mysql://..."``, ``"sqlite:///path.db"``,
     ``"redis://..."`` or ``"memory://"``; without a URL, ``$JOBFENCE_URL`` or the embedded
-    SQLite file ``jobfence.db``.
+    SQLite file ``jobfence.db``. It may instead be a client of your own (a redis-py client,
+    a ``psycopg_pool`` pool or connection factory, a SQLAlchemy engine), used as configured
+    and never closed by :meth:`close`: a blocking one for ``Inbox``, an asyncio one for
+    ``AsyncInbox``.
 
     * ``table`` -- the table (SQL) or key prefix (Redis, memory): an SQL identifier
       (``^[A-Za-z_][A-Za-z0-9_]*$``) within the backend's limit (63 characters; 64 on
@@ -543,7 +546,7 @@ class AsyncInbox:
 
     def __init__(
         self,
-        url: str | AsyncInboxBackend | None = None,
+        url: str | AsyncInboxBackend | Client | None = None,
         *,
         table: str = DEFAULT_TABLE,
         ttl: float = DEFAULT_CLAIM_TTL,
@@ -574,7 +577,7 @@ class AsyncInbox:
             self.backend = open_inbox_backend(
                 url, asynchronous=True, table=table, retention=self.retention, **options
             )
-            self.url = mask_url(url)
+            self.url = describe_target(url)
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)

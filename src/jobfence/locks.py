@@ -23,10 +23,10 @@ from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.lease_state import LeaseState
-from ._core.url import mask_url
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import LockBackend, LockCapabilities, LockHolder
+from .backends.clients import Client, describe_target
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal import Renewer
@@ -392,6 +392,13 @@ class Locks:
     ``"sqlite:///path/file.db"`` or ``"memory://"``. Without a URL, ``$JOBFENCE_URL`` or the
     embedded SQLite file ``jobfence.db`` in the working directory is used.
 
+    ``url`` may instead be a client of your own, used as you configured it (pool, TLS,
+    credentials, Sentinel, Cluster) and never closed by :meth:`close`: a ``redis.Redis`` /
+    ``redis.asyncio.Redis`` (or ``RedisCluster``), a ``psycopg_pool`` pool or a callable
+    returning a psycopg connection, or a SQLAlchemy ``Engine`` / ``AsyncEngine`` on
+    PostgreSQL, MySQL or SQLite -- a blocking one for ``Locks``, an asyncio one for
+    ``AsyncLocks``.
+
     ``namespace`` prefixes every key or row this client creates (default ``"jobfence"``);
     ``poll_interval`` bounds a single wait for a wake-up. Other keyword options go to the
     backend (see its documentation).
@@ -399,7 +406,7 @@ class Locks:
 
     def __init__(
         self,
-        url: str | LockBackend | None = None,
+        url: str | LockBackend | Client | None = None,
         *,
         namespace: str = "jobfence",
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -420,7 +427,7 @@ class Locks:
             self.backend = open_lock_backend(
                 url, asynchronous=False, namespace=namespace, **options
             )
-            self.url = mask_url(url)
+            self.url = describe_target(url)
         self.namespace = namespace
         self._renewer = Renewer(self.backend.renew, give_back=self._give_back_later)
         #: background work still running: clean-ups of interrupted acquires (async), releases
@@ -500,9 +507,10 @@ class Locks:
     ) -> Lease | None:
         """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
         self._check_open()
-        name = check_name(name)
-        ttl = check_ttl(ttl)
-        owner = _new_owner()
+        return self._try_acquire(check_name(name), _new_owner(), check_ttl(ttl), renew)
+
+    def _try_acquire(self, name: str, owner: str, ttl: float, renew: bool) -> Lease | None:
+        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
         self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
         try:
@@ -522,8 +530,11 @@ class Locks:
             return None
         return self._lease(name, owner, token, ttl, started, renew)
 
-    def _acquire(self, name: str, ttl: float, timeout: float | None, renew: bool) -> Lease:
-        owner = _new_owner()
+    def _acquire(
+        self, name: str, ttl: float, timeout: float | None, renew: bool, owner: str | None = None
+    ) -> Lease:
+        """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
+        owner = owner or _new_owner()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
             return self._acquire_as(name, owner, ttl, timeout, renew)

@@ -22,10 +22,10 @@ from ._core.clock import get_clock
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.lease_state import LeaseState
-from ._core.url import mask_url
 from ._core.validate import check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import AsyncLockBackend, LockCapabilities, LockHolder
+from .backends.clients import Client, describe_target
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
 from .renewal_async import AsyncRenewer
@@ -559,6 +559,13 @@ class AsyncLocks:
     ``"sqlite:///path/file.db"`` or ``"memory://"``. Without a URL, ``$JOBFENCE_URL`` or the
     embedded SQLite file ``jobfence.db`` in the working directory is used.
 
+    ``url`` may instead be a client of your own, used as you configured it (pool, TLS,
+    credentials, Sentinel, Cluster) and never closed by :meth:`close`: a ``redis.Redis`` /
+    ``redis.asyncio.Redis`` (or ``RedisCluster``), a ``psycopg_pool`` pool or a callable
+    returning a psycopg connection, or a SQLAlchemy ``Engine`` / ``AsyncEngine`` on
+    PostgreSQL, MySQL or SQLite -- a blocking one for ``Locks``, an asyncio one for
+    ``AsyncLocks``.
+
     ``namespace`` prefixes every key or row this client creates (default ``"jobfence"``);
     ``poll_interval`` bounds a single wait for a wake-up. Other keyword options go to the
     backend (see its documentation).
@@ -566,7 +573,7 @@ class AsyncLocks:
 
     def __init__(
         self,
-        url: str | AsyncLockBackend | None = None,
+        url: str | AsyncLockBackend | Client | None = None,
         *,
         namespace: str = "jobfence",
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -585,7 +592,7 @@ class AsyncLocks:
             if url is None:
                 url = os.environ.get("JOBFENCE_URL") or DEFAULT_URL
             self.backend = open_lock_backend(url, asynchronous=True, namespace=namespace, **options)
-            self.url = mask_url(url)
+            self.url = describe_target(url)
         self.namespace = namespace
         self._renewer = AsyncRenewer(self.backend.renew, give_back=self._give_back_later)
         #: background work still running: clean-ups of interrupted acquires (async), releases
@@ -667,9 +674,12 @@ class AsyncLocks:
     ) -> AsyncLease | None:
         """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
         self._check_open()
-        name = check_name(name)
-        ttl = check_ttl(ttl)
-        owner = _new_owner()
+        return await self._try_acquire(check_name(name), _new_owner(), check_ttl(ttl), renew)
+
+    async def _try_acquire(
+        self, name: str, owner: str, ttl: float, renew: bool
+    ) -> AsyncLease | None:
+        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
         await self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
         try:
@@ -690,9 +700,10 @@ class AsyncLocks:
         return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
-        self, name: str, ttl: float, timeout: float | None, renew: bool
+        self, name: str, ttl: float, timeout: float | None, renew: bool, owner: str | None = None
     ) -> AsyncLease:
-        owner = _new_owner()
+        """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
+        owner = owner or _new_owner()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
             return await self._acquire_as(name, owner, ttl, timeout, renew)

@@ -29,10 +29,10 @@ from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.inbox_support import JSONSerializer, Serializer
 from ._core.lease_state import LeaseState
-from ._core.url import mask_url
 from ._core.validate import check_name, check_queue_name, check_ttl
 from .backends import open_queue_backend
 from .backends.base import DeadLetter, QueueBackend, QueuedMessage, QueueStats
+from .backends.clients import Client, describe_target
 from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
 from .renewal import Renewer
 
@@ -351,7 +351,10 @@ class Queue:
 
     The URL: ``"redis://..."`` (Redis Streams), ``"postgresql://..."``, ``"sqlite:///f.db"``,
     ``"amqp://..."`` (RabbitMQ) or ``"memory://"``; without one, ``$JOBFENCE_URL`` or the
-    embedded SQLite file ``jobfence.db``. ``name``: 1 to 128 characters of ``A-Z a-z 0-9 _ .
+    embedded SQLite file ``jobfence.db``; or a client of your own (a redis-py client, a
+    ``psycopg_pool`` pool or connection factory, a SQLAlchemy engine on PostgreSQL or SQLite),
+    used as configured and never closed by :meth:`close` (blocking for ``Queue``, asyncio for
+    ``AsyncQueue``). ``name``: 1 to 128 characters of ``A-Z a-z 0-9 _ .
     : -``. ``visibility``: default seconds a delivery stays hidden from other consumers
     (30). ``serializer``: ``dumps``/``loads`` for bodies (default JSON). Other keyword
     options go to the backend (see the backend's page in the docs).
@@ -359,7 +362,7 @@ class Queue:
 
     def __init__(
         self,
-        url: str | QueueBackend | None = None,
+        url: str | QueueBackend | Client | None = None,
         name: str = "default",
         *,
         visibility: float = DEFAULT_VISIBILITY,
@@ -387,7 +390,7 @@ class Queue:
             if url is None:
                 url = os.environ.get("JOBFENCE_URL") or DEFAULT_QUEUE_URL
             self.backend = open_queue_backend(url, self.name, asynchronous=False, **options)
-            self.url = mask_url(url)
+            self.url = describe_target(url)
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
         self._closed = False

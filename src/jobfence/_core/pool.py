@@ -12,8 +12,10 @@ ones kept, not the ones in use.
 A connection goes back to the idle list only if it is usable: ``reusable(conn)`` (when given)
 says so, e.g. "open, and not inside a transaction" for psycopg. Without ``reusable``, a
 connection that saw an exception is closed instead of reused, since its state is unknown. A
-caller that must keep a connection to itself (a PostgreSQL session advisory lock lives on its
-connection) takes it with :meth:`take` and gives it back, if ever, with :meth:`give`.
+pool given ``put`` hands usable connections to it instead (the caller's own pool, see
+``source_async.py``). A caller that must keep a connection to itself (a PostgreSQL session
+advisory lock lives on its connection) takes it with :meth:`take` and gives it back, if
+ever, with :meth:`give`.
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ class ConnPool:
         *,
         pool_size: int = DEFAULT_POOL_SIZE,
         reusable: Callable[[Any], bool] | None = None,
+        put: Callable[[Any], None] | None = None,
     ) -> None:
         self._connect = connect
+        #: where a usable connection goes back to instead of the idle list: the caller's own
+        #: pool, when the connections come from it (nothing is kept idle here then)
+        self._put = put
         self._close = close
         self._reusable = reusable
         self._idle: list[Any] = []
@@ -57,6 +63,7 @@ class ConnPool:
         url_options: Mapping[str, Any],
         default: int,
         reusable: Callable[[Any], bool] | None = None,
+        put: Callable[[Any], None] | None = None,
     ) -> ConnPool:
         """A pool whose size is the ``pool_size`` option (keywords, then the URL), else
         ``default``."""
@@ -65,6 +72,7 @@ class ConnPool:
             close,
             pool_size=option_pool_size(options, url_options, default),
             reusable=reusable,
+            put=put,
         )
 
     def __repr__(self) -> str:
@@ -86,6 +94,9 @@ class ConnPool:
 
     def give(self, conn: Any) -> None:
         """Return ``conn`` to the idle list if it is usable and there is room, else close it."""
+        if self._put is not None and self._usable(conn):
+            self._put(conn)
+            return
         if not self.closed and self._usable(conn):
             with self._mutex:
                 if len(self._idle) < self.pool_size:

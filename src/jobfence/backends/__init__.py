@@ -242,11 +242,73 @@ def load_class(info: BackendInfo, part: str, *, asynchronous: bool, scheme: str 
 
 def open_backend(url: object, part: str, *, asynchronous: bool, **options: Any) -> Any:
     """Create the ``part`` backend (``"locks"``, ``"inbox"``) for ``url``; ``options`` go to
-    its constructor."""
+    its constructor.
+
+    ``url`` may also be a caller's client (:mod:`jobfence.backends.clients`): the backend that
+    serves it gets it as ``client=`` and uses it as it is."""
+    if not isinstance(url, str) and url is not None:
+        return _open_for_client(url, part, asynchronous=asynchronous, **options)
     parsed: BackendURL = parse_url(url)
     info = backend_for(parsed.scheme, part)
     cls = load_class(info, part, asynchronous=asynchronous, scheme=parsed.scheme)
     return cls(parsed, **options)
+
+
+def _open_for_client(client: object, part: str, *, asynchronous: bool, **options: Any) -> Any:
+    from .clients import check_flavour, classify, unusable
+
+    kind = classify(client)
+    if kind is None:
+        raise unusable(client)
+    info = BACKENDS[kind.backend]
+    if part not in info.parts:
+        raise ConfigurationError(
+            f"url: the {info.description} backend ({kind.label}) has no "
+            f"{_PART_WORD.get(part, part)} part",
+            argument="url",
+        )
+    check_flavour(kind, part, asynchronous=asynchronous)
+    cls = load_class(info, part, asynchronous=asynchronous, scheme=kind.scheme)
+    if kind.kind == "sqlalchemy":
+        url = _engine_url(client, kind.scheme)
+        if kind.backend == "sqlite":
+            # SQLite: jobfence's own connections to the engine's database file (they need
+            # WAL, autocommit and a busy timeout); the engine is left alone
+            return cls(parse_url(url), **options)
+        return cls(parse_url(url), client=client, **options)
+    placeholder = BackendURL(
+        raw=f"{kind.scheme}://",
+        scheme=kind.scheme,
+        host=None,
+        port=None,
+        username=None,
+        password=None,
+        path="",
+    )
+    return cls(placeholder, client=client, **options)
+
+
+def _engine_url(engine: Any, scheme: str) -> str:
+    """The server (or SQLite file) a SQLAlchemy engine points at, as a jobfence URL without
+    its password (for messages, and for the server key of in-process wake-ups)."""
+    from urllib.parse import quote
+
+    sa_url = engine.url
+    database = sa_url.database or ""
+    if scheme == "sqlite":
+        if not database or database == ":memory:" or database.startswith("file:"):
+            raise ConfigurationError(
+                "url: a SQLAlchemy engine on SQLite must point at a database file (jobfence "
+                f"opens its own connections to it); got {database or 'an in-memory database'!r}",
+                argument="url",
+            )
+        return "sqlite:///" + database
+    user = quote(sa_url.username, safe="") + "@" if sa_url.username else ""
+    host = sa_url.host or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{sa_url.port}" if sa_url.port else ""
+    return f"{scheme}://{user}{host}{port}/{quote(database, safe='')}"
 
 
 def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:

@@ -38,8 +38,10 @@ from ..._core.options import (
     request_timed_out,
 )
 from ..._core.pool import DEFAULT_POOL_SIZE, ConnPool
+from ..._core.source import Source, open_source
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
+from ...errors import ConfigurationError
 from ..base import (
     ClaimRecord,
     ClaimState,
@@ -62,6 +64,9 @@ def _text(value: Any) -> str | None:
     return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+#: the client flags every inbox connection needs (a caller's engine must set them)
+_NEEDED_FLAGS = CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -73,7 +78,19 @@ class MySQLInboxBackend(InboxBackend):
     kind = "mysql"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
-    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+    def __init__(
+        self, url: BackendURL, *, table: str = DEFAULT_TABLE, client: Any = None, **options: Any
+    ) -> None:
+        #: a caller's SQLAlchemy engine, whose pool lends the connections
+        self._source: Source | None = None
+        if client is not None:
+            if "connect_timeout" in options:
+                raise ConfigurationError(
+                    "option 'connect_timeout' configures the connections the mysql inbox "
+                    "opens; with a client passed in, configure its connections instead",
+                    argument="connect_timeout",
+                )
+            self._source = open_source(client, "mysql", "mysql inbox")
         self.table = inbox_table(
             url, table, options, backend="mysql", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
@@ -99,11 +116,30 @@ class MySQLInboxBackend(InboxBackend):
         self._claim_sql = q["claim"] + ";\n" + q["peek"]
         self._renew_sql = q["renew"] + ";\n" + q["renewed"]
         self._installed = False
+        source = self._source
         self._pool = ConnPool.configured(
-            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE
+            self._connect,
+            self._close,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            put=source.put if source is not None else None,
         )
 
     def _connect(self) -> Any:
+        if self._source is not None:
+            conn = self._source.get()
+            flags: int = getattr(conn, "client_flag", 0) or getattr(conn, "_client_flag", 0)
+            if flags & _NEEDED_FLAGS != _NEEDED_FLAGS:
+                self._source.put(conn)
+                raise ConfigurationError(
+                    "the mysql inbox sends a claim and the read of its outcome in one round "
+                    "trip and counts matched rows: create the engine with connect_args="
+                    "{'client_flag': CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS} "
+                    "(from pymysql.constants import CLIENT)",
+                    argument="url",
+                )
+            return conn
         try:
             conn = pymysql.connect(**self._params)
         except pymysql.err.OperationalError as exc:
@@ -113,8 +149,10 @@ class MySQLInboxBackend(InboxBackend):
         use_request_timeouts(conn, self.timeouts.request)
         return conn
 
-    @staticmethod
-    def _close(conn: Any) -> None:
+    def _close(self, conn: Any) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            self._source.discard(conn)
+            return
         conn.close()
 
     def _run(

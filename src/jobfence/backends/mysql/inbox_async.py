@@ -38,8 +38,10 @@ from ..._core.options import (
     request_timed_out,
 )
 from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
+from ..._core.source_async import AsyncSource, open_source
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
+from ...errors import ConfigurationError
 from ..base import (
     AsyncInboxBackend,
     ClaimRecord,
@@ -65,6 +67,9 @@ def _text(value: Any) -> str | None:
     return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+#: the client flags every inbox connection needs (a caller's engine must set them)
+_NEEDED_FLAGS = CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -76,7 +81,19 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     kind = "mysql"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
-    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+    def __init__(
+        self, url: BackendURL, *, table: str = DEFAULT_TABLE, client: Any = None, **options: Any
+    ) -> None:
+        #: a caller's SQLAlchemy engine, whose pool lends the connections
+        self._source: AsyncSource | None = None
+        if client is not None:
+            if "connect_timeout" in options:
+                raise ConfigurationError(
+                    "option 'connect_timeout' configures the connections the mysql inbox "
+                    "opens; with a client passed in, configure its connections instead",
+                    argument="connect_timeout",
+                )
+            self._source = open_source(client, "mysql", "mysql inbox")
         self.table = inbox_table(
             url, table, options, backend="mysql", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
@@ -105,11 +122,30 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         self._claim_sql = q["claim"] + ";\n" + q["peek"]
         self._renew_sql = q["renew"] + ";\n" + q["renewed"]
         self._installed = False
+        source = self._source
         self._pool = AsyncConnPool.configured(
-            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE
+            self._connect,
+            self._close,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            put=source.put if source is not None else None,
         )
 
     async def _connect(self) -> Any:
+        if self._source is not None:
+            conn = await self._source.get()
+            flags: int = getattr(conn, "client_flag", 0) or getattr(conn, "_client_flag", 0)
+            if flags & _NEEDED_FLAGS != _NEEDED_FLAGS:
+                await self._source.put(conn)
+                raise ConfigurationError(
+                    "the mysql inbox sends a claim and the read of its outcome in one round "
+                    "trip and counts matched rows: create the engine with connect_args="
+                    "{'client_flag': CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS} "
+                    "(from pymysql.constants import CLIENT)",
+                    argument="url",
+                )
+            return conn
         if ASYNC:
             # aiomysql bounds only the TCP connection: bound the greeting and login too
             limit = self.timeouts.connect
@@ -127,8 +163,10 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             use_request_timeouts(conn, self.timeouts.request)
             return conn
 
-    @staticmethod
-    async def _close(conn: Any) -> None:
+    async def _close(self, conn: Any) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            await self._source.discard(conn)
+            return
         conn.close()
 
     async def _run(

@@ -46,6 +46,7 @@ import pymysql
 from ..._core import compat, forks
 from ..._core.clock import get_clock
 from ..._core.options import connect_timed_out, request_timed_out
+from ..._core.source import Source, open_source
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
@@ -84,8 +85,28 @@ class MySQLLockBackend(LockBackend):
     kind = "mysql"
     capabilities = CAPABILITIES
 
-    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        **options: Any,
+    ) -> None:
         self.namespace = check_namespace(namespace)
+        #: a caller's SQLAlchemy engine: the one connection is taken from its pool, and
+        #: closed (invalidated) when done, since jobfence changed its session settings
+        self._source: Source | None = None
+        #: connections of the source given up without a round trip, to hand back
+        self._dropped: list[Any] = []
+        if client is not None:
+            if "connect_timeout" in options:
+                raise ConfigurationError(
+                    "option 'connect_timeout' configures the connection the mysql lock "
+                    "backend opens; with a client passed in, configure its connections",
+                    argument="connect_timeout",
+                )
+            self._source = open_source(client, "mysql", "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)
@@ -102,7 +123,8 @@ class MySQLLockBackend(LockBackend):
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
 
     # -- connection ----------------------------------------------------------------------
-    def _connect(self) -> Any:
+    def _open_own(self) -> Any:
+        """A new connection of jobfence's own (not yet set up)."""
         options = self.options
         kwargs = options.connect_kwargs()
         try:
@@ -117,6 +139,15 @@ class MySQLLockBackend(LockBackend):
                 raise connect_timed_out(options.connect_timeout) from exc
             raise
         use_request_timeouts(conn, options.timeout)
+        return conn
+
+    def _connect(self) -> Any:
+        options = self.options
+        if self._source is not None:
+            conn = self._source.get()
+            use_request_timeouts(conn, options.timeout)
+        else:
+            conn = self._open_own()
         try:
             with conn.cursor() as cur:
                 for statement in SESSION_SETUP:
@@ -126,6 +157,8 @@ class MySQLLockBackend(LockBackend):
                     self._schema_ready = True
         except BaseException:
             _close_quietly(conn)
+            if self._source is not None:
+                self._dropped.append(conn)  # handed back (to be replaced) by the next _open
             raise
         return conn
 
@@ -145,6 +178,8 @@ class MySQLLockBackend(LockBackend):
         conn, self._conn = self._conn, None
         if conn is not None:
             _close_quietly(conn)
+            if self._source is not None:
+                self._dropped.append(conn)  # handed back (to be replaced) by the next _open
 
     def _run(self, sql: str, args: Any) -> Result:
         """Execute one statement: (affected rows, insert id, rows). Call with ``_mutex`` held."""
@@ -161,6 +196,7 @@ class MySQLLockBackend(LockBackend):
             raise ConfigurationError("this mysql lock backend is closed", argument="self")
         if self._conn is not None:
             return False
+        self._hand_back_dropped()
         self._conn = self._connect()
         return True
 
@@ -329,12 +365,23 @@ class MySQLLockBackend(LockBackend):
             return True
         return False
 
+    def _hand_back_dropped(self) -> None:
+        """Give the caller's pool back the connections dropped after an error (closed)."""
+        source = self._source
+        while source is not None and self._dropped:
+            source.discard(self._dropped.pop())
+
     def close(self) -> None:
-        """Close the connection; idempotent. Leases still held are left to expire."""
+        """Close the connection; idempotent. Leases still held are left to expire. One of a
+        caller's engine goes back to it closed (jobfence changed its session settings)."""
         with self._mutex:
             self._closed = True
+            self._hand_back_dropped()
             conn, self._conn = self._conn, None
             if conn is None:
+                return
+            if self._source is not None:
+                self._source.discard(conn)
                 return
             try:
                 conn.close()

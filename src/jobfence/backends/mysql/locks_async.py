@@ -45,6 +45,7 @@ from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.options import connect_timed_out, request_timed_out
+from ..._core.source_async import AsyncSource, open_source
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
@@ -88,8 +89,28 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
     kind = "mysql"
     capabilities = CAPABILITIES
 
-    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        **options: Any,
+    ) -> None:
         self.namespace = check_namespace(namespace)
+        #: a caller's SQLAlchemy engine: the one connection is taken from its pool, and
+        #: closed (invalidated) when done, since jobfence changed its session settings
+        self._source: AsyncSource | None = None
+        #: connections of the source given up without a round trip, to hand back
+        self._dropped: list[Any] = []
+        if client is not None:
+            if "connect_timeout" in options:
+                raise ConfigurationError(
+                    "option 'connect_timeout' configures the connection the mysql lock "
+                    "backend opens; with a client passed in, configure its connections",
+                    argument="connect_timeout",
+                )
+            self._source = open_source(client, "mysql", "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)
@@ -108,7 +129,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
 
     # -- connection ----------------------------------------------------------------------
-    async def _connect(self) -> Any:
+    async def _open_own(self) -> Any:
+        """A new connection of jobfence's own (not yet set up)."""
         options = self.options
         kwargs = options.connect_kwargs()
         if ASYNC:
@@ -134,6 +156,18 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     raise connect_timed_out(options.connect_timeout) from exc
                 raise
             use_request_timeouts(conn, options.timeout)
+        return conn
+
+    async def _connect(self) -> Any:
+        options = self.options
+        if self._source is not None:
+            conn = await self._source.get()
+            if ASYNC:
+                self._loop = asyncio.get_running_loop()
+            else:
+                use_request_timeouts(conn, options.timeout)
+        else:
+            conn = await self._open_own()
         try:
             async with conn.cursor() as cur:
                 for statement in SESSION_SETUP:
@@ -143,6 +177,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     self._schema_ready = True
         except BaseException:
             _close_quietly(conn)
+            if self._source is not None:
+                self._dropped.append(conn)  # handed back (to be replaced) by the next _open
             raise
         return conn
 
@@ -162,6 +198,8 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         conn, self._conn = self._conn, None
         if conn is not None:
             _close_quietly(conn)
+            if self._source is not None:
+                self._dropped.append(conn)  # handed back (to be replaced) by the next _open
 
     async def _run(self, sql: str, args: Any) -> Result:
         """Execute one statement: (affected rows, insert id, rows). Call with ``_mutex`` held."""
@@ -184,6 +222,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
             self._drop()  # opened on another (maybe closed) event loop
         if self._conn is not None:
             return False
+        await self._hand_back_dropped()
         self._conn = await self._connect()
         return True
 
@@ -363,12 +402,23 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
             return True
         return False
 
+    async def _hand_back_dropped(self) -> None:
+        """Give the caller's pool back the connections dropped after an error (closed)."""
+        source = self._source
+        while source is not None and self._dropped:
+            await source.discard(self._dropped.pop())
+
     async def close(self) -> None:
-        """Close the connection; idempotent. Leases still held are left to expire."""
+        """Close the connection; idempotent. Leases still held are left to expire. One of a
+        caller's engine goes back to it closed (jobfence changed its session settings)."""
         async with self._mutex:
             self._closed = True
+            await self._hand_back_dropped()
             conn, self._conn = self._conn, None
             if conn is None:
+                return
+            if self._source is not None:
+                await self._source.discard(conn)
                 return
             try:
                 if ASYNC:

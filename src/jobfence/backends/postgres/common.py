@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._core.options import Timeouts, request_timed_out
+from ...errors import ConfigurationError
 from .._deadline import guard, guard_async
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "execute_bounded",
     "execute_bounded_async",
     "pg_text",
+    "refuse_connect_options",
     "reusable",
 ]
 
@@ -55,6 +57,17 @@ def reusable(conn: Any) -> bool:
         and not conn.broken
         and conn.info.transaction_status == TransactionStatus.IDLE
     )
+
+
+def refuse_connect_options(options: dict[str, Any], what: str) -> None:
+    """Options that set up new connections do not apply to connections of the caller's."""
+    for key in ("prepare_threshold", "connect_timeout"):
+        if key in options:
+            raise ConfigurationError(
+                f"option {key!r} configures the connections the {what} opens; with a "
+                "client passed in, configure its connections instead",
+                argument=key,
+            )
 
 
 def connect_kwargs(url_options: Mapping[str, Any], timeouts: Timeouts) -> dict[str, Any]:

@@ -26,11 +26,12 @@ import psycopg
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool import ConnPool
+from ..._core.source import Source, open_source
 from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
-from .common import connect_kwargs, execute_bounded, reusable
+from .common import connect_kwargs, execute_bounded, refuse_connect_options, reusable
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["PostgresInboxBackend"]
@@ -47,7 +48,14 @@ class PostgresInboxBackend(SQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
-    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+    def __init__(
+        self, url: BackendURL, *, table: str = DEFAULT_TABLE, client: Any = None, **options: Any
+    ) -> None:
+        #: the caller's pool, engine or connection factory, if one was passed in
+        self._source: Source | None = None
+        if client is not None:
+            refuse_connect_options(options, "postgres inbox")
+            self._source = open_source(client, "postgresql", "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
@@ -58,11 +66,20 @@ class PostgresInboxBackend(SQLInboxBackend):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
         self._sql = DIALECT.inbox_queries(self.table, style="pyformat")
         self._installed = False
+        source = self._source
         self._pool = ConnPool.configured(
-            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE, reusable
+            self._connect,
+            self._close,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            reusable,
+            put=source.put if source is not None and source.pooled else None,
         )
 
     def _connect(self) -> Any:
+        if self._source is not None:
+            return self._source.get()
         try:
             return psycopg.Connection.connect(
                 self._conninfo, autocommit=True, **self._connect_kwargs
@@ -74,8 +91,10 @@ class PostgresInboxBackend(SQLInboxBackend):
         """One statement within the ``timeout``; past it the connection is closed."""
         return execute_bounded(conn, sql, params, limit=self.timeouts.request)
 
-    @staticmethod
-    def _close(conn: Any) -> None:
+    def _close(self, conn: Any) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            self._source.discard(conn)
+            return
         conn.close()
 
     _record = staticmethod(_record)

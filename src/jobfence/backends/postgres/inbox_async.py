@@ -24,11 +24,12 @@ import psycopg
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool_async import AsyncConnPool
+from ..._core.source_async import AsyncSource, open_source
 from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_undefined_table
 from ..._core.url import BackendURL
 from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
-from .common import connect_kwargs, execute_bounded_async, reusable
+from .common import connect_kwargs, execute_bounded_async, refuse_connect_options, reusable
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["AsyncPostgresInboxBackend"]
@@ -45,7 +46,14 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
     kind = "postgres"
     capabilities = InboxCapabilities(cross_process=True, transactional=True)
 
-    def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
+    def __init__(
+        self, url: BackendURL, *, table: str = DEFAULT_TABLE, client: Any = None, **options: Any
+    ) -> None:
+        #: the caller's pool, engine or connection factory, if one was passed in
+        self._source: AsyncSource | None = None
+        if client is not None:
+            refuse_connect_options(options, "postgres inbox")
+            self._source = open_source(client, "postgresql", "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
@@ -56,11 +64,20 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
         self._sql = DIALECT.inbox_queries(self.table, style="pyformat")
         self._installed = False
+        source = self._source
         self._pool = AsyncConnPool.configured(
-            self._connect, self._close, options, url.options, DEFAULT_POOL_SIZE, reusable
+            self._connect,
+            self._close,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            reusable,
+            put=source.put if source is not None and source.pooled else None,
         )
 
     async def _connect(self) -> Any:
+        if self._source is not None:
+            return await self._source.get()
         try:
             return await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True, **self._connect_kwargs
@@ -72,8 +89,10 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
         """One statement within the ``timeout``; past it the connection is closed."""
         return await execute_bounded_async(conn, sql, params, limit=self.timeouts.request)
 
-    @staticmethod
-    async def _close(conn: Any) -> None:
+    async def _close(self, conn: Any) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            await self._source.discard(conn)
+            return
         await conn.close()
 
     _record = staticmethod(_record)

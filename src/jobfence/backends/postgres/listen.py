@@ -10,7 +10,9 @@ client's ``_wake(payload)``. If the connection cannot be opened, or is lost, the
 (``_wake(None)``: look again now) and its waiters poll; the listener is tried again after
 ``LISTEN_RETRY`` seconds.
 
-A host class provides ``_connect()``, ``_execute(conn, sql)``, ``_drop(conn)``,
+A host class provides ``_connect()``, ``_execute(conn, sql)``, ``_drop(conn)``, optionally
+``_source`` (a caller's pool the connection came from: it goes back there after
+``UNLISTEN *`` instead of being closed),
 ``_wake(payload)``, ``_closed``, ``_listen_sql`` (its ``LISTEN`` statement) and
 ``_listener_label`` (for the logs and the task or thread name), and calls
 :meth:`_reset_listener` in its constructor and after a fork.
@@ -100,4 +102,18 @@ class Listener:
         finally:
             self._listener_up = False
             self._wake(None)  # type: ignore[attr-defined]  # every waiter looks again now
-            self._drop(conn)  # type: ignore[attr-defined]
+            self._release_listener(conn)
+
+    def _release_listener(self, conn: Any) -> None:
+        """Close the LISTEN connection; one of a caller's pool goes back to it without the
+        LISTEN (closed, to be replaced, if that fails)."""
+        source = getattr(self, "_source", None)
+        if source is not None and source.pooled and not conn.closed:
+            try:
+                conn.execute("UNLISTEN *")
+            except Exception:
+                pass
+            else:
+                source.put(conn)
+                return
+        self._drop(conn)  # type: ignore[attr-defined]

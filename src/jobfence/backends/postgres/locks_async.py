@@ -82,13 +82,20 @@ from ..._core.options import (
     option_timeouts,
 )
 from ..._core.pool_async import AsyncConnPool
+from ..._core.source_async import AsyncSource, open_source
 from ..._core.sqlfiles import load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
 from ..._core.validate import check_schema_version
 from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
-from .common import connect_kwargs, execute_bounded_async, pg_text, reusable
+from .common import (
+    connect_kwargs,
+    execute_bounded_async,
+    pg_text,
+    refuse_connect_options,
+    reusable,
+)
 from .dialect import DIALECT, NAMESPACE_LIMIT
 from .listen_async import AsyncListener
 
@@ -272,8 +279,20 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
     def _listen_sql(self) -> str:
         return str(self.queries["listen"])
 
-    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        **options: Any,
+    ) -> None:
         self.namespace = check_namespace(namespace)
+        #: the caller's pool, engine or connection factory, if one was passed in
+        self._source: AsyncSource | None = None
+        if client is not None:
+            refuse_connect_options(options, "postgres lock backend")
+            self._source = open_source(client, "postgresql", "postgres lock backend")
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.mode = self.options.mode
@@ -289,8 +308,13 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         self.timeouts = self.options.timeouts
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
+        source = self._source
         self._pool = AsyncConnPool(
-            self._connect, self._drop, pool_size=self.options.pool_size, reusable=reusable
+            self._connect,
+            self._drop,
+            pool_size=self.options.pool_size,
+            reusable=reusable,
+            put=source.put if source is not None and source.pooled else None,
         )
         self._held: dict[tuple[str, str], _Held] = {}
         #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
@@ -312,6 +336,9 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
     async def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres lock backend is closed", argument="self")
+        if self._source is not None:
+            conn: Conn = await self._source.get()
+            return conn
         try:
             return await AsyncConnection.connect(
                 self._conninfo,
@@ -336,9 +363,12 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         """Return a healthy idle connection to the pool (or close it)."""
         await self._pool.give(conn)
 
-    @staticmethod
-    async def _drop(conn: Conn) -> None:
-        """Close a connection (which also frees every session lock it holds)."""
+    async def _drop(self, conn: Conn) -> None:
+        """Close a connection (which also frees every session lock it holds); one of the
+        caller's goes back to its pool closed, to be replaced."""
+        if self._source is not None:
+            await self._source.discard(conn)
+            return
         try:
             await conn.close()
         except Exception:  # already broken: nothing left to close

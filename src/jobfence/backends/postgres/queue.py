@@ -66,6 +66,7 @@ from ..._core.options import (
     reject_unknown,
 )
 from ..._core.pool import ConnPool
+from ..._core.source import Source, open_source
 from ..._core.sqlfiles import Queries, load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace, check_queue_name, check_schema_version
@@ -78,7 +79,13 @@ from ..base import (
     QueueStats,
     RenewItem,
 )
-from .common import connect_kwargs, execute_bounded, pg_text, reusable
+from .common import (
+    connect_kwargs,
+    execute_bounded,
+    pg_text,
+    refuse_connect_options,
+    reusable,
+)
 from .dialect import DIALECT, IDENTIFIER_LIMIT, QUEUE_TABLE_LIMIT
 from .listen import LISTEN_TICK, Listener
 
@@ -237,8 +244,13 @@ class PostgresQueueBackend(Listener, QueueBackend):
     def _listen_sql(self) -> str:
         return str(self._sql["listen"])
 
-    def __init__(self, url: BackendURL, *, name: str, **options: Any) -> None:
+    def __init__(self, url: BackendURL, *, name: str, client: Any = None, **options: Any) -> None:
         self.name = check_queue_name(name)
+        #: the caller's pool, engine or connection factory, if one was passed in
+        self._source: Source | None = None
+        if client is not None:
+            refuse_connect_options(options, "postgres queue backend")
+            self._source = open_source(client, "postgresql", "postgres queue backend")
         reject_unknown(options, OPTIONS, "postgres queue")
         merged = {**{k: v for k, v in url.options.items() if k in OPTIONS}, **options}
         self.table = check_namespace(
@@ -264,8 +276,15 @@ class PostgresQueueBackend(Listener, QueueBackend):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
         self.channel = notify_channel(self.table, self.name)
         self._sql = load_queue_queries(self.table, self.channel)
+        source = self._source
         self._pool = ConnPool.configured(
-            self._connect, self._drop, options, url.options, DEFAULT_POOL_SIZE, reusable
+            self._connect,
+            self._drop,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            reusable,
+            put=source.put if source is not None and source.pooled else None,
         )
         #: the events of this client's waiting receives; the listener sets them
         self._waiters: set[compat.Event] = set()
@@ -280,6 +299,9 @@ class PostgresQueueBackend(Listener, QueueBackend):
     def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres queue backend is closed", argument="self")
+        if self._source is not None:
+            conn: Conn = self._source.get()
+            return conn
         try:
             return Connection.connect(
                 self._conninfo,
@@ -295,8 +317,10 @@ class PostgresQueueBackend(Listener, QueueBackend):
                 raise type(exc)(str(exc).replace(password, "***")) from None
             raise
 
-    @staticmethod
-    def _drop(conn: Conn) -> None:
+    def _drop(self, conn: Conn) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            self._source.discard(conn)
+            return
         try:
             conn.close()
         except Exception:  # already broken: nothing left to close

@@ -65,6 +65,7 @@ from ..._core.options import (
     reject_unknown,
 )
 from ..._core.pool_async import AsyncConnPool
+from ..._core.source_async import AsyncSource, open_source
 from ..._core.sqlfiles import Queries, load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace, check_queue_name, check_schema_version
@@ -77,7 +78,13 @@ from ..base import (
     QueueStats,
     RenewItem,
 )
-from .common import connect_kwargs, execute_bounded_async, pg_text, reusable
+from .common import (
+    connect_kwargs,
+    execute_bounded_async,
+    pg_text,
+    refuse_connect_options,
+    reusable,
+)
 from .dialect import DIALECT, IDENTIFIER_LIMIT, QUEUE_TABLE_LIMIT
 from .listen_async import LISTEN_TICK, AsyncListener
 
@@ -239,8 +246,13 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
     def _listen_sql(self) -> str:
         return str(self._sql["listen"])
 
-    def __init__(self, url: BackendURL, *, name: str, **options: Any) -> None:
+    def __init__(self, url: BackendURL, *, name: str, client: Any = None, **options: Any) -> None:
         self.name = check_queue_name(name)
+        #: the caller's pool, engine or connection factory, if one was passed in
+        self._source: AsyncSource | None = None
+        if client is not None:
+            refuse_connect_options(options, "postgres queue backend")
+            self._source = open_source(client, "postgresql", "postgres queue backend")
         reject_unknown(options, OPTIONS, "postgres queue")
         merged = {**{k: v for k, v in url.options.items() if k in OPTIONS}, **options}
         self.table = check_namespace(
@@ -266,8 +278,15 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
         self.channel = notify_channel(self.table, self.name)
         self._sql = load_queue_queries(self.table, self.channel)
+        source = self._source
         self._pool = AsyncConnPool.configured(
-            self._connect, self._drop, options, url.options, DEFAULT_POOL_SIZE, reusable
+            self._connect,
+            self._drop,
+            options,
+            url.options,
+            DEFAULT_POOL_SIZE,
+            reusable,
+            put=source.put if source is not None and source.pooled else None,
         )
         #: the events of this client's waiting receives; the listener sets them
         self._waiters: set[acompat.Event] = set()
@@ -282,6 +301,9 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
     async def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres queue backend is closed", argument="self")
+        if self._source is not None:
+            conn: Conn = await self._source.get()
+            return conn
         try:
             return await AsyncConnection.connect(
                 self._conninfo,
@@ -297,8 +319,10 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
                 raise type(exc)(str(exc).replace(password, "***")) from None
             raise
 
-    @staticmethod
-    async def _drop(conn: Conn) -> None:
+    async def _drop(self, conn: Conn) -> None:
+        if self._source is not None:  # one of the caller's: back to its pool, to be replaced
+            await self._source.discard(conn)
+            return
         try:
             await conn.close()
         except Exception:  # already broken: nothing left to close

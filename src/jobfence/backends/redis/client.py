@@ -37,7 +37,17 @@ from ..._core.options import DEFAULT_TIMEOUT, TIMEOUT_OPTIONS, option_timeouts
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "check_database", "connect_redis", "forget_connections"]
+__all__ = [
+    "DEFAULT_SOCKET_TIMEOUT",
+    "adopt_redis",
+    "by_slot",
+    "check_cluster_prefix",
+    "check_database",
+    "client_socket_timeout",
+    "connect_redis",
+    "forget_connections",
+    "is_cluster",
+]
 
 #: the default of both deadlines (``connect_timeout`` and ``timeout``)
 DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
@@ -110,6 +120,80 @@ def connect_redis(
         ) from None
 
 
+def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:
+    """A caller's redis-py client (``redis.asyncio.Redis`` / ``redis.Redis``, or a
+    ``RedisCluster``), used as the caller configured it: its pool, timeouts, retries, TLS,
+    credentials, Sentinel or Cluster routing. jobfence never closes it.
+
+    Connection options (``options`` left after the backend took its own) cannot apply to a
+    client that already exists: each raises :class:`ConfigurationError` naming it. ``binary``:
+    the backend reads bytes it stored (results, message bodies), so a client that decodes
+    replies (``decode_responses=True``) is refused.
+    """
+    for key in options:
+        raise ConfigurationError(
+            f"option {key!r} configures the connections of the {what}, which uses the "
+            "redis-py client passed in as it is: set it on that client instead",
+            argument=key,
+        )
+    encoder = client.get_encoder()
+    if binary and getattr(encoder, "decode_responses", False):
+        raise ConfigurationError(
+            f"the {what} stores bytes (results, message bodies) and needs a client with "
+            "decode_responses=False; pass another client on the same server, e.g. "
+            "redis.Redis(connection_pool=...) of a pool made without decode_responses",
+            argument="url",
+        )
+    return client
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a redis-py ``RedisCluster`` (sync or asyncio)."""
+    return any(cls.__name__ == "RedisCluster" for cls in type(client).__mro__)
+
+
+def check_cluster_prefix(prefix: str, *, argument: str) -> str:
+    """A key prefix (a namespace) usable on Redis Cluster: no braces, so that the hash tag of
+    every key is the ``{...}`` jobfence puts around the name, and all keys of one name hash to
+    one slot (a script may only touch keys of one slot)."""
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"{argument} must not contain '{{' or '}}' on Redis Cluster: the keys of one name "
+            f"share the hash tag jobfence puts in braces; got {prefix!r}",
+            argument=argument,
+        )
+    return prefix
+
+
+def by_slot(keys: Sequence[str]) -> dict[int, list[int]]:
+    """The positions of ``keys``, grouped by Redis Cluster hash slot (a script call may only
+    touch the keys of one slot)."""
+    from redis.crc import key_slot
+
+    groups: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key_slot(key.encode("utf-8")), []).append(i)
+    return groups
+
+
+def client_socket_timeout(client: Any) -> float | None:
+    """The reply deadline (``socket_timeout``) a redis-py client was configured with, if it
+    tells (a blocking read must end before it)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs: Any = getattr(pool, "connection_kwargs", None)
+    if kwargs is None:
+        kwargs = getattr(client, "connection_kwargs", None)  # asyncio RedisCluster
+    if kwargs is None:
+        node = getattr(client, "get_default_node", lambda: None)()
+        kwargs = getattr(
+            getattr(getattr(node, "redis_connection", None), "connection_pool", None),
+            "connection_kwargs",
+            None,
+        )
+    timeout = (kwargs or {}).get("socket_timeout")
+    return float(timeout) if timeout else None
+
+
 def check_database(url: BackendURL) -> None:
     """The URL's path is empty or a database number (``/0``): redis-py would silently use
     database 0 for anything else (``/notadb``)."""
@@ -122,8 +206,10 @@ def check_database(url: BackendURL) -> None:
         )
 
 
-def forget_connections(client: Redis) -> None:
+def forget_connections(client: Any) -> None:
     """In a child process right after ``fork()``: the client's pool forgets the connections
     inherited from the parent, without closing them (:func:`jobfence._core.forks.keep`), and
     opens its own on first use. redis-py's blocking pool does that by itself when it sees a
     new process id; its asyncio pool does not."""
+    if is_cluster(client):
+        return  # a cluster client's nodes keep their own pools; redis-py resets them

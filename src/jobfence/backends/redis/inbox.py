@@ -29,7 +29,7 @@ from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
-from .client import connect_redis, forget_connections
+from .client import adopt_redis, by_slot, connect_redis, forget_connections, is_cluster
 
 __all__ = ["RedisInboxBackend"]
 
@@ -57,6 +57,7 @@ class RedisInboxBackend(InboxBackend):
         *,
         table: str = DEFAULT_TABLE,
         retention: float = DEFAULT_RETENTION,
+        client: Any = None,
         **options: Any,
     ) -> None:
         self.table = check_namespace(
@@ -70,9 +71,16 @@ class RedisInboxBackend(InboxBackend):
             _script("inbox_release"),
             _script("inbox_extend"),
         ]
-        self.client = connect_redis(
-            url, options, what="redis inbox", own=("table",), scripts=scripts
-        )
+        #: whether the client is ours to close (False: the caller passed it in)
+        self._owned = client is None
+        self._cluster = False
+        if client is not None:
+            self.client: Any = adopt_redis(client, options, what="redis inbox", binary=True)
+            self._cluster = is_cluster(client)
+        else:
+            self.client = connect_redis(
+                url, options, what="redis inbox", own=("table",), scripts=scripts
+            )
         self._claim = self.client.register_script(scripts[0])
         self._complete = self.client.register_script(scripts[1])
         self._release = self.client.register_script(scripts[2])
@@ -110,10 +118,23 @@ class RedisInboxBackend(InboxBackend):
         """Extend every claim of ``items`` with one script call (one round trip)."""
         if not items:
             return []
+        keys = [self._prefix + key for key, _, _ in items]
+        if self._cluster:  # one script call per hash slot (the keys carry no hash tag)
+            answers = [False] * len(items)
+            for group in by_slot(keys).values():
+                for i, ok in zip(group, self._renew_some(keys, items, group), strict=True):
+                    answers[i] = ok
+            return answers
+        return self._renew_some(keys, items, range(len(items)))
+
+    def _renew_some(
+        self, keys: Sequence[str], items: Sequence[RenewItem], which: Sequence[int]
+    ) -> list[bool]:
         args: list[Any] = [max(1, int(self.retention * 1000))]
-        for _, owner, ttl in items:
+        for i in which:
+            _, owner, ttl = items[i]
             args += [owner, max(1, int(ttl * 1000))]
-        reply = self._extend(keys=[self._prefix + key for key, _, _ in items], args=args)
+        reply = self._extend(keys=[keys[i] for i in which], args=args)
         return [bool(ok) for ok in reply]
 
     def purge(self, retention: float) -> int:
@@ -127,13 +148,21 @@ class RedisInboxBackend(InboxBackend):
         for name in self.client.scan_iter(match=self._prefix + "*", count=500):
             batch.append(name)
             if len(batch) >= 500:
-                self.client.delete(*batch)
+                self._delete(batch)
                 batch = []
         if batch:
-            self.client.delete(*batch)
+            self._delete(batch)
+
+    def _delete(self, keys: list[Any]) -> None:
+        if self._cluster:  # one DEL per key: the keys lie in many slots
+            for key in keys:
+                self.client.delete(key)
+        else:
+            self.client.delete(*keys)
 
     def close(self) -> None:
-        self.client.close()
+        if self._owned:  # a client passed in is the caller's to close
+            self.client.close()
 
     def after_fork(self) -> None:
         """In a child process right after ``fork()``: forget the connections inherited from

@@ -37,6 +37,12 @@ defaults of ``connect_redis`` (``client_async.py`` / ``client.py``: one immediat
 connection error, none after a timeout, so an unreachable server is reported in milliseconds
 and a lost lease is noticed in time; every script is safe to re-send).
 
+A caller's client (``client=``: a ``redis.asyncio.Redis`` / ``redis.Redis`` or a
+``RedisCluster``, passed to ``Locks`` in place of the URL) is used as it is and never closed;
+renewals then share it (one script call per hash slot on a cluster). ``bare_keys=True`` makes
+the lease key the name itself, as redis-py's ``Lock`` names its key
+(``jobfence.compat.redis_py``).
+
 Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
 before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
 ``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
@@ -61,7 +67,15 @@ from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
-from .client import connect_redis, forget_connections
+from .client import (
+    adopt_redis,
+    by_slot,
+    check_cluster_prefix,
+    client_socket_timeout,
+    connect_redis,
+    forget_connections,
+    is_cluster,
+)
 
 __all__ = ["RedisLockBackend"]
 
@@ -89,8 +103,9 @@ def _script(name: str, *, with_lib: bool = True) -> str:
 
 
 def _ms(seconds: float) -> int:
-    """Seconds -> whole milliseconds, at least 1."""
-    return max(1, math.ceil(seconds * 1000))
+    """Seconds -> whole milliseconds, at least 1 (rounded up, but float noise as in
+    ``20.999 * 1000 == 20999.000000000004`` does not add a millisecond)."""
+    return max(1, math.ceil(round(seconds * 1000, 6)))
 
 
 def _warm(client: Redis) -> None:
@@ -121,7 +136,15 @@ class RedisLockBackend(LockBackend):
     kind = "redis"
     capabilities = CAPABILITIES
 
-    def __init__(self, url: BackendURL, *, namespace: str = "jobfence", **options: Any) -> None:
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        bare_keys: bool = False,
+        **options: Any,
+    ) -> None:
         self.namespace = check_namespace(
             namespace, limit=NAMESPACE_LIMIT, backend="redis", identifier=False
         )
@@ -134,20 +157,41 @@ class RedisLockBackend(LockBackend):
             "renew": _script("lock_renew.lua", with_lib=False),
             "holder": _script("lock_holder.lua", with_lib=False),
         }
-        self._client: Redis = connect_redis(
-            url,
-            options,
-            what="redis lock backend",
-            own=OWN_OPTIONS,
-            scripts=list(scripts.values()),
-        )
-        # renewals get a client of their own: its connection is never busy with a waiter's
-        # BLPOP, so a renewal does not wait for, or open, a connection (one round trip)
-        self._renewals: Redis = connect_redis(
-            url, options, what="redis lock backend", own=OWN_OPTIONS, scripts=[scripts["renew"]]
-        )
+        #: whether the client is ours to close (False: the caller passed it in)
+        self._owned = client is None
+        self._cluster = False
+        #: the lease key is the name itself, as redis-py's ``Lock`` names its key
+        #: (``jobfence.compat.redis_py``); the namespace is not used
+        self.bare_keys = bare_keys
+        if client is not None:
+            # a caller's client, used as configured; replies may be decoded (the lock's
+            # replies are numbers and owner strings), and it is never closed here
+            self._client: Any = adopt_redis(
+                client, options, what="redis lock backend", binary=False
+            )
+            self._renewals: Any = self._client
+            self._cluster = is_cluster(client)
+            if self._cluster:
+                check_cluster_prefix(self.namespace, argument="namespace")
+        else:
+            self._client = connect_redis(
+                url,
+                options,
+                what="redis lock backend",
+                own=OWN_OPTIONS,
+                scripts=list(scripts.values()),
+            )
+            # renewals get a client of their own: its connection is never busy with a
+            # waiter's BLPOP, so a renewal does not wait for, or open, a connection
+            self._renewals = connect_redis(
+                url,
+                options,
+                what="redis lock backend",
+                own=OWN_OPTIONS,
+                scripts=[scripts["renew"]],
+            )
         self._renewals_ready = False
-        timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        timeout = client_socket_timeout(self._client)
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
         self._acquire = self._client.register_script(scripts["acquire"])
         self._release = self._client.register_script(scripts["release"])
@@ -164,6 +208,21 @@ class RedisLockBackend(LockBackend):
     # -- keys ----------------------------------------------------------------------------
     def lock_key(self, name: str) -> str:
         """The lease key of ``name``; every other key of the name derives from it."""
+        if self.bare_keys:
+            if self._cluster and len(by_slot([name, name + ":q"])) != 1:
+                raise ConfigurationError(
+                    "on Redis Cluster the name of a redis-py style lock must hold a hash tag "
+                    f"(as in '{{orders}}:lock'), so that the keys derived from it share its "
+                    f"slot; got {name!r}",
+                    argument="name",
+                )
+            return name
+        if self._cluster and name.startswith("}"):
+            # "{}" would be an empty hash tag: the keys of the name would hash apart
+            raise ConfigurationError(
+                f"a lock name on Redis Cluster must not start with '}}'; got {name!r}",
+                argument="name",
+            )
         return f"{self.namespace}:lock:{{{name}}}"
 
     # -- operations ----------------------------------------------------------------------
@@ -171,7 +230,12 @@ class RedisLockBackend(LockBackend):
         """Make sure the pool holds an open connection (its scripts loaded): take one from
         redis-py's pool, which opens it if needed, and give it back. The first time, open
         the renewals' connection too."""
-        clients = [self._client] if self._renewals_ready else [self._client, self._renewals]
+        if self._cluster:
+            return  # a cluster client opens a connection per node as it routes commands
+        if self._renewals is self._client or self._renewals_ready:
+            clients = [self._client]
+        else:
+            clients = [self._client, self._renewals]
         for client in clients:
             _warm(client)
         self._renewals_ready = True
@@ -179,8 +243,8 @@ class RedisLockBackend(LockBackend):
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        key = f"{self.namespace}:lock:{{{name}}}"
-        ttl_ms = max(1, math.ceil(ttl * 1000))
+        key = self.lock_key(name)
+        ttl_ms = _ms(ttl)
         if wait is None:  # a plain try: the short path
             result = int(self._acquire((key,), (owner, ttl_ms)))
             return result if result > 0 else None
@@ -210,7 +274,7 @@ class RedisLockBackend(LockBackend):
         return None if result is None else int(result)
 
     def release(self, name: str, owner: str) -> bool:
-        return bool(self._release((f"{self.namespace}:lock:{{{name}}}",), (owner,)))
+        return bool(self._release((self.lock_key(name),), (owner,)))
 
     def force_release(self, name: str) -> bool:
         """Drop the lease on ``name`` whoever holds it; the next live waiter gets it."""
@@ -225,13 +289,26 @@ class RedisLockBackend(LockBackend):
         renewals' own connection."""
         if not items:
             return []
-        ns = self.namespace
-        keys = [f"{ns}:lock:{{{name}}}" for name, _, _ in items]
+        keys = [self.lock_key(name) for name, _, _ in items]
+        if self._cluster:  # one script call per hash slot, all at once
+            groups = list(by_slot(keys).values())
+            replies = [self._renew_some(keys, items, group) for group in groups]
+            answers = [False] * len(items)
+            for group, reply in zip(groups, replies, strict=True):
+                for i, ok in zip(group, reply, strict=True):
+                    answers[i] = ok
+            return answers
+        return self._renew_some(keys, items, range(len(items)))
+
+    def _renew_some(
+        self, keys: Sequence[str], items: Sequence[RenewItem], which: Sequence[int]
+    ) -> list[bool]:
         args: list[str | int] = []
-        for _, owner, ttl in items:
+        for i in which:
+            _, owner, ttl = items[i]
             args.append(owner)
             args.append(_ms(ttl))
-        result = self._renew_batch(keys, args)
+        result = self._renew_batch([keys[i] for i in which], args)
         return [bool(ok) for ok in result]
 
     def holder(self, name: str) -> LockHolder | None:
@@ -244,13 +321,15 @@ class RedisLockBackend(LockBackend):
 
     def close(self) -> None:
         self._hints.clear()
-        self._client.close()
-        self._renewals.close()
+        if self._owned:  # a client passed in is the caller's to close
+            self._client.close()
+            self._renewals.close()
 
     def after_fork(self) -> None:
         """In a child process right after ``fork()``: forget the connections and wait hints
         inherited from the parent (see ``jobfence/_core/forks.py``)."""
         forget_connections(self._client)
-        forget_connections(self._renewals)
+        if self._renewals is not self._client:
+            forget_connections(self._renewals)
         self._renewals_ready = False
         self._hints = {}

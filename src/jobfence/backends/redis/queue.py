@@ -47,7 +47,6 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import ResponseError
 
 from ..._core.clock import get_clock
@@ -65,7 +64,14 @@ from ..base import (
     RenewItem,
 )
 from . import NAMESPACE_LIMIT
-from .client import connect_redis, forget_connections
+from .client import (
+    adopt_redis,
+    check_cluster_prefix,
+    client_socket_timeout,
+    connect_redis,
+    forget_connections,
+    is_cluster,
+)
 
 __all__ = ["RedisQueueBackend"]
 
@@ -145,7 +151,7 @@ class RedisQueueBackend(QueueBackend):
     kind = "redis"
     capabilities = CAPABILITIES
 
-    def __init__(self, url: BackendURL, *, name: str, **options: Any) -> None:
+    def __init__(self, url: BackendURL, *, name: str, client: Any = None, **options: Any) -> None:
         self.name = check_queue_name(name)
         self.namespace = check_namespace(
             _option(url, options, "namespace", "jobfence"),
@@ -165,18 +171,29 @@ class RedisQueueBackend(QueueBackend):
                 )
         self.url = url.masked
         scripts = {script: _script(script) for script in _SCRIPTS}
-        self._client: Redis = connect_redis(
-            url,
-            options,
-            what="redis queue backend",
-            own=OWN_OPTIONS,
-            scripts=list(scripts.values()),
-        )
+        #: whether the client is ours to close (False: the caller passed it in)
+        self._owned = client is None
+        self._cluster = False
+        if client is not None:
+            self._client: Any = adopt_redis(
+                client, options, what="redis queue backend", binary=True
+            )
+            self._cluster = is_cluster(client)
+            if self._cluster:
+                check_cluster_prefix(self.namespace, argument="namespace")
+        else:
+            self._client = connect_redis(
+                url,
+                options,
+                what="redis queue backend",
+                own=OWN_OPTIONS,
+                scripts=list(scripts.values()),
+            )
         self._run = {name: self._client.register_script(text) for name, text in scripts.items()}
         prefix = f"{self.namespace}:q:{{{self.name}}}:"
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
         self._stream = self._keys[0]
-        timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        timeout = client_socket_timeout(self._client)
         self._block_cap: float | None = None if not timeout else float(timeout) * _BLOCK_SHARE
 
     def __repr__(self) -> str:
@@ -247,6 +264,8 @@ class RedisQueueBackend(QueueBackend):
         trip); each is owner-checked and safe to re-send like a single ack."""
         if not items:
             return []
+        if self._cluster:  # redis-py's cluster pipelines refuse scripts: one call each
+            return [self.ack(receipt, consumer) for receipt, consumer in items]
         pipe = self._client.pipeline(transaction=False)
         for receipt, consumer in items:
             self._run["ack"](self._keys, [_call_id(), receipt, consumer], client=pipe)
@@ -333,7 +352,8 @@ class RedisQueueBackend(QueueBackend):
         self._client.delete(*self._keys)
 
     def close(self) -> None:
-        self._client.close()
+        if self._owned:  # a client passed in is the caller's to close
+            self._client.close()
 
     def after_fork(self) -> None:
         """In a child process right after ``fork()``: forget the connections inherited from

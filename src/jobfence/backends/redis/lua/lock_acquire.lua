@@ -54,7 +54,13 @@ if v then
   if ARGV[3] then
     enqueue(now_ms())
   end
-  return -1 - math.max(redis.call('PTTL', L), 0)
+  local left = redis.call('PTTL', L)
+  if left == -1 then
+    -- a key without expiry (not written by jobfence, e.g. redis-py's Lock without a
+    -- timeout): no expiry to wait for; the caller looks again every poll interval
+    left = 2147483647
+  end
+  return -1 - math.max(left, 0)
 end
 
 -- The lease is free but owners are queued.
