@@ -132,10 +132,12 @@ async def test_unacked_delivery_comes_back_when_its_consumer_closes(qenv: QueueE
 async def test_extend_keeps_a_delivery_hidden_past_its_visibility(qenv: QueueEnv) -> None:
     a, b = qenv.queue(), qenv.queue()
     await a.publish({"n": 1}, id="ext")
-    (m,) = await _receive_all(a, 1, visibility=1.0)
-    deadline = time.monotonic() + 2.5
+    (m,) = await _receive_all(a, 1, visibility=2.0)
+    # each extend gives 2 s, ample for one 0.3 s receive even on a loaded machine; the loop
+    # outlives the first visibility, so only the extends keep the delivery hidden
+    deadline = time.monotonic() + 4.5
     while time.monotonic() < deadline:
-        await m.extend(1.0)
+        await m.extend(2.0)
         assert await b.receive(wait=0.3) == []
     await m.ack()
     assert await b.receive(wait=0) == []
