@@ -106,7 +106,8 @@ def connect_redis(
     kwargs.update(options)
     check_database(url)
     try:
-        return Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
+        client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
+        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
