@@ -34,6 +34,7 @@ from ..errors import (
     LockTimeout,
 )
 from ..guard import guarded
+from ..retry import RetryPolicy
 
 __all__ = ["DEFAULT_RETRY_DELAY", "check_retry_delay", "guard_task", "wants_retry"]
 
@@ -82,13 +83,15 @@ def guard_task(
     retry: Retry,
     retry_delay: float,
     final: Final | None = None,
+    retry_policy: RetryPolicy | None = None,
     **guard_options: Any,
 ) -> Callable[..., Any]:
-    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments),
-    with the framework's job id as the default key and jobfence's retryable outcomes raised
-    as the framework's retry. Works for sync and ``async def`` functions."""
+    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments;
+    its ``retry=RetryPolicy(...)`` is ``retry_policy`` here, since ``retry`` is the
+    framework's), with the framework's job id as the default key and jobfence's retryable
+    outcomes raised as the framework's retry. Works for sync and ``async def`` functions."""
     delay = check_retry_delay(retry_delay)
-    inner = guarded(**guard_options)(fn)
+    inner = guarded(retry=retry_policy, **guard_options)(fn)
 
     def translate(exc: BaseException) -> BaseException | None:
         if wants_retry(exc):
