@@ -86,10 +86,12 @@ def guard_task(
     retry_policy: RetryPolicy | None = None,
     **guard_options: Any,
 ) -> Callable[..., Any]:
-    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments;
-    its ``retry=RetryPolicy(...)`` is ``retry_policy`` here, since ``retry`` is the
-    framework's), with the framework's job id as the default key and jobfence's retryable
-    outcomes raised as the framework's retry. Works for sync and ``async def`` functions."""
+    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments),
+    with the framework's job id as the default key and jobfence's retryable outcomes raised
+    as the framework's retry. Works for sync and ``async def`` functions.
+
+    ``retry`` is the framework's retry here, so :func:`jobfence.guarded`'s own ``retry=``
+    (a :class:`jobfence.RetryPolicy` for in-process re-runs) is passed as ``retry_policy``."""
     delay = check_retry_delay(retry_delay)
     inner = guarded(retry=retry_policy, **guard_options)(fn)
 

@@ -241,3 +241,27 @@ async def test_bad_configuration_is_refused_when_decorating(
         assert info.value.argument == "inbox"
     finally:
         sync_inbox.close()
+
+
+async def test_a_cancelled_run_gives_its_lease_and_claim_back(
+    inbox: jobfence.AsyncInbox, locks: jobfence.AsyncLocks
+) -> None:
+    """arq cancels running jobs on SIGTERM and runs them again: the next run must not wait
+    for the cancelled one's claim_ttl."""
+    started = asyncio.Event()
+
+    @jfarq.guarded(locks=locks, inbox=inbox, lock="export:{day}", claim_ttl=60)
+    async def export(ctx: dict[str, Any], day: str) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    running = asyncio.ensure_future(export({"job_id": "e-1", "job_try": 1}, "monday"))
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    again = await inbox.claim("arq:e-1", ttl=5)
+    assert (again.state.value, again.attempt) == ("new", 2)
+    lease = await locks.try_acquire("export:monday", ttl=5)
+    assert lease is not None
+    await lease.release()
