@@ -110,13 +110,16 @@ def connect_redis(
         "socket_connect_timeout": timeouts.connect,
         # a timeout is not retried: the caller hears of it after one `timeout`
         "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        # redis-py < 6 retries only the errors listed here (>= 6 also those of `retry`)
+        "retry_on_error": [RedisConnectionError],
     }
     if scripts and "redis_connect_func" not in options:
         kwargs["redis_connect_func"] = _load_scripts_on_connect(scripts)
     kwargs.update(options)
     check_database(url)
     try:
-        return Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
+        client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
+        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"

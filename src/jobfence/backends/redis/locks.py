@@ -265,7 +265,9 @@ class RedisLockBackend(LockBackend):
             limit = min(limit, self._blpop_cap)
         if limit < 0.001:
             return None
-        reply = self._client.blpop([self.lock_key(name) + ":w:" + owner], _ms(limit) / 1000)
+        # typed loosely: redis-py < 6 types blpop's timeout as int and its reply as a union
+        blpop: Any = self._client.blpop
+        reply = blpop([self.lock_key(name) + ":w:" + owner], _ms(limit) / 1000)
         return None if reply is None else int(reply[1])
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
