@@ -117,6 +117,27 @@ def _start_worker(url: str, name: str, handler: str, env: dict[str, str]) -> sub
     )
 
 
+def _drained(queue: jobfence.Queue) -> bool:
+    stats = queue.stats()
+    return stats.ready == 0 and stats.delayed in (0, None) and stats.in_flight in (0, None)
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], *, check: bool = True) -> None:
+    """Stop the workers gracefully (they finish or give back what they hold) and, with
+    ``check``, that each exited cleanly."""
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    for proc in workers if check else ():
+        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+
+
 def _run_scenario(url: str, handler: str, ledger_table: str, inbox_table: str) -> dict[str, int]:
     name = f"scenario-{handler}-{uuid.uuid4().hex[:8]}"
     queue = jobfence.Queue(url, name)
@@ -148,25 +169,28 @@ def _run_scenario(url: str, handler: str, ledger_table: str, inbox_table: str) -
                 workers.append(_start_worker(url, name, handler, env))
             for proc in workers:
                 assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            if distinct >= MESSAGES and not pending_kills:
-                stats = queue.stats()
-                if stats.ready == 0 and stats.delayed in (0, None) and stats.in_flight in (0, None):
-                    break
+            if distinct >= MESSAGES and not pending_kills and _drained(queue):
+                break
             time.sleep(0.1)
         else:
             pytest.fail(f"the workers did not finish: {_counts(ledger_table)}, {queue.stats()}")
+        # A queue that cannot count deliveries in flight (RabbitMQ: a consumer's prefetched
+        # messages are neither ready nor counted) looks drained too early. Once every worker
+        # has stopped, everything unacked is ready again: stop them, and while messages are
+        # left, run one worker until they are taken, and stop it again.
+        for _ in range(10):
+            _stop(workers)
+            workers = []
+            if _drained(queue):
+                break
+            workers = [_start_worker(url, name, handler, env)]
+            while not _drained(queue):
+                assert time.monotonic() < deadline, f"not drained: {queue.stats()}"
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"messages were still left after the workers stopped: {queue.stats()}")
     finally:
-        for proc in workers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # graceful: drains in-flight messages
-        for proc in workers:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-    for proc in workers:
-        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        _stop(workers, check=False)  # after a failure: its own error is the one to see
     effects, distinct = _counts(ledger_table)
     queue.drop()
     queue.close()

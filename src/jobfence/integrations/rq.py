@@ -3,15 +3,15 @@
 .. code-block:: python
 
     from rq import Queue, Retry
-    from jobfence.integrations.rq import guarded_job
+    from jobfence.integrations.rq import guarded
 
-    @guarded_job(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=5)
+    @guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=5)
     def place_order(order_id: int, product_id: int, qty: int) -> dict:
         ...
 
     Queue("orders", connection=redis).enqueue(place_order, 7, 1, 5, retry=Retry(max=3))
 
-:func:`guarded_job` takes :func:`jobfence.guarded`'s arguments plus ``retry_delay`` and
+:func:`guarded` takes :func:`jobfence.guarded`'s arguments plus ``retry_delay`` and
 ``max_retries``. In an RQ job:
 
 * without ``key=``, the idempotency key is ``"rq:<job id>"``: RQ keeps a job's id on every
@@ -46,7 +46,7 @@ from rq import Retry, get_current_job
 from ..errors import ConfigurationError
 from ._task import DEFAULT_RETRY_DELAY, guard_task
 
-__all__ = ["DEFAULT_MAX_RETRIES", "guarded_job"]
+__all__ = ["DEFAULT_MAX_RETRIES", "guarded", "guarded_job"]
 
 log = logging.getLogger("jobfence.integrations.rq")
 
@@ -127,7 +127,7 @@ def _retry(request: _RetryLater, max_retries: int) -> Retry:
     return Retry(max=max_retries, interval=interval)
 
 
-def guarded_job(
+def guarded(
     *,
     retry_delay: float = DEFAULT_RETRY_DELAY,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -188,3 +188,7 @@ def guarded_job(
         return job  # type: ignore[return-value]
 
     return decorate
+
+
+#: the same as :func:`guarded` (its first name)
+guarded_job = guarded
