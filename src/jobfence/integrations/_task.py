@@ -17,6 +17,7 @@ fail the same way each time. A framework that retries every exception by default
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable
@@ -36,7 +37,13 @@ from ..errors import (
 from ..guard import guarded
 from ..retry import RetryPolicy
 
-__all__ = ["DEFAULT_RETRY_DELAY", "check_retry_delay", "guard_task", "wants_retry"]
+__all__ = [
+    "DEFAULT_RETRY_DELAY",
+    "check_retry_delay",
+    "guard_task",
+    "wants_retry",
+    "without_first",
+]
 
 #: seconds a task that jobfence sends back to the framework's retry waits before it runs again
 DEFAULT_RETRY_DELAY = 5.0
@@ -73,6 +80,33 @@ def check_retry_delay(retry_delay: Any) -> float:
             argument="retry_delay",
         )
     return float(retry_delay)
+
+
+def without_first(
+    fn: Callable[..., Any], holder: contextvars.ContextVar[Any]
+) -> Callable[..., Any]:
+    """``fn`` with its first parameter (Celery's bound task, arq's ``ctx``) taken from
+    ``holder``, which the framework's wrapper sets: the signature the ``lock``/``key``
+    templates and ``fingerprint=True`` see lacks that parameter."""
+    signature = inspect.signature(fn)
+    body: Callable[..., Any]
+    if inspect.iscoroutinefunction(fn):
+
+        async def async_body(*args: Any, **kwargs: Any) -> Any:
+            return await fn(holder.get(), *args, **kwargs)
+
+        body = async_body
+    else:
+
+        def sync_body(*args: Any, **kwargs: Any) -> Any:
+            return fn(holder.get(), *args, **kwargs)
+
+        body = sync_body
+    functools.update_wrapper(body, fn)
+    body.__signature__ = signature.replace(  # type: ignore[attr-defined,union-attr]
+        parameters=list(signature.parameters.values())[1:]
+    )
+    return body
 
 
 def guard_task(

@@ -50,7 +50,7 @@ import arq
 from ..errors import ConfigurationError
 from ..guard import DEFAULT_CLAIM_TTL
 from ..retry import RetryPolicy
-from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task
+from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task, without_first
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "guarded", "job_key"]
 
@@ -108,20 +108,6 @@ def _check_function(fn: Any) -> inspect.Signature:
     return signature
 
 
-def _without_ctx(fn: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
-    """``fn`` with ``ctx`` taken from context: its signature (which the templates and the
-    fingerprint see) lacks ``ctx``."""
-
-    @functools.wraps(fn)
-    async def body(*args: Any, **kwargs: Any) -> Any:
-        return await fn(_job_ctx.get(), *args, **kwargs)
-
-    body.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=list(signature.parameters.values())[1:]
-    )
-    return body
-
-
 def guarded(
     *,
     locks: Any = None,
@@ -171,9 +157,9 @@ def guarded(
     }
 
     def decorate(fn: F) -> F:
-        signature = _check_function(fn)
+        _check_function(fn)
         inner = guard_task(
-            _without_ctx(fn, signature),
+            without_first(fn, _job_ctx),
             framework=FRAMEWORK,
             job_id=_job_id,
             retry=_retry,

@@ -48,7 +48,7 @@ from celery import current_task
 from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
 from ..retry import RetryPolicy
-from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task
+from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task, without_first
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "NOT_RETRIED", "guarded", "job_key"]
 
@@ -127,21 +127,6 @@ def _is_bound(fn: Callable[..., Any]) -> bool:
     return bool(params) and params[0].name == "self"
 
 
-def _without_self(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with the bound task taken from context: its signature (which the templates and
-    the fingerprint see) lacks ``self``."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def body(*args: Any, **kwargs: Any) -> Any:
-        return fn(_bound_task.get(), *args, **kwargs)
-
-    body.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=list(signature.parameters.values())[1:]
-    )
-    return body
-
-
 def guarded(
     *,
     locks: Any = None,
@@ -193,7 +178,7 @@ def guarded(
         _check_function(fn)
         bound = _is_bound(fn)
         inner = guard_task(
-            _without_self(fn) if bound else fn,
+            without_first(fn, _bound_task) if bound else fn,
             framework=FRAMEWORK,
             job_id=_task_id,
             retry=_retry,
