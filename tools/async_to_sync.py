@@ -76,6 +76,7 @@ TWINS: dict[str, str] = {
     "backends/postgres/queue_async.py": "backends/postgres/queue.py",
     "backends/redis/client_async.py": "backends/redis/client.py",
     "_core/source_async.py": "_core/source.py",
+    "compat/redis_py/lock_async.py": "compat/redis_py/lock.py",
     "backends/redis/inbox_async.py": "backends/redis/inbox.py",
     "backends/redis/locks_async.py": "backends/redis/locks.py",
     "backends/redis/queue_async.py": "backends/redis/queue.py",

@@ -39,7 +39,9 @@ from ..retry import RetryPolicy
 
 __all__ = [
     "DEFAULT_RETRY_DELAY",
+    "GUARD_ARGUMENTS",
     "check_retry_delay",
+    "guard_options",
     "guard_task",
     "wants_retry",
     "without_first",
@@ -54,6 +56,27 @@ RETRIED = (LockLost, ClaimLost, ClaimInProgress, LockTimeout)
 JobId = Callable[[tuple[Any, ...], dict[str, Any]], "str | None"]
 Retry = Callable[[BaseException, float], BaseException]
 Final = Callable[[BaseException], BaseException]
+
+
+#: the arguments of :func:`jobfence.guarded` a framework's ``guarded`` passes on as they are
+GUARD_ARGUMENTS = (
+    "locks",
+    "inbox",
+    "lock",
+    "key",
+    "ttl",
+    "timeout",
+    "claim_ttl",
+    "fingerprint",
+    "attempts",
+    "if_locked",
+    "skipped_result",
+)
+
+
+def guard_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`GUARD_ARGUMENTS` out of a framework ``guarded``'s ``locals()``."""
+    return {name: arguments[name] for name in GUARD_ARGUMENTS}
 
 
 def wants_retry(exc: BaseException) -> bool:
@@ -118,16 +141,16 @@ def guard_task(
     retry_delay: float,
     final: Final | None = None,
     retry_policy: RetryPolicy | None = None,
-    **guard_options: Any,
+    **options: Any,
 ) -> Callable[..., Any]:
-    """``fn`` guarded like :func:`jobfence.guarded` (``guard_options`` are its arguments),
+    """``fn`` guarded like :func:`jobfence.guarded` (``options`` are its arguments),
     with the framework's job id as the default key and jobfence's retryable outcomes raised
     as the framework's retry. Works for sync and ``async def`` functions.
 
     ``retry`` is the framework's retry here, so :func:`jobfence.guarded`'s own ``retry=``
     (a :class:`jobfence.RetryPolicy` for in-process re-runs) is passed as ``retry_policy``."""
     delay = check_retry_delay(retry_delay)
-    inner = guarded(retry=retry_policy, **guard_options)(fn)
+    inner = guarded(retry=retry_policy, **options)(fn)
 
     def translate(exc: BaseException) -> BaseException | None:
         if wants_retry(exc):

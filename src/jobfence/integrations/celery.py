@@ -48,7 +48,7 @@ from celery import current_task
 from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
 from ..retry import RetryPolicy
-from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task, without_first
+from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_options, guard_task, without_first
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "NOT_RETRIED", "guarded", "job_key"]
 
@@ -160,19 +160,7 @@ def guarded(
     is 3 retries.
     """
     delay = check_retry_delay(retry_delay)
-    options: dict[str, Any] = {
-        "locks": locks,
-        "inbox": inbox,
-        "lock": lock,
-        "key": key,
-        "ttl": ttl,
-        "timeout": timeout,
-        "claim_ttl": claim_ttl,
-        "fingerprint": fingerprint,
-        "attempts": attempts,
-        "if_locked": if_locked,
-        "skipped_result": skipped_result,
-    }
+    options = guard_options(locals())
 
     def decorate(fn: F) -> F:
         _check_function(fn)

@@ -48,7 +48,7 @@ from .._guard_spec import NameSpec
 from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
 from ..retry import RetryPolicy
-from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_task
+from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_options, guard_task
 
 __all__ = ["DEFAULT_RETRY_DELAY", "NOT_RETRIED", "JobfenceMiddleware", "guarded"]
 
@@ -199,20 +199,8 @@ def guarded(
     ``AsyncInbox`` and Dramatiq's ``AsyncIO`` middleware.
     """
     delay = check_retry_delay(retry_delay)
-    options: dict[str, Any] = {
-        "locks": locks,
-        "inbox": inbox,
-        "lock": lock,
-        "key": key,
-        "ttl": ttl,
-        "timeout": timeout,
-        "claim_ttl": claim_ttl,
-        "fingerprint": fingerprint,
-        "attempts": attempts,
-        "retry_policy": retry,
-        "if_locked": if_locked,
-        "skipped_result": skipped_result,
-    }
+    options = guard_options(locals())
+    options["retry_policy"] = retry
 
     def decorate(fn: F) -> F:
         if isinstance(fn, dramatiq.Actor):
