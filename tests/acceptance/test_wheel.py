@@ -42,6 +42,13 @@ def test_the_built_wheel_installs_alone_and_runs_the_readme_example(tmp_path: Pa
     assert any(n.endswith("backends/postgres/sql/locks.sql") for n in names)  # server scripts
     assert "Requires-Python: >=3.10" in meta and "License-Expression: MIT" in meta
     assert "Classifier: Typing :: Typed" in meta
+    # the Django app's migrations and the framework modules ship, and so do their extras
+    assert "jobfence/integrations/django/migrations/0001_initial.py" in names
+    for module in ("celery", "rq", "dramatiq", "arq"):
+        assert f"jobfence/integrations/{module}.py" in names
+        assert f"Provides-Extra: {module}" in meta
+    assert "Provides-Extra: django" in meta and "Classifier: Framework :: Django" in meta
+    assert "jobfence/compat/redis_py/lock.py" in names  # the generated sync twin
     assert b"jobfence = jobfence.cli.app:main" in entry  # the command
     assert b"[pytest11]" in entry and b"jobfence.testing.plugin" in entry  # the plugin
 
