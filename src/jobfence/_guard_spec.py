@@ -177,9 +177,17 @@ class GuardSpec:
     def key_name(self, arguments: dict[str, Any]) -> str:
         """The idempotency key of a call: the ``key`` template filled in, or without one the
         id of the message the current worker handler processes."""
-        if self.key is None:
-            return default_key()
-        return self._name(self.key, arguments, "key")
+        key = default_key() if self.key is None else self._name(self.key, arguments, "key")
+        outer = current_claim_var.get()
+        if outer is not None and outer.key == key and getattr(outer, "_inbox", None) is self.inbox:
+            # the enclosing guarded call holds this very claim: every try would find it in
+            # progress (ClaimInProgress, which a framework integration retries without end)
+            raise ConfigurationError(
+                f"key {key!r} is the key of the guarded call this one runs inside, whose claim "
+                "is held until it returns: give the inner guarded call its own key='...'",
+                argument="key",
+            )
+        return key
 
     def fingerprint_of(self, arguments: dict[str, Any]) -> str | None:
         if self.fingerprint is None or self.fingerprint is False:

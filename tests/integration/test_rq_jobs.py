@@ -280,6 +280,23 @@ def test_outside_an_rq_job_it_is_a_guarded_function():
         held.release()
 
 
+def test_retry_policy_reruns_the_whole_job_in_process():
+    # guarded's retry=RetryPolicy(...) is one of the options guarded passes on, as in the
+    # other integrations (RQ's own retry is the job's return value, not this argument)
+    calls: list[str] = []
+
+    def once_busy(order_id: str) -> str:
+        calls.append(order_id)
+        if len(calls) == 1:
+            raise TimeoutError("busy")
+        return f"applied {order_id}"
+
+    policy = jobfence.RetryPolicy(attempts=2, backoff=0, retry_on=(TimeoutError,))
+    task = guarded_job(inbox=INBOX, key="policy:{order_id}", retry=policy)(once_busy)
+    assert task("p-1") == "applied p-1"
+    assert calls == ["p-1", "p-1"]
+
+
 @pytest.mark.parametrize(
     ("options", "argument"),
     [

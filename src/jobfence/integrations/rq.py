@@ -152,6 +152,11 @@ def guarded(
     latter with ``asyncio.run``; pass ``AsyncLocks``/``AsyncInbox`` then).
     """
     retries = _check_max_retries(max_retries)
+    # guarded's retry=RetryPolicy(...) (in-process re-runs) is guard_task's retry_policy:
+    # guard_task's own retry is how a job goes back to RQ
+    options = dict(guard_options)
+    if "retry" in options:
+        options["retry_policy"] = options.pop("retry")
 
     def decorate(fn: F) -> F:
         task = guard_task(
@@ -161,7 +166,7 @@ def guarded(
             retry=_RetryLater,
             retry_delay=retry_delay,
             final=_final,
-            **guard_options,
+            **options,
         )
 
         if inspect.iscoroutinefunction(fn):

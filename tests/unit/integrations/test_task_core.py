@@ -148,3 +148,64 @@ def test_without_a_job_id_or_key_the_error_says_what_to_pass(inbox):
     with pytest.raises(ConfigurationError) as info:
         task()
     assert info.value.argument == "key"
+
+
+def test_a_nested_guarded_call_without_key_is_refused_not_retried_forever(inbox):
+    # A plain guarded helper without key= inside a framework task would take the task's own
+    # key, which the task's claim holds: ClaimInProgress, sent to the framework's retry on
+    # every run. It must fail for good with an error that says what to pass.
+    runs: list[int] = []
+
+    @jobfence.guarded(inbox=inbox)
+    def helper(x: int) -> int:
+        runs.append(x)
+        return x + 1
+
+    def work(x: int) -> int:
+        return helper(x)
+
+    task = guard_task(
+        work,
+        framework="fw",
+        job_id=lambda a, k: "m-9",
+        retry=FrameworkRetry,
+        retry_delay=1,
+        inbox=inbox,
+    )
+    with pytest.raises(ConfigurationError) as info:
+        task(1)
+    assert info.value.argument == "key"
+    assert "fw:m-9" in str(info.value)
+    assert runs == []
+    assert inbox.claim("fw:m-9").state.value == "new"  # the task's claim was given back
+
+
+def test_a_nested_guarded_call_with_the_outer_key_is_refused(inbox):
+    @jobfence.guarded(inbox=inbox, key="order:{order_id}")
+    def inner(order_id: int) -> int:
+        raise AssertionError("must not run")
+
+    @jobfence.guarded(inbox=inbox, key="order:{order_id}")
+    def outer(order_id: int) -> int:
+        return inner(order_id)
+
+    with pytest.raises(ConfigurationError) as info:
+        outer(3)
+    assert info.value.argument == "key"
+    assert inbox.claim("order:3").state.value == "new"
+
+
+def test_a_nested_guarded_call_with_its_own_key_runs(inbox):
+    def work(x: int) -> int:
+        return jobfence.guarded(inbox=inbox, key="step:{x}")(lambda x: x * 10)(x)
+
+    task = guard_task(
+        work,
+        framework="fw",
+        job_id=lambda a, k: "m-10",
+        retry=FrameworkRetry,
+        retry_delay=1,
+        inbox=inbox,
+    )
+    assert task(2) == 20
+    assert inbox.claim("step:2").result == 20
