@@ -39,11 +39,13 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import celery
 from celery import current_task
+from celery.exceptions import Reject
 
 from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
@@ -51,6 +53,8 @@ from ..retry import RetryPolicy
 from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_options, guard_task, without_first
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "NOT_RETRIED", "guarded", "job_key"]
+
+log = logging.getLogger("jobfence.integrations.celery")
 
 #: the prefix of the default idempotency key: ``"celery:<task id>"``
 FRAMEWORK = "celery"
@@ -95,11 +99,27 @@ def _retry(exc: BaseException, delay: float) -> BaseException:
     with the same id and arguments, and the worker records the state RETRY (with
     ``acks_late``, it acknowledges the current message only after the retry was sent). Once
     ``max_retries`` is reached, Celery raises ``exc`` itself and the task fails. Called
-    directly (not by a worker), ``exc`` is raised as it is."""
+    directly (not by a worker), ``exc`` is raised as it is.
+
+    If the retry cannot be sent (the broker is unreachable), Celery rejects the message
+    without requeueing it, which with ``acks_late`` drops it: the rejection is turned into one
+    that requeues it, so the broker delivers the same message again (at once, not after
+    ``delay``) instead of losing it."""
     task = _running_task()
     if task is None or task.request.called_directly:
         return exc
-    retry: BaseException = task.retry(exc=exc, countdown=delay, throw=False)
+    try:
+        retry: BaseException = task.retry(exc=exc, countdown=delay, throw=False)
+    except Reject as rejected:
+        if rejected.requeue:
+            raise
+        log.warning(
+            "sending the retry of task %s failed (%s): requeueing its message instead",
+            task.request.id,
+            rejected.reason,
+        )
+        requeue: BaseException = Reject(rejected.reason, requeue=True)
+        return requeue
     return retry
 
 

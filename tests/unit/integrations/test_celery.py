@@ -248,3 +248,40 @@ def test_bad_configuration_names_the_argument(app, inbox):
     with pytest.raises(ConfigurationError) as info:
         guarded_bound(1)  # not registered with bind=True: no task as first argument
     assert info.value.argument == "fn" and "bind=True" in str(info.value)
+
+
+def test_a_retry_that_cannot_be_sent_requeues_the_message_instead_of_dropping_it(inbox) -> None:
+    """Celery's ``Task.retry`` rejects the message *without* requeueing it when the retry
+    cannot be sent (the broker is unreachable): with ``acks_late`` that drops the message.
+    jobfence's "not now" must keep it: the rejection asks the broker to requeue it."""
+    from celery.exceptions import Reject
+
+    app = celery.Celery(
+        f"jf-unit-{uuid.uuid4().hex[:8]}",
+        broker="amqp://guest:guest@127.0.0.1:1//",  # nothing listens there
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        broker_transport_options={"max_retries": 0},
+    )
+    held = inbox.claim("order:3", ttl=60)  # another worker holds the key: "not now"
+
+    @app.task(acks_late=True, reject_on_worker_lost=True, max_retries=None)
+    @jfcelery.guarded(inbox=inbox, key="order:{order_id}", retry_delay=1)
+    def reserve(order_id: int) -> None:
+        raise AssertionError("must not run while the key is held")
+
+    from celery._state import _task_stack
+
+    # what a worker does around a task: the task on the stack, a request of a delivery
+    _task_stack.push(reserve)
+    reserve.push_request(id="task-3", called_directly=False, is_eager=False)
+    try:
+        with pytest.raises(Reject) as info:
+            reserve.run(3)
+    finally:
+        reserve.pop_request()
+        _task_stack.pop()
+        held.release()
+        app.close()
+    assert info.value.requeue is True
+    assert isinstance(info.value.__cause__, ClaimInProgress)
