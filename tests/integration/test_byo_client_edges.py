@@ -3,17 +3,25 @@ redis-py clients that come and go under the redis-py ``Lock`` (on the real serve
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Iterator
 
 import psycopg
 import psycopg_pool
 import pytest
+import redis
+import redis.asyncio
 import sqlalchemy
 
 import jobfence
-from tests.servers import POSTGRES_URL
+from jobfence.compat.redis_py import Lock as RedisPyLock
+from jobfence.compat.redis_py.asyncio import Lock as AsyncRedisPyLock
+from tests.servers import POSTGRES_URL, REDIS_URL, delete_redis_keys
 
 _PG = POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://", 1)
 
@@ -87,3 +95,90 @@ def test_a_waiting_receive_works_on_a_psycopg_pool_of_one_connection(pg_prefix: 
         finally:
             queue.drop()
             queue.close()
+
+
+# -- redis-py clients that come and go: the jobfence client kept for each goes with them --------
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    value = "byoe-" + uuid.uuid4().hex[:10]
+    yield value
+    delete_redis_keys(value + "*")
+
+
+def _all_freed(refs: list[weakref.ref[object]], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gc.collect()
+        if all(ref() is None for ref in refs):
+            return True
+        time.sleep(0.05)  # the jobfence client of each is closed in the background
+    return False
+
+
+def test_a_redis_client_dropped_after_its_locks_is_freed(prefix: str) -> None:
+    def use_and_drop() -> weakref.ref[object]:
+        client = redis.Redis.from_url(REDIS_URL)
+        lock = RedisPyLock(client, prefix + ":a", timeout=5)
+        assert lock.acquire()
+        lock.release()
+        with client.lock(prefix + ":b", lock_class=RedisPyLock) as held:  # no timeout: renewed
+            assert held.owned()
+        client.close()
+        return weakref.ref(client)
+
+    refs = [use_and_drop() for _ in range(3)]
+    assert _all_freed(refs), "a redis-py client used by Lock objects was kept after them"
+
+
+def test_many_locks_on_one_client_share_one_jobfence_client(prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        locks = [RedisPyLock(client, f"{prefix}:{i}", timeout=5) for i in range(20)]
+        assert len({id(lock._locks) for lock in locks}) == 1
+        assert all(lock.acquire(blocking=False) for lock in locks)
+        for lock in locks:
+            lock.release()
+        del lock
+        shared = weakref.ref(locks[0]._locks)
+        del locks
+        # the last Lock gone, its jobfence client is closed and let go
+        assert _all_freed([shared])
+        again = RedisPyLock(client, prefix + ":0", timeout=5)
+        assert again.acquire(blocking=False)  # a new jobfence client for the next Lock
+        again.release()
+    finally:
+        client.close()
+
+
+async def test_an_asyncio_redis_client_dropped_after_its_locks_is_freed(prefix: str) -> None:
+    async def use_and_drop() -> weakref.ref[object]:
+        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        lock = AsyncRedisPyLock(client, prefix + ":a")
+        assert await lock.acquire()
+        await lock.release()
+        await client.aclose()
+        return weakref.ref(client)
+
+    refs = [await use_and_drop() for _ in range(3)]
+    deadline = asyncio.get_running_loop().time() + 10
+    while not all(ref() is None for ref in refs):
+        assert asyncio.get_running_loop().time() < deadline, "a redis-py client was kept"
+        gc.collect()
+        await asyncio.sleep(0.05)  # the jobfence client of each is closed on this loop
+
+
+def test_a_lock_with_a_timeout_left_to_expire_outlives_its_lock_object(prefix: str) -> None:
+    # redis-py's "hold it for a minute" idiom: acquire, never release, let the key expire
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        lock = RedisPyLock(client, prefix + ":cooldown", timeout=30)
+        assert lock.acquire()
+        shared = weakref.ref(lock._locks)
+        del lock
+        assert _all_freed([shared])  # its jobfence client closed ...
+        assert client.get(prefix + ":cooldown") is not None  # ... without releasing it
+        assert (
+            RedisPyLock(client, prefix + ":cooldown", timeout=30).acquire(blocking=False) is False
+        )
+    finally:
+        client.close()
