@@ -1,5 +1,6 @@
-"""Clients of the caller's own at their edges: a pool that lends a single connection, and
-redis-py clients that come and go under the redis-py ``Lock`` (on the real servers)."""
+"""Clients of the caller's own at their edges: a pool that lends a single connection,
+redis-py clients that come and go under the redis-py ``Lock``, and a redis-py style lock
+name on Redis Cluster (on the real servers and a disposable cluster)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ import psycopg_pool
 import pytest
 import redis
 import redis.asyncio
+import redis.cluster
 import sqlalchemy
+from redis.crc import key_slot
 
 import jobfence
 from jobfence.compat.redis_py import Lock as RedisPyLock
+from jobfence.compat.redis_py import close_locks
 from jobfence.compat.redis_py.asyncio import Lock as AsyncRedisPyLock
+from tests.integration._redis_cluster import RedisCluster
 from tests.servers import POSTGRES_URL, REDIS_URL, delete_redis_keys
 
 _PG = POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://", 1)
@@ -180,5 +185,34 @@ def test_a_lock_with_a_timeout_left_to_expire_outlives_its_lock_object(prefix: s
         assert (
             RedisPyLock(client, prefix + ":cooldown", timeout=30).acquire(blocking=False) is False
         )
+    finally:
+        client.close()
+
+
+# -- Redis Cluster: a redis-py style name without a hash tag ---------------------------------------
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with RedisCluster() as running:
+        yield running
+
+
+def test_a_name_without_a_hash_tag_is_refused_even_when_two_of_its_keys_share_a_slot(
+    cluster: RedisCluster,
+) -> None:
+    # no hash tag, yet "<name>" and "<name>:q" happen to hash to one slot: the other keys of
+    # the name do not, so a script on them would be refused by the cluster
+    name = "order-42939"
+    assert key_slot(name.encode()) == key_slot((name + ":q").encode())
+    assert key_slot(name.encode()) != key_slot((name + ":tok").encode())
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+    try:
+        for refused in (name, "{}" + name, name + "}{"):  # an empty tag is no tag
+            with pytest.raises(jobfence.ConfigurationError, match="hash tag") as err:
+                client.lock(refused, lock_class=RedisPyLock).acquire(blocking=False)
+            assert err.value.argument == "name"
+        tagged = client.lock("}{" + name + "}:x", timeout=10, lock_class=RedisPyLock)
+        assert tagged.acquire(blocking=False)  # the tag is what the first "{" opens
+        tagged.release()
+        close_locks(client)
     finally:
         client.close()
