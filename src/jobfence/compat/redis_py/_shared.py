@@ -79,7 +79,9 @@ def client_for(redis: Any, poll_interval: float, *, asynchronous: bool) -> Share
 
                 locks = Locks(backend, poll_interval=interval)
             shared = Shared(locks)
-            weakref.finalize(shared, _retire, locks, asynchronous)
+            # not at interpreter exit: the renewer, a daemon thread or a task, ends with it
+            finalizer = weakref.finalize(shared, _retire, locks, asynchronous)
+            finalizer.atexit = False  # type: ignore[misc]  # a property typeshed omits
             by_interval[interval] = weakref.ref(shared)
         return shared
 
