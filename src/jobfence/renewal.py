@@ -201,12 +201,14 @@ class Renewer:
         self._wake.set()
         compat.join(self._worker, timeout)
         self._caller.close()
+        # the collected leases first: they are still tracked, and one that is not renewed is
+        # left to expire (as the worker does), not given back with the ones still held
+        given_back = [(e.name, e.owner) for e in self._take_collected() if e.renews]
         with self._mutex:
             entries = list(self._leases.values())
             self._leases.clear()
             for entry in entries:
                 entry.active = False
-        given_back = [(e.name, e.owner) for e in self._take_collected() if e.renews]
         for entry in entries:
             given_back.append((entry.name, entry.owner))
             lease = entry.lease()

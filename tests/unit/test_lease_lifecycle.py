@@ -635,6 +635,16 @@ def test_a_lease_taken_without_renewal_may_be_dropped_it_ends_with_its_ttl() -> 
         assert other.try_acquire("x", ttl=5) is None  # ... but still held: a plain ttl lease
 
 
+def test_a_dropped_lease_without_renewal_is_not_given_back_by_close_either() -> None:
+    url = _url()
+    with jobfence.Locks(url) as other:
+        locks = jobfence.Locks(url)
+        assert locks.try_acquire("x", ttl=30, renew=False) is not None
+        gc.collect()  # collected, and closed before the renewer looked: the same answer
+        locks.close()
+        assert other.try_acquire("x", ttl=5) is None  # still held until its ttl
+
+
 class _SlowReleaseAsyncBackend(AsyncMemoryLockBackend):
     def __init__(self, url: str) -> None:
         super().__init__(parse_url(url))

@@ -62,6 +62,12 @@ class Source:
     #: the caller's pool holds the connections (False: a factory's are the backend's)
     pooled = True
 
+    @property
+    def limit(self) -> int | None:
+        """The most connections the caller's pool lends at once (``None``: no bound known).
+        A pool of one has none to spare for a connection jobfence keeps (the LISTEN one)."""
+        return None
+
     def __init__(self, client: Any, dialect: str, what: str) -> None:
         self.client = client
         self.dialect = dialect
@@ -148,6 +154,10 @@ class _PsycopgPool(Source):
     def _give_back(self, conn: Any, handle: Any, *, broken: bool) -> None:
         self.client.putconn(conn)  # the pool replaces a closed one
 
+    @property
+    def limit(self) -> int | None:
+        return int(self.client.max_size)
+
 
 class _Engine(Source):
     """A SQLAlchemy ``Engine`` / ``AsyncEngine``: the driver connections of its pool."""
@@ -167,6 +177,14 @@ class _Engine(Source):
         if broken:
             handle.invalidate()  # the pool drops it and opens another later
         handle.close()
+
+    @property
+    def limit(self) -> int | None:
+        pool = self.client.pool
+        size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", None)
+        if not callable(size) or not isinstance(overflow, int) or overflow < 0:
+            return None  # no queue pool (e.g. NullPool), or an unbounded overflow
+        return int(size()) + overflow
 
 
 class _Factory(Source):

@@ -12,7 +12,8 @@ client's ``_wake(payload)``. If the connection cannot be opened, or is lost, the
 
 A host class provides ``_connect()``, ``_execute(conn, sql)``, ``_drop(conn)``, optionally
 ``_source`` (a caller's pool the connection came from: it goes back there after
-``UNLISTEN *`` instead of being closed),
+``UNLISTEN *`` instead of being closed; a pool of one connection gets no listener, since
+it would keep the connection every statement needs),
 ``_wake(payload)``, ``_closed``, ``_listen_sql`` (its ``LISTEN`` statement) and
 ``_listener_label`` (for the logs and the task or thread name), and calls
 :meth:`_reset_listener` in its constructor and after a fork.
@@ -68,6 +69,10 @@ class Listener:
         clock = get_clock()
         if self._closed or clock.monotonic() < self._listener_retry_at:
             return
+        source = getattr(self, "_source", None)
+        limit = source.limit if source is not None and source.pooled else None
+        if limit is not None and limit < 2:
+            return  # the caller's pool lends one connection: LISTEN would keep it; waiters poll
         who, fallback = self._listener_label
         with self._listener_mutex:
             if self._listening():

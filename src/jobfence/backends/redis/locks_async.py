@@ -132,6 +132,14 @@ def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     return value
 
 
+def _has_hash_tag(key: str) -> bool:
+    """Whether Redis Cluster hashes ``key`` by a hash tag (what lies between its first ``{``
+    and the first ``}`` after it, if not empty), so that every key made by appending to it
+    shares its slot. Two such keys merely hashing alike would not vouch for the others."""
+    start = key.find("{")
+    return start >= 0 and key.find("}", start + 1) > start + 1
+
+
 class AsyncRedisLockBackend(AsyncLockBackend):
     """Leases in Redis, with fencing tokens, batched renewal and fair FIFO hand-off."""
 
@@ -211,7 +219,7 @@ class AsyncRedisLockBackend(AsyncLockBackend):
     def lock_key(self, name: str) -> str:
         """The lease key of ``name``; every other key of the name derives from it."""
         if self.bare_keys:
-            if self._cluster and len(by_slot([name, name + ":q"])) != 1:
+            if self._cluster and not _has_hash_tag(name):
                 raise ConfigurationError(
                     "on Redis Cluster the name of a redis-py style lock must hold a hash tag "
                     f"(as in '{{orders}}:lock'), so that the keys derived from it share its "

@@ -72,10 +72,16 @@ class Lock:
         self.raise_on_release_error = raise_on_release_error
         self.lease_ttl = lease_ttl
         self.local = new_local(self.thread_local)
-        self._locks = client_for(redis, sleep, asynchronous=False)
+        #: the jobfence client shared by the Lock objects over ``redis`` (closed once none
+        #: holds it any more)
+        self._shared = client_for(redis, sleep, asynchronous=False)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._key!r} token={self.fencing_token}>"
+
+    @property
+    def _locks(self) -> Any:
+        return self._shared.locks
 
     # -- jobfence's view -------------------------------------------------------------------
     @property
