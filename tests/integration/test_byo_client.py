@@ -31,6 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobfence
 from jobfence import ConfigurationError
+from jobfence._core.url import parse_url
+from jobfence.backends.redis.locks import RedisLockBackend
 from jobfence.compat.redis_py import Lock as RedisPyLock
 from jobfence.compat.redis_py import close_locks
 from tests.integration._redis_cluster import RedisCluster
@@ -351,9 +353,7 @@ def test_every_key_of_a_lock_name_shares_one_hash_slot(name: str) -> None:
     """The keys a lock script derives from the lease key (``:tok``, ``:q``, ``:qd``,
     ``:w:<owner>``, ``:rel``) lie in the lease key's slot: Redis Cluster runs a script only
     on the keys of one slot."""
-    backend = jobfence.backends.redis.RedisLockBackend(
-        jobfence._core.url.parse_url(REDIS_URL), namespace="ns"
-    )
+    backend = RedisLockBackend(parse_url(REDIS_URL), namespace="ns")
     try:
         key = backend.lock_key(name)
         slots = {key_slot((key + s).encode()) for s in ("", ":tok", ":q", ":qd", ":w:o", ":rel")}
