@@ -9,7 +9,7 @@ repository's ``README.md`` and ``docs/``.
 
 from __future__ import annotations
 
-from .backends.base import ClaimState
+from .backends.base import ClaimState, LockHolder
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
@@ -68,6 +68,7 @@ __all__ = [
     "JobfenceError",
     "Lease",
     "LockError",
+    "LockHolder",
     "LockLost",
     "LockTimeout",
     "Locks",

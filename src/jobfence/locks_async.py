@@ -979,6 +979,16 @@ class AsyncLocks:
             )
         )
 
+    async def holder(self, name: str) -> LockHolder | None:
+        """Who holds ``name`` now, by the server's own record: a :class:`LockHolder`
+        (``owner`` id ``host:pid:uuid``, fencing ``token``, ``expires_in`` seconds left by the
+        server's clock), or ``None`` if nobody does. Read-only, one round trip; any client on
+        the same backend and namespace may ask, not only the holder's. Where the server does
+        not record a field it is ``None`` (PostgreSQL session mode: no owner id, no ttl)."""
+        self._check_open()
+        name = check_name(name)
+        return await self.call_backend("lock.holder", name, partial(self.backend.holder, name))
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this Locks client is closed", argument="self")

@@ -8,13 +8,13 @@ server: its holder is ``(None, token, None)``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import jobfence
-from jobfence.backends.base import LockHolder
 from tests.conformance.specs import LOCKS, Spec, new_namespace, spec_params
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,7 +31,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Spec
 
 
 def _expect(
-    spec: Spec, holder: LockHolder | None, lease: jobfence.Lease | jobfence.AsyncLease
+    spec: Spec, holder: jobfence.LockHolder | None, lease: jobfence.Lease | jobfence.AsyncLease
 ) -> None:
     assert holder is not None
     assert holder.token == lease.token
@@ -63,15 +63,15 @@ def test_holder_and_lock_timeout_name_the_holder(where: tuple[Spec, str, str]) -
         jobfence.Locks(url, namespace=namespace) as other,
     ):
         locks.install()
-        assert locks.backend.holder("job") is None
+        assert locks.holder("job") is None
         lease = locks.acquire("job", ttl=TTL, timeout=10)
-        _expect(spec, locks.backend.holder("job"), lease)
-        _expect(spec, other.backend.holder("job"), lease)  # any client can ask
+        _expect(spec, locks.holder("job"), lease)
+        _expect(spec, other.holder("job"), lease)  # any client can ask
         with pytest.raises(jobfence.LockTimeout) as info:
             other.acquire("job", ttl=5, timeout=0.3)
         _check_timeout(spec, info.value, lease)
         assert lease.release()
-        assert locks.backend.holder("job") is None
+        assert locks.holder("job") is None
 
 
 async def test_async_holder_and_lock_timeout_name_the_holder(where: tuple[Spec, str, str]) -> None:
@@ -81,12 +81,34 @@ async def test_async_holder_and_lock_timeout_name_the_holder(where: tuple[Spec, 
         jobfence.AsyncLocks(url, namespace=namespace) as other,
     ):
         await locks.install()
-        assert await locks.backend.holder("job") is None
+        assert await locks.holder("job") is None
         lease = await locks.acquire("job", ttl=TTL, timeout=10)
-        _expect(spec, await locks.backend.holder("job"), lease)
-        _expect(spec, await other.backend.holder("job"), lease)
+        _expect(spec, await locks.holder("job"), lease)
+        _expect(spec, await other.holder("job"), lease)
         with pytest.raises(jobfence.LockTimeout) as info:
             await asyncio.wait_for(other.acquire("job", ttl=5, timeout=0.3), 30)
         _check_timeout(spec, info.value, lease)
         assert await lease.release()
-        assert await locks.backend.holder("job") is None
+        assert await locks.holder("job") is None
+
+
+def test_holder_refuses_bad_names_and_a_closed_client(tmp_path: Path) -> None:
+    locks = jobfence.Locks(f"sqlite:///{tmp_path / 'h.db'}")
+    for bad in ("", "x" * 1025, 7):
+        with pytest.raises(jobfence.ConfigurationError) as info:
+            locks.holder(bad)  # type: ignore[arg-type]
+        assert info.value.argument == "name"
+    locks.close()
+    with pytest.raises(jobfence.ConfigurationError):
+        locks.holder("job")
+
+
+def test_a_lease_given_back_or_expired_has_no_holder(tmp_path: Path) -> None:
+    with jobfence.Locks(f"sqlite:///{tmp_path / 'h.db'}") as locks:
+        lease = locks.acquire("short", ttl=0.2, renew=False)
+        assert locks.holder("short") is not None
+        deadline = time.monotonic() + 10
+        while locks.holder("short") is not None:  # the server's clock ends it, not ours
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not lease.release()  # it was nobody's any more

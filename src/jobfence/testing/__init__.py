@@ -105,6 +105,7 @@ _POINT_LIST = (
     HookPoint("lock.extend", "Lease.extend(): reset the lease's remaining lifetime", _LOCK),
     HookPoint("lock.release", "Lease.release(): give the lease back (owner-checked)", _LOCK),
     HookPoint("lock.force_release", "Locks.force_release(): drop whoever holds the name", _LOCK),
+    HookPoint("lock.holder", "Locks.holder(): read who holds the name", _LOCK),
     HookPoint("lock.install", 'Locks.install(): create the backend\'s tables (name is "*")', _LOCK),
     HookPoint(
         "lock.abandon_wait",
