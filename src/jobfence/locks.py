@@ -23,7 +23,7 @@ from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
 from ._core.lease_state import LeaseState
-from ._core.validate import check_name, check_timeout, check_ttl
+from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import LockBackend, LockCapabilities, LockHolder
 from .backends.clients import Client, describe_target
@@ -458,7 +458,7 @@ class Locks:
             if hooked:
                 hook(operation, name=name, backend=self.backend.kind)
             return call()
-        except JobfenceError:
+        except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb
             raise
         except Exception as exc:
             if self._closed:  # the client was closed under this call (e.g. a waiting acquire)
@@ -786,6 +786,24 @@ class Locks:
         self._check_open()
         name = check_name(name)
         return self.call_backend("lock.holder", name, partial(self.backend.holder, name))
+
+    def holders(self, prefix: str = "", limit: int = 1000) -> list[tuple[str, LockHolder]]:
+        """Every live lease of this client's namespace whose name starts with ``prefix``, as
+        ``(name, holder)`` pairs ordered by name, at most ``limit`` (1 to 100000) of them.
+
+        For operators and dashboards ("what is held right now, by whom, until when"), not
+        for coordination: a lease may end or start just after the server answered. Each
+        :class:`LockHolder` is what :meth:`holder` reports for that name. The SQL backends
+        read their lease table in one query; Redis walks the namespace with ``SCAN`` (never
+        ``KEYS``) and reads each lease; PostgreSQL session mode cannot list (its advisory
+        locks are keyed by a hash of the name) and raises ``ConfigurationError``. A
+        third-party backend without ``holders()`` raises ``NotImplementedError``.
+        """
+        self._check_open()
+        prefix, limit = check_listing(prefix, limit)
+        return self.call_backend(
+            "lock.holders", prefix, partial(self.backend.holders, prefix, limit)
+        )
 
     def _check_open(self) -> None:
         if self._closed:

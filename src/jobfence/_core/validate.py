@@ -35,6 +35,25 @@ def check_name(name: object, *, argument: str = "name") -> str:
     return name
 
 
+MAX_LISTING = 100_000
+
+
+def check_listing(prefix: object, limit: object) -> tuple[str, int]:
+    """The ``prefix`` and ``limit`` of a listing (``holders()``, ``claims()``): a ``str`` of
+    at most 1024 bytes in UTF-8 (empty: everything), and an ``int`` from 1 to 100000."""
+    if not isinstance(prefix, str):
+        raise ConfigurationError(
+            f"prefix must be a str, got {type(prefix).__name__}", argument="prefix"
+        )
+    if prefix:
+        check_name(prefix, argument="prefix")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTING:
+        raise ConfigurationError(
+            f"limit must be an int from 1 to {MAX_LISTING}, got {limit!r}", argument="limit"
+        )
+    return prefix, limit
+
+
 def _number(value: object, argument: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(

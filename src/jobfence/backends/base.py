@@ -216,6 +216,16 @@ class AsyncLockBackend(abc.ABC):
         ``LockTimeout`` and operator tools report it."""
         return None
 
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        """The live leases of this backend's namespace whose names start with ``prefix``:
+        ``(name, holder)`` pairs ordered by name (code point order), at most ``limit``.
+        Read-only; operator tools (``jobfence locks list``) use it. A backend that cannot
+        enumerate its leases raises ``NotImplementedError`` (the default)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot list the leases it holds: it does not implement "
+            "holders(prefix, limit); ask for one name with holder(name)"
+        )
+
     async def force_release(self, name: str) -> bool:
         """Administrative: drop the lease on ``name`` whoever holds it (the holder will find
         it lost at its next renewal). Used by tests of lost-lease detection. Returns whether
@@ -267,6 +277,12 @@ class LockBackend(abc.ABC):
 
     def holder(self, name: str) -> LockHolder | None:
         return None
+
+    def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot list the leases it holds: it does not implement "
+            "holders(prefix, limit); ask for one name with holder(name)"
+        )
 
     def force_release(self, name: str) -> bool:
         raise NotImplementedError(f"{type(self).__name__} must implement force_release()")

@@ -106,6 +106,7 @@ _POINT_LIST = (
     HookPoint("lock.release", "Lease.release(): give the lease back (owner-checked)", _LOCK),
     HookPoint("lock.force_release", "Locks.force_release(): drop whoever holds the name", _LOCK),
     HookPoint("lock.holder", "Locks.holder(): read who holds the name", _LOCK),
+    HookPoint("lock.holders", "Locks.holders(): list the live leases (name is the prefix)", _LOCK),
     HookPoint("lock.install", 'Locks.install(): create the backend\'s tables (name is "*")', _LOCK),
     HookPoint(
         "lock.abandon_wait",

@@ -186,6 +186,19 @@ class MemoryStore:
                 return None
             return LockHolder(lease.owner, lease.token, lease.expires - now)
 
+    def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        """The live leases whose names start with ``prefix``, by name, at most ``limit``."""
+        now = get_clock().monotonic()
+        with self.mutex:
+            found = []
+            for name in sorted(n for n in self.leases if n.startswith(prefix)):
+                lease = self._live(name, now)
+                if lease is not None:
+                    found.append((name, LockHolder(lease.owner, lease.token, lease.expires - now)))
+                    if len(found) >= limit:
+                        break
+            return found
+
     def force_release(self, name: str) -> bool:
         """Drop a lease behind its holder's back (admin; tests of lost-lease detection)."""
         now = get_clock().monotonic()
@@ -268,6 +281,9 @@ class MemoryLockBackend(LockBackend):
     def holder(self, name: str) -> LockHolder | None:
         return self.store.holder(name)
 
+    def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        return self.store.holders(prefix, limit)
+
     def close(self) -> None:
         pass
 
@@ -311,6 +327,9 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
 
     async def holder(self, name: str) -> LockHolder | None:
         return self.store.holder(name)
+
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        return self.store.holders(prefix, limit)
 
     async def close(self) -> None:
         pass

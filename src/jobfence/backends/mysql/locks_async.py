@@ -83,6 +83,11 @@ _MAX_WAITING = 10_000
 Result = tuple[int, int, list[tuple[Any, ...]]]
 
 
+def _text(value: Any) -> str:
+    """A text column as PyMySQL returns it (bytes under a binary collation) as ``str``."""
+    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
 class AsyncMySQLLockBackend(AsyncLockBackend):
     """Leases in a MySQL/MariaDB table, shared by every client of the same database."""
 
@@ -274,6 +279,20 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
         owner, token, left_us = rows[0]
         owner = owner.decode("utf-8") if isinstance(owner, (bytes, bytearray)) else str(owner)
         return LockHolder(owner, int(token), max(0, int(left_us)) / 1_000_000)
+
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        _, _, rows = await self._execute(
+            self.queries["holders"], {"prefix": prefix, "limit": limit}
+        )
+        found = []
+        for name, owner, token, left_us in rows:
+            found.append(
+                (
+                    _text(name),
+                    LockHolder(_text(owner), int(token), max(0, int(left_us)) / 1_000_000),
+                )
+            )
+        return found
 
     def _key(self, name: str) -> tuple[str, str, str]:
         return (*self._key_prefix, name)

@@ -47,6 +47,20 @@ def pg_text(name: str) -> str:
     return name
 
 
+def pg_untext(stored: str) -> str:
+    """The name that :func:`pg_text` stored as ``stored`` (its inverse)."""
+    if stored.startswith(_ESCAPE):
+        return bytes.fromhex(stored[len(_ESCAPE) :]).decode("utf-8")
+    return stored
+
+
+def pg_text_prefix(prefix: str) -> str:
+    """What the stored form of every *escaped* name starting with ``prefix`` starts with (the
+    escape mark and the hex of the prefix's UTF-8 bytes); names stored unchanged start with
+    ``prefix`` itself."""
+    return _ESCAPE + prefix.encode("utf-8").hex()
+
+
 def reusable(conn: Any) -> bool:
     """Whether a psycopg connection may serve the next statement of a pool: open, not broken,
     and not inside a transaction (a statement cut off mid-way leaves it ACTIVE)."""

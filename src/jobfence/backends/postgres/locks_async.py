@@ -93,6 +93,8 @@ from .common import (
     connect_kwargs,
     execute_bounded_async,
     pg_text,
+    pg_text_prefix,
+    pg_untext,
     refuse_connect_options,
     reusable,
 )
@@ -450,6 +452,32 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             return None
         owner, token, left = rows[0]
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
+
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        """Lease mode: the live leases whose names start with ``prefix``. Session mode keeps
+        no list of names held (an advisory lock's key is a hash of its name), so it refuses."""
+        if self.mode == "session":
+            raise ConfigurationError(
+                "a postgres lock backend in session mode cannot list the locks held (the "
+                "server knows only the hashed advisory-lock keys); ask for one name with "
+                "holder(name), or list a lease-mode namespace",
+                argument="mode",
+            )
+        rows, _ = await self._run(
+            self.queries["holders"],
+            {
+                # a prefix that text cannot hold (or that starts with the escape mark) can
+                # only begin escaped names: then both conditions look for those
+                "prefix": prefix if pg_text(prefix) == prefix else pg_text_prefix(prefix),
+                "escaped": pg_text_prefix(prefix),
+                "mark": pg_text_prefix(""),
+                "limit": limit,
+            },
+        )
+        return [
+            (pg_untext(str(name)), LockHolder(str(owner), int(token), max(0.0, float(left))))
+            for name, owner, token, left in rows
+        ]
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None

@@ -132,6 +132,11 @@ def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     return value
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis ``MATCH`` pattern (its special characters escaped)."""
+    return "".join("\\" + c if c in "*?[]\\^-" else c for c in text)
+
+
 def _has_hash_tag(key: str) -> bool:
     """Whether Redis Cluster hashes ``key`` by a hash tag (what lies between its first ``{``
     and the first ``}`` after it, if not empty), so that every key made by appending to it
@@ -338,6 +343,33 @@ class AsyncRedisLockBackend(AsyncLockBackend):
         owner, token, pttl = reply
         owner = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else str(owner)
         return LockHolder(owner, int(token), max(0, int(pttl)) / 1000)
+
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        """``SCAN`` (never ``KEYS``) for the namespace's lease keys of names starting with
+        ``prefix`` (string keys ending in ``}``: derived keys never do), then read each one's
+        holder, in name order, until ``limit`` live ones are found. One round trip per
+        ``SCAN`` page and per lease read; on a cluster the scan visits every primary."""
+        if self.bare_keys:
+            raise ConfigurationError(
+                "a redis-py style lock backend (bare_keys) has no namespace to list: its "
+                "keys are the lock names themselves; ask for one name with holder(name)",
+                argument="bare_keys",
+            )
+        head = f"{self.namespace}:lock:{{"
+        pattern = _glob_escape(head + prefix) + "*"
+        names: set[str] = set()
+        async for raw in self._client.scan_iter(match=pattern, count=1000, _type="string"):
+            key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            if key.endswith("}") and key.startswith(head):
+                names.add(key[len(head) : -1])
+        found: list[tuple[str, LockHolder]] = []
+        for name in sorted(names):
+            if len(found) >= limit:
+                break
+            held = await self.holder(name)
+            if held is not None:  # it may have ended since the scan saw it
+                found.append((name, held))
+        return found
 
     async def close(self) -> None:
         self._hints.clear()

@@ -210,6 +210,15 @@ class SQLiteLockBackend(LockBackend):
         owner, token, left = rows[0]
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
+    def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        with self._mutex:
+            conn = self._connection()
+            rows = self._fetch(conn, self.queries["holders"], {"prefix": prefix, "limit": limit})
+        return [
+            (str(name), LockHolder(str(owner), int(token), max(0.0, float(left))))
+            for name, owner, token, left in rows
+        ]
+
     def wait(self, name: str, owner: str, timeout: float) -> int | None:
         """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.
 

@@ -216,6 +216,17 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         owner, token, left = rows[0]
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        async with self._mutex:
+            conn = await self._connection()
+            rows = await self._fetch(
+                conn, self.queries["holders"], {"prefix": prefix, "limit": limit}
+            )
+        return [
+            (str(name), LockHolder(str(owner), int(token), max(0.0, float(left))))
+            for name, owner, token, left in rows
+        ]
+
     async def wait(self, name: str, owner: str, timeout: float) -> int | None:
         """Return once ``name`` looks free (``None``), at most after ``timeout`` seconds.
 

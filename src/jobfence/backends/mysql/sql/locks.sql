@@ -183,6 +183,16 @@ SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
  WHERE name_hash = UNHEX(:hash) AND expires_at > UTC_TIMESTAMP(6);
 
 
+-- name: holders
+-- Params: :prefix, :limit. Read-only. -> (name, owner, token, microseconds left) of the live
+-- leases whose names start with :prefix, by name (utf8mb4_bin: code point order), at most
+-- :limit rows.
+SELECT name, owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+  FROM {namespace}_locks
+ WHERE LEFT(name, CHAR_LENGTH(:prefix)) = :prefix AND expires_at > UTC_TIMESTAMP(6)
+ ORDER BY name
+ LIMIT :limit;
+
 -- name: cancel_wait
 -- Params: :hash, :owner. A waiter that gives up stops being next in line.
 UPDATE {namespace}_locks SET next_owner = NULL, next_until = NULL

@@ -290,6 +290,20 @@ SELECT owner, token, extract(epoch FROM expires_at - clock_timestamp())::float8
  WHERE name = :name AND expires_at > clock_timestamp();
 
 
+-- name: holders
+-- Lease mode. Params: :prefix, :escaped (the stored prefix of escaped names, see
+-- common.pg_text), :mark (the escape mark), :limit. Read-only. -> (name, owner, token,
+-- seconds_left) of the live leases whose names start with the prefix, at most :limit rows,
+-- ordered by the names' UTF-8 bytes (code point order; an escaped name by its decoded bytes).
+SELECT name, owner, token, extract(epoch FROM expires_at - clock_timestamp())::float8
+  FROM {namespace}_locks
+ WHERE (starts_with(name, :prefix) OR starts_with(name, :escaped))
+   AND expires_at > clock_timestamp()
+ ORDER BY CASE WHEN starts_with(name, :mark) THEN decode(substr(name, 2), 'hex')
+               ELSE convert_to(name, 'UTF8') END
+ LIMIT :limit;
+
+
 -- name: force_release
 -- Lease mode. Params: :name. Deletes the lease whoever holds it (tests, operator tools);
 -- keeps the counter. -> (released bool, notified count), one row.

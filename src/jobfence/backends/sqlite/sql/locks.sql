@@ -89,6 +89,20 @@ SELECT owner,
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
 
 
+-- name: holders
+-- Params: :prefix, :limit. Read-only. -> (name, owner, token, remaining) of the live leases
+-- whose names start with :prefix, by name, at most :limit rows. The prefix is compared as
+-- UTF-8 bytes (a BLOB), so a name holding NUL characters matches as well.
+SELECT name,
+       owner,
+       token,
+       expires_at - (julianday('now') - 2440587.5) * 86400.0
+  FROM {namespace}_locks
+ WHERE substr(CAST(name AS BLOB), 1, length(CAST(:prefix AS BLOB))) = CAST(:prefix AS BLOB)
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0
+ ORDER BY name
+ LIMIT :limit;
+
 -- name: queue_head
 -- Params: :name. -> (owner, ttl) of the first live waiter on :name, or no row.
 SELECT owner, ttl FROM {namespace}_lock_queue
