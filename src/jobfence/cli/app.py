@@ -1,4 +1,5 @@
-"""``jobfence`` command line: ``doctor`` checks that backends work with a probe lease;
+"""``jobfence`` command line: ``demo`` shows the bugs and the fix;
+``doctor`` checks that backends work with a probe lease;
 ``worker`` runs a handler on a queue; ``queue`` publishes and inspects messages."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .. import __version__
 from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
+from .demo_cmd import demo
 from .queue_cmd import queue_group
 from .worker_cmd import worker
 
@@ -63,6 +65,7 @@ def doctor(urls: tuple[str, ...], namespace: str) -> None:
 
 
 cli.add_command(worker)
+cli.add_command(demo)
 cli.add_command(queue_group)
 
 
