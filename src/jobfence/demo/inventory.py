@@ -12,6 +12,7 @@ failed (:class:`jobfence.CommitOutcomeUnknown`).
 * guarded: one unit of work per attempt -- ``Inbox.claim_in`` (the job's marker commits with
   the deduction), read stock and version, ``versioned_update`` -- re-run whole by
   ``retry_unit``; a "commit outcome unknown" re-run sees its own marker and does nothing.
+  With a locks URL each guarded job also holds a lease on its product while it runs.
 
 Every write also inserts a ledger row with the stock the job computed from (``seen``) and the
 stock the row held when the write took its lock (``before``): a write with ``before != seen``
@@ -209,7 +210,7 @@ def _worker_main(config: dict[str, Any]) -> None:
     db, ns, mode, seed = config["db"], config["ns"], config["mode"], config["seed"]
     mine = range(config["index"], config["jobs"], config["workers"])
     inbox = Inbox(db, table=tables(ns)["inbox"]) if mode == "guarded" else None
-    locks = Locks(config["locks"], namespace=f"{ns}_") if config.get("locks") else None
+    locks = Locks(config["locks"]) if config.get("locks") else None
     run: Callable[[int], None]
     if inbox is None:
 
@@ -223,7 +224,7 @@ def _worker_main(config: dict[str, Any]) -> None:
                 guarded_job(db, ns, job, seed, inbox)
                 return
             product, _qty = job_spec(job)
-            with locks.acquire(f"inventory:{product}", ttl=30, timeout=60):
+            with locks.acquire(f"{ns}:inventory:{product}", ttl=30, timeout=60):
                 guarded_job(db, ns, job, seed, inbox)
 
     try:
