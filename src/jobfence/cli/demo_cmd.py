@@ -101,14 +101,14 @@ def _verdict(result: dict[str, Any]) -> list[str]:
 @click.option(
     "--jobs",
     type=click.IntRange(1, 100_000),
-    default=300,
+    default=600,
     show_default=True,
     help="Inventory jobs (each deducts stock once).",
 )
 @click.option(
     "--messages",
     type=click.IntRange(1, 100_000),
-    default=200,
+    default=400,
     show_default=True,
     help="Distinct queue messages (a quarter of them published twice).",
 )

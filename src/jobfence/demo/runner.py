@@ -30,8 +30,8 @@ class DemoConfig:
     SQLite file in ``keep`` (or a temporary directory); ``locks=""`` runs the guarded
     inventory jobs without a lease (the versioned update alone keeps them exact)."""
 
-    jobs: int = 300
-    messages: int = 200
+    jobs: int = 600
+    messages: int = 400
     workers: int = 3
     db: str | None = None
     queue: str | None = None
