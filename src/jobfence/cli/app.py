@@ -1,6 +1,6 @@
-"""``jobfence`` command line: ``doctor`` checks that backends work with a probe lease;
-``worker`` runs a handler on a queue; ``queue`` publishes and inspects messages; ``locks``
-lists, shows and breaks the locks held."""
+"""``jobfence`` command line: ``demo`` shows the bugs and the fix; ``doctor`` checks that
+backends work with a probe lease; ``worker`` runs a handler on a queue; ``queue`` publishes and
+inspects messages; ``locks`` lists, shows and breaks the locks held."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .. import __version__
 from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
+from .demo_cmd import demo
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
 from .worker_cmd import worker
@@ -65,6 +66,7 @@ def doctor(urls: tuple[str, ...], namespace: str) -> None:
 
 
 cli.add_command(worker)
+cli.add_command(demo)
 cli.add_command(queue_group)
 cli.add_command(locks_group)
 
