@@ -4,6 +4,8 @@ README's first example and the ``jobfence`` command."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,4 +67,18 @@ def test_the_built_wheel_installs_alone_and_runs_the_readme_example(tmp_path: Pa
     out = _run(python, "lock_contention.py", "--db", work / "locks.db", cwd=work).stdout
     assert "all checks passed" in out and "FAIL" not in out
     help_text = _run(venv / "bin" / "jobfence", "--help", cwd=work).stdout
-    assert "worker" in help_text
+    assert "worker" in help_text and "demo" in help_text
+    # the README's first command, from the wheel alone (no extra, no server), at a small size
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+    demo = subprocess.run(
+        [venv / "bin" / "jobfence", "demo", "--jobs", "40", "--messages", "30", "--json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert demo.returncode == 0, demo.stderr
+    numbers = json.loads(demo.stdout)
+    assert numbers["inventory"]["guarded"]["stock"] == numbers["inventory"]["expected_stock"]
+    assert numbers["duplicates"]["guarded"]["effects"] == 30
