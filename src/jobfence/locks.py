@@ -560,7 +560,7 @@ class Locks:
         began = get_clock().monotonic()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
-            lease = self._acquire_as(name, owner, ttl, timeout, renew)
+            lease = self._acquire_as(name, owner, ttl, timeout, renew, began)
         except LockTimeout:
             telemetry.lock_wait(self.backend.kind, began, False)
             raise
@@ -570,10 +570,10 @@ class Locks:
         return lease
 
     def _acquire_as(
-        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
+        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool, began: float
     ) -> Lease:
+        """The waiting acquire of :meth:`_acquire`, called at ``began`` (the clock's time)."""
         clock = get_clock()
-        began = clock.monotonic()
         deadline = None if timeout is None else began + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
