@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from . import telemetry
 from ._core.clock import get_clock
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
 from .conflicts import is_transient
@@ -106,10 +107,25 @@ def _confirm(lease: Any) -> None:
 def run_guarded(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
+    """Run one guarded call inside a ``jobfence.guarded`` span (see :mod:`jobfence.telemetry`):
+    its attributes name the function, and the lock, token and key once they are known."""
+    function = getattr(fn, "__qualname__", None) or repr(fn)
+    with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
+        return _run_guarded(spec, fn, args, kwargs, span)
+
+
+def _run_guarded(
+    spec: GuardSpec,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    span: Any,
+) -> Any:
     arguments = spec.arguments(args, kwargs)
     lease = None
     if spec.locks is not None and spec.lock is not None:
         name = spec.lock_name(arguments)
+        span.set_attribute("jobfence.lock.name", name)
         if spec.timeout == 0:
             lease = spec.locks.try_acquire(name, ttl=spec.ttl)
             if lease is None and spec.if_locked == "raise":
@@ -122,12 +138,14 @@ def run_guarded(
                     raise
         if lease is None:
             return spec.skipped_result
+        span.set_attribute("jobfence.lock.token", lease.token)
     completed = False
     try:
         with lease if lease is not None else contextlib.nullcontext():
             claim = None
             if spec.inbox is not None:
                 key = spec.key_name(arguments)
+                span.set_attribute("jobfence.key", key)
                 claim = spec.inbox.claim(
                     key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
                 )

@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from . import telemetry
 from ._core.clock import get_clock
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
 from .conflicts import is_transient
@@ -104,10 +105,25 @@ async def _confirm(lease: Any) -> None:
 async def run_guarded_async(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
+    """Run one guarded call inside a ``jobfence.guarded`` span (see :mod:`jobfence.telemetry`):
+    its attributes name the function, and the lock, token and key once they are known."""
+    function = getattr(fn, "__qualname__", None) or repr(fn)
+    with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
+        return await _run_guarded_async(spec, fn, args, kwargs, span)
+
+
+async def _run_guarded_async(
+    spec: GuardSpec,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    span: Any,
+) -> Any:
     arguments = spec.arguments(args, kwargs)
     lease = None
     if spec.locks is not None and spec.lock is not None:
         name = spec.lock_name(arguments)
+        span.set_attribute("jobfence.lock.name", name)
         if spec.timeout == 0:
             lease = await spec.locks.try_acquire(name, ttl=spec.ttl)
             if lease is None and spec.if_locked == "raise":
@@ -120,12 +136,14 @@ async def run_guarded_async(
                     raise
         if lease is None:
             return spec.skipped_result
+        span.set_attribute("jobfence.lock.token", lease.token)
     completed = False
     try:
         async with lease if lease is not None else contextlib.nullcontext():
             claim = None
             if spec.inbox is not None:
                 key = spec.key_name(arguments)
+                span.set_attribute("jobfence.key", key)
                 claim = await spec.inbox.claim(
                     key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
                 )

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import telemetry
 from ._core.hooks import hook
 from ._core.sqlconn import SqlConn, SQLDialect, adapt, check_ident, is_undefined_table
 from ._core.validate import check_name
@@ -148,4 +149,5 @@ def fence(
             raise _schema_missing(sc, dialect, table) from exc
         raise
     if newest > token:
+        telemetry.fence_rejection(sc.dialect)
         raise StaleToken(resource, token, newest)

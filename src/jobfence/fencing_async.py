@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import telemetry
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident, is_undefined_table
@@ -150,4 +151,5 @@ async def fence_async(
             raise _schema_missing(sc, dialect, table) from exc
         raise
     if newest > token:
+        telemetry.fence_rejection(sc.dialect)
         raise StaleToken(resource, token, newest)

@@ -27,6 +27,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
@@ -71,6 +72,12 @@ CLEANUP_WAIT = 1.0
 
 #: the embedded default backend, used when no URL is given and JOBFENCE_URL is not set
 DEFAULT_URL = "sqlite:///jobfence.db"
+#: the ``outcome`` attribute of the ``jobfence.inbox.claims`` metric for each claim state
+_CLAIM_OUTCOMES = {
+    ClaimState.NEW: "new",
+    ClaimState.COMPLETED: "duplicate",
+    ClaimState.IN_PROGRESS: "in_progress",
+}
 
 _HOST = socket.gethostname()[:64]
 _MISSING: Any = object()
@@ -572,12 +579,14 @@ class Inbox:
             and record.fingerprint is not None
             and record.fingerprint != fingerprint
         ):
+            telemetry.inbox_claim(self.backend.kind, "mismatch")
             raise FingerprintMismatch(
                 f"idempotency key {key!r} was claimed with fingerprint {record.fingerprint!r}, "
                 f"not {fingerprint!r}: the key was reused for another payload",
                 key=key,
             )
         claim = Claim(self, key, record, owner, ttl=ttl, started=started, renew=renew)
+        telemetry.inbox_claim(self.backend.kind, _CLAIM_OUTCOMES[claim.state])
         if claim._lease is not None and renew:
             if self._closed:  # granted as the inbox closed: nobody would renew or release it
                 self._abandon(key, owner)
@@ -647,16 +656,19 @@ class Inbox:
                 # sees the marker), so retry_unit may re-run it after "commit outcome unknown".
                 mark_protected()
                 if res.rowcount == 1:
+                    telemetry.inbox_claim(sc.dialect, "new")
                     return True
             if fingerprint is not None:
                 res = sc.execute(queries["fingerprint"], {"key": params["key"]})
                 stored = _text(res.rows[0][0]) if res.rows else None
                 if stored is not None and stored != fingerprint:
+                    telemetry.inbox_claim(sc.dialect, "mismatch")
                     raise FingerprintMismatch(
                         f"idempotency key {key!r} was applied with fingerprint {stored!r}, "
                         f"not {fingerprint!r}: the key was reused for another payload",
                         key=key,
                     )
+            telemetry.inbox_claim(sc.dialect, "duplicate")
             return False
         except JobfenceError:
             raise

@@ -19,6 +19,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import hook
@@ -107,6 +108,7 @@ class Lease:
         self.token = token
         self.state = LeaseState(ttl, started, renews=renew)
         self._locks = locks
+        self._started = started  # the grant request was sent: the hold time counts from here
         self._lost_reason: str | None = None
         self._released = False
         self._callbacks: list[Callable[[Lease], Any]] = []
@@ -200,7 +202,19 @@ class Lease:
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.warning("lease on %r (token %s) lost: %s", self.name, self.token, reason)
+        kind = self._locks.backend.kind
+        telemetry.lock_lost(kind)
+        log.warning(
+            "lease on %r (token %s) lost: %s",
+            self.name,
+            self.token,
+            reason,
+            extra={
+                "jobfence.lock.name": self.name,
+                "jobfence.lock.token": self.token,
+                "jobfence.backend": kind,
+            },
+        )
         if background and callbacks:  # off the renewer's thread: it has leases to renew
             compat.spawn(partial(self._run_callbacks, callbacks), "jobfence-on-lost")
         else:
@@ -255,7 +269,9 @@ class Lease:
         if locks.closed:
             return False  # close() gives back every lease its renewer still tracked
         try:
-            return bool(locks.call_backend("lock.release", self.name, self._release_call))
+            answer = bool(locks.call_backend("lock.release", self.name, self._release_call))
+            telemetry.lock_hold(locks.backend.kind, self._started)
+            return answer
         except BaseException as exc:
             if locks.closed and isinstance(exc, JobfenceError):
                 return False  # closed while we released: close() gave it back
@@ -429,7 +445,9 @@ class Locks:
             )
             self.url = describe_target(url)
         self.namespace = namespace
-        self._renewer = Renewer(self.backend.renew, give_back=self._give_back_later)
+        self._renewer = Renewer(
+            self.backend.renew, give_back=self._give_back_later, lock_backend=self.backend.kind
+        )
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
         self._closed = False
@@ -520,14 +538,18 @@ class Locks:
         except BaseException:  # the grant may have happened with its reply lost: give it back
             self._abandon_quietly(name, owner, queued=False)
             raise
+        kind = self.backend.kind
         if token is None:
+            telemetry.lock_wait(kind, started, False)
             return None
         if self._closed:  # granted as the client closed
             self._refuse_closed(name, owner)
         if not self._usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
             self._warn_late_grant(name, token, started, ttl)
             self._abandon_quietly(name, owner, queued=False)
+            telemetry.lock_wait(kind, started, False)
             return None
+        telemetry.lock_wait(kind, started, True)
         return self._lease(name, owner, token, ttl, started, renew)
 
     def _acquire(
@@ -535,17 +557,23 @@ class Locks:
     ) -> Lease:
         """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
         owner = owner or _new_owner()
+        began = get_clock().monotonic()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
-            return self._acquire_as(name, owner, ttl, timeout, renew)
+            lease = self._acquire_as(name, owner, ttl, timeout, renew, began)
+        except LockTimeout:
+            telemetry.lock_wait(self.backend.kind, began, False)
+            raise
         finally:
             self._waiting.pop((name, owner), None)
+        telemetry.lock_wait(self.backend.kind, began, True)
+        return lease
 
     def _acquire_as(
-        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
+        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool, began: float
     ) -> Lease:
+        """The waiting acquire of :meth:`_acquire`, called at ``began`` (the clock's time)."""
         clock = get_clock()
-        began = clock.monotonic()
         deadline = None if timeout is None else began + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
@@ -837,7 +865,7 @@ class Locks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = Renewer(self.backend.renew)
+        self._renewer = Renewer(self.backend.renew, lock_backend=self.backend.kind)
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()

@@ -17,6 +17,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import telemetry
 from ._core import acompat, forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
@@ -137,6 +138,7 @@ class AsyncLease:
         self.token = token
         self.state = LeaseState(ttl, started, renews=renew)
         self._locks = locks
+        self._started = started  # the grant request was sent: the hold time counts from here
         self._lost_reason: str | None = None
         self._released = False
         self._callbacks: list[Callable[[AsyncLease], Any]] = []
@@ -249,7 +251,19 @@ class AsyncLease:
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.warning("lease on %r (token %s) lost: %s", self.name, self.token, reason)
+        kind = self._locks.backend.kind
+        telemetry.lock_lost(kind)
+        log.warning(
+            "lease on %r (token %s) lost: %s",
+            self.name,
+            self.token,
+            reason,
+            extra={
+                "jobfence.lock.name": self.name,
+                "jobfence.lock.token": self.token,
+                "jobfence.backend": kind,
+            },
+        )
         if ASYNC:
             task = self._task
             if task is not None and not task.done() and task is not _current_task():
@@ -327,7 +341,9 @@ class AsyncLease:
             if locks.closed:
                 return False  # close() gives back every lease its renewer still tracked
         try:
-            return bool(await locks.call_backend("lock.release", self.name, self._release_call))
+            answer = bool(await locks.call_backend("lock.release", self.name, self._release_call))
+            telemetry.lock_hold(locks.backend.kind, self._started)
+            return answer
         except BaseException as exc:
             if locks.closed and isinstance(exc, JobfenceError):
                 return False  # closed while we released: close() gave it back
@@ -594,7 +610,9 @@ class AsyncLocks:
             self.backend = open_lock_backend(url, asynchronous=True, namespace=namespace, **options)
             self.url = describe_target(url)
         self.namespace = namespace
-        self._renewer = AsyncRenewer(self.backend.renew, give_back=self._give_back_later)
+        self._renewer = AsyncRenewer(
+            self.backend.renew, give_back=self._give_back_later, lock_backend=self.backend.kind
+        )
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
         self._closed = False
@@ -689,14 +707,18 @@ class AsyncLocks:
         except BaseException:  # the grant may have happened with its reply lost: give it back
             await self._abandon_quietly(name, owner, queued=False)
             raise
+        kind = self.backend.kind
         if token is None:
+            telemetry.lock_wait(kind, started, False)
             return None
         if self._closed:  # granted as the client closed
             await self._refuse_closed(name, owner)
         if not self._usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
             self._warn_late_grant(name, token, started, ttl)
             await self._abandon_quietly(name, owner, queued=False)
+            telemetry.lock_wait(kind, started, False)
             return None
+        telemetry.lock_wait(kind, started, True)
         return self._lease(name, owner, token, ttl, started, renew)
 
     async def _acquire(
@@ -704,17 +726,23 @@ class AsyncLocks:
     ) -> AsyncLease:
         """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
         owner = owner or _new_owner()
+        began = get_clock().monotonic()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
-            return await self._acquire_as(name, owner, ttl, timeout, renew)
+            lease = await self._acquire_as(name, owner, ttl, timeout, renew, began)
+        except LockTimeout:
+            telemetry.lock_wait(self.backend.kind, began, False)
+            raise
         finally:
             self._waiting.pop((name, owner), None)
+        telemetry.lock_wait(self.backend.kind, began, True)
+        return lease
 
     async def _acquire_as(
-        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool
+        self, name: str, owner: str, ttl: float, timeout: float | None, renew: bool, began: float
     ) -> AsyncLease:
+        """The waiting acquire of :meth:`_acquire`, called at ``began`` (the clock's time)."""
         clock = get_clock()
-        began = clock.monotonic()
         deadline = None if timeout is None else began + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
@@ -1039,7 +1067,7 @@ class AsyncLocks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = AsyncRenewer(self.backend.renew)
+        self._renewer = AsyncRenewer(self.backend.renew, lock_backend=self.backend.kind)
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()

@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from . import telemetry
 from ._core import compat
 from ._core.clock import Clock, get_clock
 from ._core.hooks import hook
@@ -137,8 +138,12 @@ class Renewer:
         *,
         give_back: Callable[[str, str], None] | None = None,
         name: str = "jobfence-renewer",
+        lock_backend: str | None = None,
     ) -> None:
         self._renew = renew
+        #: the backend kind of a lock client's renewer: its renewals are counted in the
+        #: ``jobfence.lock.renewals`` metric (the renewers of claims and messages are not)
+        self._lock_backend = lock_backend
         self._give_back = give_back
         self._name = name
         self._leases: dict[int, _Tracked] = {}
@@ -318,6 +323,8 @@ class Renewer:
         try:
             results = list(self._caller.call(partial(self._hooked_renew, items), limit))
         except Exception as exc:
+            if self._lock_backend is not None:
+                telemetry.lock_renewals(self._lock_backend, 0, len(due))
             now = clock.monotonic()
             for entry in due:
                 if entry.state.renewal_failed(now):  # to be retried
@@ -333,6 +340,9 @@ class Renewer:
             raise RuntimeError(
                 f"the backend's renew() answered {len(results)} results for {len(due)} leases"
             )
+        if self._lock_backend is not None:
+            renewed = sum(1 for ok in results if ok)
+            telemetry.lock_renewals(self._lock_backend, renewed, len(results) - renewed)
         for entry, ok in zip(due, results, strict=True):
             entry.state.renewal_done(bool(ok))
             if not ok and not self._released(entry):
@@ -354,4 +364,7 @@ class Renewer:
             entry.label,
             entry.state.remaining(now),
             exc,
+            extra=None
+            if self._lock_backend is None
+            else {"jobfence.lock.name": entry.name, "jobfence.backend": self._lock_backend},
         )

@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from . import telemetry
 from ._core import acompat
 from ._core.clock import Clock, get_clock
 from ._core.hooks import ahook
@@ -135,8 +136,12 @@ class AsyncRenewer:
         *,
         give_back: Callable[[str, str], None] | None = None,
         name: str = "jobfence-renewer",
+        lock_backend: str | None = None,
     ) -> None:
         self._renew = renew
+        #: the backend kind of a lock client's renewer: its renewals are counted in the
+        #: ``jobfence.lock.renewals`` metric (the renewers of claims and messages are not)
+        self._lock_backend = lock_backend
         self._give_back = give_back
         self._name = name
         self._leases: dict[int, _Tracked] = {}
@@ -316,6 +321,8 @@ class AsyncRenewer:
         try:
             results = list(await self._caller.call(partial(self._hooked_renew, items), limit))
         except Exception as exc:
+            if self._lock_backend is not None:
+                telemetry.lock_renewals(self._lock_backend, 0, len(due))
             now = clock.monotonic()
             for entry in due:
                 if entry.state.renewal_failed(now):  # to be retried
@@ -331,6 +338,9 @@ class AsyncRenewer:
             raise RuntimeError(
                 f"the backend's renew() answered {len(results)} results for {len(due)} leases"
             )
+        if self._lock_backend is not None:
+            renewed = sum(1 for ok in results if ok)
+            telemetry.lock_renewals(self._lock_backend, renewed, len(results) - renewed)
         for entry, ok in zip(due, results, strict=True):
             entry.state.renewal_done(bool(ok))
             if not ok and not self._released(entry):
@@ -352,4 +362,7 @@ class AsyncRenewer:
             entry.label,
             entry.state.remaining(now),
             exc,
+            extra=None
+            if self._lock_backend is None
+            else {"jobfence.lock.name": entry.name, "jobfence.backend": self._lock_backend},
         )

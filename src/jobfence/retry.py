@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
+from . import telemetry
 from ._core.clock import get_clock
 from .conflicts import ErrorKind, classify, is_commit_outcome_unknown, never_retry
 from .errors import ConfigurationError
@@ -489,6 +490,8 @@ class _Run:
         outcome = retry_state.outcome
         exc = outcome.exception() if outcome is not None else None
         attempt, delay = retry_state.attempt_number, retry_state.upcoming_sleep
+        cause = self._cause(exc)
+        telemetry.retry(cause)
         logger.warning(
             "retrying %s (attempt %d of %d failed with %s: %s); sleeping %.3f s",
             self.name,
@@ -497,8 +500,19 @@ class _Run:
             type(exc).__name__,
             exc,
             delay,
+            extra={"jobfence.cause": cause},
         )
         return attempt, exc, delay
+
+    def _cause(self, exc: BaseException | None) -> str:
+        """Why ``exc`` is retried: ``commit_unknown``, ``conflict`` or ``transient`` (also
+        for an error retried by ``retry_on``)."""
+        if exc is None:
+            return "transient"
+        if is_commit_outcome_unknown(exc):
+            return "commit_unknown"
+        kind = (self.policy.classify or classify)(exc)
+        return "conflict" if kind in (ErrorKind.CONFLICT, "conflict") else "transient"
 
     def _before_sleep(self, retry_state: tenacity.RetryCallState) -> None:
         attempt, exc, delay = self._log_retry(retry_state)

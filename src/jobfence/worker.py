@@ -43,6 +43,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import telemetry
 from ._core.validate import check_ttl
 from ._guard_spec import current_message_var
 from .backends.base import (
@@ -456,6 +457,9 @@ class AsyncWorker:
         self.stats.processed += 1
         if getattr(message, "duplicate", False):
             self.stats.duplicates += 1
+            telemetry.worker_message(self.queue.backend.kind, "duplicate")
+        else:
+            telemetry.worker_message(self.queue.backend.kind, "processed")
         log.debug(
             "message %r (delivery %d) processed",
             message.id,
@@ -495,6 +499,7 @@ class AsyncWorker:
         try:
             if await message.nack(delay, exc):
                 self.stats.retried += 1
+                telemetry.worker_message(self.queue.backend.kind, "retried")
             else:
                 self.stats.lost += 1
         except JobfenceError as err:
@@ -511,6 +516,7 @@ class AsyncWorker:
         try:
             if await message.dead_letter(error):
                 self.stats.dead_lettered += 1
+                telemetry.worker_message(self.queue.backend.kind, "dead_lettered")
             else:
                 self.stats.lost += 1
         except JobfenceError as err:

@@ -1,0 +1,240 @@
+"""OpenTelemetry metrics and spans for jobfence.
+
+jobfence reports what its locks, inbox, retries, fencing and workers do through the
+OpenTelemetry *API* only (the optional ``otel`` extra: ``pip install jobfence[otel]``). Without
+``opentelemetry-api`` installed every call here is a no-op; with it installed but no SDK
+configured, the API's own no-op (proxy) instruments are used, so the cost on the hot lock path
+is one attribute check and one function call per event. Once an application installs an SDK
+``MeterProvider`` / ``TracerProvider`` (globally, or for jobfence only with :func:`configure`),
+the instruments below report to it.
+
+Metrics (the lock name is never a metric attribute: it would make one series per name):
+
+======================================  ===========  ======  ==============================
+name                                    type         unit    attributes
+======================================  ===========  ======  ==============================
+``jobfence.lock.wait``                  histogram    s       backend, outcome (acquired/timeout)
+``jobfence.lock.hold``                  histogram    s       backend
+``jobfence.lock.renewals``              counter      1       backend, outcome (ok/failed)
+``jobfence.lock.lost``                  counter      1       backend
+``jobfence.inbox.claims``               counter      1       backend, outcome (new/duplicate/
+                                                             in_progress/mismatch)
+``jobfence.retries``                    counter      1       cause (conflict/transient/
+                                                             commit_unknown)
+``jobfence.fence.rejections``           counter      1       backend
+``jobfence.worker.messages``            counter      1       backend, outcome (processed/
+                                                             duplicate/retried/dead_lettered)
+======================================  ===========  ======  ==============================
+
+Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
+``jobfence.function``, ``jobfence.lock.name``, ``jobfence.lock.token`` and ``jobfence.key`` as
+they become known; an exception sets the span's status to error and is recorded on it.
+
+The log records jobfence emits for these events (a lost lease, a failed renewal, a retry)
+carry the same fields as ``extra`` attributes (``jobfence.lock.name``, ``jobfence.lock.token``,
+``jobfence.backend``, ``jobfence.cause``), so a structured log handler sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ._core.clock import get_clock
+
+__all__ = ["INSTRUMENTATION_NAME", "METRICS", "configure", "enabled"]
+
+#: the instrumentation scope name of jobfence's meter and tracer
+INSTRUMENTATION_NAME = "jobfence"
+
+#: every metric jobfence reports: name -> (instrument type, unit, description)
+METRICS: dict[str, tuple[str, str, str]] = {
+    "jobfence.lock.wait": (
+        "histogram",
+        "s",
+        "Time an acquire took, from the call to the grant or the timeout",
+    ),
+    "jobfence.lock.hold": (
+        "histogram",
+        "s",
+        "Time a lease was held, from its grant to its release",
+    ),
+    "jobfence.lock.renewals": ("counter", "1", "Lease renewals by the renewer, by outcome"),
+    "jobfence.lock.lost": ("counter", "1", "Leases found lost while held"),
+    "jobfence.inbox.claims": ("counter", "1", "Inbox claims, by outcome"),
+    "jobfence.retries": ("counter", "1", "Whole-unit retries by retry_unit, by cause"),
+    "jobfence.fence.rejections": ("counter", "1", "Writes refused for a stale fencing token"),
+    "jobfence.worker.messages": ("counter", "1", "Messages a Worker finished, by outcome"),
+}
+
+
+class _NoSpan:
+    """Stands in for a span when ``opentelemetry-api`` is not installed."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+class _Instruments:
+    """The meter's instruments and the tracer, or nothing (``on`` false) without the API."""
+
+    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            self.on = False
+            return
+        self.on = True
+        if meter_provider is None:
+            meter = metrics.get_meter(INSTRUMENTATION_NAME)
+        else:
+            meter = meter_provider.get_meter(INSTRUMENTATION_NAME)
+        if tracer_provider is None:
+            self.tracer = trace.get_tracer(INSTRUMENTATION_NAME)
+        else:
+            self.tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME)
+        made: dict[str, Any] = {}
+        for name, (kind, unit, description) in METRICS.items():
+            create = meter.create_histogram if kind == "histogram" else meter.create_counter
+            made[name] = create(name, unit=unit, description=description)
+        self.lock_wait = made["jobfence.lock.wait"]
+        self.lock_hold = made["jobfence.lock.hold"]
+        self.lock_renewals = made["jobfence.lock.renewals"]
+        self.lock_lost = made["jobfence.lock.lost"]
+        self.inbox_claims = made["jobfence.inbox.claims"]
+        self.retries = made["jobfence.retries"]
+        self.fence_rejections = made["jobfence.fence.rejections"]
+        self.worker_messages = made["jobfence.worker.messages"]
+        #: With the global providers and no SDK installed yet, the API hands out proxy
+        #: instruments that drop every measurement until an SDK is set (then they forward to
+        #: it). The lock cycle checks this one's backing instrument to skip even reading the
+        #: clock while nothing would be recorded; a real instrument has no such attribute.
+        self.probe = self.lock_wait
+
+    def live(self) -> bool:
+        """Whether a measurement would be recorded now."""
+        return self.on and getattr(self.probe, "_real_instrument", self) is not None
+
+
+_mutex = threading.Lock()
+_inst: _Instruments | None = None
+
+
+def _load() -> _Instruments:
+    global _inst
+    with _mutex:
+        if _inst is None:
+            _inst = _Instruments()
+        return _inst
+
+
+def configure(*, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+    """Report jobfence's metrics to ``meter_provider`` and its spans to ``tracer_provider``.
+
+    ``None`` (the default) means OpenTelemetry's global providers, which is what an
+    application that installs its SDK globally wants: it need not call this at all. Passing a
+    provider lets jobfence report to one of its own without replacing the global one (tests,
+    or a process that keeps jobfence's telemetry apart); ``configure()`` goes back to the
+    global providers. Instruments are created anew on the next event.
+    Raises :class:`~jobfence.ConfigurationError` if a provider lacks ``get_meter`` /
+    ``get_tracer``.
+    """
+    from .errors import ConfigurationError
+
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise ConfigurationError(
+            f"meter_provider must be an OpenTelemetry MeterProvider or None, got "
+            f"{meter_provider!r}",
+            argument="meter_provider",
+        )
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise ConfigurationError(
+            f"tracer_provider must be an OpenTelemetry TracerProvider or None, got "
+            f"{tracer_provider!r}",
+            argument="tracer_provider",
+        )
+    global _inst
+    with _mutex:
+        if meter_provider is None and tracer_provider is None:
+            _inst = None  # created from the global providers on the next event
+        else:
+            _inst = _Instruments(meter_provider, tracer_provider)
+
+
+def enabled() -> bool:
+    """Whether ``opentelemetry-api`` is installed (else jobfence reports nothing)."""
+    return (_inst or _load()).on
+
+
+# -- the calls at jobfence's seams (internal) --------------------------------------------------
+
+
+def lock_wait(backend: str, began: float, acquired: bool) -> None:
+    """An acquire called at ``began`` (``get_clock().monotonic()``) got its answer now."""
+    i = _inst or _load()
+    if i.live():
+        outcome = "acquired" if acquired else "timeout"
+        seconds = get_clock().monotonic() - began
+        i.lock_wait.record(seconds, {"backend": backend, "outcome": outcome})
+
+
+def lock_hold(backend: str, granted: float) -> None:
+    """A lease granted at ``granted`` (``get_clock().monotonic()``) was released now."""
+    i = _inst or _load()
+    if i.live():
+        i.lock_hold.record(get_clock().monotonic() - granted, {"backend": backend})
+
+
+def lock_renewals(backend: str, ok: int, failed: int) -> None:
+    i = _inst or _load()
+    if i.on:
+        if ok:
+            i.lock_renewals.add(ok, {"backend": backend, "outcome": "ok"})
+        if failed:
+            i.lock_renewals.add(failed, {"backend": backend, "outcome": "failed"})
+
+
+def lock_lost(backend: str) -> None:
+    i = _inst or _load()
+    if i.on:
+        i.lock_lost.add(1, {"backend": backend})
+
+
+def inbox_claim(backend: str, outcome: str) -> None:
+    i = _inst or _load()
+    if i.on:
+        i.inbox_claims.add(1, {"backend": backend, "outcome": outcome})
+
+
+def retry(cause: str) -> None:
+    i = _inst or _load()
+    if i.on:
+        i.retries.add(1, {"cause": cause})
+
+
+def fence_rejection(backend: str) -> None:
+    i = _inst or _load()
+    if i.on:
+        i.fence_rejections.add(1, {"backend": backend})
+
+
+def worker_message(backend: str, outcome: str) -> None:
+    i = _inst or _load()
+    if i.on:
+        i.worker_messages.add(1, {"backend": backend, "outcome": outcome})
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
+    """A span around a block (current while it runs); error status on an exception."""
+    i = _inst or _load()
+    if not i.on:
+        yield _NO_SPAN
+        return
+    with i.tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current
