@@ -31,4 +31,4 @@ echo "== mypy"
 echo "== pytest"
 # Most tests wait on servers, timers and other processes, not on the CPU: three pytest-xdist
 # workers (PYTEST_WORKERS; 0 runs in this process) keep the suite well under 15 minutes.
-exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" "$@"
+exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --durations=20 "$@"
