@@ -179,6 +179,19 @@ def by_slot(keys: Sequence[str]) -> dict[int, list[int]]:
     return groups
 
 
+def per_slot(keys: Sequence[str], call: Callable[[Sequence[int]], list[bool]]) -> list[bool]:
+    """``call`` once per Redis Cluster hash slot of ``keys`` (with the positions of that
+    slot's keys; the async client makes the calls at once), the answers put back in the order
+    of ``keys``."""
+    groups = list(by_slot(keys).values())
+    replies = [call(group) for group in groups]
+    answers = [False] * len(keys)
+    for group, reply in zip(groups, replies, strict=True):
+        for i, ok in zip(group, reply, strict=True):
+            answers[i] = ok
+    return answers
+
+
 def client_socket_timeout(client: Any) -> float | None:
     """The reply deadline (``socket_timeout``) a redis-py client was configured with, if it
     tells (a blocking read must end before it)."""

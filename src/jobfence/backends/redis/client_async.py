@@ -23,7 +23,7 @@ gets the script re-sent by redis-py).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -180,6 +180,24 @@ def by_slot(keys: Sequence[str]) -> dict[int, list[int]]:
     for i, key in enumerate(keys):
         groups.setdefault(key_slot(key.encode("utf-8")), []).append(i)
     return groups
+
+
+async def per_slot(
+    keys: Sequence[str], call: Callable[[Sequence[int]], Awaitable[list[bool]]]
+) -> list[bool]:
+    """``call`` once per Redis Cluster hash slot of ``keys`` (with the positions of that
+    slot's keys; the async client makes the calls at once), the answers put back in the order
+    of ``keys``."""
+    groups = list(by_slot(keys).values())
+    if ASYNC:
+        replies = await asyncio.gather(*(call(group) for group in groups))
+    else:
+        replies = [call(group) for group in groups]
+    answers = [False] * len(keys)
+    for group, reply in zip(groups, replies, strict=True):
+        for i, ok in zip(group, reply, strict=True):
+            answers[i] = ok
+    return answers
 
 
 def client_socket_timeout(client: Any) -> float | None:

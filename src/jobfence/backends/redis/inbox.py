@@ -21,6 +21,7 @@ remembers the owner that released (field ``x``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, utc_from_epoch
@@ -29,7 +30,7 @@ from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
 from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, RenewItem
 from . import TABLE_LIMIT
-from .client import adopt_redis, by_slot, connect_redis, forget_connections, is_cluster
+from .client import adopt_redis, connect_redis, forget_connections, is_cluster, per_slot
 
 __all__ = ["RedisInboxBackend"]
 
@@ -120,11 +121,7 @@ class RedisInboxBackend(InboxBackend):
             return []
         keys = [self._prefix + key for key, _, _ in items]
         if self._cluster:  # one script call per hash slot (the keys carry no hash tag)
-            answers = [False] * len(items)
-            for group in by_slot(keys).values():
-                for i, ok in zip(group, self._renew_some(keys, items, group), strict=True):
-                    answers[i] = ok
-            return answers
+            return per_slot(keys, partial(self._renew_some, keys, items))
         return self._renew_some(keys, items, range(len(items)))
 
     def _renew_some(

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from redis import Redis
@@ -69,12 +70,12 @@ from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client import (
     adopt_redis,
-    by_slot,
     check_cluster_prefix,
     client_socket_timeout,
     connect_redis,
     forget_connections,
     is_cluster,
+    per_slot,
 )
 
 __all__ = ["RedisLockBackend"]
@@ -306,13 +307,7 @@ class RedisLockBackend(LockBackend):
             return []
         keys = [self.lock_key(name) for name, _, _ in items]
         if self._cluster:  # one script call per hash slot, all at once
-            groups = list(by_slot(keys).values())
-            replies = [self._renew_some(keys, items, group) for group in groups]
-            answers = [False] * len(items)
-            for group, reply in zip(groups, replies, strict=True):
-                for i, ok in zip(group, reply, strict=True):
-                    answers[i] = ok
-            return answers
+            return per_slot(keys, partial(self._renew_some, keys, items))
         return self._renew_some(keys, items, range(len(items)))
 
     def _renew_some(

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from redis.asyncio import Redis
@@ -68,12 +69,12 @@ from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client_async import (
     adopt_redis,
-    by_slot,
     check_cluster_prefix,
     client_socket_timeout,
     connect_redis,
     forget_connections,
     is_cluster,
+    per_slot,
 )
 
 if ASYNC:
@@ -311,18 +312,7 @@ class AsyncRedisLockBackend(AsyncLockBackend):
             return []
         keys = [self.lock_key(name) for name, _, _ in items]
         if self._cluster:  # one script call per hash slot, all at once
-            groups = list(by_slot(keys).values())
-            if ASYNC:
-                replies = await asyncio.gather(
-                    *(self._renew_some(keys, items, group) for group in groups)
-                )
-            else:
-                replies = [self._renew_some(keys, items, group) for group in groups]
-            answers = [False] * len(items)
-            for group, reply in zip(groups, replies, strict=True):
-                for i, ok in zip(group, reply, strict=True):
-                    answers[i] = ok
-            return answers
+            return await per_slot(keys, partial(self._renew_some, keys, items))
         return await self._renew_some(keys, items, range(len(items)))
 
     async def _renew_some(
