@@ -312,7 +312,15 @@ class Claim:
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.warning("claim on %r (attempt %s) lost: %s", self.key, self.attempt, reason)
+        kind = self._inbox.backend.kind
+        telemetry.lost("inbox", kind)
+        log.warning(
+            "claim on %r (attempt %s) lost: %s",
+            self.key,
+            self.attempt,
+            reason,
+            extra={"jobfence.key": self.key, "jobfence.backend": kind},
+        )
         for callback in callbacks:
             self._run_callback(callback)
 
@@ -508,7 +516,9 @@ class Inbox:
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
-        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._renewer = _ClaimRenewer(
+            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
+        )
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
@@ -747,7 +757,9 @@ class Inbox:
         of its own, so that the parent's claims stay the parent's, and a backend that opens
         its own connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._renewer = _ClaimRenewer(
+            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
+        )
         self._cleanups = set()
         self.backend.after_fork()
 

@@ -317,7 +317,15 @@ class AsyncClaim:
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.warning("claim on %r (attempt %s) lost: %s", self.key, self.attempt, reason)
+        kind = self._inbox.backend.kind
+        telemetry.lost("inbox", kind)
+        log.warning(
+            "claim on %r (attempt %s) lost: %s",
+            self.key,
+            self.attempt,
+            reason,
+            extra={"jobfence.key": self.key, "jobfence.backend": kind},
+        )
         if ASYNC:
             task = self._task
             if task is not None and not task.done() and task is not acompat.current_worker():
@@ -588,7 +596,9 @@ class AsyncInbox:
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
-        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._renewer = _ClaimRenewer(
+            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
+        )
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def __repr__(self) -> str:
@@ -829,7 +839,9 @@ class AsyncInbox:
         of its own, so that the parent's claims stay the parent's, and a backend that opens
         its own connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = _ClaimRenewer(self.backend.renew, name="jobfence-inbox-renewer")
+        self._renewer = _ClaimRenewer(
+            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
+        )
         self._cleanups = set()
         self.backend.after_fork()
 

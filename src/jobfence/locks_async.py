@@ -252,7 +252,7 @@ class AsyncLease:
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
         kind = self._locks.backend.kind
-        telemetry.lock_lost(kind)
+        telemetry.lost("lock", kind)
         log.warning(
             "lease on %r (token %s) lost: %s",
             self.name,
@@ -611,7 +611,7 @@ class AsyncLocks:
             self.url = describe_target(url)
         self.namespace = namespace
         self._renewer = AsyncRenewer(
-            self.backend.renew, give_back=self._give_back_later, lock_backend=self.backend.kind
+            self.backend.renew, give_back=self._give_back_later, counted=("lock", self.backend.kind)
         )
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
@@ -1067,7 +1067,7 @@ class AsyncLocks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = AsyncRenewer(self.backend.renew, lock_backend=self.backend.kind)
+        self._renewer = AsyncRenewer(self.backend.renew, counted=("lock", self.backend.kind))
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()

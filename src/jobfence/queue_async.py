@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from . import telemetry
 from ._core import forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
@@ -245,12 +246,15 @@ class AsyncMessage:
                 return
             self._lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
+        kind = self._queue.backend.kind
+        telemetry.lost("queue", kind)
         log.warning(
             "message %r (delivery %s) of queue %r lost: %s",
             self.id,
             self.delivery,
             self.queue,
             reason,
+            extra={"jobfence.message.id": self.id, "jobfence.backend": kind},
         )
         for callback in callbacks:
             self._run_callback(callback)
@@ -408,7 +412,9 @@ class AsyncQueue:
         forks.register(self)
 
     def _new_renewer(self) -> _MessageRenewer:
-        renewer = _MessageRenewer(self.backend.renew, name="jobfence-queue-renewer")
+        renewer = _MessageRenewer(
+            self.backend.renew, name="jobfence-queue-renewer", counted=("queue", self.backend.kind)
+        )
         renewer.queue_name = self.name
         return renewer
 

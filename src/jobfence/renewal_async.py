@@ -136,12 +136,12 @@ class AsyncRenewer:
         *,
         give_back: Callable[[str, str], None] | None = None,
         name: str = "jobfence-renewer",
-        lock_backend: str | None = None,
+        counted: tuple[str, str] | None = None,
     ) -> None:
         self._renew = renew
-        #: the backend kind of a lock client's renewer: its renewals are counted in the
-        #: ``jobfence.lock.renewals`` metric (the renewers of claims and messages are not)
-        self._lock_backend = lock_backend
+        #: ``(family, backend kind)``: the renewals are counted in the
+        #: ``jobfence.<family>.renewals`` metric (family ``lock``, ``inbox`` or ``queue``)
+        self._counted = counted
         self._give_back = give_back
         self._name = name
         self._leases: dict[int, _Tracked] = {}
@@ -321,8 +321,8 @@ class AsyncRenewer:
         try:
             results = list(await self._caller.call(partial(self._hooked_renew, items), limit))
         except Exception as exc:
-            if self._lock_backend is not None:
-                telemetry.lock_renewals(self._lock_backend, 0, len(due))
+            if self._counted is not None:
+                telemetry.renewals(*self._counted, 0, len(due))
             now = clock.monotonic()
             for entry in due:
                 if entry.state.renewal_failed(now):  # to be retried
@@ -338,9 +338,9 @@ class AsyncRenewer:
             raise RuntimeError(
                 f"the backend's renew() answered {len(results)} results for {len(due)} leases"
             )
-        if self._lock_backend is not None:
+        if self._counted is not None:
             renewed = sum(1 for ok in results if ok)
-            telemetry.lock_renewals(self._lock_backend, renewed, len(results) - renewed)
+            telemetry.renewals(*self._counted, renewed, len(results) - renewed)
         for entry, ok in zip(due, results, strict=True):
             entry.state.renewal_done(bool(ok))
             if not ok and not self._released(entry):
@@ -353,6 +353,16 @@ class AsyncRenewer:
         lease = entry.lease()
         return lease is None or lease.released
 
+    def _log_fields(self, entry: _Tracked) -> dict[str, str]:
+        """The structured fields of a log record about ``entry`` (see jobfence.telemetry)."""
+        assert self._counted is not None
+        family, backend = self._counted
+        field = {"lock": "jobfence.lock.name", "inbox": "jobfence.key"}.get(family)
+        fields = {"jobfence.backend": backend}
+        if field is not None:
+            fields[field] = entry.name
+        return fields
+
     def _warn_retry(self, entry: _Tracked, now: float, exc: BaseException) -> None:
         if now - entry.warned_at < WARN_EVERY:
             return
@@ -362,7 +372,5 @@ class AsyncRenewer:
             entry.label,
             entry.state.remaining(now),
             exc,
-            extra=None
-            if self._lock_backend is None
-            else {"jobfence.lock.name": entry.name, "jobfence.backend": self._lock_backend},
+            extra=None if self._counted is None else self._log_fields(entry),
         )

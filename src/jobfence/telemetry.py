@@ -19,6 +19,10 @@ name                                    type         unit    attributes
 ``jobfence.lock.lost``                  counter      1       backend
 ``jobfence.inbox.claims``               counter      1       backend, outcome (new/duplicate/
                                                              in_progress/mismatch)
+``jobfence.inbox.renewals``             counter      1       backend, outcome (ok/failed)
+``jobfence.inbox.lost``                 counter      1       backend
+``jobfence.queue.renewals``             counter      1       backend, outcome (ok/failed)
+``jobfence.queue.lost``                 counter      1       backend
 ``jobfence.retries``                    counter      1       cause (conflict/transient/
                                                              commit_unknown)
 ``jobfence.fence.rejections``           counter      1       backend
@@ -49,6 +53,9 @@ __all__ = ["INSTRUMENTATION_NAME", "METRICS", "configure", "enabled"]
 #: the instrumentation scope name of jobfence's meter and tracer
 INSTRUMENTATION_NAME = "jobfence"
 
+#: what a renewer renews: the families of the ``jobfence.<family>.renewals`` / ``.lost`` metrics
+FAMILIES = ("lock", "inbox", "queue")
+
 #: every metric jobfence reports: name -> (instrument type, unit, description)
 METRICS: dict[str, tuple[str, str, str]] = {
     "jobfence.lock.wait": (
@@ -64,6 +71,14 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "jobfence.lock.renewals": ("counter", "1", "Lease renewals by the renewer, by outcome"),
     "jobfence.lock.lost": ("counter", "1", "Leases found lost while held"),
     "jobfence.inbox.claims": ("counter", "1", "Inbox claims, by outcome"),
+    "jobfence.inbox.renewals": ("counter", "1", "Claim renewals by the renewer, by outcome"),
+    "jobfence.inbox.lost": ("counter", "1", "Claims found lost while held"),
+    "jobfence.queue.renewals": (
+        "counter",
+        "1",
+        "Renewals of received messages' visibility, by outcome",
+    ),
+    "jobfence.queue.lost": ("counter", "1", "Received messages found lost while handled"),
     "jobfence.retries": ("counter", "1", "Whole-unit retries by retry_unit, by cause"),
     "jobfence.fence.rejections": ("counter", "1", "Writes refused for a stale fencing token"),
     "jobfence.worker.messages": ("counter", "1", "Messages a Worker finished, by outcome"),
@@ -104,8 +119,9 @@ class _Instruments:
             made[name] = create(name, unit=unit, description=description)
         self.lock_wait = made["jobfence.lock.wait"]
         self.lock_hold = made["jobfence.lock.hold"]
-        self.lock_renewals = made["jobfence.lock.renewals"]
-        self.lock_lost = made["jobfence.lock.lost"]
+        #: by family (lock, inbox, queue)
+        self.renewals = {f: made[f"jobfence.{f}.renewals"] for f in FAMILIES}
+        self.lost = {f: made[f"jobfence.{f}.lost"] for f in FAMILIES}
         self.inbox_claims = made["jobfence.inbox.claims"]
         self.retries = made["jobfence.retries"]
         self.fence_rejections = made["jobfence.fence.rejections"]
@@ -190,19 +206,23 @@ def lock_hold(backend: str, granted: float) -> None:
         i.lock_hold.record(get_clock().monotonic() - granted, {"backend": backend})
 
 
-def lock_renewals(backend: str, ok: int, failed: int) -> None:
+def renewals(family: str, backend: str, ok: int, failed: int) -> None:
+    """A renewer's batch for ``family`` (lock, inbox, queue) renewed ``ok`` items and failed
+    ``failed``."""
     i = _inst or _load()
     if i.on:
+        counter = i.renewals[family]
         if ok:
-            i.lock_renewals.add(ok, {"backend": backend, "outcome": "ok"})
+            counter.add(ok, {"backend": backend, "outcome": "ok"})
         if failed:
-            i.lock_renewals.add(failed, {"backend": backend, "outcome": "failed"})
+            counter.add(failed, {"backend": backend, "outcome": "failed"})
 
 
-def lock_lost(backend: str) -> None:
+def lost(family: str, backend: str) -> None:
+    """A lease, claim or received message (``family``) was found lost while held."""
     i = _inst or _load()
     if i.on:
-        i.lock_lost.add(1, {"backend": backend})
+        i.lost[family].add(1, {"backend": backend})
 
 
 def inbox_claim(backend: str, outcome: str) -> None:

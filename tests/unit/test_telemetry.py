@@ -157,6 +157,43 @@ def test_on_a_real_redis(otel: Otel) -> None:
 # -- inbox, fencing, retries ----------------------------------------------------------------
 
 
+def test_claim_renewals_then_a_lost_claim_with_its_log_fields(
+    otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    with jobfence.Inbox(_url()) as inbox, caplog.at_level(logging.WARNING, "jobfence"):
+        claim = inbox.claim("order-7", ttl=0.6, renew=True)
+        _until(lambda: otel.value("jobfence.inbox.renewals", backend="memory", outcome="ok") >= 1)
+        assert otel.value("jobfence.inbox.lost", backend="memory") == 0
+        # the claim is given back behind its holder's back: the next renewal finds it gone
+        assert inbox.backend.release("order-7", claim.owner)
+        _until(lambda: claim.lost)
+        assert otel.value("jobfence.inbox.renewals", backend="memory", outcome="failed") == 1
+        assert otel.value("jobfence.inbox.lost", backend="memory") == 1
+    record = next(r for r in caplog.records if "claim on 'order-7'" in r.getMessage())
+    assert getattr(record, "jobfence.key") == "order-7"
+    assert getattr(record, "jobfence.backend") == "memory"
+    # a lock's renewals are counted apart
+    assert otel.value("jobfence.lock.renewals", backend="memory", outcome="ok") == 0
+
+
+def test_message_renewals_then_a_lost_message(
+    otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    with jobfence.Queue(_url(), "mail") as queue, caplog.at_level(logging.WARNING, "jobfence"):
+        queue.publish({"to": "a@example.com"}, id="m1")
+        (message,) = queue.receive(visibility=0.6, renew=True)
+        _until(lambda: otel.value("jobfence.queue.renewals", backend="memory", outcome="ok") >= 1)
+        assert otel.value("jobfence.queue.lost", backend="memory") == 0
+        # another hand gives the delivery back: the next renewal finds it gone
+        assert queue.backend.nack(message.receipt, queue.consumer, 0.0, None)
+        _until(lambda: message.lost)
+        assert otel.value("jobfence.queue.renewals", backend="memory", outcome="failed") == 1
+        assert otel.value("jobfence.queue.lost", backend="memory") == 1
+    record = next(r for r in caplog.records if "message 'm1'" in r.getMessage())
+    assert getattr(record, "jobfence.message.id") == "m1"
+    assert getattr(record, "jobfence.backend") == "memory"
+
+
 def test_inbox_claim_outcomes_on_sqlite(otel: Otel, tmp_path: Path) -> None:
     with jobfence.Inbox(f"sqlite:///{tmp_path / 'inbox.db'}") as inbox:
         first = inbox.claim("k", fingerprint="a")
