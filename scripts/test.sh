@@ -21,6 +21,13 @@ fi
 
 bash scripts/services.sh
 
+# PgBouncer: tests/integration/test_doctor.py starts a disposable one in transaction pooling mode
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "== installing pgbouncer"
+  apt-get install -y -q pgbouncer >/dev/null \
+    || { echo "test.sh: installing pgbouncer failed (apt-get install pgbouncer)" >&2; exit 1; }
+fi
+
 echo "== generated sync twins are current"
 .venv/bin/python tools/async_to_sync.py --check
 echo "== ruff"

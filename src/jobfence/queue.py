@@ -401,6 +401,36 @@ class Queue:
         self._renewer = self._new_renewer()
         forks.register(self)
 
+    @classmethod
+    def names(cls, url: str | None = None, *, limit: int = 100, **options: Any) -> list[str]:
+        """Up to ``limit`` names of the queues at ``url`` that hold messages, sorted: the
+        queue names of the table (``postgresql://``, ``sqlite:///``; option ``table``), of the
+        namespace (``redis://``, found by SCAN; option ``namespace``), or of the process
+        (``memory://``). ``options`` are those a queue at ``url`` takes. RabbitMQ cannot list
+        queues over AMQP: it raises :class:`~jobfence.errors.ConfigurationError` (listing needs
+        the management API; pass the names)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise ConfigurationError(
+                f"limit must be an int from 1 to 100000, got {limit!r}", argument="limit"
+            )
+        if url is None:
+            url = os.environ.get("JOBFENCE_URL") or DEFAULT_QUEUE_URL
+        # a backend is opened for one queue; listing reads the whole table or namespace
+        backend = open_queue_backend(url, "default", asynchronous=False, **options)
+        try:
+            return list(backend.names(limit))
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{backend.kind} queues ({describe_target(url)}): listing the queue names "
+                f"failed: {type(exc).__name__}: {exc}",
+                backend=backend.kind,
+                operation="queue.names",
+            ) from exc
+        finally:
+            backend.close()
+
     def _new_renewer(self) -> _MessageRenewer:
         renewer = _MessageRenewer(
             self.backend.renew, name="jobfence-queue-renewer", counted=("queue", self.backend.kind)

@@ -464,3 +464,31 @@ async def test_a_streaming_client_gives_back_what_it_did_not_return_when_it_clos
     assert next(m for m in got if m.id == held.id).delivery >= 2
     for m in got:
         await m.ack()
+
+
+async def test_names_lists_the_queues_that_hold_messages(qenv: QueueEnv) -> None:
+    cls = jobfence.Queue if qenv.flavour == "sync" else jobfence.AsyncQueue
+
+    async def names(**kw: Any) -> list[str]:
+        if qenv.flavour == "sync":
+            return list(await asyncio.to_thread(lambda: cls.names(qenv.url, **kw)))
+        return list(await cls.names(qenv.url, **kw))
+
+    a = qenv.queue()
+    other = qenv.queue(name=qenv.name + ".other")
+    await a.publish({"n": 1})
+    await other.publish({"n": 2})
+    if qenv.spec.backend == "rabbitmq":
+        with pytest.raises(ConfigurationError, match="management API"):
+            await names()
+        return
+    # other tests' queues may share the table, namespace or store: look for these two
+    found = await names(limit=100_000)
+    assert {qenv.name, qenv.name + ".other"} <= set(found)
+    assert found == sorted(found)
+    assert len(await names(limit=1)) == 1
+    await other.purge()
+    assert qenv.name + ".other" not in await names(limit=100_000)
+    with pytest.raises(ConfigurationError) as caught:
+        await names(limit=0)
+    assert caught.value.argument == "limit"

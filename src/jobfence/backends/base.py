@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from ..errors import ConfigurationError
+
 __all__ = [
     "AsyncInboxBackend",
     "AsyncLockBackend",
@@ -536,6 +538,15 @@ class AsyncQueueBackend(abc.ABC):
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, oldest first."""
 
+    async def names(self, limit: int) -> list[str]:
+        """Up to ``limit`` names of the queues stored where this backend's queue is (the same
+        server, namespace or table) that hold messages, sorted. A backend that cannot list
+        raises :class:`~jobfence.errors.ConfigurationError` saying so."""
+        raise ConfigurationError(
+            f"the {self.kind} queue backend cannot list queue names: pass the names",
+            argument="url",
+        )
+
     @abc.abstractmethod
     async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         """Publish dead letters again (those with ``ids``, or all), with their delivery count
@@ -600,6 +611,12 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     def dead_letters(self, limit: int) -> list[DeadLetter]: ...
+
+    def names(self, limit: int) -> list[str]:
+        raise ConfigurationError(
+            f"the {self.kind} queue backend cannot list queue names: pass the names",
+            argument="url",
+        )
 
     @abc.abstractmethod
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int: ...

@@ -1,20 +1,17 @@
-"""``jobfence`` command line: ``demo`` shows the bugs and the fix; ``doctor`` checks that
-backends work with a probe lease; ``worker`` runs a handler on a queue; ``queue`` publishes and
-inspects messages; ``locks`` lists, shows and breaks the locks held."""
+"""``jobfence`` command line: ``demo`` shows the bugs and the fix; ``doctor`` checks the
+health of backends and takes a probe lease; ``worker`` runs a handler on a queue; ``queue``
+publishes and inspects messages; ``locks`` lists, shows and breaks the locks held."""
 
 from __future__ import annotations
 
-import time
-import uuid
+import json
+import os
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .. import __version__
 from .._core.url import mask_url
-from ..errors import JobfenceError
-from ..locks import Locks
+from ..errors import ConfigurationError
 from .demo_cmd import demo
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
@@ -28,41 +25,42 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("urls", nargs=-1, required=True)
-@click.option("--namespace", default="jobfence", show_default=True, help="Key/table prefix.")
-def doctor(urls: tuple[str, ...], namespace: str) -> None:
-    """Check that each backend URL works: take, renew and release a probe lease."""
-    console = Console()
-    table = Table(title="jobfence doctor")
-    for column in ("backend", "result", "acquire+release", "token", "detail"):
-        table.add_column(column)
-    failed = False
+@click.argument("urls", nargs=-1)
+@click.option(
+    "--namespace",
+    envvar="JOBFENCE_NAMESPACE",
+    default="jobfence",
+    show_default=True,
+    help="Key/table prefix of the locks (or JOBFENCE_NAMESPACE).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--strict", is_flag=True, help="Exit with 1 on warnings too.")
+def doctor(urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool) -> None:
+    """Health check of each backend URL (or of JOBFENCE_URL, space separated).
+
+    Reports the server version, round trip, clock offset, settings that break locks, fencing
+    or queues (with what to do), jobfence's tables or keys, and a probe lease (take, extend,
+    release). Exits with 1 if any check found an error (with --strict: or a warning).
+    """
+    from ..doctor import diagnose
+    from .doctor_view import render
+
+    if not urls:
+        urls = tuple(os.environ.get("JOBFENCE_URL", "").split())
+    if not urls:
+        raise click.UsageError("give at least one backend URL, or set JOBFENCE_URL")
+    reports = []
     for url in urls:
-        name = f"jobfence-doctor:{uuid.uuid4().hex}"
         try:
-            with Locks(url, namespace=namespace) as locks:
-                started = time.perf_counter()
-                lease = locks.try_acquire(name, ttl=5, renew=False)
-                if lease is None:
-                    raise JobfenceError(f"probe lock {name!r} unexpectedly held")
-                lease.extend()
-                released = lease.release()
-                elapsed = (time.perf_counter() - started) * 1000
-                caps = locks.capabilities
-            detail = ", ".join(k for k, v in vars(caps).items() if v is True)
-            table.add_row(
-                mask_url(url),
-                "[green]ok" if released else "[red]release failed",
-                f"{elapsed:.2f} ms",
-                str(lease.token),
-                detail,
-            )
-            failed |= not released
-        except JobfenceError as exc:
-            failed = True
-            table.add_row(mask_url(url), "[red]error", "", "", str(exc))
-    console.print(table)
-    raise SystemExit(1 if failed else 0)
+            reports.append(diagnose(url, namespace=namespace))
+        except ConfigurationError as exc:
+            raise click.UsageError(f"{mask_url(url)}: {exc}") from exc
+    if as_json:
+        click.echo(json.dumps({"reports": [r.to_dict() for r in reports]}, indent=2))
+    else:
+        render(reports)
+    failing = ("error", "warning") if strict else ("error",)
+    raise SystemExit(1 if any(r.level in failing for r in reports) else 0)
 
 
 cli.add_command(worker)

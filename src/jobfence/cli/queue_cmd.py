@@ -1,8 +1,11 @@
-"""``jobfence queue publish|stats|dead-letters|requeue URL NAME``."""
+"""``jobfence queue list URL`` and ``jobfence queue publish|stats|dead-letters|requeue URL
+NAME``. URL may be left out when ``JOBFENCE_URL`` is set (then NAME comes first)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,12 +16,29 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import JobfenceError
+from ..errors import ConfigurationError, JobfenceError
 from ..queue import Queue
+
+log = logging.getLogger("jobfence.cli")
+
+URL_ENV = "JOBFENCE_URL"
+
+
+def _url_and_name(url: str | None, name: str | None) -> tuple[str, str]:
+    """``URL NAME``, or ``NAME`` alone with the URL from ``JOBFENCE_URL``: Click fills the
+    positional arguments in order, so a lone argument arrives as ``url``."""
+    if name is None:
+        if url is None:
+            raise click.UsageError("give the queue NAME")
+        url, name = os.environ.get(URL_ENV) or None, url
+    if not url:
+        raise click.UsageError(f"give the queue URL, or set {URL_ENV}")
+    return url, str(name)
 
 
 @contextmanager
-def _queue(url: str, name: str) -> Iterator[Queue]:
+def _queue(url: str | None, name: str | None) -> Iterator[Queue]:
+    url, name = _url_and_name(url, name)
     try:
         queue = Queue(url, name)
     except JobfenceError as exc:
@@ -54,6 +74,7 @@ def queue_group() -> None:
 @click.argument("url")
 @click.argument("name")
 @click.argument("bodies", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print the ids as one JSON list.")
 @click.option("--id", "msg_id", help="The message id (one body only; default: a random id).")
 @click.option("--header", "headers", multiple=True, metavar="K=V", help="A header (repeatable).")
 @click.option(
@@ -72,6 +93,7 @@ def publish(
     headers: tuple[str, ...],
     delay: float,
     lines: Any,
+    as_json: bool,
 ) -> None:
     """Publish BODIES (JSON texts) to the queue NAME at URL; prints the message ids."""
     texts = list(bodies)
@@ -97,18 +119,22 @@ def publish(
         ids = queue.publish_many(
             parsed, ids=None if msg_id is None else [msg_id], headers=head, delay=delay
         )
+    if as_json:
+        click.echo(json.dumps({"queue": name, "ids": ids}))
+        return
     for i in ids:
         click.echo(i)
 
 
 @queue_group.command("stats")
-@click.argument("url")
-@click.argument("name")
+@click.argument("url", required=False)
+@click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def stats(url: str, name: str, as_json: bool) -> None:
+def stats(url: str | None, name: str | None, as_json: bool) -> None:
     """Message counts of the queue NAME at URL: ready, delayed, in flight, dead."""
     with _queue(url, name) as queue:
         counts = queue.stats()
+        name = queue.name
     values = {
         "ready": counts.ready,
         "delayed": counts.delayed,
@@ -126,14 +152,15 @@ def stats(url: str, name: str, as_json: bool) -> None:
 
 
 @queue_group.command("dead-letters")
-@click.argument("url")
-@click.argument("name")
+@click.argument("url", required=False)
+@click.argument("name", required=False)
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one per message.")
-def dead_letters(url: str, name: str, limit: int, as_json: bool) -> None:
+def dead_letters(url: str | None, name: str | None, limit: int, as_json: bool) -> None:
     """The dead letters of the queue NAME at URL, oldest first, with their last error."""
     with _queue(url, name) as queue:
         dead = queue.dead_letters(limit)
+        name = queue.name
     if as_json:
         for d in dead:
             click.echo(
@@ -159,11 +186,67 @@ def dead_letters(url: str, name: str, limit: int, as_json: bool) -> None:
 
 
 @queue_group.command("requeue")
-@click.argument("url")
-@click.argument("name")
+@click.argument("url", required=False)
+@click.argument("name", required=False)
 @click.option("--id", "ids", multiple=True, help="Requeue only this dead letter (repeatable).")
-def requeue(url: str, name: str, ids: tuple[str, ...]) -> None:
-    """Publish the dead letters of the queue NAME at URL again (all, or --id ones)."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def requeue(url: str | None, name: str | None, ids: tuple[str, ...], as_json: bool) -> None:
+    """Publish the dead letters of the queue NAME at URL again (all, or --id ones). Logs
+    what it requeued at WARNING on the jobfence.cli logger."""
     with _queue(url, name) as queue:
         count = queue.requeue_dead(list(ids) or None)
+        name, where = queue.name, queue.url
+    log.warning(
+        "requeued %d dead letter(s) of queue %r at %s%s",
+        count,
+        name,
+        where,
+        f" (ids {', '.join(ids)})" if ids else " (all)",
+    )
+    if as_json:
+        click.echo(json.dumps({"queue": name, "requeued": count, "ids": list(ids) or None}))
+        return
     click.echo(f"requeued {count} message(s)")
+
+
+@queue_group.command("list")
+@click.argument("url", envvar=URL_ENV, required=False)
+@click.option(
+    "--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+    help="At most this many queues.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one per queue.")
+def list_queues(url: str | None, limit: int, as_json: bool) -> None:
+    """The queues at URL that hold messages, with their counts (ready, delayed, in flight,
+    dead). RabbitMQ cannot list its queues over AMQP: give the names to ``stats``."""
+    if not url:
+        raise click.UsageError(f"give the queue URL, or set {URL_ENV}")
+    try:
+        names = Queue.names(url, limit=limit)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except JobfenceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    rows = []
+    for name in names:
+        with _queue(url, name) as queue:
+            counts = queue.stats()
+        rows.append(
+            {
+                "queue": name,
+                "ready": counts.ready,
+                "delayed": counts.delayed,
+                "in_flight": counts.in_flight,
+                "dead": counts.dead,
+            }
+        )
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    table = Table(title=f"queues ({len(rows)})")
+    for column in ("queue", "ready", "delayed", "in_flight", "dead"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for row in rows:
+        table.add_row(*("?" if v is None else str(v) for v in row.values()))
+    _console().print(table)

@@ -252,6 +252,14 @@ def get_queue_store(url: BackendURL, name: str) -> MemoryQueueStore:
         return store
 
 
+def queue_names(url: BackendURL, limit: int) -> list[str]:
+    """The names of the queues of ``url``'s store that hold messages, sorted."""
+    head = f"{url.host or ''}{url.path}\x00"
+    with _stores_mutex:
+        stores = [(k[len(head) :], s) for k, s in _stores.items() if k.startswith(head)]
+    return sorted(name for name, store in stores if store.messages)[:limit]
+
+
 def _open_store(url: BackendURL, name: str, options: dict[str, Any]) -> MemoryQueueStore:
     reject_unknown(url.options, (), "memory queue URL")
     reject_unknown(options, (), "memory queue")
@@ -322,6 +330,9 @@ class MemoryQueueBackend(QueueBackend):
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         return self.store.dead_letters(limit)
+
+    def names(self, limit: int) -> list[str]:
+        return queue_names(self._url, limit)
 
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         return self.store.requeue_dead(ids)
@@ -395,6 +406,9 @@ class AsyncMemoryQueueBackend(AsyncQueueBackend):
 
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         return self.store.dead_letters(limit)
+
+    async def names(self, limit: int) -> list[str]:
+        return queue_names(self._url, limit)
 
     async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         return self.store.requeue_dead(ids)

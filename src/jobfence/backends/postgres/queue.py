@@ -585,6 +585,10 @@ class PostgresQueueBackend(Listener, QueueBackend):
             for id_, body, headers, delivery, error, dead_at in rows
         ]
 
+    def names(self, limit: int) -> list[str]:
+        rows, _ = self._run("names", {"limit": int(limit)})
+        return [str(_text_out(row[0])) for row in rows]
+
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         if ids is not None and not ids:
             return 0

@@ -587,6 +587,10 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
             for id_, body, headers, delivery, error, dead_at in rows
         ]
 
+    async def names(self, limit: int) -> list[str]:
+        rows, _ = await self._run("names", {"limit": int(limit)})
+        return [str(_text_out(row[0])) for row in rows]
+
     async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         if ids is not None and not ids:
             return 0

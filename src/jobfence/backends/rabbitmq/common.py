@@ -187,6 +187,12 @@ class Topology:
         return self.main, self.dead_route
 
 
+RABBITMQ_NAMES = (
+    "RabbitMQ cannot list queue names over AMQP: listing needs the management API "
+    "(rabbitmqctl list_queues, or the management plugin's HTTP API); pass the queue names"
+)
+
+
 def check_backend_name(name: str) -> str:
     """A validated queue name must also not be one of another queue's server objects."""
     if name.endswith(DEAD_SUFFIX) or DELAY_INFIX in name:

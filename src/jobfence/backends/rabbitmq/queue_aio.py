@@ -40,10 +40,11 @@ from ..._core.acompat import wait_event
 from ..._core.options import connect_timed_out, request_timed_out
 from ..._core.url import BackendURL
 from ..._core.validate import check_queue_name
-from ...errors import BackendError
+from ...errors import BackendError, ConfigurationError
 from ..base import AsyncQueueBackend, DeadLetter, QueuedMessage, QueueStats, RenewItem
 from .common import (
     CAPABILITIES,
+    RABBITMQ_NAMES,
     REDECLARE_AFTER,
     Deliveries,
     Incoming,
@@ -644,6 +645,9 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             for tag in tags:
                 await self._request(link, link.channel.basic_nack(tag, requeue=True))
             await self._request(link, link.barrier.wait())
+
+    async def names(self, limit: int) -> list[str]:
+        raise ConfigurationError(RABBITMQ_NAMES, argument="url")
 
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         link = await self._connected()

@@ -44,11 +44,12 @@ from ..._core import forks
 from ..._core.options import connect_timed_out, request_timed_out
 from ..._core.url import BackendURL
 from ..._core.validate import check_queue_name
-from ...errors import BackendError
+from ...errors import BackendError, ConfigurationError
 from .._deadline import SocketGuard, guard
 from ..base import DeadLetter, QueueBackend, QueuedMessage, QueueStats, RenewItem
 from .common import (
     CAPABILITIES,
+    RABBITMQ_NAMES,
     REDECLARE_AFTER,
     Deliveries,
     Incoming,
@@ -704,6 +705,9 @@ class RabbitQueueBackend(QueueBackend):
                 for tag in tags:
                     link.channel.basic_nack(tag, requeue=True)
                 link.channel.basic_qos(prefetch_count=1)
+
+    def names(self, limit: int) -> list[str]:
+        raise ConfigurationError(RABBITMQ_NAMES, argument="url")
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         def on_link(link: _Link) -> list[DeadLetter]:

@@ -318,6 +318,20 @@ class RedisQueueBackend(QueueBackend):
             )
         return out
 
+    def names(self, limit: int) -> list[str]:
+        """The queues of the namespace, from their stream keys (``S:q:{Q}:s``) by SCAN (never
+        KEYS); the scan stops once ``limit`` names are found."""
+        head = f"{self.namespace}:q:{{"
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in head) + "*}:s"
+        found: set[str] = set()
+        for key in self._client.scan_iter(match=pattern, count=1000):
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            if text.startswith(head) and text.endswith("}:s"):
+                found.add(text[len(head) : -3])
+                if len(found) >= limit:
+                    break
+        return sorted(found)[:limit]
+
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         """Requeue dead letters a page of :data:`REQUEUE_PAGE` at a time (each page one
         atomic script call), oldest first."""

@@ -428,6 +428,10 @@ class SQLiteQueueBackend(QueueBackend):
             for message_id, body, headers, delivery, error, dead_at in rows
         ]
 
+    def names(self, limit: int) -> list[str]:
+        rows = self._fetch(self.queries["names"], {"limit": int(limit)})
+        return [str(row[0]) for row in rows]
+
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         """Make dead letters deliverable again (delivery count reset); wakes as many waiting
         receives in this process."""

@@ -443,6 +443,10 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             for message_id, body, headers, delivery, error, dead_at in rows
         ]
 
+    async def names(self, limit: int) -> list[str]:
+        rows = await self._fetch(self.queries["names"], {"limit": int(limit)})
+        return [str(row[0]) for row in rows]
+
     async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
         """Make dead letters deliverable again (delivery count reset); wakes as many waiting
         receives in this process."""

@@ -259,6 +259,11 @@ WITH requeued AS (
 )
 SELECT (SELECT count(*) FROM requeued), (SELECT count(*) FROM woken);
 
+-- name: names
+-- Params: :limit. -> the names of the queues with a row in the table, sorted.
+SELECT DISTINCT queue FROM {table} ORDER BY queue LIMIT :limit;
+
+
 -- name: stats
 -- Params: :queue. One pass over the queue's rows, at one instant. -> one row: (ready,
 -- delayed, in_flight, dead).

@@ -172,6 +172,11 @@ UPDATE {table}
 RETURNING {table}.seq, {table}.receipt, {table}.consumer;
 
 
+-- name: names
+-- Params: :limit. -> the names of the queues with a row in the table, sorted.
+SELECT DISTINCT queue FROM {table} ORDER BY queue LIMIT :limit;
+
+
 -- name: stats
 -- Params: :queue. -> (ready, delayed, in_flight, dead), one row. A delivery whose
 -- visibility passed counts as ready: it is deliverable again.

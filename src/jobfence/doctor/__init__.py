@@ -1,0 +1,302 @@
+"""A health check of a jobfence backend: what ``jobfence doctor`` prints.
+
+:func:`diagnose` connects to the server of a backend URL and reports its version, the round
+trip time, the offset between this host's clock and the server's, the server settings that
+break locks, fencing or queues (each a :class:`Finding` with advice), the state of jobfence's
+tables or keys, and the result of a probe lease (take, extend, release). One module per server
+(``redis.py``, ``postgres.py``, ``mysql.py``, ``sqlite.py``, ``rabbitmq.py``) does the
+server-specific part.
+
+Nothing is created on the server except what the probe lease creates (the lock tables of the
+namespace on SQL backends, and its keys, deleted by its release, on Redis).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .._core.url import BackendURL, parse_url
+from ..errors import ConfigurationError
+
+__all__ = [
+    "CLOCK_OFFSET_WARNING_MS",
+    "RTT_WARNING_MS",
+    "Finding",
+    "Level",
+    "Probe",
+    "Report",
+    "TableStatus",
+    "diagnose",
+]
+
+Level = Literal["ok", "warning", "error"]
+_RANK = {"ok": 0, "warning": 1, "error": 2}
+
+#: a median round trip above this many milliseconds is a warning (every lock verb pays it)
+RTT_WARNING_MS = 50.0
+#: a client/server clock offset above this many milliseconds is a warning
+CLOCK_OFFSET_WARNING_MS = 1000.0
+#: round trips timed for the median
+DEFAULT_PINGS = 5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check: ``level`` (``ok``, ``warning`` or ``error``), a stable ``code``
+    (e.g. ``redis-eviction``), what was found (``message``) and what to do (``advice``)."""
+
+    level: Level
+    code: str
+    message: str
+    advice: str = ""
+
+
+@dataclass
+class Probe:
+    """The probe lease: taken, extended and released under a random name. ``ok`` when all
+    three worked; ``token`` is the fencing token it got; ``elapsed_ms`` the three calls'
+    time; ``capabilities`` the lock backend's true capabilities; ``error`` why it failed."""
+
+    ok: bool
+    token: int | None = None
+    elapsed_ms: float | None = None
+    capabilities: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class TableStatus:
+    """A table of one jobfence component (``locks``, ``inbox``, ``fences``, ``queue``): whether
+    it exists, its schema version where one is recorded, and row counts by state."""
+
+    component: str
+    table: str
+    installed: bool
+    schema_version: int | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """What :func:`diagnose` found for one URL.
+
+    ``url`` is masked; ``backend`` the URL's scheme family (``redis``, ``postgres``, ...);
+    ``rtt_ms`` the median of a few round trips; ``clock_offset_ms`` the server's clock minus
+    this host's at the midpoint of the request (``None``: unknown, see ``clock_note``);
+    ``keys`` (Redis) the keys under the namespace by kind, ``keys_capped`` when the count
+    stopped at its cap.
+    """
+
+    url: str
+    backend: str
+    namespace: str
+    server_version: str | None = None
+    rtt_ms: float | None = None
+    clock_offset_ms: float | None = None
+    clock_note: str = ""
+    probe: Probe | None = None
+    findings: list[Finding] = field(default_factory=list)
+    tables: list[TableStatus] = field(default_factory=list)
+    keys: dict[str, int] = field(default_factory=dict)
+    keys_capped: bool = False
+
+    @property
+    def level(self) -> Level:
+        """The worst level among the findings (``ok`` when there are none)."""
+        worst: Level = "ok"
+        for finding in self.findings:
+            if _RANK[finding.level] > _RANK[worst]:
+                worst = finding.level
+        return worst
+
+    def add(self, level: Level, code: str, message: str, advice: str = "") -> Finding:
+        finding = Finding(level, code, message, advice)
+        self.findings.append(finding)
+        return finding
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the report, with its ``level``."""
+        out = asdict(self)
+        out["level"] = self.level
+        return out
+
+
+class Timer:
+    """Round trips of one check: :meth:`ping` times ``call`` a few times; :meth:`clock`
+    estimates the server's clock offset from ``now`` (the server's time in seconds since the
+    epoch), taking the fastest round trip (its midpoint is the tightest estimate)."""
+
+    def __init__(self, pings: int) -> None:
+        self.pings = pings
+
+    def ping(self, call: Callable[[], object]) -> float:
+        """The median round trip of ``call()`` in milliseconds."""
+        times = []
+        for _ in range(self.pings):
+            started = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - started) * 1000)
+        return round(statistics.median(times), 3)
+
+    def clock(self, now: Callable[[], float]) -> float:
+        """Server clock minus this host's clock, in milliseconds."""
+        best: tuple[float, float] | None = None
+        for _ in range(self.pings):
+            before = time.time()
+            server = now()
+            after = time.time()
+            sample = (after - before, server - (before + after) / 2)
+            if best is None or sample[0] < best[0]:
+                best = sample
+        assert best is not None
+        return round(best[1] * 1000, 3)
+
+
+def _family(url: BackendURL) -> str:
+    """The backend's name (``redis``, ``postgres``, ``mysql``, ...) for the URL's scheme."""
+    from ..backends import registered
+
+    info = registered().get(url.scheme)
+    return info.name if info is not None else url.scheme
+
+
+def _error_text(url: BackendURL, exc: BaseException) -> str:
+    return url.redact(f"{type(exc).__name__}: {exc}")
+
+
+def _probe(raw: str, namespace: str) -> Probe:
+    """Take, extend and release a lease under a random name (the lock tables of the namespace
+    are created by it where they do not exist yet)."""
+    from ..errors import JobfenceError
+    from ..locks import Locks
+
+    name = f"jobfence-doctor:{uuid.uuid4().hex}"
+    try:
+        with Locks(raw, namespace=namespace) as locks:
+            started = time.perf_counter()
+            lease = locks.try_acquire(name, ttl=5, renew=False)
+            if lease is None:
+                return Probe(ok=False, error=f"probe lock {name!r} unexpectedly held")
+            lease.extend()
+            released = lease.release()
+            elapsed = (time.perf_counter() - started) * 1000
+            caps = [k for k, v in vars(locks.capabilities).items() if v is True]
+    except JobfenceError as exc:
+        return Probe(ok=False, error=str(exc))
+    return Probe(
+        ok=released,
+        token=lease.token,
+        elapsed_ms=round(elapsed, 3),
+        capabilities=caps,
+        error=None if released else "the release of the probe lease failed",
+    )
+
+
+def diagnose(
+    url: str,
+    *,
+    namespace: str = "jobfence",
+    pings: int = DEFAULT_PINGS,
+    probe: bool = True,
+    rtt_warning_ms: float = RTT_WARNING_MS,
+    clock_warning_ms: float = CLOCK_OFFSET_WARNING_MS,
+) -> Report:
+    """Check the backend at ``url``: server version, round trip, clock offset, dangerous
+    settings, jobfence's tables or keys (those of ``namespace``), and (``probe=True``) a probe
+    lease. Never raises for a server that is down or refuses a check: that is an ``error`` or
+    ``warning`` finding of the report. A URL that cannot be parsed raises
+    :class:`~jobfence.errors.ConfigurationError`."""
+    parsed = parse_url(url)
+    if isinstance(pings, bool) or not isinstance(pings, int) or not 1 <= pings <= 100:
+        raise ConfigurationError(
+            f"pings must be an int from 1 to 100, got {pings!r}", argument="pings"
+        )
+    report = Report(url=parsed.masked, backend=_family(parsed), namespace=namespace)
+    timer = Timer(pings)
+    inspect = _INSPECTORS.get(report.backend)
+    reachable = True
+    if inspect is not None:
+        try:
+            inspect(report, parsed, timer)
+        except Exception as exc:
+            reachable = False
+            report.add(
+                "error",
+                "unreachable",
+                f"checking the server failed: {_error_text(parsed, exc)}",
+                "check the URL, that the server runs and that this host may connect to it",
+            )
+    if report.rtt_ms is not None and report.rtt_ms > rtt_warning_ms:
+        report.add(
+            "warning",
+            "high-rtt",
+            f"round trip {report.rtt_ms:.1f} ms (over {rtt_warning_ms:.0f} ms)",
+            "every lock, inbox and queue call pays at least one round trip: run the workers "
+            "near the server, and give leases a ttl of many round trips",
+        )
+    elif report.rtt_ms is not None:
+        report.add("ok", "rtt", f"round trip {report.rtt_ms:.2f} ms")
+    if report.clock_offset_ms is not None:
+        offset = report.clock_offset_ms
+        if abs(offset) > clock_warning_ms:
+            report.add(
+                "warning",
+                "clock-offset",
+                f"the server's clock is {offset / 1000:+.3f} s from this host's",
+                "jobfence times leases by the server's clock, so locks stay correct; but "
+                "published_at and dead_at times, logs and any time your code compares with the "
+                "server's disagree: run NTP (chrony, systemd-timesyncd) on both hosts",
+            )
+        else:
+            report.add("ok", "clock-offset", f"clock offset {offset:+.1f} ms")
+    if probe and reachable and report.backend != "rabbitmq":
+        report.probe = _probe(url, namespace)
+        if report.probe.ok:
+            report.add(
+                "ok",
+                "probe",
+                f"probe lease taken, extended and released (token {report.probe.token})",
+            )
+        else:
+            report.add(
+                "error",
+                "probe",
+                f"probe lease failed: {parsed.redact(report.probe.error or '')}",
+                "the lock backend does not work with this URL: see the error",
+            )
+    return report
+
+
+def _inspect_memory(report: Report, url: BackendURL, timer: Timer) -> None:
+    report.clock_offset_ms = 0.0
+    report.clock_note = "in-process: this host's clock"
+    report.add(
+        "ok",
+        "in-process",
+        "memory:// keeps everything in this process",
+        "only threads and tasks of one process share it: use a server for several processes",
+    )
+
+
+def _inspector(module: str) -> Callable[[Report, BackendURL, Timer], None]:
+    def run(report: Report, url: BackendURL, timer: Timer) -> None:
+        import importlib
+
+        importlib.import_module(f"{__name__}.{module}").inspect(report, url, timer)
+
+    return run
+
+
+_INSPECTORS: dict[str, Callable[[Report, BackendURL, Timer], None]] = {
+    "memory": _inspect_memory,
+    "redis": _inspector("redis"),
+    "postgres": _inspector("postgres"),
+    "mysql": _inspector("mysql"),
+    "sqlite": _inspector("sqlite"),
+    "rabbitmq": _inspector("rabbitmq"),
+}

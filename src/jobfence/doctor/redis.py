@@ -1,0 +1,204 @@
+"""Redis checks of ``jobfence doctor``: eviction, persistence, clock, keys under the namespace.
+
+Key kinds (see ``backends/redis/lua/lock_lib.lua`` and ``backends/redis/queue_async.py``):
+``S:lock:{N}`` a lease, ``S:lock:{N}:tok`` a fencing-token counter, ``:q``/``:qd``/``:w:O``
+a lock's waiters, ``:rel`` a recent release; ``S:q:{Q}:<part>`` the keys of queue ``Q``;
+``jobfence_inbox:<key>`` the inbox records (the inbox's own prefix, not the namespace).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .._core.inbox_support import DEFAULT_TABLE as INBOX_PREFIX
+from .._core.url import BackendURL
+from ..backends.redis.client import connect_redis
+from . import Report, Timer
+
+#: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
+SCAN_CAP = 100_000
+#: options of jobfence's Redis backends, never handed to redis-py
+_OWN = ("namespace", "max_dead_letters", "waiter_slack", "table")
+
+EVICTION_ADVICE = (
+    "set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and in "
+    "redis.conf), or give jobfence a Redis of its own with noeviction: an evicted lease key "
+    "lets a second worker take a lock that is still held"
+)
+
+NO_PERSISTENCE = (
+    "neither AOF (appendonly no) nor RDB snapshots (save is empty): a restart of this Redis "
+    "loses every lease, fencing-token counter, inbox record and queue message. Held locks "
+    "are free at once: another worker can take a lock while its previous holder still works "
+    "(the holder finds its lease lost only at its next renewal). The lost token counters "
+    "restart from the clock floor (each grant's token is at least the server time in "
+    "microseconds), so new tokens stay above the old ones and fenced writes still refuse the "
+    "previous holder -- unless the restarted server's clock is behind the old one (another "
+    "host, a clock stepped back). Completed inbox keys are forgotten (their jobs can run "
+    "again) and queued messages are gone."
+)
+NO_PERSISTENCE_ADVICE = (
+    "enable AOF (appendonly yes, appendfsync everysec) or RDB snapshots if a restart must "
+    "not lose queue messages and inbox records; for locks alone, fence the writes that a "
+    "second holder must not repeat (jobfence.Fence / fenced writes), and keep the server "
+    "clocks in sync"
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _kind(key: str, namespace: str) -> str:
+    """The kind of a key under ``namespace:``."""
+    rest = key[len(namespace) + 1 :]
+    if rest.startswith("lock:{"):
+        tail = rest[rest.rfind("}") + 1 :]
+        if not tail:
+            return "lease"
+        if tail == ":tok":
+            return "token counter"
+        if tail in (":q", ":qd") or tail.startswith(":w:"):
+            return "lock waiters"
+        if tail == ":rel":
+            return "recent release"
+        return "lock other"
+    if rest.startswith("q:{"):
+        tail = rest[rest.rfind("}") + 1 :]
+        return "queue stream" if tail == ":s" else "queue other"
+    return "other"
+
+
+def _count(client: Any, pattern: str, cap: int) -> tuple[list[str], bool]:
+    """Keys matching ``pattern`` by SCAN (never KEYS), at most ``cap``; whether it stopped."""
+    found: list[str] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        found.append(_text(key))
+        if len(found) >= cap:
+            return found, True
+    return found, False
+
+
+def _config(client: Any, name: str) -> str | None:
+    values = client.config_get(name)
+    value = values.get(name, values.get(name.encode()) if values else None)
+    return None if value is None else _text(value)
+
+
+def inspect(report: Report, url: BackendURL, timer: Timer) -> None:
+    client = connect_redis(url, {}, what="doctor", own=_OWN)
+    try:
+        _inspect(report, client, timer)
+    finally:
+        client.close()
+
+
+def _inspect(report: Report, client: Any, timer: Timer) -> None:
+    info = client.info("server")
+    report.server_version = str(info.get("redis_version") or info.get("valkey_version") or "?")
+    report.rtt_ms = timer.ping(client.ping)
+
+    def now() -> float:
+        seconds, micros = client.time()
+        return int(seconds) + int(micros) / 1e6
+
+    report.clock_offset_ms = timer.clock(now)
+    report.clock_note = "Redis TIME"
+    major = int(report.server_version.split(".")[0]) if report.server_version[0].isdigit() else 0
+    if major and major < 6:
+        report.add(
+            "error",
+            "redis-version",
+            f"Redis {report.server_version}: jobfence needs Redis 6.0 or newer",
+            "upgrade Redis to 6.0 or newer (Streams, scripts that read TIME before writing)",
+        )
+    else:
+        report.add("ok", "redis-version", f"Redis {report.server_version}")
+    _settings(report, client)
+    _keys(report, client)
+
+
+def _settings(report: Report, client: Any) -> None:
+    try:
+        maxmemory = _config(client, "maxmemory")
+        policy = _config(client, "maxmemory-policy")
+        appendonly = _config(client, "appendonly")
+        save = _config(client, "save")
+    except ResponseError as exc:
+        for code in ("redis-eviction", "redis-persistence"):
+            report.add(
+                "warning",
+                code,
+                f"unknown: CONFIG is not available ({exc}); a managed Redis often disables it",
+                "check in the provider's settings that maxmemory-policy is noeviction and "
+                "that persistence (AOF or snapshots) is on",
+            )
+        return
+    if not maxmemory or maxmemory == "0":
+        report.add(
+            "ok",
+            "redis-eviction",
+            f"maxmemory 0: Redis never evicts keys (maxmemory-policy {policy})",
+            "watch the memory of the host: with no limit Redis can run out of it",
+        )
+    elif policy and (policy.startswith("allkeys-") or policy.startswith("volatile-")):
+        which = (
+            "any key"
+            if policy.startswith("allkeys-")
+            else "keys with a TTL -- every lease and lock key has one"
+        )
+        report.add(
+            "error",
+            "redis-eviction",
+            f"maxmemory {maxmemory} bytes with maxmemory-policy {policy}: when memory runs "
+            f"out Redis evicts {which}, lock keys included",
+            EVICTION_ADVICE,
+        )
+    else:
+        report.add(
+            "ok",
+            "redis-eviction",
+            f"maxmemory {maxmemory} bytes with maxmemory-policy {policy}: no key is evicted "
+            "(writes fail when memory is full)",
+        )
+    if appendonly == "no" and not (save or "").strip():
+        report.add("warning", "redis-persistence", NO_PERSISTENCE, NO_PERSISTENCE_ADVICE)
+    else:
+        how = []
+        if appendonly == "yes":
+            how.append("AOF")
+        if (save or "").strip():
+            how.append(f"RDB snapshots (save {save})")
+        report.add("ok", "redis-persistence", "persistence: " + " and ".join(how))
+
+
+def _keys(report: Report, client: Any) -> None:
+    namespace = report.namespace
+    counts: dict[str, int] = {}
+    keys, capped = _count(client, f"{_escape(namespace)}:*", SCAN_CAP)
+    for key in keys:
+        kind = _kind(key, namespace)
+        counts[kind] = counts.get(kind, 0) + 1
+    inbox, inbox_capped = _count(client, f"{_escape(INBOX_PREFIX)}:*", SCAN_CAP)
+    if inbox:
+        counts["inbox record"] = len(inbox)
+    report.keys = dict(sorted(counts.items()))
+    report.keys_capped = capped or inbox_capped
+    if not counts:
+        report.add(
+            "ok",
+            "keys",
+            f"no jobfence keys under {namespace!r}: nothing in use (keys are created on use)",
+        )
+    else:
+        total = sum(counts.values())
+        more = f" (counted up to {SCAN_CAP})" if report.keys_capped else ""
+        kinds = ", ".join(f"{kind} {n}" for kind, n in report.keys.items())
+        report.add("ok", "keys", f"{total} jobfence keys under {namespace!r}{more}: {kinds}")
+
+
+def _escape(prefix: str) -> str:
+    """``prefix`` with the glob characters of SCAN MATCH escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
