@@ -16,6 +16,7 @@ from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
 from .demo_cmd import demo
+from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
 from .worker_cmd import worker
@@ -69,6 +70,7 @@ cli.add_command(worker)
 cli.add_command(demo)
 cli.add_command(queue_group)
 cli.add_command(locks_group)
+cli.add_command(inbox_group)
 
 
 def main() -> None:
