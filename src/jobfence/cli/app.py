@@ -13,6 +13,7 @@ from .. import __version__
 from .._core.url import mask_url
 from ..errors import ConfigurationError
 from .demo_cmd import demo
+from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
 from .worker_cmd import worker
@@ -67,6 +68,7 @@ cli.add_command(worker)
 cli.add_command(demo)
 cli.add_command(queue_group)
 cli.add_command(locks_group)
+cli.add_command(inbox_group)
 
 
 def main() -> None:

@@ -6,34 +6,27 @@ is a Rich table on a terminal (not cut to 80 columns elsewhere), or JSON with ``
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..backends.base import LockHolder
 from ..errors import ConfigurationError, JobfenceError
 from ..locks import Locks
+from ._common import URL_ENV, console
+from ._common import user as _user
 
 log = logging.getLogger("jobfence.cli")
 
-URL_ENV = "JOBFENCE_URL"
 NAMESPACE_ENV = "JOBFENCE_NAMESPACE"
-
-
-def console() -> Console:
-    """Rich output on stdout; not on a terminal, tables are not cut to 80 columns."""
-    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 @contextmanager
@@ -204,10 +197,3 @@ def break_lock(url: str | None, name: str | None, namespace: str, yes: bool) -> 
         described,
     )
     console().print(Text(f"broke {name}: it was {described}"))
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no login name (a container without a passwd entry)
-        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown user"
