@@ -15,6 +15,7 @@ from .. import __version__
 from .._core.url import mask_url
 from ..errors import JobfenceError
 from ..locks import Locks
+from .dashboard_cmd import dashboard
 from .demo_cmd import demo
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
@@ -69,6 +70,7 @@ cli.add_command(worker)
 cli.add_command(demo)
 cli.add_command(queue_group)
 cli.add_command(locks_group)
+cli.add_command(dashboard)
 
 
 def main() -> None:
