@@ -194,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
                 state["actions"] = self.server.allow_actions
                 self._json(HTTPStatus.OK, state)
                 return
+            if path == "/favicon.ico":  # none: say so without an error in the console
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+                return
             if path in _STATIC:
                 name, content_type = _STATIC[path]
                 text = self.server.page() if name == "index.html" else _static(name)
