@@ -15,6 +15,7 @@ import pytest
 
 import jobfence
 from tests.conformance.specs import new_namespace
+from tests.netproxy import FaultProxy
 from tests.servers import REDIS_URL, delete_redis_keys
 
 from ._dashboard import Running, dashboard
@@ -104,6 +105,34 @@ def test_state_lists_each_url_and_reports_a_down_backend_alone(
         "truncated": False,
     }
     assert sqlite_t["inbox"]["status"] == "ok"
+
+
+def test_a_backend_that_hangs_is_reported_while_the_others_answer(
+    namespace: str, tmp_path: Path
+) -> None:
+    port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy(port) as proxy, jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
+        lease = locks.acquire("orders:42", ttl=TTL)
+        hanging_url = proxy.url_for(REDIS_URL, port)
+        args = ("--namespace", namespace)
+        with dashboard(hanging_url, REDIS_URL, *args, tmp_path=tmp_path) as board:
+            _, state = board.request("/api/state")
+            assert [t["locks"]["status"] for t in state["targets"]] == ["ok", "ok"]
+            proxy.stall()
+            _, state = board.request("/api/state")
+            hanging, working = state["targets"]
+            assert hanging["locks"]["status"] == "error"
+            assert [r["token"] for r in working["locks"]["items"]] == [lease.token]
+            _, again = board.request("/api/state")  # the hung call is not started twice
+            assert again["targets"][0]["locks"]["status"] == "error"
+            assert [r["token"] for r in again["targets"][1]["locks"]["items"]] == [lease.token]
+            proxy.resume()
+            for _ in range(60):  # the hung call ends (answered or timed out), then it recovers
+                _, state = board.request("/api/state")
+                if state["targets"][0]["locks"]["status"] == "ok":
+                    break
+            assert [r["token"] for r in state["targets"][0]["locks"]["items"]] == [lease.token]
+        assert lease.release()
 
 
 def test_read_only_refuses_every_action(namespace: str, tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -24,7 +26,7 @@ from .._core.inbox_support import DEFAULT_TABLE
 from .._core.url import mask_url, parse_url
 from .._core.validate import check_listing, check_name, check_queue_name
 from ..backends import registered
-from ..errors import ConfigurationError, JobfenceError
+from ..errors import BackendError, ConfigurationError, JobfenceError
 from ..inbox import Inbox
 from ..locks import Locks
 from ..queue import Queue
@@ -37,6 +39,8 @@ T = TypeVar("T")
 
 #: the most dead letters listed per queue
 DEAD_LETTERS_SHOWN = 50
+#: seconds the state waits for one URL's answer before reporting it as not answering
+ANSWER_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Target:
         self.backend = info.name
         self.parts = frozenset(info.parts)
         self._mutex = threading.Lock()
+        #: the gathering of this URL's state still running, if any (one at a time)
+        self.pending: Future[dict[str, Any]] | None = None
         self._locks: Locks | None = None
         self._inbox: Inbox | None = None
         self._queues: dict[str, Queue] = {}
@@ -159,6 +165,25 @@ class Target:
             return {"status": "error", "error": masked_error(exc, [self.url])}
 
     # -- reading ------------------------------------------------------------------------------
+
+    def not_answering(self, waited: float) -> dict[str, Any]:
+        """The state of a URL whose backend has not answered within ``waited`` seconds (a
+        link that hangs without closing): an error on each of its panels."""
+        error = {
+            "status": "error",
+            "error": f"no answer from the backend within {waited:g} s (still waiting)",
+        }
+        return {
+            "id": self.index,
+            "url": self.masked,
+            "backend": self.backend,
+            "locks": error if "locks" in self.parts else {"status": "unsupported"},
+            "inbox": error if "inbox" in self.parts else {"status": "unsupported"},
+            "queues": [
+                {"name": name, **(error if "queue" in self.parts else {"status": "unsupported"})}
+                for name in self.config.queues
+            ],
+        }
 
     def state(self) -> dict[str, Any]:
         """Everything the page shows for this URL."""
@@ -258,11 +283,27 @@ class Target:
                 f"{self.masked}: the {self.backend} backend has no {part}", argument="target"
             )
 
+    @contextmanager
+    def _acting(self) -> Iterator[None]:
+        """Hold the URL's mutex for an action; BackendError when the calls before it hang
+        longer than ANSWER_TIMEOUT (a link that stopped answering)."""
+        if not self._mutex.acquire(timeout=ANSWER_TIMEOUT):
+            raise BackendError(
+                f"{self.masked}: the backend has not answered the previous call within "
+                f"{ANSWER_TIMEOUT:g} s",
+                backend=self.backend,
+                operation="dashboard",
+            )
+        try:
+            yield
+        finally:
+            self._mutex.release()
+
     def break_lock(self, name: str) -> dict[str, Any]:
         """Drop the lease on ``name`` whoever holds it; logs who broke what."""
         self._require("locks")
         name = check_name(name)
-        with self._mutex:
+        with self._acting():
             locks = self._locks_client()
             holder = locks.holder(name)
             dropped = locks.force_release(name)
@@ -296,7 +337,7 @@ class Target:
     def forget(self, key: str) -> dict[str, Any]:
         """Delete the inbox record of ``key`` (a stuck claim, or a result not to replay)."""
         key = check_name(key, argument="key")
-        with self._mutex:
+        with self._acting():
             forgotten = bool(self._inbox_method("forget")(key))
         if forgotten:
             log.warning(
@@ -310,7 +351,7 @@ class Target:
 
     def purge_inbox(self) -> dict[str, Any]:
         """Delete the inbox's expired records (:meth:`Inbox.purge`)."""
-        with self._mutex:
+        with self._acting():
             purged = int(self._inbox_method("purge")())
         log.warning(
             "inbox table %r at %s purged from the dashboard by %s: %d expired record(s) deleted",
@@ -328,7 +369,7 @@ class Target:
             raise ConfigurationError(
                 f"queue {queue!r} is not one the dashboard shows", argument="queue"
             )
-        with self._mutex:
+        with self._acting():
             count = self._queue_client(queue).requeue_dead(ids)
         log.warning(
             "%s dead letter(s) of queue %r at %s requeued from the dashboard by %s: %d requeued",
@@ -341,9 +382,15 @@ class Target:
         return {"requeued": count}
 
     def close(self) -> None:
-        with self._mutex:
+        """Close the clients (without waiting more than ANSWER_TIMEOUT for a call that
+        hangs)."""
+        held = self._mutex.acquire(timeout=ANSWER_TIMEOUT)
+        try:
             clients: list[Any] = [self._locks, self._inbox, *self._queues.values()]
             self._locks, self._inbox, self._queues = None, None, {}
+        finally:
+            if held:
+                self._mutex.release()
         for client in clients:
             if client is not None:
                 try:
@@ -358,9 +405,11 @@ class Dashboard:
     def __init__(self, config: DashboardConfig) -> None:
         self.config = config
         self.targets = [Target(i, url, config) for i, url in enumerate(config.urls)]
+        # one worker per URL: each URL has at most one gathering running (Target.pending)
         self._pool = ThreadPoolExecutor(
-            max_workers=min(8, len(self.targets)), thread_name_prefix="jobfence-dashboard"
+            max_workers=len(self.targets), thread_name_prefix="jobfence-dashboard"
         )
+        self._submitting = threading.Lock()
 
     def check(self) -> None:
         """Open every client once (see :meth:`Target.check`); ``ConfigurationError`` on bad
@@ -387,8 +436,20 @@ class Dashboard:
 
     def state(self) -> dict[str, Any]:
         """Every target's state, gathered in parallel: a slow backend delays the answer by
-        its own time only, not the sum."""
-        states = list(self._pool.map(Target.state, self.targets))
+        its own time only, not the sum, and one that does not answer within ANSWER_TIMEOUT
+        is reported as such (its gathering goes on; the next call waits for it rather than
+        start another)."""
+        with self._submitting:
+            futures = []
+            for target in self.targets:
+                if target.pending is None or target.pending.done():
+                    target.pending = self._pool.submit(target.state)
+                futures.append(target.pending)
+        wait_for(futures, timeout=ANSWER_TIMEOUT)
+        states = [
+            future.result() if future.done() else target.not_answering(ANSWER_TIMEOUT)
+            for target, future in zip(self.targets, futures, strict=True)
+        ]
         return {"generated_at": time.time(), "targets": states}
 
     def close(self) -> None:
