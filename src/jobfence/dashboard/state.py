@@ -26,6 +26,7 @@ from .._core.inbox_support import DEFAULT_TABLE
 from .._core.url import mask_url, parse_url
 from .._core.validate import check_listing, check_name, check_queue_name
 from ..backends import registered
+from ..backends.base import ClaimState
 from ..errors import BackendError, ConfigurationError, JobfenceError
 from ..inbox import Inbox
 from ..locks import Locks
@@ -217,25 +218,22 @@ class Target:
     def _gather_inbox(self) -> dict[str, Any]:
         inbox = self._inbox_client()
         claims: Callable[..., list[Any]] | None = getattr(inbox, "claims", None)
-        if claims is None:
+        if claims is None:  # a jobfence whose Inbox cannot list its records
             return {"table": inbox.table, "available": False}
         limit = self.config.limit
-        listed = claims(limit=limit)
-        counts: dict[str, int] = {}
-        for info in listed:
-            state = getattr(info.state, "value", str(info.state))
-            counts[state] = counts.get(state, 0) + 1
+        # one listing per state, so that many completed records never hide a stuck claim
+        by_state = {
+            state.value: claims(state=state, limit=limit)
+            for state in (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
+        }
+        in_progress = by_state[ClaimState.IN_PROGRESS.value]
         return {
             "table": inbox.table,
             "available": True,
-            "counts": counts,
-            "truncated": len(listed) >= limit,
-            "items": [self._claim(info) for info in listed if info.stuck],
-            "in_progress": [
-                self._claim(info)
-                for info in listed
-                if getattr(info.state, "value", info.state) == "in_progress" and not info.stuck
-            ],
+            "counts": {state: len(listed) for state, listed in by_state.items()},
+            "truncated": {state: len(listed) >= limit for state, listed in by_state.items()},
+            "items": [self._claim(info) for info in in_progress if info.stuck],
+            "in_progress": [self._claim(info) for info in in_progress if not info.stuck],
         }
 
     @staticmethod

@@ -267,7 +267,12 @@ function inboxPanel(target, fetchedAt) {
         "p",
         { class: "counts" },
         counts.length
-          ? counts.map(([state, n]) => `${state}: ${n}${panel.truncated ? "+" : ""}`).join(", ")
+          ? counts
+              .map(([state, n]) => {
+                const more = panel.truncated[state] ? "+" : "";
+                return `${state.replace("_", " ")}: ${n}${more}`;
+              })
+              .join(", ")
           : "no records",
         stuck ? `; stuck: ${stuck}` : "",
       ),
