@@ -9,7 +9,7 @@ repository's ``README.md`` and ``docs/``.
 
 from __future__ import annotations
 
-from .backends.base import ClaimState, LockHolder
+from .backends.base import ClaimInfo, ClaimState, LockHolder
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
@@ -57,6 +57,7 @@ __all__ = [
     "BackendError",
     "Claim",
     "ClaimInProgress",
+    "ClaimInfo",
     "ClaimLost",
     "ClaimState",
     "CommitOutcomeUnknown",

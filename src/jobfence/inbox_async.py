@@ -41,10 +41,10 @@ from ._core.inbox_support import (
 )
 from ._core.lease_state import LeaseState
 from ._core.sqlconn import adapt_async, is_undefined_table
-from ._core.validate import check_name, check_namespace, check_ttl
+from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
-from .backends.base import AsyncInboxBackend, ClaimRecord, ClaimState
+from .backends.base import AsyncInboxBackend, ClaimInfo, ClaimRecord, ClaimState
 from .backends.clients import Client, describe_target
 from .errors import (
     BackendError,
@@ -95,6 +95,26 @@ def _text(value: Any) -> str | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", "surrogateescape")
     return str(value)
+
+
+#: the states a record can be in, for ``claims(state=...)``
+_LISTED_STATES = (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
+
+
+def _check_state(state: object) -> ClaimState | None:
+    """``None`` or one of :data:`_LISTED_STATES`, given as a :class:`ClaimState` or its value
+    (``"in_progress"``, ``"completed"``)."""
+    if state is None:
+        return None
+    if isinstance(state, str):
+        for allowed in _LISTED_STATES:
+            if state == allowed or state.lower() == allowed.value:
+                return allowed
+    raise ConfigurationError(
+        f"state must be None, ClaimState.IN_PROGRESS or ClaimState.COMPLETED (or "
+        f"'in_progress' / 'completed'), got {state!r}",
+        argument="state",
+    )
 
 
 def _serialize(serializer: Serializer, result: Any) -> bytes:
@@ -606,7 +626,7 @@ class AsyncInbox:
         try:
             await ahook(operation, key=key, backend=self.backend.kind)
             return await fn(*args)
-        except JobfenceError:
+        except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb
             raise
         except Exception as exc:
             what = f"{operation} of {key!r}" if key is not None else operation
@@ -789,8 +809,13 @@ class AsyncInbox:
         )
         try:
             await ahook("inbox.install", key=None, backend=sc.dialect)
-            for statement in dialect.inbox_queries(table).statements("schema"):
+            queries = dialect.inbox_queries(table)
+            for statement in queries.statements("schema"):
                 await sc.execute(statement, {})
+            if "upgrade_needed" in queries:  # a dialect that upgrades an older table apart
+                needed = await sc.execute(queries["upgrade_needed"], {})
+                if needed.rows and needed.rows[0][0]:
+                    await sc.execute(queries["upgrade"], {})
         except Exception as exc:
             raise BackendError(
                 f"{sc.dialect} connection ({sc.driver}): inbox.install failed: "
@@ -805,6 +830,54 @@ class AsyncInbox:
         where records expire by themselves."""
         self._check_open()
         return await self._call("inbox.purge", None, self.backend.purge, self.retention)
+
+    async def claims(
+        self,
+        *,
+        state: ClaimState | str | None = None,
+        prefix: str = "",
+        limit: int = 100,
+    ) -> list[ClaimInfo]:
+        """The inbox's records whose keys start with ``prefix``, sorted by key (code point
+        order), at most ``limit`` (1 to 100000) of them: every state, or only ``state``
+        (:attr:`ClaimState.IN_PROGRESS` / :attr:`ClaimState.COMPLETED`, or ``"in_progress"``
+        / ``"completed"``).
+
+        For operators and dashboards ("which claims are in progress, since when, which are
+        stuck"), not for deciding whether to run work: use :meth:`claim` for that. Records
+        past their deadline or retention that nobody has claimed or purged yet are listed
+        too, with a negative :attr:`ClaimInfo.expires_in`. The prefix is matched literally
+        (``%``, ``_``, ``*``, ``?`` and ``[`` are plain characters). The SQL backends read
+        their table in one query, by the server's clock; Redis walks the table's keys with
+        ``SCAN`` (never ``KEYS``) and reads them in batches; a third-party backend without
+        ``claim_infos()`` raises ``NotImplementedError``.
+        """
+        self._check_open()
+        checked = _check_state(state)
+        prefix, limit = check_listing(prefix, limit)
+        return await self._call(
+            "inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit
+        )
+
+    async def claim_info(self, key: str) -> ClaimInfo | None:
+        """The record of ``key`` as :meth:`claims` reports it, or ``None`` when there is
+        none. Read-only: unlike :meth:`claim`, it never takes the key."""
+        self._check_open()
+        key = check_name(key, argument="key")
+        return await self._call("inbox.claim_info", key, self.backend.claim_info, key)
+
+    async def forget(self, key: str) -> bool:
+        """Delete the record of ``key`` whatever its state: an operator's action on a stuck
+        or wrong record. Returns whether there was one.
+
+        The next claim of the key is NEW (attempt 1): the work runs again, and a completed
+        key's stored result is gone. A worker that still holds the forgotten claim finds it
+        lost: its :meth:`Claim.complete` raises :class:`ClaimLost` (and stores nothing),
+        its :meth:`Claim.extend` raises :class:`ClaimLost`, its renewer reports it lost.
+        """
+        self._check_open()
+        key = check_name(key, argument="key")
+        return bool(await self._call("inbox.forget", key, self.backend.forget, key))
 
     async def drop(self) -> None:
         """Delete the inbox's table / keys entirely (tests, uninstall)."""

@@ -129,6 +129,16 @@ class InboxW:
     async def purge(self) -> int:
         return int(await self._do("purge"))
 
+    async def claims(self, **kw: Any) -> list[jobfence.ClaimInfo]:
+        return list(await self._do("claims", **kw))
+
+    async def claim_info(self, key: str) -> jobfence.ClaimInfo | None:
+        info: jobfence.ClaimInfo | None = await self._do("claim_info", key)
+        return info
+
+    async def forget(self, key: str) -> bool:
+        return bool(await self._do("forget", key))
+
     async def on_backend(self, verb: str, *args: Any) -> Any:
         """Call the backend's ``verb`` directly (no claim object, no local state)."""
         fn = getattr(self.inbox.backend, verb)
@@ -213,6 +223,16 @@ class QueueW:
 
     async def purge(self) -> int:
         return int(await self._do("purge"))
+
+    async def claims(self, **kw: Any) -> list[jobfence.ClaimInfo]:
+        return list(await self._do("claims", **kw))
+
+    async def claim_info(self, key: str) -> jobfence.ClaimInfo | None:
+        info: jobfence.ClaimInfo | None = await self._do("claim_info", key)
+        return info
+
+    async def forget(self, key: str) -> bool:
+        return bool(await self._do("forget", key))
 
     async def drop(self) -> None:
         await self._do("drop")

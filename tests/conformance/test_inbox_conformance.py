@@ -15,6 +15,8 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -403,6 +405,202 @@ async def test_close_gives_back_the_renewed_claims_and_tells_their_holders(
 
 
 # -- many processes -----------------------------------------------------------------------
+
+
+# -- the operator's reads: claims(), claim_info(), forget() ---------------------------------
+
+
+async def wait_until_stuck(inbox: Any, key: str, *, within: float = 15.0) -> jobfence.ClaimInfo:
+    """Read ``key``'s record until its deadline has passed by the server's clock."""
+    deadline = time.monotonic() + within
+    while True:
+        info = await inbox.claim_info(key)
+        assert info is not None
+        if info.stuck or time.monotonic() > deadline:
+            return info
+        await asyncio.sleep(0.05)
+
+
+async def test_claims_lists_by_state_and_prefix_sorted_by_key(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    for key in ("b:2", "a:1", "b:1", "c"):
+        claim = await inbox.claim(key, ttl=60, fingerprint="fp-" + key)
+        assert claim.state is ClaimState.NEW
+        if key in ("a:1", "b:2"):
+            await claim.complete({"done": key})
+    everything = await inbox.claims()
+    assert [i.key for i in everything] == ["a:1", "b:1", "b:2", "c"]
+    by_key = {i.key: i for i in everything}
+    assert by_key["a:1"].state is ClaimState.COMPLETED
+    assert by_key["b:1"].state is ClaimState.IN_PROGRESS
+    assert by_key["b:1"].owner is not None and by_key["b:1"].owner.count(":") >= 2
+    assert by_key["b:1"].fingerprint == "fp-b:1" and by_key["b:1"].attempt == 1
+    assert all(isinstance(i, jobfence.ClaimInfo) for i in everything)
+    assert [i.key for i in await inbox.claims(state=ClaimState.IN_PROGRESS)] == ["b:1", "c"]
+    assert [i.key for i in await inbox.claims(state="completed")] == ["a:1", "b:2"]
+    assert [i.key for i in await inbox.claims(prefix="b:")] == ["b:1", "b:2"]
+    assert [i.key for i in await inbox.claims(prefix="b:", state="in_progress")] == ["b:1"]
+    assert [i.key for i in await inbox.claims(limit=2)] == ["a:1", "b:1"]
+    assert [i.key for i in await inbox.claims(state="completed", limit=1)] == ["a:1"]
+    assert await inbox.claims(prefix="z") == []
+    assert await inbox.claims(prefix="B:") == []  # case-sensitive
+
+
+async def test_claims_prefix_is_matched_literally_and_sorted_by_code_point(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    keys = ["a%_*?[x]", "a%_*?[", "aXY*?[", "a%b", "a_c", "a\\d", "a*", "ab", "é:1", "z", "Ω"]
+    for key in keys:
+        assert (await inbox.claim(key, ttl=60)).state is ClaimState.NEW
+    assert [i.key for i in await inbox.claims()] == sorted(keys)
+    assert [i.key for i in await inbox.claims(prefix="a%_*?[")] == ["a%_*?[", "a%_*?[x]"]
+    assert [i.key for i in await inbox.claims(prefix="a%")] == ["a%_*?[", "a%_*?[x]", "a%b"]
+    assert [i.key for i in await inbox.claims(prefix="a_")] == ["a_c"]
+    assert [i.key for i in await inbox.claims(prefix="a*")] == ["a*"]
+    assert [i.key for i in await inbox.claims(prefix="a\\")] == ["a\\d"]
+    assert [i.key for i in await inbox.claims(prefix="é")] == ["é:1"]
+    assert await inbox.claims(prefix="a?") == []
+    assert await inbox.claims(prefix="a[") == []
+
+
+async def test_claim_info_reports_the_clock_and_a_missing_key_is_none(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox(retention=3600)
+    assert await inbox.claim_info("nothing-here") is None
+    live = await inbox.claim("live", ttl=30)
+    info = await inbox.claim_info("live")
+    assert info is not None and info.key == "live"
+    assert info.state is ClaimState.IN_PROGRESS and info.owner == live.owner
+    assert 15 < info.expires_in <= 30.5  # by the server's clock: generous slack
+    assert not info.stuck
+    assert info.claimed_at is not None and info.claimed_at.utcoffset() == timedelta(0)
+    assert info.age is not None and -5 < info.age < 15
+    await (await inbox.claim("done")).complete("x")
+    done = await inbox.claim_info("done")
+    assert done is not None and done.state is ClaimState.COMPLETED
+    assert 3000 < done.expires_in <= 3600.5 and not done.stuck
+    (listed,) = await inbox.claims(prefix="live")
+    assert replace(listed, expires_in=0) == replace(info, expires_in=0)
+
+
+async def test_an_expired_claim_is_stuck_and_a_takeover_counts_its_attempt(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    first = await inbox.claim("job", ttl=0.3)
+    before = await inbox.claim_info("job")
+    assert before is not None and before.expires_in > 0
+    stuck = await wait_until_stuck(inbox, "job")
+    assert stuck.stuck and stuck.expires_in <= 0 and stuck.owner == first.owner
+    assert [i.key for i in await inbox.claims(state="in_progress") if i.stuck] == ["job"]
+    second = await inbox.claim("job", ttl=30)
+    assert second.state is ClaimState.NEW and second.attempt == 2
+    after = await inbox.claim_info("job")
+    assert after is not None and after.attempt == 2 and after.owner == second.owner
+    assert not after.stuck and after.expires_in > 15
+    assert after.claimed_at is not None and before.claimed_at is not None
+    assert after.claimed_at > before.claimed_at
+
+
+async def test_a_released_claim_has_no_owner_and_is_stuck(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = await inbox.claim("r", ttl=60)
+    assert await claim.release()
+    info = await wait_until_stuck(inbox, "r")
+    assert info.owner is None and info.stuck and info.attempt == 1
+
+
+async def test_forget_deletes_a_record_whatever_its_state(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    held = await inbox.claim("held", ttl=60)
+    await (await inbox.claim("done")).complete("stored")
+    assert await inbox.forget("missing") is False
+    assert await inbox.forget("held") is True
+    assert await inbox.claim_info("held") is None
+    assert await inbox.forget("held") is False
+    # the owner of the forgotten claim has lost it: nothing is stored
+    with pytest.raises(ClaimLost):
+        await held.complete("too late")
+    assert await inbox.claim_info("held") is None
+    assert await inbox.forget("done") is True
+    again = await inbox.claim("done")
+    assert again.state is ClaimState.NEW and again.attempt == 1 and again.result is None
+    fresh = await inbox.claim("held", ttl=60)
+    assert fresh.state is ClaimState.NEW and fresh.attempt == 1
+    assert [i.key for i in await inbox.claims()] == ["done", "held"]
+
+
+async def test_a_forgotten_claim_reclaimed_by_another_worker_stays_theirs(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    old = await inbox.claim("k", ttl=60)
+    assert await inbox.forget("k")
+    new = await inbox.claim("k", ttl=60)
+    assert new.state is ClaimState.NEW
+    with pytest.raises(ClaimLost):
+        await old.complete("old worker")
+    with pytest.raises(ClaimLost):
+        await old.extend(30)
+    info = await inbox.claim_info("k")
+    assert info is not None and info.owner == new.owner and info.state is ClaimState.IN_PROGRESS
+    await new.complete("new worker")
+    assert (await inbox.claim("k")).result == "new worker"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"state": "new"}, "state"),
+        ({"state": ClaimState.NEW}, "state"),
+        ({"state": 3}, "state"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 100_001}, "limit"),
+        ({"limit": True}, "limit"),
+        ({"prefix": None}, "prefix"),
+        ({"prefix": "x" * 1025}, "prefix"),
+    ],
+)
+async def test_claims_validates_its_arguments(
+    ienv: InboxEnv, kwargs: dict[str, Any], argument: str
+) -> None:
+    inbox = ienv.inbox()
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        await inbox.claims(**kwargs)
+    assert info.value.argument == argument
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        await inbox.claim_info("")
+    assert info.value.argument == "key"
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        await inbox.forget("")
+    assert info.value.argument == "key"
+
+
+async def test_the_operator_reads_go_through_their_hook_points(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    seen: list[tuple[str, Any]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point in ("inbox.claims", "inbox.claim_info", "inbox.forget"):
+            seen.append((point, info.get("key")))
+            if info.get("key") == "boom":
+                raise RuntimeError("injected")
+
+    old = set_hook(hook)
+    try:
+        await inbox.claims(prefix="p:")
+        await inbox.claim_info("p:1")
+        await inbox.forget("p:1")
+        with pytest.raises(jobfence.BackendError):
+            await inbox.forget("boom")
+    finally:
+        set_hook(old)
+    assert seen == [
+        ("inbox.claims", "p:"),
+        ("inbox.claim_info", "p:1"),
+        ("inbox.forget", "p:1"),
+        ("inbox.forget", "boom"),
+    ]
 
 
 @pytest.mark.slow

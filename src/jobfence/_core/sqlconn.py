@@ -90,6 +90,8 @@ __all__ = [
     "adapt",
     "adapt_async",
     "check_ident",
+    "is_old_schema",
+    "is_undefined_column",
     "is_undefined_table",
     "quote_ident",
 ]
@@ -267,6 +269,30 @@ def is_undefined_table(exc: BaseException) -> bool:
         if isinstance(e, sqlite3.OperationalError) and "no such table" in str(e):
             return True
     return False
+
+
+def is_undefined_column(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the driver error inside it) says that a column does not exist: a
+    table of an older schema version. PostgreSQL SQLSTATE 42703, MySQL/MariaDB error 1054,
+    SQLite ``no such column`` / ``has no column named``."""
+    for e in _chain(exc):
+        if "42703" in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None)):
+            return True
+        args = getattr(e, "args", ())
+        top = type(e).__module__.split(".")[0]
+        if args and args[0] == 1054 and top in ("pymysql", "aiomysql", "MySQLdb"):
+            return True
+        if isinstance(e, sqlite3.OperationalError) and (
+            "no such column" in str(e) or "has no column named" in str(e)
+        ):
+            return True
+    return False
+
+
+def is_old_schema(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a table or a column is missing: the schema is not installed,
+    or is of an older version (``install()`` creates or upgrades it)."""
+    return is_undefined_table(exc) or is_undefined_column(exc)
 
 
 # -- placeholders ---------------------------------------------------------------------------

@@ -20,10 +20,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from .._core.clock import get_clock
+
 __all__ = [
     "AsyncInboxBackend",
     "AsyncLockBackend",
     "AsyncQueueBackend",
+    "ClaimInfo",
     "ClaimRecord",
     "ClaimState",
     "DeadLetter",
@@ -37,6 +40,7 @@ __all__ = [
     "QueueStats",
     "QueuedMessage",
     "RenewItem",
+    "info_from_row",
     "record_from_row",
 ]
 
@@ -151,6 +155,70 @@ def record_from_row(
         fingerprint=None if fingerprint is None else text(fingerprint),
         result=None if result is None else bytes(result),
         expires_at=expires_at(expires),
+    )
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    """One inbox record as an operator sees it (:meth:`Inbox.claims`, :meth:`Inbox.claim_info`).
+
+    * ``key`` -- the idempotency key.
+    * ``state`` -- :attr:`ClaimState.IN_PROGRESS` or :attr:`ClaimState.COMPLETED`.
+    * ``owner`` -- the owner id (``host:pid:uuid``) of the current attempt: the worker that
+      holds the claim (in progress) or that completed it; ``None`` once the claim was
+      released, and for the markers ``claim_in()`` writes.
+    * ``attempt`` -- 1 for the key's first claim, + 1 for each takeover.
+    * ``fingerprint`` -- the stored fingerprint (``None``: none was given).
+    * ``claimed_at`` -- when the current attempt was claimed (aware UTC), by the server's
+      clock; ``None`` for records written before jobfence recorded it, and for the markers
+      ``claim_in()`` writes.
+    * ``expires_in`` -- seconds left by the server's clock: until the claim's deadline (in
+      progress) or the end of retention (completed). Negative when that moment has passed:
+      an abandoned or released claim that the next claim takes over, or a record that
+      ``purge()`` may delete.
+    """
+
+    key: str
+    state: ClaimState
+    owner: str | None
+    attempt: int
+    fingerprint: str | None
+    claimed_at: datetime | None
+    expires_in: float
+
+    @property
+    def age(self) -> float | None:
+        """Seconds since ``claimed_at`` by this host's clock (jobfence's clock, see
+        :mod:`jobfence.testing`), ``None`` when ``claimed_at`` is unknown."""
+        if self.claimed_at is None:
+            return None
+        return get_clock().time() - self.claimed_at.timestamp()
+
+    @property
+    def stuck(self) -> bool:
+        """In progress and past its deadline: its worker died, hung past its ttl or released
+        it, and nobody claimed the key since (the next claim takes it over)."""
+        return self.state is ClaimState.IN_PROGRESS and self.expires_in <= 0
+
+
+def info_from_row(
+    key: str,
+    row: Sequence[Any],
+    claimed_at: Callable[[Any], datetime | None],
+    text: Callable[[Any], Any] = str,
+) -> ClaimInfo:
+    """A :class:`ClaimInfo` from the SQL columns ``(state, owner, attempt, fingerprint,
+    claimed_at, seconds_left)`` of the record of ``key``; ``claimed_at`` converts the
+    dialect's time value, ``text`` its strings (MySQL may return bytes)."""
+    state, owner, attempt, fingerprint, claimed, left = row
+    return ClaimInfo(
+        key=key,
+        state=ClaimState(text(state)),
+        owner=None if owner is None else text(owner),
+        attempt=int(attempt),
+        fingerprint=None if fingerprint is None else text(fingerprint),
+        claimed_at=None if claimed is None else claimed_at(claimed),
+        expires_in=float(left),
     )
 
 
@@ -343,6 +411,29 @@ class AsyncInboxBackend(abc.ABC):
         """Delete completed records past their retention, and in-progress records abandoned
         for longer than ``retention`` past their deadline. Returns how many were deleted."""
 
+    async def claim_infos(
+        self, state: ClaimState | None, prefix: str, limit: int
+    ) -> list[ClaimInfo]:
+        """The records whose keys start with ``prefix`` (matched literally), in ``state``
+        (``None``: both), ordered by key (code point order), at most ``limit``; expired
+        records not yet deleted included. Read-only; operator tools use it. A backend that
+        cannot enumerate its records raises ``NotImplementedError`` (the default)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot list its records: it does not implement "
+            "claim_infos(state, prefix, limit)"
+        )
+
+    async def claim_info(self, key: str) -> ClaimInfo | None:
+        """The record of ``key`` (``None``: there is none), as :meth:`claim_infos` reports
+        records. Read-only."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement claim_info(key)")
+
+    async def forget(self, key: str) -> bool:
+        """Administrative: delete the record of ``key`` whatever its state and owner (the
+        next claim of the key is NEW; its former owner's ``complete`` finds the claim lost).
+        Returns whether there was a record."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement forget(key)")
+
     @abc.abstractmethod
     async def install(self) -> None:
         """Create the schema if it is missing (idempotent)."""
@@ -384,6 +475,18 @@ class InboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def purge(self, retention: float) -> int: ...
+
+    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot list its records: it does not implement "
+            "claim_infos(state, prefix, limit)"
+        )
+
+    def claim_info(self, key: str) -> ClaimInfo | None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement claim_info(key)")
+
+    def forget(self, key: str) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} does not implement forget(key)")
 
     @abc.abstractmethod
     def install(self) -> None: ...

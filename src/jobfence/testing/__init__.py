@@ -139,6 +139,9 @@ _POINT_LIST = (
         "inbox.install", "Inbox.install() / install(conn): create the table (key is None)", _INBOX
     ),
     HookPoint("inbox.purge", "Inbox.purge(): delete expired records (key is None)", _INBOX),
+    HookPoint("inbox.claims", "Inbox.claims(): list the records (key is the prefix)", _INBOX),
+    HookPoint("inbox.claim_info", "Inbox.claim_info(): read the record of one key", _INBOX),
+    HookPoint("inbox.forget", "Inbox.forget(): delete a key's record whatever its state", _INBOX),
     HookPoint("inbox.drop", "Inbox.drop(): delete the inbox's table or keys (key is None)", _INBOX),
     HookPoint(
         "fence.check",

@@ -18,6 +18,7 @@ from ..._core.options import reject_unknown
 from ..._core.url import BackendURL
 from ..base import (
     AsyncInboxBackend,
+    ClaimInfo,
     ClaimRecord,
     ClaimState,
     InboxBackend,
@@ -38,6 +39,8 @@ class _Record:
     result: bytes | None
     expires: float
     applied: bool = False
+    #: when the current attempt was claimed (epoch seconds)
+    claimed: float | None = None
 
 
 class MemoryInboxStore:
@@ -64,7 +67,9 @@ class MemoryInboxStore:
         with self.mutex:
             rec = self.records.get(key)
             if rec is None or (rec.state is ClaimState.COMPLETED and rec.expires <= now):
-                rec = _Record(ClaimState.IN_PROGRESS, owner, 1, fingerprint, None, now + ttl)
+                rec = _Record(
+                    ClaimState.IN_PROGRESS, owner, 1, fingerprint, None, now + ttl, claimed=now
+                )
                 self.records[key] = rec
                 return self._view(rec, True)
             compatible = (
@@ -76,6 +81,7 @@ class MemoryInboxStore:
                 if fingerprint is not None:  # a takeover without one keeps the key's
                     rec.fingerprint = fingerprint
                 rec.expires = now + ttl
+                rec.claimed = now
                 return self._view(rec, True)
             return self._view(replace(rec), False)
 
@@ -134,6 +140,40 @@ class MemoryInboxStore:
                 del self.records[key]
             return len(dead)
 
+    @staticmethod
+    def _info(key: str, rec: _Record, now: float) -> ClaimInfo:
+        return ClaimInfo(
+            key=key,
+            state=rec.state,
+            owner=rec.owner,
+            attempt=rec.attempt,
+            fingerprint=rec.fingerprint,
+            claimed_at=utc_from_epoch(rec.claimed),
+            expires_in=rec.expires - now,
+        )
+
+    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
+        now = get_clock().time()
+        with self.mutex:
+            found = []
+            for key in sorted(k for k in self.records if k.startswith(prefix)):
+                rec = self.records[key]
+                if state is None or rec.state is state:
+                    found.append(self._info(key, rec, now))
+                    if len(found) >= limit:
+                        break
+            return found
+
+    def claim_info(self, key: str) -> ClaimInfo | None:
+        now = get_clock().time()
+        with self.mutex:
+            rec = self.records.get(key)
+            return None if rec is None else self._info(key, rec, now)
+
+    def forget(self, key: str) -> bool:
+        with self.mutex:
+            return self.records.pop(key, None) is not None
+
     def drop(self) -> None:
         with self.mutex:
             self.records.clear()
@@ -190,6 +230,15 @@ class MemoryInboxBackend(InboxBackend):
     def purge(self, retention: float) -> int:
         return self.store.purge(retention)
 
+    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
+        return self.store.claim_infos(state, prefix, limit)
+
+    def claim_info(self, key: str) -> ClaimInfo | None:
+        return self.store.claim_info(key)
+
+    def forget(self, key: str) -> bool:
+        return self.store.forget(key)
+
     def install(self) -> None:
         pass
 
@@ -224,6 +273,17 @@ class AsyncMemoryInboxBackend(AsyncInboxBackend):
 
     async def purge(self, retention: float) -> int:
         return self.store.purge(retention)
+
+    async def claim_infos(
+        self, state: ClaimState | None, prefix: str, limit: int
+    ) -> list[ClaimInfo]:
+        return self.store.claim_infos(state, prefix, limit)
+
+    async def claim_info(self, key: str) -> ClaimInfo | None:
+        return self.store.claim_info(key)
+
+    async def forget(self, key: str) -> bool:
+        return self.store.forget(key)
 
     async def install(self) -> None:
         pass

@@ -39,15 +39,17 @@ from ..._core.options import (
 )
 from ..._core.pool_async import DEFAULT_POOL_SIZE, AsyncConnPool
 from ..._core.source_async import AsyncSource, open_source
-from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlconn import is_old_schema, is_undefined_table
 from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 from ..base import (
     AsyncInboxBackend,
+    ClaimInfo,
     ClaimRecord,
     ClaimState,
     InboxCapabilities,
     RenewItem,
+    info_from_row,
     record_from_row,
 )
 from .common import STYLE, is_timeout, use_request_timeouts
@@ -65,6 +67,12 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _duplicate_column(exc: BaseException) -> bool:
+    """MySQL/MariaDB error 1060, "Duplicate column name"."""
+    args: tuple[Any, ...] = getattr(exc, "args", ())
+    return bool(args) and args[0] == 1060
 
 
 #: the client flags every inbox connection needs (a caller's engine must set them)
@@ -186,7 +194,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
                 async with self._pool.connection() as conn, conn.cursor() as cur:
                     return await self._bounded(partial(self._request, cur, sql, params, second))
             except Exception as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -222,7 +230,13 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             warnings.simplefilter("ignore")
             async with self._pool.connection() as conn, conn.cursor() as cur:
                 for statement in self._sql.statements("schema"):
-                    await self._bounded(partial(cur.execute, statement))
+                    try:
+                        await self._bounded(partial(cur.execute, statement))
+                    except Exception as exc:
+                        # two installs upgrading a version-1 table at once: both read that
+                        # claimed_at is missing, the second ALTER finds it added (1060)
+                        if not _duplicate_column(exc):
+                            raise
         self._installed = True
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
@@ -272,6 +286,30 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
     async def purge(self, retention: float) -> int:
         _, count = await self._run(self._sql["purge"], {"retention_us": _micros(retention)})
         return max(count, 0)
+
+    def _info(self, key: str, row: Sequence[Any]) -> ClaimInfo:
+        state, owner, attempt, fingerprint, claimed_at, left_us = row
+        return info_from_row(
+            key,
+            (state, owner, attempt, fingerprint, claimed_at, int(left_us) / 1_000_000),
+            as_utc,
+            _text,
+        )
+
+    async def claim_infos(
+        self, state: ClaimState | None, prefix: str, limit: int
+    ) -> list[ClaimInfo]:
+        params = {"prefix": prefix, "state": None if state is None else state.value}
+        rows, _ = await self._run(self._sql["claims"], {**params, "limit": limit})
+        return [self._info(_text(row[0]) or "", row[1:]) for row in rows]
+
+    async def claim_info(self, key: str) -> ClaimInfo | None:
+        rows, _ = await self._run(self._sql["claim_info"], {"key": key})
+        return self._info(key, rows[0][1:]) if rows else None
+
+    async def forget(self, key: str) -> bool:
+        _, count = await self._run(self._sql["forget"], {"key": key})
+        return count == 1
 
     async def drop(self) -> None:
         async with self._pool.connection() as conn, conn.cursor() as cur:

@@ -28,10 +28,25 @@ from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool import ConnPool
 from ..._core.source import Source, open_source
 from ..._core.sql_inbox import SQLInboxBackend
-from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
-from .common import connect_kwargs, execute_bounded, refuse_connect_options, reusable
+from ..base import (
+    ClaimInfo,
+    ClaimRecord,
+    InboxCapabilities,
+    RenewItem,
+    info_from_row,
+    record_from_row,
+)
+from .common import (
+    connect_kwargs,
+    execute_bounded,
+    pg_text,
+    pg_text_prefix,
+    pg_untext,
+    refuse_connect_options,
+    reusable,
+)
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["PostgresInboxBackend"]
@@ -102,6 +117,21 @@ class PostgresInboxBackend(SQLInboxBackend):
     def _db_key(self, key: str) -> str:
         return DIALECT.db_key(key)
 
+    def _key_from_db(self, stored: Any) -> str:
+        return pg_untext(str(stored))
+
+    def _prefix_params(self, prefix: str) -> dict[str, Any]:
+        return {
+            # a prefix that text cannot hold (or that starts with the escape mark) can only
+            # begin escaped keys: then both conditions look for those
+            "prefix": prefix if pg_text(prefix) == prefix else pg_text_prefix(prefix),
+            "escaped": pg_text_prefix(prefix),
+            "mark": pg_text_prefix(""),
+        }
+
+    def _info(self, key: str, row: Sequence[Any]) -> ClaimInfo:
+        return info_from_row(key, row, as_utc)
+
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -110,7 +140,7 @@ class PostgresInboxBackend(SQLInboxBackend):
                 with self._pool.connection() as conn:
                     return self._execute(conn, sql, params)
             except psycopg.Error as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover

@@ -8,7 +8,9 @@ one round trip and atomic on the server; time is Redis's own clock (``TIME``). C
 records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has nothing to do;
 an abandoned in-progress record expires ``retention`` after its deadline.
 
-Keys: ``<table>:<idempotency key>`` (a hash). URL options: ``table`` (default
+Keys: ``<table>:<idempotency key>`` (a hash). The operator's reads (``claims``, ``claim_info``)
+walk the table's keys with ``SCAN`` (never ``KEYS``) and read records with one read-only script
+per batch (``inbox_info.lua``); ``forget`` is one ``DEL``. URL options: ``table`` (default
 ``jobfence_inbox``), ``connect_timeout`` and ``timeout`` (seconds, default 5 each); the rest of
 the URL and the keyword options go to redis-py, with the defaults of ``connect_redis``
 (``client_async.py`` / ``client.py``: one immediate retry on a connection error, the scripts
@@ -28,9 +30,17 @@ from ..._core.inbox_support import DEFAULT_RETENTION, DEFAULT_TABLE, utc_from_ep
 from ..._core.sqlfiles import load_lua
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace
-from ..base import ClaimRecord, ClaimState, InboxBackend, InboxCapabilities, RenewItem
+from ..base import (
+    ClaimInfo,
+    ClaimRecord,
+    ClaimState,
+    InboxBackend,
+    InboxCapabilities,
+    RenewItem,
+)
 from . import TABLE_LIMIT
 from .client import adopt_redis, connect_redis, forget_connections, is_cluster, per_slot
+from .locks import _glob_escape
 
 __all__ = ["RedisInboxBackend"]
 
@@ -40,6 +50,10 @@ _PACKAGE = "jobfence.backends.redis"
 
 def _script(name: str) -> str:
     return load_lua(_PACKAGE, f"{name}.lua")
+
+
+#: records read by one call of the info script while listing
+_INFO_BATCH = 200
 
 
 def _str(value: Any) -> str | None:
@@ -71,6 +85,7 @@ class RedisInboxBackend(InboxBackend):
             _script("inbox_complete"),
             _script("inbox_release"),
             _script("inbox_extend"),
+            _script("inbox_info"),
         ]
         #: whether the client is ours to close (False: the caller passed it in)
         self._owned = client is None
@@ -86,6 +101,7 @@ class RedisInboxBackend(InboxBackend):
         self._complete = self.client.register_script(scripts[1])
         self._release = self.client.register_script(scripts[2])
         self._extend = self.client.register_script(scripts[3])
+        self._info = self.client.register_script(scripts[4])
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = self._claim(
@@ -136,6 +152,61 @@ class RedisInboxBackend(InboxBackend):
 
     def purge(self, retention: float) -> int:
         return 0  # records expire natively
+
+    def _infos(self, keys: Sequence[str]) -> list[ClaimInfo | None]:
+        """The records of ``keys`` (idempotency keys), ``None`` where there is none."""
+        if not keys:
+            return []
+        names = [self._prefix + key for key in keys]
+        if self._cluster:  # one call per key: the keys lie in many slots
+            replies = [(self._info(keys=[name]))[0] for name in names]
+        else:
+            replies = list(self._info(keys=names))
+        found: list[ClaimInfo | None] = []
+        for key, reply in zip(keys, replies, strict=True):
+            if not reply:
+                found.append(None)
+                continue
+            state, owner, attempt, fingerprint, claimed, left = reply
+            found.append(
+                ClaimInfo(
+                    key=key,
+                    state=ClaimState(_str(state)),
+                    owner=_str(owner) or None,
+                    attempt=int(attempt),
+                    fingerprint=_str(fingerprint) or None,
+                    claimed_at=utc_from_epoch(int(claimed) / 1000) if claimed else None,
+                    expires_in=int(left) / 1000,
+                )
+            )
+        return found
+
+    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
+        """``SCAN`` (never ``KEYS``) for the table's hashes of keys starting with ``prefix``
+        (glob characters escaped: matched literally), then read them in key order, a batch
+        per script call, until ``limit`` records in ``state`` are found."""
+        pattern = _glob_escape(self._prefix + prefix) + "*"
+        keys: set[str] = set()
+        for raw in self.client.scan_iter(match=pattern, count=1000, _type="hash"):
+            name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            if name.startswith(self._prefix + prefix):
+                keys.add(name[len(self._prefix) :])
+        ordered = sorted(keys)
+        found: list[ClaimInfo] = []
+        for start in range(0, len(ordered), _INFO_BATCH):
+            for info in self._infos(ordered[start : start + _INFO_BATCH]):
+                # gone since the scan saw it, or of another state
+                if info is not None and (state is None or info.state is state):
+                    found.append(info)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    def claim_info(self, key: str) -> ClaimInfo | None:
+        return (self._infos([key]))[0]
+
+    def forget(self, key: str) -> bool:
+        return bool(self.client.delete(self._prefix + key))
 
     def install(self) -> None:
         self.client.ping()  # nothing to create; checks that the server answers

@@ -22,9 +22,16 @@ from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool import ConnPool
 from ..._core.sql_inbox import SQLInboxBackend
-from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
+from ..base import (
+    ClaimInfo,
+    ClaimRecord,
+    InboxCapabilities,
+    RenewItem,
+    info_from_row,
+    record_from_row,
+)
 from .common import sqlite_path
 from .connect import connect
 from .dialect import DIALECT, TABLE_LIMIT
@@ -79,6 +86,9 @@ class SQLiteInboxBackend(SQLInboxBackend):
 
     _record = staticmethod(_record)
 
+    def _info(self, key: str, row: Sequence[Any]) -> ClaimInfo:
+        return info_from_row(key, row, utc_from_epoch)
+
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -92,7 +102,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
                     finally:
                         cursor.close()
             except sqlite3.OperationalError as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -117,7 +127,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
                     conn.execute("COMMIT")
                     return results
             except sqlite3.OperationalError as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -128,6 +138,11 @@ class SQLiteInboxBackend(SQLInboxBackend):
             try:
                 for statement in self._sql.statements("schema"):
                     conn.execute(statement)
+                cursor = conn.execute(self._sql["upgrade_needed"])
+                row = cursor.fetchone()
+                cursor.close()
+                if row is not None and row[0]:  # a version-1 table: add claimed_at
+                    conn.execute(self._sql["upgrade"])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

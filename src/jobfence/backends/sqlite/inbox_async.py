@@ -21,9 +21,16 @@ from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
 from ..._core.sql_inbox_async import AsyncSQLInboxBackend
-from ..._core.sqlconn import is_undefined_table
+from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
-from ..base import ClaimRecord, InboxCapabilities, RenewItem, record_from_row
+from ..base import (
+    ClaimInfo,
+    ClaimRecord,
+    InboxCapabilities,
+    RenewItem,
+    info_from_row,
+    record_from_row,
+)
 from .common import sqlite_path
 from .connect_async import connect
 from .dialect import DIALECT, TABLE_LIMIT
@@ -78,6 +85,9 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
 
     _record = staticmethod(_record)
 
+    def _info(self, key: str, row: Sequence[Any]) -> ClaimInfo:
+        return info_from_row(key, row, utc_from_epoch)
+
     async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
         sql = self._sql[name]
@@ -91,7 +101,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
                     finally:
                         await cursor.close()
             except aiosqlite.OperationalError as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -116,7 +126,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
                     await conn.execute("COMMIT")
                     return results
             except aiosqlite.OperationalError as exc:
-                if self._installed or not is_undefined_table(exc):
+                if self._installed or not is_old_schema(exc):
                     raise
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -127,6 +137,11 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
             try:
                 for statement in self._sql.statements("schema"):
                     await conn.execute(statement)
+                cursor = await conn.execute(self._sql["upgrade_needed"])
+                row = await cursor.fetchone()
+                await cursor.close()
+                if row is not None and row[0]:  # a version-1 table: add claimed_at
+                    await conn.execute(self._sql["upgrade"])
                 await conn.execute("COMMIT")
             except BaseException:
                 await conn.execute("ROLLBACK")

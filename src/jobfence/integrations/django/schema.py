@@ -16,7 +16,14 @@ from ..._core.validate import check_namespace
 from ...backends import sql_dialect
 from . import fence_table, inbox_table
 
-__all__ = ["drop_tables", "install_tables", "migrate_backward", "migrate_forward"]
+__all__ = [
+    "drop_tables",
+    "install_tables",
+    "migrate_backward",
+    "migrate_forward",
+    "upgrade_forward",
+    "upgrade_tables",
+]
 
 #: the table where each SQL inbox records its schema version (shared by all inbox tables)
 SCHEMA_TABLE = "jobfence_inbox_schema"
@@ -28,9 +35,32 @@ def install_tables(conn: Any, *, inbox: str, fence: str) -> None:
     sc = adapt(conn)
     dialect = sql_dialect(sc.dialect)
     table = check_namespace(inbox, limit=dialect.table_limit, backend=sc.dialect, argument="inbox")
-    for statement in dialect.inbox_queries(table).statements("schema"):
+    queries = dialect.inbox_queries(table)
+    for statement in queries.statements("schema"):
         sc.execute(statement, {})
+    upgrade_inbox(sc, queries)
     fencing.install(conn, table=fence)
+
+
+def upgrade_inbox(sc: Any, queries: Any) -> None:
+    """Bring an inbox table of an older schema version to the current one, on a dialect whose
+    ``schema`` cannot do it by itself (SQLite adds a column in a statement of its own)."""
+    if "upgrade_needed" in queries:
+        needed = sc.execute(queries["upgrade_needed"], {})
+        if needed.rows and needed.rows[0][0]:
+            sc.execute(queries["upgrade"], {})
+
+
+def upgrade_tables(conn: Any, *, inbox: str) -> None:
+    """Upgrade the inbox table ``inbox`` on ``conn`` to the current schema version (version 2
+    adds ``claimed_at``); idempotent, and a no-op on a table created by this version."""
+    sc = adapt(conn)
+    dialect = sql_dialect(sc.dialect)
+    table = check_namespace(inbox, limit=dialect.table_limit, backend=sc.dialect, argument="inbox")
+    queries = dialect.inbox_queries(table)
+    for statement in queries.statements("schema"):
+        sc.execute(statement, {})
+    upgrade_inbox(sc, queries)
 
 
 def drop_tables(conn: Any, *, inbox: str, fence: str) -> None:
@@ -55,3 +85,9 @@ def migrate_forward(apps: Any, schema_editor: Any) -> None:
 def migrate_backward(apps: Any, schema_editor: Any) -> None:
     """``RunPython`` backward: drop them."""
     drop_tables(schema_editor.connection, inbox=inbox_table(), fence=fence_table())
+
+
+def upgrade_forward(apps: Any, schema_editor: Any) -> None:
+    """``RunPython`` forward of migration 0002: the inbox table named by the settings gets the
+    ``claimed_at`` column (schema version 2) if it lacks it."""
+    upgrade_tables(schema_editor.connection, inbox=inbox_table())

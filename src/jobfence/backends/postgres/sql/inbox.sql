@@ -1,4 +1,4 @@
--- jobfence inbox, PostgreSQL (schema version 1).
+-- jobfence inbox, PostgreSQL (schema version 2).
 --
 -- Conventions (jobfence/_core/sqlfiles.py reads every shipped .sql file the same way):
 --   * "-- name: <section>" starts a section: one statement, or several separated by ";".
@@ -20,6 +20,11 @@
 --   applied      claim_in() committed the key's effect in the caller's transaction
 --   result       the serialised result stored by complete()
 --   expires_at   in progress: the claim's deadline; completed: the end of its retention
+--   claimed_at   when the current attempt was claimed (NULL: written by claim_in, or by a
+--                jobfence that did not record it)
+--
+-- Schema versions: 1 had no claimed_at; 2 adds it (install() on a version-1 table adds the
+-- column, NULL in the rows already there).
 
 -- name: schema
 -- ONE statement (a DO block), so that it is one transaction even on an autocommit connection.
@@ -38,14 +43,22 @@ BEGIN
         fingerprint text,
         applied     boolean NOT NULL DEFAULT false,
         result      bytea,
-        expires_at  timestamptz NOT NULL
+        expires_at  timestamptz NOT NULL,
+        claimed_at  timestamptz
     );
+    -- a version-1 table: add the column (checked first, so that an install on a table that
+    -- has it takes no lock that would stop the claims)
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = to_regclass('{table}') AND attname = 'claimed_at'
+                      AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN claimed_at timestamptz;
+    END IF;
     CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
     CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
         table_name text PRIMARY KEY,
         version    integer NOT NULL
     );
-    INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
+    INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 2)
         ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;
 END
 $jobfence$;
@@ -59,9 +72,10 @@ $jobfence$;
 -- (the caller then reads the blocking record with ``peek``). A plain upsert: folding the
 -- ``peek`` into a CTE made every claim about 50% slower (measured), to save a round trip
 -- only on the duplicate path.
-INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at)
+INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at, claimed_at)
 VALUES (:key, 'in_progress', :owner, 1, :fingerprint, false,
-        clock_timestamp() + CAST(:ttl AS double precision) * interval '1 second')
+        clock_timestamp() + CAST(:ttl AS double precision) * interval '1 second',
+        clock_timestamp())
 ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = EXCLUDED.owner,
@@ -71,7 +85,8 @@ ON CONFLICT (k) DO UPDATE SET
                        ELSE coalesce(EXCLUDED.fingerprint, t.fingerprint) END,
     applied = (t.applied AND t.state = 'in_progress'),
     result = NULL,
-    expires_at = EXCLUDED.expires_at
+    expires_at = EXCLUDED.expires_at,
+    claimed_at = EXCLUDED.claimed_at
 WHERE t.expires_at <= clock_timestamp()
   AND (t.state = 'completed' OR t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
        OR t.fingerprint = EXCLUDED.fingerprint)
@@ -131,6 +146,34 @@ DELETE FROM {table}
 WHERE (state = 'completed' AND expires_at <= clock_timestamp())
    OR (state = 'in_progress'
        AND expires_at <= clock_timestamp() - CAST(:retention AS double precision) * interval '1 second');
+
+-- name: claims
+-- Params: :state (or NULL: both), :prefix, :escaped (the stored prefix of escaped keys, see
+-- common.pg_text), :mark (the escape mark), :limit. Read-only. -> (k, state, owner, attempt,
+-- fingerprint, claimed_at, seconds_left) of the records whose keys start with the prefix
+-- (starts_with: no wildcards), at most :limit rows, ordered by the keys' UTF-8 bytes (code
+-- point order; an escaped key by its decoded bytes). seconds_left is by the server's clock,
+-- negative once expires_at has passed.
+SELECT k, state, owner, attempt, fingerprint, claimed_at,
+       extract(epoch FROM expires_at - clock_timestamp())::float8
+  FROM {table}
+ WHERE (starts_with(k, :prefix) OR starts_with(k, :escaped))
+   AND (CAST(:state AS text) IS NULL OR state = CAST(:state AS text))
+ ORDER BY CASE WHEN starts_with(k, :mark) THEN decode(substr(k, 2), 'hex')
+               ELSE convert_to(k, 'UTF8') END
+ LIMIT :limit;
+
+-- name: claim_info
+-- Params: :key. Read-only. -> the columns of ``claims`` for one key, or no row.
+SELECT k, state, owner, attempt, fingerprint, claimed_at,
+       extract(epoch FROM expires_at - clock_timestamp())::float8
+  FROM {table}
+ WHERE k = :key;
+
+-- name: forget
+-- Params: :key. Deletes the key's record whatever its state (operator action); one row or
+-- none.
+DELETE FROM {table} WHERE k = :key;
 
 -- name: claim_in
 -- Runs inside the CALLER's transaction; ONE statement. Params: :key, :fingerprint (or NULL),

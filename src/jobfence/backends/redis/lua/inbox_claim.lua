@@ -10,7 +10,9 @@
 -- Hash fields: s state ('in_progress' | 'completed'), o owner (absent after release),
 -- x the owner that released it last,
 -- a attempt, f fingerprint (absent: none given), r result (serialised), e expiry in ms
--- (in progress: the claim's deadline; completed: end of retention). Time is Redis's clock.
+-- (in progress: the claim's deadline; completed: end of retention), c when the current
+-- attempt was claimed, in ms (absent in records written before jobfence recorded it). Time
+-- is Redis's clock.
 --
 -- Takes the key when it is new, or in progress past its deadline (attempt + 1; refused when
 -- both fingerprints are set and differ), or completed past retention (attempt 1).
@@ -47,9 +49,10 @@ if rec[1] then
 end
 if fp ~= '' then
     redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp,
-        'f', fp)
+        'c', now, 'f', fp)
 else
-    redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp)
+    redis.call('HSET', KEYS[1], 's', 'in_progress', 'o', ARGV[1], 'a', attempt, 'e', exp,
+        'c', now)
 end
 redis.call('PEXPIREAT', KEYS[1], exp + tonumber(ARGV[4]))
 return {1, 'in_progress', ARGV[1], attempt, fp, false, exp}

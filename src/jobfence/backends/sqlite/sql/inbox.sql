@@ -1,4 +1,4 @@
--- jobfence inbox, SQLite (schema version 1).
+-- jobfence inbox, SQLite (schema version 2).
 --
 -- Conventions (jobfence/_core/sqlfiles.py reads every shipped .sql file the same way):
 --   * "-- name: <section>" starts a section: one statement, or several separated by ";".
@@ -13,7 +13,12 @@
 -- Times are Unix epoch seconds (REAL) from SQLite's clock, i.e. the host's:
 --   (julianday('now') - 2440587.5) * 86400.0  (constant within one statement)
 -- Columns as in postgres/sql/inbox.sql: k, state ('in_progress' | 'completed'), owner, attempt,
--- fingerprint, applied (claim_in committed the effect), result, expires_at.
+-- fingerprint, applied (claim_in committed the effect), result, expires_at, claimed_at (epoch
+-- seconds; NULL in rows of a version-1 table and in claim_in's markers).
+--
+-- Schema versions: 1 had no claimed_at; 2 adds it. SQLite cannot add a column only if it is
+-- missing in one statement: after ``schema``, install() runs ``upgrade`` when
+-- ``upgrade_needed`` returns 1 (a migration tool does the same).
 
 -- name: schema
 CREATE TABLE IF NOT EXISTS {table} (
@@ -24,15 +29,25 @@ CREATE TABLE IF NOT EXISTS {table} (
     fingerprint TEXT,
     applied     INTEGER NOT NULL DEFAULT 0,
     result      BLOB,
-    expires_at  REAL NOT NULL
+    expires_at  REAL NOT NULL,
+    claimed_at  REAL
 );
 CREATE INDEX IF NOT EXISTS {table}_expires ON {table} (expires_at);
 CREATE TABLE IF NOT EXISTS jobfence_inbox_schema (
     table_name TEXT PRIMARY KEY,
     version    INTEGER NOT NULL
 );
-INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
+INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 2)
     ON CONFLICT (table_name) DO UPDATE SET version = excluded.version;
+
+-- name: upgrade_needed
+-- Read-only. -> one row: 1 if the table lacks the claimed_at column (a version-1 table), else 0.
+SELECT count(*) = 0 FROM pragma_table_info('{table}') WHERE name = 'claimed_at';
+
+-- name: upgrade
+-- A version-1 table to version 2 (run when ``upgrade_needed`` says so, in install()'s
+-- transaction).
+ALTER TABLE {table} ADD COLUMN claimed_at REAL;
 
 -- name: claim
 -- ONE statement (SQLite runs writers one at a time). Params: :key, :owner, :fingerprint,
@@ -40,8 +55,9 @@ INSERT INTO jobfence_inbox_schema (table_name, version) VALUES ('{table}', 1)
 -- deadline (attempt + 1, refused if both fingerprints are set and differ) or a completed key
 -- past retention (attempt 1). Returns the taken row, or no row when the key is held: then
 -- the ``peek`` statement reads the record that stopped us.
-INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at)
-VALUES (:key, 'in_progress', :owner, 1, :fingerprint, 0, (julianday('now') - 2440587.5) * 86400.0 + :ttl)
+INSERT INTO {table} (k, state, owner, attempt, fingerprint, applied, expires_at, claimed_at)
+VALUES (:key, 'in_progress', :owner, 1, :fingerprint, 0, (julianday('now') - 2440587.5) * 86400.0 + :ttl,
+        (julianday('now') - 2440587.5) * 86400.0)
 ON CONFLICT (k) DO UPDATE SET
     state = 'in_progress',
     owner = excluded.owner,
@@ -51,7 +67,8 @@ ON CONFLICT (k) DO UPDATE SET
                        ELSE coalesce(excluded.fingerprint, {table}.fingerprint) END,
     applied = ({table}.applied AND {table}.state = 'in_progress'),
     result = NULL,
-    expires_at = excluded.expires_at
+    expires_at = excluded.expires_at,
+    claimed_at = excluded.claimed_at
 WHERE {table}.expires_at <= (julianday('now') - 2440587.5) * 86400.0
   AND ({table}.state = 'completed' OR {table}.fingerprint IS NULL
        OR excluded.fingerprint IS NULL OR {table}.fingerprint = excluded.fingerprint)
@@ -84,6 +101,30 @@ WHERE k = :key AND owner = :owner AND state = 'in_progress'
 DELETE FROM {table}
 WHERE (state = 'completed' AND expires_at <= (julianday('now') - 2440587.5) * 86400.0)
    OR (state = 'in_progress' AND expires_at <= (julianday('now') - 2440587.5) * 86400.0 - :retention);
+
+-- name: claims
+-- Params: :state (or NULL: both), :prefix, :limit. Read-only. -> (k, state, owner, attempt,
+-- fingerprint, claimed_at, seconds_left) of the records whose keys start with :prefix,
+-- compared as UTF-8 bytes (a BLOB: no wildcards, case-sensitive), ordered by key (BINARY:
+-- code point order), at most :limit rows. seconds_left is negative once expires_at passed.
+SELECT k, state, owner, attempt, fingerprint, claimed_at,
+       expires_at - (julianday('now') - 2440587.5) * 86400.0
+  FROM {table}
+ WHERE substr(CAST(k AS BLOB), 1, length(CAST(:prefix AS BLOB))) = CAST(:prefix AS BLOB)
+   AND (:state IS NULL OR state = :state)
+ ORDER BY k
+ LIMIT :limit;
+
+-- name: claim_info
+-- Params: :key. Read-only. -> the columns of ``claims`` for one key, or no row.
+SELECT k, state, owner, attempt, fingerprint, claimed_at,
+       expires_at - (julianday('now') - 2440587.5) * 86400.0
+  FROM {table}
+ WHERE k = :key;
+
+-- name: forget
+-- Params: :key. Deletes the key's record whatever its state (operator action).
+DELETE FROM {table} WHERE k = :key;
 
 -- name: claim_in
 -- Runs inside the CALLER's transaction; ONE statement. Params: :key, :fingerprint,
