@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,7 @@ def test_state_lists_each_url_and_reports_a_down_backend_alone(
 
     # the backend that is down: an error on each of its panels, the others unaffected
     assert down_t["locks"]["status"] == "error" and "Connection" in down_t["locks"]["error"]
+    assert down_t["inbox"]["status"] == "error" and "Connection" in down_t["inbox"]["error"]
     [down_queue] = down_t["queues"]
     assert down_queue["status"] == "error" and down_queue["name"] == "emails"
     assert "s3cret-pw" not in raw and "s3cret-pw" not in page  # masked everywhere
@@ -104,7 +106,9 @@ def test_state_lists_each_url_and_reports_a_down_backend_alone(
         "items": [],
         "truncated": False,
     }
-    assert sqlite_t["inbox"]["status"] == "ok"
+    inbox = sqlite_t["inbox"]
+    assert (inbox["status"], inbox["available"], inbox["table"]) == ("ok", True, "jobfence_inbox")
+    assert inbox["counts"] == {"in_progress": 0, "completed": 0} and inbox["items"] == []
 
 
 def test_a_backend_that_hangs_is_reported_while_the_others_answer(
@@ -373,3 +377,84 @@ def test_the_page_shows_a_down_backend_beside_a_working_one(
             expect(page.locator('tr[data-lock="orders:42"]')).to_contain_text(lease.owner)
             assert "s3cret-pw" not in page.content()
         assert lease.release()
+
+
+# -- inbox claims ----------------------------------------------------------------------------
+
+
+def _until(check: Any, what: str) -> None:
+    """Poll ``check()`` (a backend read) until it is true, for at most 30 s."""
+    for _ in range(600):
+        if check():
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError(f"never became true: {what}")
+
+
+def _inbox_with_claims(url: str) -> tuple[Any, Any]:
+    """An inbox at ``url`` with one completed record whose retention has passed, one claim in
+    progress and one stuck claim; returns (the claim in progress, the stuck claim)."""
+    with jobfence.Inbox(url, retention=0.2) as short:
+        short.install()
+        short.claim("order-1").complete({"ok": True})
+    with jobfence.Inbox(url) as inbox:
+        working = inbox.claim("order-2", ttl=TTL)
+        stuck = inbox.claim("order-3", ttl=0.2)
+        _until(lambda: inbox.claim_info("order-3").stuck, "order-3 is stuck")
+        _until(lambda: inbox.claim_info("order-1").expires_in <= 0, "order-1 expired")
+    return working, stuck
+
+
+def test_inbox_claims_forget_and_purge_over_http(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'inbox.db'}"
+    working, stuck = _inbox_with_claims(url)
+    with dashboard(url, "--allow-actions", tmp_path=tmp_path) as board:
+        _, state = board.request("/api/state")
+        panel = state["targets"][0]["inbox"]
+        assert panel["status"] == "ok" and panel["available"] is True
+        assert panel["counts"] == {"in_progress": 2, "completed": 1}
+        [row] = panel["items"]
+        assert (row["key"], row["state"], row["stuck"]) == ("order-3", "in_progress", True)
+        assert row["owner"] == stuck.owner and row["expires_in"] <= 0 and row["attempt"] == 1
+        [row] = panel["in_progress"]
+        assert (row["key"], row["owner"], row["stuck"]) == ("order-2", working.owner, False)
+        assert 0 < row["expires_in"] <= TTL
+
+        status, answer = _action(board, "/api/inbox/forget", {"target": 0, "key": "order-3"})
+        assert (status, answer) == (200, {"forgotten": True})
+        status, answer = _action(board, "/api/inbox/forget", {"target": 0, "key": "order-3"})
+        assert (status, answer) == (200, {"forgotten": False})
+        status, answer = _action(board, "/api/inbox/purge", {"target": 0})
+        assert (status, answer) == (200, {"purged": 1})
+        _, state = board.request("/api/state")
+        panel = state["targets"][0]["inbox"]
+        assert panel["counts"] == {"in_progress": 1, "completed": 0} and panel["items"] == []
+        log = board.log()
+    assert "'order-3'" in log and "forgotten from the dashboard" in log
+    assert "purged from the dashboard" in log
+    with jobfence.Inbox(url) as inbox:
+        assert inbox.claim_info("order-3") is None and inbox.claim_info("order-1") is None
+        assert inbox.claim_info("order-2") is not None
+
+
+def test_the_page_lists_a_stuck_claim_and_forgets_it(tmp_path: Path, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    url = f"sqlite:///{tmp_path / 'inbox.db'}"
+    _, stuck = _inbox_with_claims(url)
+    with dashboard(url, "--allow-actions", tmp_path=tmp_path) as board:
+        page.goto(board.base + "/")
+        inbox = page.locator("section.inbox")
+        expect(inbox.locator("p.counts")).to_have_text("in progress: 2, completed: 1; stuck: 1")
+        row = inbox.locator('tr[data-claim="order-3"]')
+        expect(row).to_contain_text("(stuck)")
+        expect(row).to_contain_text(stuck.owner)
+        expect(row.locator("td.left")).to_have_text("expired")
+        row.get_by_role("button", name="Forget").click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_contain_text("Forget inbox key order-3")
+        dialog.get_by_role("button", name="Confirm").click()
+        expect(row).to_have_count(0)
+        expect(inbox.locator('tr[data-claim="order-2"]')).to_have_count(1)
+    with jobfence.Inbox(url) as inbox:
+        assert inbox.claim_info("order-3") is None

@@ -26,7 +26,7 @@ from .._core.inbox_support import DEFAULT_TABLE
 from .._core.url import mask_url, parse_url
 from .._core.validate import check_listing, check_name, check_queue_name
 from ..backends import registered
-from ..backends.base import ClaimState
+from ..backends.base import ClaimInfo, ClaimState
 from ..errors import BackendError, ConfigurationError, JobfenceError
 from ..inbox import Inbox
 from ..locks import Locks
@@ -217,15 +217,15 @@ class Target:
 
     def _gather_inbox(self) -> dict[str, Any]:
         inbox = self._inbox_client()
-        claims: Callable[..., list[Any]] | None = getattr(inbox, "claims", None)
-        if claims is None:  # a jobfence whose Inbox cannot list its records
-            return {"table": inbox.table, "available": False}
         limit = self.config.limit
-        # one listing per state, so that many completed records never hide a stuck claim
-        by_state = {
-            state.value: claims(state=state, limit=limit)
-            for state in (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
-        }
+        try:
+            # one listing per state, so that many completed records never hide a stuck claim
+            by_state = {
+                state.value: inbox.claims(state=state, limit=limit)
+                for state in (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
+            }
+        except NotImplementedError:  # a third-party backend that cannot list its records
+            return {"table": inbox.table, "available": False}
         in_progress = by_state[ClaimState.IN_PROGRESS.value]
         return {
             "table": inbox.table,
@@ -237,16 +237,16 @@ class Target:
         }
 
     @staticmethod
-    def _claim(info: Any) -> dict[str, Any]:
+    def _claim(info: ClaimInfo) -> dict[str, Any]:
         return {
             "key": info.key,
-            "state": getattr(info.state, "value", str(info.state)),
+            "state": info.state.value,
             "owner": info.owner,
             "attempt": info.attempt,
             "claimed_at": _when(info.claimed_at),
             "age": _seconds(info.age),
             "expires_in": _seconds(info.expires_in),
-            "stuck": bool(info.stuck),
+            "stuck": info.stuck,
         }
 
     def _queue_panel(self, name: str) -> dict[str, Any]:
@@ -325,18 +325,12 @@ class Target:
             "token": None if holder is None else holder.token,
         }
 
-    def _inbox_method(self, method: str) -> Callable[..., Any]:
-        self._require("inbox")
-        fn: Callable[..., Any] | None = getattr(self._inbox_client(), method, None)
-        if fn is None:
-            raise ConfigurationError(f"this jobfence's Inbox has no {method}()", argument="action")
-        return fn
-
     def forget(self, key: str) -> dict[str, Any]:
         """Delete the inbox record of ``key`` (a stuck claim, or a result not to replay)."""
+        self._require("inbox")
         key = check_name(key, argument="key")
         with self._acting():
-            forgotten = bool(self._inbox_method("forget")(key))
+            forgotten = self._inbox_client().forget(key)
         if forgotten:
             log.warning(
                 "inbox key %r of table %r at %s forgotten from the dashboard by %s",
@@ -349,8 +343,9 @@ class Target:
 
     def purge_inbox(self) -> dict[str, Any]:
         """Delete the inbox's expired records (:meth:`Inbox.purge`)."""
+        self._require("inbox")
         with self._acting():
-            purged = int(self._inbox_method("purge")())
+            purged = self._inbox_client().purge()
         log.warning(
             "inbox table %r at %s purged from the dashboard by %s: %d expired record(s) deleted",
             self.config.inbox_table,
