@@ -16,7 +16,7 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 \
   | grep -v -e "^WARNING: Location" -e "dependency resolver does not currently" \
       -e "^arq .* requires redis" || true
-.venv/bin/python -c "import jobfence, redis, psycopg, psycopg_pool, pymysql, aiosqlite, aio_pika, pika, pytest, xdist, celery, rq, dramatiq, arq, django, mkdocs, mkdocstrings, mkdocs_click, material, opentelemetry.sdk" \
+.venv/bin/python -c "import jobfence, redis, psycopg, psycopg_pool, pymysql, aiosqlite, aio_pika, pika, pytest, xdist, celery, rq, dramatiq, arq, django, mkdocs, mkdocstrings, mkdocs_click, material, opentelemetry.sdk, playwright" \
   || { echo "test.sh: installing the test dependencies failed" >&2; exit 1; }
 
 bash scripts/services.sh
@@ -24,8 +24,21 @@ bash scripts/services.sh
 # PgBouncer: tests/integration/test_doctor.py starts a disposable one in transaction pooling mode
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   echo "== installing pgbouncer"
-  apt-get install -y -q pgbouncer >/dev/null \
+  { apt-get install -y -q pgbouncer >/dev/null \
+      || { apt-get update >/dev/null && apt-get install -y -q pgbouncer >/dev/null; }; } \
     || { echo "test.sh: installing pgbouncer failed (apt-get install pgbouncer)" >&2; exit 1; }
+fi
+
+# the dashboard's browser tests drive the system Chromium (they fail without it, never skip)
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing Chromium for the browser tests"
+    apt-get install -y chromium >/dev/null || { apt-get update >/dev/null && apt-get install -y chromium >/dev/null; }
+  fi
+  [ -x /usr/bin/chromium ] || {
+    echo "test.sh: the browser tests need Chromium at /usr/bin/chromium: run 'apt-get install -y chromium' as root" >&2
+    exit 1
+  }
 fi
 
 echo "== generated sync twins are current"

@@ -51,6 +51,8 @@ def test_the_built_wheel_installs_alone_and_runs_the_readme_example(tmp_path: Pa
         assert f"Provides-Extra: {module}" in meta
     assert "Provides-Extra: django" in meta and "Classifier: Framework :: Django" in meta
     assert "jobfence/compat/redis_py/lock.py" in names  # the generated sync twin
+    for static in ("index.html", "app.js", "app.css"):  # the dashboard's page
+        assert f"jobfence/dashboard/static/{static}" in names
     assert b"jobfence = jobfence.cli.app:main" in entry  # the command
     assert b"[pytest11]" in entry and b"jobfence.testing.plugin" in entry  # the plugin
 
@@ -67,7 +69,10 @@ def test_the_built_wheel_installs_alone_and_runs_the_readme_example(tmp_path: Pa
     out = _run(python, "lock_contention.py", "--db", work / "locks.db", cwd=work).stdout
     assert "all checks passed" in out and "FAIL" not in out
     help_text = _run(venv / "bin" / "jobfence", "--help", cwd=work).stdout
-    assert "worker" in help_text and "demo" in help_text
+    assert "worker" in help_text and "demo" in help_text and "dashboard" in help_text
+    # the dashboard's page is read from the installed package
+    page = "from jobfence.dashboard.server import _static; print(_static('app.js')[:200])"
+    assert "jobfence dashboard" in _run(python, "-c", page, cwd=work).stdout
     # the README's first command, from the wheel alone (no extra, no server), at a small size
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     demo = subprocess.run(

@@ -9,10 +9,12 @@ import sys
 
 from rich.console import Console
 
-__all__ = ["URL_ENV", "console", "user"]
+__all__ = ["NAMESPACE_ENV", "URL_ENV", "console", "user"]
 
 #: where a command finds the backend URL when none is given
 URL_ENV = "JOBFENCE_URL"
+#: where a command finds the lock namespace when no --namespace is given
+NAMESPACE_ENV = "JOBFENCE_NAMESPACE"
 
 
 def console() -> Console:

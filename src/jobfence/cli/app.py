@@ -1,6 +1,7 @@
 """``jobfence`` command line: ``demo`` shows the bugs and the fix; ``doctor`` checks the
 health of backends and takes a probe lease; ``worker`` runs a handler on a queue; ``queue``
-publishes and inspects messages; ``locks`` lists, shows and breaks the locks held."""
+publishes and inspects messages; ``locks`` lists, shows and breaks the locks held; ``inbox``
+lists, shows and purges the inbox's records; ``dashboard`` serves a local web page of them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import click
 from .. import __version__
 from .._core.url import mask_url
 from ..errors import ConfigurationError
+from .dashboard_cmd import dashboard
 from .demo_cmd import demo
 from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
@@ -69,6 +71,7 @@ cli.add_command(demo)
 cli.add_command(queue_group)
 cli.add_command(locks_group)
 cli.add_command(inbox_group)
+cli.add_command(dashboard)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..doctor import Report
-from .locks_cmd import console
+from ._common import console
 
 _STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
 

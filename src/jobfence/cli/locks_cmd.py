@@ -21,12 +21,10 @@ from rich.text import Text
 from ..backends.base import LockHolder
 from ..errors import ConfigurationError, JobfenceError
 from ..locks import Locks
-from ._common import URL_ENV, console
+from ._common import NAMESPACE_ENV, URL_ENV, console
 from ._common import user as _user
 
 log = logging.getLogger("jobfence.cli")
-
-NAMESPACE_ENV = "JOBFENCE_NAMESPACE"
 
 
 @contextmanager

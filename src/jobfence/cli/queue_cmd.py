@@ -6,22 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import ConfigurationError, JobfenceError
 from ..queue import Queue
+from ._common import URL_ENV, console
 
 log = logging.getLogger("jobfence.cli")
-
-URL_ENV = "JOBFENCE_URL"
 
 
 def _url_and_name(url: str | None, name: str | None) -> tuple[str, str]:
@@ -52,11 +49,6 @@ def _queue(url: str | None, name: str | None) -> Iterator[Queue]:
             queue.close()
         except JobfenceError:
             pass
-
-
-def _console() -> Console:
-    """Rich output on stdout; not on a terminal, tables are not cut to 80 columns."""
-    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 def _when(epoch: float | None) -> str:
@@ -148,7 +140,7 @@ def stats(url: str | None, name: str | None, as_json: bool) -> None:
     for column in values:
         table.add_column(column, justify="right")
     table.add_row(*("?" if v is None else str(v) for v in values.values()))
-    _console().print(table)
+    console().print(table)
 
 
 @queue_group.command("dead-letters")
@@ -182,7 +174,7 @@ def dead_letters(url: str | None, name: str | None, limit: int, as_json: bool) -
     for d in dead:
         body = d.body.decode("utf-8", "replace")
         table.add_row(d.id, str(d.deliveries), _when(d.dead_at), d.error or "", body[:200])
-    _console().print(table)
+    console().print(table)
 
 
 @queue_group.command("requeue")
@@ -249,4 +241,4 @@ def list_queues(url: str | None, limit: int, as_json: bool) -> None:
         table.add_column(column, justify="left" if column == "queue" else "right")
     for row in rows:
         table.add_row(*("?" if v is None else str(v) for v in row.values()))
-    _console().print(table)
+    console().print(table)

@@ -1,0 +1,129 @@
+"""``jobfence dashboard URL...``: a local web page of the locks, inbox claims and queues."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from .._core.inbox_support import DEFAULT_TABLE
+from ..dashboard import Dashboard, DashboardConfig, make_server
+from ..errors import ConfigurationError, JobfenceError
+from ._common import NAMESPACE_ENV, URL_ENV
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+@click.command("dashboard")
+@click.argument("urls", nargs=-1)
+@click.option(
+    "--namespace",
+    envvar=NAMESPACE_ENV,
+    default="jobfence",
+    show_default=True,
+    help=f"Key/table prefix of the locks (or {NAMESPACE_ENV}).",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="NAME",
+    help="A queue to show (repeatable), besides those the backend lists.",
+)
+@click.option(
+    "--discover-queues/--no-discover-queues",
+    default=True,
+    show_default=True,
+    help="Also show the queues that hold messages, where the backend can list them "
+    "(SQL tables, Redis; not RabbitMQ: name its queues with --queue).",
+)
+@click.option("--inbox-table", default=DEFAULT_TABLE, show_default=True, help="The inbox's table.")
+@click.option("--lock-prefix", default="", help="Only locks whose name starts with this.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="At most this many rows per listing.",
+)
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Show and accept the actions: break a lock, forget or purge inbox records, requeue "
+    "dead letters. Without it the dashboard is read-only.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8474,
+    show_default=True,
+    help="The port to bind (0: a free one).",
+)
+def dashboard(
+    urls: tuple[str, ...],
+    namespace: str,
+    queues: tuple[str, ...],
+    discover_queues: bool,
+    inbox_table: str,
+    lock_prefix: str,
+    limit: int,
+    allow_actions: bool,
+    host: str,
+    port: int,
+) -> None:
+    """Serve a web page of the locks, inbox claims and queues at each backend URL.
+
+    URL is a backend (redis://, postgresql://, mysql://, sqlite:///..., amqp://); several may
+    be given, or JOBFENCE_URL is used. The page refreshes every 2 seconds; a backend that is
+    down shows its error while the others go on. It binds 127.0.0.1 unless --host says
+    otherwise and is read-only unless --allow-actions is given; every action is logged at
+    WARNING on the jobfence.cli logger. Stops on Ctrl-C or SIGTERM.
+    """
+    if not urls:
+        env = os.environ.get(URL_ENV)
+        if not env:
+            raise click.UsageError(f"give at least one backend URL, or set {URL_ENV}")
+        urls = (env,)
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        board = Dashboard(
+            DashboardConfig(
+                urls=urls,
+                namespace=namespace,
+                queues=tuple(dict.fromkeys(queues)),
+                discover_queues=discover_queues,
+                inbox_table=inbox_table,
+                lock_prefix=lock_prefix,
+                limit=limit,
+            )
+        )
+        board.check()
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except JobfenceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        server = make_server(board, host, port, allow_actions=allow_actions)
+    except OSError as exc:
+        board.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+    signal.signal(signal.SIGTERM, _stop)
+    click.echo(f"jobfence dashboard: {server.url}")
+    if not allow_actions:
+        click.echo("read-only: start with --allow-actions to break locks, requeue, ...")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        board.close()

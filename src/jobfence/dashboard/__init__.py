@@ -1,0 +1,16 @@
+"""``jobfence dashboard``: a small local web page for operators.
+
+It shows, for each backend URL, the locks held (holder, fencing token, time left), the inbox's
+claims by state with the stuck ones, and the queues' counts and dead letters; started with
+``allow_actions`` it also breaks a lock, forgets an inbox key, purges expired inbox records and
+requeues dead letters. :mod:`.state` gathers the data and runs the actions, :mod:`.server`
+serves the page (package data under ``static/``) and the JSON API with the standard library's
+``http.server``.
+"""
+
+from __future__ import annotations
+
+from .server import DashboardServer, make_server
+from .state import Dashboard, DashboardConfig
+
+__all__ = ["Dashboard", "DashboardConfig", "DashboardServer", "make_server"]
