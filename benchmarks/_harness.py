@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing as mp
 import os
 import statistics
@@ -490,7 +491,7 @@ def contended_stats(
         cleanup(ns)
     counts = [count for count, _ in results]
     held = sorted(interval for _, intervals in results for interval in intervals)
-    gaps = [(nxt[0] - cur[1]) * 1e6 for cur, nxt in zip(held, held[1:])]
+    gaps = [(nxt[0] - cur[1]) * 1e6 for cur, nxt in itertools.pairwise(held)]
     total = sum(counts)
     fair = total / workers if total else 1
     return Contended(total / seconds, sorted((c / fair for c in counts), reverse=True), gaps)
