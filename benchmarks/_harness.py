@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing as mp
 import os
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +41,59 @@ Variant = tuple[str, Runner]
 
 
 # -- timing ---------------------------------------------------------------------------------
+class _LapSink:
+    """Where ``laps`` records each lap's duration (seconds), when ``sampled`` asks for it."""
+
+    samples: list[float] | None = None
+
+
+def laps(n: int) -> Iterator[int]:
+    """``range(n)`` for a runner's loop; while ``sampled`` runs the runner, the time each
+    iteration took (from one ``yield`` to the next) is recorded, so every operation of a
+    batch has its own latency (sync and async bodies alike: the clock is read inside the
+    loop, never around ``run_until_complete``)."""
+    sink = _LapSink.samples
+    if sink is None:
+        yield from range(n)
+        return
+    clock = time.perf_counter
+    last = clock()
+    for i in range(n):
+        yield i
+        now = clock()
+        sink.append(now - last)
+        last = now
+
+
+def sampled(run: Runner, ops: int) -> list[float]:
+    """The latency (seconds) of each of the ``ops`` operations of ``run(ops)``; the runner
+    must loop with ``laps``."""
+    samples: list[float] = []
+    _LapSink.samples = samples
+    try:
+        run(ops)
+    finally:
+        _LapSink.samples = None
+    if len(samples) != ops:
+        raise RuntimeError(f"the runner timed {len(samples)} of {ops} operations (use laps)")
+    return samples
+
+
+@dataclass
+class Stats:
+    """Per-operation latencies of one case, in microseconds, over all its rounds."""
+
+    median: float
+    p99: float
+    ops: int
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> Stats:
+        ordered = sorted(seconds)
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return cls(statistics.median(ordered) * 1e6, p99 * 1e6, len(ordered))
+
+
 def us_per_op(run: Runner, ops: int) -> float:
     """Microseconds per operation of ``run(ops)``."""
     started = time.perf_counter()
@@ -72,18 +126,38 @@ def medians(
     return {label: statistics.median(values) for label, values in samples.items()}
 
 
+def per_call(fn: Callable[[str], Any], ops: int) -> list[float]:
+    """Seconds each call of ``fn(key)`` took, over ``ops`` fresh random keys (made untimed)."""
+    keys = [uuid.uuid4().hex for _ in range(ops)]
+    clock = time.perf_counter
+    samples = []
+    for k in keys:
+        started = clock()
+        fn(k)
+        samples.append(clock() - started)
+    return samples
+
+
+def interleave_stats(
+    cases: Mapping[str, Callable[[str], Any]], ops: int, rounds: int, warmup: int = 20
+) -> dict[str, Stats]:
+    """Median and p99 µs per call of each ``fn(key)`` over ``rounds`` interleaved rounds of
+    ``ops`` fresh keys each, after a ``warmup``-call run of each (connections, prepared
+    statements)."""
+    for fn in cases.values():
+        per_call(fn, warmup)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].extend(per_call(fn, ops))
+    return {name: Stats.of(values) for name, values in samples.items()}
+
+
 def interleave(
     cases: Mapping[str, Callable[[str], Any]], ops: int, rounds: int
 ) -> dict[str, float]:
-    """Median µs per call of each ``fn(key)`` over ``rounds`` interleaved rounds of ``ops``
-    fresh keys, after a 20-call warm-up of each (connections, prepared statements)."""
-    for fn in cases.values():
-        per_op(fn, 20)
-    return medians({name: _bind_per_op(fn, ops) for name, fn in cases.items()}, rounds)
-
-
-def _bind_per_op(fn: Callable[[str], Any], ops: int) -> Callable[[], float]:
-    return lambda: per_op(fn, ops)
+    """Median µs per call of each ``fn(key)`` (``interleave_stats``' medians)."""
+    return {name: st.median for name, st in interleave_stats(cases, ops, rounds).items()}
 
 
 def inbox_cases(
@@ -203,7 +277,7 @@ def jobfence_sync(locks: jobfence.Locks, name: str, renew: bool) -> Runner:
     """``Locks.try_acquire(name)`` + ``release()`` pairs, each checked."""
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for _ in laps(n):
             lease = locks.try_acquire(name, ttl=TTL, renew=renew)
             if lease is None:
                 raise RuntimeError("jobfence lock not acquired")
@@ -220,7 +294,7 @@ def owner_pairs(
     ``acquire(token)`` or ``release(token)`` raises ``RuntimeError("<what> not ...")``."""
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for _ in laps(n):
             owner = uuid.uuid4().hex
             if not acquire(owner):
                 raise RuntimeError(f"{what} not acquired")
@@ -239,7 +313,7 @@ def owner_pairs_async(
     """``owner_pairs`` for async ``acquire``/``release``, run on the scope's loop."""
 
     async def body(n: int) -> None:
-        for _ in range(n):
+        for _ in laps(n):
             owner = uuid.uuid4().hex
             if not await acquire(owner):
                 raise RuntimeError(f"{what} not acquired")
@@ -260,7 +334,7 @@ def jobfence_async(url: str, ns: str, scope: AsyncScope) -> Runner:
     scope.on_close(locks.close)
 
     async def body(n: int) -> None:
-        for _ in range(n):
+        for _ in laps(n):
             lease = await locks.try_acquire("jobfence-async", ttl=TTL)
             if lease is None:
                 raise RuntimeError("jobfence async lock not acquired")
@@ -270,15 +344,15 @@ def jobfence_async(url: str, ns: str, scope: AsyncScope) -> Runner:
     return scope.runner(body)
 
 
-def uncontended(
+def uncontended_stats(
     build: Callable[[str, AsyncScope], list[Variant]],
     cleanup: Callable[[str], None],
     rounds: int,
     ops: int,
     warmup: int,
-) -> list[tuple[str, float]]:
-    """Median µs per acquire+release of each variant ``build(ns, scope)`` returns, over
-    ``rounds`` interleaved rounds (order rotated each round) of ``ops`` pairs, after a
+) -> dict[str, Stats]:
+    """Median and p99 µs per acquire+release of each variant ``build(ns, scope)`` returns,
+    over ``rounds`` interleaved rounds (order rotated each round) of ``ops`` pairs, after a
     ``warmup``-pair run of each; then the scope is closed and ``cleanup(ns)`` called."""
     ns = new_namespace()
     scope = AsyncScope()
@@ -286,17 +360,27 @@ def uncontended(
         variants = build(ns, scope)
         for _, run in variants:  # warm up: connect, load scripts, create tables
             run(warmup)
-        timings = medians(
-            {label: _bind_us_per_op(run, ops) for label, run in variants}, rounds, rotate=True
-        )
+        samples: dict[str, list[float]] = {label: [] for label, _ in variants}
+        for i in range(rounds):
+            shift = i % len(variants)
+            for label, run in variants[shift:] + variants[:shift]:
+                samples[label].extend(sampled(run, ops))
     finally:
         scope.close()
         cleanup(ns)
-    return list(timings.items())
+    return {label: Stats.of(values) for label, values in samples.items()}
 
 
-def _bind_us_per_op(run: Runner, ops: int) -> Callable[[], float]:
-    return lambda: us_per_op(run, ops)
+def uncontended(
+    build: Callable[[str, AsyncScope], list[Variant]],
+    cleanup: Callable[[str], None],
+    rounds: int,
+    ops: int,
+    warmup: int,
+) -> list[tuple[str, float]]:
+    """Median µs per acquire+release of each variant (``uncontended_stats``' medians)."""
+    stats = uncontended_stats(build, cleanup, rounds, ops, warmup)
+    return [(label, st.median) for label, st in stats.items()]
 
 
 def print_uncontended(
@@ -326,24 +410,29 @@ class Gate:
 
     start: Any  # multiprocessing Event: set once every worker is ready
     ready: Any  # multiprocessing Queue: one item per worker that is ready
-    out: Any  # multiprocessing Queue: one count per worker
+    out: Any  # multiprocessing Queue: one (count, held intervals) per worker
 
     def hand_off(self, hold: Callable[[], AbstractContextManager[Any]], seconds: float) -> int:
         """Report ready, wait for the start, then loop for ``seconds``: ``with hold():``
-        sleep ``CRITICAL_SECTION``. Returns the number of critical sections run."""
+        sleep ``CRITICAL_SECTION``. Returns the number of critical sections run; the
+        ``time.monotonic()`` (system-wide on Linux) at which each one started (lock held) and
+        ended (about to release) is kept for ``report``."""
         self.ready.put(1)
         self.start.wait()
-        count = 0
-        stop = time.monotonic() + seconds
-        while time.monotonic() < stop:
+        held: list[tuple[float, float]] = []
+        clock = time.monotonic
+        stop = clock() + seconds
+        while clock() < stop:
             with hold():
+                got = clock()
                 time.sleep(CRITICAL_SECTION)
-                count += 1
-        return count
+                held.append((got, clock()))
+        self._held = held
+        return len(held)
 
     def report(self, count: int) -> None:
-        """Hand this worker's count to the parent."""
-        self.out.put(count)
+        """Hand this worker's count and held intervals to the parent."""
+        self.out.put((count, getattr(self, "_held", [])))
 
 
 Worker = Callable[[str, str, str, float, Gate], None]
@@ -351,17 +440,38 @@ Worker = Callable[[str, str, str, float, Gate], None]
 name) that sets up ``kind``'s lock, runs ``gate.hand_off`` and ``gate.report``s the count."""
 
 
-def contended(
+@dataclass
+class Contended:
+    """One contended run: acquisitions per second over all processes, each process's share
+    (1.0 = fair), largest first, and the hand-off gaps in microseconds: from the moment the
+    holder's critical section ends (it starts releasing) to the moment the next holder has
+    the lock."""
+
+    rate: float
+    shares: list[float]
+    gaps: list[float]
+
+    @property
+    def fairness(self) -> float:
+        """The smallest share over the largest (1.0 = perfectly fair)."""
+        return self.shares[-1] / self.shares[0] if self.shares and self.shares[0] else 0.0
+
+    @property
+    def gap(self) -> Stats:
+        """Median and p99 of the hand-off gaps (µs)."""
+        return Stats.of([g / 1e6 for g in self.gaps]) if self.gaps else Stats(0.0, 0.0, 0)
+
+
+def contended_stats(
     worker: Worker,
     cleanup: Callable[[str], None],
     url: str,
     kind: str,
     workers: int,
     seconds: float,
-) -> tuple[float, list[float]]:
+) -> Contended:
     """Run ``workers`` spawned processes of ``worker`` on one fresh namespace, started
-    together; return ops/s over all of them and each one's share (1.0 = fair), largest first.
-    ``cleanup(ns)`` runs afterwards."""
+    together, and measure the hand-off (see ``Contended``). ``cleanup(ns)`` runs afterwards."""
     ns = new_namespace()
     ctx = mp.get_context("spawn")
     gate = Gate(ctx.Event(), ctx.Queue(), ctx.Queue())
@@ -374,14 +484,30 @@ def contended(
         for _ in procs:
             gate.ready.get(timeout=60)
         gate.start.set()
-        counts = [gate.out.get(timeout=seconds + 60) for _ in procs]
+        results = [gate.out.get(timeout=seconds + 60) for _ in procs]
         for p in procs:
             p.join(30)
     finally:
         cleanup(ns)
+    counts = [count for count, _ in results]
+    held = sorted(interval for _, intervals in results for interval in intervals)
+    gaps = [(nxt[0] - cur[1]) * 1e6 for cur, nxt in itertools.pairwise(held)]
     total = sum(counts)
     fair = total / workers if total else 1
-    return total / seconds, sorted((c / fair for c in counts), reverse=True)
+    return Contended(total / seconds, sorted((c / fair for c in counts), reverse=True), gaps)
+
+
+def contended(
+    worker: Worker,
+    cleanup: Callable[[str], None],
+    url: str,
+    kind: str,
+    workers: int,
+    seconds: float,
+) -> tuple[float, list[float]]:
+    """``contended_stats``' ops/s over all processes and each one's share, largest first."""
+    run = contended_stats(worker, cleanup, url, kind, workers, seconds)
+    return run.rate, run.shares
 
 
 def contended_row(label: str, rate: float, ideal: float, shares: str) -> tuple[str, ...]:

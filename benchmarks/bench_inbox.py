@@ -9,6 +9,9 @@ For each backend, in interleaved rounds (median of the rounds, µs per claim of 
   (b) jobfence ``Inbox.claim(key)`` (sync), and the duplicate path (claim of a held key)
   (c) ``Inbox.claim_in(conn, key)`` inside a caller transaction vs the same hand-written insert
       inside the same kind of transaction (begin, statement, commit)
+  (d) Redis only: ``claim`` + ``complete`` of a new key and the claim of a completed key,
+      beside AWS Lambda Powertools' ``idempotent_function`` on its Redis persistence layer
+      (``RedisCachePersistenceLayer``, the ``bench`` extra) for a new and a completed key
 
 Round trips per claim are counted, not assumed: PostgreSQL from libpq's protocol trace (one
 ``Sync`` per request/response exchange), MariaDB by counting the driver's commands, Redis by
@@ -22,17 +25,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sqlite3
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _harness
 
-from _harness import inbox_cases, interleave, report
+from _harness import Stats, inbox_cases, interleave_stats, report
 from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
 
 import jobfence
@@ -40,7 +46,7 @@ import jobfence
 # -- PostgreSQL ---------------------------------------------------------------------------
 
 
-def bench_postgres(ops: int, rounds: int) -> None:
+def measure_postgres(ops: int, rounds: int) -> Measured:
     import psycopg
 
     table = "bench_inbox_" + uuid.uuid4().hex[:8]
@@ -60,7 +66,7 @@ def bench_postgres(ops: int, rounds: int) -> None:
         txconn.commit()
 
     try:
-        timings = interleave(
+        timings = interleave_stats(
             inbox_cases(
                 inbox,
                 held,
@@ -74,7 +80,7 @@ def bench_postgres(ops: int, rounds: int) -> None:
             "claim (NEW)": _pg_trips(inbox, lambda: inbox.claim(uuid.uuid4().hex)),
             "claim (duplicate)": _pg_trips(inbox, lambda: inbox.claim(held)),
         }
-        report(
+        return Measured(
             "PostgreSQL (psycopg, sync)",
             timings,
             "hand-written INSERT ON CONFLICT DO NOTHING",
@@ -104,7 +110,7 @@ def _pg_trips(inbox: Any, op: Callable[[], Any], n: int = 50) -> float:
 # -- MariaDB ------------------------------------------------------------------------------
 
 
-def bench_mysql(ops: int, rounds: int) -> None:
+def measure_mysql(ops: int, rounds: int) -> Measured:
     import pymysql
 
     table = "bench_inbox_" + uuid.uuid4().hex[:8]
@@ -128,7 +134,7 @@ def bench_mysql(ops: int, rounds: int) -> None:
         txconn.commit()
 
     try:
-        timings = interleave(
+        timings = interleave_stats(
             inbox_cases(
                 inbox, held, ("hand-written INSERT IGNORE", baseline), (baseline_tx, txconn)
             ),
@@ -142,7 +148,7 @@ def bench_mysql(ops: int, rounds: int) -> None:
                 txconn, lambda: inbox.claim_in(txconn, uuid.uuid4().hex)
             ),
         }
-        report("MariaDB (PyMySQL)", timings, "hand-written INSERT IGNORE", trips)
+        return Measured("MariaDB (PyMySQL)", timings, "hand-written INSERT IGNORE", trips)
     finally:
         txconn.rollback()
         txconn.close()
@@ -179,7 +185,7 @@ def _mysql_trips(inbox: Any, op: Callable[[], Any]) -> float:
 # -- SQLite -------------------------------------------------------------------------------
 
 
-def bench_sqlite(ops: int, rounds: int) -> None:
+def measure_sqlite(ops: int, rounds: int) -> Measured:
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "bench.db")
     inbox = jobfence.Inbox(f"sqlite:///{path}", table="bench_inbox")
@@ -197,7 +203,7 @@ def bench_sqlite(ops: int, rounds: int) -> None:
         txconn.execute("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)", (k,))
         txconn.commit()
 
-    timings = interleave(
+    timings = interleave_stats(
         inbox_cases(
             inbox, held, ("hand-written INSERT OR IGNORE", baseline), (baseline_tx, txconn)
         ),
@@ -214,21 +220,22 @@ def bench_sqlite(ops: int, rounds: int) -> None:
     inbox.claim(held)
     dup = len(statements)
     conn.set_trace_callback(None)
-    report(
+    raw.close()
+    txconn.close()
+    inbox.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return Measured(
         "SQLite (sqlite3, WAL)",
         timings,
         "hand-written INSERT OR IGNORE",
         {"claim (NEW), statements": new, "claim (duplicate), statements": dup},
     )
-    raw.close()
-    txconn.close()
-    inbox.close()
 
 
 # -- Redis --------------------------------------------------------------------------------
 
 
-def bench_redis(ops: int, rounds: int) -> None:
+def measure_redis(ops: int, rounds: int) -> Measured:
     import redis
 
     table = "bench_inbox_" + uuid.uuid4().hex[:8]
@@ -240,12 +247,19 @@ def bench_redis(ops: int, rounds: int) -> None:
     def baseline(k: str) -> None:
         raw.set(f"{table}raw:{k}", 1, nx=True, px=300_000)
 
+    def claim_complete(k: str) -> None:
+        claim = inbox.claim(k)
+        claim.complete({"ok": True})
+
+    done = uuid.uuid4().hex
+    claim_complete(done)
+    cases = inbox_cases(inbox, held, ("hand-written SET NX PX", baseline))
+    cases["Inbox.claim + complete (NEW)"] = claim_complete
+    cases["Inbox.claim (duplicate, COMPLETED)"] = lambda k: inbox.claim(done)
+    powertools_client = redis.Redis.from_url(REDIS_URL)
     try:
-        timings = interleave(
-            inbox_cases(inbox, held, ("hand-written SET NX PX", baseline)),
-            ops,
-            rounds,
-        )
+        cases.update(powertools_cases(powertools_client, table))
+        timings = interleave_stats(cases, ops, rounds)
         sent = 0
         conn_cls = redis.connection.AbstractConnection
         original = conn_cls.send_packed_command
@@ -263,7 +277,7 @@ def bench_redis(ops: int, rounds: int) -> None:
         finally:
             conn_cls.send_packed_command = original  # type: ignore[method-assign]
         after = raw.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-        report(
+        return Measured(
             "Redis (redis-py, sync)",
             timings,
             "hand-written SET NX PX",
@@ -274,10 +288,78 @@ def bench_redis(ops: int, rounds: int) -> None:
         )
     finally:
         inbox.drop()
-        for key in raw.scan_iter(match=f"{table}raw:*", count=1000):
-            raw.delete(key)
+        for pattern in (f"{table}raw:*", f"{table}pt#*"):
+            for key in raw.scan_iter(match=pattern, count=1000):
+                raw.delete(key)
         raw.close()
+        powertools_client.close()
         inbox.close()
+
+
+class _LambdaContext:
+    """The fields of a Lambda context Powertools' idempotency reads outside Lambda."""
+
+    function_name = "bench"
+    memory_limit_in_mb = 128
+    invoked_function_arn = "arn:aws:lambda:eu-west-1:000000000000:function:bench"
+    aws_request_id = "bench"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 300_000
+
+
+def powertools_cases(client: Any, prefix: str) -> dict[str, Callable[[str], Any]]:
+    """AWS Lambda Powertools idempotency (``idempotent_function``) on its Redis persistence
+    layer, with the same redis-py client kind: a new key (Powertools reads nothing first: it
+    writes the in-progress record with ``SET NX``, runs the function, writes the result) and
+    a repeated completed key (it finds the record and returns the stored result)."""
+    os.environ.pop("POWERTOOLS_IDEMPOTENCY_DISABLED", None)
+    from aws_lambda_powertools.utilities.idempotency import (
+        IdempotencyConfig,
+        idempotent_function,
+    )
+    from aws_lambda_powertools.utilities.idempotency.persistence import redis as layers
+
+    with warnings.catch_warnings():  # announced to be renamed in Powertools 4
+        warnings.simplefilter("ignore", DeprecationWarning)
+        layer = layers.RedisCachePersistenceLayer(client=client)
+    config = IdempotencyConfig(expires_after_seconds=300, lambda_context=_LambdaContext())
+
+    @idempotent_function(
+        data_keyword_argument="job",
+        persistence_store=layer,
+        config=config,
+        key_prefix=f"{prefix}pt",
+    )
+    def job(job: dict[str, str]) -> dict[str, bool]:
+        return {"ok": True}
+
+    done = uuid.uuid4().hex
+    job(job={"id": done})
+    return {
+        "Powertools idempotent_function (NEW)": lambda k: job(job={"id": k}),
+        "Powertools idempotent_function (duplicate, COMPLETED)": lambda k: job(job={"id": done}),
+    }
+
+
+@dataclass
+class Measured:
+    """One backend's inbox timings (µs per call, median and p99) against the ``base`` case,
+    and its round-trip counts."""
+
+    backend: str
+    timings: dict[str, Stats]
+    base: str
+    trips: dict[str, Any]
+
+
+MEASURES: dict[str, Callable[[int, int], Measured]] = {
+    "postgres": measure_postgres,
+    "mysql": measure_mysql,
+    "sqlite": measure_sqlite,
+    "redis": measure_redis,
+}
 
 
 def main() -> None:
@@ -286,14 +368,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="postgres,mysql,sqlite,redis")
     args = parser.parse_args()
-    benches = {
-        "postgres": bench_postgres,
-        "mysql": bench_mysql,
-        "sqlite": bench_sqlite,
-        "redis": bench_redis,
-    }
     for name in args.only.split(","):
-        benches[name](args.ops, args.rounds)
+        m = MEASURES[name](args.ops, args.rounds)
+        report(m.backend, {k: v.median for k, v in m.timings.items()}, m.base, m.trips)
 
 
 if __name__ == "__main__":

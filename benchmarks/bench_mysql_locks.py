@@ -92,7 +92,7 @@ def get_lock(url: str, ns: str) -> h.Runner:
     name = f"{ns}:get_lock"
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for _ in h.laps(n):
             cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
             if cur.fetchone()[0] != 1:
                 raise RuntimeError("GET_LOCK not acquired")

@@ -10,6 +10,8 @@ Uncontended acquire+release, interleaved rounds, median of the rounds (µs per p
   (e) jobfence ``AsyncLocks`` (renew=True), and (f) the hand-written lock on ``redis.asyncio``
   (g) the same with ``socket_timeout=5``, jobfence's default: redis.asyncio then bounds every
       command with ``asyncio.wait_for``, which the sync client gets for free from the socket
+  (h) ``redis.asyncio`` ``Lock``, (i) python-redis-lock, (j) pottery ``Redlock`` with one
+      master (these three need the ``bench`` extra: ``pip install -e '.[bench]'``)
 
 Contended hand-off: 4 processes loop on one name for a fixed time, each holding the lock for
 a 1 ms critical section (``time.sleep(0.001)``). Reports ops/s against the ideal (1000/s, and
@@ -64,7 +66,7 @@ def redis_py_lock(url: str, ns: str) -> h.Runner:
     key = f"{ns}:redis-py"
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for _ in h.laps(n):
             lock = r.lock(key, timeout=h.TTL)
             if not lock.acquire(blocking=False):
                 raise RuntimeError("redis-py lock not acquired")
@@ -92,6 +94,66 @@ def hand_written_async(
     )
 
 
+def redis_asyncio_lock(url: str, ns: str, scope: h.AsyncScope) -> h.Runner:
+    r = redis.asyncio.Redis.from_url(url)
+    scope.on_close(r.aclose)
+    key = f"{ns}:redis-asyncio"
+
+    async def body(n: int) -> None:
+        for _ in h.laps(n):
+            lock = r.lock(key, timeout=h.TTL)
+            if not await lock.acquire(blocking=False):
+                raise RuntimeError("redis.asyncio lock not acquired")
+            await lock.release()
+
+    return scope.runner(body)
+
+
+def python_redis_lock(url: str, ns: str) -> h.Runner:
+    """python-redis-lock's ``Lock`` (``SET NX EX`` + a release script that also signals
+    blocked waiters through a list)."""
+    import redis_lock
+
+    r = redis.Redis.from_url(url)
+    name = f"{ns}:python-redis-lock"
+
+    def run(n: int) -> None:
+        for _ in h.laps(n):
+            lock = redis_lock.Lock(r, name, expire=h.TTL)
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("python-redis-lock not acquired")
+            lock.release()
+
+    return run
+
+
+def pottery_redlock(url: str, ns: str) -> h.Runner:
+    """pottery's ``Redlock`` with one master (the Redlock algorithm's quorum of one)."""
+    from pottery import Redlock
+
+    r = redis.Redis.from_url(url)
+    key = f"{ns}:pottery"
+
+    def run(n: int) -> None:
+        for _ in h.laps(n):
+            lock = Redlock(key=key, masters={r}, auto_release_time=h.TTL)
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("pottery Redlock not acquired")
+            lock.release()
+
+    return run
+
+
+def anchors(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
+    """The other libraries' locks (the ``bench`` extra): redis.asyncio's ``Lock``,
+    python-redis-lock and pottery's ``Redlock``."""
+    return [
+        ("(h) redis.asyncio Lock", redis_asyncio_lock(url, ns, scope)),
+        ("(i) python-redis-lock Lock", python_redis_lock(url, ns)),
+        ("(j) pottery Redlock, one master", pottery_redlock(url, ns)),
+    ]
+
+
 def variants(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
     return [
         ("(a) hand-written SET NX PX + EVALSHA delete", hand_written(url, ns)),
@@ -104,6 +166,7 @@ def variants(url: str, ns: str, scope: h.AsyncScope) -> list[h.Variant]:
             "(g) (f) with socket_timeout=5 (jobfence's default)",
             hand_written_async(url, ns, scope, socket_timeout=5.0),
         ),
+        *anchors(url, ns, scope),
     ]
 
 

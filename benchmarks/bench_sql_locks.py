@@ -77,7 +77,7 @@ def advisory(url: str, ns: str) -> h.Runner:
     key = advisory_key(ns, "advisory")
 
     def run(n: int) -> None:
-        for _ in range(n):
+        for _ in h.laps(n):
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
             if not row or not row[0]:
                 raise RuntimeError("advisory lock not acquired")

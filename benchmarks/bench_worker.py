@@ -38,6 +38,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -326,7 +327,35 @@ async def count_trips(url: str, inbox_url: str, n: int, conc: int) -> dict[str, 
 # -- main --------------------------------------------------------------------------------------
 
 
-async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
+ANCHORS = {
+    "jobfence AsyncWorker, no-op": "hand-written loop",
+    "jobfence AsyncWorker, guarded": "hand-written loop + idempotency mark",
+}
+"""Each jobfence case's anchor."""
+
+
+@dataclass
+class Measured:
+    """One queue backend's rates: messages per second of each case in each round, and the
+    backend calls per guarded message by hook point."""
+
+    backend: str
+    messages: int
+    rates: dict[str, list[float]]
+    trips: dict[str, float]
+
+    def median(self, case: str) -> float:
+        return statistics.median(self.rates[case])
+
+    @property
+    def extra_trips(self) -> float:
+        """Round trips a guarded message costs on top of receive and ack."""
+        return sum(v for p, v in self.trips.items() if p.startswith(("inbox.", "lock.")))
+
+
+async def measure(backend: str, n: int, rounds: int, conc: int, tmp: str) -> Measured:
+    """Publish and consume ``n`` messages per case and round on ``backend`` (redis, postgres,
+    sqlite, rabbitmq), after a warm-up of each case; then count a guarded message's calls."""
     urls = {
         "redis": (REDIS_URL, REDIS_URL, partial(redis_floor, conc)),
         "postgres": (POSTGRES_URL, POSTGRES_URL, partial(postgres_floor, conc)),
@@ -351,26 +380,26 @@ async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
     for _ in range(rounds):
         for name, fn in cases.items():
             rates[name].append(n / await fn(n))
-    anchors = {
-        "jobfence AsyncWorker, no-op": "hand-written loop",
-        "jobfence AsyncWorker, guarded": "hand-written loop + idempotency mark",
-    }
+    trips = await count_trips(url, inbox_url, min(n, 500), conc)
+    return Measured(backend, n, rates, trips)
+
+
+async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
+    m = await measure(backend, n, rounds, conc, tmp)
     print(f"\n{backend}: {n} messages, concurrency {conc}, {rounds} interleaved rounds")
     print(f"  {'':38} {'msg/s (median)':>14} {'each round':>24} {'/ its anchor':>13}")
-    for name, values in rates.items():
+    for name, values in m.rates.items():
         med = statistics.median(values)
         each = " ".join(f"{v:.0f}" for v in values)
         ratio = ""
-        if name in anchors:
-            ratio = f"{med / statistics.median(rates[anchors[name]]):12.2f}x"
+        if name in ANCHORS:
+            ratio = f"{med / m.median(ANCHORS[name]):12.2f}x"
         print(f"  {name:38} {med:14.0f} {each:>24} {ratio:>13}")
-    trips = await count_trips(url, inbox_url, min(n, 500), conc)
-    extra = {p: v for p, v in trips.items() if p.startswith(("inbox.", "lock."))}
     print(
         "  backend calls per guarded message: "
-        + ", ".join(f"{p} {v:.2f}" for p, v in trips.items())
+        + ", ".join(f"{p} {v:.2f}" for p, v in m.trips.items())
     )
-    print(f"  on top of receive and ack: {sum(extra.values()):.2f} round trips per message")
+    print(f"  on top of receive and ack: {m.extra_trips:.2f} round trips per message")
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 \
   | grep -v -e "^WARNING: Location" -e "dependency resolver does not currently" \
       -e "^arq .* requires redis" || true
-.venv/bin/python -c "import jobfence, redis, psycopg, psycopg_pool, pymysql, aiosqlite, aio_pika, pika, pytest, xdist, celery, rq, dramatiq, arq, django, mkdocs, mkdocstrings, mkdocs_click, material, opentelemetry.sdk, playwright" \
+.venv/bin/python -c "import jobfence, redis, psycopg, psycopg_pool, pymysql, aiosqlite, aio_pika, pika, pytest, xdist, celery, rq, dramatiq, arq, django, mkdocs, mkdocstrings, mkdocs_click, material, opentelemetry.sdk, playwright, pottery, redis_lock, aws_lambda_powertools.utilities.idempotency" \
   || { echo "test.sh: installing the test dependencies failed" >&2; exit 1; }
 
 bash scripts/services.sh

@@ -63,3 +63,153 @@ def test_bench_testing_quick_prints_every_row_and_finds_both_bugs() -> None:
     # 3. the profile section
     assert "## 3. Where the time goes" in out
     assert "testing/_sim.py" in out  # the simulator's functions are in the profile's top
+
+
+RUN = ROOT / "benchmarks" / "run.py"
+
+# every row run.py promises, by section heading: (first cell, anchor cell)
+SECTION_ROWS = {
+    "## 1. Redis: uncontended acquire+release": [
+        "(a) hand-written SET NX PX + EVALSHA delete",
+        "(f) hand-written on redis.asyncio",
+        "(b) redis-py Lock",
+        "(h) redis.asyncio Lock",
+        "(i) python-redis-lock Lock",
+        "(j) pottery Redlock, one master",
+        "(c) jobfence Locks, renew=True (default)",
+        "(e) jobfence AsyncLocks, renew=True",
+    ],
+    "## 2. PostgreSQL, MariaDB, SQLite: uncontended acquire+release": [
+        "(a) hand-written INSERT ON CONFLICT + DELETE",
+        "(c) jobfence Locks lease, renew=True (default)",
+        "(f) jobfence AsyncLocks lease, renew=True",
+        "(a) hand-written INSERT IGNORE + DELETE",
+        "(a) hand-written INSERT OR IGNORE + DELETE",
+        "(b) jobfence Locks, renew=True (default)",
+        "(d) jobfence AsyncLocks, renew=True",
+    ],
+    "## 3. Contended hand-off": [
+        "jobfence Redis `Locks.acquire` (FIFO hand-off)",
+        "hand-written FIFO hand-off on Redis (Lua + BLPOP)",
+        "redis-py `Lock(blocking=True)`, sleep=0.1 (default)",
+        "jobfence PostgreSQL lease mode (LISTEN/NOTIFY)",
+        "plain `pg_advisory_lock` (server queue)",
+    ],
+    "## 4. Inbox claims": [
+        "hand-written INSERT ON CONFLICT DO NOTHING",
+        "hand-written INSERT IGNORE",
+        "hand-written INSERT OR IGNORE",
+        "hand-written SET NX PX",
+        "Inbox.claim (NEW)",
+        "Inbox.claim (duplicate, IN_PROGRESS)",
+        "hand-written insert in a transaction",
+        "Inbox.claim_in in a transaction",
+        "Inbox.claim + complete (NEW)",
+        "Powertools idempotent_function (NEW)",
+        "Powertools idempotent_function (duplicate, COMPLETED)",
+    ],
+    "## 5. A guarded job end to end": [
+        f"{backend}: {case}"
+        for backend in ("Redis", "PostgreSQL", "MariaDB", "SQLite")
+        for case in (
+            "hand-written lease + mark + result + release",
+            "jobfence guarded (lock + claim + complete)",
+        )
+    ],
+    "## 6. Worker: messages per second": [
+        f"{queue}: {case}"
+        for queue in ("redis", "postgres", "sqlite", "rabbitmq")
+        for case in (
+            "hand-written loop",
+            "jobfence AsyncWorker, no-op",
+            "hand-written loop + idempotency mark",
+            "jobfence AsyncWorker, guarded",
+        )
+    ],
+    "## 7. 500 live leases on one client": ["Redis", "PostgreSQL (lease mode)", "SQLite"],
+}
+
+# one verdict line per target, by the words that start it (2 processes in --quick)
+TARGETS = [
+    "jobfence `Locks` ≤ 1.15x the sync floor",
+    "jobfence `AsyncLocks` ≤ 1.15x the async floor",
+    "jobfence `Locks` faster than redis-py `Lock`",
+    "jobfence `AsyncLocks` faster than `redis.asyncio` `Lock`",
+    *(
+        f"{db}: jobfence `{cls}` ≤ 1.15x its {floor}"
+        for db in ("PostgreSQL", "MariaDB", "SQLite")
+        for cls, floor in (("Locks", "floor"), ("AsyncLocks", "async floor"))
+    ),
+    "2 processes: jobfence Redis fair",
+    "2 processes: jobfence PostgreSQL fair",
+    "2 processes: jobfence Redis ≥ 95% of the hand-written FIFO rate",
+    "2 processes: jobfence Redis ahead of redis-py `Lock`",
+    "2 processes: jobfence PostgreSQL ≥ 85% of `pg_advisory_lock`",
+    *(
+        f"{db}: `claim` (NEW) ≤ 1.1x the hand-written insert"
+        for db in (
+            "PostgreSQL (psycopg, sync)",
+            "MariaDB (PyMySQL)",
+            "SQLite (sqlite3, WAL)",
+            "Redis (redis-py, sync)",
+        )
+    ),
+    *(
+        f"{db}: `claim_in` ≤ 1.1x the hand-written insert in a transaction"
+        for db in ("PostgreSQL (psycopg, sync)", "MariaDB (PyMySQL)", "SQLite (sqlite3, WAL)")
+    ),
+    "Redis (redis-py, sync): claim + complete faster than Powertools",
+    *(
+        f"{db}: {what}"
+        for db in ("Redis", "PostgreSQL (lease mode)", "SQLite")
+        for what in ("≤ 2 KB of client memory per lease", "one round trip per renewal tick")
+    ),
+]
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell.rstrip("x").replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def test_run_quick_writes_every_section_row_and_target(tmp_path: Path) -> None:
+    out = tmp_path / "B.md"
+    result = run_script(RUN, "--quick", "--output", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = out.read_text(encoding="utf-8")
+    # the header: machine, versions of every library and server, how it was measured
+    assert "**Machine:**" in doc and "cores" in doc and "Python" in doc
+    for name in ("jobfence", "redis-py", "psycopg", "PyMySQL", "pottery", "python-redis-lock"):
+        assert f"{name} " in doc, name
+    assert "aws-lambda-powertools (anchor)" in doc
+    for server in ("Redis", "PostgreSQL", "MariaDB", "SQLite", "RabbitMQ"):
+        assert f"{server} " in doc.split("**Servers**", 1)[1].split("\n", 1)[0], server
+    assert "interleaved rounds" in doc and "median and p99" in doc
+    # every section, and in it every promised row with numeric figures
+    sections = doc.split("\n## ")
+    for heading, labels in SECTION_ROWS.items():
+        body = next((s for s in sections if s.startswith(heading[3:])), None)
+        assert body is not None, heading
+        rows = [
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in body.splitlines()
+            if line.startswith("| ") and not line.startswith("| case") and "backend |" not in line
+        ]
+        by_label = {row[0]: row for row in rows}
+        for label in labels:
+            assert label in by_label, (heading, label, sorted(by_label))
+            row = by_label[label]
+            numeric = [c for c in row[1:] if _is_number(c)]
+            assert len(numeric) >= 3, row  # figures, p99 or slowest round, ratio
+    # one MET / NOT MET line per target
+    marks = ("- **MET**", "- **NOT MET**")
+    verdicts = [line for line in doc.splitlines() if line.startswith(marks)]
+    for target in TARGETS:
+        matching = [v for v in verdicts if v.split("**: ", 1)[1].startswith(target)]
+        assert len(matching) == 1, (target, verdicts)
+        assert any(ch.isdigit() for ch in matching[0].split(target, 1)[1]), matching[0]
+    assert len(verdicts) == len(TARGETS)
+    assert "targets met; total wall time" in doc

@@ -1,0 +1,660 @@
+#!/usr/bin/env python3
+"""Every benchmark in one run, written to ``BENCHMARKS.md``: the figures and their targets.
+
+Runs the measuring functions of the ``bench_*.py`` scripts next to this file and writes one
+markdown report: the machine, the versions of jobfence, the drivers, the servers and the
+libraries compared against, how it was measured, then one table per section (median and p99
+per operation, or a rate, and the ratio to the section's named anchor) and one MET / NOT MET
+line per target.
+
+Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
+[--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases;
+``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib.metadata
+import os
+import platform
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the scripts, also in workers
+
+import _harness as h
+import bench_guarded
+import bench_inbox
+import bench_leases
+import bench_mysql_locks
+import bench_redis_locks
+import bench_sql_locks
+import bench_sqlite_locks
+import bench_worker
+from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL
+
+HERE = Path(__file__).resolve().parent
+SECTIONS = ("redis", "sql", "contended", "inbox", "guarded", "worker", "leases")
+
+
+@dataclass
+class Sizes:
+    """How much each section measures."""
+
+    rounds: int
+    lock_ops: int
+    inbox_ops: int
+    guarded_ops: int
+    seconds: float
+    processes: tuple[int, ...]
+    messages: int
+    worker_rounds: int
+    leases: int
+
+    def ops_line(self) -> str:
+        return (
+            f"{self.rounds} interleaved rounds; per round {self.lock_ops} acquire+release pairs "
+            f"per lock variant, {self.inbox_ops} claims per inbox case, {self.guarded_ops} "
+            f"guarded calls per case; contended: {self.seconds:g} s per case with "
+            f"{' and '.join(map(str, self.processes))} processes; worker: {self.messages} "
+            f"messages per case, {self.worker_rounds} rounds; {self.leases} live leases"
+        )
+
+
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000)
+QUICK = Sizes(1, 50, 50, 30, 1.0, (2,), 100, 1, 500)
+
+
+@dataclass
+class Report:
+    """The markdown being written, and the targets' verdicts."""
+
+    lines: list[str] = field(default_factory=list)
+    verdicts: list[tuple[str, bool]] = field(default_factory=list)
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def table(self, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+        self.add("", "| " + " | ".join(header) + " |")
+        left = ("case", "anchor", "backend")
+        self.add("|" + "|".join(":--" if c in left else "--:" for c in header) + "|")
+        for row in rows:
+            self.add("| " + " | ".join(row) + " |")
+        self.add("")
+
+    def target(self, text: str, met: bool, figures: str) -> None:
+        self.verdicts.append((text, met))
+        self.add(f"- **{'MET' if met else 'NOT MET'}**: {text} ({figures})")
+
+
+def _us(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def _stats_rows(
+    stats: dict[str, h.Stats], anchors: dict[str, str], names: dict[str, str] | None = None
+) -> list[tuple[str, ...]]:
+    """Rows ``case | median | p99 | anchor | ratio``; a case without an anchor is its own."""
+    rows = []
+    for label, st in stats.items():
+        anchor = anchors.get(label, "")
+        ratio = f"{st.median / stats[anchor].median:.2f}x" if anchor else "1.00x"
+        rows.append(
+            (
+                (names or {}).get(label, label),
+                _us(st.median),
+                _us(st.p99),
+                (names or {}).get(anchor, anchor) or "(anchor)",
+                ratio,
+            )
+        )
+    return rows
+
+
+US_HEADER = ("case", "median µs/op", "p99 µs/op", "anchor", "ratio to anchor")
+
+
+def _ratio(stats: dict[str, h.Stats], case: str, anchor: str) -> float:
+    return stats[case].median / stats[anchor].median
+
+
+# -- 1. Redis uncontended -----------------------------------------------------------------------
+REDIS_FLOOR = "(a) hand-written SET NX PX + EVALSHA delete"
+REDIS_FLOOR_ASYNC = "(f) hand-written on redis.asyncio"
+REDIS_JF = "(c) jobfence Locks, renew=True (default)"
+REDIS_JF_ASYNC = "(e) jobfence AsyncLocks, renew=True"
+REDIS_PY = "(b) redis-py Lock"
+REDIS_PY_ASYNC = "(h) redis.asyncio Lock"
+
+
+def section_redis(rep: Report, sz: Sizes) -> None:
+    rep.add("## 1. Redis: uncontended acquire+release", "")
+    rep.add(
+        "One name, one client, a fresh owner token per pair. Floors: `SET key token NX PX` "
+        "+ `EVALSHA` compare-and-delete, on redis-py (sync) and on `redis.asyncio`."
+    )
+    stats = h.uncontended_stats(
+        partial(bench_redis_locks.variants, REDIS_URL),
+        partial(bench_redis_locks._cleanup, REDIS_URL),
+        sz.rounds,
+        sz.lock_ops,
+        max(20, sz.lock_ops // 10),
+    )
+    async_labels = {REDIS_JF_ASYNC, REDIS_FLOOR_ASYNC, REDIS_PY_ASYNC}
+    async_labels |= {label for label in stats if label.startswith("(g)")}
+    anchors = {
+        label: (REDIS_FLOOR_ASYNC if label in async_labels else REDIS_FLOOR) for label in stats
+    }
+    anchors[REDIS_FLOOR] = anchors[REDIS_FLOOR_ASYNC] = ""
+    rep.table(US_HEADER, _stats_rows(stats, anchors))
+    sync, asyn = (
+        _ratio(stats, REDIS_JF, REDIS_FLOOR),
+        _ratio(stats, REDIS_JF_ASYNC, REDIS_FLOOR_ASYNC),
+    )
+    rep.target("jobfence `Locks` ≤ 1.15x the sync floor", sync <= 1.15, f"{sync:.2f}x")
+    rep.target("jobfence `AsyncLocks` ≤ 1.15x the async floor", asyn <= 1.15, f"{asyn:.2f}x")
+    for ours, theirs, what in (
+        (REDIS_JF, REDIS_PY, "jobfence `Locks` faster than redis-py `Lock`"),
+        (
+            REDIS_JF_ASYNC,
+            REDIS_PY_ASYNC,
+            "jobfence `AsyncLocks` faster than `redis.asyncio` `Lock`",
+        ),
+    ):
+        a, b = stats[ours].median, stats[theirs].median
+        rep.target(what, a < b, f"{_us(a)} µs vs {_us(b)} µs")
+
+
+# -- 2. SQL uncontended ---------------------------------------------------------------------------
+def section_sql(rep: Report, sz: Sizes) -> None:
+    rep.add("## 2. PostgreSQL, MariaDB, SQLite: uncontended acquire+release", "")
+    rep.add(
+        "Floors (each a hand-written lease row, no expiry, no fencing token): PostgreSQL "
+        "`INSERT ... ON CONFLICT DO NOTHING` + owner-checked `DELETE`, two autocommit "
+        "statements on psycopg; MariaDB `INSERT IGNORE` + owner-checked `DELETE` on PyMySQL; "
+        "SQLite `INSERT OR IGNORE` + owner-checked `DELETE` on `sqlite3`, WAL, "
+        "`synchronous=FULL` (jobfence's default). The async rows are measured against the "
+        "same statements on the async driver (psycopg async, aiomysql, aiosqlite). Session "
+        "locks (`pg_try_advisory_lock`, `GET_LOCK`) write nothing and are lower bounds, not "
+        "anchors."
+    )
+    tmp_url, tmp = bench_sqlite_locks.temporary_url()
+    backends: list[
+        tuple[str, Any, str, Callable[[str], None], tuple[str, str], tuple[str, str]]
+    ] = [
+        (
+            "PostgreSQL",
+            partial(bench_sql_locks.variants, POSTGRES_URL),
+            POSTGRES_URL,
+            partial(bench_sql_locks._cleanup, POSTGRES_URL),
+            ("(a)", "(c)"),
+            ("(g)", "(f)"),
+        ),
+        (
+            "MariaDB",
+            partial(bench_mysql_locks.variants, MYSQL_URL),
+            MYSQL_URL,
+            partial(bench_mysql_locks._cleanup, MYSQL_URL),
+            ("(a)", "(c)"),
+            ("(f)", "(e)"),
+        ),
+        (
+            "SQLite",
+            partial(bench_sqlite_locks.variants, tmp_url),
+            tmp_url,
+            partial(bench_sqlite_locks.cleanup, tmp_url),
+            ("(a)", "(b)"),
+            ("(e)", "(d)"),
+        ),
+    ]
+    try:
+        for name, variants, _url, cleanup, (floor, ours), (afloor, aours) in backends:
+            stats = h.uncontended_stats(variants, cleanup, sz.rounds, sz.lock_ops, 20)
+            by = {label.split(" ")[0]: label for label in stats}
+            anchors = {
+                label: (by[afloor] if label in (by[aours],) else by[floor]) for label in stats
+            }
+            anchors[by[floor]] = anchors[by[afloor]] = ""
+            rep.add("", f"### {name}")
+            rep.table(US_HEADER, _stats_rows(stats, anchors))
+            sync = _ratio(stats, by[ours], by[floor])
+            asyn = _ratio(stats, by[aours], by[afloor])
+            rep.target(f"{name}: jobfence `Locks` ≤ 1.15x its floor", sync <= 1.15, f"{sync:.2f}x")
+            rep.target(
+                f"{name}: jobfence `AsyncLocks` ≤ 1.15x its async floor",
+                asyn <= 1.15,
+                f"{asyn:.2f}x",
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- 3. contended -------------------------------------------------------------------------------
+CONTENDED = [
+    ("redis", "jobfence", "jobfence Redis `Locks.acquire` (FIFO hand-off)"),
+    ("redis", "hand-fifo", "hand-written FIFO hand-off on Redis (Lua + BLPOP)"),
+    ("redis", "redis-py", "redis-py `Lock(blocking=True)`, sleep=0.1 (default)"),
+    ("redis", "redis-py-fast", "redis-py `Lock(blocking=True)`, sleep=0.001"),
+    ("postgres", "jobfence-lease", "jobfence PostgreSQL lease mode (LISTEN/NOTIFY)"),
+    ("postgres", "advisory", "plain `pg_advisory_lock` (server queue)"),
+]
+
+
+def section_contended(rep: Report, sz: Sizes) -> None:
+    rep.add("## 3. Contended hand-off", "")
+    per_sleep = h.sleep_cost()
+    rep.add(
+        f"N spawned processes loop on one name, each holding the lock for a 1 ms critical "
+        f"section (`time.sleep(0.001)`, which takes {per_sleep * 1000:.3f} ms here: at most "
+        f"{1 / per_sleep:.0f} acquisitions/s), {sz.seconds:g} s per case. Hand-off gap: from "
+        f"the end of one holder's critical section (it starts releasing) to the next holder "
+        f"having the lock. Share: each process's acquisitions over a fair share (1.00)."
+    )
+    workers = {
+        "redis": (bench_redis_locks._worker, bench_redis_locks._cleanup, REDIS_URL),
+        "postgres": (bench_sql_locks._worker, bench_sql_locks._cleanup, POSTGRES_URL),
+    }
+    for n in sz.processes:
+        runs: dict[str, h.Contended] = {}
+        rows = []
+        for backend, kind, label in CONTENDED:
+            worker, cleanup, url = workers[backend]
+            run = h.contended_stats(worker, partial(cleanup, url), url, kind, n, sz.seconds)
+            runs[kind] = run
+            gap = run.gap
+            anchor = "advisory" if backend == "postgres" else "hand-fifo"
+            rows.append(
+                (
+                    label,
+                    f"{run.rate:.0f}",
+                    _us(gap.median),
+                    _us(gap.p99),
+                    f"{run.shares[-1]:.2f}",
+                    f"{run.shares[0]:.2f}",
+                    f"{run.rate / runs[anchor].rate:.2f}x" if anchor in runs else "1.00x",
+                )
+            )
+        rep.add("", f"### {n} processes")
+        rep.table(
+            (
+                "case",
+                "acquisitions/s",
+                "gap median µs",
+                "gap p99 µs",
+                "min share",
+                "max share",
+                "rate ratio to anchor",
+            ),
+            rows,
+        )
+        rep.add(
+            "Anchors: the hand-written FIFO hand-off (Redis rows), `pg_advisory_lock` "
+            "(PostgreSQL rows).",
+            "",
+        )
+        jf, fifo = runs["jobfence"], runs["hand-fifo"]
+        rep.target(
+            f"{n} processes: jobfence Redis fair (min/max share ≥ 0.80)",
+            jf.fairness >= 0.8,
+            f"{jf.shares[-1]:.2f}/{jf.shares[0]:.2f} = {jf.fairness:.2f}",
+        )
+        pg = runs["jobfence-lease"]
+        rep.target(
+            f"{n} processes: jobfence PostgreSQL fair (min/max share ≥ 0.80)",
+            pg.fairness >= 0.8,
+            f"{pg.shares[-1]:.2f}/{pg.shares[0]:.2f} = {pg.fairness:.2f}",
+        )
+        rep.target(
+            f"{n} processes: jobfence Redis ≥ 95% of the hand-written FIFO rate",
+            jf.rate >= 0.95 * fifo.rate,
+            f"{jf.rate:.0f}/s vs {fifo.rate:.0f}/s = {jf.rate / fifo.rate:.0%}",
+        )
+        best = max(runs["redis-py"].rate, runs["redis-py-fast"].rate)
+        rep.target(
+            f"{n} processes: jobfence Redis ahead of redis-py `Lock` (either sleep)",
+            jf.rate > best,
+            f"{jf.rate:.0f}/s vs {best:.0f}/s",
+        )
+        adv = runs["advisory"]
+        rep.target(
+            f"{n} processes: jobfence PostgreSQL ≥ 85% of `pg_advisory_lock`",
+            pg.rate >= 0.85 * adv.rate,
+            f"{pg.rate:.0f}/s vs {adv.rate:.0f}/s = {pg.rate / adv.rate:.0%}",
+        )
+
+
+# -- 4. inbox -------------------------------------------------------------------------------------
+def section_inbox(rep: Report, sz: Sizes) -> None:
+    rep.add("## 4. Inbox claims", "")
+    rep.add(
+        "A fresh key per call (NEW), or one held key (duplicate). Anchor: the hand-written "
+        "idempotency insert on the same driver, autocommit (PostgreSQL `INSERT ... ON CONFLICT "
+        "DO NOTHING`, MariaDB `INSERT IGNORE`, SQLite `INSERT OR IGNORE`, Redis `SET NX PX`); "
+        "`claim_in` is measured against the same insert inside the same kind of transaction "
+        "(statement + commit). On Redis, claim + complete is measured against AWS Lambda "
+        "Powertools' `idempotent_function` on its Redis persistence layer "
+        "(`RedisCachePersistenceLayer`, a fake Lambda context, outside Lambda), and a "
+        "completed duplicate against Powertools' repeated call."
+    )
+    tx_anchor = "hand-written insert in a transaction"
+    for backend in ("postgres", "mysql", "sqlite", "redis"):
+        m = bench_inbox.MEASURES[backend](sz.inbox_ops, sz.rounds)
+        anchors = {label: m.base for label in m.timings}
+        anchors[m.base] = ""
+        if tx_anchor in m.timings:
+            anchors[tx_anchor] = ""
+            anchors["Inbox.claim_in in a transaction"] = tx_anchor
+        pt_new = "Powertools idempotent_function (NEW)"
+        if pt_new in m.timings:
+            anchors["Inbox.claim + complete (NEW)"] = pt_new
+            anchors[pt_new] = ""
+            pt_dup = "Powertools idempotent_function (duplicate, COMPLETED)"
+            anchors["Inbox.claim (duplicate, COMPLETED)"] = pt_dup
+            anchors[pt_dup] = ""
+        rep.add("", f"### {m.backend}")
+        rep.table(US_HEADER, _stats_rows(m.timings, anchors))
+        trips = ", ".join(f"{k}: {v}" for k, v in m.trips.items())
+        rep.add(f"Round trips: {trips}.", "")
+        new = _ratio(m.timings, "Inbox.claim (NEW)", m.base)
+        rep.target(
+            f"{m.backend}: `claim` (NEW) ≤ 1.1x the hand-written insert", new <= 1.1, f"{new:.2f}x"
+        )
+        if tx_anchor in m.timings:
+            tx = _ratio(m.timings, "Inbox.claim_in in a transaction", tx_anchor)
+            rep.target(
+                f"{m.backend}: `claim_in` ≤ 1.1x the hand-written insert in a transaction",
+                tx <= 1.1,
+                f"{tx:.2f}x",
+            )
+        if pt_new in m.timings:
+            ours, theirs = (
+                m.timings["Inbox.claim + complete (NEW)"].median,
+                m.timings[pt_new].median,
+            )
+            rep.target(
+                f"{m.backend}: claim + complete faster than Powertools",
+                ours < theirs,
+                f"{_us(ours)} µs vs {_us(theirs)} µs",
+            )
+
+
+# -- 5. guarded -----------------------------------------------------------------------------------
+def section_guarded(rep: Report, sz: Sizes) -> None:
+    rep.add("## 5. A guarded job end to end", "")
+    rep.add(
+        '`@jobfence.guarded(locks=..., inbox=..., lock="job", key="{key}")` around a '
+        "no-op sync function, a fresh key per call: lease, claim, run, store the result, "
+        "release. Anchor: the same four steps hand-written on the same driver (lease row/key, "
+        "idempotency mark, result on the mark, owner-checked delete of the lease). No target."
+    )
+    rows = []
+    for backend in bench_guarded.MEASURES:
+        m = bench_guarded.MEASURES[backend](sz.guarded_ops, sz.rounds)
+        names = {
+            bench_guarded.ANCHOR: f"{m.backend}: {bench_guarded.ANCHOR}",
+            bench_guarded.GUARDED: f"{m.backend}: {bench_guarded.GUARDED}",
+        }
+        anchors = {bench_guarded.GUARDED: bench_guarded.ANCHOR, bench_guarded.ANCHOR: ""}
+        rows.extend(_stats_rows(m.timings, anchors, names))
+    rep.table(US_HEADER, rows)
+
+
+# -- 6. worker ------------------------------------------------------------------------------------
+def section_worker(rep: Report, sz: Sizes) -> None:
+    rep.add("## 6. Worker: messages per second", "")
+    rep.add(
+        f"{sz.messages} messages published, then consumed until the queue is empty (only the "
+        f"consuming is timed), concurrency 8, {sz.worker_rounds} interleaved rounds; a rate "
+        f"has no per-operation p99: the slowest round is given instead. Anchors: a "
+        f"hand-written consumer loop on the same server and driver (receive a batch, ack each "
+        f"message), and the same loop with a hand-written idempotency mark per message for "
+        f"the guarded handler (RabbitMQ's inbox and mark are on Redis)."
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in ("redis", "postgres", "sqlite", "rabbitmq"):
+            m = asyncio.run(bench_worker.measure(backend, sz.messages, sz.worker_rounds, 8, tmp))
+            for case, values in m.rates.items():
+                anchor = bench_worker.ANCHORS.get(case, "")
+                med = m.median(case)
+                rows.append(
+                    (
+                        f"{backend}: {case}",
+                        f"{med:.0f}",
+                        f"{min(values):.0f}",
+                        f"{backend}: {anchor}" if anchor else "(anchor)",
+                        f"{med / m.median(anchor):.2f}x" if anchor else "1.00x",
+                    )
+                )
+            rows.append(
+                (
+                    f"{backend}: extra round trips per guarded message",
+                    f"{m.extra_trips:.2f}",
+                    f"{m.extra_trips:.2f}",
+                    "(counted)",
+                    "-",
+                )
+            )
+    rep.table(("case", "msg/s median", "msg/s slowest round", "anchor", "ratio to anchor"), rows)
+
+
+# -- 7. leases ------------------------------------------------------------------------------------
+def section_leases(rep: Report, sz: Sizes) -> None:
+    rep.add(f"## 7. {sz.leases:,} live leases on one client", "")
+    rep.add(
+        f"One `AsyncLocks` client takes {sz.leases:,} leases (renew=True, taken 50 at a time) "
+        f"and keeps them. Memory: the Python heap growth while taking them, by `tracemalloc` "
+        f"(not RSS), per lease. Renewal: the client's clock is moved on a third of the ttl so "
+        f"every lease is due at once, and the renewer's backend calls are counted with the I/O "
+        f"hook of `jobfence.testing` (point `lock.renew`, one batched call each)."
+    )
+    rows = []
+    results = []
+    for backend in bench_leases.MEASURES:
+        m = asyncio.run(bench_leases.MEASURES[backend](sz.leases))
+        results.append(m)
+        rows.append(
+            (
+                m.backend,
+                f"{m.bytes_per_lease:.0f}",
+                f"{m.trips_per_tick:.2f}",
+                f"{m.renewed / m.round_trips:.0f}",
+                f"{m.acquire_seconds:.1f}",
+            )
+        )
+    rep.table(
+        (
+            "backend",
+            "bytes per lease",
+            "renewal round trips per tick",
+            "leases per round trip",
+            "seconds to take them",
+        ),
+        rows,
+    )
+    for m in results:
+        rep.target(
+            f"{m.backend}: ≤ 2 KB of client memory per lease",
+            m.bytes_per_lease <= 2048,
+            f"{m.bytes_per_lease:.0f} bytes",
+        )
+        rep.target(
+            f"{m.backend}: one round trip per renewal tick",
+            m.trips_per_tick <= 1.0,
+            f"{m.round_trips} round trip(s) in {m.ticks} tick(s) for {m.renewed} leases",
+        )
+
+
+RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
+    "redis": section_redis,
+    "sql": section_sql,
+    "contended": section_contended,
+    "inbox": section_inbox,
+    "guarded": section_guarded,
+    "worker": section_worker,
+    "leases": section_leases,
+}
+
+
+# -- header ---------------------------------------------------------------------------------------
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {ram} RAM, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}, "
+        f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+    )
+
+
+def server_versions() -> dict[str, str]:
+    import pika
+    import psycopg
+    import pymysql
+    import redis
+
+    versions = {}
+    r = redis.Redis.from_url(REDIS_URL)
+    versions["Redis"] = str(r.info("server")["redis_version"])
+    r.close()
+    with psycopg.connect(POSTGRES_URL) as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('synchronous_commit')"
+        ).fetchone()
+    assert row is not None
+    versions["PostgreSQL"] = f"{row[0]} (synchronous_commit={row[1]})"
+    conn2 = pymysql.connect(host="127.0.0.1", user="root", database="test")
+    with conn2.cursor() as cur:
+        cur.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
+        version, flush = cur.fetchone()
+    conn2.close()
+    versions["MariaDB"] = f"{version} (innodb_flush_log_at_trx_commit={flush})"
+    versions["SQLite"] = sqlite3.sqlite_version
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    props = connection._impl.server_properties
+    connection.close()
+    rv = props.get("version", b"?")
+    versions["RabbitMQ"] = rv.decode() if isinstance(rv, bytes) else str(rv)
+    return versions
+
+
+LIBRARIES = (
+    ("jobfence", "jobfence"),
+    ("redis-py", "redis"),
+    ("psycopg", "psycopg"),
+    ("PyMySQL", "PyMySQL"),
+    ("aiomysql", "aiomysql"),
+    ("aiosqlite", "aiosqlite"),
+    ("aio-pika", "aio-pika"),
+    ("python-redis-lock (anchor)", "python-redis-lock"),
+    ("pottery (anchor)", "pottery"),
+    ("aws-lambda-powertools (anchor)", "aws-lambda-powertools"),
+)
+
+
+def header(rep: Report, sz: Sizes, quick: bool, sections: list[str]) -> None:
+    rep.add("# Benchmarks", "")
+    rep.add(
+        "Generated by `python benchmarks/run.py"
+        + (" --quick" if quick else "")
+        + "` (`bash scripts/bench.sh` installs, starts the services and runs it). "
+        "Figures depend on the machine and on what else runs on it: compare rows of one run, "
+        "not runs of different machines."
+        + (" **Quick run: tiny sizes, figures meaningless.**" if quick else ""),
+        "",
+    )
+    rep.add(f"**Machine:** {machine_line()}", "")
+    versions = [f"{name} {_version(dist)}" for name, dist in LIBRARIES]
+    rep.add("**Libraries:** " + ", ".join(versions), "")
+    rep.add(
+        "**Servers** (loopback, on the same machine): "
+        + ", ".join(f"{k} {v}" for k, v in server_versions().items()),
+        "",
+    )
+    rep.add(
+        "**How it was measured.** Each section runs its cases in interleaved rounds (every "
+        "case once per round, the order rotated each round for the lock variants), after a "
+        "warm-up run of each case (connections, scripts, tables). Every operation is timed on "
+        "its own (`time.perf_counter`), and a case's median and p99 are over all its "
+        "operations of all rounds. "
+        f"Sizes: {sz.ops_line()}. Sections run: {', '.join(sections)}.",
+        "",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help="sections, comma-separated: " + ",".join(SECTIONS),
+    )
+    parser.add_argument("--output", default=str(HERE.parent / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in RUNNERS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    sz = QUICK if args.quick else FULL
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        sz = Sizes(**{**sz.__dict__, "rounds": args.rounds})
+    started = time.perf_counter()
+    rep = Report()
+    header(rep, sz, args.quick, sections)
+    for section in sections:
+        print(f"== {section}", flush=True)
+        before = time.perf_counter()
+        RUNNERS[section](rep, sz)
+        rep.add("")
+        print(f"   {time.perf_counter() - before:.0f} s", flush=True)
+    met = sum(1 for _, ok in rep.verdicts if ok)
+    rep.add(
+        "## Summary",
+        "",
+        f"{met} of {len(rep.verdicts)} targets met; total wall time "
+        f"{time.perf_counter() - started:.0f} s.",
+    )
+    Path(args.output).write_text("\n".join(rep.lines).rstrip() + "\n", encoding="utf-8")
+    print(f"wrote {args.output}: {met} of {len(rep.verdicts)} targets met")
+
+
+if __name__ == "__main__":
+    main()
