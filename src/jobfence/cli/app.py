@@ -11,7 +11,6 @@ import os
 import click
 
 from .. import __version__
-from .._core.url import mask_url
 from ..errors import ConfigurationError
 from .dashboard_cmd import dashboard
 from .demo_cmd import demo
@@ -45,7 +44,7 @@ def doctor(urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool) -
     or queues (with what to do), jobfence's tables or keys, and a probe lease (take, extend,
     release). Exits with 1 if any check found an error (with --strict: or a warning).
     """
-    from ..doctor import diagnose
+    from ..doctor import diagnose, unusable
     from .doctor_view import render
 
     if not urls:
@@ -57,7 +56,8 @@ def doctor(urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool) -
         try:
             reports.append(diagnose(url, namespace=namespace))
         except ConfigurationError as exc:
-            raise click.UsageError(f"{mask_url(url)}: {exc}") from exc
+            # a URL that cannot be used is this URL's error; the other URLs are still checked
+            reports.append(unusable(url, namespace, exc))
     if as_json:
         click.echo(json.dumps({"reports": [r.to_dict() for r in reports]}, indent=2))
     else:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .._core.url import BackendURL, parse_url
+from .._core.url import BackendURL, mask_url, parse_url
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Report",
     "TableStatus",
     "diagnose",
+    "unusable",
 ]
 
 Level = Literal["ok", "warning", "error"]
@@ -167,6 +168,16 @@ def _family(url: BackendURL) -> str:
 
 def _error_text(url: BackendURL, exc: BaseException) -> str:
     return url.redact(f"{type(exc).__name__}: {exc}")
+
+
+def unusable(url: str, namespace: str, exc: ConfigurationError) -> Report:
+    """The report of a ``url`` that :func:`diagnose` refused (it cannot be parsed, or names no
+    backend): one ``error`` finding, ``invalid-url``, with the reason (the URL masked)."""
+    masked = mask_url(url)
+    text = str(exc).replace(url, masked) if url else str(exc)
+    report = Report(url=masked, backend="?", namespace=namespace)
+    report.add("error", "invalid-url", text, "fix the URL: see the reason")
+    return report
 
 
 def _probe(raw: str, namespace: str) -> Probe:
