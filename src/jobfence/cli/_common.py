@@ -6,10 +6,18 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
+import click
 from rich.console import Console
 
-__all__ = ["NAMESPACE_ENV", "URL_ENV", "console", "user"]
+from ..errors import ConfigurationError, JobfenceError
+
+__all__ = ["NAMESPACE_ENV", "URL_ENV", "client", "console", "url_and", "user"]
+
+C = TypeVar("C")
 
 #: where a command finds the backend URL when none is given
 URL_ENV = "JOBFENCE_URL"
@@ -28,3 +36,37 @@ def user() -> str:
         return getpass.getuser()
     except Exception:  # no login name (a container without a passwd entry)
         return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown user"
+
+
+def url_and(url: str | None, second: str | None, what: str) -> tuple[str | None, str]:
+    """``URL <what>``, or ``<what>`` alone with the URL from ``JOBFENCE_URL``: Click fills the
+    positional arguments in order, so a lone argument arrives as ``url``."""
+    if second is None:
+        if url is None:
+            raise click.UsageError(f"give the {what}")
+        return os.environ.get(URL_ENV) or None, url
+    return url, second
+
+
+@contextmanager
+def client(url: str | None, make: Callable[[str], C]) -> Iterator[C]:
+    """The command's client ``make(url)``, closed after the command; a missing URL or bad
+    input is a usage error (exit 2), a backend failure an error (exit 1)."""
+    if not url:
+        raise click.UsageError(f"give the backend URL, or set {URL_ENV}")
+    try:
+        made = make(url)
+    except JobfenceError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        yield made
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except JobfenceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        closer: Any = getattr(made, "close", None)
+        try:
+            closer()
+        except JobfenceError:
+            pass

@@ -11,8 +11,6 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -22,46 +20,12 @@ from rich.text import Text
 from .._core.inbox_support import DEFAULT_TABLE
 from .._core.validate import MAX_LISTING
 from ..backends.base import ClaimInfo, ClaimState
-from ..errors import ConfigurationError, JobfenceError
 from ..inbox import Inbox
-from ._common import URL_ENV, console, user
+from ._common import URL_ENV, client, console, url_and, user
 
 log = logging.getLogger("jobfence.cli")
 
 TABLE_ENV = "JOBFENCE_INBOX_TABLE"
-
-
-@contextmanager
-def _inbox(url: str | None, table: str) -> Iterator[Inbox]:
-    """An ``Inbox`` for the command; bad input is a usage error (exit 2), a backend failure
-    an error (exit 1)."""
-    if not url:
-        raise click.UsageError(f"give the backend URL, or set {URL_ENV}")
-    try:
-        inbox = Inbox(url, table=table)
-    except JobfenceError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        yield inbox
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except JobfenceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        try:
-            inbox.close()
-        except JobfenceError:
-            pass
-
-
-def _url_and_key(url: str | None, key: str | None) -> tuple[str | None, str]:
-    """``URL KEY``, or ``KEY`` alone with the URL from ``JOBFENCE_URL``: Click fills the
-    positional arguments in order, so a lone argument arrives as ``url``."""
-    if key is None:
-        if url is None:
-            raise click.UsageError("give the idempotency KEY")
-        return os.environ.get(URL_ENV) or None, url
-    return url, key
 
 
 def _duration(seconds: float | None) -> str:
@@ -171,7 +135,7 @@ def list_records(
         raise click.UsageError(
             "--stuck lists claims in progress: it cannot go with --state completed"
         )
-    with _inbox(url, table) as inbox:
+    with client(url, lambda u: Inbox(u, table=table)) as inbox:
         if stuck:  # the stuck ones among (at most MAX_LISTING) claims in progress
             found = inbox.claims(state=ClaimState.IN_PROGRESS, prefix=prefix, limit=MAX_LISTING)
             records = [info for info in found if info.stuck][:limit]
@@ -206,8 +170,8 @@ def list_records(
 @_JSON
 def show(url: str | None, key: str | None, table: str, as_json: bool) -> None:
     """The record of the idempotency KEY at URL; exits with 1 when there is none."""
-    url, key = _url_and_key(url, key)
-    with _inbox(url, table) as inbox:
+    url, key = url_and(url, key, "idempotency KEY")
+    with client(url, lambda u: Inbox(u, table=table)) as inbox:
         info = inbox.claim_info(key)
         where = inbox.table
     if as_json:
@@ -249,7 +213,7 @@ def purge(url: str | None, keys: tuple[str, ...], yes: bool, table: str, as_json
     if yes and not keys:
         raise click.UsageError("--yes confirms --key: give the keys to forget")
     if not keys:
-        with _inbox(url, table) as inbox:
+        with client(url, lambda u: Inbox(u, table=table)) as inbox:
             count = inbox.purge()
             where = inbox.table
         if as_json:
@@ -258,7 +222,7 @@ def purge(url: str | None, keys: tuple[str, ...], yes: bool, table: str, as_json
             click.echo(f"purged {count} expired record{'' if count == 1 else 's'} from {where}")
         return
     missing = 0
-    with _inbox(url, table) as inbox:
+    with client(url, lambda u: Inbox(u, table=table)) as inbox:
         for key in keys:
             info = inbox.claim_info(key)
             forgotten = inbox.forget(key)

@@ -10,8 +10,6 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -19,45 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..backends.base import LockHolder
-from ..errors import ConfigurationError, JobfenceError
 from ..locks import Locks
-from ._common import NAMESPACE_ENV, URL_ENV, console
+from ._common import NAMESPACE_ENV, URL_ENV, client, console, url_and
 from ._common import user as _user
 
 log = logging.getLogger("jobfence.cli")
-
-
-@contextmanager
-def _locks(url: str | None, namespace: str) -> Iterator[Locks]:
-    """A ``Locks`` client for the command; bad input is a usage error (exit 2), a backend
-    failure an error (exit 1)."""
-    if not url:
-        raise click.UsageError(f"give the backend URL, or set {URL_ENV}")
-    try:
-        locks = Locks(url, namespace=namespace)
-    except JobfenceError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        yield locks
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except JobfenceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        try:
-            locks.close()
-        except JobfenceError:
-            pass
-
-
-def _url_and_name(url: str | None, name: str | None) -> tuple[str | None, str]:
-    """``URL NAME``, or ``NAME`` alone with the URL from ``JOBFENCE_URL``: Click fills the
-    positional arguments in order, so a lone argument arrives as ``url``."""
-    if name is None:
-        if url is None:
-            raise click.UsageError("give the lock NAME")
-        return os.environ.get(URL_ENV) or None, url
-    return url, name
 
 
 def _left(seconds: float | None) -> str:
@@ -116,7 +80,7 @@ def locks_group() -> None:
 @_JSON
 def list_locks(url: str | None, prefix: str, limit: int, namespace: str, as_json: bool) -> None:
     """The live leases at URL, by name: holder, fencing token, time left."""
-    with _locks(url, namespace) as locks:
+    with client(url, lambda u: Locks(u, namespace=namespace)) as locks:
         held = locks.holders(prefix, limit)
     if as_json:
         for name, holder in held:
@@ -142,8 +106,8 @@ def list_locks(url: str | None, prefix: str, limit: int, namespace: str, as_json
 @_JSON
 def show(url: str | None, name: str | None, namespace: str, as_json: bool) -> None:
     """Who holds the lock NAME at URL now; exits with 1 when nobody does."""
-    url, name = _url_and_name(url, name)
-    with _locks(url, namespace) as locks:
+    url, name = url_and(url, name, "lock NAME")
+    with client(url, lambda u: Locks(u, namespace=namespace)) as locks:
         holder = locks.holder(name)
     if as_json:
         click.echo(json.dumps(None if holder is None else _as_dict(name, holder)))
@@ -168,7 +132,7 @@ def break_lock(url: str | None, name: str | None, namespace: str, yes: bool) -> 
     take the lock, so break only a lock whose holder is stuck or gone. Logs who broke what
     at WARNING on the jobfence.cli logger. Exits with 1 when nobody held it.
     """
-    url, name = _url_and_name(url, name)
+    url, name = url_and(url, name, "lock NAME")
     if not yes:
         click.echo(
             f"refusing to break {name!r} without --yes: its holder may still be working, "
@@ -176,7 +140,7 @@ def break_lock(url: str | None, name: str | None, namespace: str, yes: bool) -> 
             err=True,
         )
         raise SystemExit(2)
-    with _locks(url, namespace) as locks:
+    with client(url, lambda u: Locks(u, namespace=namespace)) as locks:
         holder = locks.holder(name)
         dropped = locks.force_release(name)
         where = locks.url

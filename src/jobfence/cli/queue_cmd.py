@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,39 +14,15 @@ from rich.table import Table
 
 from ..errors import ConfigurationError, JobfenceError
 from ..queue import Queue
-from ._common import URL_ENV, console
+from ._common import URL_ENV, client, console, url_and
 
 log = logging.getLogger("jobfence.cli")
 
 
-def _url_and_name(url: str | None, name: str | None) -> tuple[str, str]:
-    """``URL NAME``, or ``NAME`` alone with the URL from ``JOBFENCE_URL``: Click fills the
-    positional arguments in order, so a lone argument arrives as ``url``."""
-    if name is None:
-        if url is None:
-            raise click.UsageError("give the queue NAME")
-        url, name = os.environ.get(URL_ENV) or None, url
-    if not url:
-        raise click.UsageError(f"give the queue URL, or set {URL_ENV}")
-    return url, str(name)
-
-
-@contextmanager
-def _queue(url: str | None, name: str | None) -> Iterator[Queue]:
-    url, name = _url_and_name(url, name)
-    try:
-        queue = Queue(url, name)
-    except JobfenceError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        yield queue
-    except JobfenceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        try:
-            queue.close()
-        except JobfenceError:
-            pass
+def _queue(url: str | None, name: str | None) -> AbstractContextManager[Queue]:
+    """The queue ``NAME`` at ``URL`` (or ``NAME`` alone, at ``JOBFENCE_URL``)."""
+    url, name = url_and(url, name, "queue NAME")
+    return client(url, lambda u: Queue(u, name))
 
 
 def _when(epoch: float | None) -> str:
