@@ -10,16 +10,55 @@ timeout, and its schema is created by the backend's ``create(conn)``. Switching 
 recovery can report ``database is locked`` at once, without waiting for the busy timeout, when
 several processes open a new file together: the setup is retried (with a backoff) until the
 busy timeout.
+
+``write_gate(path)`` is the lock every jobfence SQLite client of this process takes around its
+operations on the database file at ``path`` (in the async flavour: of this event loop).
+SQLite admits one writer at a time; the others wait in its busy handler, which sleeps (1, 2,
+5, 10 ms and longer) and retries rather than queueing, so writers of one process that collide
+lose milliseconds each time. Taking the gate first, they queue in order and are let in as soon
+as the previous one is done; the busy handler then only waits for other processes.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 from collections.abc import Callable
+from typing import Any
 
+from ..._core import compat
 from ..._core.clock import get_clock
 
-__all__ = ["connect", "open_wal", "rollback_quietly"]
+__all__ = ["connect", "open_wal", "rollback_quietly", "write_gate"]
+
+#: the gates by the database file's real path
+_GATES: Any = {}
+_GATES_MUTEX = threading.Lock()
+
+
+def write_gate(real_path: str) -> compat.Lock:
+    """The lock this process's jobfence SQLite clients take around their operations on the
+    file at ``real_path`` (``os.path.realpath`` of the database path; async: one per event
+    loop, so call it inside the loop)."""
+    with _GATES_MUTEX:
+        gates = _GATES
+        gate: compat.Lock | None = gates.get(real_path)
+        if gate is None:
+            gate = gates[real_path] = compat.Lock()
+        return gate
+
+
+def _forget_gates() -> None:
+    """In a child process right after ``fork()``: a gate held by a parent's thread would
+    never be released here; the child starts with none."""
+    global _GATES_MUTEX
+    _GATES_MUTEX = threading.Lock()
+    _GATES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_gates)
 
 
 def connect(path: str, busy_timeout: float) -> sqlite3.Connection:

@@ -14,6 +14,7 @@ name for it).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect import connect
+from .connect import connect, write_gate
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteInboxBackend"]
@@ -43,6 +44,10 @@ DEFAULT_POOL_SIZE = 4
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
+
+
+#: the sections of inbox.sql whose statement returns rows (the others: a row count)
+_ROW_SECTIONS = frozenset({"claim", "peek", "claims", "claim_info"})
 
 
 class SQLiteInboxBackend(SQLInboxBackend):
@@ -56,6 +61,8 @@ class SQLiteInboxBackend(SQLInboxBackend):
             url, table, options, backend="sqlite", limit=TABLE_LIMIT, extra=("busy_timeout",)
         )
         self.path = sqlite_path(url)
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self.busy_timeout = option_seconds(
             options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
             "busy_timeout",
@@ -90,15 +97,20 @@ class SQLiteInboxBackend(SQLInboxBackend):
         return info_from_row(key, row, utc_from_epoch)
 
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """Run the one statement of section ``name``; create the table on first use."""
+        """Run the one statement of section ``name``; create the table on first use.
+
+        A statement that returns rows is run and read in one call (async: one hop to
+        aiosqlite's thread; its row count is not needed and reported as -1); the others are
+        run and their cursor closed, for the row count."""
         sql = self._sql[name]
         for _ in range(2):
             try:
-                with self._pool.connection() as conn:
+                with write_gate(self._real_path), self._pool.connection() as conn:
+                    if name in _ROW_SECTIONS:
+                        return conn.execute(sql, params).fetchall(), -1
                     cursor = conn.execute(sql, params)
                     try:
-                        rows = list(cursor.fetchall())
-                        return rows, cursor.rowcount
+                        return [], cursor.rowcount
                     finally:
                         cursor.close()
             except sqlite3.OperationalError as exc:
@@ -116,7 +128,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         for _ in range(2):
             results: list[bool] = []
             try:
-                with self._pool.connection() as conn:
+                with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure closes the connection (the pool discards it), which rolls
                     # back a transaction left open
                     conn.execute("BEGIN IMMEDIATE")
@@ -133,7 +145,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def install(self) -> None:
-        with self._pool.connection() as conn:
+        with write_gate(self._real_path), self._pool.connection() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in self._sql.statements("schema"):
@@ -151,7 +163,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
-        with self._pool.connection() as conn:
+        with write_gate(self._real_path), self._pool.connection() as conn:
             for statement in self._sql.statements("drop"):
                 try:
                     conn.execute(statement)

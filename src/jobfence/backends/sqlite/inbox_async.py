@@ -12,11 +12,13 @@ name for it).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiosqlite
 
+from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
@@ -32,7 +34,7 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect_async import connect
+from .connect_async import connect, write_gate
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["AsyncSQLiteInboxBackend"]
@@ -42,6 +44,10 @@ DEFAULT_POOL_SIZE = 4
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
     return record_from_row(row, utc_from_epoch)
+
+
+#: the sections of inbox.sql whose statement returns rows (the others: a row count)
+_ROW_SECTIONS = frozenset({"claim", "peek", "claims", "claim_info"})
 
 
 class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
@@ -55,6 +61,8 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
             url, table, options, backend="sqlite", limit=TABLE_LIMIT, extra=("busy_timeout",)
         )
         self.path = sqlite_path(url)
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self.busy_timeout = option_seconds(
             options.get("busy_timeout", url.options.get("busy_timeout", 30.0)),
             "busy_timeout",
@@ -89,15 +97,23 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         return info_from_row(key, row, utc_from_epoch)
 
     async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """Run the one statement of section ``name``; create the table on first use."""
+        """Run the one statement of section ``name``; create the table on first use.
+
+        A statement that returns rows is run and read in one call (async: one hop to
+        aiosqlite's thread; its row count is not needed and reported as -1); the others are
+        run and their cursor closed, for the row count."""
         sql = self._sql[name]
         for _ in range(2):
             try:
-                async with self._pool.connection() as conn:
+                async with write_gate(self._real_path), self._pool.connection() as conn:
+                    if name in _ROW_SECTIONS:
+                        if ASYNC:
+                            return list(await conn.execute_fetchall(sql, params)), -1
+                        else:
+                            return conn.execute(sql, params).fetchall(), -1
                     cursor = await conn.execute(sql, params)
                     try:
-                        rows = list(await cursor.fetchall())
-                        return rows, cursor.rowcount
+                        return [], cursor.rowcount
                     finally:
                         await cursor.close()
             except aiosqlite.OperationalError as exc:
@@ -115,7 +131,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         for _ in range(2):
             results: list[bool] = []
             try:
-                async with self._pool.connection() as conn:
+                async with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure closes the connection (the pool discards it), which rolls
                     # back a transaction left open
                     await conn.execute("BEGIN IMMEDIATE")
@@ -132,7 +148,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def install(self) -> None:
-        async with self._pool.connection() as conn:
+        async with write_gate(self._real_path), self._pool.connection() as conn:
             await conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in self._sql.statements("schema"):
@@ -150,7 +166,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
-        async with self._pool.connection() as conn:
+        async with write_gate(self._real_path), self._pool.connection() as conn:
             for statement in self._sql.statements("drop"):
                 try:
                     await conn.execute(statement)

@@ -57,7 +57,7 @@ from .common import (
     load_queries,
     sqlite_path,
 )
-from .connect import open_wal, rollback_quietly
+from .connect import open_wal, rollback_quietly, write_gate
 
 __all__ = ["SQLiteLockBackend"]
 
@@ -81,7 +81,8 @@ class SQLiteLockBackend(LockBackend):
         self.queries = load_queries(namespace)
         self._key_prefix = (os.path.realpath(self.path), namespace)
         self._conn: sqlite3.Connection | None = None
-        self._mutex = compat.Lock()
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self._closed = False
         #: (name, owner) of this backend's waiters that are in a queue
         self._queued: set[tuple[str, str]] = set()
@@ -91,7 +92,7 @@ class SQLiteLockBackend(LockBackend):
 
     # -- connection ----------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
-        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
                 self._rollback(self._conn)
@@ -123,7 +124,7 @@ class SQLiteLockBackend(LockBackend):
 
     def install(self) -> None:
         """Create the tables now (they are also created on first use)."""
-        with self._mutex:
+        with write_gate(self._real_path):
             self._connection()
 
     def _key(self, name: str) -> tuple[str, str, str]:
@@ -138,7 +139,7 @@ class SQLiteLockBackend(LockBackend):
         if wait is not None and self.options.next_in_line > 0:
             window = min(self.options.next_in_line, max(wait, 0.001))
         key = {"name": name, "owner": owner}
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             try:
                 # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
@@ -188,7 +189,7 @@ class SQLiteLockBackend(LockBackend):
 
     def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
         """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             rows = self._fetch(conn, self.queries["peek"], {"name": name, "owner": owner})
         if not rows:
@@ -198,11 +199,11 @@ class SQLiteLockBackend(LockBackend):
 
     def prepare(self, *, waiting: bool = False) -> None:
         """Open the file and create the tables now, before a lease's clock starts."""
-        with self._mutex:
+        with write_gate(self._real_path):
             self._connection()
 
     def holder(self, name: str) -> LockHolder | None:
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             rows = self._fetch(conn, self.queries["holder"], {"name": name})
         if not rows:
@@ -211,7 +212,7 @@ class SQLiteLockBackend(LockBackend):
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             rows = self._fetch(conn, self.queries["holders"], {"prefix": prefix, "limit": limit})
         return [
@@ -257,7 +258,7 @@ class SQLiteLockBackend(LockBackend):
             WAITERS.remove(key, ticket)
 
     def _heads_queue(self, name: str, owner: str) -> bool:
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             rows = self._fetch(conn, self.queries["queue_head"], {"name": name})
         return bool(rows) and rows[0][0] == owner
@@ -265,7 +266,7 @@ class SQLiteLockBackend(LockBackend):
     def cancel_wait(self, name: str, owner: str) -> int | None:
         """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
         if (name, owner) in self._queued:
-            with self._mutex:
+            with write_gate(self._real_path):
                 conn = self._connection()
                 conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
             self._queued.discard((name, owner))  # only once the row is gone (close() retries)
@@ -275,7 +276,7 @@ class SQLiteLockBackend(LockBackend):
     def release(self, name: str, owner: str) -> bool:
         """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
         q = self.queries
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -304,7 +305,7 @@ class SQLiteLockBackend(LockBackend):
         return released
 
     def extend(self, name: str, owner: str, ttl: float) -> bool:
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             cursor = conn.execute(
                 self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
@@ -317,7 +318,7 @@ class SQLiteLockBackend(LockBackend):
             return []
         statement = self.queries["extend"]
         results: list[bool] = []
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             try:
                 # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
@@ -334,7 +335,7 @@ class SQLiteLockBackend(LockBackend):
 
     def force_release(self, name: str) -> bool:
         """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             cursor = conn.execute(self.queries["force_release"], {"name": name})
             released = cursor.rowcount == 1
@@ -346,7 +347,7 @@ class SQLiteLockBackend(LockBackend):
         """Close the connection; idempotent. Waiters of this backend still queued leave the
         queue first (a release must not hand the lease to an owner nobody waits for); leases
         still held are the core's to release, or expire."""
-        with self._mutex:
+        with write_gate(self._real_path):
             self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -364,5 +365,4 @@ class SQLiteLockBackend(LockBackend):
         leaving anything (see ``jobfence/_core/forks.py``)."""
         forks.keep(self._conn)
         self._conn = None
-        self._mutex = compat.Lock()
         self._queued = set()

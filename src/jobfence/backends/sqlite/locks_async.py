@@ -57,7 +57,7 @@ from .common import (
     load_queries,
     sqlite_path,
 )
-from .connect_async import open_wal, rollback_quietly
+from .connect_async import open_wal, rollback_quietly, write_gate
 
 if ASYNC:
     import asyncio
@@ -84,7 +84,8 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         self.queries = load_queries(namespace)
         self._key_prefix = (os.path.realpath(self.path), namespace)
         self._conn: aiosqlite.Connection | None = None
-        self._mutex = acompat.Lock()
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self._closed = False
         #: (name, owner) of this backend's waiters that are in a queue
         self._queued: set[tuple[str, str]] = set()
@@ -94,7 +95,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     # -- connection ----------------------------------------------------------------------
     async def _connection(self) -> aiosqlite.Connection:
-        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
                 await self._rollback(self._conn)
@@ -126,7 +127,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     async def install(self) -> None:
         """Create the tables now (they are also created on first use)."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             await self._connection()
 
     def _key(self, name: str) -> tuple[str, str, str]:
@@ -141,7 +142,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         if wait is not None and self.options.next_in_line > 0:
             window = min(self.options.next_in_line, max(wait, 0.001))
         key = {"name": name, "owner": owner}
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             try:
                 # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
@@ -194,7 +195,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     async def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
         """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             rows = await self._fetch(conn, self.queries["peek"], {"name": name, "owner": owner})
         if not rows:
@@ -204,11 +205,11 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     async def prepare(self, *, waiting: bool = False) -> None:
         """Open the file and create the tables now, before a lease's clock starts."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             await self._connection()
 
     async def holder(self, name: str) -> LockHolder | None:
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             rows = await self._fetch(conn, self.queries["holder"], {"name": name})
         if not rows:
@@ -217,7 +218,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             rows = await self._fetch(
                 conn, self.queries["holders"], {"prefix": prefix, "limit": limit}
@@ -272,7 +273,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             WAITERS.remove(key, ticket)
 
     async def _heads_queue(self, name: str, owner: str) -> bool:
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             rows = await self._fetch(conn, self.queries["queue_head"], {"name": name})
         return bool(rows) and rows[0][0] == owner
@@ -280,7 +281,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
     async def cancel_wait(self, name: str, owner: str) -> int | None:
         """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
         if (name, owner) in self._queued:
-            async with self._mutex:
+            async with write_gate(self._real_path):
                 conn = await self._connection()
                 await conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
             self._queued.discard((name, owner))  # only once the row is gone (close() retries)
@@ -290,7 +291,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
     async def release(self, name: str, owner: str) -> bool:
         """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
         q = self.queries
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             try:
                 await conn.execute("BEGIN IMMEDIATE")
@@ -319,7 +320,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         return released
 
     async def extend(self, name: str, owner: str, ttl: float) -> bool:
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             cursor = await conn.execute(
                 self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
@@ -332,7 +333,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
             return []
         statement = self.queries["extend"]
         results: list[bool] = []
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             try:
                 # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
@@ -351,7 +352,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
 
     async def force_release(self, name: str) -> bool:
         """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             cursor = await conn.execute(self.queries["force_release"], {"name": name})
             released = cursor.rowcount == 1
@@ -363,7 +364,7 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         """Close the connection; idempotent. Waiters of this backend still queued leave the
         queue first (a release must not hand the lease to an owner nobody waits for); leases
         still held are the core's to release, or expire."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -381,5 +382,4 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         leaving anything (see ``jobfence/_core/forks.py``)."""
         forks.keep(self._conn)
         self._conn = None
-        self._mutex = acompat.Lock()
         self._queued = set()

@@ -58,7 +58,7 @@ from ..base import (
     RenewItem,
 )
 from .common import WAITERS, sqlite_path
-from .connect import open_wal, rollback_quietly
+from .connect import open_wal, rollback_quietly, write_gate
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteQueueBackend"]
@@ -129,7 +129,8 @@ class SQLiteQueueBackend(QueueBackend):
         #: the in-process wake-up key: the same queue through any client in this process
         self._wake_key = ("queue", os.path.realpath(self.path), self.table, self.name)
         self._conn: sqlite3.Connection | None = None
-        self._mutex = compat.Lock()
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -137,7 +138,7 @@ class SQLiteQueueBackend(QueueBackend):
 
     # -- connection ----------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
-        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
                 self._rollback(self._conn)
@@ -181,7 +182,7 @@ class SQLiteQueueBackend(QueueBackend):
             cursor.close()
 
     def _fetch_locked(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """:meth:`_fetch_on` on the connection (``_mutex`` held). The table is created again
+        """:meth:`_fetch_on` on the connection (the write gate held). The table is created again
         if it is gone (``drop()`` drops it once no queue of the file has a message left)."""
         conn = self._connection()
         try:
@@ -193,13 +194,13 @@ class SQLiteQueueBackend(QueueBackend):
         return self._fetch_on(conn, sql, params)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        with self._mutex:
+        with write_gate(self._real_path):
             return self._fetch_locked(sql, params)
 
     def _count(self, sql: str, params: dict[str, Any]) -> int:
         """Run one writing statement; the number of rows it changed (table re-created if
         gone, as :meth:`_fetch_locked`)."""
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             try:
                 return self._count_on(conn, sql, params)
@@ -211,7 +212,7 @@ class SQLiteQueueBackend(QueueBackend):
 
     def install(self) -> None:
         """Create the table now (it is also created on first use)."""
-        with self._mutex:
+        with write_gate(self._real_path):
             self._connection()
 
     # -- in-process wake-ups -------------------------------------------------------------
@@ -249,7 +250,7 @@ class SQLiteQueueBackend(QueueBackend):
             for message_id, body, headers in messages
         ]
         sql = self.queries["publish"]
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             for attempt in range(2):
                 try:
@@ -273,7 +274,7 @@ class SQLiteQueueBackend(QueueBackend):
         were none the seconds until the next one becomes deliverable (``None``: unknown, or
         the queue holds none)."""
         q = self.queries
-        with self._mutex:
+        with write_gate(self._real_path):
             # a read first: an idle poll never takes the write lock
             rows = self._fetch_locked(q["due"], {"queue": self.name})
             due_in = None if not rows or rows[0][0] is None else float(rows[0][0])
@@ -455,7 +456,7 @@ class SQLiteQueueBackend(QueueBackend):
         has a message left in it (one transaction: a concurrent publish either lands before,
         and keeps the table, or after, and creates it again)."""
         q = self.queries
-        with self._mutex:
+        with write_gate(self._real_path):
             conn = self._connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -472,7 +473,7 @@ class SQLiteQueueBackend(QueueBackend):
     def close(self) -> None:
         """Close the connection; idempotent. Deliveries not acked come back after their
         visibility."""
-        with self._mutex:
+        with write_gate(self._real_path):
             self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -483,4 +484,3 @@ class SQLiteQueueBackend(QueueBackend):
         the parent, without closing it (see ``jobfence/_core/forks.py``)."""
         forks.keep(self._conn)
         self._conn = None
-        self._mutex = compat.Lock()

@@ -58,7 +58,7 @@ from ..base import (
     RenewItem,
 )
 from .common import WAITERS, sqlite_path
-from .connect_async import open_wal, rollback_quietly
+from .connect_async import open_wal, rollback_quietly, write_gate
 from .dialect import DIALECT, TABLE_LIMIT
 
 if ASYNC:
@@ -132,7 +132,8 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         #: the in-process wake-up key: the same queue through any client in this process
         self._wake_key = ("queue", os.path.realpath(self.path), self.table, self.name)
         self._conn: aiosqlite.Connection | None = None
-        self._mutex = acompat.Lock()
+        #: the real path of the file: the key of its write gate
+        self._real_path = os.path.realpath(self.path)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -140,7 +141,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
 
     # -- connection ----------------------------------------------------------------------
     async def _connection(self) -> aiosqlite.Connection:
-        """The open connection (call with ``_mutex`` held); opens it and the schema once."""
+        """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
                 await self._rollback(self._conn)
@@ -187,7 +188,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             await cursor.close()
 
     async def _fetch_locked(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """:meth:`_fetch_on` on the connection (``_mutex`` held). The table is created again
+        """:meth:`_fetch_on` on the connection (the write gate held). The table is created again
         if it is gone (``drop()`` drops it once no queue of the file has a message left)."""
         conn = await self._connection()
         try:
@@ -199,13 +200,13 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         return await self._fetch_on(conn, sql, params)
 
     async def _fetch(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        async with self._mutex:
+        async with write_gate(self._real_path):
             return await self._fetch_locked(sql, params)
 
     async def _count(self, sql: str, params: dict[str, Any]) -> int:
         """Run one writing statement; the number of rows it changed (table re-created if
         gone, as :meth:`_fetch_locked`)."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             try:
                 return await self._count_on(conn, sql, params)
@@ -217,7 +218,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
 
     async def install(self) -> None:
         """Create the table now (it is also created on first use)."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             await self._connection()
 
     # -- in-process wake-ups -------------------------------------------------------------
@@ -262,7 +263,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             for message_id, body, headers in messages
         ]
         sql = self.queries["publish"]
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             for attempt in range(2):
                 try:
@@ -286,7 +287,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         were none the seconds until the next one becomes deliverable (``None``: unknown, or
         the queue holds none)."""
         q = self.queries
-        async with self._mutex:
+        async with write_gate(self._real_path):
             # a read first: an idle poll never takes the write lock
             rows = await self._fetch_locked(q["due"], {"queue": self.name})
             due_in = None if not rows or rows[0][0] is None else float(rows[0][0])
@@ -470,7 +471,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         has a message left in it (one transaction: a concurrent publish either lands before,
         and keeps the table, or after, and creates it again)."""
         q = self.queries
-        async with self._mutex:
+        async with write_gate(self._real_path):
             conn = await self._connection()
             try:
                 await conn.execute("BEGIN IMMEDIATE")
@@ -487,7 +488,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
     async def close(self) -> None:
         """Close the connection; idempotent. Deliveries not acked come back after their
         visibility."""
-        async with self._mutex:
+        async with write_gate(self._real_path):
             self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -498,4 +499,3 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         the parent, without closing it (see ``jobfence/_core/forks.py``)."""
         forks.keep(self._conn)
         self._conn = None
-        self._mutex = acompat.Lock()
