@@ -109,6 +109,8 @@ class _Instruments:
             meter = metrics.get_meter(INSTRUMENTATION_NAME)
         else:
             meter = meter_provider.get_meter(INSTRUMENTATION_NAME)
+        #: the API's no-op tracer type: with no SDK set, a span is skipped altogether
+        self.noop_tracer: type = trace.NoOpTracer
         if tracer_provider is None:
             self.tracer = trace.get_tracer(INSTRUMENTATION_NAME)
         else:
@@ -256,5 +258,11 @@ def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     if not i.on:
         yield _NO_SPAN
         return
-    with i.tracer.start_as_current_span(name, attributes=attributes) as current:
+    # the global proxy tracer resolves to the SDK's once one is set, else to the no-op one,
+    # whose span costs a context switch and two context managers for nothing
+    tracer = getattr(i.tracer, "_tracer", i.tracer)
+    if isinstance(tracer, i.noop_tracer):
+        yield _NO_SPAN
+        return
+    with tracer.start_as_current_span(name, attributes=attributes) as current:
         yield current
