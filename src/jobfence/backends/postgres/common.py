@@ -95,6 +95,17 @@ def connect_kwargs(url_options: Mapping[str, Any], timeouts: Timeouts) -> dict[s
     return params
 
 
+#: libpq's ``PGRES_TUPLES_OK`` (``psycopg.pq.ExecStatus.TUPLES_OK``): a result with rows
+_TUPLES_OK = 2
+
+
+def _returns_rows(cursor: Any) -> bool:
+    """Whether the statement just run returned rows: its result's status, read without
+    ``cursor.description``, which builds a column object per column on every call."""
+    result = cursor.pgresult
+    return result is not None and result.status == _TUPLES_OK
+
+
 async def execute_bounded_async(
     conn: Any, query: str, params: Any = None, *, limit: float
 ) -> tuple[list[tuple[Any, ...]], int]:
@@ -104,7 +115,7 @@ async def execute_bounded_async(
     watch = guard_async(conn.fileno(), limit)
     try:
         cursor = await conn.execute(query, params)
-        rows = await cursor.fetchall() if cursor.description is not None else []
+        rows = await cursor.fetchall() if _returns_rows(cursor) else []
         count = cursor.rowcount
     except Exception as exc:
         if watch.done():
@@ -125,7 +136,7 @@ def execute_bounded(
     watch = guard(conn.fileno(), limit)
     try:
         cursor = conn.execute(query, params)
-        rows = cursor.fetchall() if cursor.description is not None else []
+        rows = cursor.fetchall() if _returns_rows(cursor) else []
         count = cursor.rowcount
     except Exception as exc:
         if watch.done():
