@@ -46,6 +46,7 @@ __all__ = [
     "fetch_all",
     "open_wal",
     "rollback_quietly",
+    "run_in_transaction",
     "run_on",
     "transaction",
     "wal_mode",
@@ -108,8 +109,17 @@ def run_on(
     return fn(conn, *args, **kwargs)
 
 
-def _nothing() -> None:
-    pass
+def run_in_transaction(
+    conn: sqlite3.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """:func:`run_on` of ``fn`` inside one ``BEGIN IMMEDIATE`` transaction: committed when
+    ``fn`` returns, rolled back when anything fails -- and, async, when the caller was
+    cancelled before the ``COMMIT``: a cancelled operation takes effect only if its
+    cancellation came as it committed."""
+    return transaction(conn, fn, *args, **kwargs)
 
 
 def transaction(
@@ -119,13 +129,25 @@ def transaction(
     **kwargs: P.kwargs,
 ) -> T:
     """``fn(raw, *args, **kwargs)`` in one ``BEGIN IMMEDIATE`` transaction: committed when it
-    returns, rolled back when anything fails (run it with :func:`run_on`)."""
+    returns, rolled back when anything fails."""
+    return _transaction(raw, [], fn, args, kwargs)
+
+
+def _transaction(
+    raw: sqlite3.Connection,
+    abandoned: list[bool],
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
+    """:func:`transaction`; rolled back instead of committed once ``abandoned`` is not
+    empty (its caller is gone)."""
     try:
         # inside the try: an interrupted BEGIN (sync: KeyboardInterrupt) may still have run,
         # and the ROLLBACK must end that transaction
         raw.execute("BEGIN IMMEDIATE")
         result = fn(raw, *args, **kwargs)
-        raw.execute("COMMIT")
+        raw.execute("ROLLBACK" if abandoned else "COMMIT")
     except BaseException:
         rollback_quietly(raw)
         raise

@@ -51,6 +51,7 @@ __all__ = [
     "fetch_all",
     "open_wal",
     "rollback_quietly",
+    "run_in_transaction",
     "run_on",
     "transaction",
     "wal_mode",
@@ -126,9 +127,40 @@ async def run_on(
     holding the write gate holds it until the connection is idle again, and never leaves a
     transaction open behind it: every ``fn`` ends the transactions it begins."""
     if ASYNC:
+        return await _hop(conn, None, fn, *args, **kwargs)  # type: ignore[no-any-return]
+    else:
+        return fn(conn, *args, **kwargs)
+
+
+async def run_in_transaction(
+    conn: aiosqlite.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """:func:`run_on` of ``fn`` inside one ``BEGIN IMMEDIATE`` transaction: committed when
+    ``fn`` returns, rolled back when anything fails -- and, async, when the caller was
+    cancelled before the ``COMMIT``: a cancelled operation takes effect only if its
+    cancellation came as it committed."""
+    if ASYNC:
+        abandoned: list[bool] = []
+        return await _hop(conn, abandoned, _transaction, abandoned, fn, args, kwargs)  # type: ignore[no-any-return]
+    else:
+        return transaction(conn, fn, *args, **kwargs)
+
+
+if ASYNC:
+
+    async def _hop(
+        conn: aiosqlite.Connection, abandoned: list[bool] | None, fn: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``fn(raw, *args, **kwargs)`` on the connection's thread. Cancelled: mark the call
+        ``abandoned`` (if given), then wait for it to end before raising."""
         try:
-            return await conn._execute(fn, conn._conn, *args, **kwargs)  # type: ignore[no-untyped-call,no-any-return]
+            return await conn._execute(fn, conn._conn, *args, **kwargs)  # type: ignore[no-untyped-call]
         except asyncio.CancelledError:
+            if abandoned is not None:
+                abandoned.append(True)  # read by the call on the connection's thread
             # aiosqlite runs its calls one at a time, in order: once a call queued now has
             # run, so has fn
             try:
@@ -136,12 +168,9 @@ async def run_on(
             except ValueError:  # the connection was closed: nothing runs on it any more
                 pass
             raise
-    else:
-        return fn(conn, *args, **kwargs)
 
-
-def _nothing() -> None:
-    pass
+    def _nothing() -> None:
+        pass
 
 
 def transaction(
@@ -151,13 +180,25 @@ def transaction(
     **kwargs: P.kwargs,
 ) -> T:
     """``fn(raw, *args, **kwargs)`` in one ``BEGIN IMMEDIATE`` transaction: committed when it
-    returns, rolled back when anything fails (run it with :func:`run_on`)."""
+    returns, rolled back when anything fails."""
+    return _transaction(raw, [], fn, args, kwargs)
+
+
+def _transaction(
+    raw: sqlite3.Connection,
+    abandoned: list[bool],
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
+    """:func:`transaction`; rolled back instead of committed once ``abandoned`` is not
+    empty (its caller is gone)."""
     try:
         # inside the try: an interrupted BEGIN (sync: KeyboardInterrupt) may still have run,
         # and the ROLLBACK must end that transaction
         raw.execute("BEGIN IMMEDIATE")
         result = fn(raw, *args, **kwargs)
-        raw.execute("COMMIT")
+        raw.execute("ROLLBACK" if abandoned else "COMMIT")
     except BaseException:
         rollback_quietly(raw)
         raise

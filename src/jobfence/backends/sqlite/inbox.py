@@ -36,7 +36,15 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect import connect, count_rows, fetch_all, run_on, transaction, wal_mode, write_gate
+from .connect import (
+    connect,
+    count_rows,
+    fetch_all,
+    run_in_transaction,
+    run_on,
+    wal_mode,
+    write_gate,
+)
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteInboxBackend"]
@@ -123,7 +131,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
             try:
                 with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure rolls back, and closes the connection (the pool discards it)
-                    return run_on(conn, transaction, self._renew_in, items)
+                    return run_in_transaction(conn, self._renew_in, items)
             except sqlite3.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
@@ -139,7 +147,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
 
     def install(self) -> None:
         with write_gate(self._real_path), self._pool.connection() as conn:
-            run_on(conn, transaction, self._install_in)
+            run_in_transaction(conn, self._install_in)
         self._installed = True
 
     def _install_in(self, raw: sqlite3.Connection) -> None:

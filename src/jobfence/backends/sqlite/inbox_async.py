@@ -36,7 +36,15 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect_async import connect, count_rows, fetch_all, run_on, transaction, wal_mode, write_gate
+from .connect_async import (
+    connect,
+    count_rows,
+    fetch_all,
+    run_in_transaction,
+    run_on,
+    wal_mode,
+    write_gate,
+)
 from .dialect import DIALECT, TABLE_LIMIT
 
 if ASYNC:
@@ -126,7 +134,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
             try:
                 async with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure rolls back, and closes the connection (the pool discards it)
-                    return await run_on(conn, transaction, self._renew_in, items)
+                    return await run_in_transaction(conn, self._renew_in, items)
             except aiosqlite.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
@@ -142,7 +150,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
 
     async def install(self) -> None:
         async with write_gate(self._real_path), self._pool.connection() as conn:
-            await run_on(conn, transaction, self._install_in)
+            await run_in_transaction(conn, self._install_in)
         self._installed = True
 
     def _install_in(self, raw: sqlite3.Connection) -> None:

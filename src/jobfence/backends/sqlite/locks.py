@@ -64,8 +64,8 @@ from .connect import (
     fetch_all,
     open_wal,
     rollback_quietly,
+    run_in_transaction,
     run_on,
-    transaction,
     write_gate,
 )
 
@@ -147,11 +147,12 @@ class SQLiteLockBackend(LockBackend):
         with write_gate(self._real_path):
             conn = self._connection()
             if window:
-                # before the call: a caller cancelled meanwhile may have joined the queue, and
-                # its clean-up (cancel_wait) and close() must know to take the entry out
+                # before the call: a caller cancelled as its transaction commits may have
+                # joined the queue, and its clean-up (cancel_wait) and close() must know to
+                # take the entry out
                 self._queued.add((name, owner))
-            token, queued = run_on(
-                conn, transaction, self._acquire_in, name, owner, ttl, wait is not None, window
+            token, queued = run_in_transaction(
+                conn, self._acquire_in, name, owner, ttl, wait is not None, window
             )
         if token is not None:
             self._queued.discard((name, owner))  # granted or handed to us: no longer queued
@@ -291,7 +292,7 @@ class SQLiteLockBackend(LockBackend):
         """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
         with write_gate(self._real_path):
             conn = self._connection()
-            released = run_on(conn, transaction, self._release_in, name, owner)
+            released = run_in_transaction(conn, self._release_in, name, owner)
         if released:
             WAITERS.notify(self._key(name))
         return released
@@ -321,7 +322,7 @@ class SQLiteLockBackend(LockBackend):
             return []
         with write_gate(self._real_path):
             conn = self._connection()
-            return run_on(conn, transaction, self._renew_in, items)
+            return run_in_transaction(conn, self._renew_in, items)
 
     def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
         statement = self.queries["extend"]

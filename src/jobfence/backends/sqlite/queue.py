@@ -65,8 +65,8 @@ from .connect import (
     fetch_all,
     open_wal,
     rollback_quietly,
+    run_in_transaction,
     run_on,
-    transaction,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -245,7 +245,14 @@ class SQLiteQueueBackend(QueueBackend):
             for message_id, body, headers in messages
         ]
         with write_gate(self._real_path):
-            self._run_locked(transaction, self._publish_in, rows)
+            conn = self._connection()
+            try:
+                run_in_transaction(conn, self._publish_in, rows)
+            except sqlite3.OperationalError as exc:
+                if not is_undefined_table(exc):  # else: dropped (see drop()), create it again
+                    raise
+                run_on(conn, self._create)
+                run_in_transaction(conn, self._publish_in, rows)
         self._wake(len(rows) if delay <= 0 else 1)
 
     def _publish_in(self, raw: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
@@ -450,7 +457,7 @@ class SQLiteQueueBackend(QueueBackend):
         with write_gate(self._real_path):
             conn = self._connection()
             try:
-                run_on(conn, transaction, self._drop_in)
+                run_in_transaction(conn, self._drop_in)
             except BaseException as exc:
                 if not is_undefined_table(exc):  # dropped already
                     raise

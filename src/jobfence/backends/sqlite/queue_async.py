@@ -65,8 +65,8 @@ from .connect_async import (
     fetch_all,
     open_wal,
     rollback_quietly,
+    run_in_transaction,
     run_on,
-    transaction,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -256,7 +256,14 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             for message_id, body, headers in messages
         ]
         async with write_gate(self._real_path):
-            await self._run_locked(transaction, self._publish_in, rows)
+            conn = await self._connection()
+            try:
+                await run_in_transaction(conn, self._publish_in, rows)
+            except aiosqlite.OperationalError as exc:
+                if not is_undefined_table(exc):  # else: dropped (see drop()), create it again
+                    raise
+                await run_on(conn, self._create)
+                await run_in_transaction(conn, self._publish_in, rows)
         self._wake(len(rows) if delay <= 0 else 1)
 
     def _publish_in(self, raw: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
@@ -463,7 +470,7 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
         async with write_gate(self._real_path):
             conn = await self._connection()
             try:
-                await run_on(conn, transaction, self._drop_in)
+                await run_in_transaction(conn, self._drop_in)
             except BaseException as exc:
                 if not is_undefined_table(exc):  # dropped already
                     raise
