@@ -17,6 +17,16 @@ SQLite admits one writer at a time; the others wait in its busy handler, which s
 5, 10 ms and longer) and retries rather than queueing, so writers of one process that collide
 lose milliseconds each time. Taking the gate first, they queue in order and are let in as soon
 as the previous one is done; the busy handler then only waits for other processes.
+
+``run_on(conn, fn, *args)`` runs ``fn(raw, *args)`` -- ``raw`` the sqlite3 connection itself --
+as ONE call: in the async flavour one hop to aiosqlite's thread for the connection and back,
+however many statements ``fn`` runs (each aiosqlite call, ``execute``, ``fetchone``,
+``close``, is a hop of its own: a queue put, a thread wake-up, a result posted back to the
+event loop). So the backends write each operation once, as a plain function over a sqlite3
+connection, and both flavours run it whole; ``transaction`` wraps one in ``BEGIN IMMEDIATE``
+... ``COMMIT``, rolled back on any failure. aiosqlite has no public way to run a callable on
+its thread: ``run_on`` uses ``Connection._execute`` and ``Connection._conn``, the same in every
+aiosqlite release ``pyproject.toml`` admits (tests/unit/test_sqlite_run_on.py checks them).
 """
 
 from __future__ import annotations
@@ -25,12 +35,26 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._core import compat
 from ..._core.clock import get_clock
 
-__all__ = ["connect", "open_wal", "rollback_quietly", "write_gate"]
+__all__ = [
+    "connect",
+    "count_rows",
+    "fetch_all",
+    "open_wal",
+    "rollback_quietly",
+    "run_in_transaction",
+    "run_on",
+    "transaction",
+    "wal_mode",
+    "write_gate",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: the gates by the database file's real path
 _GATES: Any = {}
@@ -69,13 +93,106 @@ def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     return pending
 
 
+def run_on(
+    conn: sqlite3.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``fn(raw, *args, **kwargs)``, ``raw`` being the sqlite3 connection of ``conn``, in one
+    call (async: ONE hop to the connection's thread, where ``fn`` runs whole).
+
+    Async: a caller cancelled while ``fn`` runs gets its ``CancelledError`` only once ``fn``
+    has finished on the connection's thread (``fn`` itself is never cut off), so a caller
+    holding the write gate holds it until the connection is idle again, and never leaves a
+    transaction open behind it: every ``fn`` ends the transactions it begins."""
+    return fn(conn, *args, **kwargs)
+
+
+def run_in_transaction(
+    conn: sqlite3.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """:func:`run_on` of ``fn`` inside one ``BEGIN IMMEDIATE`` transaction: committed when
+    ``fn`` returns, rolled back when anything fails -- and, async, when the caller was
+    cancelled before the ``COMMIT``: a cancelled operation takes effect only if its
+    cancellation came as it committed."""
+    return transaction(conn, fn, *args, **kwargs)
+
+
+def transaction(
+    raw: sqlite3.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``fn(raw, *args, **kwargs)`` in one ``BEGIN IMMEDIATE`` transaction: committed when it
+    returns, rolled back when anything fails."""
+    return _transaction(raw, [], fn, args, kwargs)
+
+
+def _transaction(
+    raw: sqlite3.Connection,
+    abandoned: list[bool],
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
+    """:func:`transaction`; rolled back instead of committed once ``abandoned`` is not
+    empty (its caller is gone)."""
+    try:
+        # inside the try: an interrupted BEGIN (sync: KeyboardInterrupt) may still have run,
+        # and the ROLLBACK must end that transaction
+        raw.execute("BEGIN IMMEDIATE")
+        result = fn(raw, *args, **kwargs)
+        raw.execute("ROLLBACK" if abandoned else "COMMIT")
+    except BaseException:
+        rollback_quietly(raw)
+        raise
+    return result
+
+
+def fetch_all(raw: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    """Run one statement and read all its rows: no half-read statement is left open (a read
+    would hold an old snapshot, a write its transaction)."""
+    return raw.execute(sql, params).fetchall()
+
+
+def count_rows(raw: sqlite3.Connection, sql: str, params: Any) -> int:
+    """Run one statement; the number of rows it changed."""
+    cursor = raw.execute(sql, params)
+    try:
+        return int(cursor.rowcount)
+    finally:
+        cursor.close()
+
+
+def rollback_quietly(raw: sqlite3.Connection) -> None:
+    """``ROLLBACK``, ignoring the error when no transaction is open (it failed to start, or
+    already ended)."""
+    try:
+        raw.execute("ROLLBACK")
+    except Exception:
+        pass
+
+
+def wal_mode(raw: sqlite3.Connection) -> None:
+    """Switch the file to WAL mode unless it is in it already (that takes no lock)."""
+    row = raw.execute("PRAGMA journal_mode").fetchone()
+    if row is None or str(row[0]).lower() != "wal":
+        raw.execute("PRAGMA journal_mode=WAL")
+
+
 def open_wal(
     path: str,
     busy_timeout: float,
     synchronous: str,
     create: Callable[[sqlite3.Connection], None],
 ) -> sqlite3.Connection:
-    """A new connection to ``path``, set up and with its schema (closed again on failure)."""
+    """A new connection to ``path``, set up and with its schema (``create(raw)``, run with
+    :func:`run_on`), closed again on failure."""
     conn = connect(path, busy_timeout)
     try:
         clock = get_clock()
@@ -83,7 +200,7 @@ def open_wal(
         delay = 0.005
         while True:
             try:
-                _setup(conn, synchronous, create)
+                run_on(conn, _setup, synchronous, create)
                 return conn
             except sqlite3.OperationalError as exc:
                 message = str(exc).lower()
@@ -99,23 +216,8 @@ def open_wal(
 
 
 def _setup(
-    conn: sqlite3.Connection,
-    synchronous: str,
-    create: Callable[[sqlite3.Connection], None],
+    raw: sqlite3.Connection, synchronous: str, create: Callable[[sqlite3.Connection], None]
 ) -> None:
-    cursor = conn.execute("PRAGMA journal_mode")
-    row = cursor.fetchone()
-    cursor.close()
-    if row is None or str(row[0]).lower() != "wal":
-        conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    create(conn)
-
-
-def rollback_quietly(conn: sqlite3.Connection) -> None:
-    """``ROLLBACK``, ignoring the error when no transaction is open (it failed to start, or
-    already ended)."""
-    try:
-        conn.execute("ROLLBACK")
-    except Exception:
-        pass
+    wal_mode(raw)
+    raw.execute(f"PRAGMA synchronous={synchronous}")
+    create(raw)

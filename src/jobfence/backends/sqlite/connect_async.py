@@ -15,14 +15,24 @@ SQLite admits one writer at a time; the others wait in its busy handler, which s
 5, 10 ms and longer) and retries rather than queueing, so writers of one process that collide
 lose milliseconds each time. Taking the gate first, they queue in order and are let in as soon
 as the previous one is done; the busy handler then only waits for other processes.
+
+``run_on(conn, fn, *args)`` runs ``fn(raw, *args)`` -- ``raw`` the sqlite3 connection itself --
+as ONE call: in the async flavour one hop to aiosqlite's thread for the connection and back,
+however many statements ``fn`` runs (each aiosqlite call, ``execute``, ``fetchone``,
+``close``, is a hop of its own: a queue put, a thread wake-up, a result posted back to the
+event loop). So the backends write each operation once, as a plain function over a sqlite3
+connection, and both flavours run it whole; ``transaction`` wraps one in ``BEGIN IMMEDIATE``
+... ``COMMIT``, rolled back on any failure. aiosqlite has no public way to run a callable on
+its thread: ``run_on`` uses ``Connection._execute`` and ``Connection._conn``, the same in every
+aiosqlite release ``pyproject.toml`` admits (tests/unit/test_sqlite_run_on.py checks them).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiosqlite
 
@@ -32,9 +42,24 @@ from ..._core.flavour import ASYNC
 
 if ASYNC:
     import asyncio
+    import sqlite3
     import weakref
 
-__all__ = ["connect", "open_wal", "rollback_quietly", "write_gate"]
+__all__ = [
+    "connect",
+    "count_rows",
+    "fetch_all",
+    "open_wal",
+    "rollback_quietly",
+    "run_in_transaction",
+    "run_on",
+    "transaction",
+    "wal_mode",
+    "write_gate",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 if ASYNC:
     #: the gates by event loop, then by the database file's real path
@@ -88,13 +113,137 @@ async def connect(path: str, busy_timeout: float) -> aiosqlite.Connection:
     return await pending
 
 
+async def run_on(
+    conn: aiosqlite.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``fn(raw, *args, **kwargs)``, ``raw`` being the sqlite3 connection of ``conn``, in one
+    call (async: ONE hop to the connection's thread, where ``fn`` runs whole).
+
+    Async: a caller cancelled while ``fn`` runs gets its ``CancelledError`` only once ``fn``
+    has finished on the connection's thread (``fn`` itself is never cut off), so a caller
+    holding the write gate holds it until the connection is idle again, and never leaves a
+    transaction open behind it: every ``fn`` ends the transactions it begins."""
+    if ASYNC:
+        return await _hop(conn, None, fn, *args, **kwargs)  # type: ignore[no-any-return]
+    else:
+        return fn(conn, *args, **kwargs)
+
+
+async def run_in_transaction(
+    conn: aiosqlite.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """:func:`run_on` of ``fn`` inside one ``BEGIN IMMEDIATE`` transaction: committed when
+    ``fn`` returns, rolled back when anything fails -- and, async, when the caller was
+    cancelled before the ``COMMIT``: a cancelled operation takes effect only if its
+    cancellation came as it committed."""
+    if ASYNC:
+        abandoned: list[bool] = []
+        return await _hop(conn, abandoned, _transaction, abandoned, fn, args, kwargs)  # type: ignore[no-any-return]
+    else:
+        return transaction(conn, fn, *args, **kwargs)
+
+
+if ASYNC:
+
+    async def _hop(
+        conn: aiosqlite.Connection, abandoned: list[bool] | None, fn: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``fn(raw, *args, **kwargs)`` on the connection's thread. Cancelled: mark the call
+        ``abandoned`` (if given), then wait for it to end before raising."""
+        try:
+            return await conn._execute(fn, conn._conn, *args, **kwargs)  # type: ignore[no-untyped-call]
+        except asyncio.CancelledError:
+            if abandoned is not None:
+                abandoned.append(True)  # read by the call on the connection's thread
+            # aiosqlite runs its calls one at a time, in order: once a call queued now has
+            # run, so has fn
+            try:
+                await conn._execute(_nothing)  # type: ignore[no-untyped-call]
+            except ValueError:  # the connection was closed: nothing runs on it any more
+                pass
+            raise
+
+    def _nothing() -> None:
+        pass
+
+
+def transaction(
+    raw: sqlite3.Connection,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``fn(raw, *args, **kwargs)`` in one ``BEGIN IMMEDIATE`` transaction: committed when it
+    returns, rolled back when anything fails."""
+    return _transaction(raw, [], fn, args, kwargs)
+
+
+def _transaction(
+    raw: sqlite3.Connection,
+    abandoned: list[bool],
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
+    """:func:`transaction`; rolled back instead of committed once ``abandoned`` is not
+    empty (its caller is gone)."""
+    try:
+        # inside the try: an interrupted BEGIN (sync: KeyboardInterrupt) may still have run,
+        # and the ROLLBACK must end that transaction
+        raw.execute("BEGIN IMMEDIATE")
+        result = fn(raw, *args, **kwargs)
+        raw.execute("ROLLBACK" if abandoned else "COMMIT")
+    except BaseException:
+        rollback_quietly(raw)
+        raise
+    return result
+
+
+def fetch_all(raw: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    """Run one statement and read all its rows: no half-read statement is left open (a read
+    would hold an old snapshot, a write its transaction)."""
+    return raw.execute(sql, params).fetchall()
+
+
+def count_rows(raw: sqlite3.Connection, sql: str, params: Any) -> int:
+    """Run one statement; the number of rows it changed."""
+    cursor = raw.execute(sql, params)
+    try:
+        return int(cursor.rowcount)
+    finally:
+        cursor.close()
+
+
+def rollback_quietly(raw: sqlite3.Connection) -> None:
+    """``ROLLBACK``, ignoring the error when no transaction is open (it failed to start, or
+    already ended)."""
+    try:
+        raw.execute("ROLLBACK")
+    except Exception:
+        pass
+
+
+def wal_mode(raw: sqlite3.Connection) -> None:
+    """Switch the file to WAL mode unless it is in it already (that takes no lock)."""
+    row = raw.execute("PRAGMA journal_mode").fetchone()
+    if row is None or str(row[0]).lower() != "wal":
+        raw.execute("PRAGMA journal_mode=WAL")
+
+
 async def open_wal(
     path: str,
     busy_timeout: float,
     synchronous: str,
-    create: Callable[[aiosqlite.Connection], Awaitable[None]],
+    create: Callable[[sqlite3.Connection], None],
 ) -> aiosqlite.Connection:
-    """A new connection to ``path``, set up and with its schema (closed again on failure)."""
+    """A new connection to ``path``, set up and with its schema (``create(raw)``, run with
+    :func:`run_on`), closed again on failure."""
     conn = await connect(path, busy_timeout)
     try:
         clock = get_clock()
@@ -102,7 +251,7 @@ async def open_wal(
         delay = 0.005
         while True:
             try:
-                await _setup(conn, synchronous, create)
+                await run_on(conn, _setup, synchronous, create)
                 return conn
             except aiosqlite.OperationalError as exc:
                 message = str(exc).lower()
@@ -117,24 +266,9 @@ async def open_wal(
         raise
 
 
-async def _setup(
-    conn: aiosqlite.Connection,
-    synchronous: str,
-    create: Callable[[aiosqlite.Connection], Awaitable[None]],
+def _setup(
+    raw: sqlite3.Connection, synchronous: str, create: Callable[[sqlite3.Connection], None]
 ) -> None:
-    cursor = await conn.execute("PRAGMA journal_mode")
-    row = await cursor.fetchone()
-    await cursor.close()
-    if row is None or str(row[0]).lower() != "wal":
-        await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute(f"PRAGMA synchronous={synchronous}")
-    await create(conn)
-
-
-async def rollback_quietly(conn: aiosqlite.Connection) -> None:
-    """``ROLLBACK``, ignoring the error when no transaction is open (it failed to start, or
-    already ended)."""
-    try:
-        await conn.execute("ROLLBACK")
-    except Exception:
-        pass
+    wal_mode(raw)
+    raw.execute(f"PRAGMA synchronous={synchronous}")
+    create(raw)

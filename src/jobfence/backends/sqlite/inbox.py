@@ -5,7 +5,9 @@
 
 Every verb is one statement from ``sql/inbox.sql`` in autocommit mode on a WAL file;
 SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and
-processes on this host. Time is SQLite's clock (the host's), in epoch seconds.
+processes on this host. Time is SQLite's clock (the host's), in epoch seconds. Each verb runs
+whole through ``run_on`` (``connect_async.py``): in ``AsyncInbox``, one hop to aiosqlite's
+thread per verb.
 
 URL / keyword options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default
 30), ``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated
@@ -34,7 +36,15 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect import connect, write_gate
+from .connect import (
+    connect,
+    count_rows,
+    fetch_all,
+    run_in_transaction,
+    run_on,
+    wal_mode,
+    write_gate,
+)
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteInboxBackend"]
@@ -78,10 +88,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
     def _connect(self) -> Any:
         conn = connect(self.path, self.busy_timeout)
         try:
-            cursor = conn.execute("PRAGMA journal_mode")
-            row = cursor.fetchone()
-            if row is None or str(row[0]).lower() != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
+            run_on(conn, wal_mode)
         except BaseException:
             conn.close()
             raise
@@ -99,20 +106,16 @@ class SQLiteInboxBackend(SQLInboxBackend):
     def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use.
 
-        A statement that returns rows is run and read in one call (async: one hop to
-        aiosqlite's thread; its row count is not needed and reported as -1); the others are
-        run and their cursor closed, for the row count."""
+        A statement that returns rows is run and read (its row count is not needed and
+        reported as -1); the others are run and their cursor closed, for the row count. Either
+        is one call (async: one hop to aiosqlite's thread)."""
         sql = self._sql[name]
         for _ in range(2):
             try:
                 with write_gate(self._real_path), self._pool.connection() as conn:
                     if name in _ROW_SECTIONS:
-                        return conn.execute(sql, params).fetchall(), -1
-                    cursor = conn.execute(sql, params)
-                    try:
-                        return [], cursor.rowcount
-                    finally:
-                        cursor.close()
+                        return run_on(conn, fetch_all, sql, params), -1
+                    return [], run_on(conn, count_rows, sql, params)
             except sqlite3.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
@@ -124,52 +127,48 @@ class SQLiteInboxBackend(SQLInboxBackend):
         claim); one bool per item."""
         if not items:
             return []
-        sql = self._sql["extend"]
         for _ in range(2):
-            results: list[bool] = []
             try:
                 with write_gate(self._real_path), self._pool.connection() as conn:
-                    # a failure closes the connection (the pool discards it), which rolls
-                    # back a transaction left open
-                    conn.execute("BEGIN IMMEDIATE")
-                    for key, owner, ttl in items:
-                        cursor = conn.execute(sql, {"key": key, "owner": owner, "ttl": ttl})
-                        results.append(cursor.rowcount == 1)
-                        cursor.close()
-                    conn.execute("COMMIT")
-                    return results
+                    # a failure rolls back, and closes the connection (the pool discards it)
+                    return run_in_transaction(conn, self._renew_in, items)
             except sqlite3.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
+        sql = self._sql["extend"]
+        return [
+            count_rows(raw, sql, {"key": key, "owner": owner, "ttl": ttl}) == 1
+            for key, owner, ttl in items
+        ]
+
     def install(self) -> None:
         with write_gate(self._real_path), self._pool.connection() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in self._sql.statements("schema"):
-                    conn.execute(statement)
-                cursor = conn.execute(self._sql["upgrade_needed"])
-                row = cursor.fetchone()
-                cursor.close()
-                if row is not None and row[0]:  # a version-1 table: add claimed_at
-                    conn.execute(self._sql["upgrade"])
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+            run_in_transaction(conn, self._install_in)
         self._installed = True
+
+    def _install_in(self, raw: sqlite3.Connection) -> None:
+        for statement in self._sql.statements("schema"):
+            raw.execute(statement)
+        row = fetch_all(raw, self._sql["upgrade_needed"], {})
+        if row and row[0][0]:  # a version-1 table: add claimed_at
+            raw.execute(self._sql["upgrade"])
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
         with write_gate(self._real_path), self._pool.connection() as conn:
-            for statement in self._sql.statements("drop"):
-                try:
-                    conn.execute(statement)
-                except sqlite3.OperationalError:
-                    pass
+            run_on(conn, self._drop_in)
         self._installed = False
+
+    def _drop_in(self, raw: sqlite3.Connection) -> None:
+        for statement in self._sql.statements("drop"):
+            try:
+                raw.execute(statement)
+            except sqlite3.OperationalError:
+                pass
 
     def close(self) -> None:
         self._pool.close()

@@ -3,7 +3,9 @@
 
 Every verb is one statement from ``sql/inbox.sql`` in autocommit mode on a WAL file;
 SQLite runs writers one at a time, so the claim's single upsert is atomic across threads and
-processes on this host. Time is SQLite's clock (the host's), in epoch seconds.
+processes on this host. Time is SQLite's clock (the host's), in epoch seconds. Each verb runs
+whole through ``run_on`` (``connect_async.py``): in ``AsyncInbox``, one hop to aiosqlite's
+thread per verb.
 
 URL / keyword options: ``table`` (default ``jobfence_inbox``), ``busy_timeout`` seconds (default
 30), ``pool_size`` (idle connections kept for reuse, default 4; ``max_idle`` is a deprecated
@@ -34,8 +36,19 @@ from ..base import (
     record_from_row,
 )
 from .common import sqlite_path
-from .connect_async import connect, write_gate
+from .connect_async import (
+    connect,
+    count_rows,
+    fetch_all,
+    run_in_transaction,
+    run_on,
+    wal_mode,
+    write_gate,
+)
 from .dialect import DIALECT, TABLE_LIMIT
+
+if ASYNC:
+    import sqlite3
 
 __all__ = ["AsyncSQLiteInboxBackend"]
 
@@ -78,10 +91,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
     async def _connect(self) -> Any:
         conn = await connect(self.path, self.busy_timeout)
         try:
-            cursor = await conn.execute("PRAGMA journal_mode")
-            row = await cursor.fetchone()
-            if row is None or str(row[0]).lower() != "wal":
-                await conn.execute("PRAGMA journal_mode=WAL")
+            await run_on(conn, wal_mode)
         except BaseException:
             await conn.close()
             raise
@@ -99,23 +109,16 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
     async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use.
 
-        A statement that returns rows is run and read in one call (async: one hop to
-        aiosqlite's thread; its row count is not needed and reported as -1); the others are
-        run and their cursor closed, for the row count."""
+        A statement that returns rows is run and read (its row count is not needed and
+        reported as -1); the others are run and their cursor closed, for the row count. Either
+        is one call (async: one hop to aiosqlite's thread)."""
         sql = self._sql[name]
         for _ in range(2):
             try:
                 async with write_gate(self._real_path), self._pool.connection() as conn:
                     if name in _ROW_SECTIONS:
-                        if ASYNC:
-                            return list(await conn.execute_fetchall(sql, params)), -1
-                        else:
-                            return conn.execute(sql, params).fetchall(), -1
-                    cursor = await conn.execute(sql, params)
-                    try:
-                        return [], cursor.rowcount
-                    finally:
-                        await cursor.close()
+                        return await run_on(conn, fetch_all, sql, params), -1
+                    return [], await run_on(conn, count_rows, sql, params)
             except aiosqlite.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
@@ -127,52 +130,48 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         claim); one bool per item."""
         if not items:
             return []
-        sql = self._sql["extend"]
         for _ in range(2):
-            results: list[bool] = []
             try:
                 async with write_gate(self._real_path), self._pool.connection() as conn:
-                    # a failure closes the connection (the pool discards it), which rolls
-                    # back a transaction left open
-                    await conn.execute("BEGIN IMMEDIATE")
-                    for key, owner, ttl in items:
-                        cursor = await conn.execute(sql, {"key": key, "owner": owner, "ttl": ttl})
-                        results.append(cursor.rowcount == 1)
-                        await cursor.close()
-                    await conn.execute("COMMIT")
-                    return results
+                    # a failure rolls back, and closes the connection (the pool discards it)
+                    return await run_in_transaction(conn, self._renew_in, items)
             except aiosqlite.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
+        sql = self._sql["extend"]
+        return [
+            count_rows(raw, sql, {"key": key, "owner": owner, "ttl": ttl}) == 1
+            for key, owner, ttl in items
+        ]
+
     async def install(self) -> None:
         async with write_gate(self._real_path), self._pool.connection() as conn:
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in self._sql.statements("schema"):
-                    await conn.execute(statement)
-                cursor = await conn.execute(self._sql["upgrade_needed"])
-                row = await cursor.fetchone()
-                await cursor.close()
-                if row is not None and row[0]:  # a version-1 table: add claimed_at
-                    await conn.execute(self._sql["upgrade"])
-                await conn.execute("COMMIT")
-            except BaseException:
-                await conn.execute("ROLLBACK")
-                raise
+            await run_in_transaction(conn, self._install_in)
         self._installed = True
+
+    def _install_in(self, raw: sqlite3.Connection) -> None:
+        for statement in self._sql.statements("schema"):
+            raw.execute(statement)
+        row = fetch_all(raw, self._sql["upgrade_needed"], {})
+        if row and row[0][0]:  # a version-1 table: add claimed_at
+            raw.execute(self._sql["upgrade"])
 
     async def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
         async with write_gate(self._real_path), self._pool.connection() as conn:
-            for statement in self._sql.statements("drop"):
-                try:
-                    await conn.execute(statement)
-                except aiosqlite.OperationalError:
-                    pass
+            await run_on(conn, self._drop_in)
         self._installed = False
+
+    def _drop_in(self, raw: sqlite3.Connection) -> None:
+        for statement in self._sql.statements("drop"):
+            try:
+                raw.execute(statement)
+            except sqlite3.OperationalError:
+                pass
 
     async def close(self) -> None:
         await self._pool.close()

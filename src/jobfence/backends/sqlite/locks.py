@@ -9,7 +9,9 @@ shares the locks. ``sqlite:///relative.db`` is relative to the working directory
 ``sql/locks.sql``.
 
 * Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
-  writes, a single autocommit statement otherwise. The file runs in WAL mode with a busy
+  writes, a single autocommit statement otherwise. Each is written once, as a plain function
+  over a sqlite3 connection, and run whole by ``run_on`` (``connect_async.py``): in
+  ``AsyncLocks``, one hop to aiosqlite's thread per operation. The file runs in WAL mode with a busy
   timeout, so concurrent processes queue for the write lock instead of failing; ``database is
   locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
 * Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
@@ -57,7 +59,15 @@ from .common import (
     load_queries,
     sqlite_path,
 )
-from .connect import open_wal, rollback_quietly, write_gate
+from .connect import (
+    count_rows,
+    fetch_all,
+    open_wal,
+    rollback_quietly,
+    run_in_transaction,
+    run_on,
+    write_gate,
+)
 
 __all__ = ["SQLiteLockBackend"]
 
@@ -95,7 +105,7 @@ class SQLiteLockBackend(LockBackend):
         """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
-                self._rollback(self._conn)
+                run_on(self._conn, rollback_quietly)
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite lock backend is closed", argument="self")
@@ -104,23 +114,20 @@ class SQLiteLockBackend(LockBackend):
         )
         return self._conn
 
-    def _create(self, conn: sqlite3.Connection) -> None:
+    def _create(self, raw: sqlite3.Connection) -> None:
         """Create the tables (idempotent) and check their schema version."""
         try:
-            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
+            raw.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
-            self._rollback(conn)
+            rollback_quietly(raw)
             raise
-        cursor = conn.execute(self.queries["schema_version"])
-        row = cursor.fetchone()
+        row = raw.execute(self.queries["schema_version"]).fetchone()
         check_schema_version(
             row,
             SCHEMA_VERSION,
             backend=self.kind,
             tables=f"lock tables {self.namespace}_* in {self.path!r}",
         )
-
-    _rollback = staticmethod(rollback_quietly)
 
     def install(self) -> None:
         """Create the tables now (they are also created on first use)."""
@@ -134,64 +141,80 @@ class SQLiteLockBackend(LockBackend):
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        q = self.queries
         window = 0.0
         if wait is not None and self.options.next_in_line > 0:
             window = min(self.options.next_in_line, max(wait, 0.001))
-        key = {"name": name, "owner": owner}
         with write_gate(self._real_path):
             conn = self._connection()
-            try:
-                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
-                # in its own thread), and the ROLLBACK must end that transaction
-                conn.execute("BEGIN IMMEDIATE")
-                cursor = conn.execute(q["peek"], key)
-                row = cursor.fetchone()
-                if row is not None and row[0]:  # a live lease of ours: its token
-                    conn.execute("COMMIT")
-                    self._queued.discard((name, owner))  # handed to us: no longer queued
-                    return int(row[1])
-                cursor = conn.execute(q["queue_head"], {"name": name})
-                head = cursor.fetchone()  # (owner, ttl) of the first live waiter
-                other_heads = head is not None and head[0] != owner
-                if row is None and not other_heads:  # free, and nobody waits before us
-                    cursor = conn.execute(q["next_token"], {"name": name})
-                    token_row = cursor.fetchone()
-                    assert token_row is not None
-                    token = int(token_row[0])
-                    conn.execute(q["grant"], {**key, "token": token, "ttl": ttl})
-                    if wait is not None:
-                        conn.execute(q["dequeue"], key)
-                    conn.execute("COMMIT")
-                    self._queued.discard((name, owner))
-                    return token
-                if window:
-                    # join the queue, or stay in it: renew the entry once a quarter of it has
-                    # passed (wait() comes back within half of it, so a live entry always
-                    # has half its life as margin), so that most polls write nothing
-                    cursor = conn.execute(q["queue_entry"], key)
-                    entry = cursor.fetchone()
-                    if entry is None or float(entry[0]) < window * 0.75:
-                        conn.execute(q["enqueue"], {**key, "window": window, "ttl": ttl})
-                    self._queued.add((name, owner))
-                conn.execute("COMMIT")
-                return None
-            except BaseException:
-                self._rollback(conn)
-                raise
+            if window:
+                # before the call: a caller cancelled as its transaction commits may have
+                # joined the queue, and its clean-up (cancel_wait) and close() must know to
+                # take the entry out
+                self._queued.add((name, owner))
+            token, queued = run_in_transaction(
+                conn, self._acquire_in, name, owner, ttl, wait is not None, window
+            )
+        if token is not None:
+            self._queued.discard((name, owner))  # granted or handed to us: no longer queued
+        elif queued:
+            self._queued.add((name, owner))
+        return token
 
-    @staticmethod
-    def _fetch(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-        """Run a read and fetch all its rows in one go (async: ONE call to aiosqlite's thread):
-        a caller interrupted in between must not leave a half-read SELECT holding an old
-        snapshot (the connection's next write would then fail with ``database is locked``)."""
-        return conn.execute(sql, params).fetchall()
+    def _acquire_in(
+        self,
+        raw: sqlite3.Connection,
+        name: str,
+        owner: str,
+        ttl: float,
+        waiting: bool,
+        window: float,
+    ) -> tuple[int | None, bool]:
+        """The statements of :meth:`acquire`, inside its transaction: (the token if ``owner``
+        holds ``name`` now, whether it is in the wait queue)."""
+        q = self.queries
+        key = {"name": name, "owner": owner}
+        row = raw.execute(q["peek"], key).fetchone()
+        if row is not None and row[0]:  # a live lease of ours (handed to us): its token
+            return int(row[1]), False
+        # (owner, ttl) of the first live waiter
+        head = raw.execute(q["queue_head"], {"name": name}).fetchone()
+        other_heads = head is not None and head[0] != owner
+        if row is None and not other_heads:  # free, and nobody waits before us
+            token_row = raw.execute(q["next_token"], {"name": name}).fetchone()
+            assert token_row is not None
+            token = int(token_row[0])
+            raw.execute(q["grant"], {**key, "token": token, "ttl": ttl})
+            if waiting:
+                raw.execute(q["dequeue"], key)
+            return token, False
+        if not window:
+            return None, False
+        # join the queue, or stay in it: renew the entry once a quarter of it has passed
+        # (wait() comes back within half of it, so a live entry always has half its life as
+        # margin), so that most polls write nothing
+        entry = raw.execute(q["queue_entry"], key).fetchone()
+        if entry is None or float(entry[0]) < window * 0.75:
+            raw.execute(q["enqueue"], {**key, "window": window, "ttl": ttl})
+        return None, True
+
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run a read and fetch all its rows in one call (async: ONE hop to aiosqlite's
+        thread): a caller interrupted in between must not leave a half-read SELECT holding an
+        old snapshot (the connection's next write would then fail with ``database is
+        locked``)."""
+        with write_gate(self._real_path):
+            conn = self._connection()
+            return run_on(conn, fetch_all, sql, params)
+
+    def _count(self, sql: str, params: dict[str, Any]) -> int:
+        """Run one writing statement in autocommit mode; the number of rows it changed."""
+        with write_gate(self._real_path):
+            conn = self._connection()
+            return run_on(conn, count_rows, sql, params)
 
     def _peek(self, name: str, owner: str) -> tuple[bool, int, float] | None:
         """(owner holds it, token, seconds left) of the live lease on ``name``, or None."""
-        with write_gate(self._real_path):
-            conn = self._connection()
-            rows = self._fetch(conn, self.queries["peek"], {"name": name, "owner": owner})
+        rows = self._fetch(self.queries["peek"], {"name": name, "owner": owner})
         if not rows:
             return None
         row = rows[0]
@@ -203,18 +226,14 @@ class SQLiteLockBackend(LockBackend):
             self._connection()
 
     def holder(self, name: str) -> LockHolder | None:
-        with write_gate(self._real_path):
-            conn = self._connection()
-            rows = self._fetch(conn, self.queries["holder"], {"name": name})
+        rows = self._fetch(self.queries["holder"], {"name": name})
         if not rows:
             return None
         owner, token, left = rows[0]
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
-        with write_gate(self._real_path):
-            conn = self._connection()
-            rows = self._fetch(conn, self.queries["holders"], {"prefix": prefix, "limit": limit})
+        rows = self._fetch(self.queries["holders"], {"prefix": prefix, "limit": limit})
         return [
             (str(name), LockHolder(str(owner), int(token), max(0.0, float(left))))
             for name, owner, token, left in rows
@@ -258,87 +277,63 @@ class SQLiteLockBackend(LockBackend):
             WAITERS.remove(key, ticket)
 
     def _heads_queue(self, name: str, owner: str) -> bool:
-        with write_gate(self._real_path):
-            conn = self._connection()
-            rows = self._fetch(conn, self.queries["queue_head"], {"name": name})
+        rows = self._fetch(self.queries["queue_head"], {"name": name})
         return bool(rows) and rows[0][0] == owner
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
         """Leave the queue; return ``owner``'s token if it holds ``name`` (handed to it)."""
         if (name, owner) in self._queued:
-            with write_gate(self._real_path):
-                conn = self._connection()
-                conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+            self._count(self.queries["dequeue"], {"name": name, "owner": owner})
             self._queued.discard((name, owner))  # only once the row is gone (close() retries)
         state = self._peek(name, owner)
         return state[1] if state is not None and state[0] else None
 
     def release(self, name: str, owner: str) -> bool:
         """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
-        q = self.queries
         with write_gate(self._real_path):
             conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                cursor = conn.execute(q["release"], {"name": name, "owner": owner})
-                released = cursor.rowcount == 1
-                if released:
-                    cursor = conn.execute(q["queue_head"], {"name": name})
-                    waiter = cursor.fetchone()
-                    if waiter is not None:
-                        cursor = conn.execute(q["next_token"], {"name": name})
-                        token_row = cursor.fetchone()
-                        assert token_row is not None
-                        handed = {"name": name, "owner": str(waiter[0])}
-                        conn.execute(
-                            q["grant"],
-                            {**handed, "token": int(token_row[0]), "ttl": float(waiter[1])},
-                        )
-                        conn.execute(q["dequeue"], handed)
-                    conn.execute(q["sweep"], {"name": name})
-                conn.execute("COMMIT")
-            except BaseException:
-                self._rollback(conn)
-                raise
+            released = run_in_transaction(conn, self._release_in, name, owner)
         if released:
             WAITERS.notify(self._key(name))
         return released
 
+    def _release_in(self, raw: sqlite3.Connection, name: str, owner: str) -> bool:
+        """The statements of :meth:`release`, inside its transaction: whether it released."""
+        q = self.queries
+        if raw.execute(q["release"], {"name": name, "owner": owner}).rowcount != 1:
+            return False
+        waiter = raw.execute(q["queue_head"], {"name": name}).fetchone()
+        if waiter is not None:
+            token_row = raw.execute(q["next_token"], {"name": name}).fetchone()
+            assert token_row is not None
+            handed = {"name": name, "owner": str(waiter[0])}
+            raw.execute(q["grant"], {**handed, "token": int(token_row[0]), "ttl": float(waiter[1])})
+            raw.execute(q["dequeue"], handed)
+        raw.execute(q["sweep"], {"name": name})
+        return True
+
     def extend(self, name: str, owner: str, ttl: float) -> bool:
-        with write_gate(self._real_path):
-            conn = self._connection()
-            cursor = conn.execute(
-                self.queries["extend"], {"name": name, "owner": owner, "ttl": ttl}
-            )
-            return cursor.rowcount == 1
+        params = {"name": name, "owner": owner, "ttl": ttl}
+        return self._count(self.queries["extend"], params) == 1
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend every item in ONE transaction; one bool per item."""
         if not items:
             return []
-        statement = self.queries["extend"]
-        results: list[bool] = []
         with write_gate(self._real_path):
             conn = self._connection()
-            try:
-                # inside the try: an interrupted BEGIN may still have run (aiosqlite runs it
-                # in its own thread), and the ROLLBACK must end that transaction
-                conn.execute("BEGIN IMMEDIATE")
-                for name, owner, ttl in items:
-                    cursor = conn.execute(statement, {"name": name, "owner": owner, "ttl": ttl})
-                    results.append(cursor.rowcount == 1)
-                conn.execute("COMMIT")
-            except BaseException:
-                self._rollback(conn)
-                raise
-        return results
+            return run_in_transaction(conn, self._renew_in, items)
+
+    def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
+        statement = self.queries["extend"]
+        return [
+            raw.execute(statement, {"name": name, "owner": owner, "ttl": ttl}).rowcount == 1
+            for name, owner, ttl in items
+        ]
 
     def force_release(self, name: str) -> bool:
         """Delete the lease on ``name`` whoever holds it (tests, operator tools)."""
-        with write_gate(self._real_path):
-            conn = self._connection()
-            cursor = conn.execute(self.queries["force_release"], {"name": name})
-            released = cursor.rowcount == 1
+        released = self._count(self.queries["force_release"], {"name": name}) == 1
         if released:
             WAITERS.notify(self._key(name))
         return released
@@ -352,12 +347,15 @@ class SQLiteLockBackend(LockBackend):
             conn, self._conn = self._conn, None
             if conn is not None:
                 try:
-                    for name, owner in list(self._queued):
-                        conn.execute(self.queries["dequeue"], {"name": name, "owner": owner})
+                    run_on(conn, self._dequeue_in, list(self._queued))
                     self._queued.clear()
                 except Exception as exc:  # best effort: the entries lapse after next_in_line
                     log.warning("leaving the sqlite wait queue on close failed: %r", exc)
                 conn.close()
+
+    def _dequeue_in(self, raw: sqlite3.Connection, entries: list[tuple[str, str]]) -> None:
+        for name, owner in entries:
+            raw.execute(self.queries["dequeue"], {"name": name, "owner": owner})
 
     def after_fork(self) -> None:
         """In a child process right after ``fork()``: forget the connection and the queue

@@ -13,7 +13,9 @@ the life of a row, are in ``sql/queue.sql``.
   in one ``BEGIN IMMEDIATE`` transaction. SQLite runs writers one at a time, so each is atomic
   across threads and processes. The file runs in WAL mode with a busy timeout: concurrent
   processes queue for the write lock instead of failing (``database is locked`` after the
-  timeout propagates).
+  timeout propagates). Each verb's statements run as one plain function over a sqlite3
+  connection, whole, through ``run_on`` (``connect_async.py``): in ``AsyncQueue``, one hop to
+  aiosqlite's thread per verb.
 * A delivery's handle (its receipt) is ``"<seq>.<token>"``: the row and a random token drawn
   for that delivery, so an old delivery's ack / nack / renewal / dead_letter never touches a
   newer delivery of the same message.
@@ -39,7 +41,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._core import compat, forks
 from ..._core.clock import get_clock
@@ -58,7 +60,15 @@ from ..base import (
     RenewItem,
 )
 from .common import WAITERS, sqlite_path
-from .connect import open_wal, rollback_quietly, write_gate
+from .connect import (
+    count_rows,
+    fetch_all,
+    open_wal,
+    rollback_quietly,
+    run_in_transaction,
+    run_on,
+    write_gate,
+)
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["SQLiteQueueBackend"]
@@ -73,6 +83,9 @@ POLL_START = 0.002
 _DUE_MARGIN = 0.001
 OPTIONS = ("table", "busy_timeout", "synchronous", "poll_interval")
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _parse_receipt(receipt: str) -> tuple[int, str] | None:
@@ -141,21 +154,21 @@ class SQLiteQueueBackend(QueueBackend):
         """The open connection (call with the write gate held); opens it and the schema once."""
         if self._conn is not None:
             if self._conn.in_transaction:  # an interrupted operation left one open
-                self._rollback(self._conn)
+                run_on(self._conn, rollback_quietly)
             return self._conn
         if self._closed:
             raise ConfigurationError("this sqlite queue backend is closed", argument="self")
         self._conn = open_wal(self.path, self.busy_timeout, self.synchronous, self._create)
         return self._conn
 
-    def _create(self, conn: sqlite3.Connection) -> None:
+    def _create(self, raw: sqlite3.Connection) -> None:
         """Create the table (idempotent) and check its schema version."""
         try:
-            conn.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
+            raw.executescript("BEGIN IMMEDIATE;\n" + self.queries["schema"] + ";\nCOMMIT;")
         except BaseException:
-            self._rollback(conn)
+            rollback_quietly(raw)
             raise
-        row = self._fetch_on(conn, self.queries["schema_version"], {})
+        row = raw.execute(self.queries["schema_version"]).fetchall()
         check_schema_version(
             row[0] if row else None,
             SCHEMA_VERSION,
@@ -163,52 +176,34 @@ class SQLiteQueueBackend(QueueBackend):
             tables=f"queue table {self.table} in {self.path!r}",
         )
 
-    _rollback = staticmethod(rollback_quietly)
-
-    @staticmethod
-    def _fetch_on(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-        """Run one statement and fetch all its rows in one go (async: ONE call to aiosqlite's
-        thread): a caller interrupted in between must not leave a half-read statement open
-        (a read would hold an old snapshot, a write its transaction)."""
-        return conn.execute(sql, params).fetchall()
-
-    @staticmethod
-    def _count_on(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
-        """Run one statement; the number of rows it changed."""
-        cursor = conn.execute(sql, params)
-        try:
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
-
-    def _fetch_locked(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """:meth:`_fetch_on` on the connection (the write gate held). The table is created again
-        if it is gone (``drop()`` drops it once no queue of the file has a message left)."""
+    def _run_locked(
+        self,
+        fn: Callable[Concatenate[sqlite3.Connection, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """``fn(raw, *args, **kwargs)`` through :func:`run_on` on the connection (the write gate
+        held). The table is created again if it is gone (``drop()`` drops it once no queue of
+        the file has a message left), and ``fn`` run again."""
         conn = self._connection()
         try:
-            return self._fetch_on(conn, sql, params)
+            return run_on(conn, fn, *args, **kwargs)
         except sqlite3.OperationalError as exc:
             if not is_undefined_table(exc):
                 raise
-        self._create(conn)
-        return self._fetch_on(conn, sql, params)
+        run_on(conn, self._create)
+        return run_on(conn, fn, *args, **kwargs)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run one statement and fetch all its rows (table re-created if gone)."""
         with write_gate(self._real_path):
-            return self._fetch_locked(sql, params)
+            return self._run_locked(fetch_all, sql, params)
 
     def _count(self, sql: str, params: dict[str, Any]) -> int:
         """Run one writing statement; the number of rows it changed (table re-created if
-        gone, as :meth:`_fetch_locked`)."""
+        gone)."""
         with write_gate(self._real_path):
-            conn = self._connection()
-            try:
-                return self._count_on(conn, sql, params)
-            except sqlite3.OperationalError as exc:
-                if not is_undefined_table(exc):
-                    raise
-            self._create(conn)
-            return self._count_on(conn, sql, params)
+            return self._run_locked(count_rows, sql, params)
 
     def install(self) -> None:
         """Create the table now (it is also created on first use)."""
@@ -249,23 +244,19 @@ class SQLiteQueueBackend(QueueBackend):
             }
             for message_id, body, headers in messages
         ]
-        sql = self.queries["publish"]
         with write_gate(self._real_path):
             conn = self._connection()
-            for attempt in range(2):
-                try:
-                    # inside the try: an interrupted BEGIN may still have run (aiosqlite runs
-                    # it in its own thread), and the ROLLBACK must end that transaction
-                    conn.execute("BEGIN IMMEDIATE")
-                    conn.executemany(sql, rows)
-                    conn.execute("COMMIT")
-                    break
-                except BaseException as exc:
-                    self._rollback(conn)
-                    if attempt or not is_undefined_table(exc):
-                        raise
-                self._create(conn)
+            try:
+                run_in_transaction(conn, self._publish_in, rows)
+            except sqlite3.OperationalError as exc:
+                if not is_undefined_table(exc):  # else: dropped (see drop()), create it again
+                    raise
+                run_on(conn, self._create)
+                run_in_transaction(conn, self._publish_in, rows)
         self._wake(len(rows) if delay <= 0 else 1)
+
+    def _publish_in(self, raw: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+        raw.executemany(self.queries["publish"], rows)
 
     def _poll(
         self, consumer: str, max_messages: int, visibility: float
@@ -273,20 +264,16 @@ class SQLiteQueueBackend(QueueBackend):
         """One look: deliver what is deliverable now. Returns the messages, and when there
         were none the seconds until the next one becomes deliverable (``None``: unknown, or
         the queue holds none)."""
-        q = self.queries
+        params = {
+            "queue": self.name,
+            "consumer": consumer,
+            "visibility": float(visibility),
+            "limit": int(max_messages),
+        }
         with write_gate(self._real_path):
-            # a read first: an idle poll never takes the write lock
-            rows = self._fetch_locked(q["due"], {"queue": self.name})
-            due_in = None if not rows or rows[0][0] is None else float(rows[0][0])
-            if due_in is None or due_in > 0:
-                return [], due_in
-            params = {
-                "queue": self.name,
-                "consumer": consumer,
-                "visibility": float(visibility),
-                "limit": int(max_messages),
-            }
-            rows = self._fetch_locked(q["take"], params)
+            rows, due_in = self._run_locked(self._poll_in, params)
+        if due_in is not None:
+            return [], due_in
         if not rows:  # another consumer took them between the look and the take
             return [], None
         rows.sort(key=lambda row: int(row[0]))  # publish order
@@ -302,6 +289,18 @@ class SQLiteQueueBackend(QueueBackend):
             )
             for seq, message_id, body, headers, delivery, token, published_at, last_error in rows
         ], None
+
+    def _poll_in(
+        self, raw: sqlite3.Connection, params: dict[str, Any]
+    ) -> tuple[list[Any], float | None]:
+        """The statements of :meth:`_poll`, each in autocommit mode: (the rows taken, ``None``)
+        when something was due, else (``[]``, seconds until the next one is due or ``None``)."""
+        # a read first: an idle poll never takes the write lock
+        rows = fetch_all(raw, self.queries["due"], {"queue": params["queue"]})
+        due_in = None if not rows or rows[0][0] is None else float(rows[0][0])
+        if due_in is None or due_in > 0:
+            return [], due_in
+        return fetch_all(raw, self.queries["take"], params), None
 
     def receive(
         self, consumer: str, max_messages: int, visibility: float, wait: float
@@ -455,20 +454,20 @@ class SQLiteQueueBackend(QueueBackend):
         """Delete every message of the queue; drop the table too once no queue of the file
         has a message left in it (one transaction: a concurrent publish either lands before,
         and keeps the table, or after, and creates it again)."""
-        q = self.queries
         with write_gate(self._real_path):
             conn = self._connection()
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                self._count_on(conn, q["purge"], {"queue": self.name})
-                if not self._fetch_on(conn, q["any_left"], {}):
-                    for statement in q.statements("drop"):
-                        conn.execute(statement)
-                conn.execute("COMMIT")
+                run_in_transaction(conn, self._drop_in)
             except BaseException as exc:
-                self._rollback(conn)
                 if not is_undefined_table(exc):  # dropped already
                     raise
+
+    def _drop_in(self, raw: sqlite3.Connection) -> None:
+        q = self.queries
+        count_rows(raw, q["purge"], {"queue": self.name})
+        if not fetch_all(raw, q["any_left"], {}):
+            for statement in q.statements("drop"):
+                raw.execute(statement)
 
     def close(self) -> None:
         """Close the connection; idempotent. Deliveries not acked come back after their
