@@ -21,7 +21,7 @@ from . import telemetry
 from ._core import acompat, forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
-from ._core.hooks import ahook
+from ._core.hooks import ahook, get_hook
 from ._core.lease_state import LeaseState
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
@@ -638,7 +638,7 @@ class AsyncLocks:
         """Internal (used by the client and its leases): run one backend operation through
         the I/O hook (unless not ``hooked``); wrap driver errors in :class:`BackendError`."""
         try:
-            if hooked:
+            if hooked and get_hook() is not None:
                 await ahook(operation, name=name, backend=self.backend.kind)
             return await call()
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb

@@ -22,6 +22,7 @@ gets the script re-sent by redis-py).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 
 from ..._core import forks
 from ..._core.flavour import ASYNC
@@ -42,6 +44,7 @@ if ASYNC:
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
+    "AsyncLuaScript",
     "adopt_redis",
     "by_slot",
     "check_cluster_prefix",
@@ -70,6 +73,30 @@ def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
             await conn.read_response()
 
     return setup
+
+
+class AsyncLuaScript:
+    """One Lua script run by ``EVALSHA`` on ``client``: what redis-py's ``register_script``
+    gives, without the work its ``Script`` does on every call (copying keys and arguments
+    into new tuples, importing and checking for a pipeline, two more layers of calls). A
+    ``NOSCRIPT`` reply (a server whose script cache was flushed, or a failover to a replica
+    that never loaded it) is answered as redis-py does: ``SCRIPT LOAD``, then the same
+    ``EVALSHA`` once more."""
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        # the digest of the bytes the client sends, in the client's own encoding
+        self.sha = hashlib.sha1(client.get_encoder().encode(source)).hexdigest()
+
+    async def __call__(self, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        try:
+            return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = await self.client.script_load(self.source)
+            return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 def connect_redis(
