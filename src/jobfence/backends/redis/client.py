@@ -143,11 +143,11 @@ def connect_redis(
     check_database(url)
     try:
         client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
-        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
+    return client
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:

@@ -32,6 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._core import forks
 from ..._core.flavour import ASYNC
@@ -41,6 +42,7 @@ from ...errors import ConfigurationError
 
 if ASYNC:
     import asyncio
+    import functools
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
@@ -59,6 +61,52 @@ __all__ = [
 DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
 #: jobfence's name of each redis-py timeout option
 _TIMEOUT_NAMES = {"connect_timeout": "socket_connect_timeout", "timeout": "socket_timeout"}
+
+
+if ASYNC:
+    #: ``asyncio.timeout`` (Python >= 3.11): a deadline without a task of its own
+    _deadline: Any = getattr(asyncio, "timeout", None)
+
+    class _BoundedWrite:
+        """Mixed into the connection class of every client jobfence opens: the write of a
+        request on an open connection is bounded by ``socket_timeout`` with
+        ``asyncio.timeout`` -- a timer -- instead of redis-py's ``asyncio.wait_for``, which on
+        Python < 3.12 wraps every write in a task of its own (a task and two more turns of
+        the event loop per command). The deadline and what happens when it passes are the
+        same: the connection is closed and ``TimeoutError("Timeout writing to socket")``
+        raised. A connection still to be opened, a health check due, or Python 3.10 take
+        redis-py's own path."""
+
+        socket_timeout: float | None
+        health_check_interval: float
+        is_connected: bool
+
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            limit = self.socket_timeout
+            send = super().send_packed_command  # type: ignore[misc]
+            if (
+                not limit
+                or _deadline is None
+                or not self.is_connected
+                or (check_health and self.health_check_interval)
+            ):
+                await send(command, check_health)
+                return
+            self.socket_timeout = None  # redis-py's write below: no wait_for
+            try:
+                async with _deadline(limit):
+                    await send(command, check_health)
+            except TimeoutError:  # ours: redis-py closed the connection as it was cancelled
+                raise RedisTimeoutError("Timeout writing to socket") from None
+            finally:
+                self.socket_timeout = limit
+
+    @functools.cache
+    def _with_bounded_write(cls: type) -> type:
+        """``cls`` (a redis-py connection class) with :class:`_BoundedWrite` mixed in."""
+        if issubclass(cls, _BoundedWrite):
+            return cls
+        return type(cls.__name__, (_BoundedWrite, cls), {"__module__": cls.__module__})
 
 
 def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
@@ -146,11 +194,14 @@ def connect_redis(
     check_database(url)
     try:
         client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
-        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
+    if ASYNC:
+        pool: Any = client.connection_pool
+        pool.connection_class = _with_bounded_write(pool.connection_class)
+    return client
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:
