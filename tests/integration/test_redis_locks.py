@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -248,6 +250,30 @@ def test_prepare_reopens_an_idle_connection_the_server_closed(private_redis: Red
     finally:
         locks.close()
         admin.close()
+
+
+async def test_async_write_to_a_server_that_stopped_reading_fails_within_the_timeout() -> None:
+    """A request that cannot be written (the server stopped reading, its socket buffers are
+    full) fails within ``timeout`` with redis-py's "Timeout writing to socket", and its
+    connection is closed; the client goes on once the server reads again."""
+    with RedisServer() as server:
+        assert server.proc is not None
+        backend = AsyncRedisLockBackend(parse_url(server.url), namespace="stall", timeout=1)
+        client = backend._client
+        try:
+            assert await client.ping()  # connected: the bounded write applies
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                with pytest.raises(redis.exceptions.TimeoutError, match="writing to socket"):
+                    await client.set("big", b"x" * (64 << 20))
+                assert time.monotonic() - began < 1 + 5  # the deadline, with slack
+                assert all(not c.is_connected for c in client.connection_pool._in_use_connections)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            assert await backend.acquire("a", "me", 30) is not None
+        finally:
+            await backend.close()
 
 
 # -- ownership -----------------------------------------------------------------------------
