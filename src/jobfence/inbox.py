@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
-from ._core.hooks import hook
+from ._core.hooks import get_hook, hook
 from ._core.inbox_support import (
     DEFAULT_CLAIM_TTL,
     DEFAULT_RETENTION,
@@ -151,17 +151,21 @@ class _ClaimLease:
     got through.
     """
 
-    __slots__ = ("__weakref__", "claim", "label", "name", "owner", "state")
+    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
 
     #: claims carry no fencing token (the renewer logs a lease's token)
     token = 0
 
     def __init__(self, claim: Claim, owner: str, state: LeaseState) -> None:
         self.claim = claim
-        self.label = f"the claim on {claim.key!r} (attempt {claim.attempt})"
         self.name = claim.key
         self.owner = owner
         self.state = state
+
+    @property
+    def label(self) -> str:
+        """What the renewer's log calls it (made only when a log line needs it)."""
+        return f"the claim on {self.claim.key!r} (attempt {self.claim.attempt})"
 
     @property
     def renews(self) -> bool:
@@ -552,7 +556,8 @@ class Inbox:
         """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
         injects, which stand for them -- in BackendError."""
         try:
-            hook(operation, key=key, backend=self.backend.kind)
+            if get_hook() is not None:
+                hook(operation, key=key, backend=self.backend.kind)
             return fn(*args)
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb
             raise

@@ -29,7 +29,7 @@ from . import telemetry
 from ._core import acompat, forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
-from ._core.hooks import ahook
+from ._core.hooks import ahook, get_hook
 from ._core.inbox_support import (
     DEFAULT_CLAIM_TTL,
     DEFAULT_RETENTION,
@@ -153,17 +153,21 @@ class _ClaimLease:
     got through.
     """
 
-    __slots__ = ("__weakref__", "claim", "label", "name", "owner", "state")
+    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
 
     #: claims carry no fencing token (the renewer logs a lease's token)
     token = 0
 
     def __init__(self, claim: AsyncClaim, owner: str, state: LeaseState) -> None:
         self.claim = claim
-        self.label = f"the claim on {claim.key!r} (attempt {claim.attempt})"
         self.name = claim.key
         self.owner = owner
         self.state = state
+
+    @property
+    def label(self) -> str:
+        """What the renewer's log calls it (made only when a log line needs it)."""
+        return f"the claim on {self.claim.key!r} (attempt {self.claim.attempt})"
 
     @property
     def renews(self) -> bool:
@@ -634,7 +638,8 @@ class AsyncInbox:
         """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
         injects, which stand for them -- in BackendError."""
         try:
-            await ahook(operation, key=key, backend=self.backend.kind)
+            if get_hook() is not None:
+                await ahook(operation, key=key, backend=self.backend.kind)
             return await fn(*args)
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb
             raise

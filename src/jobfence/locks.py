@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
-from ._core.hooks import hook
+from ._core.hooks import get_hook, hook
 from ._core.lease_state import LeaseState
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
@@ -473,7 +473,7 @@ class Locks:
         """Internal (used by the client and its leases): run one backend operation through
         the I/O hook (unless not ``hooked``); wrap driver errors in :class:`BackendError`."""
         try:
-            if hooked:
+            if hooked and get_hook() is not None:
                 hook(operation, name=name, backend=self.backend.kind)
             return call()
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb

@@ -21,7 +21,7 @@ from . import telemetry
 from ._core import acompat, forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
-from ._core.hooks import ahook
+from ._core.hooks import ahook, get_hook
 from ._core.lease_state import LeaseState
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
@@ -365,14 +365,29 @@ class AsyncLease:
         if ASYNC:
             task = self._releasing
             if task is None:
+                # The caller waits on a future of its own that the task answers: one hop from
+                # the reply to the caller (asyncio.shield would take two), and a cancelled
+                # caller cancels only that future, never the release.
+                reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
                 task = acompat.start(
-                    partial(backend.release, self.name, self.owner),
-                    self._locks._cleanups,
-                    "jobfence-release",
+                    partial(self._release_into, reply), self._locks._cleanups, "jobfence-release"
                 )
                 self._releasing = task
+                try:
+                    answer: bool = await reply
+                except asyncio.CancelledError:
+                    if task.cancelled() and self._releasing is task:
+                        self._releasing = None  # the release itself was cancelled
+                    raise  # else it goes on; the next release() takes its answer
+                except BaseException:
+                    if self._releasing is task:
+                        self._releasing = None
+                    raise
+                if self._releasing is task:
+                    self._releasing = None
+                return answer
             try:
-                answer: bool = await asyncio.shield(task)
+                answer = await asyncio.shield(task)
             except asyncio.CancelledError:
                 if task.cancelled() and self._releasing is task:
                     self._releasing = None  # the release itself was cancelled: none goes on
@@ -388,6 +403,22 @@ class AsyncLease:
             return await backend.release(self.name, self.owner)
 
     if ASYNC:
+
+        async def _release_into(self, reply: asyncio.Future[bool]) -> bool:
+            """The release task's body: the owner-checked release, its answer (or error) also
+            set on ``reply`` unless its caller stopped waiting (``reply`` cancelled)."""
+            try:
+                answer = await self._locks.backend.release(self.name, self.owner)
+            except BaseException as exc:
+                if not reply.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        reply.cancel()
+                    else:
+                        reply.set_exception(exc)
+                raise
+            if not reply.done():
+                reply.set_result(answer)
+            return answer
 
         def _resume_release(self) -> bool:
             """Whether a release whose caller was cancelled is still to be answered (the
@@ -638,7 +669,7 @@ class AsyncLocks:
         """Internal (used by the client and its leases): run one backend operation through
         the I/O hook (unless not ``hooked``); wrap driver errors in :class:`BackendError`."""
         try:
-            if hooked:
+            if hooked and get_hook() is not None:
                 await ahook(operation, name=name, backend=self.backend.kind)
             return await call()
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb

@@ -111,10 +111,9 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.name = lease.name
         self.owner = lease.owner
         self.token = lease.token
-        # what the log calls it: a claim or a queue delivery says so (``label``)
-        self.label = getattr(lease, "label", None) or (
-            f"the lease on {lease.name!r} (token {lease.token})"
-        )
+        # what the log calls it: a claim or a queue delivery says so (``label``); a lease's
+        # label is made only when a log line needs it (``describe``)
+        self.label = getattr(lease, "label", "")
         self.renews = lease.renews
         self.state = lease.state
         self.key = id(lease)
@@ -123,6 +122,10 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
 
     def lease(self) -> AsyncLease | None:
         return self()  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        """What the renewer's log calls the lease."""
+        return self.label or f"the lease on {self.name!r} (token {self.token})"
 
 
 class AsyncRenewer:
@@ -369,7 +372,7 @@ class AsyncRenewer:
         entry.warned_at = now
         log.warning(
             "renewing %s failed, retrying; it is lost in %.2f s unless a renewal gets through: %r",
-            entry.label,
+            entry.describe(),
             entry.state.remaining(now),
             exc,
             extra=None if self._counted is None else self._log_fields(entry),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import redis
 import redis.asyncio
 
 import jobfence
+import jobfence.testing
 from jobfence._core.url import parse_url
 from jobfence.backends.redis.locks import RedisLockBackend
 from jobfence.backends.redis.locks_async import AsyncRedisLockBackend
@@ -164,6 +167,113 @@ async def test_async_acquire_and_release_are_one_round_trip_each(
         assert AsyncCountingConnection.sent - sent == 2
     finally:
         await locks.close()
+
+
+def test_locks_reload_their_scripts_after_a_script_flush(private_redis: RedisServer) -> None:
+    """A server that forgot the scripts (SCRIPT FLUSH, a restart, a failover) answers
+    NOSCRIPT: the script is loaded again and the same call answers as usual."""
+    admin = redis.Redis.from_url(private_redis.url)
+    locks = jobfence.Locks(private_redis.url, namespace="flush")
+    try:
+        lease = locks.try_acquire("a", ttl=30)
+        assert lease is not None
+        admin.script_flush()
+        assert locks.try_acquire("a", ttl=30) is None  # still held: the script ran
+        admin.script_flush()
+        assert lease.release() is True
+        admin.script_flush()
+        again = locks.try_acquire("a", ttl=30)
+        assert again is not None and again.token > lease.token
+        admin.script_flush()
+        again.extend()
+        assert locks.holder("a") is not None
+        assert again.release() is True
+    finally:
+        locks.close()
+        admin.close()
+
+
+async def test_async_locks_reload_their_scripts_after_a_script_flush(
+    private_redis: RedisServer,
+) -> None:
+    admin = redis.asyncio.Redis.from_url(private_redis.url)
+    locks = jobfence.AsyncLocks(private_redis.url, namespace="flush-async")
+    try:
+        lease = await locks.try_acquire("a", ttl=30)
+        assert lease is not None
+        await admin.script_flush()
+        assert await locks.try_acquire("a", ttl=30) is None
+        await admin.script_flush()
+        assert await lease.release() is True
+        await admin.script_flush()
+        again = await locks.try_acquire("a", ttl=30)
+        assert again is not None and again.token > lease.token
+        assert await again.release() is True
+    finally:
+        await locks.close()
+        await admin.aclose()
+
+
+def test_prepare_reopens_an_idle_connection_the_server_closed(private_redis: RedisServer) -> None:
+    """A warm client skips the pool checkout before a grant request, but not when the
+    server closed its idle connection: the acquire is sent on a connection opened before
+    the lease's clock started."""
+    admin = redis.Redis.from_url(private_redis.url)
+    locks = jobfence.Locks(private_redis.url, namespace="reopen")
+    pool = locks.backend._client.connection_pool
+    seen: list[object] = []
+
+    def hook(point: str, **info: object) -> None:
+        if point == "lock.acquire":  # after prepare, right before the grant request
+            idle = pool._available_connections
+            seen.append(idle[-1]._sock if idle else None)
+
+    try:
+        warm = locks.try_acquire("warm-up", ttl=30)
+        assert warm is not None
+        warm.release()
+        [conn] = pool._available_connections
+        old = conn._sock
+        assert old is not None
+        port = old.getsockname()[1]
+        killed = [c for c in admin.client_list() if c["addr"].endswith(f":{port}")]
+        assert killed, "the pool's idle connection is not known to the server"
+        admin.client_kill(killed[0]["addr"])
+        previous = jobfence.testing.set_hook(hook)
+        try:
+            lease = locks.try_acquire("a", ttl=30)
+        finally:
+            jobfence.testing.set_hook(previous)
+        assert lease is not None
+        assert seen and seen[0] is not None and seen[0] is not old  # reopened before the clock
+        assert lease.release() is True
+    finally:
+        locks.close()
+        admin.close()
+
+
+async def test_async_write_to_a_server_that_stopped_reading_fails_within_the_timeout() -> None:
+    """A request that cannot be written (the server stopped reading, its socket buffers are
+    full) fails within ``timeout`` with redis-py's "Timeout writing to socket", and its
+    connection is closed; the client goes on once the server reads again."""
+    with RedisServer() as server:
+        assert server.proc is not None
+        backend = AsyncRedisLockBackend(parse_url(server.url), namespace="stall", timeout=1)
+        client = backend._client
+        try:
+            assert await client.ping()  # connected: the bounded write applies
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                with pytest.raises(redis.exceptions.TimeoutError, match="writing to socket"):
+                    await client.set("big", b"x" * (64 << 20))
+                assert time.monotonic() - began < 1 + 5  # the deadline, with slack
+                assert all(not c.is_connected for c in client.connection_pool._in_use_connections)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            assert await backend.acquire("a", "me", 30) is not None
+        finally:
+            await backend.close()
 
 
 # -- ownership -----------------------------------------------------------------------------

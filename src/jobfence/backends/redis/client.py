@@ -24,6 +24,7 @@ gets the script re-sent by redis-py).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ..._core.options import DEFAULT_TIMEOUT, TIMEOUT_OPTIONS, option_timeouts
@@ -39,6 +41,7 @@ from ...errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
+    "LuaScript",
     "adopt_redis",
     "by_slot",
     "check_cluster_prefix",
@@ -67,6 +70,30 @@ def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
             conn.read_response()
 
     return setup
+
+
+class LuaScript:
+    """One Lua script run by ``EVALSHA`` on ``client``: what redis-py's ``register_script``
+    gives, without the work its ``Script`` does on every call (copying keys and arguments
+    into new tuples, importing and checking for a pipeline, two more layers of calls). A
+    ``NOSCRIPT`` reply (a server whose script cache was flushed, or a failover to a replica
+    that never loaded it) is answered as redis-py does: ``SCRIPT LOAD``, then the same
+    ``EVALSHA`` once more."""
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        # the digest of the bytes the client sends, in the client's own encoding
+        self.sha = hashlib.sha1(client.get_encoder().encode(source)).hexdigest()
+
+    def __call__(self, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        try:
+            return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = self.client.script_load(self.source)
+            return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 def connect_redis(
@@ -116,11 +143,11 @@ def connect_redis(
     check_database(url)
     try:
         client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
-        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
+    return client
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:

@@ -22,6 +22,7 @@ gets the script re-sent by redis-py).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._core import forks
 from ..._core.flavour import ASYNC
@@ -39,9 +42,11 @@ from ...errors import ConfigurationError
 
 if ASYNC:
     import asyncio
+    import functools
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
+    "AsyncLuaScript",
     "adopt_redis",
     "by_slot",
     "check_cluster_prefix",
@@ -58,6 +63,52 @@ DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
 _TIMEOUT_NAMES = {"connect_timeout": "socket_connect_timeout", "timeout": "socket_timeout"}
 
 
+if ASYNC:
+    #: ``asyncio.timeout`` (Python >= 3.11): a deadline without a task of its own
+    _deadline: Any = getattr(asyncio, "timeout", None)
+
+    class _BoundedWrite:
+        """Mixed into the connection class of every client jobfence opens: the write of a
+        request on an open connection is bounded by ``socket_timeout`` with
+        ``asyncio.timeout`` -- a timer -- instead of redis-py's ``asyncio.wait_for``, which on
+        Python < 3.12 wraps every write in a task of its own (a task and two more turns of
+        the event loop per command). The deadline and what happens when it passes are the
+        same: the connection is closed and ``TimeoutError("Timeout writing to socket")``
+        raised. A connection still to be opened, a health check due, or Python 3.10 take
+        redis-py's own path."""
+
+        socket_timeout: float | None
+        health_check_interval: float
+        is_connected: bool
+
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            limit = self.socket_timeout
+            send = super().send_packed_command  # type: ignore[misc]
+            if (
+                not limit
+                or _deadline is None
+                or not self.is_connected
+                or (check_health and self.health_check_interval)
+            ):
+                await send(command, check_health)
+                return
+            self.socket_timeout = None  # redis-py's write below: no wait_for
+            try:
+                async with _deadline(limit):
+                    await send(command, check_health)
+            except TimeoutError:  # ours: redis-py closed the connection as it was cancelled
+                raise RedisTimeoutError("Timeout writing to socket") from None
+            finally:
+                self.socket_timeout = limit
+
+    @functools.cache
+    def _with_bounded_write(cls: type) -> type:
+        """``cls`` (a redis-py connection class) with :class:`_BoundedWrite` mixed in."""
+        if issubclass(cls, _BoundedWrite):
+            return cls
+        return type(cls.__name__, (_BoundedWrite, cls), {"__module__": cls.__module__})
+
+
 def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
     """The ``redis_connect_func`` of a client: redis-py's own handshake, then one pipelined
     ``SCRIPT LOAD`` of every script (one round trip)."""
@@ -70,6 +121,30 @@ def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
             await conn.read_response()
 
     return setup
+
+
+class AsyncLuaScript:
+    """One Lua script run by ``EVALSHA`` on ``client``: what redis-py's ``register_script``
+    gives, without the work its ``Script`` does on every call (copying keys and arguments
+    into new tuples, importing and checking for a pipeline, two more layers of calls). A
+    ``NOSCRIPT`` reply (a server whose script cache was flushed, or a failover to a replica
+    that never loaded it) is answered as redis-py does: ``SCRIPT LOAD``, then the same
+    ``EVALSHA`` once more."""
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        # the digest of the bytes the client sends, in the client's own encoding
+        self.sha = hashlib.sha1(client.get_encoder().encode(source)).hexdigest()
+
+    async def __call__(self, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        try:
+            return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = await self.client.script_load(self.source)
+            return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 def connect_redis(
@@ -119,11 +194,14 @@ def connect_redis(
     check_database(url)
     try:
         client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
-        return client
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
+    if ASYNC:
+        pool: Any = client.connection_pool
+        pool.connection_class = _with_bounded_write(pool.connection_class)
+    return client
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:

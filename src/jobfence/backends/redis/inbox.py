@@ -39,7 +39,14 @@ from ..base import (
     RenewItem,
 )
 from . import TABLE_LIMIT
-from .client import adopt_redis, connect_redis, forget_connections, is_cluster, per_slot
+from .client import (
+    LuaScript,
+    adopt_redis,
+    connect_redis,
+    forget_connections,
+    is_cluster,
+    per_slot,
+)
 from .locks import _glob_escape
 
 __all__ = ["RedisInboxBackend"]
@@ -97,16 +104,16 @@ class RedisInboxBackend(InboxBackend):
             self.client = connect_redis(
                 url, options, what="redis inbox", own=("table",), scripts=scripts
             )
-        self._claim = self.client.register_script(scripts[0])
-        self._complete = self.client.register_script(scripts[1])
-        self._release = self.client.register_script(scripts[2])
-        self._extend = self.client.register_script(scripts[3])
-        self._info = self.client.register_script(scripts[4])
+        self._claim = LuaScript(self.client, scripts[0])
+        self._complete = LuaScript(self.client, scripts[1])
+        self._release = LuaScript(self.client, scripts[2])
+        self._extend = LuaScript(self.client, scripts[3])
+        self._info = LuaScript(self.client, scripts[4])
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = self._claim(
-            keys=[self._prefix + key],
-            args=[owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)],
+            (self._prefix + key,),
+            (owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)),
         )
         mine, state, rec_owner, attempt, rec_fp, result, expires = reply
         return ClaimRecord(
@@ -120,13 +127,11 @@ class RedisInboxBackend(InboxBackend):
         )
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        done = self._complete(
-            keys=[self._prefix + key], args=[owner, result, max(1, int(retention * 1000))]
-        )
+        done = self._complete((self._prefix + key,), (owner, result, max(1, int(retention * 1000))))
         return bool(done)
 
     def release(self, key: str, owner: str) -> bool:
-        return bool(self._release(keys=[self._prefix + key], args=[owner]))
+        return bool(self._release((self._prefix + key,), (owner,)))
 
     def extend(self, key: str, owner: str, ttl: float) -> bool:
         return (self.renew([(key, owner, ttl)]))[0]
@@ -147,7 +152,7 @@ class RedisInboxBackend(InboxBackend):
         for i in which:
             _, owner, ttl = items[i]
             args += [owner, max(1, int(ttl * 1000))]
-        reply = self._extend(keys=[keys[i] for i in which], args=args)
+        reply = self._extend([keys[i] for i in which], args)
         return [bool(ok) for ok in reply]
 
     def purge(self, retention: float) -> int:
@@ -159,9 +164,9 @@ class RedisInboxBackend(InboxBackend):
             return []
         names = [self._prefix + key for key in keys]
         if self._cluster:  # one call per key: the keys lie in many slots
-            replies = [(self._info(keys=[name]))[0] for name in names]
+            replies = [(self._info((name,)))[0] for name in names]
         else:
-            replies = list(self._info(keys=names))
+            replies = list(self._info(names))
         found: list[ClaimInfo | None] = []
         for key, reply in zip(keys, replies, strict=True):
             if not reply:

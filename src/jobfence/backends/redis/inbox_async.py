@@ -37,7 +37,14 @@ from ..base import (
     RenewItem,
 )
 from . import TABLE_LIMIT
-from .client_async import adopt_redis, connect_redis, forget_connections, is_cluster, per_slot
+from .client_async import (
+    AsyncLuaScript,
+    adopt_redis,
+    connect_redis,
+    forget_connections,
+    is_cluster,
+    per_slot,
+)
 from .locks_async import _glob_escape
 
 __all__ = ["AsyncRedisInboxBackend"]
@@ -95,16 +102,16 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
             self.client = connect_redis(
                 url, options, what="redis inbox", own=("table",), scripts=scripts
             )
-        self._claim = self.client.register_script(scripts[0])
-        self._complete = self.client.register_script(scripts[1])
-        self._release = self.client.register_script(scripts[2])
-        self._extend = self.client.register_script(scripts[3])
-        self._info = self.client.register_script(scripts[4])
+        self._claim = AsyncLuaScript(self.client, scripts[0])
+        self._complete = AsyncLuaScript(self.client, scripts[1])
+        self._release = AsyncLuaScript(self.client, scripts[2])
+        self._extend = AsyncLuaScript(self.client, scripts[3])
+        self._info = AsyncLuaScript(self.client, scripts[4])
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         reply = await self._claim(
-            keys=[self._prefix + key],
-            args=[owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)],
+            (self._prefix + key,),
+            (owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)),
         )
         mine, state, rec_owner, attempt, rec_fp, result, expires = reply
         return ClaimRecord(
@@ -119,12 +126,12 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         done = await self._complete(
-            keys=[self._prefix + key], args=[owner, result, max(1, int(retention * 1000))]
+            (self._prefix + key,), (owner, result, max(1, int(retention * 1000)))
         )
         return bool(done)
 
     async def release(self, key: str, owner: str) -> bool:
-        return bool(await self._release(keys=[self._prefix + key], args=[owner]))
+        return bool(await self._release((self._prefix + key,), (owner,)))
 
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         return (await self.renew([(key, owner, ttl)]))[0]
@@ -145,7 +152,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         for i in which:
             _, owner, ttl = items[i]
             args += [owner, max(1, int(ttl * 1000))]
-        reply = await self._extend(keys=[keys[i] for i in which], args=args)
+        reply = await self._extend([keys[i] for i in which], args)
         return [bool(ok) for ok in reply]
 
     async def purge(self, retention: float) -> int:
@@ -157,9 +164,9 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
             return []
         names = [self._prefix + key for key in keys]
         if self._cluster:  # one call per key: the keys lie in many slots
-            replies = [(await self._info(keys=[name]))[0] for name in names]
+            replies = [(await self._info((name,)))[0] for name in names]
         else:
-            replies = list(await self._info(keys=names))
+            replies = list(await self._info(names))
         found: list[ClaimInfo | None] = []
         for key, reply in zip(keys, replies, strict=True):
             if not reply:

@@ -3,8 +3,8 @@
 """``redis://`` / ``rediss://`` -- the Redis lock backend (``locks_async.py``; ``locks.py`` is
 generated from it).
 
-Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (redis-py's
-``register_script`` reloads a script the server forgot, e.g. after a restart), or a
+Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (re-loaded, as
+redis-py's ``register_script`` does, when the server forgot it, e.g. after a restart), or a
 ``BLPOP`` while waiting. Lifetimes are measured by the Redis server's clock (``PX``).
 
 Key layout for lock name ``N`` in namespace ``S``. ``N`` sits between literal braces, so all
@@ -54,12 +54,13 @@ Requires Redis >= 6.0 (float ``BLPOP`` timeouts).
 from __future__ import annotations
 
 import math
+import os
+import select
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from redis import Redis
-from redis.commands.core import Script
 
 from ..._core.clock import get_clock
 from ..._core.sqlfiles import load_lua
@@ -69,6 +70,7 @@ from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client import (
+    LuaScript,
     adopt_redis,
     check_cluster_prefix,
     client_socket_timeout,
@@ -77,6 +79,9 @@ from .client import (
     is_cluster,
     per_slot,
 )
+
+#: ``select.poll`` where the platform has it (not on Windows: there prepare always warms)
+_poll = getattr(select, "poll", None)
 
 __all__ = ["RedisLockBackend"]
 
@@ -115,6 +120,30 @@ def _warm(client: Redis) -> None:
     pool: Any = client.connection_pool
     conn = pool.get_connection()
     pool.release(conn)
+
+
+def _idle_open(client: Redis) -> bool:
+    """Whether the next command of ``client`` will run on an idle connection of its pool that
+    is open and that the server has not closed: then :func:`_warm` has nothing to do, and is
+    skipped (a checkout and a give-back of redis-py's pool cost more than the lock's own
+    work). ``False`` whenever it cannot tell (another kind of pool): :func:`_warm` then runs."""
+    pool = client.connection_pool
+    idle = getattr(pool, "_available_connections", None)
+    if type(idle) is not list or not idle:
+        return False
+    conn = idle[-1]  # the one redis-py's pool hands out next
+    if getattr(pool, "pid", None) != os.getpid():
+        return False  # forked: redis-py's pool drops the parent's connections on next use
+    sock = getattr(conn, "_sock", None)
+    if sock is None or _poll is None:
+        return False
+    try:
+        poller = _poll()
+        poller.register(sock, select.POLLIN)
+        # readable with nothing asked: closed by the server, or a stray reply
+        return not poller.poll(0)
+    except (OSError, ValueError):  # closed meanwhile by another thread
+        return False
 
 
 def _slack(url: BackendURL, options: dict[str, Any]) -> float:
@@ -207,12 +236,12 @@ class RedisLockBackend(LockBackend):
         self._renewals_ready = False
         timeout = client_socket_timeout(self._client)
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
-        self._acquire = self._client.register_script(scripts["acquire"])
-        self._release = self._client.register_script(scripts["release"])
-        self._cancel = self._client.register_script(scripts["cancel"])
-        self._renew: Script = self._client.register_script(scripts["renew"])
-        self._renew_batch: Script = self._renewals.register_script(scripts["renew"])
-        self._holder = self._client.register_script(scripts["holder"])
+        self._acquire = LuaScript(self._client, scripts["acquire"])
+        self._release = LuaScript(self._client, scripts["release"])
+        self._cancel = LuaScript(self._client, scripts["cancel"])
+        self._renew = LuaScript(self._client, scripts["renew"])
+        self._renew_batch = LuaScript(self._renewals, scripts["renew"])
+        self._holder = LuaScript(self._client, scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
 
@@ -241,17 +270,17 @@ class RedisLockBackend(LockBackend):
 
     # -- operations ----------------------------------------------------------------------
     def prepare(self, *, waiting: bool = False) -> None:
-        """Make sure the pool holds an open connection (its scripts loaded): take one from
-        redis-py's pool, which opens it if needed, and give it back. The first time, open
-        the renewals' connection too."""
+        """Make sure the pool holds an open connection (its scripts loaded): unless an idle
+        one is open (:func:`_idle_open`), take one from redis-py's pool, which opens it if
+        needed, and give it back. The first time, open the renewals' connection too."""
         if self._cluster:
             return  # a cluster client opens a connection per node as it routes commands
         if self._renewals is self._client or self._renewals_ready:
-            clients = [self._client]
-        else:
-            clients = [self._client, self._renewals]
-        for client in clients:
-            _warm(client)
+            if not _idle_open(self._client):
+                _warm(self._client)
+            return
+        _warm(self._client)
+        _warm(self._renewals)
         self._renewals_ready = True
 
     def acquire(
