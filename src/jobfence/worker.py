@@ -275,6 +275,9 @@ class AsyncWorker:
         batch = max(1, room_limit // 4)
         buffer: collections.deque[AsyncMessage] = collections.deque()
         receiving: dict[asyncio.Task[list[AsyncMessage]], int] = {}  # -> messages asked for
+        # the last receive found the queue empty: the next one waits for a message (the server
+        # wakes it) instead of asking again at once while handlers run
+        drained = False
         stop_wait = loop.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
@@ -282,13 +285,18 @@ class AsyncWorker:
                     self._start(loop, buffer.popleft(), slot_free)
                 room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
                 idle = not (self._tasks or buffer or receiving)
-                if len(receiving) < RECEIVERS and (room >= batch or idle):
+                waiting = idle or drained
+                if (
+                    len(receiving) < RECEIVERS
+                    and (room >= batch or idle)
+                    and not (waiting and receiving)  # one waiting receive is enough
+                ):
                     asked = min(room, 1000)
                     task = loop.create_task(
                         self.queue.receive(
                             asked,
                             visibility=self.visibility,
-                            wait=RECEIVE_WAIT if idle else 0.0,
+                            wait=RECEIVE_WAIT if waiting else 0.0,
                             renew=True,
                         )
                     )
@@ -309,6 +317,7 @@ class AsyncWorker:
                         log.error("receive from queue %r failed: %s", self.queue.name, exc)
                         await _first(asyncio.sleep(1.0), self._stopping.wait())
                         continue
+                    drained = not got
                     self.stats.received += len(got)
                     buffer.extend(got)
             # stopping: what was received but not started goes back at once
