@@ -105,34 +105,57 @@ class _Barrier:
     def __init__(self, channel: aiormq.abc.AbstractChannel, timeout: float) -> None:
         self._channel = channel
         self._timeout = timeout
-        self._next: asyncio.Future[None] | None = None
+        #: the callers waiting for the next round trip, one future each (a caller that is
+        #: cancelled cancels only its own)
+        self._next: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._next is None:
-            self._next = loop.create_future()
-            self._next.add_done_callback(_retrieve)
-            if self._task is None or self._task.done():
-                self._task = loop.create_task(self._run())
-        await asyncio.shield(self._next)
+        future: asyncio.Future[None] = loop.create_future()
+        self._next.append(future)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        await future
 
     async def _run(self) -> None:
-        while self._next is not None:
-            waiting, self._next = self._next, None
+        loop = asyncio.get_running_loop()
+        while self._next:
+            waiting, self._next = self._next, []
+            # The deadline is one timer that cancels the request, as ``wait_for`` would; the
+            # driver's own ``timeout`` costs three more tasks and timers per round trip.
+            request = asyncio.ensure_future(self._channel.basic_qos(prefetch_count=1))
+            expired: list[bool] = []
+            timer = loop.call_later(self._timeout, _expire, request, expired)
             try:
-                await self._channel.basic_qos(prefetch_count=1, timeout=self._timeout)
-            except BaseException as exc:
-                waiting.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
-                if not isinstance(exc, Exception):
+                try:
+                    await request
+                finally:
+                    timer.cancel()
+            except asyncio.CancelledError as exc:
+                if not expired:  # this task itself was cancelled
+                    _settle(waiting, RuntimeError(exc))
                     raise
+                _settle(waiting, asyncio.TimeoutError())
+            except Exception as exc:
+                _settle(waiting, exc)
             else:
-                waiting.set_result(None)
+                _settle(waiting, None)
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # a failure every waiter saw, or none waited for: not "unretrieved"
+def _settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in waiting:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+
+def _expire(request: asyncio.Future[Any], expired: list[bool]) -> None:
+    if not request.done():
+        expired.append(True)
+        request.cancel()
 
 
 class _Link:
