@@ -254,7 +254,7 @@ class AsyncWorker:
                 self.concurrency, thread_name_prefix="jobfence-worker"
             )
         signals = self._install_signals(loop)
-        slot_free = asyncio.Event()
+        slot_free = _Wakeup(loop)
         log.info(
             "worker on queue %r (%s): concurrency %d, max_deliveries %d, visibility %.1f s",
             self.queue.name,
@@ -275,6 +275,9 @@ class AsyncWorker:
         batch = max(1, room_limit // 4)
         buffer: collections.deque[AsyncMessage] = collections.deque()
         receiving: dict[asyncio.Task[list[AsyncMessage]], int] = {}  # -> messages asked for
+        # the last receive found the queue empty: the next one waits for a message (the server
+        # wakes it) instead of asking again at once while handlers run
+        drained = False
         stop_wait = loop.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
@@ -282,25 +285,27 @@ class AsyncWorker:
                     self._start(loop, buffer.popleft(), slot_free)
                 room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
                 idle = not (self._tasks or buffer or receiving)
-                if len(receiving) < RECEIVERS and (room >= batch or idle):
+                waiting = idle or drained
+                if (
+                    len(receiving) < RECEIVERS
+                    and (room >= batch or idle)
+                    and not (waiting and receiving)  # one waiting receive is enough
+                ):
                     asked = min(room, 1000)
                     task = loop.create_task(
                         self.queue.receive(
                             asked,
                             visibility=self.visibility,
-                            wait=RECEIVE_WAIT if idle else 0.0,
+                            wait=RECEIVE_WAIT if waiting else 0.0,
                             renew=True,
                         )
                     )
                     receiving[task] = asked
-                slot_free.clear()
                 waits: list[asyncio.Future[Any]] = [stop_wait, *receiving]
-                slot_wait = loop.create_task(slot_free.wait()) if self._tasks else None
-                if slot_wait is not None:
-                    waits.append(slot_wait)
+                if self._tasks:
+                    waits.append(slot_free.arm())
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if slot_wait is not None:
-                    slot_wait.cancel()
+                slot_free.disarm()
                 for done in [t for t in receiving if t.done()]:
                     del receiving[done]
                     try:
@@ -309,6 +314,7 @@ class AsyncWorker:
                         log.error("receive from queue %r failed: %s", self.queue.name, exc)
                         await _first(asyncio.sleep(1.0), self._stopping.wait())
                         continue
+                    drained = not got
                     self.stats.received += len(got)
                     buffer.extend(got)
             # stopping: what was received but not started goes back at once
@@ -336,14 +342,14 @@ class AsyncWorker:
         return self.stats
 
     def _start(
-        self, loop: asyncio.AbstractEventLoop, message: AsyncMessage, slot_free: asyncio.Event
+        self, loop: asyncio.AbstractEventLoop, message: AsyncMessage, slot_free: _Wakeup
     ) -> None:
         task = loop.create_task(self._handle(message))
         self._tasks[task] = message
         self.stats.in_flight = len(self._tasks)
         task.add_done_callback(lambda t: self._done(t, slot_free))
 
-    def _done(self, task: asyncio.Task[None], slot_free: asyncio.Event) -> None:
+    def _done(self, task: asyncio.Task[None], slot_free: _Wakeup) -> None:
         self._tasks.pop(task, None)
         self.stats.in_flight = len(self._tasks)
         slot_free.set()
@@ -523,6 +529,28 @@ class AsyncWorker:
             log.error(
                 "dead-lettering message %r failed: %s", message.id, err, extra=_extra(message)
             )
+
+
+class _Wakeup:
+    """What the worker's loop waits on, beside its receives, for a handler to finish: a plain
+    future armed for one turn of the loop (a task around ``Event.wait()`` would cost a task
+    and two more hops per turn)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] | None = None
+
+    def arm(self) -> asyncio.Future[None]:
+        self._future = self._loop.create_future()
+        return self._future
+
+    def disarm(self) -> None:
+        self._future = None
+
+    def set(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 async def _first(*aws: Any) -> None:

@@ -28,6 +28,7 @@ from jobfence.backends.base import QueuedMessage
 from jobfence.backends.rabbitmq.common import (
     DELAY_BUCKETS,
     Topology,
+    Unsettled,
     delay_bucket,
     fresh,
     parse_incoming,
@@ -484,6 +485,74 @@ async def test_many_settlements_at_once(make: Factory) -> None:
     again = await receive_all(q, "c", 10)
     assert sorted(m.id for m in again) == [f"m{i}" for i in range(20, 30)]
     assert {(m.delivery, m.last_error) for m in again} == {(2, "again")}
+
+
+def test_unsettled_tags_split_a_batch_of_acks() -> None:
+    """One ack with ``multiple`` covers the acks that no other unsettled tag precedes; a tag
+    counts as unsettled from when a higher one was read (its own delivery may never have been
+    read) until its settlement was sent."""
+    tags = Unsettled()
+    for tag in (1, 2, 3, 4, 6):  # 5 was delivered, never read: still unsettled
+        tags.seen(tag)
+    assert tags.split([1, 2, 3]) == (3, [])
+    assert tags.split([2, 3, 4]) == (None, [2, 3, 4])  # 1 is held elsewhere
+    assert tags.split([1, 2, 4, 6]) == (2, [4, 6])  # 3 held: 4 and 6 one by one
+    assert tags.split([1, 2, 3, 4, 6]) == (4, [6])  # 5 never read: never covered
+    tags.sent([1, 2, 3])
+    assert tags.split([4]) == (None, [4])  # one ack saves nothing with multiple
+    tags.sent([4])
+    tags.seen(5)  # read late: nothing changes
+    tags.sent([5])
+    tags.seen(8)
+    assert tags.split([6, 8]) == (None, [6, 8])  # 7 not read yet
+    tags.seen(7)
+    assert tags.split([6, 7, 8]) == (8, [])
+    tags.sent([6, 7, 8])
+    assert len(tags) == 0
+
+
+async def test_batched_acks_never_settle_a_delivery_held_elsewhere(name: str) -> None:
+    """``ack_many`` acks the run of its deliveries that no other open delivery precedes with
+    one ``basic.ack`` (``multiple``), the others one by one -- and never settles a delivery
+    it was not given: those held below, between and above the acked ones stay the client's
+    and settle on their own afterwards (acking a delivery that a ``multiple`` ack had settled
+    already would make RabbitMQ close the channel, and a wrongly covered one would be gone)."""
+    q = open_queue_backend(URL, name, asynchronous=True)
+    try:
+        await q.publish([(f"m{i}", b"", {}) for i in range(12)])
+        got = await receive_all(Client(q, True), "c", 12)
+        assert ids(got) == [f"m{i}" for i in range(12)]
+        frames: list[bool] = []  # each basic.ack frame sent: multiple or not
+        channel = q._link.channel
+        send = channel.basic_ack
+
+        async def counted(tag: int, multiple: bool = False, wait: bool = True) -> None:
+            frames.append(multiple)
+            await send(tag, multiple=multiple, wait=wait)
+
+        channel.basic_ack = counted
+
+        def batch(*numbers: int) -> list[tuple[str, str]]:
+            return [(got[i].receipt, "c") for i in numbers]
+
+        # m4, m5, m9, m10, m11 held: m0-m3 go as one frame, m6-m8 one frame each
+        assert await q.ack_many(batch(0, 1, 2, 3, 6, 7, 8)) == [True] * 7
+        assert frames == [True, False, False, False]
+        assert await q.nack(got[4].receipt, "c", 0, None) is True  # requeued, still m4
+        frames.clear()
+        # m11 held above: m5, m9 and m10 are everything open below it
+        assert await q.ack_many(batch(5, 9, 10)) == [True] * 3
+        assert frames == [True]
+        assert await q.ack(got[11].receipt, "c") is True
+        assert await q.renew([(m.receipt, "c", 30.0) for m in got]) == [False] * 12
+        [again] = await q.receive("c", 5, 30.0, 5.0)
+        assert (again.id, again.delivery) == ("m4", 2)
+        assert await q.ack(again.receipt, "c") is True
+        stats = await q.stats()
+        assert (stats.ready, stats.dead) == (0, 0)
+    finally:
+        await q.drop()
+        await q.close()
 
 
 async def test_cancelled_async_receives_lose_nothing(name: str) -> None:

@@ -128,6 +128,47 @@ async def test_a_long_handler_keeps_its_message_by_renewal() -> None:
     await other.close()
 
 
+async def test_a_busy_worker_waits_for_the_next_message_instead_of_polling() -> None:
+    """While a handler runs and the queue is empty, the worker's next receive waits for a
+    message (the server wakes it) instead of asking again and again; a message published
+    meanwhile still starts at once in the free slot."""
+    q = jobfence.AsyncQueue(_url(), "busy")
+    await q.publish({"n": 1}, id="slow")
+    started = {"slow": asyncio.Event(), "quick": asyncio.Event()}
+    release = asyncio.Event()
+    receives = 0
+    polled = -1
+
+    def count(point: str, **info: Any) -> None:
+        nonlocal receives
+        if point == "queue.receive":
+            receives += 1
+
+    async def handler(message: Any) -> None:
+        started[message.id].set()
+        if message.id == "slow":
+            await release.wait()
+
+    async def scenario() -> None:
+        nonlocal polled
+        await asyncio.wait_for(started["slow"].wait(), 10)
+        before = receives
+        await asyncio.sleep(0.5)  # a window to count receives in, not a synchronisation
+        polled = receives - before
+        await q.publish({"n": 2}, id="quick")
+        await asyncio.wait_for(started["quick"].wait(), 10)  # "slow" is still running
+        release.set()
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=2)
+    with hooked(count):
+        running = asyncio.ensure_future(scenario())
+        await _run_until(worker, lambda: worker.stats.processed == 2 or running.done())
+        await running
+    assert worker.stats.processed == 2
+    assert 0 <= polled <= 3  # one waiting receive (RECEIVE_WAIT 1 s), not a busy loop
+    await q.close()
+
+
 async def test_a_lost_delivery_cancels_an_async_handler_and_is_not_acked() -> None:
     url = _url()
     q = jobfence.AsyncQueue(url, "lost", visibility=0.3)

@@ -45,6 +45,7 @@ __all__ = [
     "Route",
     "Settings",
     "Topology",
+    "Unsettled",
     "check_backend_name",
     "dead_copy",
     "delay_bucket",
@@ -622,6 +623,56 @@ class Deliveries:
         tags = list(self._open)
         self._open.clear()
         return tags
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+class Unsettled:
+    """The delivery tags of one channel that may still be unsettled at the broker, so that a
+    batch of acks can go as one ``basic.ack`` with ``multiple`` where that settles nothing
+    else.
+
+    RabbitMQ numbers a channel's deliveries (pushed and got alike) 1, 2, 3, ... in the order
+    it sends them, and ``multiple`` settles every unsettled delivery up to its tag. Every tag
+    up to the highest one read counts as unsettled until its own settlement has been sent --
+    also a tag whose delivery was never read (the reply of a request whose caller went away)
+    -- so a ``multiple`` ack never covers a delivery held elsewhere (a handler still running,
+    a peeked dead letter, a delivery being republished before its ack). A settlement is
+    recorded only once its frame is queued, in order, behind any earlier one.
+    """
+
+    def __init__(self) -> None:
+        self._highest = 0
+        self._open: set[int] = set()
+
+    def seen(self, tag: int) -> None:
+        """A delivery with ``tag`` was read (every lower tag was delivered before it)."""
+        if tag > self._highest:
+            self._open.update(range(self._highest + 1, tag + 1))
+            self._highest = tag
+
+    def sent(self, tags: Sequence[int]) -> None:
+        """The settlements of ``tags`` (one each, or one ``multiple`` ack) were sent."""
+        self._open.difference_update(tags)
+
+    def split(self, tags: Sequence[int]) -> tuple[int | None, list[int]]:
+        """How to ack ``tags`` (this caller's, all unsettled): ``(last, rest)``, where one ack
+        with ``multiple`` at ``last`` settles exactly the tags of ``tags`` up to ``last`` (no
+        other unsettled tag is below it), and ``rest`` (ascending) are acked one by one.
+        ``last`` is None when ``multiple`` would not save a frame."""
+        mine = set(tags)
+        others = [tag for tag in self._open if tag not in mine]
+        first_other = min(others) if others else None
+        ordered = sorted(mine)
+        if first_other is None:
+            below, rest = ordered, []
+        else:
+            cut = bisect.bisect_left(ordered, first_other)
+            below, rest = ordered[:cut], ordered[cut:]
+        if len(below) < 2:
+            return None, ordered
+        return below[-1], rest
 
     def __len__(self) -> int:
         return len(self._open)

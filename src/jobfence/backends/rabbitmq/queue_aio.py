@@ -15,6 +15,9 @@ after it was lost; publisher confirms on, ``prefetch_count`` 1 for the consumers
   then wait for one channel round trip (a ``basic.qos``, coalesced between concurrent
   calls): the broker handles a channel's frames in order, so the reply proves the settlement
   arrived before the connection could drop. A delivery of a lost channel answers False.
+  ``ack_many`` (the queue client's batched acks) sends one ``basic.ack`` with ``multiple``
+  for the acks that no other unsettled delivery of the channel precedes (``Unsettled``),
+  one frame each for the others, and then the one round trip for all of them.
 * Every request has the ``timeout`` deadline; a request that misses it breaks the connection
   (closed in the background, never reused in an unknown state).
 * A cancelled call never cancels its request (aiormq would close the channel, and with it
@@ -52,6 +55,7 @@ from .common import (
     Route,
     Settings,
     Topology,
+    Unsettled,
     check_backend_name,
     dead_copy,
     fresh,
@@ -101,34 +105,57 @@ class _Barrier:
     def __init__(self, channel: aiormq.abc.AbstractChannel, timeout: float) -> None:
         self._channel = channel
         self._timeout = timeout
-        self._next: asyncio.Future[None] | None = None
+        #: the callers waiting for the next round trip, one future each (a caller that is
+        #: cancelled cancels only its own)
+        self._next: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._next is None:
-            self._next = loop.create_future()
-            self._next.add_done_callback(_retrieve)
-            if self._task is None or self._task.done():
-                self._task = loop.create_task(self._run())
-        await asyncio.shield(self._next)
+        future: asyncio.Future[None] = loop.create_future()
+        self._next.append(future)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        await future
 
     async def _run(self) -> None:
-        while self._next is not None:
-            waiting, self._next = self._next, None
+        loop = asyncio.get_running_loop()
+        while self._next:
+            waiting, self._next = self._next, []
+            # The deadline is one timer that cancels the request, as ``wait_for`` would; the
+            # driver's own ``timeout`` costs three more tasks and timers per round trip.
+            request = asyncio.ensure_future(self._channel.basic_qos(prefetch_count=1))
+            expired: list[bool] = []
+            timer = loop.call_later(self._timeout, _expire, request, expired)
             try:
-                await self._channel.basic_qos(prefetch_count=1, timeout=self._timeout)
-            except BaseException as exc:
-                waiting.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
-                if not isinstance(exc, Exception):
+                try:
+                    await request
+                finally:
+                    timer.cancel()
+            except asyncio.CancelledError as exc:
+                if not expired:  # this task itself was cancelled
+                    _settle(waiting, RuntimeError(exc))
                     raise
+                _settle(waiting, asyncio.TimeoutError())
+            except Exception as exc:
+                _settle(waiting, exc)
             else:
-                waiting.set_result(None)
+                _settle(waiting, None)
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # a failure every waiter saw, or none waited for: not "unretrieved"
+def _settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in waiting:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+
+def _expire(request: asyncio.Future[Any], expired: list[bool]) -> None:
+    if not request.done():
+        expired.append(True)
+        request.cancel()
 
 
 class _Link:
@@ -143,6 +170,8 @@ class _Link:
         self.connection = connection
         self.channel = channel
         self.deliveries = Deliveries()
+        #: the channel's delivery tags not settled yet (for ``multiple`` acks)
+        self.unsettled = Unsettled()
         #: deliveries made to this client that no receive returned yet (a receive that was
         #: cancelled, a push that came after its consumer's receive ended): returned first
         self.leftovers: list[Incoming] = []
@@ -156,6 +185,30 @@ class _Link:
         #: subscribed for a worker (``stream``): pushes land in ``leftovers`` and set ``pushed``
         self.streaming = False
         self.pushed = asyncio.Event()
+
+    def read(self, message: DeliveredMessage) -> Incoming:
+        """Parse a delivery of this channel (pushed or got) and note its tag."""
+        incoming = _parse(message)
+        self.unsettled.seen(incoming.tag)
+        return incoming
+
+    async def send_acks(self, tags: Sequence[int]) -> None:
+        """Queue the acks of ``tags`` (deliveries of this channel that the caller took):
+        one ``basic.ack`` with ``multiple`` for those no other unsettled delivery precedes,
+        one each for the rest. Nothing waits for the writer: the barrier round trip after
+        them proves that they arrived (a channel's frames are sent and handled in order)."""
+        last, rest = self.unsettled.split(tags)
+        if last is not None:
+            await self.channel.basic_ack(last, multiple=True, wait=False)
+            self.unsettled.sent([tag for tag in tags if tag <= last])
+        for tag in rest:
+            await self.channel.basic_ack(tag, wait=False)
+            self.unsettled.sent((tag,))
+
+    async def send_requeue(self, tag: int) -> None:
+        """Queue a ``basic.nack`` with requeue of ``tag`` (see :meth:`send_acks`)."""
+        await self.channel.basic_nack(tag, requeue=True, wait=False)
+        self.unsettled.sent((tag,))
 
     def wake_all(self, _sender: object = None, _exc: BaseException | None = None) -> None:
         for event in self.waiters:
@@ -409,7 +462,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         link.streaming = True
 
         async def on_message(message: DeliveredMessage) -> None:
-            link.leftovers.append(_parse(message))
+            link.leftovers.append(link.read(message))
             link.pushed.set()
 
         try:
@@ -473,7 +526,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             )
             if not isinstance(reply.delivery, spec.Basic.GetOk):
                 return
-            message = _parse(reply)
+            message = link.read(reply)
             got.append(message)
             if message.remaining == 0:
                 return
@@ -481,7 +534,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
     def _keep_got(self, link: _Link, reply: DeliveredMessage) -> None:
         """A message got for a receive that was cancelled meanwhile: the next one returns it."""
         if isinstance(reply.delivery, spec.Basic.GetOk) and link.usable:
-            link.leftovers.append(_parse(reply))
+            link.leftovers.append(link.read(reply))
 
     async def _wait_one(self, link: _Link, got: list[Incoming], wait: float) -> None:
         """Wait up to ``wait`` seconds for the broker to push one message to a consumer of
@@ -492,7 +545,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         sink = [got]  # where pushes go: ``got`` while this receive may still return them
 
         async def on_message(message: DeliveredMessage) -> None:
-            sink[0].append(_parse(message))
+            sink[0].append(link.read(message))
             arrived.set()
 
         consuming = asyncio.ensure_future(
@@ -558,7 +611,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         message = link.deliveries.take(receipt, consumer) if link is not None else None
         if link is None or message is None:
             return False
-        return await self._settled(link, link.channel.basic_ack(message.tag))
+        return await self._settled(link, link.send_acks((message.tag,)))
 
     async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
         """Ack every delivery of ``items``, then wait for ONE barrier round trip for all."""
@@ -566,11 +619,10 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         if link is None:
             return [False] * len(items)
         taken = [link.deliveries.take(receipt, consumer) for receipt, consumer in items]
+        tags = [message.tag for message in taken if message is not None]
         try:
-            for message in taken:
-                if message is not None:
-                    await link.channel.basic_ack(message.tag)
-            if any(message is not None for message in taken):
+            if tags:
+                await link.send_acks(tags)
                 await link.barrier.wait()
         except (asyncio.TimeoutError, *_LINK_ERRORS):
             self._break(link)
@@ -583,7 +635,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         if link is None or message is None:
             return False
         if delay <= 0 and error is None:  # the broker requeues it in place and counts it
-            return await self._settled(link, link.channel.basic_nack(message.tag, requeue=True))
+            return await self._settled(link, link.send_requeue(message.tag))
         route = self._topology.delay(delay) if delay > 0 else self._topology.main
         return await self._republish(link, message, consumer, route, retry_copy(message, error))
 
@@ -605,7 +657,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             if link.usable:
                 link.deliveries.put_back(message, consumer)
             raise
-        return await self._settled(link, link.channel.basic_ack(message.tag))
+        return await self._settled(link, link.send_acks((message.tag,)))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         link = self._live()
@@ -636,14 +688,14 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             link,
             link.channel.basic_get(self._topology.dead, no_ack=False, timeout=self._timeout),
         )
-        return _parse(reply) if isinstance(reply.delivery, spec.Basic.GetOk) else None
+        return link.read(reply) if isinstance(reply.delivery, spec.Basic.GetOk) else None
 
     async def _requeue_tags(self, link: _Link, tags: list[int]) -> None:
         """Give peeked messages back (to their places) and wait until the broker has them:
         without the round trip, a count or a get right after could miss them."""
         if link.usable and tags:
             for tag in tags:
-                await self._request(link, link.channel.basic_nack(tag, requeue=True))
+                await self._request(link, link.send_requeue(tag))
             await self._request(link, link.barrier.wait())
 
     async def names(self, limit: int) -> list[str]:
@@ -689,8 +741,7 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             return 0
         now = time.time()
         await self._publish(link, self._topology.main, [requeue_copy(m, now) for m in batch])
-        for message in batch:
-            await self._request(link, link.channel.basic_ack(message.tag))
+        await self._request(link, link.send_acks([message.tag for message in batch]))
         moved = len(batch)
         batch.clear()
         await self._request(link, link.barrier.wait())
@@ -700,9 +751,10 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
         link = await self._connected()
         count = 0
         # this client's own deliveries are part of the queue: settle them as deleted
-        for tag in [*link.deliveries.take_all(), *(m.tag for m in link.leftovers)]:
-            await self._request(link, link.channel.basic_ack(tag))
-            count += 1
+        tags = [*link.deliveries.take_all(), *(m.tag for m in link.leftovers)]
+        if tags:
+            await self._request(link, link.send_acks(tags))
+            count += len(tags)
         link.leftovers.clear()
         for queue in (self.name, self._topology.dead):
             ok = await self._request(link, link.channel.queue_purge(queue, timeout=self._timeout))
