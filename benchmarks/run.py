@@ -593,7 +593,8 @@ def header(rep: Report, sz: Sizes, quick: bool, sections: list[str]) -> None:
         + (" --quick" if quick else "")
         + "` (`bash scripts/bench.sh` installs, starts the services and runs it). "
         "Figures depend on the machine and on what else runs on it: compare rows of one run, "
-        "not runs of different machines."
+        "not runs of different machines. Where the time goes, and why a target is not met: "
+        "docs/reference/performance.md."
         + (" **Quick run: tiny sizes, figures meaningless.**" if quick else ""),
         "",
     )
