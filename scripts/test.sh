@@ -51,4 +51,6 @@ echo "== mypy"
 echo "== pytest"
 # Most tests wait on servers, timers and other processes, not on the CPU: three pytest-xdist
 # workers (PYTEST_WORKERS; 0 runs in this process) keep the suite well under 15 minutes.
-exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --durations=20 "$@"
+# --dist worksteal: a worker that runs out of tests takes some of another's queue, so the 20-50 s
+# tests do not all wait at the end of one worker's list while the others are idle.
+exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist worksteal --durations=20 "$@"
