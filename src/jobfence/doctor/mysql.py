@@ -11,12 +11,10 @@ from typing import Any
 
 import pymysql
 
-from .._core.inbox_support import DEFAULT_TABLE as INBOX_TABLE
 from .._core.url import BackendURL
 from ..backends.mysql.common import MySQLOptions
-from ..fencing import DEFAULT_TABLE as FENCE_TABLE
-from . import Report, TableStatus, Timer
-from .postgres import add_table_findings
+from . import Report, Timer
+from .tables import SQLDialect, inspect_tables
 
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 6)
@@ -68,7 +66,7 @@ def _inspect(report: Report, cur: Any, timer: Timer) -> None:
         )
     else:
         report.add("ok", "mysql-version", f"{product} {version} (needs {wanted} or newer)")
-    _tables(report, cur)
+    inspect_tables(report, _dialect(cur))
 
 
 def _exists(cur: Any, table: str) -> bool:
@@ -86,35 +84,15 @@ def _ident(table: str) -> str:
     return "`" + table.replace("`", "``") + "`"
 
 
-def _tables(report: Report, cur: Any) -> None:
-    ns = report.namespace
-    locks = TableStatus("locks", f"{ns}_locks", _exists(cur, f"{ns}_locks"))
-    if locks.installed:
-        if _exists(cur, f"{ns}_schema"):
-            locks.schema_version = _one(
-                cur, f"SELECT version FROM {_ident(ns + '_schema')} WHERE component = 'locks'"
-            )
-        locks.rows["held"] = int(
-            _one(
-                cur,
-                f"SELECT COUNT(*) FROM {_ident(ns + '_locks')} WHERE expires_at > UTC_TIMESTAMP(6)",
-            )
-        )
-    inbox = TableStatus("inbox", INBOX_TABLE, _exists(cur, INBOX_TABLE))
-    if inbox.installed:
-        if _exists(cur, "jobfence_inbox_schema"):
-            inbox.schema_version = _one(
-                cur,
-                "SELECT version FROM jobfence_inbox_schema WHERE table_name = %s",
-                (INBOX_TABLE,),
-            )
-        cur.execute(
-            f"SELECT state, COUNT(*) FROM {_ident(INBOX_TABLE)} GROUP BY state ORDER BY state"
-        )
-        for state, n in cur.fetchall():
-            inbox.rows[str(state)] = int(n)
-    fences = TableStatus("fences", FENCE_TABLE, _exists(cur, FENCE_TABLE))
-    if fences.installed:
-        fences.rows["resources"] = int(_one(cur, f"SELECT COUNT(*) FROM {_ident(FENCE_TABLE)}"))
-    report.tables = [locks, inbox, fences]
-    add_table_findings(report)
+def _dialect(cur: Any) -> SQLDialect:
+    def rows(sql: str, params: Any) -> list[Any]:
+        cur.execute(sql, params or None)
+        return list(cur.fetchall())
+
+    return SQLDialect(
+        rows=rows,
+        exists=lambda table: _exists(cur, table),
+        ident=_ident,
+        param="%s",
+        now="UTC_TIMESTAMP(6)",
+    )

@@ -13,14 +13,12 @@ from typing import Any
 
 import psycopg
 
-from .._core.inbox_support import DEFAULT_TABLE as INBOX_TABLE
 from .._core.options import TIMEOUT_OPTIONS, option_timeouts
 from .._core.url import BackendURL
 from ..backends.postgres.common import connect_kwargs
-from ..fencing import DEFAULT_TABLE as FENCE_TABLE
-from . import Report, TableStatus, Timer
+from . import Report, Timer
+from .tables import SQLDialect, inspect_tables
 
-QUEUE_TABLE = "jobfence_queue"
 #: query options of jobfence's PostgreSQL backends, never handed to libpq
 _OWN = ("mode", "notify", "pool_size", "prepare_threshold", "table", "max_idle", *TIMEOUT_OPTIONS)
 #: the oldest PostgreSQL the queue supports (gen_random_uuid())
@@ -64,7 +62,7 @@ def inspect(report: Report, url: BackendURL, timer: Timer) -> None:
         with _connect(url) as other:
             pooled = transaction_pooled(conn, other)
         _pooling(report, url, pooled)
-        _tables(report, conn)
+        inspect_tables(report, _dialect(conn))
 
 
 def transaction_pooled(first: psycopg.Connection[Any], second: psycopg.Connection[Any]) -> bool:
@@ -113,49 +111,14 @@ def _ident(table: str) -> str:
     return '"' + table.replace('"', '""') + '"'
 
 
-def _tables(report: Report, conn: psycopg.Connection[Any]) -> None:
-    ns = report.namespace
-    found: list[TableStatus] = []
-    locks = TableStatus("locks", f"{ns}_locks", _exists(conn, f"{ns}_locks"))
-    if locks.installed:
-        if _exists(conn, f"{ns}_schema"):
-            locks.schema_version = _one(
-                conn, f"SELECT version FROM {_ident(ns + '_schema')} WHERE component = 'locks'"
-            )
-        locks.rows["held"] = int(
-            _one(
-                conn,
-                f"SELECT count(*) FROM {_ident(ns + '_locks')} "
-                "WHERE expires_at > clock_timestamp()",
-            )
-        )
-    found.append(locks)
-    inbox = TableStatus("inbox", INBOX_TABLE, _exists(conn, INBOX_TABLE))
-    if inbox.installed:
-        if _exists(conn, "jobfence_inbox_schema"):
-            inbox.schema_version = _one(
-                conn,
-                "SELECT version FROM jobfence_inbox_schema WHERE table_name = %s",
-                (INBOX_TABLE,),
-            )
-        for state, n in conn.execute(
-            f"SELECT state, count(*) FROM {_ident(INBOX_TABLE)} GROUP BY state ORDER BY state"
-        ).fetchall():
-            inbox.rows[str(state)] = int(n)
-    found.append(inbox)
-    fences = TableStatus("fences", FENCE_TABLE, _exists(conn, FENCE_TABLE))
-    if fences.installed:
-        fences.rows["resources"] = int(_one(conn, f"SELECT count(*) FROM {_ident(FENCE_TABLE)}"))
-    found.append(fences)
-    queue = TableStatus("queue", QUEUE_TABLE, _exists(conn, QUEUE_TABLE))
-    if queue.installed:
-        if _exists(conn, "jobfence_queue_schema"):
-            queue.schema_version = _one(
-                conn,
-                "SELECT version FROM jobfence_queue_schema WHERE table_name = %s",
-                (QUEUE_TABLE,),
-            )
-        row = conn.execute(
+def _dialect(conn: psycopg.Connection[Any]) -> SQLDialect:
+    return SQLDialect(
+        rows=lambda sql, params: conn.execute(sql, params or None).fetchall(),
+        exists=lambda table: _exists(conn, table),
+        ident=_ident,
+        param="%s",
+        now="clock_timestamp()",
+        queue_counts=lambda table: (
             "SELECT count(DISTINCT q.queue),"
             " count(*) FILTER (WHERE q.state = 'ready' AND q.visible_at <= c.now),"
             " count(*) FILTER (WHERE q.state = 'ready' AND q.visible_at > c.now"
@@ -163,30 +126,6 @@ def _tables(report: Report, conn: psycopg.Connection[Any]) -> None:
             " count(*) FILTER (WHERE q.state = 'ready' AND q.visible_at > c.now"
             "                  AND q.receipt IS NOT NULL),"
             " count(*) FILTER (WHERE q.state = 'dead')"
-            f" FROM {_ident(QUEUE_TABLE)} AS q CROSS JOIN (SELECT clock_timestamp() AS now) AS c"
-        ).fetchone()
-        assert row is not None
-        for name, n in zip(("queues", "ready", "delayed", "in_flight", "dead"), row, strict=True):
-            queue.rows[name] = int(n)
-    found.append(queue)
-    report.tables = found
-    add_table_findings(report)
-
-
-def add_table_findings(report: Report) -> None:
-    """One finding per table: installed (with its schema version and rows) or not yet."""
-    for table in report.tables:
-        if not table.installed:
-            report.add(
-                "ok",
-                f"table-{table.component}",
-                f"{table.component} table {table.table}: not installed (created on first use)",
-            )
-            continue
-        version = "" if table.schema_version is None else f", schema v{table.schema_version}"
-        rows = ", ".join(f"{k} {v}" for k, v in table.rows.items())
-        report.add(
-            "ok",
-            f"table-{table.component}",
-            f"{table.component} table {table.table}{version}" + (f": {rows}" if rows else ""),
-        )
+            f" FROM {table} AS q CROSS JOIN (SELECT clock_timestamp() AS now) AS c"
+        ),
+    )

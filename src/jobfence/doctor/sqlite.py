@@ -10,14 +10,18 @@ import os
 import sqlite3
 from pathlib import Path
 
-from .._core.inbox_support import DEFAULT_TABLE as INBOX_TABLE
 from .._core.url import BackendURL
 from ..backends.sqlite.common import sqlite_path
-from ..fencing import DEFAULT_TABLE as FENCE_TABLE
 from . import Report, TableStatus, Timer
-from .postgres import add_table_findings
+from .tables import (
+    FENCE_TABLE,
+    INBOX_TABLE,
+    QUEUE_TABLE,
+    SQLDialect,
+    add_table_findings,
+    inspect_tables,
+)
 
-QUEUE_TABLE = "jobfence_queue"
 _NOW = "(julianday('now') - 2440587.5) * 86400.0"
 
 
@@ -56,7 +60,7 @@ def inspect(report: Report, url: BackendURL, timer: Timer) -> None:
                 "sqlite-file",
                 f"{path}: journal mode {mode} (jobfence switches the file to WAL on first use)",
             )
-        _tables(report, conn)
+        inspect_tables(report, _dialect(conn))
     finally:
         conn.close()
 
@@ -72,52 +76,18 @@ def _ident(table: str) -> str:
     return '"' + table.replace('"', '""') + '"'
 
 
-def _tables(report: Report, conn: sqlite3.Connection) -> None:
-    ns = report.namespace
-    locks = TableStatus("locks", f"{ns}_locks", _exists(conn, f"{ns}_locks"))
-    if locks.installed:
-        if _exists(conn, f"{ns}_schema"):
-            row = conn.execute(
-                f"SELECT version FROM {_ident(ns + '_schema')} WHERE component = 'locks'"
-            ).fetchone()
-            locks.schema_version = None if row is None else int(row[0])
-        locks.rows["held"] = int(
-            conn.execute(
-                f"SELECT count(*) FROM {_ident(ns + '_locks')} WHERE expires_at > {_NOW}"
-            ).fetchone()[0]
-        )
-    inbox = TableStatus("inbox", INBOX_TABLE, _exists(conn, INBOX_TABLE))
-    if inbox.installed:
-        if _exists(conn, "jobfence_inbox_schema"):
-            row = conn.execute(
-                "SELECT version FROM jobfence_inbox_schema WHERE table_name = ?", (INBOX_TABLE,)
-            ).fetchone()
-            inbox.schema_version = None if row is None else int(row[0])
-        for state, n in conn.execute(
-            f"SELECT state, count(*) FROM {_ident(INBOX_TABLE)} GROUP BY state ORDER BY state"
-        ):
-            inbox.rows[str(state)] = int(n)
-    fences = TableStatus("fences", FENCE_TABLE, _exists(conn, FENCE_TABLE))
-    if fences.installed:
-        fences.rows["resources"] = int(
-            conn.execute(f"SELECT count(*) FROM {_ident(FENCE_TABLE)}").fetchone()[0]
-        )
-    queue = TableStatus("queue", QUEUE_TABLE, _exists(conn, QUEUE_TABLE))
-    if queue.installed:
-        if _exists(conn, "jobfence_queue_schema"):
-            row = conn.execute(
-                "SELECT version FROM jobfence_queue_schema WHERE table_name = ?", (QUEUE_TABLE,)
-            ).fetchone()
-            queue.schema_version = None if row is None else int(row[0])
-        row = conn.execute(
+def _dialect(conn: sqlite3.Connection) -> SQLDialect:
+    return SQLDialect(
+        rows=lambda sql, params: conn.execute(sql, params).fetchall(),
+        exists=lambda table: _exists(conn, table),
+        ident=_ident,
+        param="?",
+        now=_NOW,
+        queue_counts=lambda table: (
             "SELECT count(DISTINCT queue),"
             f" coalesce(sum(state = 'ready' AND visible_at <= {_NOW}), 0),"
             f" coalesce(sum(state = 'ready' AND receipt IS NULL AND visible_at > {_NOW}), 0),"
             f" coalesce(sum(state = 'ready' AND receipt IS NOT NULL AND visible_at > {_NOW}), 0),"
-            " coalesce(sum(state = 'dead'), 0)"
-            f" FROM {_ident(QUEUE_TABLE)}"
-        ).fetchone()
-        for name, n in zip(("queues", "ready", "delayed", "in_flight", "dead"), row, strict=True):
-            queue.rows[name] = int(n)
-    report.tables = [locks, inbox, fences, queue]
-    add_table_findings(report)
+            f" coalesce(sum(state = 'dead'), 0) FROM {table}"
+        ),
+    )
