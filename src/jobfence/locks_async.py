@@ -364,6 +364,7 @@ class AsyncLease:
         backend = self._locks.backend
         if ASYNC:
             task = self._releasing
+            waiting: Awaitable[bool]
             if task is None:
                 # The caller waits on a future of its own that the task answers: one hop from
                 # the reply to the caller (asyncio.shield would take two), and a cancelled
@@ -373,21 +374,11 @@ class AsyncLease:
                     partial(self._release_into, reply), self._locks._cleanups, "jobfence-release"
                 )
                 self._releasing = task
-                try:
-                    answer: bool = await reply
-                except asyncio.CancelledError:
-                    if task.cancelled() and self._releasing is task:
-                        self._releasing = None  # the release itself was cancelled
-                    raise  # else it goes on; the next release() takes its answer
-                except BaseException:
-                    if self._releasing is task:
-                        self._releasing = None
-                    raise
-                if self._releasing is task:
-                    self._releasing = None
-                return answer
+                waiting = reply
+            else:  # an earlier caller's release still goes on: wait for its answer
+                waiting = asyncio.shield(task)
             try:
-                answer = await asyncio.shield(task)
+                answer: bool = await waiting
             except asyncio.CancelledError:
                 if task.cancelled() and self._releasing is task:
                     self._releasing = None  # the release itself was cancelled: none goes on
