@@ -129,26 +129,15 @@ async def _measure(backend: str, url: str, leases: int, cleanup: Callable[[str],
 
 
 def _redis_cleanup(ns: str) -> None:
-    import redis
+    from bench_redis_locks import _cleanup
 
-    r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=f"{ns}:*", count=1000))
-    if keys:
-        r.delete(*keys)
-    r.close()
+    _cleanup(REDIS_URL, ns)
 
 
 def _postgres_cleanup(ns: str) -> None:
-    import psycopg
+    from bench_sql_locks import _cleanup
 
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename LIKE %s",
-            (ns + "%",),
-        ).fetchall()
-        for (table,) in rows:
-            conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+    _cleanup(POSTGRES_URL, ns)
 
 
 async def measure_redis(leases: int) -> Measured:
