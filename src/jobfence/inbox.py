@@ -45,7 +45,12 @@ from ._core.sqlconn import adapt, is_undefined_table
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
-from .backends.base import ClaimInfo, ClaimRecord, ClaimState, InboxBackend
+from .backends.base import (
+    ClaimInfo,
+    ClaimRecord,
+    ClaimState,
+    InboxBackend,
+)
 from .backends.clients import Client, describe_target
 from .errors import (
     BackendError,
@@ -422,7 +427,7 @@ class Claim:
             ok = inbox._call(
                 "inbox.complete",
                 self.key,
-                inbox.backend.complete,
+                inbox._send_complete,
                 self.key,
                 self._mine,
                 data,
@@ -574,6 +579,14 @@ class Inbox:
         if self._closed:
             raise ConfigurationError("this Inbox is closed", argument="self")
 
+    def _send_claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+        """The backend's claim (async: in the group commit, where the backend batches)."""
+        return self.backend.claim(key, owner, fingerprint, ttl)
+
+    def _send_complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+        """The backend's complete (async: in the group commit, where the backend batches)."""
+        return self.backend.complete(key, owner, result, retention)
+
     def claim(
         self,
         key: str,
@@ -600,9 +613,7 @@ class Inbox:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            record = self._call(
-                "inbox.claim", key, self.backend.claim, key, owner, fingerprint, ttl
-            )
+            record = self._call("inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl)
         except BaseException:
             # cancelled, interrupted, or the reply was lost: the backend may have given us the
             # key all the same, and nobody else would release it before its ttl

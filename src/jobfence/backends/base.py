@@ -28,8 +28,10 @@ __all__ = [
     "AsyncLockBackend",
     "AsyncQueueBackend",
     "ClaimInfo",
+    "ClaimItem",
     "ClaimRecord",
     "ClaimState",
+    "CompleteItem",
     "DeadLetter",
     "InboxBackend",
     "InboxCapabilities",
@@ -76,6 +78,10 @@ class LockCapabilities:
 
 #: one lease or claim to renew: (name or key, owner, ttl seconds)
 RenewItem = tuple[str, str, float]
+#: one claim of a batch: (key, owner, fingerprint or None, ttl seconds)
+ClaimItem = tuple[str, str, "str | None", float]
+#: one completion of a batch: (key, owner, serialised result)
+CompleteItem = tuple[str, str, bytes]
 
 
 class LockHolder(NamedTuple):
@@ -407,6 +413,20 @@ class AsyncInboxBackend(abc.ABC):
         backend can; one bool per item, in order."""
         return [await self.extend(key, owner, ttl) for key, owner, ttl in items]
 
+    #: whether :meth:`claim_many` and :meth:`complete_many` send a batch in one round trip
+    #: (``AsyncInbox`` then sends concurrent claims and completions together)
+    batches: bool = False
+
+    async def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        """:meth:`claim` every ``(key, owner, fingerprint, ttl)`` of ``items`` (distinct keys);
+        one record per item, in order, each as :meth:`claim` would answer it alone."""
+        return [await self.claim(key, owner, fp, ttl) for key, owner, fp, ttl in items]
+
+    async def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        """:meth:`complete` every ``(key, owner, result)`` of ``items`` (distinct keys); one
+        bool per item, in order."""
+        return [await self.complete(key, owner, data, retention) for key, owner, data in items]
+
     @abc.abstractmethod
     async def purge(self, retention: float) -> int:
         """Delete completed records past their retention, and in-progress records abandoned
@@ -473,6 +493,14 @@ class InboxBackend(abc.ABC):
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         return [self.extend(key, owner, ttl) for key, owner, ttl in items]
+
+    batches: bool = False
+
+    def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        return [self.claim(key, owner, fp, ttl) for key, owner, fp, ttl in items]
+
+    def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        return [self.complete(key, owner, data, retention) for key, owner, data in items]
 
     @abc.abstractmethod
     def purge(self, retention: float) -> int: ...

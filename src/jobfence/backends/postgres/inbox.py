@@ -32,7 +32,9 @@ from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
 from ..base import (
     ClaimInfo,
+    ClaimItem,
     ClaimRecord,
+    CompleteItem,
     InboxCapabilities,
     RenewItem,
     info_from_row,
@@ -53,6 +55,8 @@ __all__ = ["PostgresInboxBackend"]
 
 _OPTIONS = ("table", "pool_size", "max_idle", *TIMEOUT_OPTIONS)
 DEFAULT_POOL_SIZE = 8
+#: a batch statement that another transaction's locks made fail as a whole
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
@@ -144,6 +148,56 @@ class PostgresInboxBackend(SQLInboxBackend):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    batches = True
+
+    def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        """Claim a batch with ONE statement (``claim_many``), plus one ``peek_many`` for the
+        keys it did not take (duplicates). A batch that deadlocks with another transaction
+        (a caller's ``claim_in`` holding one of its keys while it waits for another) is
+        claimed key by key instead."""
+        if not items:
+            return []
+        keys = [self._db_key(key) for key, _, _, _ in items]
+        params = {
+            "keys": keys,
+            "owners": [owner for _, owner, _, _ in items],
+            "fingerprints": [fp for _, _, fp, _ in items],
+            "ttls": [float(ttl) for _, _, _, ttl in items],
+        }
+        try:
+            rows, _ = self._run("claim_many", params)
+        except _CONFLICTS:
+            return [self.claim(*item) for item in items]
+        found = {row[0]: _record(row[1:]) for row in rows}
+        blocked = [key for key in keys if key not in found]
+        if blocked:
+            rows, _ = self._run("peek_many", {"keys": blocked})
+            found.update((row[0], _record(row[1:])) for row in rows)
+        records = []
+        for key, item in zip(keys, items, strict=True):
+            record = found.get(key)
+            # purged between the two statements: claim it again
+            records.append(record if record is not None else self.claim(*item))
+        return records
+
+    def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        """Complete a batch with ONE statement (``complete_many``), owner-checked per key."""
+        if not items:
+            return []
+        keys = [self._db_key(key) for key, _, _ in items]
+        params = {
+            "keys": keys,
+            "owners": [owner for _, owner, _ in items],
+            "results": [data for _, _, data in items],
+            "retention": retention,
+        }
+        try:
+            rows, _ = self._run("complete_many", params)
+        except _CONFLICTS:
+            return [self.complete(key, owner, data, retention) for key, owner, data in items]
+        stored = {row[0] for row in rows}
+        return [key in stored for key in keys]
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend every claim of ``items`` with ONE statement (one round trip)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -56,6 +56,8 @@ __all__ = [
     "forget_connections",
     "is_cluster",
 ]
+
+R = TypeVar("R")
 
 #: the default of both deadlines (``connect_timeout`` and ``timeout``)
 DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
@@ -261,8 +263,8 @@ def by_slot(keys: Sequence[str]) -> dict[int, list[int]]:
 
 
 async def per_slot(
-    keys: Sequence[str], call: Callable[[Sequence[int]], Awaitable[list[bool]]]
-) -> list[bool]:
+    keys: Sequence[str], call: Callable[[Sequence[int]], Awaitable[list[R]]]
+) -> list[R]:
     """``call`` once per Redis Cluster hash slot of ``keys`` (with the positions of that
     slot's keys; the async client makes the calls at once), the answers put back in the order
     of ``keys``."""
@@ -271,11 +273,10 @@ async def per_slot(
         replies = await asyncio.gather(*(call(group) for group in groups))
     else:
         replies = [call(group) for group in groups]
-    answers = [False] * len(keys)
+    answers: dict[int, R] = {}
     for group, reply in zip(groups, replies, strict=True):
-        for i, ok in zip(group, reply, strict=True):
-            answers[i] = ok
-    return answers
+        answers.update(zip(group, reply, strict=True))
+    return [answers[i] for i in range(len(keys))]
 
 
 def client_socket_timeout(client: Any) -> float | None:

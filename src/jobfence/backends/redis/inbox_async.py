@@ -31,8 +31,10 @@ from ..._core.validate import check_namespace
 from ..base import (
     AsyncInboxBackend,
     ClaimInfo,
+    ClaimItem,
     ClaimRecord,
     ClaimState,
+    CompleteItem,
     InboxCapabilities,
     RenewItem,
 )
@@ -65,6 +67,19 @@ def _str(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _claim_record(reply: Sequence[Any]) -> ClaimRecord:
+    mine, state, rec_owner, attempt, rec_fp, result, expires = reply
+    return ClaimRecord(
+        mine=bool(mine),
+        state=ClaimState(_str(state)),
+        attempt=int(attempt),
+        owner=_str(rec_owner),
+        fingerprint=_str(rec_fp) or None,
+        result=result,
+        expires_at=utc_from_epoch(int(expires) / 1000),
+    )
 
 
 class AsyncRedisInboxBackend(AsyncInboxBackend):
@@ -108,27 +123,55 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         self._extend = AsyncLuaScript(self.client, scripts[3])
         self._info = AsyncLuaScript(self.client, scripts[4])
 
+    batches = True
+
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        reply = await self._claim(
-            (self._prefix + key,),
-            (owner, fingerprint or "", int(ttl * 1000), int(self.retention * 1000)),
-        )
-        mine, state, rec_owner, attempt, rec_fp, result, expires = reply
-        return ClaimRecord(
-            mine=bool(mine),
-            state=ClaimState(_str(state)),
-            attempt=int(attempt),
-            owner=_str(rec_owner),
-            fingerprint=_str(rec_fp) or None,
-            result=result,
-            expires_at=utc_from_epoch(int(expires) / 1000),
-        )
+        return (await self._claim_some([(key, owner, fingerprint, ttl)], range(1)))[0]
+
+    async def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        """Claim a batch with one script call (one round trip; on a cluster, one per hash
+        slot)."""
+        if not items:
+            return []
+        if self._cluster:
+            keys = [self._prefix + key for key, _, _, _ in items]
+            return await per_slot(keys, partial(self._claim_some, items))
+        return await self._claim_some(items, range(len(items)))
+
+    async def _claim_some(
+        self, items: Sequence[ClaimItem], which: Sequence[int]
+    ) -> list[ClaimRecord]:
+        keys = []
+        args: list[Any] = [int(self.retention * 1000)]
+        for i in which:
+            key, owner, fingerprint, ttl = items[i]
+            keys.append(self._prefix + key)
+            args += [owner, fingerprint or "", int(ttl * 1000)]
+        return [_claim_record(reply) for reply in await self._claim(keys, args)]
 
     async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        done = await self._complete(
-            (self._prefix + key,), (owner, result, max(1, int(retention * 1000)))
-        )
-        return bool(done)
+        return (await self._complete_some([(key, owner, result)], retention, range(1)))[0]
+
+    async def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        """Complete a batch with one script call (one round trip; on a cluster, one per hash
+        slot)."""
+        if not items:
+            return []
+        if self._cluster:
+            keys = [self._prefix + key for key, _, _ in items]
+            return await per_slot(keys, partial(self._complete_some, items, retention))
+        return await self._complete_some(items, retention, range(len(items)))
+
+    async def _complete_some(
+        self, items: Sequence[CompleteItem], retention: float, which: Sequence[int]
+    ) -> list[bool]:
+        keys = []
+        args: list[Any] = [max(1, int(retention * 1000))]
+        for i in which:
+            key, owner, data = items[i]
+            keys.append(self._prefix + key)
+            args += [owner, data]
+        return [bool(ok) for ok in await self._complete(keys, args)]
 
     async def release(self, key: str, owner: str) -> bool:
         return bool(await self._release((self._prefix + key,), (owner,)))

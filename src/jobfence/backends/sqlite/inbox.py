@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
@@ -29,7 +29,9 @@ from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
 from ..base import (
     ClaimInfo,
+    ClaimItem,
     ClaimRecord,
+    CompleteItem,
     InboxCapabilities,
     RenewItem,
     info_from_row,
@@ -50,6 +52,7 @@ from .dialect import DIALECT, TABLE_LIMIT
 __all__ = ["SQLiteInboxBackend"]
 
 DEFAULT_POOL_SIZE = 4
+T = TypeVar("T")
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
@@ -122,21 +125,58 @@ class SQLiteInboxBackend(SQLInboxBackend):
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
-        claim); one bool per item."""
-        if not items:
-            return []
+    def _batch(self, fn: Callable[..., list[T]], *args: Any) -> list[T]:
+        """``fn(raw, *args)`` in ONE transaction (one durable commit for a whole batch);
+        create the table on first use."""
         for _ in range(2):
             try:
                 with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure rolls back, and closes the connection (the pool discards it)
-                    return run_in_transaction(conn, self._renew_in, items)
+                    return run_in_transaction(conn, fn, *args)
             except sqlite3.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
                 self.install()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    batches = True
+
+    def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        """Claim a batch in ONE transaction (the ``claim`` statement per key, and ``peek``
+        for a key it did not take): one commit for the batch."""
+        return self._batch(self._claim_many_in, items) if items else []
+
+    def _claim_many_in(
+        self, raw: sqlite3.Connection, items: Sequence[ClaimItem]
+    ) -> list[ClaimRecord]:
+        claim, peek = self._sql["claim"], self._sql["peek"]
+        records = []
+        for key, owner, fingerprint, ttl in items:
+            params = {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
+            rows = fetch_all(raw, claim, params) or fetch_all(raw, peek, {"key": key})
+            records.append(_record(rows[0]))  # in one transaction the blocking row is there
+        return records
+
+    def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        """Complete a batch in ONE transaction: one commit for the batch."""
+        return self._batch(self._complete_many_in, items, retention) if items else []
+
+    def _complete_many_in(
+        self, raw: sqlite3.Connection, items: Sequence[CompleteItem], retention: float
+    ) -> list[bool]:
+        sql = self._sql["complete"]
+        return [
+            count_rows(
+                raw, sql, {"result": data, "retention": retention, "key": key, "owner": owner}
+            )
+            == 1
+            for key, owner, data in items
+        ]
+
+    def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
+        claim); one bool per item."""
+        return self._batch(self._renew_in, items) if items else []
 
     def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
         sql = self._sql["extend"]

@@ -15,8 +15,8 @@ name for it).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -29,7 +29,9 @@ from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
 from ..base import (
     ClaimInfo,
+    ClaimItem,
     ClaimRecord,
+    CompleteItem,
     InboxCapabilities,
     RenewItem,
     info_from_row,
@@ -53,6 +55,7 @@ if ASYNC:
 __all__ = ["AsyncSQLiteInboxBackend"]
 
 DEFAULT_POOL_SIZE = 4
+T = TypeVar("T")
 
 
 def _record(row: Sequence[Any]) -> ClaimRecord:
@@ -125,21 +128,58 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
-        claim); one bool per item."""
-        if not items:
-            return []
+    async def _batch(self, fn: Callable[..., list[T]], *args: Any) -> list[T]:
+        """``fn(raw, *args)`` in ONE transaction (one durable commit for a whole batch);
+        create the table on first use."""
         for _ in range(2):
             try:
                 async with write_gate(self._real_path), self._pool.connection() as conn:
                     # a failure rolls back, and closes the connection (the pool discards it)
-                    return await run_in_transaction(conn, self._renew_in, items)
+                    return await run_in_transaction(conn, fn, *args)
             except aiosqlite.OperationalError as exc:
                 if self._installed or not is_old_schema(exc):
                     raise
                 await self.install()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    batches = True
+
+    async def claim_many(self, items: Sequence[ClaimItem]) -> list[ClaimRecord]:
+        """Claim a batch in ONE transaction (the ``claim`` statement per key, and ``peek``
+        for a key it did not take): one commit for the batch."""
+        return await self._batch(self._claim_many_in, items) if items else []
+
+    def _claim_many_in(
+        self, raw: sqlite3.Connection, items: Sequence[ClaimItem]
+    ) -> list[ClaimRecord]:
+        claim, peek = self._sql["claim"], self._sql["peek"]
+        records = []
+        for key, owner, fingerprint, ttl in items:
+            params = {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
+            rows = fetch_all(raw, claim, params) or fetch_all(raw, peek, {"key": key})
+            records.append(_record(rows[0]))  # in one transaction the blocking row is there
+        return records
+
+    async def complete_many(self, items: Sequence[CompleteItem], retention: float) -> list[bool]:
+        """Complete a batch in ONE transaction: one commit for the batch."""
+        return await self._batch(self._complete_many_in, items, retention) if items else []
+
+    def _complete_many_in(
+        self, raw: sqlite3.Connection, items: Sequence[CompleteItem], retention: float
+    ) -> list[bool]:
+        sql = self._sql["complete"]
+        return [
+            count_rows(
+                raw, sql, {"result": data, "retention": retention, "key": key, "owner": owner}
+            )
+            == 1
+            for key, owner, data in items
+        ]
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """Extend every claim of ``items`` in ONE transaction (one ``extend`` statement per
+        claim); one bool per item."""
+        return await self._batch(self._renew_in, items) if items else []
 
     def _renew_in(self, raw: sqlite3.Connection, items: Sequence[RenewItem]) -> list[bool]:
         sql = self._sql["extend"]

@@ -92,6 +92,51 @@ WHERE t.expires_at <= clock_timestamp()
        OR t.fingerprint = EXCLUDED.fingerprint)
 RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at;
 
+-- name: claim_many
+-- ONE statement: ``claim`` for a batch. Params: :keys text[] (distinct), :owners text[],
+-- :fingerprints text[] (NULL items: none), :ttls float8[] (seconds), of the same length.
+-- The same upsert as ``claim``, row by row in key order (so that two batches that share keys
+-- take their row locks in one order and never deadlock each other). Returns
+-- (k, mine, state, owner, attempt, fingerprint, result, expires_at) for every key it took;
+-- the others are read with ``peek_many``.
+INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at, claimed_at)
+SELECT i.k, 'in_progress', i.owner, 1, i.fingerprint, false,
+       clock_timestamp() + i.ttl * interval '1 second', clock_timestamp()
+  FROM unnest(CAST(:keys AS text[]), CAST(:owners AS text[]), CAST(:fingerprints AS text[]),
+              CAST(:ttls AS double precision[])) AS i(k, owner, fingerprint, ttl)
+ ORDER BY i.k
+ON CONFLICT (k) DO UPDATE SET
+    state = 'in_progress',
+    owner = EXCLUDED.owner,
+    attempt = CASE WHEN t.state = 'completed' THEN 1 ELSE t.attempt + 1 END,
+    fingerprint = CASE WHEN t.state = 'completed' THEN EXCLUDED.fingerprint
+                       ELSE coalesce(EXCLUDED.fingerprint, t.fingerprint) END,
+    applied = (t.applied AND t.state = 'in_progress'),
+    result = NULL,
+    expires_at = EXCLUDED.expires_at,
+    claimed_at = EXCLUDED.claimed_at
+WHERE t.expires_at <= clock_timestamp()
+  AND (t.state = 'completed' OR t.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL
+       OR t.fingerprint = EXCLUDED.fingerprint)
+RETURNING k, true AS mine, state, owner, attempt, fingerprint, result, expires_at;
+
+-- name: peek_many
+-- Params: :keys text[]. The records that stopped the claims of a batch (duplicates).
+SELECT k, false, state, owner, attempt, fingerprint, result, expires_at
+  FROM {table} WHERE k = ANY(CAST(:keys AS text[]));
+
+-- name: complete_many
+-- ONE statement: ``complete`` for a batch. Params: :keys text[] (distinct), :owners text[],
+-- :results bytea[], :retention (seconds). Owner-checked per key; returns the keys it stored.
+UPDATE {table} AS t
+SET state = 'completed', result = i.result,
+    expires_at = clock_timestamp() + CAST(:retention AS double precision) * interval '1 second'
+FROM unnest(CAST(:keys AS text[]), CAST(:owners AS text[]), CAST(:results AS bytea[]))
+     AS i(k, owner, result)
+WHERE t.k = i.k AND t.owner = i.owner
+  AND NOT (t.state = 'completed' AND t.expires_at <= clock_timestamp())
+RETURNING t.k;
+
 -- name: peek
 -- Params: :key. The record that stopped a claim (duplicate path only).
 SELECT false, state, owner, attempt, fingerprint, result, expires_at FROM {table} WHERE k = :key;
