@@ -11,9 +11,7 @@ POSTGRES_URL = os.environ.get(
     "JOBFENCE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 MYSQL_URL = os.environ.get("JOBFENCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
-RABBITMQ_URL = os.environ.get(
-    "JOBFENCE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"
-)
+RABBITMQ_URL = os.environ.get("JOBFENCE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
 def mysql_params() -> dict[str, Any]:

@@ -326,6 +326,76 @@ async def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
     assert taken.state is ClaimState.NEW and taken.attempt == 2
 
 
+async def test_claim_many_answers_each_key_as_a_claim_alone_would(ienv: InboxEnv) -> None:
+    """The batch verb behind the group commit: one record per item, in order, each what
+    ``claim`` would have answered for that key alone (new, duplicate, in progress, takeover,
+    fingerprint refusal), whether or not the backend sends the batch in one round trip."""
+    inbox = ienv.inbox()
+    done = await inbox.claim("many:done", fingerprint="fp-a")
+    await done.complete({"paid": 5})
+    busy = await inbox.claim("many:busy", ttl=30)
+    expired = await inbox.claim("many:expired", fingerprint="fp-x", ttl=0.1)
+    mismatch = await inbox.claim("many:mismatch", fingerprint="fp-m", ttl=0.1)
+    released = await inbox.claim("many:released", ttl=30)
+    assert await released.release() is True
+    await asyncio.sleep(0.25)  # past the deadlines of "expired" and "mismatch"
+    items = [
+        ("many:new ü✓", "owner-1", "fp-n", 30.0),
+        ("many:done", "owner-2", "fp-a", 30.0),
+        ("many:busy", "owner-3", None, 30.0),
+        ("many:expired", "owner-4", None, 30.0),
+        ("many:mismatch", "owner-5", "fp-other", 30.0),
+        ("many:released", "owner-6", None, 30.0),
+    ]
+    records = await inbox.on_backend("claim_many", items)
+    # (a completed record's owner is not part of the answer: some backends keep the last one)
+    got = [
+        (
+            r.mine,
+            r.state,
+            r.attempt,
+            r.owner if r.state is ClaimState.IN_PROGRESS else "-",
+            r.fingerprint,
+        )
+        for r in records
+    ]
+    assert got == [
+        (True, ClaimState.IN_PROGRESS, 1, "owner-1", "fp-n"),
+        (False, ClaimState.COMPLETED, 1, "-", "fp-a"),
+        (False, ClaimState.IN_PROGRESS, 1, busy.owner, None),
+        (True, ClaimState.IN_PROGRESS, 2, "owner-4", "fp-x"),  # a takeover keeps the key's
+        (False, ClaimState.IN_PROGRESS, 1, mismatch.owner, "fp-m"),
+        (True, ClaimState.IN_PROGRESS, 2, "owner-6", None),
+    ]
+    assert inbox.serializer.loads(records[1].result) == {"paid": 5}
+    assert await inbox.on_backend("claim_many", []) == []
+    # what the batch took is held: a claim of its own sees the batch's owner
+    again = await inbox.claim("many:new ü✓")
+    assert again.state is ClaimState.IN_PROGRESS and again.owner == "owner-1"
+    assert expired.owner != "owner-4"
+
+
+async def test_complete_many_is_owner_checked_per_key(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claims = [await inbox.claim(f"cm:{i}", ttl=30) for i in range(3)]
+    data = [inbox.serializer.dumps({"n": i}) for i in range(4)]
+    data = [d if isinstance(d, bytes) else d.encode() for d in data]
+    items = [
+        ("cm:0", claims[0].owner, data[0]),
+        ("cm:1", "not-the-owner", data[1]),
+        ("cm:2", claims[2].owner, data[2]),
+        ("cm:unknown", "nobody", data[3]),
+    ]
+    assert await inbox.on_backend("complete_many", items, 60.0) == [True, False, True, False]
+    assert await inbox.on_backend("complete_many", [], 60.0) == []
+    for i, state in ((0, ClaimState.COMPLETED), (1, ClaimState.IN_PROGRESS)):
+        seen = await inbox.claim(f"cm:{i}")
+        assert seen.state is state
+    replay = await inbox.claim("cm:2")
+    assert replay.state is ClaimState.COMPLETED and replay.result == {"n": 2}
+    assert await inbox.claim_info("cm:unknown") is None
+
+
 async def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(ienv: InboxEnv) -> None:
     inbox = ienv.inbox()
     claim = await inbox.claim("cext:1", ttl=1.5)  # room for the extend on a loaded machine

@@ -624,8 +624,7 @@ async def test_lease_mode_without_notify_polls_and_does_not_queue(
 
 def _blocked_on_a_lock(admin: psycopg.Connection[Any], ns: str) -> int:
     row = admin.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE %s",
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
         (f'%"{ns}_lock_queue"%',),
     ).fetchone()
     return int(row[0]) if row else 0

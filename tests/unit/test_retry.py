@@ -323,9 +323,7 @@ def test_retry_on_adds_exception_types_and_predicates(clock: VirtualClock) -> No
     ],
     ids=lambda e: type(e).__name__,
 )
-def test_retry_on_never_overrides_a_never_retry_error(
-    clock: VirtualClock, exc: Exception
-) -> None:
+def test_retry_on_never_overrides_a_never_retry_error(clock: VirtualClock, exc: Exception) -> None:
     calls = 0
 
     @retry_unit(attempts=4, retry_on=Exception)

@@ -39,9 +39,7 @@ async def test_run_on_calls_the_function_with_the_raw_connection_on_its_thread(
 ) -> None:
     execute = getattr(aiosqlite.Connection, "_execute", None)
     assert execute is not None and inspect.iscoroutinefunction(execute), PRIVATE_API
-    assert isinstance(inspect.getattr_static(aiosqlite.Connection, "_conn"), property), (
-        PRIVATE_API
-    )
+    assert isinstance(inspect.getattr_static(aiosqlite.Connection, "_conn"), property), PRIVATE_API
     conn = await connect(str(tmp_path / "r.db"), 5.0)
     try:
         worker = getattr(conn, "_thread", conn)  # aiosqlite < 0.22: the connection is the thread

@@ -176,9 +176,7 @@ def test_claim_renewals_then_a_lost_claim_with_its_log_fields(
     assert otel.value("jobfence.lock.renewals", backend="memory", outcome="ok") == 0
 
 
-def test_message_renewals_then_a_lost_message(
-    otel: Otel, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_message_renewals_then_a_lost_message(otel: Otel, caplog: pytest.LogCaptureFixture) -> None:
     with jobfence.Queue(_url(), "mail") as queue, caplog.at_level(logging.WARNING, "jobfence"):
         queue.publish({"to": "a@example.com"}, id="m1")
         (message,) = queue.receive(visibility=0.6, renew=True)
