@@ -4,8 +4,10 @@
 the same loop for a :class:`~jobfence.Queue`, run from blocking code (``Worker.run()`` starts
 its own event loop, and calls the sync backend in threads). One body of logic serves both:
 
-* **bounded concurrency**: at most ``concurrency`` messages are in flight; ``async def``
-  handlers run as tasks, plain functions in a pool of ``concurrency`` threads;
+* **bounded concurrency**: at most ``concurrency`` handlers run at once; ``async def``
+  handlers run as tasks, plain functions in a pool of ``concurrency`` threads. A handler's
+  slot frees as it returns (or raises): its ack (or nack) round trip then goes on beside the
+  next handlers instead of holding the slot;
 * **ack after the handler returns**, never before: a worker that dies mid-message leaves it
   to be redelivered (after ``visibility``, or at once where the server redelivers on
   disconnect);
@@ -189,6 +191,9 @@ class AsyncWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._tasks: dict[asyncio.Task[None], AsyncMessage] = {}
+        #: the tasks whose handler has not returned yet (each holds one of the slots)
+        self._busy: set[asyncio.Task[None]] = set()
+        self._slot_free: _Wakeup | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._running = False
 
@@ -254,7 +259,7 @@ class AsyncWorker:
                 self.concurrency, thread_name_prefix="jobfence-worker"
             )
         signals = self._install_signals(loop)
-        slot_free = _Wakeup(loop)
+        slot_free = self._slot_free = _Wakeup(loop)
         log.info(
             "worker on queue %r (%s): concurrency %d, max_deliveries %d, visibility %.1f s",
             self.queue.name,
@@ -281,7 +286,7 @@ class AsyncWorker:
         stop_wait = loop.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
-                while buffer and len(self._tasks) < self.concurrency:
+                while buffer and len(self._busy) < self.concurrency:
                     self._start(loop, buffer.popleft(), slot_free)
                 room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
                 idle = not (self._tasks or buffer or receiving)
@@ -346,10 +351,20 @@ class AsyncWorker:
     ) -> None:
         task = loop.create_task(self._handle(message))
         self._tasks[task] = message
+        self._busy.add(task)
         self.stats.in_flight = len(self._tasks)
         task.add_done_callback(lambda t: self._done(t, slot_free))
 
+    def _free_slot(self, task: asyncio.Task[None] | None) -> None:
+        """The handler of ``task`` returned or raised: its slot is free for the next one
+        (its ack or nack, still to come, does not hold a slot)."""
+        if task is not None and task in self._busy:
+            self._busy.discard(task)
+            if self._slot_free is not None:
+                self._slot_free.set()
+
     def _done(self, task: asyncio.Task[None], slot_free: _Wakeup) -> None:
+        self._busy.discard(task)
         self._tasks.pop(task, None)
         self.stats.in_flight = len(self._tasks)
         slot_free.set()
@@ -436,10 +451,12 @@ class AsyncWorker:
             await asyncio.shield(self._give_back(message, "the worker stopped before it finished"))
             raise
         except Exception as exc:
+            self._free_slot(task)
             await self._failed(message, exc)
             return
         finally:
             current_message_var.reset(token)
+        self._free_slot(task)
         try:
             await message.ack()
         except MessageLost:

@@ -66,6 +66,54 @@ async def test_acks_after_the_handler_and_never_runs_more_than_concurrency() -> 
     await q.close()
 
 
+@pytest.mark.parametrize("fail", [False, True], ids=["ack", "nack"])
+async def test_a_slot_frees_when_its_handler_returns_not_when_its_ack_is_answered(
+    fail: bool,
+) -> None:
+    """concurrency=1: the first message's ack (or nack) is held at the I/O hook; the second
+    handler starts meanwhile, and the first message is settled once the hook lets it go."""
+    q = jobfence.AsyncQueue(_url(), "slots", visibility=10)
+    await q.publish_many([{"n": 0}, {"n": 1}])
+    second_started = asyncio.Event()
+    settle = asyncio.Event()
+    held: list[str] = []
+    started: list[int] = []
+
+    async def hook(point: str, **info: Any) -> None:
+        if point in ("queue.ack", "queue.nack") and not held:
+            held.append(point)
+            await settle.wait()
+
+    async def handler(message: Any) -> None:
+        started.append(message.body["n"])
+        if len(started) == 2:
+            second_started.set()
+            return
+        if fail:
+            raise RuntimeError("first one fails")
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, handle_signals=False, backoff=30)
+    with hooked(hook):
+        run = asyncio.ensure_future(worker.run())
+        await asyncio.wait_for(second_started.wait(), 10)
+        # the second handler ran while the first message's settlement was still held
+        assert held == ["queue.nack" if fail else "queue.ack"]
+        assert worker.stats.retried == 0  # the first message is not settled yet
+        settle.set()
+        await _run_until_stats(worker, lambda s: s.processed + s.retried == 2)
+        worker.stop()
+        await run
+    assert worker.stats.processed == (1 if fail else 2)
+    assert worker.stats.retried == (1 if fail else 0)
+
+
+async def _run_until_stats(worker: jobfence.AsyncWorker, done: Any, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not done(worker.stats) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert done(worker.stats), worker.stats
+
+
 async def test_an_exception_redelivers_with_backoff_then_dead_letters() -> None:
     q = jobfence.AsyncQueue(_url(), "r")
     await q.publish({"n": 1}, id="always-fails")
