@@ -73,7 +73,11 @@ async def _drain_worker(queue: jobfence.AsyncQueue, handler: Any, n: int, conc: 
     return finished - started
 
 
-def jobfence_cases(url: str, inbox_url: str, conc: int) -> dict[str, Consume]:
+def jobfence_cases(
+    url: str, inbox_url: str, conc: int, on_inbox: Callable[[Any], None] | None = None
+) -> dict[str, Consume]:
+    """The jobfence cases; ``on_inbox(inbox)`` sees the guarded case's inbox before it runs."""
+
     async def noop(message: Any) -> None:
         pass
 
@@ -91,6 +95,8 @@ def jobfence_cases(url: str, inbox_url: str, conc: int) -> dict[str, Consume]:
         table = "bench_inbox_" + uuid.uuid4().hex[:8]
         inbox = jobfence.AsyncInbox(inbox_url, table=table)
         await inbox.install()
+        if on_inbox is not None:
+            on_inbox(inbox)
 
         @jobfence.guarded(inbox=inbox)
         async def handler(message: Any) -> None:
@@ -311,17 +317,34 @@ def rabbitmq_floor(conc: int, dedupe: bool = False) -> Consume:
 # -- round trips -----------------------------------------------------------------------------
 
 
-async def count_trips(url: str, inbox_url: str, n: int, conc: int) -> dict[str, float]:
-    """Backend calls per message by hook point, for a guarded no-op handler."""
+async def count_trips(
+    url: str, inbox_url: str, n: int, conc: int
+) -> tuple[dict[str, float], float]:
+    """For a guarded no-op handler: backend calls per message by hook point (one per claim
+    and per completion), and the inbox's round trips per message, counted at its backend
+    (the claims and completions of handlers running together go in one round trip each)."""
     seen: collections.Counter[str] = collections.Counter()
+    trips = 0
 
     def count(point: str, **info: Any) -> None:
         seen[point] += 1
 
-    case = jobfence_cases(url, inbox_url, conc)["jobfence AsyncWorker, guarded"]
+    def count_round_trips(inbox: Any) -> None:
+        backend = inbox.backend
+        for verb in ("claim", "claim_many", "complete", "complete_many"):
+            real = getattr(backend, verb)
+
+            async def counted(*args: Any, _real: Any = real) -> Any:
+                nonlocal trips
+                trips += 1
+                return await _real(*args)
+
+            setattr(backend, verb, counted)
+
+    case = jobfence_cases(url, inbox_url, conc, count_round_trips)["jobfence AsyncWorker, guarded"]
     with hooked(count):
         await case(n)
-    return {point: seen[point] / n for point in sorted(seen)}
+    return {point: seen[point] / n for point in sorted(seen)}, trips / n
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -343,6 +366,8 @@ class Measured:
     messages: int
     rates: dict[str, list[float]]
     trips: dict[str, float]
+    #: the inbox's round trips per guarded message (batched claims and completions)
+    inbox_trips: float
 
     def median(self, case: str) -> float:
         return statistics.median(self.rates[case])
@@ -380,8 +405,8 @@ async def measure(backend: str, n: int, rounds: int, conc: int, tmp: str) -> Mea
     for _ in range(rounds):
         for name, fn in cases.items():
             rates[name].append(n / await fn(n))
-    trips = await count_trips(url, inbox_url, min(n, 500), conc)
-    return Measured(backend, n, rates, trips)
+    trips, inbox_trips = await count_trips(url, inbox_url, min(n, 500), conc)
+    return Measured(backend, n, rates, trips, inbox_trips)
 
 
 async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
@@ -399,7 +424,8 @@ async def bench(backend: str, n: int, rounds: int, conc: int, tmp: str) -> None:
         "  backend calls per guarded message: "
         + ", ".join(f"{p} {v:.2f}" for p, v in m.trips.items())
     )
-    print(f"  on top of receive and ack: {m.extra_trips:.2f} round trips per message")
+    print(f"  on top of receive and ack: {m.extra_trips:.2f} inbox calls per message")
+    print(f"  of which round trips (concurrent calls batched): {m.inbox_trips:.2f} per message")
 
 
 def main() -> None:

@@ -160,6 +160,15 @@ TARGETS = [
     ),
     "Redis (redis-py, sync): claim + complete faster than Powertools",
     *(
+        f"{queue}: {target}"
+        for queue in ("redis", "postgres", "sqlite", "rabbitmq")
+        for target in (
+            "jobfence AsyncWorker, no-op ≥ 0.70x hand-written loop",
+            "jobfence AsyncWorker, guarded ≥ 0.70x hand-written loop + idempotency mark",
+            "≤ 5 backend round trips per guarded message",
+        )
+    ),
+    *(
         f"{db}: {what}"
         for db in ("Redis", "PostgreSQL (lease mode)", "SQLite")
         for what in ("≤ 2 KB of client memory per lease", "one round trip per renewal tick")
