@@ -72,3 +72,30 @@ def test_the_async_inbox_lists_a_cluster_too(cluster: RedisCluster) -> None:
             await client.aclose()
 
     assert asyncio.run(main()) == sorted(KEYS)
+
+
+def test_concurrent_claims_and_completions_are_batched_per_hash_slot(cluster: RedisCluster) -> None:
+    """The group commit on a cluster: one batch of keys in many slots goes as one script call
+    per slot (a script may only touch keys of one slot), and each key gets its own answer."""
+    table = "clb_" + uuid.uuid4().hex[:8]
+
+    async def main() -> None:
+        client = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        try:
+            async with jobfence.AsyncInbox(client, table=table) as inbox:
+                first = await inbox.claim(KEYS[0], ttl=60)
+                claims = await asyncio.gather(*(inbox.claim(key, ttl=60) for key in KEYS))
+                assert claims[0].state is ClaimState.IN_PROGRESS
+                assert claims[0].owner == first.owner
+                assert [c.state for c in claims[1:]] == [ClaimState.NEW] * (len(KEYS) - 1)
+                await asyncio.gather(*(c.complete({"key": c.key}) for c in claims[1:]))
+                await first.complete({"key": KEYS[0]})
+                assert inbox._claims is not None and inbox._claims.flushes <= 3
+                replays = await asyncio.gather(*(inbox.claim(key) for key in KEYS))
+                assert [r.state for r in replays] == [ClaimState.COMPLETED] * len(KEYS)
+                assert [r.result for r in replays] == [{"key": key} for key in KEYS]
+                await inbox.drop()
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())

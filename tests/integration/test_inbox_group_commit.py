@@ -22,6 +22,8 @@ from tests.conformance.specs import INBOX, Spec, inbox_table, new_namespace, spe
 from tests.netproxy import FaultProxy
 from tests.servers import POSTGRES_URL, REDIS_URL
 
+#: each fixture inbox's URL (a second client of the same store opens it again)
+URLS: dict[Any, str] = {}
 BATCHING = spec_params(INBOX, lambda s: s.id in ("postgres", "sqlite", "redis"))
 
 
@@ -60,6 +62,7 @@ async def inbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     url = spec.make_url(tmp_path)
     namespace = new_namespace()
     box = jobfence.AsyncInbox(url, table=inbox_table(namespace))
+    URLS[box] = url
     assert box.backend.batches
     await box.install()
     try:
@@ -132,6 +135,45 @@ async def test_guarded_calls_at_once_run_each_key_once(inbox: Any) -> None:
     again = await asyncio.gather(*(charge(n) for n in range(10)))
     assert again == [{"charged": n} for n in range(10)]
     assert len(runs) == 10
+
+
+async def test_two_clients_batching_the_same_keys_in_opposite_orders_share_them_out(
+    inbox: Any,
+) -> None:
+    """Two inboxes (two connection pools, as two worker processes would have) claim the same
+    keys at once, in opposite orders, in batches: every key has exactly one winner, and no
+    batch fails or falls back to one claim at a time (PostgreSQL's batches take their rows in
+    key order, so two of them wait for each other rather than deadlock)."""
+    other = jobfence.AsyncInbox(URLS[inbox], table=inbox.table)
+    conflicts: list[BaseException] = []
+    for box in (inbox, other):
+        run = getattr(box.backend, "_run", None)
+        if run is not None:
+
+            async def watched(*args: Any, _run: Any = run) -> Any:
+                try:
+                    return await _run(*args)
+                except Exception as exc:
+                    conflicts.append(exc)
+                    raise
+
+            box.backend._run = watched
+    try:
+        keys = [f"both:{i:02d}" for i in range(64)]
+        for rnd in range(10):
+            names = [f"{k}:{rnd}" for k in keys]
+            mine = [inbox.claim(k, ttl=30) for k in names]
+            theirs = [other.claim(k, ttl=30) for k in reversed(names)]
+            claims = await asyncio.gather(*mine, *theirs)
+            by_key: dict[str, list[Any]] = {}
+            for claim in claims:
+                by_key.setdefault(claim.key, []).append(claim)
+            for key, pair in by_key.items():
+                states = sorted(c.state.value for c in pair)
+                assert states == ["in_progress", "new"], (key, states)
+        assert not conflicts, conflicts  # no batch deadlocked (or failed) and fell back
+    finally:
+        await other.close()
 
 
 # -- cancellation and a broken link -----------------------------------------------------------
