@@ -37,7 +37,7 @@ from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
 from .renewal_async import AsyncRenewer
 
 if ASYNC:
-    import asyncio
+    from ._core.groupcommit import GroupCommit
 
 if TYPE_CHECKING:
     from .locks_async import AsyncLease
@@ -403,10 +403,11 @@ class AsyncQueue:
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
         if ASYNC:
-            # acks waiting for the next ack_many round trip, and whether one is under way
-            self._acks: list[tuple[str, asyncio.Future[bool]]] = []
-            self._acks_flushing = False
-            self._ack_flusher: asyncio.Task[None] | None = None
+            # acks made while one ack_many round trip is under way go together in the next
+            # (group commit); a cancelled ack is still sent
+            self._acks: GroupCommit[str, bool] = GroupCommit(
+                self._flush_acks, withdraw=False, name="jobfence-queue-acks"
+            )
         self._closed = False
         self._renewer = self._new_renewer()
         forks.register(self)
@@ -516,36 +517,11 @@ class AsyncQueue:
             the acks that come in wait for it to end and go together in the next (group
             commit), so concurrent handlers pay one round trip per batch, and a lone ack
             pays one round trip as before."""
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[bool] = loop.create_future()
-            self._acks.append((receipt, future))
-            if not self._acks_flushing:
-                self._acks_flushing = True
-                self._ack_flusher = loop.create_task(self._flush_acks())
-            return await future
+            return await self._acks.submit(receipt)
 
-        async def _flush_acks(self) -> None:
-            try:
-                while self._acks:
-                    batch, self._acks = self._acks, []
-                    try:
-                        results = await self.backend.ack_many(
-                            [(receipt, self.consumer) for receipt, _ in batch]
-                        )
-                        if len(results) != len(batch):
-                            raise RuntimeError(
-                                f"ack_many answered {len(results)} results for {len(batch)} acks"
-                            )
-                    except Exception as exc:
-                        for _, future in batch:
-                            if not future.done():
-                                future.set_exception(exc)
-                        continue
-                    for (_, future), ok in zip(batch, results, strict=True):
-                        if not future.done():
-                            future.set_result(bool(ok))
-            finally:
-                self._acks_flushing = False
+        async def _flush_acks(self, receipts: list[str]) -> list[bool]:
+            results = await self.backend.ack_many([(r, self.consumer) for r in receipts])
+            return [bool(ok) for ok in results]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -726,6 +702,9 @@ class AsyncQueue:
         forks.keep(self._renewer)
         self.consumer = _new_consumer()
         self._renewer = self._new_renewer()
+        if ASYNC:  # acks the parent had under way stay the parent's
+            forks.keep(self._acks)
+            self._acks = GroupCommit(self._flush_acks, withdraw=False, name="jobfence-queue-acks")
         self.backend.after_fork()
 
     async def __aenter__(self) -> AsyncQueue:

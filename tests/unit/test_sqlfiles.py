@@ -151,6 +151,19 @@ def test_named_style_is_unchanged() -> None:
     assert convert(SQL, "named") == (SQL, ("a", "b", "b_2"))
 
 
+def test_psycopg_style_sends_array_parameters_in_binary() -> None:
+    sql = (
+        "SELECT * FROM unnest(CAST(:keys AS text[]), CAST(:ttls AS double precision[]), "
+        ":names::text[]) WHERE k = :key AND x = CAST(:n AS integer) AND '5%' <> :key"
+    )
+    out, names = convert(sql, "psycopg")
+    assert out == (
+        "SELECT * FROM unnest(CAST(%(keys)b AS text[]), CAST(%(ttls)b AS double precision[]), "
+        "%(names)b::text[]) WHERE k = %(key)s AND x = CAST(%(n)s AS integer) AND '5%%' <> %(key)s"
+    )
+    assert names == ("keys", "ttls", "names", "key", "n")
+
+
 def test_pyformat_style_doubles_percent_signs() -> None:
     out, names = convert(SQL, "pyformat")
     assert names == ("a", "b", "b_2")

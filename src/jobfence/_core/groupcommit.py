@@ -32,13 +32,15 @@ DEFAULT_LIMIT = 64
 
 
 class _Entry(Generic[I, R]):
-    __slots__ = ("future", "item", "key", "sent")
+    __slots__ = ("batch", "future", "item", "key", "withdrawn")
 
     def __init__(self, item: I, key: Hashable | None, future: asyncio.Future[R]) -> None:
         self.item = item
         self.key = key
         self.future = future
-        self.sent = False
+        #: once sent: a future of its batch, done when the batch has been answered
+        self.batch: asyncio.Future[None] | None = None
+        self.withdrawn = False
 
 
 class GroupCommit(Generic[I, R]):
@@ -71,23 +73,27 @@ class GroupCommit(Generic[I, R]):
         if self._task is None:
             self._task = loop.create_task(self._run(), name=self._name)
         try:
-            return await asyncio.shield(entry.future)
+            return await entry.future
         except asyncio.CancelledError:
-            if entry.future.done() and not entry.future.cancelled():
-                raise  # answered as the caller was cancelled: the caller undoes it
-            if not entry.sent:
-                if self._withdraw and entry in self._pending:
-                    self._pending.remove(entry)
-                    entry.future.cancel()
+            # (the caller's cancellation cancelled entry.future: its answer is not needed, as
+            # the caller undoes whatever the call did, once the call is over)
+            if entry.batch is None:
+                if self._withdraw:
+                    entry.withdrawn = True  # never sent
                 raise
-            await _wait_uncancelled(entry.future)
+            await _wait_uncancelled(entry.batch)
             raise
 
     async def _run(self) -> None:
         batch: list[_Entry[I, R]] = []
+        done: asyncio.Future[None] | None = None
         try:
             while self._pending:
-                batch = self._take()
+                done = asyncio.get_running_loop().create_future()
+                batch = self._take(done)
+                if not batch:
+                    done.set_result(None)
+                    continue
                 items = [entry.item for entry in batch]
                 self.flushes += 1
                 self.items += len(items)
@@ -99,12 +105,16 @@ class GroupCommit(Generic[I, R]):
                     for entry in batch:
                         if not entry.future.done():
                             entry.future.set_exception(exc)
+                    done.set_result(None)
                     continue
                 for entry, result in zip(batch, results, strict=True):
                     if not entry.future.done():
                         entry.future.set_result(result)
+                done.set_result(None)
         finally:
             self._task = None
+            if done is not None and not done.done():
+                done.set_result(None)
             # only if this task itself was cancelled (its event loop is closing): nobody is
             # left waiting for an answer that will not come
             for entry in [*batch, *self._pending]:
@@ -114,26 +124,27 @@ class GroupCommit(Generic[I, R]):
                     )
             self._pending = []
 
-    def _take(self) -> list[_Entry[I, R]]:
-        """The next batch: up to ``limit`` pending items with distinct keys, oldest first."""
+    def _take(self, done: asyncio.Future[None]) -> list[_Entry[I, R]]:
+        """The next batch: up to ``limit`` pending items with distinct keys, oldest first;
+        ``done`` is the future of the batch, set when it has been answered."""
         batch: list[_Entry[I, R]] = []
         rest: list[_Entry[I, R]] = []
         keys: set[Hashable] = set()
         for entry in self._pending:
-            if entry.future.done():  # withdrawn
+            if entry.withdrawn:
                 continue
             if len(batch) >= self._limit or (entry.key is not None and entry.key in keys):
                 rest.append(entry)
                 continue
             if entry.key is not None:
                 keys.add(entry.key)
-            entry.sent = True
+            entry.batch = done
             batch.append(entry)
         self._pending = rest
         return batch
 
 
-async def _wait_uncancelled(future: asyncio.Future[R]) -> None:
+async def _wait_uncancelled(future: asyncio.Future[None]) -> None:
     """Wait until ``future`` is done, through any number of cancellations (the flush that
     resolves it is bounded by its backend's timeout)."""
     while not future.done():
@@ -141,5 +152,3 @@ async def _wait_uncancelled(future: asyncio.Future[R]) -> None:
             await asyncio.shield(future)
         except asyncio.CancelledError:
             continue
-        except Exception:
-            return

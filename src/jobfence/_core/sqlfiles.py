@@ -21,8 +21,12 @@ file the same steps run, and the result is cached:
    ==============  ================================  ========================================
    style           drivers                           placeholder
    ==============  ================================  ========================================
-   ``pyformat``    psycopg, PyMySQL, aiomysql        ``%(name)s``; a literal ``%`` is doubled
+   ``pyformat``    PyMySQL, aiomysql, psycopg        ``%(name)s``; a literal ``%`` is doubled
                                                      (only when the statement has parameters)
+   ``psycopg``     psycopg (jobfence's connections)  as ``pyformat``, but an array parameter
+                                                     (``CAST(:name AS type[])`` or
+                                                     ``:name::type[]``) is ``%(name)b``: sent
+                                                     in binary, without quoting each element
    ``named``       sqlite3, aiosqlite                ``:name`` (unchanged)
    ``sqlalchemy``  SQLAlchemy ``text()``             ``:name``; other colons that ``text()``
                                                      would read as parameters are escaped
@@ -58,7 +62,9 @@ __all__ = [
     "strip_comments",
 ]
 
-STYLES = ("named", "pyformat", "numeric", "sqlalchemy", "format")
+STYLES = ("named", "pyformat", "psycopg", "numeric", "sqlalchemy", "format")
+#: what follows an array parameter: `` AS type[])`` of a CAST, or a ``::type[]`` cast
+_ARRAY_CAST = re.compile(r"\s+AS\s+[A-Za-z0-9_ ]+\[\]\s*\)|::[A-Za-z0-9_ ]+\[\]", re.IGNORECASE)
 
 _SECTION = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
 _TOKEN = re.compile(
@@ -168,6 +174,10 @@ class Converted(NamedTuple):
     names: tuple[str, ...]
 
 
+#: the styles whose placeholders start with ``%``: a literal ``%`` is doubled
+_PERCENT_STYLES = ("pyformat", "psycopg", "format")
+
+
 @lru_cache(maxsize=2048)
 def convert(sql: str, style: str) -> Converted:
     """``sql`` with ``:name`` parameters in the placeholder style of a driver (see above)."""
@@ -187,12 +197,15 @@ def convert(sql: str, style: str) -> Converted:
     positional: list[str] = []  # the name of each %s (format)
     for index, (kind, text, match) in enumerate(pieces):
         if kind != "param":
-            out.append(text.replace("%", "%%") if style in ("pyformat", "format") else text)
+            out.append(text.replace("%", "%%") if style in _PERCENT_STYLES else text)
             continue
         assert match is not None
         name = match.group("name")
+        following = "".join(piece[1] for piece in pieces[index + 1 : index + 3])
         if style == "pyformat":
             out.append(f"%({name})s")
+        elif style == "psycopg":
+            out.append(f"%({name})b" if _ARRAY_CAST.match(following) else f"%({name})s")
         elif style == "format":
             out.append("%s")
             positional.append(name)
@@ -200,7 +213,6 @@ def convert(sql: str, style: str) -> Converted:
             out.append(f"${names.index(name) + 1}")
         else:
             starts.add(sum(len(p) for p in out))
-            following = pieces[index + 1][1] if index + 1 < len(pieces) else ""
             # text() does not take ":name" right before a colon (a "::" cast): add a space
             out.append(f":{name} " if following.startswith(":") else f":{name}")
     text = "".join(out)

@@ -83,7 +83,7 @@ class PostgresInboxBackend(SQLInboxBackend):
         self._conninfo = url.without_options(*_OPTIONS)
         if self._conninfo.startswith("postgres://"):
             self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
-        self._sql = DIALECT.inbox_queries(self.table, style="pyformat")
+        self._sql = DIALECT.inbox_queries(self.table, style="psycopg")
         self._installed = False
         source = self._source
         self._pool = ConnPool.configured(

@@ -190,7 +190,7 @@ def load_queries(namespace: str) -> dict[str, str]:
             names={"namespace": namespace},
             quote=DIALECT.quote,
             values={"schema_key": _schema_key(namespace)},
-            style="pyformat",
+            style="psycopg",
         )
     )
 

@@ -157,7 +157,7 @@ def load_queue_queries(table: str, channel: str) -> Queries:
         "queue.sql",
         names={"table": table, "channel": channel},
         quote=_quote,
-        style="pyformat",
+        style="psycopg",
     )
 
 
