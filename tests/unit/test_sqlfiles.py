@@ -263,3 +263,19 @@ def test_lua_scripts_load_with_their_library_first() -> None:
     body = files(package).joinpath("lua/lock_acquire.lua").read_text(encoding="utf-8")
     assert load_lua(package, "lock_lib.lua", "lock_acquire.lua") == lib + "\n" + body
     assert load_lua(package, "inbox_claim.lua").startswith("--")
+
+
+def test_the_postgres_batch_claim_takes_keys_by_the_single_claims_rules() -> None:
+    """``claim_many`` repeats ``claim``'s upsert for many rows: their ON CONFLICT clauses
+    (which keys are taken, and how a takeover counts attempts and keeps fingerprints) must
+    not drift apart."""
+    from jobfence.backends.postgres.dialect import DIALECT
+
+    queries = DIALECT.inbox_queries("t", style="named")
+
+    def on_conflict(section: str) -> str:
+        sql = queries[section]
+        clause = sql[sql.index("ON CONFLICT") : sql.index("RETURNING")]
+        return " ".join(clause.split())
+
+    assert on_conflict("claim_many") == on_conflict("claim")

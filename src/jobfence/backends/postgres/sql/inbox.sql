@@ -98,7 +98,9 @@ RETURNING true AS mine, state, owner, attempt, fingerprint, result, expires_at;
 -- The same upsert as ``claim``, row by row in key order (so that two batches that share keys
 -- take their row locks in one order and never deadlock each other). Returns
 -- (k, mine, state, owner, attempt, fingerprint, result, expires_at) for every key it took;
--- the others are read with ``peek_many``.
+-- the others are read with ``peek_many``. Its ON CONFLICT clause is ``claim``'s, word for
+-- word (a test holds them equal): the single-row form stays for a lone claim, where it costs
+-- about 40 µs less client CPU than arrays of one.
 INSERT INTO {table} AS t (k, state, owner, attempt, fingerprint, applied, expires_at, claimed_at)
 SELECT i.k, 'in_progress', i.owner, 1, i.fingerprint, false,
        clock_timestamp() + i.ttl * interval '1 second', clock_timestamp()
