@@ -79,6 +79,13 @@ class AsyncConnPool:
     def _usable(self, conn: Any) -> bool:
         return self._reusable is None or self._reusable(conn)
 
+    def ready(self) -> bool:
+        """Whether an idle usable connection is at hand: the next :meth:`take` needs no
+        connect (unless another caller takes it first)."""
+        with self._mutex:
+            conn = self._idle[-1] if self._idle else None
+        return conn is not None and self._usable(conn)
+
     async def take(self) -> Any:
         """An idle usable connection, or a new one."""
         while True:

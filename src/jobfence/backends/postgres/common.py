@@ -63,14 +63,11 @@ def pg_text_prefix(prefix: str) -> str:
 
 def reusable(conn: Any) -> bool:
     """Whether a psycopg connection may serve the next statement of a pool: open, not broken,
-    and not inside a transaction (a statement cut off mid-way leaves it ACTIVE)."""
-    from psycopg.pq import TransactionStatus  # only psycopg connections come here
-
-    return bool(
-        not conn.closed
-        and not conn.broken
-        and conn.info.transaction_status == TransactionStatus.IDLE
-    )
+    and not inside a transaction (a statement cut off mid-way leaves it ACTIVE). Read from
+    libpq's own status numbers (``CONNECTION_OK``, ``PQTRANS_IDLE``: both 0), without the
+    ``ConnectionInfo`` and enum objects that ``conn.info.transaction_status`` builds."""
+    pgconn = conn.pgconn
+    return bool(not conn.broken and pgconn.status == 0 and pgconn.transaction_status == 0)
 
 
 def refuse_connect_options(options: dict[str, Any], what: str) -> None:

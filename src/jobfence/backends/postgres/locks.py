@@ -433,7 +433,8 @@ class PostgresLockBackend(Listener, LockBackend):
         self._ready()
         if waiting and self.mode == "lease" and self.options.notify:
             self._ensure_listener()
-        self._give(self._take())
+        if not self._pool.ready():
+            self._give(self._take())
 
     def holder(self, name: str) -> LockHolder | None:
         """Lease mode: the live lease's owner, token and seconds left. Session mode: the

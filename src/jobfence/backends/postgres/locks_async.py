@@ -435,7 +435,8 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         await self._ready()
         if waiting and self.mode == "lease" and self.options.notify:
             await self._ensure_listener()
-        await self._give(await self._take())
+        if not self._pool.ready():
+            await self._give(await self._take())
 
     async def holder(self, name: str) -> LockHolder | None:
         """Lease mode: the live lease's owner, token and seconds left. Session mode: the
