@@ -42,6 +42,7 @@ class ConnPool:
         pool_size: int = DEFAULT_POOL_SIZE,
         reusable: Callable[[Any], bool] | None = None,
         put: Callable[[Any], None] | None = None,
+        loop_bound: bool = False,
     ) -> None:
         self._connect = connect
         #: where a usable connection goes back to instead of the idle list: the caller's own
@@ -64,6 +65,7 @@ class ConnPool:
         default: int,
         reusable: Callable[[Any], bool] | None = None,
         put: Callable[[Any], None] | None = None,
+        loop_bound: bool = False,
     ) -> ConnPool:
         """A pool whose size is the ``pool_size`` option (keywords, then the URL), else
         ``default``."""
@@ -73,6 +75,7 @@ class ConnPool:
             pool_size=option_pool_size(options, url_options, default),
             reusable=reusable,
             put=put,
+            loop_bound=loop_bound,
         )
 
     def __repr__(self) -> str:

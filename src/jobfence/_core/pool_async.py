@@ -24,7 +24,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from . import forks
+from .flavour import ASYNC
 from .options import option_pool_size
+
+if ASYNC:
+    import asyncio
 
 __all__ = ["DEFAULT_POOL_SIZE", "AsyncConnPool"]
 
@@ -40,6 +44,7 @@ class AsyncConnPool:
         pool_size: int = DEFAULT_POOL_SIZE,
         reusable: Callable[[Any], bool] | None = None,
         put: Callable[[Any], Awaitable[None]] | None = None,
+        loop_bound: bool = False,
     ) -> None:
         self._connect = connect
         #: where a usable connection goes back to instead of the idle list: the caller's own
@@ -51,6 +56,11 @@ class AsyncConnPool:
         self._mutex = threading.Lock()  # guards _idle (never held across I/O)
         self.pool_size = pool_size
         self.closed = False
+        if ASYNC:
+            #: the driver's connections work only on the event loop that opened them
+            #: (aiomysql): the idle ones are kept for one loop at a time
+            self._loop_bound = loop_bound
+            self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def configured(
@@ -62,6 +72,7 @@ class AsyncConnPool:
         default: int,
         reusable: Callable[[Any], bool] | None = None,
         put: Callable[[Any], Awaitable[None]] | None = None,
+        loop_bound: bool = False,
     ) -> AsyncConnPool:
         """A pool whose size is the ``pool_size`` option (keywords, then the URL), else
         ``default``."""
@@ -71,6 +82,7 @@ class AsyncConnPool:
             pool_size=option_pool_size(options, url_options, default),
             reusable=reusable,
             put=put,
+            loop_bound=loop_bound,
         )
 
     def __repr__(self) -> str:
@@ -86,8 +98,26 @@ class AsyncConnPool:
             conn = self._idle[-1] if self._idle else None
         return conn is not None and self._usable(conn)
 
+    if ASYNC:
+
+        async def _follow_loop(self) -> None:
+            """Loop-bound connections: on an event loop other than the idle connections'
+            (``asyncio.run`` once per job, with one client for the process), those are
+            closed (as far as a closed loop allows; their sockets close when they are
+            collected) and the pool starts over on this loop."""
+            loop = asyncio.get_running_loop()
+            if not self._loop_bound or loop is self._loop:
+                return
+            with self._mutex:
+                stale, self._idle = self._idle, []
+                self._loop = loop
+            for conn in stale:
+                await self.discard(conn)
+
     async def take(self) -> Any:
         """An idle usable connection, or a new one."""
+        if ASYNC:
+            await self._follow_loop()
         while True:
             with self._mutex:
                 conn = self._idle.pop() if self._idle else None
@@ -99,6 +129,9 @@ class AsyncConnPool:
 
     async def give(self, conn: Any) -> None:
         """Return ``conn`` to the idle list if it is usable and there is room, else close it."""
+        if ASYNC and self._loop_bound and asyncio.get_running_loop() is not self._loop:
+            await self.discard(conn)  # opened on a loop the idle ones no longer belong to
+            return
         if self._put is not None and self._usable(conn):
             await self._put(conn)
             return

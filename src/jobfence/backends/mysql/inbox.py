@@ -132,6 +132,7 @@ class MySQLInboxBackend(InboxBackend):
             url.options,
             DEFAULT_POOL_SIZE,
             put=source.put if source is not None else None,
+            loop_bound=True,  # an aiomysql connection works on the loop that opened it only
         )
 
     def _connect(self) -> Any:

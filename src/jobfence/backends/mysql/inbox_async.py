@@ -138,6 +138,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
             url.options,
             DEFAULT_POOL_SIZE,
             put=source.put if source is not None else None,
+            loop_bound=True,  # an aiomysql connection works on the loop that opened it only
         )
 
     async def _connect(self) -> Any:

@@ -203,7 +203,43 @@ def connect_redis(
     if ASYNC:
         pool: Any = client.connection_pool
         pool.connection_class = _with_bounded_write(pool.connection_class)
+        pool.__class__ = _following_the_loop(pool.__class__)
     return client
+
+
+if ASYNC:
+
+    @functools.cache
+    def _following_the_loop(cls: Any) -> type:
+        """``cls`` (redis-py's asyncio connection pool), whose connections work only on the
+        event loop that opened them, made to start over on another loop: a client made once
+        per process and used under ``asyncio.run`` once per job (a Celery or RQ task) would
+        otherwise hand the second job a connection of the first job's closed loop. The
+        connections left behind are not closed through that loop (it cannot run any more):
+        their sockets close when they are collected."""
+
+        class FollowingTheLoop(cls):  # type: ignore[valid-type,misc]
+            _jobfence_loop: asyncio.AbstractEventLoop | None = None
+
+            def _jobfence_follow_loop(self) -> None:
+                loop = asyncio.get_running_loop()
+                if loop is not self._jobfence_loop:
+                    if self._jobfence_loop is not None:
+                        self.reset()  # type: ignore[no-untyped-call]
+                        if hasattr(self, "_lock"):  # perhaps bound to the old loop
+                            self._lock = asyncio.Lock()
+                    self._jobfence_loop = loop
+
+            async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+                self._jobfence_follow_loop()
+                return await super().get_connection(*args, **kwargs)
+
+            async def disconnect(self, *args: Any, **kwargs: Any) -> Any:
+                self._jobfence_follow_loop()  # (aclose() too) only this loop's connections
+                return await super().disconnect(*args, **kwargs)
+
+        FollowingTheLoop.__name__ = FollowingTheLoop.__qualname__ = cls.__name__
+        return FollowingTheLoop
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:
