@@ -425,13 +425,7 @@ class Claim:
         self._start_finishing()
         try:
             ok = inbox._call(
-                "inbox.complete",
-                self.key,
-                inbox._send_complete,
-                self.key,
-                self._mine,
-                data,
-                inbox.retention,
+                "inbox.complete", self.key, inbox._send_complete, self.key, self._mine, data
             )
             self._finished = "completed" if ok else "lost"
         finally:
@@ -583,9 +577,10 @@ class Inbox:
         """The backend's claim (async: in the group commit, where the backend batches)."""
         return self.backend.claim(key, owner, fingerprint, ttl)
 
-    def _send_complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        """The backend's complete (async: in the group commit, where the backend batches)."""
-        return self.backend.complete(key, owner, result, retention)
+    def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
+        """The backend's complete, kept for the inbox's ``retention`` (async: in the group
+        commit, where the backend batches)."""
+        return self.backend.complete(key, owner, result, self.retention)
 
     def claim(
         self,

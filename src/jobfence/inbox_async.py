@@ -492,13 +492,7 @@ class AsyncClaim:
         self._start_finishing()
         try:
             ok = await inbox._call(
-                "inbox.complete",
-                self.key,
-                inbox._send_complete,
-                self.key,
-                self._mine,
-                data,
-                inbox.retention,
+                "inbox.complete", self.key, inbox._send_complete, self.key, self._mine, data
             )
             self._finished = "completed" if ok else "lost"
         finally:
@@ -676,12 +670,13 @@ class AsyncInbox:
                 return await self._claims.submit((key, owner, fingerprint, ttl), key)
         return await self.backend.claim(key, owner, fingerprint, ttl)
 
-    async def _send_complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
-        """The backend's complete (async: in the group commit, where the backend batches)."""
+    async def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
+        """The backend's complete, kept for the inbox's ``retention`` (async: in the group
+        commit, where the backend batches)."""
         if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
-            if self._completions is not None and retention == self.retention:
+            if self._completions is not None:
                 return await self._completions.submit((key, owner, result), key)
-        return await self.backend.complete(key, owner, result, retention)
+        return await self.backend.complete(key, owner, result, self.retention)
 
     if ASYNC:
 

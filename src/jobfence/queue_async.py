@@ -403,11 +403,7 @@ class AsyncQueue:
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
         if ASYNC:
-            # acks made while one ack_many round trip is under way go together in the next
-            # (group commit); a cancelled ack is still sent
-            self._acks: GroupCommit[str, bool] = GroupCommit(
-                self._flush_acks, withdraw=False, name="jobfence-queue-acks"
-            )
+            self._acks = self._new_acks()
         self._closed = False
         self._renewer = self._new_renewer()
         forks.register(self)
@@ -511,6 +507,11 @@ class AsyncQueue:
         )
 
     if ASYNC:
+
+        def _new_acks(self) -> GroupCommit[str, bool]:
+            """Acks made while one ``ack_many`` round trip is under way go together in the
+            next (group commit); a cancelled ack is still sent."""
+            return GroupCommit(self._flush_acks, withdraw=False, name="jobfence-queue-acks")
 
         async def _ack_batched(self, receipt: str) -> bool:
             """Ack ``receipt`` in the next ``ack_many`` round trip: while one is under way,
@@ -704,7 +705,7 @@ class AsyncQueue:
         self._renewer = self._new_renewer()
         if ASYNC:  # acks the parent had under way stay the parent's
             forks.keep(self._acks)
-            self._acks = GroupCommit(self._flush_acks, withdraw=False, name="jobfence-queue-acks")
+            self._acks = self._new_acks()
         self.backend.after_fork()
 
     async def __aenter__(self) -> AsyncQueue:

@@ -225,9 +225,7 @@ if ASYNC:
                 loop = asyncio.get_running_loop()
                 if loop is not self._jobfence_loop:
                     if self._jobfence_loop is not None:
-                        self.reset()  # type: ignore[no-untyped-call]
-                        if hasattr(self, "_lock"):  # perhaps bound to the old loop
-                            self._lock = asyncio.Lock()
+                        _start_over(self)
                     self._jobfence_loop = loop
 
             async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
@@ -240,6 +238,14 @@ if ASYNC:
 
         FollowingTheLoop.__name__ = FollowingTheLoop.__qualname__ = cls.__name__
         return FollowingTheLoop
+
+    def _start_over(pool: Any) -> None:
+        """redis-py's asyncio ``pool`` forgets its connections (without closing them) and its
+        lock (an ``asyncio.Lock``, perhaps bound to another loop): it opens new ones on first
+        use, on the running loop."""
+        pool.reset()
+        if hasattr(pool, "_lock"):
+            pool._lock = asyncio.Lock()
 
 
 def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool) -> Any:
@@ -360,6 +366,4 @@ def forget_connections(client: Any) -> None:
                 *getattr(pool, "_in_use_connections", ()),
             ]
         )
-        pool.reset()  # type: ignore[no-untyped-call]
-        if hasattr(pool, "_lock"):  # an asyncio.Lock, perhaps bound to the parent's loop
-            pool._lock = asyncio.Lock()
+        _start_over(pool)

@@ -32,13 +32,7 @@ SCHEMA_TABLE = "jobfence_inbox_schema"
 def install_tables(conn: Any, *, inbox: str, fence: str) -> None:
     """Create the inbox table ``inbox`` and the fencing table ``fence`` on ``conn`` (a Django
     connection or any connection ``claim_in`` accepts), in its open transaction; idempotent."""
-    sc = adapt(conn)
-    dialect = sql_dialect(sc.dialect)
-    table = check_namespace(inbox, limit=dialect.table_limit, backend=sc.dialect, argument="inbox")
-    queries = dialect.inbox_queries(table)
-    for statement in queries.statements("schema"):
-        sc.execute(statement, {})
-    upgrade_inbox(sc, queries)
+    upgrade_tables(conn, inbox=inbox)  # the schema statements create it, or bring it up
     fencing.install(conn, table=fence)
 
 
