@@ -579,3 +579,93 @@ def test_dead_queue_entries_are_skipped_and_swept(db: Path) -> None:
         conn.close()
     finally:
         b.close()
+
+
+# -- the one-statement paths --------------------------------------------------------------
+class _Recording:
+    """A sqlite3 connection that records the first word of every statement it is given."""
+
+    def __init__(self, raw: sqlite3.Connection, seen: list[str]) -> None:
+        self._raw, self._seen = raw, seen
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self._seen.append(sql.split()[0])
+        return self._raw.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def _statements(be: Any) -> list[str]:
+    """Start recording the statements ``be`` sends on its connection."""
+    be.install()
+    seen: list[str] = []
+    be._conn = _Recording(be._conn, seen)
+    return seen
+
+
+def test_an_uncontended_cycle_is_one_statement_each_way(be: Any) -> None:
+    seen = _statements(be)
+    assert be.acquire("u", "o", 30) is not None
+    assert seen == ["INSERT"]  # take: no BEGIN, no COMMIT, no separate reads
+    seen.clear()
+    assert be.release("u", "o") is True
+    assert seen == ["DELETE"]  # release_alone
+    seen.clear()
+    # held by someone else: take changes nothing, and the full transaction answers
+    assert be.acquire("u", "a", 30) is not None
+    seen.clear()
+    assert be.acquire("u", "b", 30) is None
+    assert seen[0] == "INSERT" and seen[1] == "BEGIN" and seen[-1] == "COMMIT"
+
+
+def test_tokens_increase_across_the_one_statement_and_the_transaction_paths(
+    be: Any, db: Path
+) -> None:
+    def counter() -> int:
+        with sqlite3.connect(db) as conn:
+            (value,) = conn.execute(
+                f"SELECT token FROM {NS}_lock_tokens WHERE name = 'm'"
+            ).fetchone()
+        conn.close()
+        return int(value)
+
+    tokens = [be.acquire("m", "a", 30)]  # take
+    assert tokens[0] is not None and counter() == tokens[0]  # the trigger moved the counter
+    assert be.release("m", "a") is True  # release_alone
+    tokens.append(be.acquire("m", "b", 30))  # take again
+    assert be.acquire("m", "w", 30, wait=10) is None  # queued: the next grant is a hand-off
+    assert be.release("m", "b") is True  # hand-off: next_token + grant in one transaction
+    tokens.append(be.wait("m", "w", 1))
+    assert be.release("m", "w") is True  # the queue is empty again: release_alone
+    tokens.append(be.acquire("m", "c", 30))  # take
+    assert None not in tokens
+    assert all(earlier < later for earlier, later in pairwise(tokens)), tokens
+    assert counter() == tokens[-1]
+
+
+def test_a_file_made_before_the_counter_trigger_gets_it_and_keeps_its_counter(db: Path) -> None:
+    first = backend(db)
+    try:
+        assert first.acquire("old", "a", 30) is not None
+        assert first.release("old", "a") is True
+    finally:
+        first.close()
+    high = 10**17  # far past the host clock in microseconds: only the counter can beat it
+    with sqlite3.connect(db, isolation_level=None) as conn:
+        conn.execute(f'DROP TRIGGER "{NS}_locks_counter"')
+        conn.execute(f"UPDATE {NS}_lock_tokens SET token = ? WHERE name = 'old'", (high,))
+    conn.close()
+    second = backend(db)
+    try:
+        assert second.acquire("old", "b", 30) == high + 1
+        assert second.release("old", "b") is True
+        assert second.acquire("old", "c", 30) == high + 2  # the counter followed the take
+        with sqlite3.connect(db) as conn:
+            triggers = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger'"
+            ).fetchall()
+        conn.close()
+        assert (f"{NS}_locks_counter",) in triggers
+    finally:
+        second.close()

@@ -48,6 +48,7 @@ __all__ = [
     "rollback_quietly",
     "run_in_transaction",
     "run_on",
+    "run_unless",
     "transaction",
     "wal_mode",
     "write_gate",
@@ -119,7 +120,21 @@ def run_in_transaction(
     ``fn`` returns, rolled back when anything fails -- and, async, when the caller was
     cancelled before the ``COMMIT``: a cancelled operation takes effect only if its
     cancellation came as it committed."""
-    return transaction(conn, fn, *args, **kwargs)
+    return run_unless(conn, None, fn, *args, **kwargs)
+
+
+def run_unless(
+    conn: sqlite3.Connection,
+    first: Callable[[sqlite3.Connection], T | None] | None,
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """:func:`run_in_transaction`, after ``first(raw)`` (one autocommit statement: the
+    uncontended case of the operation) in the same call: its result when it is not ``None``,
+    else that of ``fn`` in its transaction. ``first`` is not run for a caller already gone
+    (async: cancelled before the call reached the connection's thread)."""
+    return _transaction(conn, [], first, fn, args, kwargs)
 
 
 def transaction(
@@ -130,18 +145,23 @@ def transaction(
 ) -> T:
     """``fn(raw, *args, **kwargs)`` in one ``BEGIN IMMEDIATE`` transaction: committed when it
     returns, rolled back when anything fails."""
-    return _transaction(raw, [], fn, args, kwargs)
+    return _transaction(raw, [], None, fn, args, kwargs)
 
 
 def _transaction(
     raw: sqlite3.Connection,
     abandoned: list[bool],
+    first: Callable[[sqlite3.Connection], T | None] | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> T:
-    """:func:`transaction`; rolled back instead of committed once ``abandoned`` is not
-    empty (its caller is gone)."""
+    """:func:`transaction`, after ``first`` (see :func:`run_unless`); rolled back instead of
+    committed once ``abandoned`` is not empty (its caller is gone)."""
+    if first is not None and not abandoned:
+        done = first(raw)
+        if done is not None:
+            return done
     try:
         # inside the try: an interrupted BEGIN (sync: KeyboardInterrupt) may still have run,
         # and the ROLLBACK must end that transaction

@@ -7,7 +7,10 @@ shares the locks. ``sqlite:///relative.db`` is relative to the working directory
 ``sql/locks.sql``.
 
 * Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
-  writes, a single autocommit statement otherwise. Each is written once, as a plain function
+  writes, a single autocommit statement otherwise. The uncontended cycle is two autocommit
+  statements: ``take`` grants a name that is free and that nobody waits for, and
+  ``release_alone`` releases one without queue entries; when either changes nothing, the full
+  transaction follows in the same call (``run_unless``). Each is written once, as a plain function
   over a sqlite3 connection, and run whole by ``run_on`` (``connect_async.py``): in
   ``AsyncLocks``, one hop to aiosqlite's thread per operation. The file runs in WAL mode with a busy
   timeout, so concurrent processes queue for the write lock instead of failing; ``database is
@@ -38,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import aiosqlite
@@ -66,6 +70,7 @@ from .connect_async import (
     rollback_quietly,
     run_in_transaction,
     run_on,
+    run_unless,
     write_gate,
 )
 
@@ -148,21 +153,38 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         window = 0.0
         if wait is not None and self.options.next_in_line > 0:
             window = min(self.options.next_in_line, max(wait, 0.001))
+        key = (name, owner)
         async with write_gate(self._real_path):
             conn = await self._connection()
+            # not queued: no entry of ours to take out, so a free name nobody waits for is
+            # taken in one autocommit statement (``take``), before any transaction
+            first = (
+                None
+                if key in self._queued
+                else partial(self._take, name=name, owner=owner, ttl=ttl)
+            )
             if window:
                 # before the call: a caller cancelled as its transaction commits may have
                 # joined the queue, and its clean-up (cancel_wait) and close() must know to
                 # take the entry out
-                self._queued.add((name, owner))
-            token, queued = await run_in_transaction(
-                conn, self._acquire_in, name, owner, ttl, wait is not None, window
+                self._queued.add(key)
+            token, queued = await run_unless(
+                conn, first, self._acquire_in, name, owner, ttl, wait is not None, window
             )
         if token is not None:
-            self._queued.discard((name, owner))  # granted or handed to us: no longer queued
+            self._queued.discard(key)  # granted or handed to us: no longer queued
         elif queued:
-            self._queued.add((name, owner))
+            self._queued.add(key)
         return token
+
+    def _take(
+        self, raw: sqlite3.Connection, name: str, owner: str, ttl: float
+    ) -> tuple[int, bool] | None:
+        """The uncontended acquire (``take``): (the token, not queued), or None when the name
+        is held or waited for. All rows are read: the statement, and with it its autocommit
+        transaction, has ended (committed, or failed here) when this returns."""
+        rows = fetch_all(raw, self.queries["take"], {"name": name, "owner": owner, "ttl": ttl})
+        return (int(rows[0][0]), False) if rows else None
 
     def _acquire_in(
         self,
@@ -303,10 +325,22 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         """Owner-checked; a waiter that is next in line gets the lease at once (hand-off)."""
         async with write_gate(self._real_path):
             conn = await self._connection()
-            released = await run_in_transaction(conn, self._release_in, name, owner)
+            released = await run_unless(
+                conn,
+                partial(self._release_alone, name=name, owner=owner),
+                self._release_in,
+                name,
+                owner,
+            )
         if released:
             WAITERS.notify(self._key(name))
         return released
+
+    def _release_alone(self, raw: sqlite3.Connection, name: str, owner: str) -> bool | None:
+        """The release of a name nobody waits for (``release_alone``): True, or None when it
+        changed nothing (not ours, or a queue to hand the lease to or sweep)."""
+        params = {"name": name, "owner": owner}
+        return True if count_rows(raw, self.queries["release_alone"], params) == 1 else None
 
     def _release_in(self, raw: sqlite3.Connection, name: str, owner: str) -> bool:
         """The statements of :meth:`release`, inside its transaction: whether it released."""

@@ -52,6 +52,14 @@ CREATE TABLE IF NOT EXISTS {namespace}_lock_queue (
     ttl    REAL NOT NULL,            -- seconds: the lease the waiter asked for
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
+-- Every lease row inserted (a grant, a hand-off, the one-statement take) moves its name's
+-- counter up to the row's token, so a grant that computes its token inline (take) keeps the
+-- counter as next_token would. next_token + grant leave the counter where it was.
+CREATE TRIGGER IF NOT EXISTS {namespace}_locks_counter AFTER INSERT ON {namespace}_locks
+BEGIN
+    INSERT INTO {namespace}_lock_tokens (name, token) VALUES (NEW.name, NEW.token)
+    ON CONFLICT (name) DO UPDATE SET token = max(token, excluded.token);
+END;
 -- One row per jobfence component that keeps tables in this database.
 CREATE TABLE IF NOT EXISTS {namespace}_schema (
     component  TEXT PRIMARY KEY,
@@ -159,6 +167,27 @@ ON CONFLICT (name) DO UPDATE SET token = max(token + 1, excluded.token)
   RETURNING token;
 
 
+-- name: take
+-- Params: :name, :owner, :ttl (seconds). The uncontended acquire in ONE autocommit statement:
+-- grants :name to :owner when it is free (no live lease) and nobody waits for it (no live
+-- queue entry at all: the caller is not queued), with the token next_token would give (the
+-- counter follows through the trigger). -> (token) when granted, no row otherwise (held, or
+-- waited for: the caller then runs the full acquire transaction).
+INSERT OR REPLACE INTO {namespace}_locks (name, owner, token, expires_at)
+SELECT :name,
+       :owner,
+       max(coalesce((SELECT token FROM {namespace}_lock_tokens WHERE name = :name), 0) + 1,
+           CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)),
+       (julianday('now') - 2440587.5) * 86400.0 + :ttl
+ WHERE NOT EXISTS (SELECT 1 FROM {namespace}_locks
+                    WHERE name = :name
+                      AND expires_at > (julianday('now') - 2440587.5) * 86400.0)
+   AND NOT EXISTS (SELECT 1 FROM {namespace}_lock_queue
+                    WHERE name = :name
+                      AND until > (julianday('now') - 2440587.5) * 86400.0)
+RETURNING token;
+
+
 -- name: grant
 -- Params: :name, :owner, :token, :ttl (seconds). Run in the acquire transaction after peek
 -- found the name free: replaces an expired row, if any.
@@ -174,6 +203,17 @@ DELETE FROM {namespace}_locks
  WHERE name = :name
    AND owner = :owner
    AND expires_at > (julianday('now') - 2440587.5) * 86400.0;
+
+
+-- name: release_alone
+-- Params: :name, :owner. The uncontended release in ONE autocommit statement: as release, but
+-- only when the name has no queue entry at all (nobody to hand the lease to, nothing to
+-- sweep). Changes no row otherwise: the caller then runs the full release transaction.
+DELETE FROM {namespace}_locks
+ WHERE name = :name
+   AND owner = :owner
+   AND expires_at > (julianday('now') - 2440587.5) * 86400.0
+   AND NOT EXISTS (SELECT 1 FROM {namespace}_lock_queue WHERE name = :name);
 
 
 -- name: extend
