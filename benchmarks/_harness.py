@@ -81,17 +81,26 @@ def sampled(run: Runner, ops: int) -> list[float]:
 
 @dataclass
 class Stats:
-    """Per-operation latencies of one case, in microseconds, over all its rounds."""
+    """Per-operation latencies of one case, in microseconds, over all its rounds; ``rounds``
+    holds the median of each round on its own (empty when the case ran as one batch), so that
+    a ratio between two interleaved cases can be taken round by round."""
 
     median: float
     p99: float
     ops: int
+    rounds: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, seconds: Sequence[float]) -> Stats:
+    def of(cls, seconds: Sequence[float], per_round: Sequence[Sequence[float]] = ()) -> Stats:
         ordered = sorted(seconds)
         p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-        return cls(statistics.median(ordered) * 1e6, p99 * 1e6, len(ordered))
+        rounds = tuple(statistics.median(r) * 1e6 for r in per_round if r)
+        return cls(statistics.median(ordered) * 1e6, p99 * 1e6, len(ordered), rounds)
+
+
+def round_ratios(case: Stats, anchor: Stats) -> list[float]:
+    """``case / anchor`` in each round both ran in (their per-round medians), in round order."""
+    return [a / b for a, b in zip(case.rounds, anchor.rounds, strict=False) if b > 0]
 
 
 def us_per_op(run: Runner, ops: int) -> float:
@@ -146,11 +155,16 @@ def interleave_stats(
     statements)."""
     for fn in cases.values():
         per_call(fn, warmup)
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    samples: dict[str, list[list[float]]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, fn in cases.items():
-            samples[name].extend(per_call(fn, ops))
-    return {name: Stats.of(values) for name, values in samples.items()}
+            samples[name].append(per_call(fn, ops))
+    return {name: _pooled(per_round) for name, per_round in samples.items()}
+
+
+def _pooled(per_round: list[list[float]]) -> Stats:
+    """The ``Stats`` of all rounds' samples (seconds), with each round's median."""
+    return Stats.of([x for r in per_round for x in r], per_round)
 
 
 def interleave(
@@ -360,15 +374,15 @@ def uncontended_stats(
         variants = build(ns, scope)
         for _, run in variants:  # warm up: connect, load scripts, create tables
             run(warmup)
-        samples: dict[str, list[float]] = {label: [] for label, _ in variants}
+        samples: dict[str, list[list[float]]] = {label: [] for label, _ in variants}
         for i in range(rounds):
             shift = i % len(variants)
             for label, run in variants[shift:] + variants[:shift]:
-                samples[label].extend(sampled(run, ops))
+                samples[label].append(sampled(run, ops))
     finally:
         scope.close()
         cleanup(ns)
-    return {label: Stats.of(values) for label, values in samples.items()}
+    return {label: _pooled(per_round) for label, per_round in samples.items()}
 
 
 def uncontended(

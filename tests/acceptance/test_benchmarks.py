@@ -7,6 +7,7 @@ runs to the end, prints the rows it promises, and that the races it times are re
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,8 +178,9 @@ TARGETS = [
 
 
 def _is_number(cell: str) -> bool:
+    """A figure, or a ratio such as ``1.19x`` or ``1.19x (1.08-1.31)`` (its per-round range)."""
     try:
-        float(cell.rstrip("x").replace(",", ""))
+        float(cell.split(" (", 1)[0].rstrip("x").replace(",", ""))
     except ValueError:
         return False
     return True
@@ -221,4 +223,12 @@ def test_run_quick_writes_every_section_row_and_target(tmp_path: Path) -> None:
         assert len(matching) == 1, (target, verdicts)
         assert any(ch.isdigit() for ch in matching[0].split(target, 1)[1]), matching[0]
     assert len(verdicts) == len(TARGETS)
+    # the quick run has two interleaved rounds: ratios and ratio targets show their spread
+    assert re.search(r"\| \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\) \|", doc), doc
+    redis_floor = next(v for v in verdicts if "`Locks` ≤ 1.15x the sync floor" in v)
+    assert re.search(
+        r"per round \d+\.\d\dx-\d+\.\d\dx, within 1\.15x in [0-2] of 2 rounds", redis_floor
+    ), redis_floor
+    faster = next(v for v in verdicts if "faster than redis-py" in v)
+    assert re.search(r"faster in [0-2] of 2 rounds", faster), faster
     assert "targets met; total wall time" in doc
