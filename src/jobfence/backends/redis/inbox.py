@@ -71,7 +71,18 @@ def _str(value: Any) -> str | None:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _claim_record(reply: Sequence[Any]) -> ClaimRecord:
+def _claim_record(reply: Any, owner: str, fingerprint: str | None) -> ClaimRecord:
+    """The record of one claim's reply: the record's fields, or the expiry alone (an
+    integer) of a key that was new and is now ``owner``'s (attempt 1, with ``fingerprint``)."""
+    if isinstance(reply, int):
+        return ClaimRecord(
+            mine=True,
+            state=ClaimState.IN_PROGRESS,
+            attempt=1,
+            owner=owner,
+            fingerprint=fingerprint or None,
+            expires_at=utc_from_epoch(reply / 1000),
+        )
     mine, state, rec_owner, attempt, rec_fp, result, expires = reply
     return ClaimRecord(
         mine=bool(mine),
@@ -147,7 +158,11 @@ class RedisInboxBackend(InboxBackend):
             key, owner, fingerprint, ttl = items[i]
             keys.append(self._prefix + key)
             args += [owner, fingerprint or "", int(ttl * 1000)]
-        return [_claim_record(reply) for reply in self._claim(keys, args)]
+        replies = self._claim(keys, args)
+        return [
+            _claim_record(reply, items[i][1], items[i][2])
+            for i, reply in zip(which, replies, strict=True)
+        ]
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         return (self._complete_some([(key, owner, result)], retention, range(1)))[0]

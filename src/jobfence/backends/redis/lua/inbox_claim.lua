@@ -19,7 +19,9 @@
 -- Each key is taken when it is new, or in progress past its deadline (attempt + 1; refused
 -- when both fingerprints are set and differ), or completed past retention (attempt 1).
 -- Returns one reply per key, in order: {mine 1|0, state, owner, attempt, fingerprint, result,
--- expires_ms}; absent values come back as nil.
+-- expires_ms}, absent values coming back as nil; or, for a key that was new (taken, attempt 1,
+-- the caller's own fingerprint), only its expires_ms, a number: the caller knows the rest, and
+-- a bare number costs the client far less to read than a seven-element array.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local retention = tonumber(ARGV[1])
@@ -59,6 +61,9 @@ local function claim(key, owner, fp, ttl)
             'c', now)
     end
     redis.call('PEXPIREAT', key, exp + retention)
+    if not rec[1] then
+        return exp
+    end
     return {1, 'in_progress', owner, attempt, fp, false, exp}
 end
 
