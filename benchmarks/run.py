@@ -97,7 +97,99 @@ class Report:
 
     def target(self, text: str, met: bool, figures: str) -> None:
         self.verdicts.append((text, met))
-        self.add(f"- **{'MET' if met else 'NOT MET'}**: {text} ({figures})")
+        line = f"- **{'MET' if met else 'NOT MET'}**: {text} ({figures})"
+        if not met:
+            line += f". Why: {why_not(text)}"
+        self.add(line)
+
+
+PERF = "docs/reference/performance.md"
+#: why a target is not met, by a part of its text (the first that matches): what the profile
+#: of that path showed; the figures behind each are in docs/reference/performance.md
+WHY_NOT: tuple[tuple[str, str], ...] = (
+    (
+        "faster than redis-py",
+        "redis-py's `Lock` sends the floor's two commands and nothing else; jobfence's "
+        "acquire and release scripts take about 15 µs of server time each (fencing-token "
+        "counter with its clock floor, FIFO queue check, idempotent-release marker) against "
+        f"2-3 µs for `SET` and 6-7 µs for the delete script ({PERF}#redis-locks)",
+    ),
+    (
+        "faster than `redis.asyncio`",
+        "as for redis-py's `Lock`: the floor's two commands against jobfence's two scripts of "
+        f"about 15 µs of server time each ({PERF}#redis-locks)",
+    ),
+    (
+        "the sync floor",
+        "server time: about 30 µs of Lua per cycle against 8-10 µs for the floor (the token "
+        "counter, the queue check and the release marker that fencing tokens, FIFO hand-off "
+        f"and an idempotent release need), plus 15-20 µs of client CPU ({PERF}#redis-locks)",
+    ),
+    (
+        "the async floor",
+        "server time as for `Locks` (about 30 µs of Lua per cycle against 8-10 µs), plus the "
+        f"write deadline and lease bookkeeping on the event loop ({PERF}#redis-locks)",
+    ),
+    (
+        "PostgreSQL: jobfence",
+        "both sides are two autocommit statements that wait for the WAL flush; what is left "
+        "is psycopg's work per statement, the request deadline, the pool and the lease, about "
+        f"50-90 µs of client CPU per cycle ({PERF}#postgresql-locks)",
+    ),
+    (
+        "MariaDB: jobfence",
+        "the acquire is one `INSERT ... ON DUPLICATE KEY UPDATE` carrying the next-in-line "
+        "rule and the token: the server spends 40-100 µs parsing it (SHOW PROFILE "
+        "`Starting`) against about 20 µs for `INSERT IGNORE`, and more in `Update` "
+        f"({PERF}#mariadb-locks)",
+    ),
+    (
+        "SQLite: jobfence",
+        "two autocommit statements like the floor's since this run's code; the grant also "
+        "writes the token counter's page in the same commit, and the ratio moves by 0.1x "
+        f"between runs on this machine ({PERF}#sqlite-locks)",
+    ),
+    (
+        "of the hand-written FIFO rate",
+        "a hand-off runs jobfence's release script (hand-off, token, wake list) and the "
+        "waiter's bookkeeping; the gap is 40-80 µs longer than the hand-written Lua + "
+        "`BLPOP` hand-off's, which has no token, no expiry and no renewal "
+        f"({PERF}#contended-hand-off)",
+    ),
+    (
+        "ahead of redis-py",
+        "redis-py's `Lock` is unfair: with its default sleep the releasing process takes the "
+        "lock again at once (min share 0.00-0.40), so its rate is one process looping; a fair "
+        f"hand-off wakes another process every time ({PERF}#contended-hand-off)",
+    ),
+    (
+        "of `pg_advisory_lock`",
+        "a lease hand-off is a durable commit (the lease row and its token) and a `NOTIFY` to "
+        "the next waiter's listener, about 1 ms; the advisory lock is handed over in the "
+        f"server's memory, without token or expiry, in about 0.2 ms ({PERF}#contended-hand-off)",
+    ),
+    (
+        "claim + complete faster than Powertools",
+        "the claim script alone takes 25-28 µs of server time against 3-4 µs for a `SET`, "
+        f"and the completion is a second script ({PERF}#inbox-claims)",
+    ),
+    (
+        "`claim",
+        "the claim's statement alone (`claim_in` runs the same one on the caller's "
+        "connection: an upsert that returns the record, on a row of nine columns) costs more "
+        "than the two-column insert before any Python: PostgreSQL 1.11x-1.19x, MariaDB 1.15x "
+        "(server time), SQLite 1.19x, Redis a 25-28 µs script against a 3-4 µs `SET` "
+        f"({PERF}#inbox-claims)",
+    ),
+)
+
+
+def why_not(text: str) -> str:
+    """The reason :data:`WHY_NOT` gives for the target ``text``."""
+    for part, reason in WHY_NOT:
+        if part in text:
+            return reason
+    return f"see {PERF}"
 
 
 def _us(x: float) -> str:

@@ -223,6 +223,10 @@ def test_run_quick_writes_every_section_row_and_target(tmp_path: Path) -> None:
         assert len(matching) == 1, (target, verdicts)
         assert any(ch.isdigit() for ch in matching[0].split(target, 1)[1]), matching[0]
     assert len(verdicts) == len(TARGETS)
+    # a target not met says why, with where the profile is
+    for verdict in verdicts:
+        if verdict.startswith("- **NOT MET**"):
+            assert ". Why: " in verdict and "docs/reference/performance.md" in verdict, verdict
     # the quick run has two interleaved rounds: ratios and ratio targets show their spread
     assert re.search(r"\| \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\) \|", doc), doc
     redis_floor = next(v for v in verdicts if "`Locks` ≤ 1.15x the sync floor" in v)
