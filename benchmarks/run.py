@@ -174,6 +174,18 @@ WHY_NOT: tuple[tuple[str, str], ...] = (
         f"and the completion is a second script ({PERF}#inbox-claims)",
     ),
     (
+        "guarded ≥ 0.70x",
+        "a guarded message costs the client more CPU than the loop with its mark (on "
+        "PostgreSQL about 255 µs against 145-175 µs: the worker's delivery, renewal and batched "
+        "ack, and two inbox statements per batch), so this case loses most when other work "
+        f"shares the machine; earlier runs gave 0.74x-0.86x on PostgreSQL ({PERF}#workers)",
+    ),
+    (
+        "no-op ≥ 0.70x",
+        "the worker's own work per message (task, delivery object, renewal, batched ack) "
+        f"against the loop's ({PERF}#workers)",
+    ),
+    (
         "`claim",
         "the claim's statement alone (`claim_in` runs the same one on the caller's "
         "connection: an upsert that returns the record, on a row of nine columns) costs more "
