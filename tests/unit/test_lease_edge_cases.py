@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -272,10 +273,23 @@ async def test_async_on_lost_coroutines_run_to_the_end_and_their_errors_are_logg
     assert lease is not None
     finished = asyncio.Event()
 
+    suspended = asyncio.Event()
+
     async def slow(_lease: Any) -> None:
-        for _ in range(5):
-            gc.collect()  # only a strong reference keeps this task alive
-            await asyncio.sleep(0)
+        # wait on a future that nothing but this task refers to (the timer holds a weak
+        # reference): only jobfence's strong reference keeps the task from being collected
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        ref = weakref.ref(fut)
+
+        def wake() -> None:
+            alive = ref()
+            if alive is not None and not alive.done():
+                alive.set_result(None)
+
+        loop.call_later(0.05, wake)
+        suspended.set()
+        await fut
         finished.set()
 
     async def broken(_lease: Any) -> None:
@@ -283,14 +297,19 @@ async def test_async_on_lost_coroutines_run_to_the_end_and_their_errors_are_logg
 
     lease.on_lost(slow)
     lease.on_lost(broken)
-    with caplog.at_level(logging.ERROR, logger="jobfence"):
-        await locks.backend.force_release("job")
-        with pytest.raises(jobfence.LockLost):
-            await lease.extend()  # finds the lease gone: runs the callbacks
-        await asyncio.wait_for(finished.wait(), 5)
-        for _ in range(3):
-            await asyncio.sleep(0)
-    assert any(
-        "on_lost callback for 'job' raised" in r.getMessage() and r.exc_info for r in caplog.records
-    )
-    await locks.close()
+    try:
+        with caplog.at_level(logging.ERROR, logger="jobfence"):
+            await locks.backend.force_release("job")
+            with pytest.raises(jobfence.LockLost):
+                await lease.extend()  # finds the lease gone: runs the callbacks
+            await asyncio.wait_for(suspended.wait(), 60)
+            gc.collect()  # a task nothing holds on to would be destroyed here
+            await asyncio.wait_for(finished.wait(), 60)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        assert any(
+            "on_lost callback for 'job' raised" in r.getMessage() and r.exc_info
+            for r in caplog.records
+        )
+    finally:
+        await locks.close()
