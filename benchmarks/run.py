@@ -145,8 +145,8 @@ WHY_NOT: tuple[tuple[str, str], ...] = (
     ),
     (
         "SQLite: jobfence",
-        "two autocommit statements like the floor's since this run's code; the grant also "
-        "writes the token counter's page in the same commit, and the ratio moves by 0.1x "
+        "two commits like the floor's (4 statements); the grant also writes the token "
+        "counter's page in the same commit, and the ratio moves by 0.1x "
         f"between runs on this machine ({PERF}#sqlite-locks)",
     ),
     (

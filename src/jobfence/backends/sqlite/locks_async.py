@@ -7,12 +7,15 @@ shares the locks. ``sqlite:///relative.db`` is relative to the working directory
 ``sql/locks.sql``.
 
 * Every operation is one short transaction: ``BEGIN IMMEDIATE`` where it reads before it
-  writes, a single autocommit statement otherwise. The uncontended cycle is two autocommit
-  statements: ``take`` grants a name that is free and that nobody waits for, and
-  ``release_alone`` releases one without queue entries; when either changes nothing, the full
-  transaction follows in the same call (``run_unless``). Each is written once, as a plain function
-  over a sqlite3 connection, and run whole by ``run_on`` (``connect_async.py``): in
-  ``AsyncLocks``, one hop to aiosqlite's thread per operation. The file runs in WAL mode with a busy
+  writes, a single autocommit statement otherwise. The uncontended cycle is two statements:
+  ``take`` grants a name that is free and that nobody waits for, first thing in the acquire's
+  transaction (which stays one, so that an acquire cancelled while it waits for the write lock
+  grants nothing), and ``release_alone`` releases one without queue entries as an autocommit
+  statement (a release goes on when its caller is cancelled anyway); when either changes
+  nothing, the full statements follow in the same call (``run_unless`` for the release).
+  Each is written once, as a plain function over a sqlite3 connection, and run whole by
+  ``run_on`` (``connect_async.py``): in ``AsyncLocks``, one hop to aiosqlite's thread per
+  operation. The file runs in WAL mode with a busy
   timeout, so concurrent processes queue for the write lock instead of failing; ``database is
   locked`` after the timeout propagates (the lock core wraps it in ``BackendError``).
 * Expiry is measured by one clock only: SQLite's ``julianday('now')`` on this host.
@@ -157,34 +160,21 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         async with write_gate(self._real_path):
             conn = await self._connection()
             # not queued: no entry of ours to take out, so a free name nobody waits for is
-            # taken in one autocommit statement (``take``), before any transaction
-            first = (
-                None
-                if key in self._queued
-                else partial(self._take, name=name, owner=owner, ttl=ttl)
-            )
+            # taken by one statement (``take``) before the others are needed
+            fresh = key not in self._queued
             if window:
                 # before the call: a caller cancelled as its transaction commits may have
                 # joined the queue, and its clean-up (cancel_wait) and close() must know to
                 # take the entry out
                 self._queued.add(key)
-            token, queued = await run_unless(
-                conn, first, self._acquire_in, name, owner, ttl, wait is not None, window
+            token, queued = await run_in_transaction(
+                conn, self._acquire_in, name, owner, ttl, wait is not None, window, fresh
             )
         if token is not None:
             self._queued.discard(key)  # granted or handed to us: no longer queued
         elif queued:
             self._queued.add(key)
         return token
-
-    def _take(
-        self, raw: sqlite3.Connection, name: str, owner: str, ttl: float
-    ) -> tuple[int, bool] | None:
-        """The uncontended acquire (``take``): (the token, not queued), or None when the name
-        is held or waited for. All rows are read: the statement, and with it its autocommit
-        transaction, has ended (committed, or failed here) when this returns."""
-        rows = fetch_all(raw, self.queries["take"], {"name": name, "owner": owner, "ttl": ttl})
-        return (int(rows[0][0]), False) if rows else None
 
     def _acquire_in(
         self,
@@ -194,11 +184,18 @@ class AsyncSQLiteLockBackend(AsyncLockBackend):
         ttl: float,
         waiting: bool,
         window: float,
+        fresh: bool = False,
     ) -> tuple[int | None, bool]:
         """The statements of :meth:`acquire`, inside its transaction: (the token if ``owner``
-        holds ``name`` now, whether it is in the wait queue)."""
+        holds ``name`` now, whether it is in the wait queue). ``fresh``: ``owner`` has no queue
+        entry, so ``take`` is tried first. A transaction still, not an autocommit statement:
+        an acquire cancelled while it waits for the file's write lock must not grant."""
         q = self.queries
         key = {"name": name, "owner": owner}
+        if fresh:
+            taken = raw.execute(q["take"], {**key, "ttl": ttl}).fetchall()
+            if taken:
+                return int(taken[0][0]), False
         row = raw.execute(q["peek"], key).fetchone()
         if row is not None and row[0]:  # a live lease of ours (handed to us): its token
             return int(row[1]), False
