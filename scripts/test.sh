@@ -41,6 +41,15 @@ if [ ! -x /usr/bin/chromium ]; then
   }
 fi
 
+# redis-py's own lock tests run against jobfence's Lock (tests/integration/test_redis_py_lock_suite.py):
+# fetch their sdist here, outside the per-test timeout, so a slow registry cannot fail that test
+REDIS_PY=$(.venv/bin/python -c "import redis; print(redis.__version__)")
+if ! ls ".cache/redis-py/redis-$REDIS_PY.tar.gz" >/dev/null 2>&1; then
+  echo "== fetching the sdist of redis $REDIS_PY (its lock tests)"
+  .venv/bin/python -m pip download "redis==$REDIS_PY" --no-deps --no-binary :all: \
+    --dest .cache/redis-py --quiet 2>&1 | grep -v "^WARNING: Location" || true
+fi
+
 echo "== generated sync twins are current"
 .venv/bin/python tools/async_to_sync.py --check
 echo "== ruff"
