@@ -18,6 +18,7 @@ import redis
 
 import jobfence
 from jobfence.backends.base import ClaimState
+from jobfence.doctor import diagnose
 from tests.netproxy import FaultProxy
 from tests.reliability._redis_server import (
     RedisServer,
@@ -150,6 +151,25 @@ def test_with_wait_an_unreplicated_grant_is_given_back(pair: Pair) -> None:
         held.release()
 
 
+def _replication(url: str) -> tuple[str, str]:
+    found = [f for f in diagnose(url, probe=False).findings if f.code == "redis-replication"]
+    assert len(found) == 1, found
+    return found[0].level, found[0].message
+
+
+def test_doctor_says_which_choice_the_deployment_is_on(pair: Pair) -> None:
+    level, message = _replication(pair.url())
+    assert level == "warning"
+    assert "1 connected replica" in message and "wait_replicas is 0" in message
+    assert "lose completed inbox records" in message
+    level, message = _replication(pair.url("wait_replicas=1"))
+    assert level == "ok" and "wait_replicas is 1" in message
+    level, message = _replication(pair.url("wait_replicas=2"))
+    assert level == "error" and "NotReplicated" in message
+    level, message = _replication(pair.replica.url)
+    assert level == "error" and "replica" in message
+
+
 def test_bad_replica_options_are_refused() -> None:
     for query, argument in [
         ("wait_replicas=-1", "wait_replicas"),
@@ -206,3 +226,6 @@ def test_a_sentinel_client_follows_the_failover() -> None:
                 assert info is not None and info.state is ClaimState.COMPLETED
                 assert lease.token > first.token
                 lease.release()
+            # the doctor follows the Sentinel too: the promoted replica has no replica left
+            level, message = _replication(sentinel.url)
+            assert level == "ok" and "no replicas" in message
