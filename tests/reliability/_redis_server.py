@@ -89,6 +89,8 @@ class RedisServer:
             "--dir", str(self.dir),
             "--daemonize", "no",
             "--loglevel", "warning",
+            # a replica gets its first copy at once, not after the default 5 s delay
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]

@@ -10,11 +10,13 @@ and the replica promoted (``REPLICAOF NO ONE``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio
 
 import jobfence
 from jobfence.backends.base import ClaimState
@@ -131,8 +133,8 @@ def test_with_wait_a_renewal_that_returned_survives(pair: Pair) -> None:
 
 def test_with_wait_an_unreplicated_grant_is_given_back(pair: Pair) -> None:
     with (
-        jobfence.Locks(pair.url("wait_replicas=1&wait_timeout=0.3"), namespace="fo") as locks,
-        jobfence.Inbox(pair.url("wait_replicas=1&wait_timeout=0.3")) as inbox,
+        jobfence.Locks(pair.url("wait_replicas=1&wait_timeout=1"), namespace="fo") as locks,
+        jobfence.Inbox(pair.url("wait_replicas=1&wait_timeout=1")) as inbox,
     ):
         held = locks.try_acquire("held", ttl=30, renew=False)
         assert held is not None
@@ -229,3 +231,51 @@ def test_a_sentinel_client_follows_the_failover() -> None:
             # the doctor follows the Sentinel too: the promoted replica has no replica left
             level, message = _replication(sentinel.url)
             assert level == "ok" and "no replicas" in message
+
+
+async def test_async_hand_off_waits_for_the_replica(pair: Pair) -> None:
+    """A waiting acquire takes a hand-off with a BLPOP and a WAIT on one connection: granted
+    once the replica has it; while the replica is cut off, the hand-off is given back and the
+    wait ends in LockTimeout, from NotReplicated."""
+    url = pair.url("wait_replicas=1&wait_timeout=1")
+    async with (
+        jobfence.AsyncLocks(url, namespace="fo") as a,
+        jobfence.AsyncLocks(url, namespace="fo") as b,
+    ):
+        held = await a.try_acquire("job", ttl=30, renew=False)
+        assert held is not None
+        waiter = asyncio.ensure_future(b.acquire("job", ttl=30, timeout=10, renew=False))
+        await _queued(pair.primary.url, "job")
+        await held.release()
+        lease = await waiter
+        assert lease.token > held.token
+        await lease.release()
+
+        held = await a.try_acquire("job", ttl=30, renew=False)
+        assert held is not None
+        waiter = asyncio.ensure_future(b.acquire("job", ttl=30, timeout=2.5, renew=False))
+        await _queued(pair.primary.url, "job")
+        pair.proxy.stall()
+        await held.release()  # hands the lease to the waiter, which cannot get it confirmed
+        with pytest.raises(jobfence.LockTimeout) as timeout:
+            await waiter
+        causes = []
+        link: BaseException | None = timeout.value
+        while link is not None:
+            causes.append(type(link))
+            link = link.__cause__
+        assert jobfence.NotReplicated in causes
+        assert await a.holder("job") is None  # given back, not left held
+
+
+async def _queued(url: str, name: str) -> None:
+    """Wait until someone queues for ``name`` (the waiter's acquire reached the server)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        for _ in range(500):
+            if await client.zcard(f"fo:lock:{{{name}}}:q"):
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("nobody queued")
+    finally:
+        await client.aclose()
