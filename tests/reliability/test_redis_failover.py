@@ -153,6 +153,27 @@ def test_with_wait_an_unreplicated_grant_is_given_back(pair: Pair) -> None:
         held.release()
 
 
+def test_with_wait_a_resent_claim_waits_for_the_first_send(pair: Pair) -> None:
+    """A claim re-sent after a lost reply (redis-py retries on a new connection) finds the key
+    already its own and writes nothing; its WAIT must still cover the first send's write."""
+    with (
+        jobfence.Inbox(pair.url()) as first,
+        jobfence.Inbox(pair.url("wait_replicas=1&wait_timeout=0.5")) as resend,
+        jobfence.Locks(pair.url()) as first_locks,
+        jobfence.Locks(pair.url("wait_replicas=1&wait_timeout=0.5")) as resend_locks,
+    ):
+        resend.backend.install()  # its connection is open: a PING is no write
+        resend_locks.backend.prepare()
+        pair.proxy.stall()
+        # the first send, whose reply was lost: on the primary only
+        assert first.backend.claim("key", "owner-1", None, 30).mine
+        assert first_locks.backend.acquire("job", "owner-1", 30)
+        with pytest.raises(jobfence.NotReplicated):
+            resend.backend.claim("key", "owner-1", None, 30)
+        with pytest.raises(jobfence.NotReplicated):
+            resend_locks.backend.acquire("job", "owner-1", 30)
+
+
 def _replication(url: str) -> tuple[str, str]:
     found = [f for f in diagnose(url, probe=False).findings if f.code == "redis-replication"]
     assert len(found) == 1, found

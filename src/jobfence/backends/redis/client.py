@@ -61,6 +61,7 @@ __all__ = [
     "MAX_WAIT_REPLICAS",
     "REPLICA_OPTIONS",
     "SENTINEL_SCHEMES",
+    "WAIT_BARRIER",
     "LuaScript",
     "ReplicaWait",
     "adopt_redis",
@@ -83,6 +84,9 @@ DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
 _TIMEOUT_NAMES = {"connect_timeout": "socket_connect_timeout", "timeout": "socket_timeout"}
 #: the options of every Redis backend that ask for replica acknowledgements (never redis-py's)
 REPLICA_OPTIONS = ("wait_replicas", "wait_timeout")
+#: the channel of the replicated no-op that every ``WAIT`` follows (see
+#: :meth:`AsyncLuaScript.replicated`); nothing subscribes to it
+WAIT_BARRIER = "jobfence:replicated"
 #: the default of ``wait_timeout`` (seconds)
 DEFAULT_WAIT_TIMEOUT = 1.0
 #: the largest ``wait_replicas``
@@ -219,13 +223,20 @@ class LuaScript:
         """The script's reply and how many replicas acknowledged its write: the ``EVALSHA``
         and a ``WAIT`` in one pipeline (one round trip, one connection: ``WAIT`` counts the
         replicas that have every write of its own connection), ``WAIT`` answering once
-        ``wait.replicas`` replicas acknowledged or after ``wait.timeout``. A script that
-        wrote nothing waits for nothing new."""
+        ``wait.replicas`` replicas acknowledged or after ``wait.timeout``.
+
+        Between them, a ``PUBLISH`` to a channel nobody listens on (:data:`WAIT_BARRIER`):
+        Redis replicates it, so the ``WAIT`` covers everything the primary did before it,
+        whatever the connection itself wrote. A script re-sent after a lost reply (redis-py's
+        retry, on a new connection) may find its work done by the first send and write
+        nothing: the ``WAIT`` must still cover the first send's write, whichever way the
+        server tracks the offset of a connection that wrote nothing."""
         for attempt in (1, 2):
             pipe: Any = self.client.pipeline(transaction=False)
             pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            pipe.execute_command("PUBLISH", WAIT_BARRIER, "")
             pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
-            reply, acked = pipe.execute(raise_on_error=False)
+            reply, _, acked = pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError) and attempt == 1:
                 self.sha = self.client.script_load(self.source)
                 continue

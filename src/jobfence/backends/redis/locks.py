@@ -79,6 +79,7 @@ from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client import (
+    WAIT_BARRIER,
     LuaScript,
     ReplicaWait,
     adopt_redis,
@@ -346,8 +347,9 @@ class RedisLockBackend(LockBackend):
             # itself: WAIT on its connection covers both
             pipe: Any = self._client.pipeline(transaction=False)
             pipe.blpop([wake], _ms(limit) / 1000)
+            pipe.execute_command("PUBLISH", WAIT_BARRIER, "")
             pipe.execute_command("WAIT", self.replica_wait.replicas, self.replica_wait.timeout_ms)
-            reply, acked = pipe.execute()
+            reply, _, acked = pipe.execute()
             if reply is None:
                 return None
             self._check_grant(name, owner, int(acked), "wait")

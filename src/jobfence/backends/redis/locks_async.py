@@ -77,6 +77,7 @@ from ...errors import ConfigurationError
 from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client_async import (
+    WAIT_BARRIER,
     AsyncLuaScript,
     ReplicaWait,
     adopt_redis,
@@ -360,8 +361,9 @@ class AsyncRedisLockBackend(AsyncLockBackend):
             # itself: WAIT on its connection covers both
             pipe: Any = self._client.pipeline(transaction=False)
             pipe.blpop([wake], _ms(limit) / 1000)
+            pipe.execute_command("PUBLISH", WAIT_BARRIER, "")
             pipe.execute_command("WAIT", self.replica_wait.replicas, self.replica_wait.timeout_ms)
-            reply, acked = await pipe.execute()
+            reply, _, acked = await pipe.execute()
             if reply is None:
                 return None
             await self._check_grant(name, owner, int(acked), "wait")
