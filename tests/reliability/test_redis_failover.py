@@ -217,6 +217,23 @@ def test_bad_replica_options_are_refused() -> None:
     assert err.value.argument == "url"
 
 
+async def _async_through_sentinel(url: str) -> ClaimState:
+    """The asyncio clients open the primary through the Sentinel too (and close their
+    connections to it with their own)."""
+    async with (
+        jobfence.AsyncLocks(f"{url}?{WAITING}", namespace="fo") as locks,
+        jobfence.AsyncInbox(f"{url}?{WAITING}") as inbox,
+    ):
+        lease = await locks.try_acquire("async", ttl=30)
+        assert lease is not None
+        await lease.release()
+        async with await inbox.claim("async") as claim:
+            await claim.complete("done")
+        info = await inbox.claim_info("async")
+        assert info is not None
+        return info.state
+
+
 def test_a_sentinel_client_follows_the_failover() -> None:
     with RedisServer() as primary, RedisServer(replica_of=primary.port) as replica:
         wait_until(lambda: replica.info()["master_link_status"] == "up", 15, "the replica's link")
@@ -228,6 +245,7 @@ def test_a_sentinel_client_follows_the_failover() -> None:
                 jobfence.Locks(sentinel.url, namespace="fo") as locks,
             ):
                 _complete(waiting, "before")  # a replica has it
+                assert asyncio.run(_async_through_sentinel(sentinel.url)) == ClaimState.COMPLETED
                 first = locks.try_acquire("job", ttl=30, renew=False)
                 assert first is not None
                 primary.kill()

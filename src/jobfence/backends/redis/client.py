@@ -309,6 +309,19 @@ def connect_redis(
     return client
 
 
+class _SentinelClient(Redis):
+    """The client of the primary a Sentinel names: closing it also closes its connections to
+    the Sentinels (redis-py leaves them to the ``Sentinel`` object, which only it holds)."""
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().close(*args, **kwargs)
+        finally:
+            manager = getattr(self.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                sentinel.close()
+
+
 def _through_sentinel(url: BackendURL, own: Sequence[str], kwargs: dict[str, Any]) -> Redis:
     """The client of the current primary of the service a ``redis+sentinel://`` URL names:
     ``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db][?options]``.
@@ -367,7 +380,7 @@ def _through_sentinel(url: BackendURL, own: Sequence[str], kwargs: dict[str, Any
         sentinel_kwargs["password"] = url.options["sentinel_password"]
     sentinel_class: Any = Sentinel  # untyped in redis-py
     manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs)
-    client: Redis = manager.master_for(path[0], **kwargs)
+    client: Redis = manager.master_for(path[0], redis_class=_SentinelClient, **kwargs)
     return client
 
 

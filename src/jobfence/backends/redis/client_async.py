@@ -364,6 +364,19 @@ def connect_redis(
     return client
 
 
+class _SentinelClient(Redis):
+    """The client of the primary a Sentinel names: closing it also closes its connections to
+    the Sentinels (redis-py leaves them to the ``Sentinel`` object, which only it holds)."""
+
+    async def aclose(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().aclose(*args, **kwargs)
+        finally:
+            manager = getattr(self.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()
+
+
 def _through_sentinel(url: BackendURL, own: Sequence[str], kwargs: dict[str, Any]) -> Redis:
     """The client of the current primary of the service a ``redis+sentinel://`` URL names:
     ``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db][?options]``.
@@ -422,7 +435,7 @@ def _through_sentinel(url: BackendURL, own: Sequence[str], kwargs: dict[str, Any
         sentinel_kwargs["password"] = url.options["sentinel_password"]
     sentinel_class: Any = Sentinel  # untyped in redis-py
     manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs)
-    client: Redis = manager.master_for(path[0], **kwargs)
+    client: Redis = manager.master_for(path[0], redis_class=_SentinelClient, **kwargs)
     return client
 
 
