@@ -8,7 +8,8 @@ per operation, or a rate, and the ratio to the section's named anchor) and one M
 line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
-[--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases;
+[--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
+replicas;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -40,13 +41,14 @@ import bench_inbox
 import bench_leases
 import bench_mysql_locks
 import bench_redis_locks
+import bench_redis_replicas
 import bench_sql_locks
 import bench_sqlite_locks
 import bench_worker
 from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("redis", "sql", "contended", "inbox", "guarded", "worker", "leases")
+SECTIONS = ("redis", "sql", "contended", "inbox", "guarded", "worker", "leases", "replicas")
 
 
 @dataclass
@@ -674,6 +676,22 @@ def section_leases(rep: Report, sz: Sizes) -> None:
         )
 
 
+# -- 8. waiting for a Redis replica ---------------------------------------------------------------
+def section_replicas(rep: Report, sz: Sizes) -> None:
+    rep.add("## 8. Redis: waiting for a replica (`wait_replicas=1`)", "")
+    rep.add(
+        "A disposable primary with one replica, both on loopback (started for this section). "
+        "Per fresh key: the lock cycle (`try_acquire` + `release`; the grant waits, the "
+        "release does not) and the inbox's `claim` + `complete` (both wait), with "
+        "`wait_replicas=0` (the default) and `wait_replicas=1` (the script and `WAIT 1` in "
+        "one pipeline). The replica is on the same host: on a network, every waiting write "
+        "also pays one round trip from the primary to the replica. No target: the figures "
+        "are the price of the choice (docs/reference/durability.md)."
+    )
+    stats = bench_redis_replicas.measure(sz.rounds, sz.inbox_ops)
+    rep.table(US_HEADER, _stats_rows(stats, bench_redis_replicas.ANCHORS))
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -682,6 +700,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "guarded": section_guarded,
     "worker": section_worker,
     "leases": section_leases,
+    "replicas": section_replicas,
 }
 
 

@@ -46,6 +46,7 @@ from .errors import (
     InboxError,
     LockError,
     LockLost,
+    NotReplicated,
     SchemaMissing,
     StaleToken,
 )
@@ -171,7 +172,7 @@ def _startswith(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def _own(exc: BaseException) -> _Result:
-    if isinstance(exc, CommitOutcomeUnknown):
+    if isinstance(exc, (CommitOutcomeUnknown, NotReplicated)):  # replicas may catch up
         return TRANSIENT
     if isinstance(exc, ConflictError):  # StaleVersion and other optimistic conflicts
         return CONFLICT

@@ -5,7 +5,8 @@ Every exception derives from :class:`JobfenceError`::
     JobfenceError
     ├── ConfigurationError      bad URL, bad argument (names the argument and what is allowed)
     ├── BackendError            a backend operation failed; the driver error is ``__cause__``
-    │   └── SchemaMissing       a table jobfence needs does not exist (run ``install()``)
+    │   ├── SchemaMissing       a table jobfence needs does not exist (run ``install()``)
+    │   └── NotReplicated       fewer replicas than ``wait_replicas`` acknowledged a write in time
     ├── LockError
     │   ├── LockTimeout         ``acquire(timeout=...)`` gave up
     │   └── LockLost            the lease is no longer held (expired, renewal failed, taken over)
@@ -42,6 +43,7 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "MessageLost",
+    "NotReplicated",
     "QueueError",
     "SchemaMissing",
     "StaleToken",
@@ -72,6 +74,32 @@ class BackendError(JobfenceError):
 
 class SchemaMissing(BackendError):
     """A table jobfence needs is missing; the message names the ``install()`` call to run."""
+
+
+class NotReplicated(BackendError):
+    """A write reached the primary, but fewer replicas than the backend's ``wait_replicas``
+    acknowledged it within ``wait_timeout`` (Redis ``WAIT``): a failover to a replica now could
+    lose it. ``acknowledged`` is how many replicas did, ``required`` how many were asked for.
+
+    What the backend did about the write is in the message: a lease or an inbox claim that
+    was granted is given back first (treat it as not obtained); a renewal, an extension or a
+    completion is reported unconfirmed (a renewal is retried until the lease expires; a
+    completed record may or may not survive a failover). Transient
+    (:func:`jobfence.is_transient`): the same call may succeed once the replicas catch up.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str = "",
+        operation: str = "",
+        acknowledged: int = 0,
+        required: int = 0,
+    ) -> None:
+        super().__init__(message, backend=backend, operation=operation)
+        self.acknowledged = acknowledged
+        self.required = required
 
 
 class LockError(JobfenceError):

@@ -148,7 +148,9 @@ def parse_url(url: object, *, argument: str = "url") -> BackendURL:
         )
     try:
         parts = urlsplit(url)
-        port = parts.port
+        # a Sentinel URL names several hosts (h1:26379,h2:26379): its backend reads them
+        many = parts.scheme.lower().endswith("+sentinel") and "," in parts.netloc
+        port = None if many else parts.port
     except ValueError:
         raise ConfigurationError(
             f"{argument} is not a valid URL: its host or port cannot be read ({_HINT}; a port "
@@ -169,7 +171,7 @@ def parse_url(url: object, *, argument: str = "url") -> BackendURL:
     return BackendURL(
         raw=url,
         scheme=scheme,
-        host=parts.hostname,
+        host=None if many else parts.hostname,
         port=port,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,

@@ -8,7 +8,8 @@ scheme             backend                                        parts         
 =================  =============================================  =================  ============
 ``memory://``      in-process (tests, the testing toolkit)        locks inbox queue  --
 ``sqlite:///p``    SQLite file, cross-process on one host         locks inbox queue  ``[sqlite]``
-``redis://``       Redis (``rediss://`` for TLS; queue: Streams)  locks inbox queue  ``[redis]``
+``redis://``       Redis (``rediss://`` for TLS; queue: Streams;  locks inbox queue  ``[redis]``
+                   ``redis+sentinel://`` through Sentinel)
 ``postgresql://``  PostgreSQL (also ``postgres://``)              locks inbox queue  ``[postgres]``
 ``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``)  locks inbox        ``[mysql]``
 ``amqp://``        RabbitMQ (``amqps://`` for TLS)                queue              ``[rabbitmq]``
@@ -131,7 +132,9 @@ BACKENDS: dict[str, BackendInfo] = {
         _builtin(
             "sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file", dialect="sqlite"
         ),
-        _builtin("redis", ("redis", "rediss"), "Redis", "redis", description="Redis"),
+        _builtin(
+            "redis", ("redis", "rediss", "redis+sentinel"), "Redis", "redis", description="Redis"
+        ),
         _builtin(
             "postgres",
             ("postgresql", "postgres"),

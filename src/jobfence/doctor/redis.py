@@ -1,4 +1,5 @@
-"""Redis checks of ``jobfence doctor``: eviction, persistence, clock, keys under the namespace.
+"""Redis checks of ``jobfence doctor``: eviction, persistence, replication (and whether the URL's
+``wait_replicas`` can be met), clock, keys under the namespace.
 
 Key kinds (see ``backends/redis/lua/lock_lib.lua`` and ``backends/redis/queue_async.py``):
 ``S:lock:{N}`` a lease, ``S:lock:{N}:tok`` a fencing-token counter, ``:q``/``:qd``/``:w:O``
@@ -14,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from .._core.inbox_support import DEFAULT_TABLE as INBOX_PREFIX
 from .._core.url import BackendURL
-from ..backends.redis.client import connect_redis
+from ..backends.redis.client import connect_redis, replica_wait
 from . import Report, Timer
 
 #: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
@@ -87,12 +88,81 @@ def _config(client: Any, name: str) -> str | None:
     return None if value is None else _text(value)
 
 
+REPLICATION_DOC = "see docs/reference/durability.md"
+
+
 def inspect(report: Report, url: BackendURL, timer: Timer) -> None:
+    wanted = replica_wait(url, {})
     client = connect_redis(url, {}, what="doctor", own=_OWN)
     try:
         _inspect(report, client, timer)
+        _replication(report, client, 0 if wanted is None else wanted.replicas)
     finally:
         client.close()
+
+
+def _replication(report: Report, client: Any, wanted: int) -> None:
+    """Which choice the deployment is on: how many replicas are connected, how far behind,
+    and whether the URL's ``wait_replicas`` makes writes wait for them."""
+    info = client.info("replication")
+    if info.get("role") != "master":
+        report.add(
+            "error",
+            "redis-replication",
+            "this URL points at a replica (role "
+            f"{_text(info.get('role'))}): jobfence's writes fail on it",
+            "point jobfence at the primary, or at the Sentinels with a "
+            "redis+sentinel://host:26379/service URL, which follows a failover",
+        )
+        return
+    replicas = []
+    for key, value in info.items():
+        if key.startswith("slave") and key[5:].isdigit() and isinstance(value, dict):
+            replicas.append(value)
+    online = [r for r in replicas if r.get("state") == "online"]
+    lags = ", ".join(
+        f"{r.get('ip')}:{r.get('port')} {r.get('state')} lag {r.get('lag', '?')} s"
+        for r in replicas
+    )
+    found = f"{len(online)} connected replica{'s' if len(online) != 1 else ''}" + (
+        f" ({lags})" if lags else ""
+    )
+    if wanted == 0 and not replicas:
+        report.add(
+            "ok",
+            "redis-replication",
+            "no replicas: nothing can fail over to a copy that lags (a restart is what "
+            "redis-persistence is about)",
+        )
+    elif wanted == 0:
+        report.add(
+            "warning",
+            "redis-replication",
+            f"Redis has {found}, replication is asynchronous and wait_replicas is 0: a "
+            "failover can lose completed inbox records (their jobs run again) and hand a "
+            "lease to a second holder while the first still works (fenced writes still "
+            "refuse the older token)",
+            "set wait_replicas=1 (URL ?wait_replicas=1&wait_timeout=1, or the keyword) so "
+            "that grants, renewals, inbox claims and completions wait for a replica; or "
+            "accept it and fence every write that matters; " + REPLICATION_DOC,
+        )
+    elif len(online) >= wanted:
+        report.add(
+            "ok",
+            "redis-replication",
+            f"Redis has {found} and wait_replicas is {wanted}: grants, renewals, inbox "
+            "claims and completions wait for that many replicas, so one that returned "
+            "survives a failover to one of them",
+        )
+    else:
+        report.add(
+            "error",
+            "redis-replication",
+            f"wait_replicas is {wanted} but Redis has {found}: every grant, renewal, inbox "
+            "claim and completion waits wait_timeout and then fails with NotReplicated",
+            f"connect at least {wanted} replica(s) to this primary, or lower wait_replicas; "
+            + REPLICATION_DOC,
+        )
 
 
 def _inspect(report: Report, client: Any, timer: Timer) -> None:

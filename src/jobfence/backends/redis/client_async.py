@@ -14,6 +14,17 @@ timeout, so a server that does not answer is reported after ``timeout``, not a m
 it. Every verb jobfence sends is safe to re-send: acquire, renew, extend, complete and claim
 are idempotent for their owner, and a release remembers who released.
 
+Replicas: ``wait_replicas`` (default 0) and ``wait_timeout`` (seconds, default 1) make the
+writes that a failover must not lose wait for that many replicas: the script call and a
+``WAIT wait_replicas wait_timeout`` go in one pipeline on one connection
+(:meth:`AsyncLuaScript.replicated`), and each backend decides what an unacknowledged write
+means (:class:`jobfence.errors.NotReplicated`).
+
+Sentinel: a ``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]`` URL opens
+the current primary of ``service`` through redis-py's ``Sentinel`` (``master_for``): a
+connection that fails, or that finds its server demoted to a replica, asks the Sentinels
+again, so the client follows a failover.
+
 Scripts: every new connection loads the backend's Lua scripts (one pipelined round trip of
 ``SCRIPT LOAD``, part of opening the connection), so the first ``EVALSHA`` on it never costs
 the extra round trips of a ``NOSCRIPT`` reply (a server whose script cache was flushed still
@@ -24,11 +35,16 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -38,7 +54,7 @@ from ..._core import forks
 from ..._core.flavour import ASYNC
 from ..._core.options import DEFAULT_TIMEOUT, TIMEOUT_OPTIONS, option_timeouts
 from ..._core.url import BackendURL
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, NotReplicated
 
 if ASYNC:
     import asyncio
@@ -46,7 +62,13 @@ if ASYNC:
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
+    "DEFAULT_WAIT_TIMEOUT",
+    "MAX_WAIT_REPLICAS",
+    "REPLICA_OPTIONS",
+    "SENTINEL_SCHEMES",
+    "WAIT_BARRIER",
     "AsyncLuaScript",
+    "ReplicaWait",
     "adopt_redis",
     "by_slot",
     "check_cluster_prefix",
@@ -55,6 +77,8 @@ __all__ = [
     "connect_redis",
     "forget_connections",
     "is_cluster",
+    "not_replicated",
+    "replica_wait",
 ]
 
 R = TypeVar("R")
@@ -63,6 +87,102 @@ R = TypeVar("R")
 DEFAULT_SOCKET_TIMEOUT = DEFAULT_TIMEOUT
 #: jobfence's name of each redis-py timeout option
 _TIMEOUT_NAMES = {"connect_timeout": "socket_connect_timeout", "timeout": "socket_timeout"}
+#: the options of every Redis backend that ask for replica acknowledgements (never redis-py's)
+REPLICA_OPTIONS = ("wait_replicas", "wait_timeout")
+#: the channel of the replicated no-op that every ``WAIT`` follows (see
+#: :meth:`AsyncLuaScript.replicated`); nothing subscribes to it
+WAIT_BARRIER = "jobfence:replicated"
+#: the default of ``wait_timeout`` (seconds)
+DEFAULT_WAIT_TIMEOUT = 1.0
+#: the largest ``wait_replicas``
+MAX_WAIT_REPLICAS = 100
+#: the longest ``wait_timeout`` (seconds)
+MAX_WAIT_TIMEOUT = 60.0
+#: the URL schemes that name Sentinels rather than a Redis server
+SENTINEL_SCHEMES = ("redis+sentinel",)
+#: the port of a Sentinel named without one
+DEFAULT_SENTINEL_PORT = 26379
+#: the Sentinel URL's own option (the password of the Sentinels, not of the Redis servers)
+SENTINEL_OPTIONS = ("sentinel_password",)
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """How many replicas must acknowledge a write (``WAIT replicas timeout_ms``)."""
+
+    replicas: int
+    timeout: float
+
+    @property
+    def timeout_ms(self) -> int:
+        """``timeout`` in whole milliseconds, at least 1 (``WAIT 0`` would wait forever)."""
+        return max(1, math.ceil(round(self.timeout * 1000, 6)))
+
+
+def replica_wait(url: BackendURL, options: dict[str, Any]) -> ReplicaWait | None:
+    """``wait_replicas`` and ``wait_timeout`` taken out of the keyword ``options`` (they win)
+    or read from the URL's query; ``None`` when no replica is to be waited for (0, the
+    default). A bad value raises :class:`ConfigurationError` naming the option and its range."""
+    raw_n = options.pop("wait_replicas", url.options.get("wait_replicas", 0))
+    raw_t = options.pop("wait_timeout", url.options.get("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    replicas: int | None = None
+    if isinstance(raw_n, int) and not isinstance(raw_n, bool):
+        replicas = raw_n
+    elif isinstance(raw_n, str) and raw_n.strip().isdigit():
+        replicas = int(raw_n.strip())
+    if replicas is None or not 0 <= replicas <= MAX_WAIT_REPLICAS:
+        raise ConfigurationError(
+            f"wait_replicas must be a whole number of replicas from 0 to {MAX_WAIT_REPLICAS} "
+            f"(0: do not wait), got {raw_n!r}",
+            argument="wait_replicas",
+        )
+    try:
+        timeout = float(raw_t) if not isinstance(raw_t, bool) else math.nan
+    except (TypeError, ValueError):
+        timeout = math.nan
+    if not 0.001 <= timeout <= MAX_WAIT_TIMEOUT:
+        raise ConfigurationError(
+            f"wait_timeout must be a number of seconds from 0.001 to {MAX_WAIT_TIMEOUT:g} (how "
+            f"long a write waits for wait_replicas replicas), got {raw_t!r}",
+            argument="wait_timeout",
+        )
+    return ReplicaWait(replicas, timeout) if replicas else None
+
+
+def check_replica_wait(wait: ReplicaWait | None, client: Any, *, what: str) -> None:
+    """``wait`` can be met on ``client``: not a Redis Cluster client (its pipelines are split
+    by hash slot, so a ``WAIT`` would not follow the write on its connection), and a
+    ``wait_timeout`` shorter than the client's reply deadline (``timeout``), which a ``WAIT``
+    must beat."""
+    if wait is None:
+        return
+    if is_cluster(client):
+        raise ConfigurationError(
+            f"wait_replicas is not supported on Redis Cluster by the {what}; leave it 0",
+            argument="wait_replicas",
+        )
+    limit = client_socket_timeout(client)
+    if limit is not None and wait.timeout >= limit:
+        raise ConfigurationError(
+            f"wait_timeout ({wait.timeout:g} s) must be shorter than the {what}'s reply "
+            f"deadline (timeout / socket_timeout, {limit:g} s): the WAIT must answer before it",
+            argument="wait_timeout",
+        )
+
+
+def not_replicated(
+    what: str, url: str, operation: str, acked: int, wait: ReplicaWait, outcome: str
+) -> NotReplicated:
+    """The :class:`NotReplicated` of ``operation``: ``acked`` of ``wait.replicas`` replicas
+    acknowledged in time; ``outcome`` says what became of the write."""
+    return NotReplicated(
+        f"{what} ({url}): {operation}: {acked} of {wait.replicas} replicas acknowledged the "
+        f"write within {wait.timeout:g} s (wait_replicas={wait.replicas}); {outcome}",
+        backend="redis",
+        operation=operation,
+        acknowledged=acked,
+        required=wait.replicas,
+    )
 
 
 if ASYNC:
@@ -148,6 +268,36 @@ class AsyncLuaScript:
             self.sha = await self.client.script_load(self.source)
             return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
+    async def replicated(
+        self, keys: Sequence[Any], args: Sequence[Any], wait: ReplicaWait
+    ) -> tuple[Any, int]:
+        """The script's reply and how many replicas acknowledged its write: the ``EVALSHA``
+        and a ``WAIT`` in one pipeline (one round trip, one connection: ``WAIT`` counts the
+        replicas that have every write of its own connection), ``WAIT`` answering once
+        ``wait.replicas`` replicas acknowledged or after ``wait.timeout``.
+
+        Between them, a ``PUBLISH`` to a channel nobody listens on (:data:`WAIT_BARRIER`):
+        Redis replicates it, so the ``WAIT`` covers everything the primary did before it,
+        whatever the connection itself wrote. A script re-sent after a lost reply (redis-py's
+        retry, on a new connection) may find its work done by the first send and write
+        nothing: the ``WAIT`` must still cover the first send's write, whichever way the
+        server tracks the offset of a connection that wrote nothing."""
+        for attempt in (1, 2):
+            pipe: Any = self.client.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            pipe.execute_command("PUBLISH", WAIT_BARRIER, "")
+            pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+            reply, _, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError) and attempt == 1:
+                self.sha = await self.client.script_load(self.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover
+
 
 def connect_redis(
     url: BackendURL,
@@ -172,6 +322,8 @@ def connect_redis(
                 argument=ours,
             )
     options = {k: v for k, v in options.items() if k not in TIMEOUT_OPTIONS}
+    sentinel = url.scheme in SENTINEL_SCHEMES
+    own = (*own, *REPLICA_OPTIONS, *(SENTINEL_OPTIONS if sentinel else ()))
     allowed = set(inspect.signature(Redis.__init__).parameters) - {"self"}
     allowed.add("connection_class")  # a connection-pool option
     for key in options:
@@ -193,9 +345,14 @@ def connect_redis(
     if scripts and "redis_connect_func" not in options:
         kwargs["redis_connect_func"] = _load_scripts_on_connect(scripts)
     kwargs.update(options)
-    check_database(url)
+    if not sentinel:
+        check_database(url)
     try:
-        client: Redis = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
+        client: Redis
+        if sentinel:
+            client = _through_sentinel(url, own, kwargs)
+        else:
+            client = Redis.from_url(url.without_options(*own, *TIMEOUT_OPTIONS), **kwargs)
     except ValueError as exc:  # redis-py's message names the option, never a secret's value
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
@@ -204,6 +361,81 @@ def connect_redis(
         pool: Any = client.connection_pool
         pool.connection_class = _with_bounded_write(pool.connection_class)
         pool.__class__ = _following_the_loop(pool.__class__)
+    return client
+
+
+class _SentinelClient(Redis):
+    """The client of the primary a Sentinel names: closing it also closes its connections to
+    the Sentinels (redis-py leaves them to the ``Sentinel`` object, which only it holds)."""
+
+    async def aclose(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().aclose(*args, **kwargs)
+        finally:
+            manager = getattr(self.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()
+
+
+def _through_sentinel(url: BackendURL, own: Sequence[str], kwargs: dict[str, Any]) -> Redis:
+    """The client of the current primary of the service a ``redis+sentinel://`` URL names:
+    ``redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db][?options]``.
+    The user name and password are the Redis servers'; ``sentinel_password`` the Sentinels'.
+    The Sentinels are asked with the same deadlines as the servers."""
+    parts = urlsplit(url.raw)
+    hosts = parts.netloc.rpartition("@")[2]
+    sentinels: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        host, port = item, str(DEFAULT_SENTINEL_PORT)
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":") or port
+        elif ":" in item:
+            host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(
+                f"url {url.masked}: each Sentinel is host or host:port, separated by commas, "
+                f"as in redis+sentinel://s1:26379,s2:26379/mymaster/0; got {item!r}",
+                argument="url",
+            )
+        sentinels.append((unquote(host), int(port)))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigurationError(
+            f"url {url.masked}: the path of a Sentinel URL is the service name and an "
+            "optional database number, as in redis+sentinel://s1:26379/mymaster/0",
+            argument="url",
+        )
+    # the query options and the credentials, read as redis-py reads a redis:// URL
+    userinfo = parts.netloc.rpartition("@")[0]
+    plain = BackendURL(
+        raw=parts._replace(
+            scheme="redis", netloc=userinfo + ("@" if userinfo else "") + "localhost", path=""
+        ).geturl(),
+        scheme="redis",
+        host=None,
+        port=None,
+        username=None,
+        password=None,
+        path="",
+    ).without_options(*own, *TIMEOUT_OPTIONS)
+    read_url: Any = parse_redis_url  # untyped in the blocking redis-py
+    options: dict[str, Any] = dict(read_url(plain))
+    for key in ("host", "port", "connection_class"):
+        options.pop(key, None)
+    kwargs = {**kwargs, **options}
+    if len(path) == 2:
+        kwargs["db"] = int(path[1])
+    sentinel_kwargs = {
+        key: kwargs[key]
+        for key in ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_error")
+        if key in kwargs
+    }
+    if url.options.get("sentinel_password"):
+        sentinel_kwargs["password"] = url.options["sentinel_password"]
+    sentinel_class: Any = Sentinel  # untyped in redis-py
+    manager = sentinel_class(sentinels, sentinel_kwargs=sentinel_kwargs)
+    client: Redis = manager.master_for(path[0], redis_class=_SentinelClient, **kwargs)
     return client
 
 

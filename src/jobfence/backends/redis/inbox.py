@@ -18,6 +18,15 @@ loaded as each connection opens). Every script is safe to re-send after a lost r
 claim the caller already owns is returned as its own, ``complete`` stores the same result
 again, ``extend`` (also the batched renewal) sets the deadline again, and ``release``
 remembers the owner that released (field ``x``).
+
+Replicas: with ``wait_replicas`` = N (default 0; ``wait_timeout`` seconds, default 1) every
+claim, completion and extension is followed, in the same pipeline on the same connection, by
+``WAIT N wait_timeout``. When fewer than N replicas acknowledge in time,
+:class:`~jobfence.NotReplicated` is raised: a claim that was taken is released first
+(owner-checked), so it is not handed out, since a failover could let a second worker claim the
+key; a completion or an extension stays stored on the primary but is reported unconfirmed (a
+failover may lose it: the job may run again, which the caller must be ready for). Releases do
+not wait.
 """
 
 from __future__ import annotations
@@ -43,11 +52,15 @@ from ..base import (
 from . import TABLE_LIMIT
 from .client import (
     LuaScript,
+    ReplicaWait,
     adopt_redis,
+    check_replica_wait,
     connect_redis,
     forget_connections,
     is_cluster,
+    not_replicated,
     per_slot,
+    replica_wait,
 )
 from .locks import _glob_escape
 
@@ -113,6 +126,9 @@ class RedisInboxBackend(InboxBackend):
         )
         self.retention = retention
         self._prefix = f"{self.table}:"
+        #: replicas every claim, completion and extension waits for (None: none)
+        self.replica_wait: ReplicaWait | None = replica_wait(url, options)
+        self.url = url.masked
         scripts = [
             _script("inbox_claim"),
             _script("inbox_complete"),
@@ -130,6 +146,7 @@ class RedisInboxBackend(InboxBackend):
             self.client = connect_redis(
                 url, options, what="redis inbox", own=("table",), scripts=scripts
             )
+        check_replica_wait(self.replica_wait, self.client, what="redis inbox")
         self._claim = LuaScript(self.client, scripts[0])
         self._complete = LuaScript(self.client, scripts[1])
         self._release = LuaScript(self.client, scripts[2])
@@ -158,11 +175,42 @@ class RedisInboxBackend(InboxBackend):
             key, owner, fingerprint, ttl = items[i]
             keys.append(self._prefix + key)
             args += [owner, fingerprint or "", int(ttl * 1000)]
-        replies = self._claim(keys, args)
+        if self.replica_wait is not None:
+            replies, acked = self._claim.replicated(keys, args, self.replica_wait)
+            self._check_claims(items, which, replies, acked)
+        else:
+            replies = self._claim(keys, args)
         return [
             _claim_record(reply, items[i][1], items[i][2])
             for i, reply in zip(which, replies, strict=True)
         ]
+
+    def _check_claims(
+        self, items: Sequence[ClaimItem], which: Sequence[int], replies: Any, acked: int
+    ) -> None:
+        """Claims that ``acked`` replicas acknowledged: kept if enough did, else the ones
+        taken are released (owner-checked; if that fails, they expire after their ttl) and
+        :class:`~jobfence.NotReplicated` raised."""
+        wait = self.replica_wait
+        if wait is None or acked >= wait.replicas:
+            return
+        taken = [
+            i
+            for i, reply in zip(which, replies, strict=True)
+            if isinstance(reply, int) or bool(reply[0])
+        ]
+        outcome = "nothing was claimed"
+        if taken:
+            try:
+                for i in taken:
+                    self._release((self._prefix + items[i][0],), (items[i][1],))
+                outcome = "the claim was released: not claimed"
+            except Exception as exc:
+                outcome = f"releasing the claim failed ({exc!r}): it expires after its ttl"
+        first = items[which[0]][0]
+        raise not_replicated(
+            "redis inbox", self.url, f"inbox.claim of {first!r}", acked, wait, outcome
+        )
 
     def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         return (self._complete_some([(key, owner, result)], retention, range(1)))[0]
@@ -186,6 +234,19 @@ class RedisInboxBackend(InboxBackend):
             key, owner, data = items[i]
             keys.append(self._prefix + key)
             args += [owner, data]
+        if self.replica_wait is not None:
+            replies, acked = self._complete.replicated(keys, args, self.replica_wait)
+            if acked < self.replica_wait.replicas and any(replies):
+                raise not_replicated(
+                    "redis inbox",
+                    self.url,
+                    f"inbox.complete of {items[which[0]][0]!r}",
+                    acked,
+                    self.replica_wait,
+                    "the result is stored on the primary but unconfirmed: a failover may "
+                    "lose it and the job run again",
+                )
+            return [bool(ok) for ok in replies]
         return [bool(ok) for ok in self._complete(keys, args)]
 
     def release(self, key: str, owner: str) -> bool:
@@ -210,6 +271,20 @@ class RedisInboxBackend(InboxBackend):
         for i in which:
             _, owner, ttl = items[i]
             args += [owner, max(1, int(ttl * 1000))]
+        if self.replica_wait is not None:
+            reply, acked = self._extend.replicated(
+                [keys[i] for i in which], args, self.replica_wait
+            )
+            if acked < self.replica_wait.replicas and any(reply):
+                raise not_replicated(
+                    "redis inbox",
+                    self.url,
+                    f"inbox.extend of {len(which)} claims",
+                    acked,
+                    self.replica_wait,
+                    "the new deadline is unconfirmed: the claim keeps its previous one",
+                )
+            return [bool(ok) for ok in reply]
         reply = self._extend([keys[i] for i in which], args)
         return [bool(ok) for ok in reply]
 

@@ -43,6 +43,15 @@ renewals then share it (one script call per hash slot on a cluster). ``bare_keys
 the lease key the name itself, as redis-py's ``Lock`` names its key
 (``jobfence.compat.redis_py``).
 
+Replicas: with ``wait_replicas`` = N (default 0; ``wait_timeout`` seconds, default 1) every
+grant (an acquire, a hand-off a waiter picks up) and every renewal and extension is followed,
+in the same pipeline on the same connection, by ``WAIT N wait_timeout``. A grant fewer than
+N replicas acknowledged is given back (owner-checked) and :class:`~jobfence.NotReplicated`
+raised: it is not handed out, since a failover could give it to a second holder. A renewal
+or extension fewer than N acknowledged raises it too: the lease keeps only the lifetime a
+replica is known to have, and is retried, then lost, like a renewal that could not reach the
+server. Releases do not wait (a lost release only keeps the name held until the ttl).
+
 Every new connection loads the scripts as part of opening it, and :meth:`prepare` opens one
 before ``Locks`` starts a lease's clock, so the grant request and every renewal are one
 ``EVALSHA`` round trip even on a cold client over a slow link. Renewals run on a client of
@@ -70,14 +79,19 @@ from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from .client import (
+    WAIT_BARRIER,
     LuaScript,
+    ReplicaWait,
     adopt_redis,
     check_cluster_prefix,
+    check_replica_wait,
     client_socket_timeout,
     connect_redis,
     forget_connections,
     is_cluster,
+    not_replicated,
     per_slot,
+    replica_wait,
 )
 
 #: ``select.poll`` where the platform has it (not on Windows: there prepare always warms)
@@ -193,6 +207,8 @@ class RedisLockBackend(LockBackend):
         )
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
+        #: replicas every grant and renewal waits for (None: none)
+        self.replica_wait: ReplicaWait | None = replica_wait(url, options)
         scripts = {
             "acquire": _script("lock_acquire.lua"),
             "release": _script("lock_release.lua"),
@@ -234,8 +250,14 @@ class RedisLockBackend(LockBackend):
                 scripts=[scripts["renew"]],
             )
         self._renewals_ready = False
+        check_replica_wait(self.replica_wait, self._client, what="redis lock backend")
         timeout = client_socket_timeout(self._client)
         self._blpop_cap: float | None = None if not timeout else float(timeout) * _BLPOP_SHARE
+        if self._blpop_cap is not None and self.replica_wait is not None:
+            # the BLPOP and its WAIT share one reply deadline
+            self._blpop_cap = max(0.001, float(timeout or 0) - self.replica_wait.timeout) * (
+                _BLPOP_SHARE
+            )
         self._acquire = LuaScript(self._client, scripts["acquire"])
         self._release = LuaScript(self._client, scripts["release"])
         self._cancel = LuaScript(self._client, scripts["cancel"])
@@ -288,12 +310,23 @@ class RedisLockBackend(LockBackend):
     ) -> int | None:
         key = self.lock_key(name)
         ttl_ms = _ms(ttl)
-        if wait is None:  # a plain try: the short path
+        if self.replica_wait is not None:
+            args: tuple[Any, ...] = (owner, ttl_ms)
+            if wait is not None:
+                args += (_ms(wait), self._slack_ms)
+            reply, acked = self._acquire.replicated((key,), args, self.replica_wait)
+            result = int(reply)
+            if result > 0:
+                self._check_grant(name, owner, acked, "acquire")
+        elif wait is None:  # a plain try: the short path
             result = int(self._acquire((key,), (owner, ttl_ms)))
             return result if result > 0 else None
-        result = int(self._acquire((key,), (owner, ttl_ms, _ms(wait), self._slack_ms)))
+        else:
+            result = int(self._acquire((key,), (owner, ttl_ms, _ms(wait), self._slack_ms)))
         if result > 0:
             return result
+        if wait is None:
+            return None
         if len(self._hints) > _MAX_HINTS:
             self._hints.clear()
         self._hints[owner] = get_clock().monotonic() + (-1 - result) / 1000
@@ -308,10 +341,39 @@ class RedisLockBackend(LockBackend):
             limit = min(limit, self._blpop_cap)
         if limit < 0.001:
             return None
+        wake = self.lock_key(name) + ":w:" + owner
+        if self.replica_wait is not None:
+            # the BLPOP that takes a hand-off is a write, replicated after the hand-off
+            # itself: WAIT on its connection covers both
+            pipe: Any = self._client.pipeline(transaction=False)
+            pipe.blpop([wake], _ms(limit) / 1000)
+            pipe.execute_command("PUBLISH", WAIT_BARRIER, "")
+            pipe.execute_command("WAIT", self.replica_wait.replicas, self.replica_wait.timeout_ms)
+            reply, _, acked = pipe.execute()
+            if reply is None:
+                return None
+            self._check_grant(name, owner, int(acked), "wait")
+            return int(reply[1])
         # typed loosely: redis-py < 6 types blpop's timeout as int and its reply as a union
         blpop: Any = self._client.blpop
-        reply = blpop([self.lock_key(name) + ":w:" + owner], _ms(limit) / 1000)
+        reply = blpop([wake], _ms(limit) / 1000)
         return None if reply is None else int(reply[1])
+
+    def _check_grant(self, name: str, owner: str, acked: int, operation: str) -> None:
+        """A grant to ``owner`` that ``acked`` replicas acknowledged: kept if enough did, else
+        given back (owner-checked; if that fails too, the lease expires after its ttl) and
+        :class:`~jobfence.NotReplicated` raised."""
+        wait = self.replica_wait
+        if wait is None or acked >= wait.replicas:
+            return
+        try:
+            self._release((self.lock_key(name),), (owner,))
+            outcome = "the lease was given back: not acquired"
+        except Exception as exc:
+            outcome = f"giving the lease back failed ({exc!r}): it expires after its ttl"
+        raise not_replicated(
+            "redis lock backend", self.url, f"lock.{operation} of {name!r}", acked, wait, outcome
+        )
 
     def cancel_wait(self, name: str, owner: str) -> int | None:
         self._hints.pop(owner, None)
@@ -326,8 +388,28 @@ class RedisLockBackend(LockBackend):
         return bool(self._release((self.lock_key(name),), ("", "force")))
 
     def extend(self, name: str, owner: str, ttl: float) -> bool:
-        result = self._renew((self.lock_key(name),), (owner, _ms(ttl)))
+        key, args = self.lock_key(name), (owner, _ms(ttl))
+        if self.replica_wait is not None:
+            result, acked = self._renew.replicated((key,), args, self.replica_wait)
+            if result[0]:
+                self._check_renewal(acked, f"lock.extend of {name!r}")
+            return bool(result[0])
+        result = self._renew((key,), args)
         return bool(result[0])
+
+    def _check_renewal(self, acked: int, operation: str) -> None:
+        """A renewal that ``acked`` replicas acknowledged: :class:`~jobfence.NotReplicated`
+        unless enough did (the lease counts only the lifetime a replica is known to have)."""
+        wait = self.replica_wait
+        if wait is not None and acked < wait.replicas:
+            raise not_replicated(
+                "redis lock backend",
+                self.url,
+                operation,
+                acked,
+                wait,
+                "the new lifetime is unconfirmed: the lease keeps its previous deadline",
+            )
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend every lease in ``items`` with one script call (one round trip), on the
@@ -347,6 +429,13 @@ class RedisLockBackend(LockBackend):
             _, owner, ttl = items[i]
             args.append(owner)
             args.append(_ms(ttl))
+        if self.replica_wait is not None:
+            result, acked = self._renew_batch.replicated(
+                [keys[i] for i in which], args, self.replica_wait
+            )
+            if any(result):
+                self._check_renewal(acked, f"lock.renew of {len(which)} leases")
+            return [bool(ok) for ok in result]
         result = self._renew_batch([keys[i] for i in which], args)
         return [bool(ok) for ok in result]
 
