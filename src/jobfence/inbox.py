@@ -766,7 +766,8 @@ class Inbox:
     def purge(self) -> int:
         """Delete completed records older than ``retention`` (and in-progress claims abandoned
         for longer than that past their deadline). Returns how many were deleted; 0 on Redis,
-        where records expire by themselves."""
+        where records expire by themselves (it still checks that the server answers: a
+        wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
         return self._call("inbox.purge", None, self.backend.purge, self.retention)
 
