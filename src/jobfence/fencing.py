@@ -85,7 +85,7 @@ def install(conn: Any, *, table: str = DEFAULT_TABLE) -> None:
     DDL commits implicitly). The same SQL ships in ``jobfence/backends/<server>/sql/fence.sql``.
     """
     check_ident(table, "table")
-    sc = adapt(conn)
+    sc = adapt(conn, operation="fence.install")
     sc.execute(sql_dialect(sc.dialect).fence_queries(table)["install"], {})
 
 
@@ -133,7 +133,7 @@ def fence(
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
-    sc = adapt(conn)
+    sc = adapt(conn, operation="fence")
     dialect = sql_dialect(sc.dialect)
     dialect.check_resource(resource)
     sql = dialect.fence_queries(table)

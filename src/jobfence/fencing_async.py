@@ -87,7 +87,7 @@ async def install_async(conn: Any, *, table: str = DEFAULT_TABLE) -> None:
     DDL commits implicitly). The same SQL ships in ``jobfence/backends/<server>/sql/fence.sql``.
     """
     check_ident(table, "table")
-    sc = adapt_async(conn)
+    sc = adapt_async(conn, operation="fence.install")
     await sc.execute(sql_dialect(sc.dialect).fence_queries(table)["install"], {})
 
 
@@ -135,7 +135,7 @@ async def fence_async(
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
-    sc = adapt_async(conn)
+    sc = adapt_async(conn, operation="fence")
     dialect = sql_dialect(sc.dialect)
     dialect.check_resource(resource)
     sql = dialect.fence_queries(table)

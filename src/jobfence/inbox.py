@@ -679,7 +679,7 @@ class Inbox:
             key = claim.key if claim is not None else default_key()
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
-        sc = adapt(conn, argument="conn")
+        sc = adapt(conn, argument="conn", operation="inbox.claim_in")
         dialect = sql_dialect(sc.dialect)
         table = check_namespace(
             self.table, limit=dialect.table_limit, backend=sc.dialect, argument="table"
@@ -741,7 +741,7 @@ class Inbox:
         if conn is None:
             self._call("inbox.install", None, self.backend.install)
             return
-        sc = adapt(conn, argument="conn")
+        sc = adapt(conn, argument="conn", operation="inbox.install")
         dialect = sql_dialect(sc.dialect)
         table = check_namespace(
             self.table, limit=dialect.table_limit, backend=sc.dialect, argument="table"
@@ -755,6 +755,8 @@ class Inbox:
                 needed = sc.execute(queries["upgrade_needed"], {})
                 if needed.rows and needed.rows[0][0]:
                     sc.execute(queries["upgrade"], {})
+        except JobfenceError:  # e.g. a closed connection, which execute() names
+            raise
         except Exception as exc:
             raise BackendError(
                 f"{sc.dialect} connection ({sc.driver}): inbox.install failed: "
@@ -766,7 +768,8 @@ class Inbox:
     def purge(self) -> int:
         """Delete completed records older than ``retention`` (and in-progress claims abandoned
         for longer than that past their deadline). Returns how many were deleted; 0 on Redis,
-        where records expire by themselves."""
+        where records expire by themselves (it still checks that the server answers: a
+        wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
         return self._call("inbox.purge", None, self.backend.purge, self.retention)
 

@@ -111,6 +111,7 @@ class Lease:
         self._started = started  # the grant request was sent: the hold time counts from here
         self._lost_reason: str | None = None
         self._released = False
+        self._gave_back = False  # a release() freed the name on the server
         self._callbacks: list[Callable[[Lease], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
 
@@ -167,8 +168,10 @@ class Lease:
         A loss the renewer finds runs them in a thread of their own for ``Locks`` (a slow
         callback delays no renewal) and in the renewer's task for ``AsyncLocks`` (coroutine
         callbacks become tasks of their own); keep them short. A loss found by the holder's
-        own call (``extend``, the release at the end of a block, ``close``) runs them in that
-        call. They do not run after a normal release.
+        own call (``extend``, ``release``, the release at the end of a block, ``close``) runs
+        them in that call. They do not run after a release that freed the name, nor after a
+        release that found the lease already given back by this holder (a second
+        ``release()``, or the client's ``close()``).
         """
         if self._lost_reason is None and not self._released and self.state.expired():
             # expired by the local clock, but the renewer has not marked it yet (it may be
@@ -256,6 +259,14 @@ class Lease:
         """Give the lease back. Returns False if it was no longer held by us (also once its
         client is closed: closing gave it back).
 
+        A release that finds on the server that the lease is no longer this holder's -- it
+        expired (the holder was paused, or its renewals did not get through) and may have been
+        taken by another worker, or it was broken -- marks the lease lost: the loss is logged
+        and the :meth:`on_lost` callbacks run in this call (if the renewer had not found the
+        loss already), because work done under the lease may have overlapped another holder's.
+        A False for a lease this holder had already given back (a second ``release()``, or
+        after its client's ``close()``) is not a loss.
+
         A release that failed (a :class:`BackendError`: the backend could not be reached) can
         be called again; the lease is no longer renewed meanwhile. An ``AsyncLease.release()``
         cancelled while its command is in flight is finished in the background, and calling
@@ -271,7 +282,6 @@ class Lease:
         try:
             answer = bool(locks.call_backend("lock.release", self.name, self._release_call))
             telemetry.lock_hold(locks.backend.kind, self._started)
-            return answer
         except BaseException as exc:
             if locks.closed and isinstance(exc, JobfenceError):
                 return False  # closed while we released: close() gave it back
@@ -279,6 +289,15 @@ class Lease:
             raise
         finally:
             locks.stop_renewing(self)  # only now: close() still sees it until here
+        if answer:
+            self._gave_back = True
+        elif not locks.closed:  # (closed meanwhile: close() gave it back first)
+            self.mark_lost(
+                "the release found it not held any more: it had expired (and may have been "
+                "taken by another worker) or was broken before the release reached the backend",
+                after_release=True,
+            )
+        return answer
 
     def _release_failed(self, exc: BaseException) -> None:
         with self._mutex:
@@ -318,6 +337,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._gave_back:  # the body released it itself: nothing left to give back
+            return
         was_lost = self.lost
         if exc is not None:  # the body's error goes on; the release only must not hang
             answer, error = self._release_on_exit()

@@ -89,7 +89,7 @@ def versioned_update(
             raise ConfigurationError(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
-    sc = adapt(conn)
+    sc = adapt(conn, operation="versioned_update")
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote
     ver = quote(version_column)

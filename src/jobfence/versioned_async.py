@@ -94,7 +94,7 @@ async def versioned_update_async(
             await ahook("versioned.update", table=table, key=keys, version=expected)
             new_version: int = await simulated(table, keys, expected, sets, version_column)
             return new_version
-    sc = adapt_async(conn)
+    sc = adapt_async(conn, operation="versioned_update")
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote
     ver = quote(version_column)

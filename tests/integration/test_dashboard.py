@@ -262,6 +262,34 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
         assert result.exit_code == 2 and word in result.stderr, (args, result.output)
 
 
+def test_a_page_other_machines_can_reach_is_announced_on_stderr(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    # all interfaces, with the actions: a loud banner and a WARNING record
+    with dashboard(url, "--host", "0.0.0.0", "--allow-actions", tmp_path=tmp_path) as board:
+        status, _ = board.request("/api/state")
+        assert status == 200  # it serves (on every interface, the loopback one included)
+        err = board.log()
+    assert "WARNING jobfence.dashboard:" in err
+    assert f"listens on 0.0.0.0:{board.port} (every interface) with --allow-actions" in err
+    assert "the page has no login" in err
+    for action in ("break locks", "forget inbox records", "requeue dead letters"):
+        assert action in err, err
+    assert f"WARNING: anyone who can reach port {board.port} can break locks" in err
+    assert "!" * 78 in err
+
+    # all interfaces, read-only: the milder warning, no banner
+    with dashboard(url, "--host", "0.0.0.0", tmp_path=tmp_path) as board:
+        err = board.log()
+    assert f"listens on 0.0.0.0:{board.port} (every interface), and the page has no login" in err
+    assert "sees the lock names" in err and "read-only" in err
+    assert "can break locks" not in err and "!" * 78 not in err
+
+    # the default loopback address: nothing to warn about
+    with dashboard(url, "--allow-actions", tmp_path=tmp_path) as board:
+        err = board.log()
+    assert "no login" not in err and "WARNING" not in err, err
+
+
 # -- the page in a real browser --------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ masking of errors, option checks, and the panels a backend has no part for."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -60,6 +61,31 @@ def test_a_server_bound_to_all_interfaces_answers_to_addresses_not_foreign_names
         assert not server.host_allowed(f"10.1.2.3:{port + 1}")
     finally:
         server.server_close()
+
+
+def test_only_an_address_other_machines_can_reach_is_warned_about(
+    board: Dashboard, caplog: pytest.LogCaptureFixture
+) -> None:
+    for host in ("127.0.0.1", "localhost", "::1"):
+        with caplog.at_level(logging.WARNING, logger="jobfence.dashboard"):
+            server = _server(board, host, allow_actions=True)
+        try:
+            assert server.loopback and server.exposure_warning() is None, host
+        finally:
+            server.server_close()
+    assert caplog.records == []
+    for host, actions in (("0.0.0.0", True), ("::", False), ("0.0.0.0", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jobfence.dashboard"):
+            server = _server(board, host, allow_actions=actions)
+        try:
+            warning = server.exposure_warning()
+            assert not server.loopback and warning is not None
+            assert f":{server.port} (every interface)" in warning and "no login" in warning
+            assert ("can break locks" in warning) is actions
+            assert [r.getMessage() for r in caplog.records] == [warning]  # logged as it binds
+        finally:
+            server.server_close()
 
 
 def test_the_page_carries_the_token_only_when_actions_are_allowed(board: Dashboard) -> None:

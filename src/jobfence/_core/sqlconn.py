@@ -50,6 +50,12 @@ API (stable: other modules build on it)::
                                       # "aiosqlite", "sqlalchemy+<driver>" or "django+<driver>"
     result = sc.execute(sql, params)  # (await it for AsyncSqlConn) -> Result
     result.rows, result.rowcount, result.lastrowid, result.columns
+    sc.closed()                       # whether the caller's connection is closed
+
+A statement that fails on a connection the driver reports closed (closed by the caller, or
+lost) raises :class:`~jobfence.BackendError` naming the dialect, the driver, the operation
+(``adapt(conn, operation="fence")``) and that the connection is closed, with the driver's
+error as ``__cause__``; every other driver error comes through unchanged.
 
 SQL is written once with named ``:name`` parameters and a dict of values, the convention of
 every shipped ``.sql`` file; ``execute`` converts it for the driver with
@@ -79,7 +85,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError
 from .sqlfiles import Queries, convert, load_sql
 
 __all__ = [
@@ -493,24 +499,80 @@ def _unsupported(conn: object, argument: str, *, want_async: bool) -> Configurat
     )
 
 
+# -- closed connections ---------------------------------------------------------------------
+
+
+def _is_closed(kind: str, conn: Any) -> bool:
+    """Whether the driver reports ``conn`` closed (by its owner, or lost); ``False`` where it
+    cannot tell. Reads the driver's state only: no I/O."""
+    try:
+        if kind == "sqlite3":
+            try:
+                conn.in_transaction  # noqa: B018  (raises on a closed connection)
+            except sqlite3.ProgrammingError:
+                return True
+            return False
+        if kind in ("psycopg", "psycopg-async", "aiomysql", "sa-conn", "sa-aconn"):
+            return bool(conn.closed)
+        if kind == "pymysql":
+            return not conn.open
+        if kind == "asyncpg":
+            return bool(conn.is_closed())
+        if kind == "aiosqlite":
+            # aiosqlite has no public flag: its sqlite3 connection is dropped on close
+            return getattr(conn, "_connection", False) is None
+    except Exception:  # a driver without the attribute: cannot tell
+        return False
+    return False
+
+
+def _closed_error(sc: SqlConn | AsyncSqlConn, exc: BaseException) -> BackendError:
+    operation = sc.operation or "a statement"
+    return BackendError(
+        f"{sc.dialect} connection ({sc.driver}): {operation} failed: the connection is "
+        f"closed ({type(exc).__name__}: {exc}); pass an open connection, inside the "
+        "transaction the write belongs to",
+        backend=sc.dialect,
+        operation=sc.operation,
+    )
+
+
 # -- sync -----------------------------------------------------------------------------------
 
 
 class SqlConn:
     """A caller's blocking connection, seen through one ``execute`` method."""
 
-    def __init__(self, conn: Any, kind: str, dialect: str, driver: str) -> None:
+    def __init__(
+        self, conn: Any, kind: str, dialect: str, driver: str, operation: str = ""
+    ) -> None:
         self.raw = conn
         self.kind = kind
         self.dialect = dialect
         self.driver = driver
+        #: what the statements are for, in the error of a closed connection ("fence")
+        self.operation = operation
 
     def __repr__(self) -> str:
         return f"<SqlConn {self.dialect} via {self.driver}>"
 
+    def closed(self) -> bool:
+        """Whether the driver reports the connection closed (by its owner, or lost);
+        ``False`` where it cannot tell (Django, SQLAlchemy sessions). No I/O."""
+        return _is_closed(self.kind, self.raw)
+
     def execute(self, sql: str, params: Params = ()) -> Result:
         """Run ``sql`` with ``params`` in the caller's transaction: ``:name`` parameters with a
-        mapping, or ``?`` placeholders with a sequence."""
+        mapping, or ``?`` placeholders with a sequence. On a closed connection:
+        :class:`~jobfence.BackendError` (the driver's error as ``__cause__``)."""
+        try:
+            return self._execute(sql, params)
+        except Exception as exc:
+            if self.closed():
+                raise _closed_error(self, exc) from exc
+            raise
+
+    def _execute(self, sql: str, params: Params) -> Result:
         kind, conn = self.kind, self.raw
         query, args = _prepare(kind, sql, params)
         if kind == "psycopg":
@@ -566,19 +628,21 @@ def _sa_result(res: Any) -> Result:
     return Result([], res.rowcount, lastrowid, [])
 
 
-def adapt(conn: object, *, argument: str = "conn") -> SqlConn:
-    """Wrap a caller's blocking connection; ``ConfigurationError`` names unsupported types."""
+def adapt(conn: object, *, argument: str = "conn", operation: str = "") -> SqlConn:
+    """Wrap a caller's blocking connection; ``ConfigurationError`` names unsupported types.
+    ``operation`` names what the statements are for in the error of a closed connection."""
     kind = _kind(conn)
     if kind is None or kind in _ASYNC_KINDS:
         raise _unsupported(conn, argument, want_async=False)
     if kind in ("sa-conn", "sa-session"):
         dialect, driver = _sa_dialect(conn, argument)
-        return SqlConn(conn, kind, dialect, driver)
+        return SqlConn(conn, kind, dialect, driver, operation)
     if kind == "django":
         wrapper = _django_wrapper(conn)
         dialect, driver = _django_dialect(wrapper, argument)
-        return SqlConn(wrapper, kind, dialect, driver)
-    return SqlConn(conn, kind, _DIALECT[kind], "psycopg" if kind == "psycopg" else kind)
+        return SqlConn(wrapper, kind, dialect, driver, operation)
+    driver = "psycopg" if kind == "psycopg" else kind
+    return SqlConn(conn, kind, _DIALECT[kind], driver, operation)
 
 
 # -- async ----------------------------------------------------------------------------------
@@ -587,18 +651,36 @@ def adapt(conn: object, *, argument: str = "conn") -> SqlConn:
 class AsyncSqlConn:
     """A caller's asyncio connection, seen through one ``execute`` coroutine."""
 
-    def __init__(self, conn: Any, kind: str, dialect: str, driver: str) -> None:
+    def __init__(
+        self, conn: Any, kind: str, dialect: str, driver: str, operation: str = ""
+    ) -> None:
         self.raw = conn
         self.kind = kind
         self.dialect = dialect
         self.driver = driver
+        #: what the statements are for, in the error of a closed connection ("fence")
+        self.operation = operation
 
     def __repr__(self) -> str:
         return f"<AsyncSqlConn {self.dialect} via {self.driver}>"
 
+    def closed(self) -> bool:
+        """Whether the driver reports the connection closed (by its owner, or lost);
+        ``False`` where it cannot tell (Django, SQLAlchemy sessions). No I/O."""
+        return _is_closed(self.kind, self.raw)
+
     async def execute(self, sql: str, params: Params = ()) -> Result:
         """Run ``sql`` with ``params`` in the caller's transaction: ``:name`` parameters with a
-        mapping, or ``?`` placeholders with a sequence."""
+        mapping, or ``?`` placeholders with a sequence. On a closed connection:
+        :class:`~jobfence.BackendError` (the driver's error as ``__cause__``)."""
+        try:
+            return await self._execute(sql, params)
+        except Exception as exc:
+            if self.closed():
+                raise _closed_error(self, exc) from exc
+            raise
+
+    async def _execute(self, sql: str, params: Params) -> Result:
         kind, conn = self.kind, self.raw
         query, args = _prepare(kind, sql, params)
         if kind == "psycopg-async":
@@ -639,13 +721,14 @@ class AsyncSqlConn:
         return _sa_result(res)
 
 
-def adapt_async(conn: object, *, argument: str = "conn") -> AsyncSqlConn:
-    """Wrap a caller's asyncio connection; ``ConfigurationError`` names unsupported types."""
+def adapt_async(conn: object, *, argument: str = "conn", operation: str = "") -> AsyncSqlConn:
+    """Wrap a caller's asyncio connection; ``ConfigurationError`` names unsupported types.
+    ``operation`` names what the statements are for in the error of a closed connection."""
     kind = _kind(conn)
     if kind is None or kind not in _ASYNC_KINDS:
         raise _unsupported(conn, argument, want_async=True)
     if kind in ("sa-aconn", "sa-asession"):
         dialect, driver = _sa_dialect(conn, argument)
-        return AsyncSqlConn(conn, kind, dialect, driver)
+        return AsyncSqlConn(conn, kind, dialect, driver, operation)
     driver = {"psycopg-async": "psycopg"}.get(kind, kind)
-    return AsyncSqlConn(conn, kind, _DIALECT[kind], driver)
+    return AsyncSqlConn(conn, kind, _DIALECT[kind], driver, operation)

@@ -60,7 +60,13 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     help="Show and accept the actions: break a lock, forget or purge inbox records, requeue "
     "dead letters. Without it the dashboard is read-only.",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to bind. The page has no login: anything but a loopback address lets "
+    "other machines see it (and, with --allow-actions, act).",
+)
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
@@ -86,7 +92,9 @@ def dashboard(
     be given, or JOBFENCE_URL is used. The page refreshes every 2 seconds; a backend that is
     down shows its error while the others go on. It binds 127.0.0.1 unless --host says
     otherwise and is read-only unless --allow-actions is given; every action is logged at
-    WARNING on the jobfence.cli logger. Stops on Ctrl-C or SIGTERM.
+    WARNING on the jobfence.cli logger. The page has no login: bound to an address other
+    machines can reach, it warns on stderr (loudly with --allow-actions). Stops on Ctrl-C or
+    SIGTERM.
     """
     if not urls:
         env = os.environ.get(URL_ENV)
@@ -116,6 +124,18 @@ def dashboard(
     except OSError as exc:
         board.close()
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+    if allow_actions and not server.loopback:
+        # make_server logged the warning (on stderr here); this one cannot be missed
+        rule = "!" * 78
+        click.secho(
+            f"{rule}\n"
+            f"WARNING: anyone who can reach port {server.port} can break locks, forget inbox\n"
+            "records and requeue dead letters: the dashboard has no login.\n"
+            f"{rule}",
+            err=True,
+            fg="red",
+            bold=True,
+        )
     signal.signal(signal.SIGTERM, _stop)
     click.echo(f"jobfence dashboard: {server.url}")
     if not allow_actions:

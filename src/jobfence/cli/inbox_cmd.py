@@ -197,7 +197,9 @@ def show(url: str | None, key: str | None, table: str, as_json: bool) -> None:
 @_JSON
 def purge(url: str | None, keys: tuple[str, ...], yes: bool, table: str, as_json: bool) -> None:
     """Delete the expired records at URL (completed ones past their retention, claims
-    abandoned for longer than the default retention) and print how many.
+    abandoned for longer than the default retention) and print how many. On Redis, where
+    records expire by themselves, there is nothing to delete: it checks that the server
+    answers and prints 0.
 
     With --key (and --yes): forget those keys instead, whatever their state. The next claim
     of a forgotten key runs its work again; a worker still holding it finds its claim lost
@@ -214,12 +216,15 @@ def purge(url: str | None, keys: tuple[str, ...], yes: bool, table: str, as_json
         raise click.UsageError("--yes confirms --key: give the keys to forget")
     if not keys:
         with client(url, lambda u: Inbox(u, table=table)) as inbox:
-            count = inbox.purge()
-            where = inbox.table
+            count = inbox.purge()  # also where records expire by themselves: it checks the server
+            where, kind = inbox.table, inbox.backend.kind
+            native = inbox.capabilities.native_expiry
         if as_json:
             click.echo(json.dumps({"purged": count}))
         else:
-            click.echo(f"purged {count} expired record{'' if count == 1 else 's'} from {where}")
+            plural = "" if count == 1 else "s"
+            note = f" ({kind} expires the records by itself; the server answered)" if native else ""
+            click.echo(f"purged {count} expired record{plural} from {where}{note}")
         return
     missing = 0
     with client(url, lambda u: Inbox(u, table=table)) as inbox:

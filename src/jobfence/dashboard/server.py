@@ -109,6 +109,36 @@ class DashboardServer(ThreadingHTTPServer):
             host = f"[{host}]"
         return f"http://{host}:{self.port}/"
 
+    @property
+    def loopback(self) -> bool:
+        """Whether the server listens on a loopback address only (reachable from this machine
+        alone)."""
+        try:
+            return ipaddress.ip_address(str(self.server_address[0]).split("%", 1)[0]).is_loopback
+        except ValueError:
+            return False
+
+    def exposure_warning(self) -> str | None:
+        """What to tell the operator when the page is reachable from other machines (it has
+        no login), or ``None`` on a loopback address."""
+        if self.loopback:
+            return None
+        where = "every interface" if self.wildcard else self.host
+        bound = f"{self.host or '*'}:{self.port} ({where})"
+        if self.allow_actions:
+            return (
+                f"the dashboard listens on {bound} with --allow-actions, and the page has no "
+                "login: anyone who can reach this port can break locks, forget inbox records "
+                "(their work runs again) and requeue dead letters. Bind 127.0.0.1 (the "
+                "default) and reach it through an SSH tunnel, or put an authenticating proxy "
+                "in front of it."
+            )
+        return (
+            f"the dashboard listens on {bound}, and the page has no login: anyone who can "
+            "reach this port sees the lock names and holders, the inbox keys and the dead "
+            "letters' message ids and errors (read-only: no actions)."
+        )
+
     def host_allowed(self, value: str | None) -> bool:
         """Whether a request's ``Host`` names this server: the loopback names, the bound host
         (any IP address literal when bound to all interfaces: a rebound DNS name is never
@@ -309,5 +339,11 @@ def make_server(
     allow_actions: bool = False,
 ) -> DashboardServer:
     """A :class:`DashboardServer` bound to ``host``:``port`` (``0``: a free port); run it
-    with ``serve_forever()``."""
-    return DashboardServer((host, port), dashboard, allow_actions=allow_actions)
+    with ``serve_forever()``. Bound to an address other machines can reach, it logs a
+    WARNING on the ``jobfence.dashboard`` logger: the page has no login
+    (:meth:`DashboardServer.exposure_warning`)."""
+    server = DashboardServer((host, port), dashboard, allow_actions=allow_actions)
+    warning = server.exposure_warning()
+    if warning is not None:
+        log.warning("%s", warning)
+    return server

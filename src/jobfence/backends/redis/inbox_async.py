@@ -3,8 +3,10 @@ from it).
 
 Each verb is ONE Lua script (``lua/inbox_*.lua``, loaded once, run by EVALSHA), so a claim is
 one round trip and atomic on the server; time is Redis's own clock (``TIME``). Completed
-records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has nothing to do;
-an abandoned in-progress record expires ``retention`` after its deadline.
+records expire natively after ``retention`` (``PEXPIRE``), so ``purge()`` has nothing to delete:
+it only checks that the server answers (one ``PING``), so that a wrong password or an
+unreachable server fails as on the other backends; an abandoned in-progress record expires
+``retention`` after its deadline.
 
 Keys: ``<table>:<idempotency key>`` (a hash). The operator's reads (``claims``, ``claim_info``)
 walk the table's keys with ``SCAN`` (never ``KEYS``) and read records with one read-only script
@@ -289,7 +291,10 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         return [bool(ok) for ok in reply]
 
     async def purge(self, retention: float) -> int:
-        return 0  # records expire natively
+        """Nothing to delete (records expire natively): 0, once the server answered a
+        ``PING`` -- a wrong password or an unreachable server raises, as a purge elsewhere."""
+        await self.client.ping()
+        return 0
 
     async def _infos(self, keys: Sequence[str]) -> list[ClaimInfo | None]:
         """The records of ``keys`` (idempotency keys), ``None`` where there is none."""
