@@ -66,8 +66,12 @@ def program() -> Path:
 
 
 @contextmanager
-def dashboard(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Running]:
-    """Run ``jobfence dashboard ARGS --port 0`` until the block ends."""
+def dashboard(
+    *args: str, tmp_path: Path, env: dict[str, str] | None = None, page: Any = None
+) -> Iterator[Running]:
+    """Run ``jobfence dashboard ARGS --port 0`` until the block ends. ``page``: a browser page
+    showing this dashboard, taken off it before the server stops (else its next refresh logs a
+    refused connection, which the browser tests count as a page error)."""
     log_path = tmp_path / f"dashboard-{len(list(tmp_path.glob('dashboard-*')))}.log"
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
@@ -87,6 +91,8 @@ def dashboard(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> 
             base=base, port=int(base.rsplit(":", 1)[1]), process=process, log_path=log_path
         )
     finally:
+        if page is not None:
+            page.goto("about:blank")
         process.terminate()
         try:
             process.wait(timeout=30)

@@ -331,7 +331,7 @@ def test_the_page_breaks_a_lock_after_confirmation(
         lease = locks.acquire(name, ttl=TTL)
         other = locks.acquire("reports:nightly", ttl=TTL)
         args = ("--namespace", namespace)
-        with dashboard(REDIS_URL, *args, tmp_path=tmp_path) as board:
+        with dashboard(REDIS_URL, *args, tmp_path=tmp_path, page=page) as board:
             page.goto(board.base + "/")
             row = page.locator(f'tr[data-lock="{name}"]')
             expect(row).to_contain_text(lease.owner)
@@ -339,7 +339,7 @@ def test_the_page_breaks_a_lock_after_confirmation(
             expect(page.locator("#mode")).to_have_text("read-only")
             expect(page.get_by_role("button", name="Break")).to_have_count(0)
 
-        with dashboard(REDIS_URL, *args, "--allow-actions", tmp_path=tmp_path) as board:
+        with dashboard(REDIS_URL, *args, "--allow-actions", tmp_path=tmp_path, page=page) as board:
             page.goto(board.base + "/")
             row = page.locator(f'tr[data-lock="{name}"]')
             expect(row).to_contain_text(lease.owner)
@@ -379,7 +379,7 @@ def test_the_page_requeues_a_dead_letter(tmp_path: Path, page: Any) -> None:
     url = f"sqlite:///{tmp_path / 'q.db'}"
     dead_id = _dead_letter(url, "emails", "SMTPError: relay refused")
     args = ("--allow-actions",)  # no --queue: the dashboard finds the queue in the table
-    with dashboard(url, *args, tmp_path=tmp_path) as board:
+    with dashboard(url, *args, tmp_path=tmp_path, page=page) as board:
         page.goto(board.base + "/")
         queue = page.locator('section[data-queue="emails"]')
         expect(queue.locator("td.dead")).to_have_text("1")
@@ -405,7 +405,9 @@ def test_the_page_shows_a_down_backend_beside_a_working_one(
     down_url = f"redis://:s3cret-pw@127.0.0.1:{_closed_port()}/0"
     with jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
         lease = locks.acquire("orders:42", ttl=TTL)
-        with dashboard(down_url, REDIS_URL, "--namespace", namespace, tmp_path=tmp_path) as b:
+        with dashboard(
+            down_url, REDIS_URL, "--namespace", namespace, tmp_path=tmp_path, page=page
+        ) as b:
             page.goto(b.base + "/")
             down = page.locator('article[data-target="0"]')
             expect(down.locator(".locks .error")).to_contain_text("Connection")
@@ -477,7 +479,7 @@ def test_the_page_lists_a_stuck_claim_and_forgets_it(tmp_path: Path, page: Any) 
 
     url = f"sqlite:///{tmp_path / 'inbox.db'}"
     _, stuck = _inbox_with_claims(url)
-    with dashboard(url, "--allow-actions", tmp_path=tmp_path) as board:
+    with dashboard(url, "--allow-actions", tmp_path=tmp_path, page=page) as board:
         page.goto(board.base + "/")
         inbox = page.locator("section.inbox")
         expect(inbox.locator("p.counts")).to_have_text("in progress: 2, completed: 1; stuck: 1")
