@@ -23,6 +23,13 @@ from . import Report, Timer
 
 #: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
 SCAN_CAP = 100_000
+#: the kind of a key of jobfence 0.1's layout (a namespace, name or inbox key with a brace)
+OLD_LAYOUT = "old layout"
+OLD_LAYOUT_ADVICE = (
+    "stop the workers of jobfence 0.1, then run `jobfence redis migrate-keys URL --namespace "
+    "NAMESPACE --table TABLE` (see the upgrade section of the Redis backend guide): until then "
+    "these leases do not exclude, and these inbox records are not found as duplicates"
+)
 #: options of jobfence's Redis backends, never handed to redis-py
 _OWN = ("namespace", "max_dead_letters", "waiter_slack", "table")
 
@@ -60,7 +67,8 @@ def _kind(key: str, namespace: str) -> str | None:
     part (a longer namespace that starts like this one, an inbox record)."""
     parts = key_layout.parse(key)
     if parts is None:
-        return "other"
+        # every current key holding a brace reads back; this one is of jobfence 0.1's layout
+        return OLD_LAYOUT if key_layout.needs_encoding(key) else "other"
     if parts.namespace != namespace or parts.part == key_layout.INBOX:
         return None
     tail = parts.suffix
@@ -196,6 +204,9 @@ def _keys(report: Report, client: Any) -> None:
     records = sum(key_layout.inbox_name(INBOX_PREFIX, key) is not None for key in inbox)
     if records:
         counts["inbox record"] = records
+    old = sum(key_layout.parse(key) is None and key_layout.needs_encoding(key) for key in inbox)
+    if old:
+        counts[OLD_LAYOUT] = counts.get(OLD_LAYOUT, 0) + old
     report.keys = dict(sorted(counts.items()))
     report.keys_capped = capped or inbox_capped
     if not counts:
@@ -209,3 +220,13 @@ def _keys(report: Report, client: Any) -> None:
         more = f" (counted up to {SCAN_CAP})" if report.keys_capped else ""
         kinds = ", ".join(f"{kind} {n}" for kind, n in report.keys.items())
         report.add("ok", "keys", f"{total} jobfence keys under {namespace!r}{more}: {kinds}")
+    old_keys = counts.get(OLD_LAYOUT, 0)
+    if old_keys:
+        report.add(
+            "warning",
+            "redis-old-keys",
+            f"{old_keys} key{'' if old_keys == 1 else 's'} under {namespace!r} or the inbox prefix "
+            f"{INBOX_PREFIX!r} are in the key layout of jobfence 0.1 (a namespace, lock name "
+            "or inbox key holding a brace)",
+            OLD_LAYOUT_ADVICE,
+        )
