@@ -171,7 +171,8 @@ def test_redis_keys_of_the_previous_layout_are_a_warning() -> None:
         report = diagnose(REDIS_URL, namespace=namespace, probe=False)
         assert OLD_LAYOUT not in report.keys
         assert all(f.code != "redis-old-keys" for f in report.findings)
-        client.set(legacy_lock_key(namespace, "a{b}"), "1:old", px=30_000)  # as 0.1 wrote it
+        # a lease as earlier versions wrote it
+        client.set(legacy_lock_key(namespace, "a{b}"), "1:old", px=30_000)
         with jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
             lease = locks.acquire("a{b}", ttl=30, renew=False)  # the current layout
             report = diagnose(REDIS_URL, namespace=namespace, probe=False)

@@ -1,4 +1,4 @@
-"""Upgrading from the key layout of jobfence 0.1: keys without braces are where they were (a
+"""Upgrading from the key layout of earlier versions: keys without braces are where they were (a
 live lease still excludes, a completed record is still a duplicate, a queue keeps its
 messages); keys with a brace move with ``jobfence redis migrate-keys``, leases with their ttl
 (still excluding), inbox records with their retention (still duplicates), queues whole."""
@@ -44,12 +44,12 @@ def raw() -> Iterator[redis.Redis]:
 
 
 def _old_lease(raw: redis.Redis, namespace: str, name: str, token: int, owner: str) -> None:
-    """A lease as jobfence 0.1 wrote it."""
+    """A lease as earlier versions wrote it."""
     raw.set(legacy_lock_key(namespace, name), f"{token}:{owner}", px=60_000)
 
 
 def _old_record(raw: redis.Redis, inbox: jobfence.Inbox, table: str, key: str) -> None:
-    """A completed record of ``key`` as jobfence 0.1 kept it (under ``table:key``), made by
+    """A completed record of ``key`` as earlier versions kept it (under ``table:key``), made by
     completing a claim of a brace-free key and renaming its record."""
     scratch = "scratch-" + uuid.uuid4().hex
     inbox.claim(scratch, ttl=30).complete({"done": key})
@@ -83,7 +83,7 @@ def test_migrate_moves_leases_records_and_queues(root: str, raw: redis.Redis) ->
         jobfence.Queue(REDIS_URL, "jobs", namespace=root) as scratch_queue,
     ):
         _old_record(raw, inbox, table, "lock:{k}")
-        # a queue of a namespace with a brace, as jobfence 0.1 kept it
+        # a queue of a namespace with a brace, as earlier versions kept it
         scratch_queue.publish_many(["one", "two"])
         for suffix in QUEUE_SUFFIXES:
             old = queue_prefix(root, "jobs") + suffix

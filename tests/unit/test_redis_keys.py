@@ -1,6 +1,6 @@
 """The Redis key layout (``jobfence.backends.redis.keys``): distinct (part, namespace, name)
 triples never share a key, every key reads back as its triple, one lock's or queue's keys share
-a Redis Cluster hash slot, and keys without braces are those of jobfence 0.1."""
+a Redis Cluster hash slot, and keys without braces are those of earlier versions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``jobfence redis migrate-keys URL``: move the keys jobfence 0.1 laid out differently (a
+"""``jobfence redis migrate-keys URL``: move the keys earlier versions laid out differently (a
 namespace, lock name or inbox key holding a brace) to their current keys
 (``jobfence.backends.redis.migrate``)."""
 
@@ -45,7 +45,7 @@ def migrate_keys(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Move the leases, queues and inbox records that jobfence 0.1 kept under another key
+    """Move the leases, queues and inbox records that earlier versions kept under another key
     to their current keys.
 
     Only names, namespaces and inbox keys holding a brace ({ or }) changed key; everything

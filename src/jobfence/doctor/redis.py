@@ -23,12 +23,13 @@ from . import Report, Timer
 
 #: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
 SCAN_CAP = 100_000
-#: the kind of a key of jobfence 0.1's layout (a namespace, name or inbox key with a brace)
+#: the kind of a key of the earlier layout (a namespace, name or inbox key with a brace)
 OLD_LAYOUT = "old layout"
 OLD_LAYOUT_ADVICE = (
-    "stop the workers of jobfence 0.1, then run `jobfence redis migrate-keys URL --namespace "
-    "NAMESPACE --table TABLE` (see the upgrade section of the Redis backend guide): until then "
-    "these leases do not exclude, and these inbox records are not found as duplicates"
+    "stop the workers of the earlier version, then run `jobfence redis migrate-keys URL "
+    "--namespace NAMESPACE --table TABLE` (see the upgrade section of the Redis backend "
+    "guide): until then these leases do not exclude, and these inbox records are not found "
+    "as duplicates"
 )
 #: options of jobfence's Redis backends, never handed to redis-py
 _OWN = ("namespace", "max_dead_letters", "waiter_slack", "table")
@@ -67,7 +68,7 @@ def _kind(key: str, namespace: str) -> str | None:
     part (a longer namespace that starts like this one, an inbox record)."""
     parts = key_layout.parse(key)
     if parts is None:
-        # every current key holding a brace reads back; this one is of jobfence 0.1's layout
+        # every current key holding a brace reads back; this one is of the earlier layout
         return OLD_LAYOUT if key_layout.needs_encoding(key) else "other"
     if parts.namespace != namespace or parts.part == key_layout.INBOX:
         return None
@@ -226,7 +227,7 @@ def _keys(report: Report, client: Any) -> None:
             "warning",
             "redis-old-keys",
             f"{old_keys} key{'' if old_keys == 1 else 's'} under {namespace!r} or the inbox prefix "
-            f"{INBOX_PREFIX!r} are in the key layout of jobfence 0.1 (a namespace, lock name "
+            f"{INBOX_PREFIX!r} are in the key layout of earlier versions (a namespace, lock name "
             "or inbox key holding a brace)",
             OLD_LAYOUT_ADVICE,
         )

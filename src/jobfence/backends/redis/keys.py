@@ -31,9 +31,9 @@ closes it, so the hash tag is the (encoded) name itself -- never empty, since na
 and every key of one lock or queue lies in one slot, whatever the namespace holds. An inbox
 key of a brace-free ``K`` carries no tag (its slot comes from the whole key).
 
-Keys of names, namespaces and inbox keys without braces are exactly those of jobfence 0.1
-(``legacy_*`` below build that layout); the others moved, see :mod:`.migrate` and the upgrade
-section of ``docs/how-to/backends/redis.md``.
+Keys of names, namespaces and inbox keys without braces are exactly those of earlier
+versions (``legacy_*`` below build that layout); the others moved, see :mod:`.migrate` and
+the upgrade section of ``docs/how-to/backends/redis.md``.
 """
 
 from __future__ import annotations
@@ -218,17 +218,17 @@ def inbox_patterns(table: str, prefix: str = "") -> list[str]:
     return [head + glob_escape(prefix) + "*", escaped]
 
 
-# -- the layout of jobfence 0.1 (read by the migration) ----------------------------------------
+# -- the layout of earlier versions (read by the migration) -----------------------------------
 def legacy_lock_key(namespace: str, name: str) -> str:
-    """The lease key jobfence 0.1 used: ``S:lock:{N}``, nothing encoded."""
+    """The lease key earlier versions used: ``S:lock:{N}``, nothing encoded."""
     return f"{namespace}:lock:{{{name}}}"
 
 
 def legacy_queue_prefix(namespace: str, queue: str) -> str:
-    """What the keys of a queue started with in jobfence 0.1: ``S:q:{Q}:``."""
+    """What the keys of a queue started with in earlier versions: ``S:q:{Q}:``."""
     return f"{namespace}:q:{{{queue}}}:"
 
 
 def legacy_inbox_key(table: str, key: str) -> str:
-    """The inbox record key jobfence 0.1 used: ``T:K``, nothing encoded."""
+    """The inbox record key earlier versions used: ``T:K``, nothing encoded."""
     return f"{table}:{key}"

@@ -1,4 +1,4 @@
-"""Move the Redis keys that jobfence 0.1 laid out differently to their current keys
+"""Move the Redis keys that earlier versions of jobfence laid out differently to their current keys
 (``jobfence redis migrate-keys``; see ``keys.py`` and the upgrade section of
 ``docs/how-to/backends/redis.md``).
 
@@ -156,7 +156,7 @@ def migrate_keys(
     dry_run: bool = False,
 ) -> Migration:
     """Move the leases and queues of ``namespaces`` and the records of the inbox ``tables``
-    from the layout of jobfence 0.1 to the current one, on ``client`` (a ``redis.Redis`` or
+    from the layout of earlier versions to the current one, on ``client`` (a ``redis.Redis`` or
     ``RedisCluster``); ``dry_run`` only lists the moves. Safe to run again: a key already in
     the current layout is never touched."""
     result = Migration()
