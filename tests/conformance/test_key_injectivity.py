@@ -8,9 +8,12 @@ them with a NUL between, which no SQL identifier holds); Redis encodes them
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import jobfence
 from jobfence import ClaimState, ConfigurationError
@@ -85,3 +88,49 @@ def test_an_inbox_key_shaped_like_a_lock_key_is_an_inbox_key(spec: Spec, tmp_pat
         inbox.close()
         locks.close()
         spec.cleanup(url, base)
+
+
+_PIECES = [":", "_", "{", "}", "%", "%7B", "lock", "q", "\x00", "ü", "名"]
+_names = st.lists(
+    st.one_of(st.sampled_from(_PIECES), st.text(alphabet="ab:_{}", max_size=2)),
+    min_size=1,
+    max_size=6,
+).map("".join).filter(bool)
+
+
+@pytest.fixture(params=spec_params(LOCKS))
+def three_namespaces(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[jobfence.Locks]]:
+    """Lock clients of one backend on three namespaces that spell one another's start."""
+    spec: Spec = request.param
+    url, base = spec.make_url(tmp_path_factory.mktemp("keys")), new_namespace()
+    clients = [jobfence.Locks(url, namespace=ns) for ns in _namespaces(spec, base)[:3]]
+    yield clients
+    for c in clients:
+        c.close()
+    spec.cleanup(url, base)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(pairs=st.lists(st.tuples(st.integers(0, 2), _names), min_size=1, max_size=6, unique=True))
+def test_generated_names_never_meet(
+    three_namespaces: list[jobfence.Locks], pairs: list[tuple[int, str]]
+) -> None:
+    leases = [three_namespaces[i].try_acquire(name, ttl=60) for i, name in pairs]
+    try:
+        assert all(lease is not None for lease in leases), pairs
+        for i, c in enumerate(three_namespaces):
+            try:
+                held = [name for name, _ in c.holders()]
+            except ConfigurationError:  # PostgreSQL session mode lists no names
+                continue
+            assert held == sorted({name for j, name in pairs if j == i})
+    finally:
+        for lease in leases:
+            if lease is not None:
+                lease.release()
