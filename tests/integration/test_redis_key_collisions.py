@@ -18,6 +18,7 @@ from jobfence._core.url import parse_url
 from jobfence.backends.redis.inbox import RedisInboxBackend
 from jobfence.backends.redis.locks import RedisLockBackend
 from jobfence.backends.redis.queue import RedisQueueBackend
+from jobfence.dashboard.state import DashboardConfig, Target
 from tests.reliability._redis_server import RedisServer
 from tests.servers import REDIS_URL, delete_redis_keys
 
@@ -86,6 +87,22 @@ def test_inbox_forget_never_deletes_a_lock_or_a_queue(root: str) -> None:
         lease.release()
         queue.drop()
     client.close()
+
+
+def test_the_dashboard_s_forget_never_deletes_a_lock(root: str) -> None:
+    """The dashboard's forget action (like ``jobfence inbox``'s) goes through
+    ``Inbox.forget``: on the inbox whose table is the lock namespace, it leaves the lease."""
+    config = DashboardConfig(urls=(REDIS_URL,), namespace=root, inbox_table=root)
+    target = Target(0, REDIS_URL, config)
+    with jobfence.Locks(REDIS_URL, namespace=root) as locks:
+        lease = locks.try_acquire("k", ttl=30)
+        assert lease is not None
+        try:
+            assert target.forget("lock:{k}") == {"forgotten": False}
+            lease.extend(30)  # still held: LockLost otherwise
+            assert lease.release() is True
+        finally:
+            target.close()
 
 
 def test_queue_names_lists_only_its_namespace(root: str) -> None:
