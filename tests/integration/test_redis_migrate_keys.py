@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.cluster
 from click.testing import CliRunner
+from redis.cluster import key_slot
 
 import jobfence
 from jobfence import ClaimState
@@ -24,6 +26,7 @@ from jobfence.backends.redis.keys import (
 )
 from jobfence.backends.redis.migrate import migrate_keys
 from jobfence.cli.app import cli
+from tests.integration._redis_cluster import RedisCluster
 from tests.servers import REDIS_URL, delete_redis_keys
 
 QUEUE_SUFFIXES = ("s", "f", "o", "d", "ds", "dead", "m", "mx")
@@ -153,3 +156,41 @@ def test_the_cli_migrates_and_reports(root: str, raw: redis.Redis) -> None:
     assert raw.get(lock_key(root, "x}y")) == b"5:old"
     result = runner.invoke(cli, ["redis", "migrate-keys", "sqlite:///x.db"])
     assert result.exit_code == 2 and "redis://" in result.output
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with RedisCluster() as running:
+        yield running
+
+
+def test_migrate_moves_keys_across_slots_on_a_cluster(cluster: RedisCluster) -> None:
+    root = "mk" + uuid.uuid4().hex[:12]
+    table = root + "_inbox"
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+    try:
+        old = legacy_lock_key(root, "a{b}")
+        assert key_slot(old.encode()) != key_slot(lock_key(root, "a{b}").encode())
+        client.set(old, "77:old-worker", px=60_000)
+        with (
+            jobfence.Locks(client, namespace=root) as locks,
+            jobfence.Inbox(client, table=table) as inbox,
+        ):
+            scratch = "scratch-" + uuid.uuid4().hex
+            inbox.claim(scratch, ttl=30).complete("result")
+            # as earlier versions kept the record of "x{y}" (another slot than the new key)
+            payload = client.dump(legacy_inbox_key(table, scratch))
+            client.restore(legacy_inbox_key(table, "x{y}"), 60_000, payload)
+            done = migrate_keys(client, namespaces=[root], tables=[table])
+            assert len(done.moved) == 2 and done.conflicts == []
+            assert locks.try_acquire("a{b}", ttl=10) is None
+            holder = locks.holder("a{b}")
+            assert holder is not None and (holder.owner, holder.token) == ("old-worker", 77)
+            assert 0 < client.pttl(lock_key(root, "a{b}")) <= 60_000
+            claim = inbox.claim("x{y}")
+            assert claim.state is ClaimState.COMPLETED and claim.result == "result"
+            assert client.exists(old) == 0
+            locks.force_release("a{b}")
+            inbox.drop()
+    finally:
+        client.close()

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 
 from ..._core.validate import check_queue_name
 from ...errors import ConfigurationError
@@ -81,16 +81,20 @@ def _move(client: Any, old: str, new: str) -> bool | None:
     None if ``old`` is gone meanwhile."""
     try:
         return bool(client.renamenx(old, new))
+    except RedisClusterException:
+        pass  # redis-py's cluster client refuses keys of two slots before sending
     except ResponseError as exc:
         text = str(exc)
         if "no such key" in text:
             return None
-        if "CROSSSLOT" not in text and "MOVED" not in text:
+        if "CROSSSLOT" not in text:
             raise
     payload = client.dump(old)  # a cluster: old and new lie in different slots
     if payload is None:
         return None
-    ttl = int(client.pttl(old))
+    ttl = int(client.pttl(old))  # -1: no expiry (RESTORE with 0); -2: gone meanwhile
+    if ttl == -2:
+        return None
     try:
         client.restore(new, max(ttl, 0), payload)
     except ResponseError as exc:
