@@ -17,7 +17,7 @@ When one of them does, both are percent-encoded (``%`` -> ``%25``, ``{`` -> ``%7
 ``%7D``) and the part tag gets a ``%`` mark: ``S':lock%:{N'}``, ``S':q%:{Q}:<suffix>`` and, for an
 inbox key with a brace, ``T:inbox%:{K'}``. Why it is injective:
 
-* a tagged key (lock, queue, inbox with a brace) holds exactly one ``{`` before its name: the
+* the first ``{`` of a tagged key (lock, queue, inbox key with a brace) opens its name: the
   namespace is brace-free (as given or encoded), the tag never holds one. The tag is the
   ``:``-separated segment just before that ``{`` (tags hold no ``:``), the namespace is what
   precedes it, and the name runs up to the first ``}`` (the name is brace-free too), so a key
