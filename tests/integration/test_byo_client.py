@@ -362,18 +362,21 @@ def test_every_key_of_a_lock_name_shares_one_hash_slot(name: str) -> None:
         backend.close()
 
 
-def test_cluster_refuses_names_and_namespaces_that_would_split_a_hash_tag(
-    cluster: RedisCluster,
-) -> None:
+def test_cluster_takes_namespaces_and_names_with_braces(cluster: RedisCluster) -> None:
+    """Braces in a namespace or a name are percent-encoded in the key, so the hash tag is the
+    encoded name and every key of the lock shares its slot (a lock script runs)."""
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
     try:
-        with pytest.raises(ConfigurationError) as err:
-            jobfence.Locks(client, namespace="a{}")
-        assert err.value.argument == "namespace"
-        with jobfence.Locks(client, namespace=_prefix()) as locks:
-            with pytest.raises(ConfigurationError) as err:
-                locks.try_acquire("}starts-with-a-brace")
-            assert err.value.argument == "name"
+        with jobfence.Locks(client, namespace=_prefix() + "a{}") as locks:
+            for name in ("}starts-with-a-brace", "{tag}x", "plain"):
+                lease = locks.try_acquire(name, ttl=10)
+                assert lease is not None
+                assert locks.try_acquire(name, ttl=10) is None
+                assert lease.release() is True
+        with jobfence.Queue(client, "q", namespace=_prefix() + "{x}") as queue:
+            queue.publish("body")
+            assert [m.body for m in queue.receive(max_messages=5)] == ["body"]
+            queue.drop()
         # redis-py style locks name their key as given: on a cluster the name needs a tag
         with pytest.raises(ConfigurationError, match="hash tag"):
             client.lock("plain-name", lock_class=RedisPyLock).acquire(blocking=False)

@@ -17,9 +17,11 @@ import pytest
 import redis
 
 import jobfence
+from jobfence.backends.redis.keys import legacy_lock_key
 from jobfence.doctor import Report, diagnose
 from jobfence.doctor.mysql import parse_version
 from jobfence.doctor.postgres import transaction_pooled
+from jobfence.doctor.redis import OLD_LAYOUT
 from tests.conformance.specs import new_namespace
 from tests.reliability._redis_server import free_port
 from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL
@@ -159,6 +161,28 @@ def test_redis_keys_are_counted_by_kind() -> None:
         for key in client.scan_iter(match=f"{namespace}:*"):
             client.delete(key)
     finally:
+        client.close()
+
+
+def test_redis_keys_of_the_previous_layout_are_a_warning() -> None:
+    namespace = new_namespace()
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        report = diagnose(REDIS_URL, namespace=namespace, probe=False)
+        assert OLD_LAYOUT not in report.keys
+        assert all(f.code != "redis-old-keys" for f in report.findings)
+        # a lease as earlier versions wrote it
+        client.set(legacy_lock_key(namespace, "a{b}"), "1:old", px=30_000)
+        with jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
+            lease = locks.acquire("a{b}", ttl=30, renew=False)  # the current layout
+            report = diagnose(REDIS_URL, namespace=namespace, probe=False)
+            lease.release()
+        assert report.keys[OLD_LAYOUT] == 1 and report.keys["lease"] == 1
+        level, message = _finding(report, "redis-old-keys")
+        assert level == "warning" and message.startswith("1 key under")
+    finally:
+        for key in client.scan_iter(match=f"{namespace}:*"):
+            client.delete(key)
         client.close()
 
 

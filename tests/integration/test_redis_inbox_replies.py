@@ -28,7 +28,7 @@ def inbox() -> Iterator[jobfence.Inbox]:
 def _raw_replies(inbox: jobfence.Inbox, items: list[tuple[str, str, str, int]]) -> list[Any]:
     """The claim script's replies for ``(key, owner, fingerprint, ttl_ms)`` items, unparsed."""
     backend: Any = inbox.backend
-    keys = [backend._prefix + key for key, _, _, _ in items]
+    keys = [backend._key(key) for key, _, _, _ in items]
     args: list[Any] = [int(backend.retention * 1000)]
     for _, owner, fingerprint, ttl_ms in items:
         args += [owner, fingerprint, ttl_ms]
@@ -70,8 +70,8 @@ def test_records_of_new_duplicate_and_taken_over_keys_match_the_store(
     _matches_store(inbox, "new", dup)
     # a claim whose deadline passed is taken over: attempt 2, a full reply
     assert backend.claim("old", "host:1:c", fingerprint, 0.001).mine
-    backend.client.pexpire(backend._prefix + "old", 60_000)  # the record itself stays
-    backend.client.hset(backend._prefix + "old", "e", 1)  # its deadline is long past
+    backend.client.pexpire(backend._key("old"), 60_000)  # the record itself stays
+    backend.client.hset(backend._key("old"), "e", 1)  # its deadline is long past
     taken = backend.claim("old", "host:1:d", None, 30.0)
     assert taken.mine and taken.attempt == 2 and taken.owner == "host:1:d"
     assert taken.fingerprint == fingerprint  # a takeover without one keeps the key's

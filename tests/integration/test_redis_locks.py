@@ -22,6 +22,7 @@ import redis.asyncio
 import jobfence
 import jobfence.testing
 from jobfence._core.url import parse_url
+from jobfence.backends.redis.keys import lock_key
 from jobfence.backends.redis.locks import RedisLockBackend
 from jobfence.backends.redis.locks_async import AsyncRedisLockBackend
 from tests.reliability._redis_server import RedisServer
@@ -74,7 +75,7 @@ def _name() -> str:
 
 def _key(ns: str, kind: str, name: str) -> bytes:
     """The lease key ("lock") or a key derived from it ("tok", "q", "qd", "w")."""
-    base = f"{ns}:lock:{{{name}}}"
+    base = lock_key(ns, name)
     return (base if kind == "lock" else f"{base}:{kind}").encode()
 
 

@@ -17,6 +17,7 @@ from .demo_cmd import demo
 from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
+from .redis_cmd import redis_group
 from .worker_cmd import worker
 
 
@@ -72,6 +73,7 @@ cli.add_command(queue_group)
 cli.add_command(locks_group)
 cli.add_command(inbox_group)
 cli.add_command(dashboard)
+cli.add_command(redis_group)
 
 
 def main() -> None:

@@ -1,10 +1,13 @@
 """Redis checks of ``jobfence doctor``: eviction, persistence, replication (and whether the URL's
 ``wait_replicas`` can be met), clock, keys under the namespace.
 
-Key kinds (see ``backends/redis/lua/lock_lib.lua`` and ``backends/redis/queue_async.py``):
-``S:lock:{N}`` a lease, ``S:lock:{N}:tok`` a fencing-token counter, ``:q``/``:qd``/``:w:O``
-a lock's waiters, ``:rel`` a recent release; ``S:q:{Q}:<part>`` the keys of queue ``Q``;
-``jobfence_inbox:<key>`` the inbox records (the inbox's own prefix, not the namespace).
+Key kinds (see ``backends/redis/keys.py``, ``backends/redis/lua/lock_lib.lua`` and
+``backends/redis/queue_async.py``): ``S:lock:{N}`` a lease, ``S:lock:{N}:tok`` a fencing-token
+counter, ``:q``/``:qd``/``:w:O`` a lock's waiters, ``:rel`` a recent release; ``S:q:{Q}:<part>``
+the keys of queue ``Q``; ``jobfence_inbox:<key>`` the inbox records (the inbox's own prefix, not
+the namespace). Keys are read back with ``keys.parse`` (a namespace or name holding a brace is
+percent-encoded under a marked tag, ``S:lock%:{N}``), so a key of another namespace or part is
+never counted as one of these.
 """
 
 from __future__ import annotations
@@ -15,11 +18,20 @@ from redis.exceptions import ResponseError
 
 from .._core.inbox_support import DEFAULT_TABLE as INBOX_PREFIX
 from .._core.url import BackendURL
+from ..backends.redis import keys as key_layout
 from ..backends.redis.client import connect_redis, replica_wait
 from . import Report, Timer
 
 #: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
 SCAN_CAP = 100_000
+#: the kind of a key of the earlier layout (a namespace, name or inbox key with a brace)
+OLD_LAYOUT = "old layout"
+OLD_LAYOUT_ADVICE = (
+    "stop the workers of the earlier version, then run `jobfence redis migrate-keys URL "
+    "--namespace NAMESPACE --table TABLE` (see the upgrade section of the Redis backend "
+    "guide): until then these leases do not exclude, and these inbox records are not found "
+    "as duplicates"
+)
 #: options of jobfence's Redis backends, never handed to redis-py
 _OWN = ("namespace", "max_dead_letters", "waiter_slack", "table")
 
@@ -52,11 +64,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _kind(key: str, namespace: str) -> str:
-    """The kind of a key under ``namespace:``."""
-    rest = key[len(namespace) + 1 :]
-    if rest.startswith("lock:{"):
-        tail = rest[rest.rfind("}") + 1 :]
+def _kind(key: str, namespace: str) -> str | None:
+    """The kind of a key under ``namespace:``; ``None`` for a key of another namespace or
+    part (a longer namespace that starts like this one, an inbox record)."""
+    parts = key_layout.parse(key)
+    if parts is None:
+        # every current key holding a brace reads back; this one is of the earlier layout
+        return OLD_LAYOUT if key_layout.needs_encoding(key) else "other"
+    if parts.namespace != namespace or parts.part == key_layout.INBOX:
+        return None
+    tail = parts.suffix
+    if parts.part == key_layout.LOCK:
         if not tail:
             return "lease"
         if tail == ":tok":
@@ -66,10 +84,7 @@ def _kind(key: str, namespace: str) -> str:
         if tail == ":rel":
             return "recent release"
         return "lock other"
-    if rest.startswith("q:{"):
-        tail = rest[rest.rfind("}") + 1 :]
-        return "queue stream" if tail == ":s" else "queue other"
-    return "other"
+    return "queue stream" if tail == ":s" else "queue other"
 
 
 def _count(client: Any, pattern: str, cap: int) -> tuple[list[str], bool]:
@@ -247,13 +262,22 @@ def _settings(report: Report, client: Any) -> None:
 def _keys(report: Report, client: Any) -> None:
     namespace = report.namespace
     counts: dict[str, int] = {}
-    keys, capped = _count(client, f"{_escape(namespace)}:*", SCAN_CAP)
-    for key in keys:
-        kind = _kind(key, namespace)
-        counts[kind] = counts.get(kind, 0) + 1
-    inbox, inbox_capped = _count(client, f"{_escape(INBOX_PREFIX)}:*", SCAN_CAP)
-    if inbox:
-        counts["inbox record"] = len(inbox)
+    capped = False
+    heads = dict.fromkeys((namespace, key_layout.encode(namespace)))  # as given, and encoded
+    for head in heads:
+        keys, stopped = _count(client, f"{key_layout.glob_escape(head)}:*", SCAN_CAP)
+        capped = capped or stopped
+        for key in keys:
+            kind = _kind(key, namespace)
+            if kind is not None:
+                counts[kind] = counts.get(kind, 0) + 1
+    inbox, inbox_capped = _count(client, key_layout.inbox_patterns(INBOX_PREFIX)[0], SCAN_CAP)
+    records = sum(key_layout.inbox_name(INBOX_PREFIX, key) is not None for key in inbox)
+    if records:
+        counts["inbox record"] = records
+    old = sum(key_layout.parse(key) is None and key_layout.needs_encoding(key) for key in inbox)
+    if old:
+        counts[OLD_LAYOUT] = counts.get(OLD_LAYOUT, 0) + old
     report.keys = dict(sorted(counts.items()))
     report.keys_capped = capped or inbox_capped
     if not counts:
@@ -267,8 +291,13 @@ def _keys(report: Report, client: Any) -> None:
         more = f" (counted up to {SCAN_CAP})" if report.keys_capped else ""
         kinds = ", ".join(f"{kind} {n}" for kind, n in report.keys.items())
         report.add("ok", "keys", f"{total} jobfence keys under {namespace!r}{more}: {kinds}")
-
-
-def _escape(prefix: str) -> str:
-    """``prefix`` with the glob characters of SCAN MATCH escaped."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    old_keys = counts.get(OLD_LAYOUT, 0)
+    if old_keys:
+        report.add(
+            "warning",
+            "redis-old-keys",
+            f"{old_keys} key{'' if old_keys == 1 else 's'} under {namespace!r} or the inbox prefix "
+            f"{INBOX_PREFIX!r} are in the key layout of earlier versions (a namespace, lock name "
+            "or inbox key holding a brace)",
+            OLD_LAYOUT_ADVICE,
+        )

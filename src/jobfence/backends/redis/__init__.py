@@ -3,7 +3,9 @@ verb (queues on Redis Streams).
 
 Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``queue`` /
 ``queue_async``, ``client`` /
-``client_async`` (the one client builder both parts use), ``lua/`` (one file per script).
+``client_async`` (the one client builder both parts use), ``keys`` (every key of every part,
+built and read back), ``migrate`` (moves keys of an earlier layout), ``lua/`` (one file per
+script).
 ``pip install 'jobfence[redis]'``.
 """
 
@@ -22,7 +24,8 @@ __all__ = [
     "RedisQueueBackend",
 ]
 
-#: a namespace is a key prefix (``<namespace>:lock:{name}``): any non-empty str, capped
+#: a namespace is a key prefix (``<namespace>:lock:{name}``, encoded when it holds a brace:
+#: see ``keys.py``): any non-empty str, capped
 NAMESPACE_LIMIT = 64
 #: the inbox ``table`` is a key prefix too, kept an SQL identifier like on the SQL servers
 TABLE_LIMIT = 63

@@ -66,7 +66,6 @@ __all__ = [
     "ReplicaWait",
     "adopt_redis",
     "by_slot",
-    "check_cluster_prefix",
     "check_database",
     "client_socket_timeout",
     "connect_redis",
@@ -414,19 +413,6 @@ def adopt_redis(client: Any, options: dict[str, Any], *, what: str, binary: bool
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a redis-py ``RedisCluster`` (sync or asyncio)."""
     return any(cls.__name__ == "RedisCluster" for cls in type(client).__mro__)
-
-
-def check_cluster_prefix(prefix: str, *, argument: str) -> str:
-    """A key prefix (a namespace) usable on Redis Cluster: no braces, so that the hash tag of
-    every key is the ``{...}`` jobfence puts around the name, and all keys of one name hash to
-    one slot (a script may only touch keys of one slot)."""
-    if "{" in prefix or "}" in prefix:
-        raise ConfigurationError(
-            f"{argument} must not contain '{{' or '}}' on Redis Cluster: the keys of one name "
-            f"share the hash tag jobfence puts in braces; got {prefix!r}",
-            argument=argument,
-        )
-    return prefix
 
 
 def by_slot(keys: Sequence[str]) -> dict[int, list[int]]:

@@ -8,9 +8,12 @@ it only checks that the server answers (one ``PING``), so that a wrong password 
 unreachable server fails as on the other backends; an abandoned in-progress record expires
 ``retention`` after its deadline.
 
-Keys: ``<table>:<idempotency key>`` (a hash). The operator's reads (``claims``, ``claim_info``)
-walk the table's keys with ``SCAN`` (never ``KEYS``) and read records with one read-only script
-per batch (``inbox_info.lua``); ``forget`` is one ``DEL``. URL options: ``table`` (default
+Keys (``keys.py``): ``<table>:<idempotency key>`` (a hash) for a key without braces, else
+``<table>:inbox%:{<key, percent-encoded>}``; no idempotency key makes a lock's or a queue's
+key, whose names always hold a ``{`` after their part tag. The operator's reads (``claims``,
+``claim_info``) walk the table's keys with ``SCAN`` (never ``KEYS``), keep those that decode as
+this table's records, and read records with one read-only script per batch
+(``inbox_info.lua``); ``forget`` is one ``DEL`` of the record's key. URL options: ``table`` (default
 ``jobfence_inbox``), ``connect_timeout`` and ``timeout`` (seconds, default 5 each); the rest of
 the URL and the keyword options go to redis-py, with the defaults of ``connect_redis``
 (``client_async.py`` / ``client.py``: one immediate retry on a connection error, the scripts
@@ -50,6 +53,7 @@ from ..base import (
     RenewItem,
 )
 from . import TABLE_LIMIT
+from . import keys as key_layout
 from .client_async import (
     AsyncLuaScript,
     ReplicaWait,
@@ -62,7 +66,6 @@ from .client_async import (
     per_slot,
     replica_wait,
 )
-from .locks_async import _glob_escape
 
 __all__ = ["AsyncRedisInboxBackend"]
 
@@ -125,7 +128,6 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
             url.options.get("table", table), limit=TABLE_LIMIT, backend="redis", argument="table"
         )
         self.retention = retention
-        self._prefix = f"{self.table}:"
         #: replicas every claim, completion and extension waits for (None: none)
         self.replica_wait: ReplicaWait | None = replica_wait(url, options)
         self.url = url.masked
@@ -155,6 +157,10 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
 
     batches = True
 
+    def _key(self, key: str) -> str:
+        """The Redis key of idempotency key ``key``'s record."""
+        return key_layout.inbox_key(self.table, key)
+
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         return (await self._claim_some([(key, owner, fingerprint, ttl)], range(1)))[0]
 
@@ -164,7 +170,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         if not items:
             return []
         if self._cluster:
-            keys = [self._prefix + key for key, _, _, _ in items]
+            keys = [self._key(key) for key, _, _, _ in items]
             return await per_slot(keys, partial(self._claim_some, items))
         return await self._claim_some(items, range(len(items)))
 
@@ -175,7 +181,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         args: list[Any] = [int(self.retention * 1000)]
         for i in which:
             key, owner, fingerprint, ttl = items[i]
-            keys.append(self._prefix + key)
+            keys.append(self._key(key))
             args += [owner, fingerprint or "", int(ttl * 1000)]
         if self.replica_wait is not None:
             replies, acked = await self._claim.replicated(keys, args, self.replica_wait)
@@ -205,7 +211,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         if taken:
             try:
                 for i in taken:
-                    await self._release((self._prefix + items[i][0],), (items[i][1],))
+                    await self._release((self._key(items[i][0]),), (items[i][1],))
                 outcome = "the claim was released: not claimed"
             except Exception as exc:
                 outcome = f"releasing the claim failed ({exc!r}): it expires after its ttl"
@@ -223,7 +229,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         if not items:
             return []
         if self._cluster:
-            keys = [self._prefix + key for key, _, _ in items]
+            keys = [self._key(key) for key, _, _ in items]
             return await per_slot(keys, partial(self._complete_some, items, retention))
         return await self._complete_some(items, retention, range(len(items)))
 
@@ -234,7 +240,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         args: list[Any] = [max(1, int(retention * 1000))]
         for i in which:
             key, owner, data = items[i]
-            keys.append(self._prefix + key)
+            keys.append(self._key(key))
             args += [owner, data]
         if self.replica_wait is not None:
             replies, acked = await self._complete.replicated(keys, args, self.replica_wait)
@@ -252,7 +258,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         return [bool(ok) for ok in await self._complete(keys, args)]
 
     async def release(self, key: str, owner: str) -> bool:
-        return bool(await self._release((self._prefix + key,), (owner,)))
+        return bool(await self._release((self._key(key),), (owner,)))
 
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         return (await self.renew([(key, owner, ttl)]))[0]
@@ -261,8 +267,8 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         """Extend every claim of ``items`` with one script call (one round trip)."""
         if not items:
             return []
-        keys = [self._prefix + key for key, _, _ in items]
-        if self._cluster:  # one script call per hash slot (the keys carry no hash tag)
+        keys = [self._key(key) for key, _, _ in items]
+        if self._cluster:  # one script call per hash slot (each key is a claim of its own)
             return await per_slot(keys, partial(self._renew_some, keys, items))
         return await self._renew_some(keys, items, range(len(items)))
 
@@ -300,7 +306,7 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         """The records of ``keys`` (idempotency keys), ``None`` where there is none."""
         if not keys:
             return []
-        names = [self._prefix + key for key in keys]
+        names = [self._key(key) for key in keys]
         if self._cluster:  # one call per key: the keys lie in many slots
             replies = [(await self._info((name,)))[0] for name in names]
         else:
@@ -328,14 +334,16 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         self, state: ClaimState | None, prefix: str, limit: int
     ) -> list[ClaimInfo]:
         """``SCAN`` (never ``KEYS``) for the table's hashes of keys starting with ``prefix``
-        (glob characters escaped: matched literally), then read them in key order, a batch
-        per script call, until ``limit`` records in ``state`` are found."""
-        pattern = _glob_escape(self._prefix + prefix) + "*"
+        (glob characters escaped: matched literally; only keys that decode as this table's
+        records count), then read them in key order, a batch per script call, until ``limit``
+        records in ``state`` are found."""
         keys: set[str] = set()
-        async for raw in self.client.scan_iter(match=pattern, count=1000, _type="hash"):
-            name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
-            if name.startswith(self._prefix + prefix):
-                keys.add(name[len(self._prefix) :])
+        for pattern in key_layout.inbox_patterns(self.table, prefix):
+            async for raw in self.client.scan_iter(match=pattern, count=1000, _type="hash"):
+                name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+                key = key_layout.inbox_name(self.table, name)
+                if key is not None and key.startswith(prefix):
+                    keys.add(key)
         ordered = sorted(keys)
         found: list[ClaimInfo] = []
         for start in range(0, len(ordered), _INFO_BATCH):
@@ -351,14 +359,20 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         return (await self._infos([key]))[0]
 
     async def forget(self, key: str) -> bool:
-        return bool(await self.client.delete(self._prefix + key))
+        return bool(await self.client.delete(self._key(key)))
 
     async def install(self) -> None:
         await self.client.ping()  # nothing to create; checks that the server answers
 
     async def drop(self) -> None:
+        """Delete every record of the table (only keys that decode as its records: a lock
+        or queue whose namespace is the table's name keeps its keys)."""
         batch: list[Any] = []
-        async for name in self.client.scan_iter(match=self._prefix + "*", count=500):
+        pattern = key_layout.inbox_patterns(self.table)[0]
+        async for name in self.client.scan_iter(match=pattern, count=500):
+            text = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+            if key_layout.inbox_name(self.table, text) is None:
+                continue
             batch.append(name)
             if len(batch) >= 500:
                 await self._delete(batch)

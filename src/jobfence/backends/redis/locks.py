@@ -7,11 +7,13 @@ Every operation is one round trip: an ``EVALSHA`` of a script in ``lua/`` (re-lo
 redis-py's ``register_script`` does, when the server forgot it, e.g. after a restart), or a
 ``BLPOP`` while waiting. Lifetimes are measured by the Redis server's clock (``PX``).
 
-Key layout for lock name ``N`` in namespace ``S``. ``N`` sits between literal braces, so all
-keys of one name share a Redis Cluster hash tag; names are only ever passed as KEYS/ARGV.
-A script gets the lease key ``L`` and derives the others by suffix (a lease key always ends
-with ``}``, a derived key never does, so they cannot clash; list leases with
-``SCAN MATCH S:lock:*`` and keep the keys ending in ``}``)::
+Key layout for lock name ``N`` in namespace ``S`` (built by ``keys.py``, which also encodes a
+namespace or name holding a brace: then the lease key is ``S':lock%:{N'}``, both
+percent-encoded, so that no namespace or name can produce another lock's, queue's or inbox
+record's key). ``N`` sits between literal braces, so all keys of one name share a Redis
+Cluster hash tag; names are only ever passed as KEYS/ARGV. A script gets the lease key ``L``
+and derives the others by suffix (the name is brace-free in the key, so the first ``}`` after
+its ``{`` ends it, and a lease key is the only key of a name ending there)::
 
     L = S:lock:{N}       STRING "<token>:<owner>", PX = the lease ttl
     L:tok                STRING fencing-token counter: max(counter + 1, server TIME in
@@ -78,12 +80,12 @@ from ..._core.validate import check_namespace
 from ...errors import ConfigurationError
 from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
+from . import keys as key_layout
 from .client import (
     WAIT_BARRIER,
     LuaScript,
     ReplicaWait,
     adopt_redis,
-    check_cluster_prefix,
     check_replica_wait,
     client_socket_timeout,
     connect_redis,
@@ -174,11 +176,6 @@ def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     return value
 
 
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis ``MATCH`` pattern (its special characters escaped)."""
-    return "".join("\\" + c if c in "*?[]\\^-" else c for c in text)
-
-
 def _has_hash_tag(key: str) -> bool:
     """Whether Redis Cluster hashes ``key`` by a hash tag (what lies between its first ``{``
     and the first ``}`` after it, if not empty), so that every key made by appending to it
@@ -230,8 +227,6 @@ class RedisLockBackend(LockBackend):
             )
             self._renewals: Any = self._client
             self._cluster = is_cluster(client)
-            if self._cluster:
-                check_cluster_prefix(self.namespace, argument="namespace")
         else:
             self._client = connect_redis(
                 url,
@@ -282,13 +277,7 @@ class RedisLockBackend(LockBackend):
                     argument="name",
                 )
             return name
-        if self._cluster and name.startswith("}"):
-            # "{}" would be an empty hash tag: the keys of the name would hash apart
-            raise ConfigurationError(
-                f"a lock name on Redis Cluster must not start with '}}'; got {name!r}",
-                argument="name",
-            )
-        return f"{self.namespace}:lock:{{{name}}}"
+        return key_layout.lock_key(self.namespace, name)
 
     # -- operations ----------------------------------------------------------------------
     def prepare(self, *, waiting: bool = False) -> None:
@@ -449,22 +438,29 @@ class RedisLockBackend(LockBackend):
 
     def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
         """``SCAN`` (never ``KEYS``) for the namespace's lease keys of names starting with
-        ``prefix`` (string keys ending in ``}``: derived keys never do), then read each one's
-        holder, in name order, until ``limit`` live ones are found. One round trip per
-        ``SCAN`` page and per lease read; on a cluster the scan visits every primary."""
+        ``prefix`` (string keys that ``keys.parse`` reads as a lock of this namespace with no
+        suffix: never a derived key, another namespace's or another part's key), then read
+        each one's holder, in name order, until ``limit`` live ones are found. One round trip
+        per ``SCAN`` page and per lease read; on a cluster the scan visits every primary."""
         if self.bare_keys:
             raise ConfigurationError(
                 "a redis-py style lock backend (bare_keys) has no namespace to list: its "
                 "keys are the lock names themselves; ask for one name with holder(name)",
                 argument="bare_keys",
             )
-        head = f"{self.namespace}:lock:{{"
-        pattern = _glob_escape(head + prefix) + "*"
         names: set[str] = set()
-        for raw in self._client.scan_iter(match=pattern, count=1000, _type="string"):
-            key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-            if key.endswith("}") and key.startswith(head):
-                names.add(key[len(head) : -1])
+        for pattern in key_layout.tagged_patterns(key_layout.LOCK, self.namespace, prefix):
+            for raw in self._client.scan_iter(match=pattern, count=1000, _type="string"):
+                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                parts = key_layout.parse(key)
+                if (
+                    parts is not None
+                    and parts.part == key_layout.LOCK
+                    and parts.namespace == self.namespace
+                    and not parts.suffix
+                    and parts.name.startswith(prefix)
+                ):
+                    names.add(parts.name)
         found: list[tuple[str, LockHolder]] = []
         for name in sorted(names):
             if len(found) >= limit:

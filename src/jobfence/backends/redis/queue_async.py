@@ -10,7 +10,9 @@ delayed messages in), bounded by the next delayed message's due time or visibili
 the script reported. An idle waiter costs three commands per wait (script, ``XREAD``,
 script), however long the wait, up to 80% of ``timeout`` per ``XREAD``.
 
-Keys of queue ``Q`` in namespace ``S`` (``Q`` between braces: one Redis Cluster hash tag):
+Keys of queue ``Q`` in namespace ``S`` (``Q`` between braces: one Redis Cluster hash tag; built
+by ``keys.py``, which percent-encodes a namespace holding a brace and marks the tag:
+``S':q%:{Q}:s``, ...):
 
 =================  =======  ========================================================
 ``S:q:{Q}:s``      STREAM   ready and in-flight messages; consumer group ``jobfence``
@@ -62,9 +64,9 @@ from ..base import (
     RenewItem,
 )
 from . import NAMESPACE_LIMIT
+from . import keys as key_layout
 from .client_async import (
     adopt_redis,
-    check_cluster_prefix,
     client_socket_timeout,
     connect_redis,
     forget_connections,
@@ -177,8 +179,6 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
                 client, options, what="redis queue backend", binary=True
             )
             self._cluster = is_cluster(client)
-            if self._cluster:
-                check_cluster_prefix(self.namespace, argument="namespace")
         else:
             self._client = connect_redis(
                 url,
@@ -188,7 +188,7 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
                 scripts=list(scripts.values()),
             )
         self._run = {name: self._client.register_script(text) for name, text in scripts.items()}
-        prefix = f"{self.namespace}:q:{{{self.name}}}:"
+        prefix = key_layout.queue_prefix(self.namespace, self.name)
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
         self._stream = self._keys[0]
         timeout = client_socket_timeout(self._client)
@@ -319,15 +319,20 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
     async def names(self, limit: int) -> list[str]:
         """The queues of the namespace, from their stream keys (``S:q:{Q}:s``) by SCAN (never
         KEYS); the scan stops once ``limit`` names are found."""
-        head = f"{self.namespace}:q:{{"
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in head) + "*}:s"
         found: set[str] = set()
-        async for key in self._client.scan_iter(match=pattern, count=1000):
-            text = key.decode() if isinstance(key, bytes) else str(key)
-            if text.startswith(head) and text.endswith("}:s"):
-                found.add(text[len(head) : -3])
-                if len(found) >= limit:
-                    break
+        for pattern in key_layout.tagged_patterns(key_layout.QUEUE, self.namespace):
+            async for key in self._client.scan_iter(match=pattern + "}:s", count=1000):
+                text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                parts = key_layout.parse(text)
+                if (
+                    parts is not None
+                    and parts.part == key_layout.QUEUE
+                    and parts.namespace == self.namespace
+                    and parts.suffix == ":s"
+                ):
+                    found.add(parts.name)
+                    if len(found) >= limit:
+                        return sorted(found)
         return sorted(found)[:limit]
 
     async def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
