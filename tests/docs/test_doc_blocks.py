@@ -22,6 +22,7 @@ message already handled, no key already used by an earlier example of the page).
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import os
 import re
@@ -308,3 +309,34 @@ def test_a_block_using_names_it_does_not_define_is_caught() -> None:
     )
     used = set(_used_globals(code, "example")) - _defined(code, "example") - set(dir(builtins))
     assert used == {"psycopg", "DSN", "locks"}
+
+
+#: the README's guarded worker, and the queue and inbox URLs its comments offer instead
+README_WORKER = next(b for b in RUNNABLE if b.page == "README.md" and "queue_url = " in b.code)
+README_ALTERNATIVES = [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("sqlite:///jobs.db", "sqlite:///jobs.db"),
+    ("amqp://guest:guest@127.0.0.1:5672/", "sqlite:///jobs.db"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("queue_url", "inbox_url"), README_ALTERNATIVES)
+def test_the_readme_worker_runs_on_the_urls_its_comments_offer(
+    queue_url: str, inbox_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    lines = README_WORKER.code.splitlines()
+    queue_line = next(i for i, line in enumerate(lines) if line.startswith("queue_url = "))
+    inbox_line = next(i for i, line in enumerate(lines) if line.startswith("inbox_url = "))
+    # the comments name these alternatives (a scheme, or the whole URL)
+    assert queue_url.split("//")[0] + "//" in lines[queue_line].split("#", 1)[1]
+    assert inbox_url.split("//")[0] + "//" in lines[inbox_line].split("#", 1)[1]
+    lines[queue_line] = f"queue_url = {queue_url!r}"
+    lines[inbox_line] = f"inbox_url = {inbox_url!r}"
+    code = "\n".join(lines) + "\n"
+    if queue_url.startswith("amqp:"):  # RabbitMQ is shared: a queue of this test's own
+        code = code.replace('"orders"', repr(f"orders-{uuid.uuid4().hex[:8]}")) + "queue.drop()\n"
+    block = dataclasses.replace(README_WORKER, code=code)
+    servers = Servers(f"redis://127.0.0.1:{redis_server.port}")
+    _run(f"README worker on {queue_url}", [block], servers, tmp_path, timeout=60)
+    _run(f"README worker on {queue_url}, run again", [block], servers, tmp_path, timeout=60)
