@@ -339,7 +339,8 @@ def is_conflict(exc: BaseException) -> bool:
 
     Serialization failure (40001), deadlock (40P01, MySQL 1213), lock-wait timeout (MySQL 1205,
     PostgreSQL 55P03), SQLite ``database is locked``, Redis ``WatchError``, SQLAlchemy
-    ``StaleDataError``, :class:`~jobfence.StaleVersion`.
+    ``StaleDataError``, :class:`~jobfence.StaleVersion`. ``exc`` is the exception the unit
+    raised.
     """
     return classify(exc) is CONFLICT
 
@@ -348,7 +349,8 @@ def is_transient(exc: BaseException) -> bool:
     """True if the infrastructure failed (connection lost/refused, restart, timeout), not the data.
 
     Includes :class:`~jobfence.CommitOutcomeUnknown`; check :func:`is_commit_outcome_unknown`
-    before blindly retrying a transient error that may have struck a commit.
+    before blindly retrying a transient error that may have struck a commit. ``exc`` is the
+    exception the unit raised.
     """
     return classify(exc) is TRANSIENT
 

@@ -128,7 +128,8 @@ async def fence_async(
     Raises :class:`~jobfence.errors.StaleToken` (``resource``, ``token``, ``newest``) if a
     newer token has already written ``resource``; the caller should then roll back. Equal or
     newer tokens pass. ``conn`` is the caller's connection (see ``jobfence._core.sqlconn`` for the
-    supported drivers); nothing is committed, begun or rolled back here. Raises
+    supported drivers); nothing is committed, begun or rolled back here. ``table`` is the
+    fencing table (default ``jobfence_fences``, created by :func:`install`). Raises
     :class:`~jobfence.errors.SchemaMissing` if the table was not installed.
     """
     resource, token = _job_resource(resource, token)

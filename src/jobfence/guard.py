@@ -1,10 +1,10 @@
 """``@jobfence.guarded``: the two-layer pattern (lock + inbox) as one decorator.
 
-.. code-block:: python
-
-    @jobfence.guarded(locks=locks, inbox=inbox,
-                      lock="inventory:{product_id}", key="order:{order_id}")
-    def process_order(order_id, product_id, qty): ...
+```python
+@jobfence.guarded(locks=locks, inbox=inbox,
+                  lock="inventory:{product_id}", key="order:{order_id}")
+def process_order(order_id, product_id, qty): ...
+```
 
 For each call: take the lease named by ``lock`` (waiting up to ``timeout``), claim the
 idempotency key ``key`` (a duplicate returns the stored result without running; a key owned
@@ -38,9 +38,9 @@ from .retry import RetryPolicy
 
 __all__ = ["current_claim", "current_lease", "current_message", "guarded"]
 
-#: the default ``claim_ttl``: the claim is renewed while the function runs, so this is how
-#: soon a crashed worker's claim is taken over, not a bound on the function's run time
 DEFAULT_CLAIM_TTL = 30.0
+"""The default ``claim_ttl``: the claim is renewed while the function runs, so this is how soon a
+crashed worker's claim is taken over, not a bound on the function's run time."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -123,26 +123,67 @@ def guarded(
 ) -> Callable[[F], F]:
     """Guard a job function with a lease, an idempotency claim, or both.
 
-    ``lock``/``key`` are ``str.format`` templates over the function's arguments
-    (``"inventory:{product_id}"``) or callables receiving the arguments by name. Without
-    ``key``, inside a :class:`~jobfence.Worker` handler the key is the message's id (the same
-    on every redelivery); elsewhere a call without ``key`` raises ``ConfigurationError``.
-    ``timeout``: seconds to wait for the lease (``None`` waits, ``0`` tries once); when it
-    passes, ``LockTimeout`` is raised, or with ``if_locked="skip"`` the call returns
-    ``skipped_result`` without running. ``fingerprint=True`` hashes the arguments so a key
-    reused with other arguments raises ``FingerprintMismatch`` (JSON values, sets, bytes,
-    dates and times, ``Decimal``, ``UUID``, enums and dataclasses have a stable form; any
-    other argument raises ``ConfigurationError``: pass ``fingerprint=callable`` instead).
-    ``attempts > 1`` re-runs the whole function on conflicts and transient errors
-    (:func:`jobfence.retry_unit`);
-    ``retry=RetryPolicy(...)`` gives full control (backoff, deadline, ``on_retry`` for metrics).
-    ``claim_ttl`` (default 30 s) is the ttl of the idempotency claim. The inbox's renewer
-    extends the claim every ``claim_ttl / 3`` while the function runs, so the function may run
-    longer, and a duplicate meanwhile gets ``ClaimInProgress``; when a worker dies, its claim
-    is taken over at most ``claim_ttl`` after its last renewal. If the renewal fails, the claim
-    is lost: an ``async def`` function is cancelled and ``ClaimLost`` raised; a sync one is
-    not interrupted (it may check :func:`current_claim`), and its result is stored only if
-    the claim is still its own on the backend (else ``ClaimLost``).
+    For each call: take the lease named by ``lock``, claim the idempotency key ``key`` (a
+    duplicate returns the stored result without running the function), run the function,
+    store its result, release the lease. Works with only ``locks``, only ``inbox``, or both;
+    decorates sync functions (with ``Locks``/``Inbox``) and ``async def`` functions (with
+    ``AsyncLocks``/``AsyncInbox``).
+
+    ```python
+    @jobfence.guarded(locks=locks, inbox=inbox,
+                      lock="inventory:{product_id}", key="order:{order_id}", attempts=5)
+    def process_order(order_id: int, product_id: int, qty: int) -> dict: ...
+    ```
+
+    Args:
+        locks: The ``Locks`` (or ``AsyncLocks`` for an ``async def`` function) that grants
+            the lease named by ``lock``. ``None``: no lease is taken.
+        inbox: The ``Inbox`` (or ``AsyncInbox``) that holds the idempotency claims and the
+            stored results. ``None``: no claim, every call runs.
+        lock: The lease's name: a ``str.format`` template over the function's arguments
+            (``"inventory:{product_id}"``) or a callable receiving them by name. Required
+            with ``locks``.
+        key: The idempotency key, a template or callable like ``lock``. Without it, inside a
+            `Worker` handler the key is the message's id (the same on every redelivery);
+            elsewhere a call without ``key`` raises ``ConfigurationError``.
+        ttl: The lease's ttl in seconds (default 30). The lease is renewed while the
+            function runs, so this is how soon a crashed worker's lease frees the lock, not
+            a bound on the function's run time.
+        timeout: Seconds to wait for the lease: ``None`` (the default) waits as long as it
+            takes, ``0`` tries once. When it passes, ``LockTimeout`` is raised, or with
+            ``if_locked="skip"`` the call returns ``skipped_result`` without running.
+        claim_ttl: The ttl of the idempotency claim in seconds (default 30). The inbox's
+            renewer extends the claim every ``claim_ttl / 3`` while the function runs, so the
+            function may run longer, and a duplicate meanwhile gets ``ClaimInProgress``;
+            when a worker dies, its claim is taken over at most ``claim_ttl`` after its last
+            renewal. If the renewal fails, the claim is lost: an ``async def`` function is
+            cancelled and ``ClaimLost`` raised; a sync one is not interrupted (it may check
+            `current_claim`), and its result is stored only if the claim is still its own
+            on the backend (else ``ClaimLost``).
+        fingerprint: ``True`` hashes the arguments, so that a key reused with other
+            arguments raises ``FingerprintMismatch`` (JSON values, sets, bytes, dates and
+            times, ``Decimal``, ``UUID``, enums and dataclasses have a stable form; any other
+            argument raises ``ConfigurationError``), or a callable receiving the arguments by
+            name and returning the fingerprint string. ``None``/``False``: no check.
+        attempts: ``attempts > 1`` re-runs the whole function, in the same call, on
+            conflicts and transient errors (`jobfence.retry_unit`). Default 1.
+        retry: A `RetryPolicy` instead of ``attempts``, for full control (backoff,
+            deadline, ``on_retry`` for metrics). Give one or the other.
+        if_locked: ``"raise"`` (the default): a lease not obtained within ``timeout``
+            raises ``LockTimeout``; ``"skip"``: the call returns ``skipped_result`` without
+            running.
+        skipped_result: What a skipped call returns (default ``None``).
+
+    Returns:
+        The decorator. Inside the guarded call, `current_lease` and `current_claim`
+            return its lease and claim. If the lease is lost, the claim is released --
+            never completed -- and ``LockLost`` is raised; if the claim is lost,
+            ``ClaimLost``.
+
+    Raises:
+        ConfigurationError: At decoration, for a bad argument (``attempts`` not an int
+            >= 1, ``retry`` not a `RetryPolicy` or given with ``attempts``, a sync client
+            for an ``async def`` function or the other way round).
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(

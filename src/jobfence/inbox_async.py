@@ -568,7 +568,7 @@ class AsyncClaim:
 class AsyncInbox:
     """An idempotency inbox on one backend, chosen by URL.
 
-    The URL: ``"postgresql://..."``, ``"mysql://..."``, ``"sqlite:///path.db"``,
+    ``url``: ``"postgresql://..."``, ``"mysql://..."``, ``"sqlite:///path.db"``,
     ``"redis://..."`` or ``"memory://"``; without a URL, ``$JOBFENCE_URL`` or the embedded
     SQLite file ``jobfence.db``. It may instead be a client of your own (a redis-py client,
     a ``psycopg_pool`` pool or connection factory, a SQLAlchemy engine), used as configured
@@ -584,6 +584,8 @@ class AsyncInbox:
     * ``retention`` -- how long completed records are kept for replay (default 7 days);
       older ones are deleted by :meth:`purge` (Redis expires them natively).
     * ``serializer`` -- an object with ``dumps``/``loads`` for results (default JSON).
+    * ``**options`` -- the backend's own options (also accepted as URL query options; see the
+      backend options reference).
     """
 
     def __init__(

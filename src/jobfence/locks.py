@@ -437,8 +437,8 @@ class Locks:
     ``AsyncLocks``.
 
     ``namespace`` prefixes every key or row this client creates (default ``"jobfence"``);
-    ``poll_interval`` bounds a single wait for a wake-up. Other keyword options go to the
-    backend (see its documentation).
+    ``poll_interval`` bounds a single wait for a wake-up. Other keyword options
+    (``**options``) go to the backend (see its documentation).
     """
 
     def __init__(

@@ -353,7 +353,7 @@ def _error_text(error: str | BaseException | None) -> str | None:
 class Queue:
     """A named queue on one backend, chosen by URL.
 
-    The URL: ``"redis://..."`` (Redis Streams), ``"postgresql://..."``, ``"sqlite:///f.db"``,
+    ``url``: ``"redis://..."`` (Redis Streams), ``"postgresql://..."``, ``"sqlite:///f.db"``,
     ``"amqp://..."`` (RabbitMQ) or ``"memory://"``; without one, ``$JOBFENCE_URL`` or the
     embedded SQLite file ``jobfence.db``; or a client of your own (a redis-py client, a
     ``psycopg_pool`` pool or connection factory, a SQLAlchemy engine on PostgreSQL or SQLite),
@@ -361,7 +361,7 @@ class Queue:
     ``AsyncQueue``). ``name``: 1 to 128 characters of ``A-Z a-z 0-9 _ .
     : -``. ``visibility``: default seconds a delivery stays hidden from other consumers
     (30). ``serializer``: ``dumps``/``loads`` for bodies (default JSON). Other keyword
-    options go to the backend (see the backend's page in the docs).
+    options (``**options``) go to the backend (see the backend's page in the docs).
     """
 
     def __init__(

@@ -569,8 +569,9 @@ def retry_unit(
     """Re-run the whole function on conflicts and transient errors.
 
     Use as ``@retry_unit`` or ``@retry_unit(attempts=3, deadline=10, on_retry=...)`` on a sync
-    or async function that opens its own transaction and does its reads inside it. Options are
-    the fields of :class:`RetryPolicy` (``policy=`` gives a base policy that they override).
+    or async function (``fn``) that opens its own transaction and does its reads inside it.
+    The keyword options (``**options``) are the fields of :class:`RetryPolicy` (``attempts``,
+    ``deadline``, ``backoff``, ...); ``policy`` gives a base policy that they override.
     A non-retryable error is raised at once, unchanged; after the last attempt the last
     original error is raised (never a tenacity ``RetryError``).
     """
@@ -608,7 +609,8 @@ def retrying(*, policy: RetryPolicy | None = None, **options: Any) -> RetryPolic
             with attempt:
                 ...
 
-    Same options and rules as :func:`retry_unit`, except that no argument is there to check
+    Same options and rules as :func:`retry_unit` (``policy``, a base :class:`RetryPolicy`,
+    and ``**options``, its fields to override), except that no argument is there to check
     for an open transaction: the block must open its own.
     """
     base = policy if policy is not None else RetryPolicy()

@@ -66,11 +66,14 @@ async def versioned_update_async(
 ) -> int:
     """Update the row ``key`` of ``table`` to ``values`` if it is still at ``version``.
 
-    ``key`` maps column names to values and must identify one row (its primary or a unique
-    key); ``values`` maps the columns to set (may be empty: then only the version is bumped).
-    Returns the new version (``version + 1``). Raises
-    :class:`~jobfence.errors.StaleVersion` (``table``, ``key``, ``expected``, ``current``) when
-    the row is at another version or gone. Nothing is committed, begun or rolled back here.
+    ``conn`` is the caller's connection or session, in its open transaction (psycopg,
+    asyncpg, PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy). ``key`` maps column names to
+    values and must identify one row (its primary or a unique key); ``values`` maps the
+    columns to set (may be empty: then only the version is bumped). ``version_column`` is the
+    row's integer version column (default ``version``). Returns the new version
+    (``version + 1``). Raises :class:`~jobfence.errors.StaleVersion` (``table``, ``key``,
+    ``expected``, ``current``) when the row is at another version or gone. Nothing is
+    committed, begun or rolled back here.
     """
     check_ident(table, "table")
     check_ident(version_column, "version_column", qualified=False)

@@ -141,7 +141,10 @@ class AsyncWorker:
     exception; ``shutdown_timeout`` how long :meth:`run` lets in-flight handlers finish after
     a stop; ``prefetch`` how many received messages may wait for a free slot (default:
     ``concurrency``): the next batch is received while handlers run, and waiting messages are
-    renewed like running ones and given back at a stop.
+    renewed like running ones and given back at a stop. ``queue``: the
+    :class:`~jobfence.AsyncQueue` to consume; ``concurrency``: how many handlers run at once
+    (default 8). ``handle_signals`` (default ``True``): :meth:`run`, in the main thread,
+    stops on SIGTERM/SIGINT (a second one gives the in-flight messages back at once).
     """
 
     def __init__(
@@ -635,9 +638,15 @@ class _ThreadedBackend(AsyncQueueBackend):
 
 class Worker:
     """The worker for a blocking :class:`~jobfence.Queue`: the same loop as
-    :class:`AsyncWorker` (same arguments), run by :meth:`run` in an event loop of its own;
-    the queue's backend is called in threads, and plain-function handlers run in a pool of
-    ``concurrency`` threads."""
+    :class:`AsyncWorker`, run by :meth:`run` in an event loop of its own; the queue's backend
+    is called in threads, and plain-function handlers run in a pool of ``concurrency``
+    threads.
+
+    ``queue``: the :class:`~jobfence.Queue` to consume; ``handler``: called as
+    ``handler(message)``, a plain function or an ``async def`` one (returning acks the
+    message, raising gives it back); ``**options``: :class:`AsyncWorker`'s keyword
+    arguments (``concurrency``, ``max_deliveries``, ``visibility``, ``backoff``,
+    ``max_backoff``, ``shutdown_timeout``, ``prefetch``, ``handle_signals``)."""
 
     def __init__(self, queue: Queue, handler: Callable[[Any], Any], **options: Any) -> None:
         if not isinstance(queue, Queue):

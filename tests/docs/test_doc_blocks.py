@@ -12,11 +12,17 @@ never see each other's state, each run gets servers of its own behind those URLs
 PostgreSQL and MySQL database per block (``.../test`` is rewritten to it) and a disposable
 redis-server per test process, emptied before each block (``redis://127.0.0.1:6379`` is
 rewritten to it). RabbitMQ blocks use queue names of their own.
+
+Each page is also run as a newcomer would follow it: all its runnable blocks in the order the
+page shows them, in one process and one namespace, then the whole page again in a new process on
+the same databases, Redis and directory (an example run twice must still work: no hang on a
+message already handled, no key already used by an earlier example of the page).
 """
 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import os
 import re
@@ -127,7 +133,10 @@ def servers(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterat
     client.flushall()
     client.close()
     servers = Servers(f"redis://127.0.0.1:{redis_server.port}")
-    chain: list[Block] = [*_setup_chain(request.param), request.param]
+    param = request.param
+    chain: list[Block] = (
+        _in_order(param) if isinstance(param, list) else [*_setup_chain(param), param]
+    )
     code = "".join(b.code for b in chain)
     name = f"docs_{uuid.uuid4().hex[:12]}"
     if POSTGRES.search(code):
@@ -155,20 +164,58 @@ def _source(block: Block, servers: Servers | None = None) -> str:
     return "\n" * block.line + code
 
 
-#: runs the blocks it reads from stdin, in order, in one fresh ``__main__`` namespace
+#: runs the blocks it reads from stdin, in order, in one fresh ``__main__`` namespace; a block
+#: with a file name is also written to that file (in the current directory) when its turn comes
 DRIVER = """
 import json, sys
 
 def main(blocks):
+    import importlib
     import __main__
     namespace = __main__.__dict__
     for name in [n for n in namespace if not n.startswith("__")] + ["__file__"]:
         namespace.pop(name, None)
-    for filename, source in blocks:
+    for filename, source, file, text in blocks:
+        if file is not None:
+            with open(file, "w", encoding="utf-8") as f:
+                f.write(text)
+            importlib.invalidate_caches()
         exec(compile(source, filename, "exec"), namespace)
 
 main(json.load(sys.stdin))
 """
+
+
+def _run(label: str, blocks: list[Block], servers: Servers, cwd: Path, timeout: float) -> None:
+    """Runs ``blocks`` in order in one new process (see :data:`DRIVER`), in ``cwd``; ``label``
+    names what failed."""
+    # a process of its own: a fresh namespace, the environment's commands (jobfence, ...) on
+    # PATH, the current directory importable (for the blocks written to files), no inherited
+    # JOBFENCE_URL
+    env = {k: v for k, v in os.environ.items() if k != "JOBFENCE_URL"}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    payload = [
+        [b.page, _source(b, servers), b.file, servers.rewrite(b.code) if b.file else None]
+        for b in blocks
+    ]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER],
+            input=json.dumps(payload),
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"{label} did not finish in {timeout:.0f} s:\n{exc.stderr!r}\n{exc.stdout!r}"
+        ) from None
+    assert done.returncode == 0, (
+        f"{label} failed (exit {done.returncode}):\n{done.stderr}\n{done.stdout}"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -189,29 +236,48 @@ def test_block_runs(block: Block, servers: Servers, tmp_path: Path) -> None:
         "the block that does with <!-- after: NAME -->, or mark it <!-- no-run: REASON -->"
     )
 
-    for each in chain:
-        if each.file is not None:
-            (tmp_path / each.file).write_text(servers.rewrite(each.code), encoding="utf-8")
-    # a process of its own: a fresh namespace, the current directory a fresh one, the
-    # environment's commands (jobfence, ...) on PATH, no inherited JOBFENCE_URL
-    env = {k: v for k, v in os.environ.items() if k != "JOBFENCE_URL"}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
-    blocks = [[each.page, _source(each, servers)] for each in chain]
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER],
-        input=json.dumps(blocks),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert done.returncode == 0, (
-        f"{block.id} failed (exit {done.returncode}):\n{done.stderr}\n{done.stdout}"
-    )
+    _run(block.id, chain, servers, tmp_path, timeout=100)
+
+
+def _in_order(blocks: list[Block]) -> list[Block]:
+    """A page's runnable ``blocks`` in the page's order, each once; a block whose setup blocks
+    come later on the page (``<!-- after: NAME -->`` naming a block further down) gets them
+    run just before it."""
+    ordered: list[Block] = []
+    for block in blocks:
+        for setup in [*_setup_chain(block), block]:
+            if setup not in ordered:
+                ordered.append(setup)
+    return ordered
+
+
+PAGES: dict[str, list[Block]] = {}
+for _block in RUNNABLE:
+    PAGES.setdefault(_block.page, []).append(_block)
+
+
+#: pages whose examples cannot run twice on the same servers, and why
+RUN_ONCE = {
+    "docs/how-to/arq.md": "arq keeps job order-1's result in Redis for an hour and refuses its "
+    "id meanwhile, which the page shows",
+}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("blocks", "servers"),
+    [(b, b) for b in PAGES.values()],
+    ids=list(PAGES),
+    indirect=["servers"],
+)
+def test_page_runs_in_order_twice(blocks: list[Block], servers: Servers, tmp_path: Path) -> None:
+    ordered = _in_order(blocks)
+    _run(blocks[0].page, ordered, servers, tmp_path, timeout=180)
+    if blocks[0].page in RUN_ONCE:
+        return
+    # the same page again, as a reader running it a second time would: same databases, same
+    # Redis, same directory (its SQLite files), a new process
+    _run(f"{blocks[0].page}, run again", ordered, servers, tmp_path, timeout=180)
 
 
 def test_no_run_blocks_say_why() -> None:
@@ -243,3 +309,34 @@ def test_a_block_using_names_it_does_not_define_is_caught() -> None:
     )
     used = set(_used_globals(code, "example")) - _defined(code, "example") - set(dir(builtins))
     assert used == {"psycopg", "DSN", "locks"}
+
+
+#: the README's guarded worker, and the queue and inbox URLs its comments offer instead
+README_WORKER = next(b for b in RUNNABLE if b.page == "README.md" and "queue_url = " in b.code)
+README_ALTERNATIVES = [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("sqlite:///jobs.db", "sqlite:///jobs.db"),
+    ("amqp://guest:guest@127.0.0.1:5672/", "sqlite:///jobs.db"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("queue_url", "inbox_url"), README_ALTERNATIVES)
+def test_the_readme_worker_runs_on_the_urls_its_comments_offer(
+    queue_url: str, inbox_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    lines = README_WORKER.code.splitlines()
+    queue_line = next(i for i, line in enumerate(lines) if line.startswith("queue_url = "))
+    inbox_line = next(i for i, line in enumerate(lines) if line.startswith("inbox_url = "))
+    # the comments name these alternatives (a scheme, or the whole URL)
+    assert queue_url.split("//")[0] + "//" in lines[queue_line].split("#", 1)[1]
+    assert inbox_url.split("//")[0] + "//" in lines[inbox_line].split("#", 1)[1]
+    lines[queue_line] = f"queue_url = {queue_url!r}"
+    lines[inbox_line] = f"inbox_url = {inbox_url!r}"
+    code = "\n".join(lines) + "\n"
+    if queue_url.startswith("amqp:"):  # RabbitMQ is shared: a queue of this test's own
+        code = code.replace('"orders"', repr(f"orders-{uuid.uuid4().hex[:8]}")) + "queue.drop()\n"
+    block = dataclasses.replace(README_WORKER, code=code)
+    servers = Servers(f"redis://127.0.0.1:{redis_server.port}")
+    _run(f"README worker on {queue_url}", [block], servers, tmp_path, timeout=60)
+    _run(f"README worker on {queue_url}, run again", [block], servers, tmp_path, timeout=60)

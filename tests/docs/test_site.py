@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from . import test_reference as reference
 from .blocks import ROOT
 
 
-def test_the_site_builds_strict_without_warnings(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The site built in strict mode, and the build's output."""
+    out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -23,6 +30,11 @@ def test_the_site_builds_strict_without_warnings(tmp_path: Path) -> None:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
+    return out, output
+
+
+def test_the_site_builds_strict_without_warnings(site: tuple[Path, str]) -> None:
+    tmp_path, output = site
     assert "WARNING" not in output, output
     # the API and CLI references were generated, not left as directives
     api = (tmp_path / "reference" / "api" / "locks" / "index.html").read_text(encoding="utf-8")
@@ -30,6 +42,55 @@ def test_the_site_builds_strict_without_warnings(tmp_path: Path) -> None:
     assert ":func:`" not in api and ":::" not in api
     cli = (tmp_path / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "jobfence worker" in cli and "--concurrency" in cli
+
+
+def _api_pages(site_dir: Path) -> dict[str, str]:
+    return {
+        path.relative_to(site_dir).as_posix(): path.read_text(encoding="utf-8")
+        for path in (site_dir / "reference" / "api").rglob("index.html")
+    }
+
+
+def _entry_ids(module: str, name: str, obj: object) -> set[str]:
+    """The ids an entry for ``module.name`` may have: where it is exported, where it is
+    defined (a module's own name for a module)."""
+    ids = {f"{module}.{name}"}
+    if inspect.ismodule(obj):
+        ids.add(obj.__name__)
+    elif inspect.isclass(obj) or inspect.isfunction(obj):
+        ids.add(f"{obj.__module__}.{obj.__qualname__}")
+    return ids
+
+
+def test_every_public_name_has_an_entry_in_the_api_reference(site: tuple[Path, str]) -> None:
+    ids: set[str] = set()
+    for text in _api_pages(site[0]).values():
+        ids |= set(re.findall(r'id="(jobfence[\w.]*)"', text))
+    missing = [
+        f"{module.__name__}.{name}"
+        for module in reference.modules()
+        for name, obj in reference.public(module)
+        if not _entry_ids(module.__name__, name, obj) & ids
+    ]
+    assert not missing, f"public names with no entry in docs/reference/api: {missing}"
+
+
+def test_api_reference_renders_code_and_parameters(site: tuple[Path, str]) -> None:
+    pages = _api_pages(site[0])
+    # reST directives have no Markdown rendering: they would show as text
+    raw = [page for page, text in pages.items() if "code-block::" in text]
+    assert not raw, f"literal reST code-block directives on {raw}"
+    guard = pages["reference/api/guard/index.html"]
+    entry = guard[guard.index('id="jobfence.guard.guarded"') :]
+    next_entry = entry.find('class="doc doc-heading"', 100)
+    entry = entry if next_entry == -1 else entry[:next_entry]
+    # the signature one parameter per line, and a parameters table explaining each
+    signature = entry[entry.index('class="doc-signature') :]
+    signature = signature[: signature.index("</code>")]
+    assert signature.count("\n") >= 10, signature
+    table = entry[entry.index("Parameters:") :]
+    for name in ("locks", "inbox", "lock", "key", "ttl", "timeout", "claim_ttl", "retry"):
+        assert f"<code>{name}</code>" in table, name
 
 
 #: a Markdown link or image with a relative target: [text](target) / ![alt](target)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,72 @@ def test_rq_workers_apply_each_order_once_across_duplicates_and_a_killed_worker(
         assert again.return_value(refresh=True) == stored
         assert ledger.started("o-stall") == runs  # the body did not start again
         assert ledger.effects()["o-stall"] == 1
+
+
+#: what docs/how-to/rq.md recommends, and the bound it states for a SIGKILLed worker's job:
+#: the execution heartbeat's ttl (--job-monitoring-interval 30 + RQ's fixed 60 s), then an
+#: idle worker's next wake-up (--worker-ttl 45 - 15 s) runs the maintenance that finds it
+#: abandoned, then the job's Retry interval
+RECOMMENDED = ("--worker-ttl", "45", "--maintenance-interval", "30")
+HEARTBEAT_TTL = 30 + 60
+IDLE_WAKE_UP = 45 - 15
+RETRY_INTERVAL = 1
+
+
+@pytest.mark.timeout(300)
+def test_the_recommended_worker_flags_retry_a_killed_job_within_the_stated_bound(
+    ledger: Ledger, queue: rq.Queue, tmp_path: Path
+) -> None:
+    """Stock ``rq.Worker`` processes with the rq.md command: a job whose worker and work horse
+    are SIGKILLed runs again, and completes, within the bound the page states. With RQ's
+    default ``--worker-ttl`` (420) an idle worker blocks 405 s in its dequeue and looks for
+    abandoned jobs only then, whatever ``--maintenance-interval`` says."""
+    environ = {**env(ledger.schema), "JOBFENCE_RQ_REDIS": REDIS_URL, "JOBFENCE_FW_STALL": "o-kill"}
+
+    def rq_worker(name: str, *, scheduler: bool) -> list[str]:
+        return [
+            *(sys.executable, "-m", "rq.cli", "worker", "--url", REDIS_URL),
+            *("--name", f"{queue.name}-{name}", *RECOMMENDED),
+            *(["--with-scheduler"] if scheduler else []),
+            queue.name,
+        ]
+
+    with workers(tmp_path) as pool:
+        doomed = pool.start(rq_worker("doomed", scheduler=False), environ)
+        job = queue.enqueue(
+            f"{APP}.place_order_by_job",
+            "o-kill",
+            1,
+            3,
+            job_id=f"{queue.name}-kill",
+            retry=rq.Retry(max=3, interval=RETRY_INTERVAL),
+        )
+        horse = wait_until("the stalling order to start", lambda: ledger.started("o-kill"))[0]
+        # the worker that will find the job abandoned: idle, past its start-up maintenance
+        pool.start(rq_worker("idle", scheduler=True), environ)
+        wait_until(
+            "the second worker to be idle",
+            lambda: any(
+                w.name == f"{queue.name}-idle" and w.get_state() == "idle"
+                for w in rq.Worker.all(queue=queue)
+            ),
+            timeout=30,
+        )
+        pool.kill(doomed)
+        os.kill(horse, signal.SIGKILL)
+        killed = time.monotonic()
+        bound = HEARTBEAT_TTL + IDLE_WAKE_UP + RETRY_INTERVAL
+        try:
+            # a few seconds over the bound for the scheduler's poll and the run itself
+            wait_until("the killed job to finish", lambda: finished([job]), timeout=bound + 15)
+        except AssertionError:
+            raise AssertionError(pool.logs()) from None
+        took = time.monotonic() - killed
+
+    assert ledger.effects() == {"o-kill": 1}
+    runs = ledger.started("o-kill")
+    assert len(runs) == 2 and runs[0] == horse  # run again, in another process
+    job.refresh()
+    assert job.retries_left == 2  # RQ's abandoned-job retry, not a new job
+    # rq.md's stated bound (the wait above allowed 15 s more for the scheduler and the run)
+    assert took <= bound + 15, f"the killed job ran again {took:.0f} s after the kill"

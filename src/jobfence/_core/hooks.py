@@ -25,6 +25,10 @@ from ..errors import ConfigurationError
 __all__ = ["HookFn", "ahook", "get_hook", "hook", "set_hook"]
 
 HookFn = Callable[..., Any]
+"""The type of an I/O hook: ``hook(point, **info)``, called with a point name of
+``jobfence.testing.POINTS`` and that point's keywords; it may block, or raise to inject a
+fault. An awaitable it returns is awaited on the async code paths (and closed, not awaited, on
+the sync ones)."""
 
 _hook: HookFn | None = None
 

@@ -98,6 +98,14 @@ class LockHolder(NamedTuple):
     expires_in: float | None
 
 
+# the fields' own help() text, in place of the generated "Alias for field number N"
+LockHolder.owner.__doc__ = "The holder's owner id (``host:pid:uuid``), or ``None`` if not recorded."
+LockHolder.token.__doc__ = "The holder's fencing token, or ``None`` if unknown."
+LockHolder.expires_in.__doc__ = (
+    "Seconds left on the lease by the server's clock, or ``None`` where a lease has no ttl."
+)
+
+
 class ClaimState(str, enum.Enum):
     """What :meth:`Inbox.claim` found.
 

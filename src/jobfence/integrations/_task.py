@@ -47,8 +47,8 @@ __all__ = [
     "without_first",
 ]
 
-#: seconds a task that jobfence sends back to the framework's retry waits before it runs again
 DEFAULT_RETRY_DELAY = 5.0
+"""Seconds a task that jobfence sends back to the framework's retry waits before it runs again."""
 
 #: the outcomes that mean "this message is fine, run it again later"
 RETRIED = (LockLost, ClaimLost, ClaimInProgress, LockTimeout)

@@ -2,15 +2,15 @@
 
 Put :func:`guarded` on the coroutine you list in ``WorkerSettings.functions``:
 
-.. code-block:: python
+```python
+from jobfence.integrations import arq as jfarq
 
-    from jobfence.integrations import arq as jfarq
+@jfarq.guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=2)
+async def apply_order(ctx, order_id: int, product_id: int, qty: int) -> dict: ...
 
-    @jfarq.guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=2)
-    async def apply_order(ctx, order_id: int, product_id: int, qty: int) -> dict: ...
-
-    class WorkerSettings:
-        functions = [func(apply_order, max_tries=20)]
+class WorkerSettings:
+    functions = [func(apply_order, max_tries=20)]
+```
 
 What it adds to :func:`jobfence.guarded`:
 
@@ -54,8 +54,8 @@ from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_options, guard_
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "guarded", "job_key"]
 
-#: the prefix of the default idempotency key: ``"arq:<job id>"``
 FRAMEWORK = "arq"
+"""The prefix of the default idempotency key: ``"arq:<job id>"``."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -126,9 +126,10 @@ def guarded(
 ) -> Callable[[F], F]:
     """Guard an arq task, ``async def task(ctx, ...)``, like :func:`jobfence.guarded`.
 
-    The arguments are :func:`jobfence.guarded`'s (``lock``/``key`` templates over the task's
-    arguments after ``ctx``, ``ttl``, ``timeout``, ``claim_ttl``, ``fingerprint``, ``attempts``
-    / ``retry`` for in-process whole-unit retries, ``if_locked``, ``skipped_result``), plus
+    The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
+    templates over the task's arguments after ``ctx``, ``ttl``, ``timeout``, ``claim_ttl``,
+    ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
+    ``skipped_result``), plus
     ``retry_delay``: the seconds arq waits before it runs the job again when jobfence says
     "not now" (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``, a transient backend
     error), raised as ``arq.Retry(defer=retry_delay)``. Without ``key`` the idempotency key is

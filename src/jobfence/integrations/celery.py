@@ -2,13 +2,13 @@
 
 Put :func:`guarded` UNDER ``@app.task``, so that Celery registers the guarded function:
 
-.. code-block:: python
+```python
+from jobfence.integrations import celery as jfcelery
 
-    from jobfence.integrations import celery as jfcelery
-
-    @app.task(acks_late=True, reject_on_worker_lost=True, max_retries=None)
-    @jfcelery.guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}")
-    def apply_order(order_id: int, product_id: int, qty: int) -> dict: ...
+@app.task(acks_late=True, reject_on_worker_lost=True, max_retries=None)
+@jfcelery.guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}")
+def apply_order(order_id: int, product_id: int, qty: int) -> dict: ...
+```
 
 What it adds to :func:`jobfence.guarded`:
 
@@ -56,13 +56,13 @@ __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "NOT_RETRIED", "guarded", "job_ke
 
 log = logging.getLogger("jobfence.integrations.celery")
 
-#: the prefix of the default idempotency key: ``"celery:<task id>"``
 FRAMEWORK = "celery"
+"""The prefix of the default idempotency key: ``"celery:<task id>"``."""
 
-#: the jobfence errors that fail the same way on every run of a message: give them as
-#: ``dont_autoretry_for`` to a task whose ``autoretry_for`` would catch them, e.g.
-#: ``@app.task(autoretry_for=(Exception,), dont_autoretry_for=NOT_RETRIED)``
 NOT_RETRIED: tuple[type[Exception], ...] = (FingerprintMismatch, ConfigurationError)
+"""The jobfence errors that fail the same way on every run of a message: give them as
+``dont_autoretry_for`` to a task whose ``autoretry_for`` would catch them, e.g.
+``@app.task(autoretry_for=(Exception,), dont_autoretry_for=NOT_RETRIED)``."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -166,9 +166,10 @@ def guarded(
     """Guard a Celery task function like :func:`jobfence.guarded`; place it under
     ``@app.task(...)``.
 
-    The arguments are :func:`jobfence.guarded`'s (``lock``/``key`` templates over the task's
-    own arguments, ``ttl``, ``timeout``, ``claim_ttl``, ``fingerprint``, ``attempts`` /
-    ``retry`` for in-process whole-unit retries, ``if_locked``, ``skipped_result``), plus
+    The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
+    templates over the task's own arguments, ``ttl``, ``timeout``, ``claim_ttl``,
+    ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
+    ``skipped_result``), plus
     ``retry_delay``: the seconds Celery waits before it runs the task again when jobfence says
     "not now" (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``, a transient backend
     error). Without ``key`` the idempotency key is ``"celery:<task id>"``, the same on every

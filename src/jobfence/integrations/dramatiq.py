@@ -10,16 +10,16 @@ Two pieces, both needed:
 * :func:`guarded`, placed under ``@dramatiq.actor``: :func:`jobfence.guarded` with the same
   arguments, plus ``retry_delay``.
 
-.. code-block:: python
+```python
+import dramatiq
+from jobfence.integrations.dramatiq import JobfenceMiddleware, guarded
 
-    import dramatiq
-    from jobfence.integrations.dramatiq import JobfenceMiddleware, guarded
+broker.add_middleware(JobfenceMiddleware())
 
-    broker.add_middleware(JobfenceMiddleware())
-
-    @dramatiq.actor(max_retries=20)
-    @guarded(inbox=inbox, locks=locks, lock="inventory:{product_id}", retry_delay=5)
-    def process_order(order_id: int, product_id: int, qty: int) -> dict: ...
+@dramatiq.actor(max_retries=20)
+@guarded(inbox=inbox, locks=locks, lock="inventory:{product_id}", retry_delay=5)
+def process_order(order_id: int, product_id: int, qty: int) -> dict: ...
+```
 
 Without ``key=``, the idempotency key is ``"dramatiq:<message id>"``: a redelivered or retried
 message is a duplicate once it has completed, and returns the stored result without running.
@@ -58,9 +58,9 @@ log = logging.getLogger("jobfence.integrations.dramatiq")
 
 FRAMEWORK = "dramatiq"
 
-#: what a guarded actor fails with for good: the same message would fail the same way again,
-#: so :class:`JobfenceMiddleware` puts these in the actor's ``throws`` (never retried)
 NOT_RETRIED: tuple[type[Exception], ...] = (FingerprintMismatch, ConfigurationError)
+"""What a guarded actor fails with for good: the same message would fail the same way again, so
+:class:`JobfenceMiddleware` puts these in the actor's ``throws`` (never retried)."""
 
 #: the attribute of a :func:`guarded` function that holds its :class:`_Registration`
 _REGISTRATION = "__jobfence_dramatiq__"
@@ -184,8 +184,13 @@ def guarded(
     skipped_result: Any = None,
     retry_delay: float = DEFAULT_RETRY_DELAY,
 ) -> Callable[[F], F]:
-    """Guard a Dramatiq actor's function like :func:`jobfence.guarded` (same arguments), for
-    a broker with :class:`JobfenceMiddleware`. Place it under ``@dramatiq.actor``.
+    """Guard a Dramatiq actor's function like :func:`jobfence.guarded`, for a broker with
+    :class:`JobfenceMiddleware`. Place it under ``@dramatiq.actor``.
+
+    The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
+    templates, ``ttl``, ``timeout``, ``claim_ttl``, ``fingerprint``, ``attempts`` / ``retry``
+    for in-process whole-unit retries, ``if_locked``, ``skipped_result``), plus
+    ``retry_delay`` (below).
 
     ``lock``/``key`` templates see the actor's own arguments. Without ``key``, the key is
     ``"dramatiq:<message id>"``, so a redelivery or a retry of a message that has completed

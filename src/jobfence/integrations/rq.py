@@ -1,15 +1,15 @@
 """RQ: guard a job function with a lease, an idempotency claim, or both, and let RQ retry it.
 
-.. code-block:: python
+```python
+from rq import Queue, Retry
+from jobfence.integrations.rq import guarded
 
-    from rq import Queue, Retry
-    from jobfence.integrations.rq import guarded
+@guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=5)
+def place_order(order_id: int, product_id: int, qty: int) -> dict:
+    ...
 
-    @guarded(locks=locks, inbox=inbox, lock="inventory:{product_id}", retry_delay=5)
-    def place_order(order_id: int, product_id: int, qty: int) -> dict:
-        ...
-
-    Queue("orders", connection=redis).enqueue(place_order, 7, 1, 5, retry=Retry(max=3))
+Queue("orders", connection=redis).enqueue(place_order, 7, 1, 5, retry=Retry(max=3))
+```
 
 :func:`guarded` takes :func:`jobfence.guarded`'s arguments plus ``retry_delay`` and
 ``max_retries``. In an RQ job:
@@ -52,8 +52,8 @@ log = logging.getLogger("jobfence.integrations.rq")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: how many times one RQ job may be sent back to RQ's retry by jobfence before RQ fails it
 DEFAULT_MAX_RETRIES = 20
+"""How many times one RQ job may be sent back to RQ's retry by jobfence before RQ fails it."""
 
 
 class _RetryLater(Exception):

@@ -8,16 +8,16 @@ objects, so the retry recomputes from stale values. :func:`run_transaction` runs
 commits it, and re-runs it whole on conflicts (``StaleDataError``, serialization failures,
 deadlocks) and transient errors, through :func:`jobfence.retry_unit`:
 
-.. code-block:: python
+```python
+from jobfence.integrations.sqlalchemy import run_transaction
 
-    from jobfence.integrations.sqlalchemy import run_transaction
+def deduct(session: Session) -> int:
+    item = session.get(Inventory, 1)          # fresh read in a fresh session
+    item.stock -= 5                           # recompute
+    return item.stock                         # flushed + committed with the version check
 
-    def deduct(session: Session) -> int:
-        item = session.get(Inventory, 1)          # fresh read in a fresh session
-        item.stock -= 5                           # recompute
-        return item.stock                         # flushed + committed with the version check
-
-    stock = run_transaction(SessionLocal, deduct, attempts=5)
+stock = run_transaction(SessionLocal, deduct, attempts=5)
+```
 
 Return plain values, not ORM objects: the session is closed when the attempt ends.
 """
@@ -66,8 +66,10 @@ def run_transaction(
     **options: Any,
 ) -> T:
     """Run ``fn(session)`` in a new session and transaction per attempt, commit, and retry the
-    whole unit on conflicts and transient errors. Options are :class:`jobfence.RetryPolicy`'s
-    (``attempts``, ``deadline``, ``on_retry``, ...). Returns what ``fn`` returns."""
+    whole unit on conflicts and transient errors. ``session_factory`` makes the sessions (a
+    ``sessionmaker``); ``policy`` is a base :class:`jobfence.RetryPolicy`, and the keyword
+    options (``**options``) are its fields to override (``attempts``, ``deadline``,
+    ``on_retry``, ...). Returns what ``fn`` returns."""
     _check_factory(session_factory, fn)
     resolved = _policy(policy, options)
 
@@ -85,7 +87,9 @@ async def run_transaction_async(
     policy: RetryPolicy | None = None,
     **options: Any,
 ) -> T:
-    """The ``AsyncSession`` twin of :func:`run_transaction` (``async_sessionmaker``)."""
+    """The ``AsyncSession`` twin of :func:`run_transaction`: ``session_factory`` is an
+    ``async_sessionmaker``, ``fn`` an ``async def fn(session)``; ``policy`` and
+    ``**options`` as there."""
     _check_factory(session_factory, fn)
     resolved = _policy(policy, options)
 

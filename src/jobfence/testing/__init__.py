@@ -172,9 +172,10 @@ _POINT_LIST = (
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )
 
-#: Every hook point, by dotted name, in a fixed order (locks, renewal, inbox, fencing,
-#: versioned updates, sleeps). Read-only; ``"lock.acquire" in POINTS`` works.
 POINTS: Mapping[str, HookPoint] = MappingProxyType({p.name: p for p in _POINT_LIST})
+"""Every hook point, by dotted name, in a fixed order (locks, renewal, inbox, fencing,
+versioned updates, sleeps): a read-only mapping of name to `HookPoint`;
+``"lock.acquire" in POINTS`` works."""
 
 
 @contextmanager

@@ -897,7 +897,8 @@ def _check_point_name(name: object, argument: str) -> None:
 
 async def point(name: str) -> None:
     """A point in your own code: a place where the simulation may switch tasks or inject
-    a fault (``await testing.point("db.write")``). Outside a simulation it does nothing."""
+    a fault (``await testing.point("db.write")``): ``name`` is the point's name, the one a
+    fault targets. Outside a simulation it does nothing."""
     _check_point_name(name, "name")
     sim = _current
     if sim is None:

@@ -131,7 +131,8 @@ class _SingleHolder(Checker):
 
 def single_holder(name: str | None = None) -> Checker:
     """At most one task inside each ``sim.critical(name)`` section at any step (a task
-    whose ``lease=`` is lost or past its ttl does not count)."""
+    whose ``lease=`` is lost or past its ttl does not count); ``name=None`` checks every
+    section."""
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigurationError(
             f"name must be None (every section) or a section's name, got {name!r}",
@@ -167,7 +168,8 @@ class _FencingMonotonic(Checker):
 
 def fencing_monotonic(table: Any = None) -> Checker:
     """The fencing tokens of the committed writes to each row never go down: a holder whose
-    lease was taken over cannot write after its successor (``write(..., token=t)``)."""
+    lease was taken over cannot write after its successor (``write(..., token=t)``).
+    ``table``: one table from ``sim.table()``, or ``None`` for every table."""
     _check_table(table, "history")
     return _FencingMonotonic(table)
 

@@ -468,7 +468,11 @@ def explore(
     at every step and at the end, on top of what the scenario checks itself. A schedule
     fails on a check, a job raising an exception that is neither injected nor a jobfence
     error, a deadlock, or more than ``max_steps`` decisions (or points reached) / ``max_time``
-    virtual seconds.
+    virtual seconds. ``seed``: schedule ``i`` runs with seed ``seed + i`` (a failure reports
+    its seed; ``pytest --jobfence-seed=N`` replays it). ``stop_on_failure`` (default ``True``):
+    stop at the first failing schedule, else run them all and report every failure.
+    ``shrink`` (default ``True``): reduce a failure to the fewest faults and the fewest
+    deviations from FIFO that still fail, before reporting it.
     """
     schedules = _check_int(schedules, "schedules", 1)
     if _SCHEDULES:
@@ -625,7 +629,8 @@ def replay(
     max_steps: int = 100_000,
     max_time: float = 86_400.0,
 ) -> Report:
-    """Run ``scenario`` once, following ``tape`` (a :class:`Tape` or its ``str``)."""
+    """Run ``scenario`` once, following ``tape`` (a :class:`Tape` or its ``str``), with
+    ``checks``, ``max_steps`` and ``max_time`` as in :func:`explore`."""
     if isinstance(tape, str):
         tape = Tape.parse(tape)
     if not isinstance(tape, Tape):

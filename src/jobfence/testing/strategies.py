@@ -43,6 +43,8 @@ class Strategy:
 
 
 class Fifo(Strategy):
+    """Never deviates: the running task goes on until it blocks, then the one parked first."""
+
     name = "fifo"
 
     def choose(self, candidates: Sequence[_Named], step: int) -> int:
@@ -50,6 +52,8 @@ class Fifo(Strategy):
 
 
 class Random(Strategy):
+    """A uniform pick among the candidates, from a random generator seeded with ``seed``."""
+
     name = "random"
 
     def __init__(self, seed: int) -> None:
@@ -60,7 +64,8 @@ class Random(Strategy):
 
 
 class PCT(Strategy):
-    """``depth`` 1..3; ``steps`` estimates the decisions in one schedule (from a FIFO run)."""
+    """``seed`` seeds the random priorities and change points; ``depth`` 1..3; ``steps``
+    estimates the decisions in one schedule (from a FIFO run)."""
 
     name = "pct"
 
@@ -87,7 +92,9 @@ class PCT(Strategy):
 
 class Exhaustive(Strategy):
     """Walks the tree of decisions depth first: each schedule follows ``prefix`` and takes
-    the first candidate past it; :meth:`advance` moves to the next unexplored branch."""
+    the first candidate past it; :meth:`advance` moves to the next unexplored branch.
+    ``max_preemptions``: at most that many deviations from FIFO per schedule (``None``: no
+    bound)."""
 
     name = "exhaustive"
 
@@ -130,8 +137,8 @@ class Exhaustive(Strategy):
 
 
 class TapeStrategy(Strategy):
-    """Follows recorded picks by task name; where the name is not a candidate (or the tape
-    ran out, or says ``None``), takes the FIFO choice."""
+    """Follows recorded ``picks`` (task names, one per decision); where the name is not a
+    candidate (or the tape ran out, or says ``None``), takes the FIFO choice."""
 
     name = "tape"
 

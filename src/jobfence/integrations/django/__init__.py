@@ -28,7 +28,7 @@ from django.db import connections
 
 from ..._core.sqlconn import check_ident
 from ...errors import ConfigurationError
-from ...fencing import DEFAULT_TABLE as DEFAULT_FENCE_TABLE
+from ...fencing import DEFAULT_TABLE as _FENCING_DEFAULT_TABLE
 from ...inbox import Inbox
 
 __all__ = [
@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 DEFAULT_INBOX_TABLE = "jobfence_inbox"
+"""The inbox table's name when the ``JOBFENCE_INBOX_TABLE`` setting is not set."""
+
+DEFAULT_FENCE_TABLE = _FENCING_DEFAULT_TABLE
+"""The fencing table's name when the ``JOBFENCE_FENCE_TABLE`` setting is not set (the
+default of ``jobfence.fence``)."""
 
 
 def _table_setting(name: str, default: str) -> str:
@@ -125,7 +130,9 @@ def close_broken_connections(
     unit retried after ``pg_terminate_backend``, a failover or a network cut would otherwise
     meet the same dead connection on every attempt. Connections inside an ``atomic()`` block
     are left alone (closing one would end the enclosing transaction). Use it as
-    ``@jobfence.retry_unit(on_retry=close_broken_connections)``.
+    ``@jobfence.retry_unit(on_retry=close_broken_connections)``; ``attempt``, ``exc`` and
+    ``delay`` are what ``on_retry`` receives (the attempt that failed, its exception, the
+    wait before the next one), and are not used.
     """
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and not conn.in_atomic_block and conn.errors_occurred:
