@@ -458,7 +458,8 @@ class RealTable(_Table):
         out = {}
         for text, version, data in self._driver.admin_run(
             self._admin,
-            f"SELECT id, version, data FROM {self.sql_name} WHERE substr(id, 1, 1) <> '#' ORDER BY id",
+            f"SELECT id, version, data FROM {self.sql_name} "
+            "WHERE substr(id, 1, 1) <> '#' ORDER BY id",
         ):
             row = json.loads(data)
             row[self.version_column] = version
