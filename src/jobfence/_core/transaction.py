@@ -9,7 +9,8 @@ validate their arguments and call the I/O hook exactly as for a connection, and 
 what their statement does, with the same semantics: the work belongs to its transaction
 (it commits or rolls back with it), a versioned update of a row at another version raises
 :class:`~jobfence.StaleVersion`, a fence reports the newest token recorded for the resource,
-and a claim reports whether this transaction is the first to apply the key.
+and a claim reports whether this transaction is the first to apply the key. ``retry_unit``
+asks it whether it is an open transaction, as it asks a driver's connection.
 
 Only the async functions (``fence_async``, ``versioned_update_async``, ``AsyncInbox.claim_in``)
 look for it: the simulated tables are async.
@@ -27,6 +28,13 @@ class AsyncTransaction(Protocol):
 
     #: the name telemetry and messages give the database (``"simulated"``, ``"sqlite"``...)
     dialect: str
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while it is a transaction still open (``retry_unit`` refuses to re-run a
+        unit inside one, as inside a connection's open transaction); False for what commits
+        each call on its own."""
+        ...
 
     async def versioned_update(
         self,

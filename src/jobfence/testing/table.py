@@ -91,6 +91,10 @@ class _Transaction:
     ) -> int:
         return await self._of._versioned_update(table, key, version, values, version_column)
 
+    @property
+    def in_transaction(self) -> bool:
+        return self._of._in_transaction()
+
     async def fence(self, resource: str, token: int, table: str) -> int:
         return await self._of._fence(resource, token, table)
 
@@ -118,6 +122,10 @@ class _Base:
 
     def __jobfence_transaction__(self) -> _Transaction:
         return _Transaction(self)
+
+    def _in_transaction(self) -> bool:
+        """A transaction still open (a table is none: each write commits on its own)."""
+        return False
 
     async def _versioned_update(
         self,
@@ -378,8 +386,11 @@ class SimTable(_Table):
         """A transaction: its writes are applied together at ``db.commit`` when the block
         ends, or not at all if it raises."""
         tx = SimTransaction(self)
-        yield tx
-        await tx.commit()
+        try:
+            yield tx
+            await tx.commit()
+        finally:
+            tx._ended = True
 
 
 class SimTransaction(_Base):
@@ -393,6 +404,11 @@ class SimTransaction(_Base):
         #: the inbox markers and fences this transaction made, applied at its commit
         self._markers: dict[tuple[str, str], str | None] = {}
         self._fences: dict[tuple[str, str], int] = {}
+        #: its ``async with`` block is over
+        self._ended = False
+
+    def _in_transaction(self) -> bool:
+        return not self._ended
 
     async def read(self, key: Any) -> dict[str, Any] | None:
         table = self.table

@@ -697,6 +697,11 @@ class RealTransaction(_Base):
         self._writes: list[tuple[Any, dict[str, Any], int | None, int, int | None]] = []
         #: the version each row written had before this transaction wrote it
         self._before: dict[Any, int | None] = {}
+        #: its ``async with`` block is over
+        self._ended = False
+
+    def _in_transaction(self) -> bool:
+        return not self._ended
 
     async def _begin(self, io: _Statement) -> _Conn:
         """The transaction's connection, the transaction begun, for the statement ``io``."""
@@ -781,6 +786,7 @@ class RealTransaction(_Base):
 
     async def _end(self) -> None:
         """The block is over: roll back what is left open, give the connection back."""
+        self._ended = True
         conn, self._conn = self._conn, None
         if conn is None:
             return

@@ -214,3 +214,35 @@ def test_versioned_update_raises_stale_version_on_a_table_and_a_transaction() ->
     testing.explore(scenario, schedules=1).assert_ok()
     assert [(e.expected, e.current) for e in errors] == [(1, {"n": 1, "version": 2})] * 2
     assert all(jobfence.is_conflict(e) for e in errors)
+
+
+def test_retry_unit_refuses_to_rerun_a_unit_inside_an_open_simulated_transaction() -> None:
+    """As inside a connection's open transaction: a unit given the transaction re-run after
+    a statement in it failed would go on in a transaction production has aborted, so
+    retry_unit refuses (a ConfigurationError naming the argument: a failure of the
+    schedule). A unit given the table, whose writes commit on their own, is re-run."""
+    runs: list[str] = []
+
+    async def job(db: testing.SimTable) -> None:
+        @jobfence.retry_unit(attempts=3)
+        async def unit(target: Any) -> None:
+            runs.append("table" if target is db else "tx")
+            row = await target.read("stock")
+            await target.update("stock", row["version"], stock=row["stock"] - 1)
+
+        await unit(db)
+        async with db.transaction() as tx:
+            await unit(tx)
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(job, sim.table("inventory", {"stock": {"stock": 10}}))
+        await sim.join()
+
+    transient = [faults.transient("db.write", nth=1), faults.transient("db.write", nth=3)]
+    report = testing.explore(scenario, schedules=1, faults=transient, shrink=False)
+    (failure,) = report.failures
+    error = failure.error
+    assert isinstance(error, jobfence.ConfigurationError), failure
+    assert error.argument == "argument 'target'" and "refuses to retry" in str(error)
+    assert isinstance(error.__cause__, testing.InjectedFault)
+    assert runs == ["table", "table", "tx"]
