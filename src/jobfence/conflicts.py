@@ -369,6 +369,15 @@ _COMMIT_DRIVERS = (
 )
 
 
+# The commit of jobfence.testing's simulated tables (``async with db.transaction()``), which
+# stand for a driver's connection in a simulation: a fault injected there is recognised as a
+# driver's failing commit is. Their writes outside a transaction are not commits, as a
+# statement in autocommit mode is not.
+_SIMULATED_COMMITS = frozenset(
+    {("jobfence.testing.table", "commit"), ("jobfence.testing.table_real", "commit")}
+)
+
+
 def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:
     while tb is not None:
         yield tb.tb_frame
@@ -381,6 +390,8 @@ def _raised_in_commit(exc: BaseException) -> bool:
         if not isinstance(module, str):
             continue
         name = frame.f_code.co_name
+        if (module, name) in _SIMULATED_COMMITS:
+            return True
         if _startswith(module, _COMMIT_DRIVERS):
             if "commit" in name.lower():
                 return True
@@ -408,7 +419,8 @@ def is_commit_outcome_unknown(exc: BaseException) -> bool:
     from inside a driver's commit: psycopg ``commit()`` / ``with conn:`` /
     ``with conn.transaction():``, asyncpg ``Transaction.commit`` / ``async with
     conn.transaction():``, PyMySQL/aiomysql ``commit()``, SQLAlchemy ``commit()`` (which also
-    covers its flush), redis-py ``MULTI/EXEC`` pipelines.
+    covers its flush), redis-py ``MULTI/EXEC`` pipelines; and, in a simulation, the commit of a
+    :mod:`jobfence.testing` table's transaction.
 
     Not recognisable: ``execute("COMMIT")`` issued as a plain statement, and statements run in
     autocommit mode (each one is its own commit). Raise :class:`~jobfence.CommitOutcomeUnknown`

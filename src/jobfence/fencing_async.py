@@ -40,6 +40,9 @@ from ._guard_spec import current_lease_var
 from .backends import sql_dialect
 from .errors import ConfigurationError, SchemaMissing, StaleToken
 
+if ASYNC:
+    from ._core.transaction import transaction_of
+
 __all__ = ["DEFAULT_TABLE", "fence_async", "install_async"]
 
 DEFAULT_TABLE = "jobfence_fences"
@@ -136,6 +139,15 @@ async def fence_async(
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
+    if ASYNC:
+        tx = transaction_of(conn)
+        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+            await ahook("fence.check", resource=resource, token=token)
+            recorded = await tx.fence(resource, token, table)
+            if recorded > token:
+                telemetry.fence_rejection(tx.dialect)
+                raise StaleToken(resource, token, recorded)
+            return
     sc = adapt_async(conn, operation="fence")
     dialect = sql_dialect(sc.dialect)
     dialect.check_resource(resource)

@@ -68,6 +68,7 @@ if ASYNC:
     import asyncio
 
     from ._core.groupcommit import GroupCommit
+    from ._core.transaction import transaction_of
 
 if TYPE_CHECKING:
     from .locks_async import AsyncLease
@@ -803,6 +804,10 @@ class AsyncInbox:
             key = claim.key if claim is not None else default_key()
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
+        if ASYNC:
+            tx = transaction_of(conn)
+            if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+                return await self._claim_in_transaction(tx, key, fingerprint)
         sc = adapt_async(conn, argument="conn", operation="inbox.claim_in")
         dialect = sql_dialect(sc.dialect)
         table = check_namespace(
@@ -852,6 +857,38 @@ class AsyncInbox:
                 backend=sc.dialect,
                 operation="inbox.claim_in",
             ) from exc
+
+    if ASYNC:
+
+        async def _claim_in_transaction(self, tx: Any, key: str, fingerprint: str | None) -> bool:
+            """:meth:`claim_in` on an object that is a transaction of its own (see
+            ``jobfence._core.transaction``): the same hook point, protection and outcomes."""
+            try:
+                await ahook("inbox.claim_in", key=key, backend=tx.dialect)
+                first, stored = await tx.claim_in(self.table, key, fingerprint, self.retention)
+            except JobfenceError:
+                raise
+            except Exception as exc:
+                raise BackendError(
+                    f"{tx.dialect} transaction: inbox.claim_in of {key!r} failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    backend=tx.dialect,
+                    operation="inbox.claim_in",
+                ) from exc
+            # a repeat of this unit's commit is detectable now, as after the statement
+            mark_protected()
+            if first:
+                telemetry.inbox_claim(tx.dialect, "new")
+                return True
+            if fingerprint is not None and stored is not None and stored != fingerprint:
+                telemetry.inbox_claim(tx.dialect, "mismatch")
+                raise FingerprintMismatch(
+                    f"idempotency key {key!r} was applied with fingerprint {stored!r}, "
+                    f"not {fingerprint!r}: the key was reused for another payload",
+                    key=key,
+                )
+            telemetry.inbox_claim(tx.dialect, "duplicate")
+            return False
 
     async def install(self, conn: Any = None) -> None:
         """Create the inbox table (idempotent, versioned).

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from . import telemetry
 from ._core.clock import get_clock
+from ._core.transaction import transaction_of
 from .conflicts import ErrorKind, classify, is_commit_outcome_unknown, never_retry
 from .errors import ConfigurationError
 
@@ -114,6 +115,9 @@ def _startswith(module: str, prefix: str) -> bool:
 
 def _in_transaction(obj: object) -> bool | None:
     """True/False for a recognised connection, session or cursor; None for anything else."""
+    tx = transaction_of(obj)  # e.g. a jobfence.testing simulated transaction
+    if tx is not None:
+        return tx.in_transaction
     module = type(obj).__module__ or ""
     try:
         if _startswith(module, "psycopg2") or _startswith(module, "psycopg2.extensions"):

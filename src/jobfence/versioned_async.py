@@ -30,6 +30,9 @@ from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident
 from .backends import sql_dialect
 from .errors import ConfigurationError, StaleVersion
 
+if ASYNC:
+    from ._core.transaction import transaction_of
+
 __all__ = ["versioned_update_async"]
 
 
@@ -92,11 +95,10 @@ async def versioned_update_async(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
     if ASYNC:
-        simulated = getattr(conn, "__jobfence_versioned_update__", None)
-        if simulated is not None:  # a jobfence.testing simulated table or transaction
+        tx = transaction_of(conn)
+        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
             await ahook("versioned.update", table=table, key=keys, version=expected)
-            new_version: int = await simulated(table, keys, expected, sets, version_column)
-            return new_version
+            return await tx.versioned_update(table, keys, expected, sets, version_column)
     sc = adapt_async(conn, operation="versioned_update")
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote

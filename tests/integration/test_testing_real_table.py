@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -268,9 +269,9 @@ def test_bad_url_name_or_key_is_a_configuration_error(tmp_path: Path) -> None:
             db = sim.table(name, {key: {"stock": 1}}, url=url)
             sim.spawn(db.read(key))
 
-        with pytest.raises(ConfigurationError) as caught:
-            explore(scenario, schedules=1)
-        return caught.value
+        (failure,) = explore(scenario, schedules=1).failures  # the scenario's error
+        assert isinstance(failure.error, ConfigurationError), failure
+        return failure.error
 
     bad = [
         "mysql://root:s3cret-pw@127.0.0.1:3306/test",
@@ -349,12 +350,13 @@ def test_a_crashed_process_connection_is_closed_and_its_transaction_rolled_back(
 
 
 def test_transactions_fences_and_history_as_in_memory(db_url: str) -> None:
-    """The exactly-once unit (a transaction with an order row) survives every fault, and a
-    fenced table refuses a stale token, with the same history as in memory."""
+    """The exactly-once unit (a transaction with an order row, so it is protected: a re-run
+    after a commit reported failed finds the row) survives every fault, and a fenced table
+    refuses a stale token, with the same history as in memory."""
     seen: dict[str | None, Any] = {}
 
     async def once_job(db: Any, order: int, qty: int) -> None:
-        @jobfence.retry_unit(attempts=10)
+        @jobfence.retry_unit(attempts=10, protected=True)
         async def unit() -> None:
             async with db.transaction() as tx:
                 if await tx.read(f"order:{order}"):
@@ -487,3 +489,94 @@ def test_postgres_scheme_is_accepted_too() -> None:
     url = POSTGRES_URL.replace("postgresql://", "postgres://", 1)
     assert url.startswith("postgres://")
     explore(fixed(url), schedules=3, faults=faults.auto(kinds=["transient"])).assert_ok()
+
+
+def test_claim_in_fence_and_versioned_update_in_the_database(db_url: str) -> None:
+    """On the table and its transactions as on a connection of that database: a marker and
+    a fence commit or roll back with their transaction, a stale token is refused, a stale
+    version raises StaleVersion; fences and markers are no rows of ``rows()``."""
+    seen: list[Any] = []
+
+    async def job(db: RealTable, inbox: Any) -> None:
+        try:
+            async with db.transaction() as tx:
+                seen.append(await inbox.claim_in(tx, "order:1"))
+                await jobfence.fence_async(tx, "stock", 9)
+                raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+        async with db.transaction() as tx:
+            seen.append(await inbox.claim_in(tx, "order:1", fingerprint="f"))
+            await jobfence.fence_async(tx, "stock", 5)  # 9 was rolled back
+            row = await tx.read("stock")
+            assert row is not None
+            seen.append(
+                await jobfence.versioned_update_async(
+                    tx, "inventory", {"id": "stock"}, row["version"], {"stock": 5}
+                )
+            )
+        async with db.transaction() as tx:
+            seen.append(await inbox.claim_in(tx, "order:1", fingerprint="f"))
+        with pytest.raises(jobfence.FingerprintMismatch):
+            await inbox.claim_in(db, "order:1", fingerprint="g")
+        with pytest.raises(StaleToken) as stale:
+            await jobfence.fence_async(db, "stock", 4)
+        seen.append((stale.value.token, stale.value.newest))
+        with pytest.raises(jobfence.StaleVersion) as old:
+            await jobfence.versioned_update_async(db, "inventory", {"id": "stock"}, 1, {"stock": 0})
+        seen.append((old.value.expected, old.value.current))
+
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("inventory", {"stock": {"stock": 10}}, url=db_url)
+        sim.spawn(job, db, sim.inbox())
+        await sim.join()
+        seen.append(db.rows())
+
+    explore(scenario, schedules=1).assert_ok()
+    rows = {"stock": {"stock": 5, "version": 2}}
+    assert seen == [True, True, 2, False, (4, 5), (1, rows["stock"]), rows]
+
+
+def test_claim_in_protects_a_retried_unit_under_every_fault_in_the_database(db_url: str) -> None:
+    """Two orders on one stock, each a unit under retry_unit delivered again when it fails
+    for good: with claim_in in the unit's transaction, no double deduction under the faults
+    the first schedules try (an unknown commit among them); without it, one."""
+
+    def orders(claim: bool) -> Scenario:
+        async def order(db: RealTable, inbox: Any, number: int, qty: int) -> None:
+            @jobfence.retry_unit(attempts=10)
+            async def unit() -> None:
+                async with db.transaction() as tx:
+                    if claim and not await inbox.claim_in(tx, f"order:{number}"):
+                        return
+                    row = await tx.read("stock")
+                    assert row is not None
+                    new = {"stock": row["stock"] - qty}
+                    await jobfence.versioned_update_async(
+                        tx, "inventory", {"id": "stock"}, row["version"], new
+                    )
+
+            for _delivery in range(5):
+                try:
+                    await unit()
+                    return
+                except Exception:
+                    continue
+
+        async def scenario(sim: Simulation) -> None:
+            sim.block_timeout = 0.1
+            db = sim.table("inventory", {"stock": {"stock": 10}}, url=db_url)
+            inbox = sim.inbox()
+            sim.spawn(order, db, inbox, 1, 5)
+            sim.spawn(order, db, inbox, 2, 3)
+            await sim.join()
+            stock = db.get("stock")["stock"]  # type: ignore[index]
+            sim.check(stock == 2, f"stock {stock}, not 2")
+
+        return scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jobfence.UnprotectedRetryWarning)
+        plain = explore(orders(claim=False), schedules=30, faults="auto")
+    assert [f.kind for f in plain.failures[0].tape.faults] == ["commit_unknown"]
+    explore(orders(claim=True), schedules=30, faults="auto").assert_ok()

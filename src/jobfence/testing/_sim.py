@@ -827,7 +827,7 @@ class Simulation:
         if task.finished is not None and not task.finished.done():
             task.finished.set_result(None)
         error = task.error
-        # a ConfigurationError ending a job says the test is wrong: explore raises it
+        # a ConfigurationError ending a job says its code is wrong: a failure, as any bug
         misuse = isinstance(error, ConfigurationError) and not self.stopping
         if error is not None and (misuse or not _expected(error)) and self.failure is None:
             self.failure = error

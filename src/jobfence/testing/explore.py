@@ -129,7 +129,8 @@ class Report:
     def assert_ok(self) -> None:
         """Raise ``AssertionError`` with the first failure (seed, tape, how to replay)."""
         if self.failures:
-            raise AssertionError(f"jobfence.testing: {self.failures[0]}")
+            first = self.failures[0]
+            raise AssertionError(f"jobfence.testing: {first}") from first.error
 
     def __str__(self) -> str:
         head = (
@@ -249,10 +250,12 @@ class _Runner:
     async def _main(self, sim: Simulation) -> None:
         result = self.scenario(sim)
         if not inspect.isawaitable(result):
-            raise ConfigurationError(
-                "scenario must be an async function scenario(sim) (it returned "
-                f"{type(result).__name__}, not an awaitable)",
-                argument="scenario",
+            raise _NotAScenario(
+                ConfigurationError(
+                    "scenario must be an async function scenario(sim) (it returned "
+                    f"{type(result).__name__}, not an awaitable)",
+                    argument="scenario",
+                )
             )
         await result
         await sim.join()
@@ -288,10 +291,12 @@ class _Runner:
                 self._main_task = main
                 try:
                     loop.run_until_complete(main)
-                except (_Stop, _Deadlock, _Budget) as exc:
-                    error = exc
-                except Exception as exc:
-                    error = exc
+                except _NotAScenario as exc:
+                    raise exc.error from None  # explore's argument, not the scenario's code
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # a check, a deadlock, a budget, or any error
+                    error = exc  # of the scenario's own: a failure of this schedule
             finally:
                 try:
                     self._teardown(sim, stores)
@@ -375,6 +380,14 @@ class _Runner:
         return _Outcome(
             bool(check), check, message, err, tape, sim.deviations, sim.trail, sim.steps
         )
+
+
+class _NotAScenario(Exception):
+    """The scenario given to explore/replay is no async function: raised to the caller."""
+
+    def __init__(self, error: ConfigurationError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _memory_stores() -> dict[Any, set[str]]:
@@ -467,12 +480,14 @@ def explore(
     :class:`~jobfence.testing.faults.Fault`, or ``"auto"``. ``checks``: invariants checked
     at every step and at the end, on top of what the scenario checks itself. A schedule
     fails on a check, a job raising an exception that is neither injected nor a jobfence
-    error, a deadlock, or more than ``max_steps`` decisions (or points reached) / ``max_time``
-    virtual seconds. ``seed``: schedule ``i`` runs with seed ``seed + i`` (a failure reports
-    its seed; ``pytest --jobfence-seed=N`` replays it). ``stop_on_failure`` (default ``True``):
-    stop at the first failing schedule, else run them all and report every failure.
-    ``shrink`` (default ``True``): reduce a failure to the fewest faults and the fewest
-    deviations from FIFO that still fail, before reporting it.
+    error (a :class:`~jobfence.ConfigurationError` counts), the scenario raising any, a
+    deadlock, or more than ``max_steps`` decisions (or points reached) / ``max_time``
+    virtual seconds: it is reported with its seed and tape, never raised. ``seed``: schedule
+    ``i`` runs with seed ``seed + i`` (a failure reports its seed; ``pytest --jobfence-seed=N``
+    replays it). ``stop_on_failure`` (default ``True``): stop at the first failing schedule,
+    else run them all and report every failure. ``shrink`` (default ``True``): reduce a
+    failure to the fewest faults and the fewest deviations from FIFO that still fail, before
+    reporting it.
     """
     schedules = _check_int(schedules, "schedules", 1)
     if _SCHEDULES:
@@ -502,8 +517,6 @@ def explore(
     def record(index: int, outcome: _Outcome, faults_used: tuple[Fault, ...]) -> bool:
         if not outcome.failed:
             return False
-        if isinstance(outcome.error, ConfigurationError):  # the test is wrong, not the jobs
-            raise outcome.error
         shrunk = _shrink(runner, outcome) if shrink else outcome
         failures.append(
             Failure(

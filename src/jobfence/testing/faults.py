@@ -54,7 +54,10 @@ class InjectedFault(ConnectionResetError):
     """The error an injected ``transient`` or ``commit_unknown`` fault raises.
 
     A ``ConnectionResetError``, so ``jobfence.is_transient`` (and therefore ``retry_unit``)
-    treats it as a transient failure, as it would a dropped connection. ``fault`` is the
+    treats it as a transient failure, as it would a dropped connection. Raised from the
+    commit of a simulated table's transaction (``db.commit``), it is also a commit whose
+    outcome is unknown (``jobfence.is_commit_outcome_unknown``), as a driver's failing
+    ``commit()`` is: ``retry_unit`` re-runs only a protected unit then. ``fault`` is the
     :class:`Fault` that raised it.
     """
 
@@ -163,7 +166,9 @@ def transient(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
 
 def commit_unknown(point: str = "db.commit", nth: int = 1, *, task: str | None = None) -> Fault:
     """The ``nth`` commit (or auto-committed write) of a simulated table is applied, then
-    raises :class:`InjectedFault`: the caller cannot tell it happened."""
+    raises :class:`InjectedFault`: the caller cannot tell it happened. At ``db.commit`` the
+    error is a commit outcome unknown, as production's; at ``db.write`` it is what a
+    statement in autocommit mode gives, a transient error only."""
     return Fault("commit_unknown", point, nth, task)
 
 

@@ -14,13 +14,17 @@ operations are points, so the scheduler can switch tasks between them and faults
 ``db.get(key)``                           the committed row, no point (for checks)
 ========================================  ==========================================
 
-``jobfence.versioned_update_async(db_or_tx, "inventory", {"id": key}, version, values)``
-works on a table or a transaction too. Writes take ``token=`` (a lease's fencing token): a
-table made with ``fenced=True`` refuses a token lower than one it has accepted for that row
-(:class:`~jobfence.StaleToken`), and :func:`~jobfence.testing.fencing_monotonic` checks the
-tokens either way. The table keeps every committed write in :attr:`SimTable.history`, with
-the version its writer had read, which is how :func:`~jobfence.testing.no_lost_update`
-tells a lost update.
+``jobfence.versioned_update_async(db_or_tx, "inventory", {"id": key}, version, values)``,
+``jobfence.fence_async(db_or_tx, resource, token)`` and ``inbox.claim_in(db_or_tx, key)``
+work on a table (each committed at once) or a transaction (committed or rolled back with it)
+as on a database connection: a table and a transaction are transactions of their own for
+them (``jobfence._core.transaction``). The fences and the inbox markers live in the table's
+database, as they would in the connection's, apart from its rows. Writes take ``token=`` (a
+lease's fencing token): a table made with ``fenced=True`` refuses a token lower than one it
+has accepted for that row (:class:`~jobfence.StaleToken`), and
+:func:`~jobfence.testing.fencing_monotonic` checks the tokens either way. The table keeps
+every committed write in :attr:`SimTable.history`, with the version its writer had read,
+which is how :func:`~jobfence.testing.no_lost_update` tells a lost update.
 
 ``sim.table(name, rows, url="sqlite:///..." or "postgresql://...")`` keeps the rows in a
 real database instead, with the same verbs, points and history
@@ -35,8 +39,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._core.flavour import ASYNC
-from ..errors import ConfigurationError, StaleToken, StaleVersion
+from ..errors import ConfigurationError, ConflictError, StaleToken, StaleVersion
 from .faults import Fault, InjectedFault
 
 if TYPE_CHECKING:
@@ -68,6 +71,39 @@ def _check_values(values: Mapping[str, Any], version_column: str) -> None:
         )
 
 
+class _Transaction:
+    """What ``fence_async``, ``versioned_update_async`` and ``claim_in`` see of a simulated
+    table or transaction (the ``AsyncTransaction`` of ``jobfence._core.transaction``)."""
+
+    __slots__ = ("_of", "dialect")
+
+    def __init__(self, of: _Base) -> None:
+        self._of = of
+        self.dialect = of.table.dialect
+
+    async def versioned_update(
+        self,
+        table: str,
+        key: dict[str, Any],
+        version: int,
+        values: dict[str, Any],
+        version_column: str,
+    ) -> int:
+        return await self._of._versioned_update(table, key, version, values, version_column)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._of._in_transaction()
+
+    async def fence(self, resource: str, token: int, table: str) -> int:
+        return await self._of._fence(resource, token, table)
+
+    async def claim_in(
+        self, table: str, key: str, fingerprint: str | None, retention: float
+    ) -> tuple[bool, str | None]:
+        return await self._of._claim_in(table, key, fingerprint)
+
+
 class _Base:
     """What a table and a transaction share: the verbs."""
 
@@ -84,29 +120,46 @@ class _Base:
     ) -> int:
         raise NotImplementedError
 
-    if ASYNC:
+    def __jobfence_transaction__(self) -> _Transaction:
+        return _Transaction(self)
 
-        async def __jobfence_versioned_update__(
-            self,
-            table: str,
-            keys: dict[str, Any],
-            version: int,
-            values: dict[str, Any],
-            version_column: str,
-        ) -> int:
-            own = self.table
-            if table != own.name or list(keys) != [own.key_column]:
-                raise ConfigurationError(
-                    f"this simulated table is {own.name!r} keyed by {own.key_column!r}; "
-                    f"got table {table!r} and key columns {list(keys)!r}",
-                    argument="key",
-                )
-            if version_column != own.version_column:
-                raise ConfigurationError(
-                    f"the simulated table's version column is {own.version_column!r}",
-                    argument="version_column",
-                )
-            return await self.update(keys[own.key_column], version, **values)
+    def _in_transaction(self) -> bool:
+        """A transaction still open (a table is none: each write commits on its own)."""
+        return False
+
+    async def _versioned_update(
+        self,
+        table: str,
+        keys: dict[str, Any],
+        version: int,
+        values: dict[str, Any],
+        version_column: str,
+    ) -> int:
+        own = self.table
+        if table != own.name or list(keys) != [own.key_column]:
+            raise ConfigurationError(
+                f"this simulated table is {own.name!r} keyed by {own.key_column!r}; "
+                f"got table {table!r} and key columns {list(keys)!r}",
+                argument="key",
+            )
+        if version_column != own.version_column:
+            raise ConfigurationError(
+                f"the simulated table's version column is {own.version_column!r}",
+                argument="version_column",
+            )
+        return await self.update(keys[own.key_column], version, **values)
+
+    async def _fence(self, resource: str, token: int, table: str) -> int:
+        """``fence_async`` here: record ``token`` for ``resource`` in the fence table
+        ``table`` unless a newer one is there; the newest token recorded."""
+        raise NotImplementedError
+
+    async def _claim_in(
+        self, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        """``claim_in`` here: mark ``key`` in the inbox table ``table``; (first, the
+        fingerprint stored if not first)."""
+        raise NotImplementedError
 
 
 class _Table(_Base):
@@ -115,6 +168,8 @@ class _Table(_Base):
 
     key_column = "id"
     version_column = "version"
+    #: the database, as telemetry and jobfence's messages name it
+    dialect = "simulated"
 
     def __init__(self, sim: Simulation, name: str, fenced: bool) -> None:
         if not isinstance(name, str) or not name:
@@ -231,6 +286,10 @@ class SimTable(_Table):
         super().__init__(sim, name, fenced)
         self._rows: dict[Any, dict[str, Any]] = self._initial(rows)
         self._tokens: dict[Any, int] = {}
+        #: committed inbox markers: (inbox table, key) -> fingerprint
+        self._markers: dict[tuple[str, str], str | None] = {}
+        #: committed fences: (fence table, resource) -> newest token
+        self._fences: dict[tuple[str, str], int] = {}
 
     # -- without points (checks, setup) ------------------------------------------------
     def get(self, key: Any) -> dict[str, Any] | None:
@@ -251,8 +310,14 @@ class SimTable(_Table):
         self,
         who: str,
         changes: list[tuple[Any, dict[str, Any], int | None, int | None, bool]],
+        markers: Mapping[tuple[str, str], str | None] | None = None,
+        fences: Mapping[tuple[str, str], int] | None = None,
     ) -> list[int]:
-        """Apply (key, values, expected version or None, token, insert) atomically."""
+        """Apply (key, values, expected version or None, token, insert), the inbox
+        ``markers`` and the ``fences`` of a transaction atomically. A marker or a fence
+        another transaction committed first fails the commit (first committer wins): a
+        :class:`~jobfence.ConflictError` for a key applied meanwhile, so that the re-run
+        unit's ``claim_in`` finds it, a :class:`~jobfence.StaleToken` for a newer token."""
         ver = self.version_column
         for key, _values, expected, token, _insert in changes:
             row = self._rows.get(key)
@@ -260,6 +325,18 @@ class SimTable(_Table):
                 raise self._stale(key, expected, row)
             if self.fenced and token is not None and token < self._tokens.get(key, token):
                 raise StaleToken(f"{self.name}:{key}", token, self._tokens[key])
+        for name in markers or ():
+            if name in self._markers:
+                raise ConflictError(
+                    f"inbox key {name[1]!r} ({name[0]}) was applied by a transaction that "
+                    "committed first: re-run the unit (its claim_in then returns False)"
+                )
+        for name, token in (fences or {}).items():
+            newest = self._fences.get(name, token)
+            if newest > token:
+                raise StaleToken(name[1], token, newest)
+        self._markers.update(markers or {})
+        self._fences.update(fences or {})
         versions = []
         for key, values, _expected, token, _insert in changes:
             row = self._rows.get(key)
@@ -288,13 +365,32 @@ class SimTable(_Table):
         (new,) = self._apply(self._who(), [(key, values, expected, token, False)])
         return new
 
+    async def _fence(self, resource: str, token: int, table: str) -> int:
+        name = (table, resource)
+        newest = self._fences.get(name, token)
+        if newest <= token:
+            self._fences[name] = token
+        return max(newest, token)
+
+    async def _claim_in(
+        self, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        name = (table, key)
+        if name in self._markers:
+            return False, self._markers[name]
+        self._markers[name] = fingerprint
+        return True, None
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SimTransaction]:
         """A transaction: its writes are applied together at ``db.commit`` when the block
         ends, or not at all if it raises."""
         tx = SimTransaction(self)
-        yield tx
-        await tx.commit()
+        try:
+            yield tx
+            await tx.commit()
+        finally:
+            tx._ended = True
 
 
 class SimTransaction(_Base):
@@ -305,6 +401,14 @@ class SimTransaction(_Base):
     def __init__(self, table: SimTable) -> None:
         self.table = table
         self._changes: list[tuple[Any, dict[str, Any], int | None, int | None, bool]] = []
+        #: the inbox markers and fences this transaction made, applied at its commit
+        self._markers: dict[tuple[str, str], str | None] = {}
+        self._fences: dict[tuple[str, str], int] = {}
+        #: its ``async with`` block is over
+        self._ended = False
+
+    def _in_transaction(self) -> bool:
+        return not self._ended
 
     async def read(self, key: Any) -> dict[str, Any] | None:
         table = self.table
@@ -350,10 +454,29 @@ class SimTransaction(_Base):
         if fault is not None and fault.kind != "commit_unknown":
             raise InjectedFault(fault)
         changes, self._changes = self._changes, []
-        if changes:
-            table._apply(table._who(), changes)
+        markers, self._markers = self._markers, {}
+        fences, self._fences = self._fences, {}
+        if changes or markers or fences:
+            table._apply(table._who(), changes, markers, fences)
         if fault is not None:
             raise InjectedFault(fault)
+
+    async def _fence(self, resource: str, token: int, table: str) -> int:
+        name = (table, resource)
+        newest = max(self.table._fences.get(name, token), self._fences.get(name, token))
+        if newest <= token:
+            self._fences[name] = token
+        return newest
+
+    async def _claim_in(
+        self, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        name = (table, key)
+        for seen in (self._markers, self.table._markers):
+            if name in seen:
+                return False, seen[name]
+        self._markers[name] = fingerprint
+        return True, None
 
 
 def make_table(

@@ -24,6 +24,12 @@ back what it left open, as it would when a process dies.
 
 ``get()`` and ``rows()`` query the committed rows on a connection of the table's own.
 
+``fence_async``, ``versioned_update_async`` and ``claim_in`` on the table or one of its
+transactions run their statement there, on the task's connection: a fence and an inbox
+marker are rows of the table whose ``id`` starts with ``#`` (no key's JSON text does), left
+out of ``rows()``, upserted as jobfence's own statements do (``INSERT ... ON CONFLICT``), so
+they lock, wait, commit and roll back as those would in that database.
+
 Where it differs from memory, it is the database's behaviour: a transaction's statements
 take effect in the database at once (PostgreSQL locks the rows it wrote until it ends; a
 SQLite transaction reads a snapshot and its first write takes the file's write lock: after
@@ -55,9 +61,9 @@ import importlib
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
 from .._core.url import mask_url, parse_url
@@ -77,6 +83,7 @@ LOCK_WAIT = 10.0
 CONNECT_TIMEOUT = 10
 
 _URLS = "'sqlite:///path/to/file.db' or 'postgresql://user@host:port/db'"
+T = TypeVar("T")
 
 
 class _Conn:
@@ -95,6 +102,7 @@ class _Conn:
 class _Driver:
     """What differs between the databases: connecting, running a statement, the SQL."""
 
+    dialect = "sqlite"
     mark = "?"
     #: how a write outside a transaction begins (it reads the row under the write lock)
     begin_alone = "BEGIN"
@@ -232,6 +240,7 @@ class _SQLite(_Driver):
 
 
 class _Postgres(_Driver):
+    dialect = "postgresql"
     mark = "%s"
     lock_row = " FOR UPDATE"
 
@@ -361,6 +370,19 @@ class RealTable(_Table):
         self._select_lock = self._select + self._driver.lock_row
         self._insert = f"INSERT INTO {t} (id, version, token, data) VALUES ({m}, {m}, {m}, {m})"
         self._update = f"UPDATE {t} SET version = {m}, token = {m}, data = {m} WHERE id = {m}"
+        # an inbox marker: inserted by the first transaction to apply the key (a concurrent
+        # one waits for it on the key, as claim_in's INSERT does)
+        self._mark = (
+            f"INSERT INTO {t} (id, version, token, data) VALUES ({m}, 1, NULL, {m}) "
+            "ON CONFLICT (id) DO NOTHING RETURNING version"
+        )
+        # a fence: the token recorded unless a newer one is (fence.sql's upsert)
+        self._fence_sql = (
+            f"INSERT INTO {t} AS cur (id, version, token, data) VALUES ({m}, 1, {m}, '{{}}') "
+            "ON CONFLICT (id) DO UPDATE SET token = excluded.token "
+            "WHERE cur.token <= excluded.token RETURNING token"
+        )
+        self.dialect = self._driver.dialect
         self._conns: dict[SimTask | None, list[_Conn]] = {}
         self._closed = False
         self._admin = self._driver.admin()
@@ -435,7 +457,9 @@ class RealTable(_Table):
         self._check_open()
         out = {}
         for text, version, data in self._driver.admin_run(
-            self._admin, f"SELECT id, version, data FROM {self.sql_name} ORDER BY id"
+            self._admin,
+            f"SELECT id, version, data FROM {self.sql_name} "
+            "WHERE substr(id, 1, 1) <> '#' ORDER BY id",
         ):
             row = json.loads(data)
             row[self.version_column] = version
@@ -592,6 +616,48 @@ class RealTable(_Table):
         self._record(task.name if task is not None else "main", key, values, over, new, token)
         return new
 
+    # -- fences and inbox markers -----------------------------------------------------------
+    async def _fence_on(self, conn: _Conn, resource: str, token: int, table: str) -> int:
+        """In an open transaction of ``conn``: ``fence_async``'s upsert; the newest token."""
+        name = json.dumps(["fence", table, resource])
+        if await self._run(conn, self._fence_sql, (f"#{name}", token)):
+            return token
+        found = await self._run(conn, self._select, (f"#{name}",))
+        return int(found[0][1]) if found and found[0][1] is not None else token
+
+    async def _claim_on(
+        self, conn: _Conn, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        """In an open transaction of ``conn``: ``claim_in``'s marker; (first, stored)."""
+        name = f"#{json.dumps(['inbox', table, key])}"
+        if await self._run(conn, self._mark, (name, json.dumps({"fingerprint": fingerprint}))):
+            return True, None
+        found = await self._run(conn, self._select, (name,))
+        stored = json.loads(found[0][2]).get("fingerprint") if found else None
+        return False, stored
+
+    async def _statement_alone(self, work: Callable[[_Conn], Awaitable[T]]) -> T:
+        """``work`` in a transaction of its own, committed (as a write outside one is)."""
+        task = self.sim.current()
+        with self.sim.real_io() as io:
+            conn = await self._connection(task, io)
+            await self._run(conn, self._driver.begin_alone)
+            try:
+                result = await work(conn)
+                await self._commit(conn)
+            except BaseException:
+                await self._finish(conn, task)
+                raise
+        return result
+
+    async def _fence(self, resource: str, token: int, table: str) -> int:
+        return await self._statement_alone(lambda c: self._fence_on(c, resource, token, table))
+
+    async def _claim_in(
+        self, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        return await self._statement_alone(lambda c: self._claim_on(c, table, key, fingerprint))
+
     async def read(self, key: Any) -> dict[str, Any] | None:
         """The row as committed now, or ``None``; point ``db.read``."""
         fault = await self._point("db.read", key)
@@ -631,6 +697,11 @@ class RealTransaction(_Base):
         self._writes: list[tuple[Any, dict[str, Any], int | None, int, int | None]] = []
         #: the version each row written had before this transaction wrote it
         self._before: dict[Any, int | None] = {}
+        #: its ``async with`` block is over
+        self._ended = False
+
+    def _in_transaction(self) -> bool:
+        return not self._ended
 
     async def _begin(self, io: _Statement) -> _Conn:
         """The transaction's connection, the transaction begun, for the statement ``io``."""
@@ -677,6 +748,18 @@ class RealTransaction(_Base):
     async def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
         return await self._write(key, values, None, token)
 
+    async def _fence(self, resource: str, token: int, table: str) -> int:
+        with self.table.sim.real_io() as io:
+            conn = await self._begin(io)
+            return await self.table._fence_on(conn, resource, token, table)
+
+    async def _claim_in(
+        self, table: str, key: str, fingerprint: str | None
+    ) -> tuple[bool, str | None]:
+        with self.table.sim.real_io() as io:
+            conn = await self._begin(io)
+            return await self.table._claim_on(conn, table, key, fingerprint)
+
     async def update(
         self, key: Any, version: int, *, token: int | None = None, **values: Any
     ) -> int:
@@ -703,6 +786,7 @@ class RealTransaction(_Base):
 
     async def _end(self) -> None:
         """The block is over: roll back what is left open, give the connection back."""
+        self._ended = True
         conn, self._conn = self._conn, None
         if conn is None:
             return

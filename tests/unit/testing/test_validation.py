@@ -164,12 +164,25 @@ async def _critical_in_main(sim: Simulation) -> None:
     ],
 )
 def test_the_sim_names_the_bad_argument(argument: str, action: Callable[[Simulation], Any]) -> None:
-    _raises(argument, lambda: testing.explore(_in_scenario(action), schedules=2))
+    """Inside the scenario, the error is the scenario's: a failure of the schedule."""
+    _fails_with(argument, testing.explore(_in_scenario(action), schedules=2))
 
 
-def test_a_configuration_error_inside_a_job_is_raised_not_taken_for_an_outcome() -> None:
-    """A jobfence error ending a job is an outcome; a ConfigurationError there says the test
-    itself is wrong: explore raises it."""
+def _fails_with(argument: str, report: testing.Report) -> ConfigurationError:
+    """The report's failure is a ConfigurationError naming ``argument``, and replays."""
+    (failure,) = report.failures
+    error = failure.error
+    assert failure.check == "exception" and isinstance(error, ConfigurationError), failure
+    assert error.argument == argument, error
+    assert failure.seed == 0 and repr(error) in failure.message
+    again = failure.replay().failures[0].error
+    assert type(again) is type(error) and str(again) == str(error)
+    return error
+
+
+def test_a_configuration_error_inside_a_job_is_a_failure_not_taken_for_an_outcome() -> None:
+    """A jobfence error ending a job is an outcome; a ConfigurationError there says the job's
+    code is wrong: the schedule fails with it, as with any bug."""
 
     async def job(sim: Simulation, db: testing.SimTable) -> None:
         await db.write("k", version=3)  # the version column is the table's own
@@ -179,7 +192,7 @@ def test_a_configuration_error_inside_a_job_is_raised_not_taken_for_an_outcome()
         sim.spawn(job, sim, db)
         await sim.join()
 
-    _raises("values", lambda: testing.explore(scenario, schedules=2))
+    _fails_with("values", testing.explore(scenario, schedules=2))
 
     async def effect_job(sim: Simulation) -> None:
         await testing.point("x")
@@ -189,7 +202,7 @@ def test_a_configuration_error_inside_a_job_is_raised_not_taken_for_an_outcome()
         sim.spawn(effect_job, sim)
         await sim.join()
 
-    _raises("kind", lambda: testing.explore(scenario2, schedules=2))
+    _fails_with("kind", testing.explore(scenario2, schedules=2))
 
 
 def test_replaying_a_failure_without_a_scenario() -> None:
