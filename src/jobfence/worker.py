@@ -91,11 +91,12 @@ class WorkerStats:
       (``guarded`` returned the stored result without running the function);
     * ``retried`` -- deliveries given back after an exception, to be redelivered;
     * ``deferred`` -- deliveries given back uncounted after a "not now" refusal
-      (:class:`~jobfence.errors.NotNow`), or unstarted at shutdown;
+      (:class:`~jobfence.errors.NotNow`), to be redelivered after the holder's expiry;
     * ``dead_lettered`` -- messages moved to the dead letters;
     * ``lost`` -- deliveries that stopped being this worker's before they were finished
       (visibility passed, renewal failed); they are redelivered, not acked;
-    * ``given_back`` -- deliveries returned unfinished at shutdown;
+    * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
+      not started are returned uncounted);
     * ``in_flight`` -- handlers running now.
     """
 
