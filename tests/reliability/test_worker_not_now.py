@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: how long a run may take: the default claim ttl (30 s) and visibility (30 s), with room
 LIMIT = 150.0
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: the queue of each run, given a temporary directory and the PostgreSQL of the ledger
 QUEUES: dict[str, Callable[[Path, str], str]] = {
