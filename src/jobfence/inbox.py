@@ -664,7 +664,8 @@ class Inbox:
         takes the key over at once instead of waiting out the ttl. Each is the release this
         inbox already decided on, sent late: the backend drops the claim only if it is still
         that attempt's (not completed, not taken over). One that fails again stays for the
-        next claim, until its ttl has passed (then it expired by itself)."""
+        next claim (and so do the others: the backend is still down), until its ttl has
+        passed (then it expired by itself)."""
         now = get_clock().monotonic()
         keys = sorted(self._orphans, key=lambda k: k != key)
         for orphan in keys:
@@ -679,8 +680,7 @@ class Inbox:
             except JobfenceError as err:
                 self._orphans.setdefault(orphan, entry)
                 log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
-                if orphan == key:
-                    return  # the backend is still down: the claim below will say so
+                return  # the backend is still down: the rest wait for the next claim
             else:
                 log.info("released the earlier claim on %r, whose release had failed", orphan)
 

@@ -230,3 +230,48 @@ def test_defaults_never_dead_letter_a_message_that_only_met_a_holder() -> None:
             delay = worker._worker._not_now_delay(hint)
             floor = worker.backoff if hint is None else hint
             assert floor <= delay <= floor * 1.1 + 0.5
+
+
+def _failing_releases() -> Any:
+    def hook(point: str, **info: Any) -> None:
+        if point == "inbox.release" and not hook.on:  # type: ignore[attr-defined]
+            raise ConnectionError("the server is down")
+
+    hook.on = False  # type: ignore[attr-defined]
+    return hook
+
+
+def test_a_failed_release_is_sent_again_by_the_next_claim_of_any_key() -> None:
+    url = _url()
+    mine, other = jobfence.Inbox(url), jobfence.Inbox(url)
+    claim = mine.claim("k1", ttl=30, renew=True)
+    hook = _failing_releases()
+    with hooked(hook):
+        with pytest.raises(jobfence.BackendError):
+            claim.release()
+        assert other.claim("k1").state is jobfence.ClaimState.IN_PROGRESS
+        hook.on = True  # the server is back
+        mine.claim("k2").release()  # this inbox's next claim frees k1 first
+    taken = other.claim("k1")
+    assert taken.state is jobfence.ClaimState.NEW  # at once, not after the 30 s ttl
+    taken.release()
+    mine.close()
+    other.close()
+
+
+def test_a_late_release_never_frees_a_claim_that_is_someone_elses_now() -> None:
+    url = _url()
+    mine, other = jobfence.Inbox(url), jobfence.Inbox(url)
+    claim = mine.claim("k1", ttl=30, renew=True)
+    with hooked(_failing_releases()), pytest.raises(jobfence.BackendError):
+        claim.release()
+    assert other.forget("k1")  # an operator cleared it; another worker claims it now
+    theirs = other.claim("k1", ttl=30)
+    assert theirs.state is jobfence.ClaimState.NEW
+    mine.claim("k2").release()  # sends the late release of k1: owner-checked, a no-op
+    info = other.claim_info("k1")
+    assert info is not None and info.state is jobfence.ClaimState.IN_PROGRESS
+    assert info.owner == theirs.owner
+    theirs.release()
+    mine.close()
+    other.close()
