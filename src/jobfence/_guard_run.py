@@ -7,7 +7,9 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
 
 * a duplicate (claim COMPLETED) returns the stored result without running (inside a worker's
   handler, the worker counts it as a suppressed duplicate);
-* a claim owned by another live worker raises :class:`ClaimInProgress`;
+* a claim owned by another live worker raises :class:`ClaimInProgress`, a lease held by
+  another worker :class:`LockTimeout`: "not now" refusals (:class:`~jobfence.errors.NotNow`)
+  whose ``retry_after`` is the holder's known expiry; a worker defers them uncounted;
 * an exception in the function releases the claim (a redelivery may retry) and re-raises;
 * once the function has returned, its claim is never released for a failure to store the
   result: a transient failure is retried, and if the result still cannot be stored the claim
@@ -129,7 +131,17 @@ def _run_guarded(
         if spec.timeout == 0:
             lease = spec.locks.try_acquire(name, ttl=spec.ttl)
             if lease is None and spec.if_locked == "raise":
-                raise LockTimeout(f"{name!r} is held by another worker", name=name)
+                # who holds it, and for how long (the refusal's retry_after), where the
+                # backend can tell; one more round trip, only on this path
+                holder = spec.locks._holder(name)
+                raise LockTimeout(
+                    f"{name!r} is held by another worker"
+                    + ("" if holder is None else f" ({holder.owner}, {holder.expires_in} s left)"),
+                    name=name,
+                    owner=None if holder is None else holder.owner,
+                    token=None if holder is None else holder.token,
+                    expires_in=None if holder is None else holder.expires_in,
+                )
         else:
             try:
                 lease = spec.locks.acquire(name, ttl=spec.ttl, timeout=spec.timeout)

@@ -7,17 +7,24 @@ Every exception derives from :class:`JobfenceError`::
     ├── BackendError            a backend operation failed; the driver error is ``__cause__``
     │   ├── SchemaMissing       a table jobfence needs does not exist (run ``install()``)
     │   └── NotReplicated       fewer replicas than ``wait_replicas`` acknowledged a write in time
+    ├── NotNow                  "not now": refused because someone else holds it (a marker)
     ├── LockError
-    │   ├── LockTimeout         ``acquire(timeout=...)`` gave up
+    │   ├── LockTimeout         ``acquire(timeout=...)`` gave up                   (NotNow)
     │   └── LockLost            the lease is no longer held (expired, renewal failed, taken over)
+    │                                                                                (NotNow)
     ├── StaleToken              a fenced write offered a token older than one already seen
     ├── InboxError
-    │   ├── ClaimInProgress     another live worker owns the idempotency key
-    │   ├── ClaimLost           complete() on a claim this worker no longer owns
+    │   ├── ClaimInProgress     another live worker owns the idempotency key       (NotNow)
+    │   ├── ClaimLost           complete() on a claim this worker no longer owns   (NotNow)
     │   └── FingerprintMismatch the key was used before with another payload
     ├── ConflictError           optimistic-concurrency conflict
     │   └── StaleVersion        a versioned update found another version
     └── CommitOutcomeUnknown    a commit may or may not have been applied (connection lost)
+
+:class:`NotNow` marks the refusals that say "not now" rather than "this job failed": the job
+did not run (or its result was not stored) because another worker holds its lease or claim.
+A :class:`~jobfence.Worker` gives such a message back for later without counting the delivery
+(see docs/concepts/delivery.md); the framework integrations retry it the same way.
 
 Messages never contain secrets: a URL is shown masked, with the password of its user-info and
 the value of every secret-bearing query option (``password``, ``passwd``, ``sslpassword``,
@@ -27,6 +34,7 @@ its host (an unencoded ``/``, ``?`` or ``#`` in the password) is refused with al
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 __all__ = [
@@ -43,6 +51,7 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "MessageLost",
+    "NotNow",
     "NotReplicated",
     "QueueError",
     "SchemaMissing",
@@ -53,6 +62,36 @@ __all__ = [
 
 class JobfenceError(Exception):
     """Root of every error jobfence raises."""
+
+
+class NotNow(JobfenceError):
+    """A refusal for "not now": the work did not run (or its result was not stored) because
+    another worker holds what it needs -- an idempotency claim (:class:`ClaimInProgress`), a
+    lease (:class:`LockTimeout`), or this worker's lease or claim was lost meanwhile
+    (:class:`LockLost`, :class:`ClaimLost`). It is not a failure of the work itself.
+
+    ``retry_after`` is the number of seconds after which the refusal should be over -- the
+    holder's known expiry where the backend reported one -- or ``None`` when unknown. A
+    :class:`~jobfence.Worker` gives the message back for redelivery after ``retry_after``
+    (plus jitter) without counting the delivery towards ``max_deliveries``; raise ``NotNow``
+    (or a subclass) from a handler for a refusal of your own, e.g. a concurrency limit.
+    """
+
+    retry_after: float | None = None
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = _seconds_hint(retry_after)
+
+
+def _seconds_hint(value: float | None) -> float | None:
+    """A ``retry_after`` hint: ``None``, or seconds >= 0 (a negative one: the holder's expiry
+    has passed already, so at once)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value:  # NaN
+        return None
+    return max(0.0, float(value))
 
 
 class ConfigurationError(JobfenceError, ValueError):
@@ -110,12 +149,13 @@ class LockError(JobfenceError):
         self.name = name
 
 
-class LockTimeout(LockError, TimeoutError):
+class LockTimeout(LockError, NotNow, TimeoutError):
     """``acquire(..., timeout=...)`` did not get the lease in time.
 
     Where the backend can tell, the message and the attributes name the lease's holder when
     the timeout passed (else they are ``None``): ``owner`` (its owner id, ``host:pid:uuid``),
-    ``token`` (its fencing token) and ``expires_in`` (seconds left on its lease).
+    ``token`` (its fencing token) and ``expires_in`` (seconds left on its lease, also its
+    :attr:`~NotNow.retry_after`). A :class:`NotNow` refusal.
     """
 
     def __init__(
@@ -131,10 +171,12 @@ class LockTimeout(LockError, TimeoutError):
         self.owner = owner
         self.token = token
         self.expires_in = expires_in
+        self.retry_after = _seconds_hint(expires_in)
 
 
-class LockLost(LockError):
-    """The lease is no longer held: it expired, renewal failed, or someone else holds it now."""
+class LockLost(LockError, NotNow):
+    """The lease is no longer held: it expired, renewal failed, or someone else holds it now.
+    A :class:`NotNow` refusal (``retry_after`` unknown): the work was not completed under it."""
 
 
 class StaleToken(JobfenceError):
@@ -158,20 +200,37 @@ class InboxError(JobfenceError):
         self.key = key
 
 
-class ClaimInProgress(InboxError):
-    """Another live worker owns the claim on this key."""
+class ClaimInProgress(InboxError, NotNow):
+    """Another live worker owns the claim on this key: ``owner`` (its owner id) until
+    ``expires_at`` (an aware UTC datetime, by the server's clock), unless it is renewed.
+
+    A :class:`NotNow` refusal: ``retry_after`` is the seconds left until ``expires_at`` (by
+    this host's clock), or what the caller passes.
+    """
 
     def __init__(
-        self, message: str, *, key: str = "", owner: str | None = None, expires_at: Any = None
+        self,
+        message: str,
+        *,
+        key: str = "",
+        owner: str | None = None,
+        expires_at: Any = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, key=key)
         self.owner = owner
         self.expires_at = expires_at
+        if retry_after is None and isinstance(expires_at, datetime):
+            from ._core.clock import get_clock  # errors.py is imported by everything
+
+            retry_after = expires_at.timestamp() - get_clock().time()
+        self.retry_after = _seconds_hint(retry_after)
 
 
-class ClaimLost(InboxError):
+class ClaimLost(InboxError, NotNow):
     """``complete()`` on a claim this worker no longer owns (it expired and was taken over,
-    was released, or was purged): the result was not stored."""
+    was released, or was purged): the result was not stored. A :class:`NotNow` refusal
+    (``retry_after`` unknown)."""
 
 
 class FingerprintMismatch(InboxError):

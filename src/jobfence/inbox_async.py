@@ -524,6 +524,14 @@ class AsyncClaim:
                 )
             )
             self._finished = "released" if released else "lost"
+        except JobfenceError:
+            # the give-back did not reach the backend (it is down, or timed out): remember
+            # it, so that this inbox's next claim retries it -- at once for this very key
+            # (and no longer renewed: given up, it must expire if the retries fail too)
+            if self._lease is not None:
+                inbox._orphan(self.key, self._mine, self._lease.state.ttl)
+            inbox._stop_renewing(self)
+            raise
         finally:
             self._finishing = False
         inbox._stop_renewing(self)
@@ -626,6 +634,9 @@ class AsyncInbox:
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)
+        #: claims this inbox gave up whose release failed: key -> (owner, monotonic time after
+        #: which the claim has expired by itself); retried by the next claim (``_orphans_go``)
+        self._orphans: dict[str, tuple[str, float]] = {}
         self._renewer = _ClaimRenewer(
             self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
         )
@@ -728,6 +739,8 @@ class AsyncInbox:
         key = check_name(key, argument="key")
         fingerprint = check_fingerprint(fingerprint)
         ttl = self.ttl if ttl is None else check_ttl(ttl)
+        if self._orphans:
+            await self._orphans_go(key)
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
@@ -760,6 +773,41 @@ class AsyncInbox:
             # the renewer reads only the lease surface that _ClaimLease has
             self._renewer.add(cast("AsyncLease", claim._lease))
         return claim
+
+    def _orphan(self, key: str, owner: str, ttl: float) -> None:
+        """Remember a claim whose release failed (see :meth:`_orphans_go`)."""
+        self._orphans[key] = (owner, get_clock().monotonic() + ttl)
+        log.warning(
+            "releasing the claim on %r failed: it is released by this inbox's next claim, "
+            "or expires after its ttl",
+            key,
+        )
+
+    async def _orphans_go(self, key: str) -> None:
+        """Release the claims whose release failed before (owner-checked, as the failed
+        release would have): the one on ``key`` first, so that a redelivery handled here
+        takes the key over at once instead of waiting out the ttl. Each is the release this
+        inbox already decided on, sent late: the backend drops the claim only if it is still
+        that attempt's (not completed, not taken over). One that fails again stays for the
+        next claim (and so do the others: the backend is still down), until its ttl has
+        passed (then it expired by itself)."""
+        now = get_clock().monotonic()
+        keys = sorted(self._orphans, key=lambda k: k != key)
+        for orphan in keys:
+            entry = self._orphans.pop(orphan, None)
+            if entry is None:  # another claim is releasing it
+                continue
+            owner, expired_at = entry
+            if expired_at <= now:
+                continue
+            try:
+                await self._call("inbox.release", orphan, self.backend.release, orphan, owner)
+            except JobfenceError as err:
+                self._orphans.setdefault(orphan, entry)
+                log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
+                return  # the backend is still down: the rest wait for the next claim
+            else:
+                log.info("released the earlier claim on %r, whose release had failed", orphan)
 
     def _stop_renewing(self, claim: AsyncClaim) -> None:
         """Internal (used by the claims): forget a claim that was completed, released or
@@ -993,6 +1041,8 @@ class AsyncInbox:
         if self._closed:
             return
         self._closed = True
+        if self._orphans:
+            await self._orphans_go("")
         for key, owner in await self._renewer.close():
             try:
                 await self.backend.release(key, owner)
@@ -1009,6 +1059,7 @@ class AsyncInbox:
             self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
         )
         self._cleanups = set()
+        self._orphans = {}  # the parent's to retry
         if ASYNC:
             forks.keep(self._claims, self._completions)
             self._new_batches()

@@ -153,7 +153,8 @@ class Message:
       the epoch, where the backend records it), ``last_error`` (the error of the last nack).
 
     Finish each delivery with exactly one of :meth:`ack` (done: remove it), :meth:`nack` (give
-    it back, redelivered after ``delay``) or :meth:`dead_letter`. A delivery received with
+    it back, redelivered after ``delay``), :meth:`defer` (give it back for later without
+    counting the delivery: "not now") or :meth:`dead_letter`. A delivery received with
     ``renew=True`` is kept hidden by the queue's renewer until it is finished; if a renewal
     fails or its visibility passes first, it is *lost*: :attr:`lost` turns true,
     :meth:`on_lost` callbacks run, :meth:`check` raises :class:`MessageLost`, and
@@ -211,7 +212,8 @@ class Message:
 
     @property
     def finished(self) -> str | None:
-        """``"acked"``, ``"nacked"`` or ``"dead"`` once finished, else ``None``."""
+        """``"acked"``, ``"nacked"``, ``"deferred"`` or ``"dead"`` once finished, else
+        ``None``."""
         return self._finished
 
     def check(self) -> None:
@@ -293,6 +295,20 @@ class Message:
             "queue.nack", self, q.backend.nack, self.receipt, q.consumer, delay, text
         )
         return self._finished_as("nacked", ok)
+
+    def defer(self, delay: float = 0.0) -> bool:
+        """Give the message back for later WITHOUT using up a delivery: it is delivered again
+        after ``delay`` seconds with the same :attr:`delivery` number as now, and its
+        ``last_error`` unchanged. For a handler that was refused for "not now"
+        (:class:`~jobfence.errors.NotNow`: another worker holds its claim or lease), which is
+        not a failure of the message; a :class:`~jobfence.Worker` does this by itself.
+        Returns False if the delivery was no longer this consumer's (then it comes back by
+        itself, counted)."""
+        delay = _check_delay(delay)
+        self._start_finishing()
+        q = self._queue
+        ok = q._message_call("queue.defer", self, q.backend.defer, self.receipt, q.consumer, delay)
+        return self._finished_as("deferred", ok)
 
     def dead_letter(self, error: str | BaseException | None = None) -> bool:
         """Move the message to the queue's dead letters, with ``error``. Returns False if the

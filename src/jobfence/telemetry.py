@@ -27,7 +27,8 @@ name                                    type         unit    attributes
                                                              commit_unknown)
 ``jobfence.fence.rejections``           counter      1       backend
 ``jobfence.worker.messages``            counter      1       backend, outcome (processed/
-                                                             duplicate/retried/dead_lettered)
+                                                             duplicate/retried/deferred/
+                                                             dead_lettered)
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with

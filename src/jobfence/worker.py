@@ -15,6 +15,14 @@ its own event loop, and calls the sync backend in threads). One body of logic se
   seconds, at most ``max_backoff``, with jitter); after ``max_deliveries`` deliveries it goes
   to the dead letters with its last error. A message already delivered more than
   ``max_deliveries`` times (its consumers kept dying) is dead-lettered without running;
+* **"not now" is not a failure**: a handler refused because another worker holds what it
+  needs (:class:`~jobfence.errors.NotNow`: ``ClaimInProgress``, ``LockTimeout``,
+  ``LockLost``, ``ClaimLost``) gives its message back with :meth:`~jobfence.queue.Message.defer`:
+  redelivered after the refusal's ``retry_after`` (the holder's known expiry; ``backoff``
+  when unknown) plus jitter, WITHOUT counting the delivery, so a message that is only ever
+  refused is never dead-lettered and ``last_error`` stays the last real failure. Messages
+  received but not yet started when the worker stops are deferred the same way (they never
+  ran); a consumer that dies holding a delivery still uses it up (the poison-message guard);
 * **renewal**: every delivery is kept hidden by the queue's renewer (one batched round trip
   per tick for all in-flight messages) while its handler runs; if a renewal fails the message
   is *lost*: an ``async def`` handler is cancelled, a thread sees ``message.lost`` /
@@ -56,7 +64,7 @@ from .backends.base import (
     QueueStats,
     RenewItem,
 )
-from .errors import ConfigurationError, FingerprintMismatch, JobfenceError, MessageLost
+from .errors import ConfigurationError, FingerprintMismatch, JobfenceError, MessageLost, NotNow
 from .queue import Queue
 from .queue_async import AsyncMessage, AsyncQueue
 
@@ -68,6 +76,9 @@ log = logging.getLogger("jobfence.worker")
 RECEIVE_WAIT = 1.0
 #: receives in flight at once (while one round trip is under way, the next may start)
 RECEIVERS = 2
+#: the longest deferral of a "not now" refusal (a hint beyond it is a holder with a very long
+#: ttl: the message comes back, is refused again and deferred again, uncounted each time)
+MAX_DEFER = 3600.0
 
 
 @dataclasses.dataclass
@@ -79,10 +90,13 @@ class WorkerStats:
     * ``duplicates`` -- of those, deliveries the inbox recognised as already processed
       (``guarded`` returned the stored result without running the function);
     * ``retried`` -- deliveries given back after an exception, to be redelivered;
+    * ``deferred`` -- deliveries given back uncounted after a "not now" refusal
+      (:class:`~jobfence.errors.NotNow`), to be redelivered after the holder's expiry;
     * ``dead_lettered`` -- messages moved to the dead letters;
     * ``lost`` -- deliveries that stopped being this worker's before they were finished
       (visibility passed, renewal failed); they are redelivered, not acked;
-    * ``given_back`` -- deliveries returned unfinished at shutdown;
+    * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
+      not started are returned uncounted);
     * ``in_flight`` -- handlers running now.
     """
 
@@ -90,6 +104,7 @@ class WorkerStats:
     processed: int = 0
     duplicates: int = 0
     retried: int = 0
+    deferred: int = 0
     dead_lettered: int = 0
     lost: int = 0
     given_back: int = 0
@@ -135,7 +150,8 @@ class AsyncWorker:
 
     ``handler``: an ``async def`` function or a plain one (run in threads), called with the
     message (``.id``, ``.body``, ``.delivery``, ``.headers``, ``.queue``). Returning acks the
-    message; raising gives it back. ``visibility`` (default: the queue's) is how long a
+    message; raising gives it back (a "not now" refusal, :class:`~jobfence.errors.NotNow`, is
+    deferred without counting the delivery). ``visibility`` (default: the queue's) is how long a
     delivery stays hidden between renewals; ``max_deliveries`` how many deliveries a message
     gets before it is dead-lettered; ``backoff``/``max_backoff`` the redelivery delay after an
     exception; ``shutdown_timeout`` how long :meth:`run` lets in-flight handlers finish after
@@ -332,8 +348,8 @@ class AsyncWorker:
                 except JobfenceError:
                     pass
             receiving.clear()
-            for message in buffer:
-                await self._give_back(message, "the worker is stopping")
+            for message in buffer:  # never started: not a delivery used up
+                await self._give_back(message, "the worker is stopping", counted=False)
             buffer.clear()
             await self._drain()
         finally:
@@ -390,12 +406,13 @@ class AsyncWorker:
         if pending:
             await asyncio.wait(pending)
 
-    async def _give_back(self, message: AsyncMessage, why: str) -> None:
+    async def _give_back(self, message: AsyncMessage, why: str, *, counted: bool = True) -> None:
         """Return an unfinished message for redelivery at once. No error is recorded (a
-        give-back is not a failure: ``last_error`` keeps the last real one), and RabbitMQ
-        requeues it in place."""
+        give-back is not a failure: ``last_error`` keeps the last real one). A message whose
+        handler started stays counted (RabbitMQ requeues it in place); one that never started
+        (``counted=False``) is deferred: its delivery is not used up."""
         try:
-            if await message.nack(0.0):
+            if await (message.nack(0.0) if counted else message.defer(0.0)):
                 self.stats.given_back += 1
                 log.info(
                     "message %r (delivery %d) given back: %s",
@@ -508,6 +525,9 @@ class AsyncWorker:
                 extra=_extra(message),
             )
             return
+        if isinstance(exc, NotNow):
+            await self._defer(message, exc)
+            return
         final = isinstance(exc, FingerprintMismatch) or message.delivery >= self.max_deliveries
         if final:
             await self._dead_letter(message, exc)
@@ -530,6 +550,36 @@ class AsyncWorker:
                 self.stats.lost += 1
         except JobfenceError as err:
             log.error("nack of message %r failed: %s", message.id, err, extra=_extra(message))
+
+    def _not_now_delay(self, retry_after: float | None) -> float:
+        """When a refused message comes back: after the holder's known expiry
+        (``retry_after``), else after ``backoff`` seconds (at least a tenth of a second), plus
+        jitter (up to a tenth of it, and half a second) so that the refused deliveries of one
+        holder do not all come back in the same instant."""
+        base = max(0.1, self.backoff) if retry_after is None else retry_after
+        base = min(base, MAX_DEFER)
+        return base + random.uniform(0.0, 0.1 * base + 0.5)
+
+    async def _defer(self, message: AsyncMessage, exc: NotNow) -> None:
+        delay = self._not_now_delay(exc.retry_after)
+        log.info(
+            "message %r (delivery %d) refused for now, redelivered in %.1f s without using a "
+            "delivery: %s: %s",
+            message.id,
+            message.delivery,
+            delay,
+            type(exc).__name__,
+            exc,
+            extra=_extra(message),
+        )
+        try:
+            if await message.defer(delay):
+                self.stats.deferred += 1
+                telemetry.worker_message(self.queue.backend.kind, "deferred")
+            else:
+                self.stats.lost += 1
+        except JobfenceError as err:
+            log.error("defer of message %r failed: %s", message.id, err, extra=_extra(message))
 
     async def _dead_letter(self, message: AsyncMessage, error: str | BaseException) -> None:
         log.error(
@@ -607,6 +657,9 @@ class _ThreadedBackend(AsyncQueueBackend):
 
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return await asyncio.to_thread(self.sync.nack, receipt, consumer, delay, error)
+
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        return await asyncio.to_thread(self.sync.defer, receipt, consumer, delay)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         return await asyncio.to_thread(self.sync.renew, items)

@@ -178,6 +178,9 @@ class MessageW:
     async def nack(self, delay: float = 0.0, error: Any = None) -> bool:
         return bool(await self._do("nack", delay, error))
 
+    async def defer(self, delay: float = 0.0) -> bool:
+        return bool(await self._do("defer", delay))
+
     async def dead_letter(self, error: Any = None) -> bool:
         return bool(await self._do("dead_letter", error))
 

@@ -194,6 +194,58 @@ async def test_nack_with_a_delay_is_not_redelivered_before_it(qenv: QueueEnv) ->
     await again.ack()
 
 
+async def test_defer_gives_back_without_counting_the_delivery(qenv: QueueEnv) -> None:
+    """A deferral ("not now") does not use up a delivery and keeps the last real error; a
+    nack after it counts on from there."""
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="defer0")
+    (m,) = await _receive_all(q, 1)
+    assert await m.nack(0, ValueError("the real failure")) is True
+    (m,) = await _receive_all(q, 1, wait=5)
+    assert m.delivery == 2
+    for _ in range(3):  # refused three times: never counted
+        assert await m.defer(0) is True
+        assert m.finished == "deferred"
+        (m,) = await _receive_all(q, 1, wait=5)
+        assert (m.id, m.delivery, m.body) == ("defer0", 2, {"n": 1})
+        assert m.last_error is not None and "the real failure" in m.last_error
+    assert await m.nack(0, "second failure")
+    (m,) = await _receive_all(q, 1, wait=5)
+    assert m.delivery == 3 and "second failure" in (m.last_error or "")
+    await m.ack()
+    assert await q.receive(wait=0.3) == []
+
+
+async def test_defer_with_a_delay_is_not_redelivered_before_it(qenv: QueueEnv) -> None:
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="deferd", headers={"h": "v"})
+    (m,) = await _receive_all(q, 1)
+    deferred_at = time.monotonic()
+    assert await m.defer(1.0)
+    assert await q.receive(wait=0.3) == []
+    (again,) = await _receive_all(q, 1, wait=10)
+    assert time.monotonic() - deferred_at >= 0.9
+    assert (again.id, again.delivery, again.last_error) == ("deferd", 1, None)
+    assert again.headers.get("h") == "v"
+    with pytest.raises(ConfigurationError):  # finished: no second give-back
+        await m.defer(0)
+    await again.ack()
+
+
+async def test_a_defer_of_a_delivery_that_is_no_longer_its_consumers_is_refused(
+    qenv: QueueEnv,
+) -> None:
+    if not _visibility(qenv):
+        pytest.skip("needs visibility timeouts")
+    q = qenv.queue()
+    await q.publish({"n": 1}, id="deferlost")
+    (m,) = await _receive_all(q, 1, visibility=0.5)
+    (again,) = await _receive_all(q, 1, wait=10)  # the visibility passed: redelivered
+    assert again.delivery == 2
+    assert await m.defer(0) is False  # the old delivery cannot give it back uncounted
+    await again.ack()
+
+
 async def test_publish_with_a_delay(qenv: QueueEnv) -> None:
     q = qenv.queue()
     published_at = time.monotonic()

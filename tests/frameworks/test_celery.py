@@ -83,7 +83,7 @@ def test_celery_workers_apply_every_order_once_through_a_sigkill(tmp_path: Path)
 
     try:
         # the test holds the key of order "held": its task must wait in Celery's retry
-        held = inbox.claim("order:held", ttl=120)
+        held = inbox.claim("order:held", ttl=3, renew=True)  # held (renewed) until released
         assert held.state.value == "new"
         with workers(tmp_path) as pool:
             first = _start(pool, queue, environ, "first")

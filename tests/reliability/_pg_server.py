@@ -43,6 +43,7 @@ class PostgresServer:
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
         self.started = False
+        self._options = ""
 
     @property
     def url(self) -> str:
@@ -76,9 +77,22 @@ class PostgresServer:
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c full_page_writes=off -c password_encryption=scram-sha-256"
         )
+        self._options = options
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start")
         self.started = True
         return self
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: every session dies at once and nothing is shut down
+        cleanly (open transactions are lost; the next start runs crash recovery). The data
+        directory stays: :meth:`start_again` brings the server back on the same port."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def start_again(self) -> None:
+        """Start the server after :meth:`crash`, on the same port and data."""
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", self._options, "-l", str(self.log), "-w", "start"
+        )
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every session is terminated (AdminShutdown), the data

@@ -658,6 +658,16 @@ class AsyncQueueBackend(abc.ABC):
         once), recording ``error``; only if the delivery is still ``consumer``'s."""
 
     @abc.abstractmethod
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """Give the message back, to be delivered again after ``delay`` seconds, WITHOUT
+        counting this delivery: the next delivery has the same ``delivery`` number as this
+        one, and ``last_error`` is kept as it was. Only if the delivery is still
+        ``consumer``'s. For a delivery whose handler was refused for "not now" (see
+        :class:`~jobfence.errors.NotNow`): it never ran, so it must not use up the message's
+        deliveries. (A consumer that dies holding a delivery never defers it: that delivery
+        stays counted, which is what stops a message whose consumers keep dying.)"""
+
+    @abc.abstractmethod
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """For each ``(receipt, consumer, visibility)``: keep the delivery hidden for
         ``visibility`` more seconds if it is still ``consumer``'s and its visibility has not
@@ -737,6 +747,9 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool: ...
+
+    @abc.abstractmethod
+    def defer(self, receipt: str, consumer: str, delay: float) -> bool: ...
 
     @abc.abstractmethod
     def renew(self, items: Sequence[RenewItem]) -> list[bool]: ...

@@ -57,6 +57,7 @@ def _status(name: str, url: str, stats: WorkerStats, concurrency: int) -> Table:
         "processed",
         "duplicates",
         "retried",
+        "deferred",
         "dead-lettered",
         "lost",
         "received",
@@ -67,6 +68,7 @@ def _status(name: str, url: str, stats: WorkerStats, concurrency: int) -> Table:
         str(stats.processed),
         str(stats.duplicates),
         str(stats.retried),
+        str(stats.deferred),
         str(stats.dead_lettered),
         str(stats.lost),
         str(stats.received),
@@ -106,7 +108,9 @@ def worker(
 
     An ``async def`` handler runs as asyncio tasks, a plain function in threads. It gets the
     message (.id, .body, .delivery, .headers); returning acks it, raising redelivers it
-    with a backoff, and after --max-deliveries it goes to the dead letters.
+    with a backoff, and after --max-deliveries it goes to the dead letters. A "not now"
+    refusal (jobfence.NotNow: ClaimInProgress, LockTimeout, LockLost, ClaimLost) is
+    redelivered after the holder's expiry without using up a delivery.
     """
     fn = load_handler(handler)
     console = Console(stderr=True)

@@ -7,8 +7,13 @@ things only the framework knows:
   redelivery of that message). Without a ``key=`` template the idempotency key is
   ``"<framework>:<job id>"``, so a redelivery is a duplicate and returns the stored result.
 * ``retry``: how to fail the task into the framework's own retry, after ``delay`` seconds.
-  jobfence's "not now, try again" outcomes go there (see :func:`wants_retry`); every other
+  jobfence's "try again" outcomes go there (see :func:`wants_retry`); every other
   exception, the task's own included, is left to the framework as it is.
+* ``defer``: the same for a "not now" refusal (:class:`~jobfence.errors.NotNow`: another
+  worker holds the claim or lease, or this one lost them), but WITHOUT using up the task's
+  retry budget where the framework allows it, after the refusal's ``retry_after`` (the
+  holder's known expiry) plus jitter, or ``retry_delay`` when unknown (:func:`not_now_delay`).
+  A framework without one sends refusals to ``retry``.
 
 ``FingerprintMismatch`` and ``ConfigurationError`` are never retried: the same message would
 fail the same way each time. A framework that retries every exception by default gets
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +39,7 @@ from ..errors import (
     FingerprintMismatch,
     LockLost,
     LockTimeout,
+    NotNow,
 )
 from ..guard import guarded
 from ..retry import RetryPolicy
@@ -43,6 +50,7 @@ __all__ = [
     "check_retry_delay",
     "guard_options",
     "guard_task",
+    "not_now_delay",
     "wants_retry",
     "without_first",
 ]
@@ -51,7 +59,9 @@ DEFAULT_RETRY_DELAY = 5.0
 """Seconds a task that jobfence sends back to the framework's retry waits before it runs again."""
 
 #: the outcomes that mean "this message is fine, run it again later"
-RETRIED = (LockLost, ClaimLost, ClaimInProgress, LockTimeout)
+RETRIED = (NotNow, LockLost, ClaimLost, ClaimInProgress, LockTimeout)
+#: the longest wait of a "not now" refusal (as the worker's ``MAX_DEFER``)
+MAX_DEFER = 3600.0
 
 JobId = Callable[[tuple[Any, ...], dict[str, Any]], "str | None"]
 Retry = Callable[[BaseException, float], BaseException]
@@ -89,6 +99,16 @@ def wants_retry(exc: BaseException) -> bool:
     if isinstance(exc, RETRIED):
         return True
     return isinstance(exc, BackendError) and is_transient(exc)
+
+
+def not_now_delay(exc: BaseException, retry_delay: float) -> float:
+    """When a task refused with ``exc`` (a :class:`~jobfence.errors.NotNow`) runs again: after
+    its ``retry_after`` -- the holder's known expiry -- or ``retry_delay`` when unknown, plus
+    jitter (up to a tenth of it, and half a second), so that the refusals of one holder do not
+    all come back in the same instant."""
+    hint = getattr(exc, "retry_after", None)
+    base = min(retry_delay if hint is None else float(hint), MAX_DEFER)
+    return base + random.uniform(0.0, 0.1 * base + 0.5)
 
 
 def check_retry_delay(retry_delay: Any) -> float:
@@ -141,6 +161,7 @@ def guard_task(
     retry_delay: float,
     final: Final | None = None,
     retry_policy: RetryPolicy | None = None,
+    defer: Retry | None = None,
     **options: Any,
 ) -> Callable[..., Any]:
     """``fn`` guarded like :func:`jobfence.guarded` (``options`` are its arguments),
@@ -153,6 +174,8 @@ def guard_task(
     inner = guarded(retry=retry_policy, **options)(fn)
 
     def translate(exc: BaseException) -> BaseException | None:
+        if defer is not None and isinstance(exc, NotNow):
+            return defer(exc, not_now_delay(exc, delay))
         if wants_retry(exc):
             return retry(exc, delay)
         if final is not None and isinstance(exc, (FingerprintMismatch, ConfigurationError)):

@@ -23,12 +23,15 @@ What it adds to :func:`jobfence.guarded`:
   with the same ``_job_id`` keeps it too: a run of a job that completed is a duplicate and
   returns the stored result without running. Give ``key="order:{order_id}"`` when the same
   piece of work may be enqueued as *different* jobs.
-* **"Not now" becomes arq's own retry**: a lost lease or claim, a claim another worker holds
-  (``ClaimInProgress``, also what a killed worker's claim gives until ``claim_ttl`` passes),
-  a lock not obtained within ``timeout`` and a transient backend error raise
-  ``arq.Retry(defer=retry_delay)``: the job stays in the queue, its score moves
-  ``retry_delay`` seconds on, and its next run has ``job_try`` one higher, counted against
-  ``max_tries``.
+* **"Not now" becomes arq's own retry, uncounted**: a lost lease or claim, a claim another
+  worker holds (``ClaimInProgress``, also what a killed worker's claim gives until
+  ``claim_ttl`` passes) and a lock not obtained within ``timeout`` (:class:`jobfence.NotNow`)
+  raise ``arq.Retry(defer=...)`` with the holder's known expiry plus jitter (``retry_delay``
+  when unknown): the job stays in the queue, its score moves that far on, and the try it
+  used is given back (arq's ``arq:retry:<job id>`` counter, which the next run increments,
+  is decremented first), so ``job_try`` stays the same and refusals never use up
+  ``max_tries``. A transient backend error raises ``arq.Retry(defer=retry_delay)``, and its
+  next run has ``job_try`` one higher, counted against ``max_tries``.
 * ``FingerprintMismatch`` and ``ConfigurationError`` are raised as they are: arq retries only
   ``Retry``, cancellations and ``RetryJob``, so the job fails once, for good.
 
@@ -42,10 +45,12 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import arq
+from arq.constants import retry_key_prefix
 
 from ..errors import ConfigurationError
 from ..guard import DEFAULT_CLAIM_TTL
@@ -53,6 +58,8 @@ from ..retry import RetryPolicy
 from ._task import DEFAULT_RETRY_DELAY, check_retry_delay, guard_options, guard_task, without_first
 
 __all__ = ["DEFAULT_RETRY_DELAY", "FRAMEWORK", "guarded", "job_key"]
+
+log = logging.getLogger("jobfence.integrations.arq")
 
 FRAMEWORK = "arq"
 """The prefix of the default idempotency key: ``"arq:<job id>"``."""
@@ -82,6 +89,27 @@ def _retry(exc: BaseException, delay: float) -> BaseException:
     later (with ``retry_jobs=True``, its default), and runs it again with ``job_try + 1``
     until ``max_tries``, after which the job fails with "max retries exceeded"."""
     return arq.Retry(defer=delay)
+
+
+class _NotNowRetry(arq.Retry):  # type: ignore[misc]
+    """A "not now" refusal sent back to arq's retry: its try is given back (see ``task``)."""
+
+
+def _defer(exc: BaseException, delay: float) -> BaseException:
+    """:func:`_retry` for a "not now" refusal, which does not use up a try."""
+    return _NotNowRetry(defer=delay)
+
+
+async def _give_back_try(ctx: Any) -> None:
+    """Decrement arq's try counter of the running job (arq increments it as each run
+    starts), so that the next run has the same ``job_try``: a refusal is not a try."""
+    redis, job_id = ctx.get("redis"), ctx.get("job_id")
+    if redis is None or job_id is None:
+        return
+    try:
+        await redis.decr(retry_key_prefix + job_id)
+    except Exception as exc:  # the retry still happens; it is counted
+        log.warning("job %s: could not give back its try: %r", job_id, exc)
 
 
 def _check_function(fn: Any) -> inspect.Signature:
@@ -130,15 +158,17 @@ def guarded(
     templates over the task's arguments after ``ctx``, ``ttl``, ``timeout``, ``claim_ttl``,
     ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
     ``skipped_result``), plus
-    ``retry_delay``: the seconds arq waits before it runs the job again when jobfence says
-    "not now" (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``, a transient backend
-    error), raised as ``arq.Retry(defer=retry_delay)``. Without ``key`` the idempotency key is
+    ``retry_delay``: the seconds arq waits before it runs the job again after a transient
+    backend error, raised as ``arq.Retry(defer=retry_delay)``, and after a "not now" refusal
+    (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``) whose holder's expiry is
+    unknown; a refusal waits for the holder's known expiry otherwise, and does not use up a
+    try. Without ``key`` the idempotency key is
     ``"arq:<job id>"``, the same on every run of the job: a duplicate returns the stored result
     without running. ``locks``/``inbox`` must be ``AsyncLocks``/``AsyncInbox``.
 
     Configure arq so that those retries and a killed worker's job can finish: ``max_tries``
-    (default 5, and every run counts, a killed one included) large enough to outlast
-    ``claim_ttl`` and ``timeout`` at ``retry_delay`` per try; a ``job_timeout`` above
+    (default 5; every run counts, a killed one included, but not a refused one); a
+    ``job_timeout`` above
     ``timeout`` plus the task's run time (a job cancelled by its timeout fails without retry);
     and ``claim_ttl`` below ``job_timeout + 10`` s, when arq runs a killed worker's job again.
     """
@@ -152,6 +182,7 @@ def guarded(
             framework=FRAMEWORK,
             job_id=_job_id,
             retry=_retry,
+            defer=_defer,
             retry_delay=delay,
             retry_policy=retry,
             **options,
@@ -162,6 +193,9 @@ def guarded(
             token = _job_ctx.set(ctx)
             try:
                 return await inner(*args, **kwargs)
+            except _NotNowRetry:
+                await _give_back_try(ctx)
+                raise
             finally:
                 _job_ctx.reset(token)
 

@@ -18,10 +18,14 @@ What it adds to :func:`jobfence.guarded`:
   the task keep that id, so a redelivery of a task that completed is a duplicate: it returns
   the stored result without running. Give ``key="order:{order_id}"`` when the same piece of
   work may be sent as *different* tasks.
-* **"Not now" becomes Celery's own retry**: a lost lease or claim, a claim another worker
-  holds (``ClaimInProgress``, also what a killed worker's claim gives until ``claim_ttl``
-  passes), a lock not obtained within ``timeout`` and a transient backend error call
-  ``Task.retry(exc=..., countdown=retry_delay)``; the task's ``max_retries`` applies.
+* **"Not now" is sent again without using a retry**: a lost lease or claim, a claim another
+  worker holds (``ClaimInProgress``, also what a killed worker's claim gives until
+  ``claim_ttl`` passes) and a lock not obtained within ``timeout`` (:class:`jobfence.NotNow`)
+  send the task again as ``Task.retry`` does -- same id, state RETRY -- after the holder's
+  known expiry plus jitter (``retry_delay`` when unknown), but with its ``retries`` count
+  unchanged: the task's ``max_retries`` is not used up by refusals.
+* A transient backend error calls ``Task.retry(exc=..., countdown=retry_delay)``; the task's
+  ``max_retries`` applies.
 * ``FingerprintMismatch`` and ``ConfigurationError`` are raised as they are: Celery does not
   retry a task's exceptions unless ``autoretry_for`` says so (then also give
   ``dont_autoretry_for=NOT_RETRIED``).
@@ -45,7 +49,7 @@ from typing import Any, TypeVar
 
 import celery
 from celery import current_task
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
 
 from ..errors import ConfigurationError, FingerprintMismatch
 from ..guard import DEFAULT_CLAIM_TTL
@@ -123,6 +127,30 @@ def _retry(exc: BaseException, delay: float) -> BaseException:
     return retry
 
 
+def _defer(exc: BaseException, delay: float) -> BaseException:
+    """A "not now" refusal: the task is sent again after ``delay`` seconds exactly as
+    ``Task.retry`` sends it (same id and arguments, state RETRY), but with the request's
+    ``retries`` count as it is, so refusals never use up ``max_retries``. Called directly, or
+    in eager mode (nothing to send), it is an ordinary :func:`_retry`."""
+    task = _running_task()
+    if task is None or task.request.called_directly or task.request.is_eager:
+        return _retry(exc, delay)
+    request = task.request
+    signature = task.signature_from_request(
+        request, None, None, countdown=delay, retries=request.retries or 0
+    )
+    try:
+        signature.apply_async()
+    except Exception as err:  # the broker is unreachable: requeue the message itself
+        log.warning(
+            "sending task %s again failed (%s): requeueing its message instead", request.id, err
+        )
+        requeue: BaseException = Reject(str(err), requeue=True)
+        return requeue
+    deferred: BaseException = Retry(exc=exc, when=delay, sig=signature)
+    return deferred
+
+
 def _check_function(fn: Any) -> None:
     if isinstance(fn, celery.Task):
         raise ConfigurationError(
@@ -170,15 +198,17 @@ def guarded(
     templates over the task's own arguments, ``ttl``, ``timeout``, ``claim_ttl``,
     ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
     ``skipped_result``), plus
-    ``retry_delay``: the seconds Celery waits before it runs the task again when jobfence says
-    "not now" (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``, a transient backend
-    error). Without ``key`` the idempotency key is ``"celery:<task id>"``, the same on every
+    ``retry_delay``: the seconds Celery waits before it runs the task again after a transient
+    backend error, and after a "not now" refusal (a lost lease or claim, ``ClaimInProgress``,
+    ``LockTimeout``) whose holder's expiry is unknown; a refusal is sent again without using
+    up ``max_retries``. Without ``key`` the idempotency key is ``"celery:<task id>"``, the same
+    on every
     redelivery and retry of the task: a duplicate returns the stored result without running.
 
     Configure the task with ``acks_late=True`` and ``reject_on_worker_lost=True`` (a task
-    whose worker dies is delivered again instead of acknowledged and lost), and with a
-    ``max_retries`` that outlasts ``claim_ttl`` and ``timeout`` (or ``None``): Celery's default
-    is 3 retries.
+    whose worker dies is delivered again instead of acknowledged and lost). Refusals do not
+    count against ``max_retries`` (Celery's default, 3, applies to the task's failures and
+    transient backend errors only).
     """
     delay = check_retry_delay(retry_delay)
     options = guard_options(locals())
@@ -191,6 +221,7 @@ def guarded(
             framework=FRAMEWORK,
             job_id=_task_id,
             retry=_retry,
+            defer=_defer,
             retry_delay=delay,
             retry_policy=retry,
             **options,

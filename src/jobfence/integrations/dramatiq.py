@@ -24,9 +24,12 @@ def process_order(order_id: int, product_id: int, qty: int) -> dict: ...
 Without ``key=``, the idempotency key is ``"dramatiq:<message id>"``: a redelivered or retried
 message is a duplicate once it has completed, and returns the stored result without running.
 A lost lease or claim, a claim another worker holds (or a killed worker's claim that has not
-expired yet), a lock not obtained within ``timeout`` and a transient backend error raise
-``dramatiq.Retry(delay=retry_delay)``: the ``Retries`` middleware enqueues the same message
-again after that delay (it counts against ``max_retries``). ``async def`` actors (with
+expired yet) and a lock not obtained within ``timeout`` -- "not now" refusals,
+:class:`jobfence.NotNow` -- raise ``dramatiq.Retry`` with the holder's known expiry plus
+jitter as its delay (``retry_delay`` when unknown): the ``Retries`` middleware enqueues the
+same message again after that delay, and :class:`JobfenceMiddleware` keeps the retry from
+counting against ``max_retries``. A transient backend error raises
+``dramatiq.Retry(delay=retry_delay)``, which counts. ``async def`` actors (with
 Dramatiq's ``AsyncIO`` middleware) take ``AsyncLocks`` / ``AsyncInbox``.
 
 This module imports Dramatiq; ``import jobfence`` does not import it.
@@ -107,6 +110,10 @@ class JobfenceMiddleware(Middleware):
       ``ConfigurationError``) to the actor's ``throws`` option, keeping the actor's own: the
       ``Retries`` middleware fails such a message at once (dead letter) instead of retrying
       it ``max_retries`` times with the same outcome.
+    * A "not now" refusal (:class:`jobfence.NotNow`) goes back to the ``Retries``
+      middleware as a ``dramatiq.Retry`` that it does not count against ``max_retries``
+      (add this middleware after ``Retries``: ``add_middleware`` appends it after the
+      broker's default middleware, which includes ``Retries``).
     * ``clients``: jobfence clients (``Locks``, ``Inbox``, ``AsyncLocks``, ``AsyncInbox``)
       to close when the worker has shut down, after its last message: their renewers stop and
       claims still held are given back. Async clients are closed on Dramatiq's event loop,
@@ -157,9 +164,27 @@ class JobfenceMiddleware(Middleware):
         self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
     ) -> None:
         _current_message.set(None)
+        if isinstance(exception, _NotNowRetry):
+            # Dramatiq runs the after-hooks in reverse order, so this one runs before the
+            # Retries middleware (added to the broker before this one), which counts every
+            # exception + 1 in options["retries"]: one less here leaves the count as it was,
+            # so a refusal never uses up max_retries
+            message.options["retries"] = message.options.get("retries", 0) - 1
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         _current_message.set(None)
+
+
+class _NotNowRetry(dramatiq.Retry):  # type: ignore[misc]
+    """A "not now" refusal sent back to Dramatiq's retry, not counted (see
+    :meth:`JobfenceMiddleware.after_process_message`)."""
+
+
+def _defer(exc: BaseException, delay: float) -> BaseException:
+    """:func:`_retry` for a "not now" refusal: not counted against ``max_retries``."""
+    return _NotNowRetry(
+        f"jobfence: not now: {type(exc).__name__}: {exc}", delay=round(delay * 1000)
+    )
 
 
 def _retry(exc: BaseException, delay: float) -> BaseException:
@@ -195,10 +220,12 @@ def guarded(
     ``lock``/``key`` templates see the actor's own arguments. Without ``key``, the key is
     ``"dramatiq:<message id>"``, so a redelivery or a retry of a message that has completed
     returns the stored result without running (the ``Results`` middleware stores that).
-    A lost lease or claim, a claim in progress elsewhere, a ``LockTimeout`` and a transient
-    backend error raise ``dramatiq.Retry`` with ``retry_delay`` seconds (default 5): the
-    message runs again after that delay, through the ``Retries`` middleware, and each such
-    retry counts against the actor's ``max_retries``. ``FingerprintMismatch`` and
+    A lost lease or claim, a claim in progress elsewhere and a ``LockTimeout`` ("not now":
+    :class:`jobfence.NotNow`) raise ``dramatiq.Retry`` with the holder's known expiry plus
+    jitter (``retry_delay`` seconds, default 5, when unknown), not counted against the actor's
+    ``max_retries``; a transient backend error raises it with ``retry_delay``, counted. The
+    message runs again after that delay, through the ``Retries`` middleware.
+    ``FingerprintMismatch`` and
     ``ConfigurationError`` are never retried (see :class:`JobfenceMiddleware`). Any other
     exception is Dramatiq's as usual. ``async def`` functions need ``AsyncLocks`` /
     ``AsyncInbox`` and Dramatiq's ``AsyncIO`` middleware.
@@ -241,7 +268,13 @@ def guarded(
             return None
 
         task = guard_task(
-            fn, framework=FRAMEWORK, job_id=job_id, retry=_retry, retry_delay=delay, **options
+            fn,
+            framework=FRAMEWORK,
+            job_id=job_id,
+            retry=_retry,
+            defer=_defer,
+            retry_delay=delay,
+            **options,
         )
         setattr(task, _REGISTRATION, registration)
         return task  # type: ignore[return-value]

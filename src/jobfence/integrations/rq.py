@@ -19,8 +19,11 @@ Queue("orders", connection=redis).enqueue(place_order, 7, 1, 5, retry=Retry(max=
   result without running the function;
 * a lost lease or claim, a claim another worker holds (or a killed worker's, not expired
   yet), a lock not obtained in time and a transient backend error make the job *return*
-  ``rq.Retry(max=max_retries, interval=retry_delay)``: RQ's own return-based retry, which
-  schedules the same job again (a delay > 0 needs a scheduler: ``rq worker --with-scheduler``);
+  ``rq.Retry(max=max_retries, interval=...)``: RQ's own return-based retry, which
+  schedules the same job again (a delay > 0 needs a scheduler: ``rq worker --with-scheduler``).
+  A "not now" refusal (:class:`jobfence.NotNow`: the lease, the claim) runs again after the
+  holder's known expiry plus jitter (``retry_delay`` when unknown) and is NOT counted against
+  ``max_retries``; a transient backend error runs again after ``retry_delay``, counted;
 * ``FingerprintMismatch`` and ``ConfigurationError`` fail the job for good: the job's
   remaining exception retries (``enqueue(..., retry=Retry(...))``) are cleared first, since
   the same job would fail the same way each time;
@@ -43,7 +46,7 @@ from typing import Any, TypeVar
 
 from rq import Retry, get_current_job
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NotNow
 from ._task import DEFAULT_RETRY_DELAY, guard_task
 
 __all__ = ["DEFAULT_MAX_RETRIES", "guarded", "guarded_job"]
@@ -105,6 +108,19 @@ def _retry(request: _RetryLater, max_retries: int) -> Retry:
         raise request.cause
     # rq.Retry takes whole seconds; round up so the job never runs again sooner than asked
     interval = math.ceil(request.delay)
+    if isinstance(request.cause, NotNow):
+        # "not now" (another worker holds the claim or lease): RQ counts every returned Retry
+        # in number_of_retries (+ 1 as it schedules the job); one less here leaves the count
+        # as it was, so refusals never use up max_retries
+        job.number_of_retries = (job.number_of_retries or 0) - 1
+        log.info(
+            "job %s: %s: %s; RQ runs it again in %d s (not counted as a retry)",
+            job.id,
+            type(request.cause).__name__,
+            request.cause,
+            interval,
+        )
+        return Retry(max=max_retries, interval=interval)
     done = job.number_of_retries or 0
     if done >= max_retries:
         log.warning(
@@ -144,9 +160,12 @@ def guarded(
 
     ``retry_delay`` (seconds, default 5, rounded up to whole seconds as ``rq.Retry`` wants):
     a lost lease or claim, a claim in progress, a lock timeout or a transient backend error
-    makes the job return ``rq.Retry(max=max_retries, interval=retry_delay)``; RQ schedules it
-    again (a delay > 0 needs ``rq worker --with-scheduler``). ``max_retries`` (default 20)
-    bounds these retries per job; past it RQ fails the job. A fingerprint mismatch or a
+    makes the job return ``rq.Retry(max=max_retries, interval=...)``; RQ schedules it
+    again (a delay > 0 needs ``rq worker --with-scheduler``). A "not now" refusal (the lease
+    or claim: :class:`jobfence.NotNow`) waits for the holder's known expiry plus jitter
+    (``retry_delay`` when unknown) and is not counted. ``max_retries`` (default 20) bounds the
+    counted retries (transient backend errors) per job; past it RQ fails the job. A fingerprint
+    mismatch or a
     configuration error fails the job without retry, even if it was enqueued with
     ``retry=Retry(...)``. Works for ``def`` and ``async def`` job functions (RQ runs the
     latter with ``asyncio.run``; pass ``AsyncLocks``/``AsyncInbox`` then).
@@ -164,6 +183,7 @@ def guarded(
             framework="rq",
             job_id=_job_id,
             retry=_RetryLater,
+            defer=_RetryLater,
             retry_delay=retry_delay,
             final=_final,
             **options,

@@ -159,6 +159,7 @@ _POINT_LIST = (
     HookPoint("queue.receive", "Queue.receive(): one receive round trip", ("queue", "backend")),
     HookPoint("queue.ack", "Message.ack(): remove the delivered message", _QUEUE),
     HookPoint("queue.nack", "Message.nack(): give the message back for redelivery", _QUEUE),
+    HookPoint("queue.defer", "Message.defer(): give it back uncounted (not now)", _QUEUE),
     HookPoint("queue.dead_letter", "Message.dead_letter(): move it to the dead letters", _QUEUE),
     HookPoint("queue.extend", "Message.extend(): keep the delivery hidden longer", _QUEUE),
     HookPoint(

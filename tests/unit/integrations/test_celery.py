@@ -1,6 +1,6 @@
 """jobfence.integrations.celery with real Celery tasks, run by ``Task.apply()`` (Celery's own
 tracer, request and retry machinery, without a broker): the task id as the default key,
-jobfence's "not now" as Celery's retry with ``retry_delay``, fingerprint mismatches final,
+jobfence's "not now" as Celery's retry after the holder's expiry, fingerprint mismatches final,
 ``bind=True`` tasks, and bad configuration."""
 
 from __future__ import annotations
@@ -109,7 +109,10 @@ def test_a_bound_task_keeps_self_out_of_templates_and_fingerprint(app, inbox):
     assert len(calls) == 1
 
 
-def test_a_claim_in_progress_becomes_celerys_retry_after_retry_delay(app, inbox, retries):
+def test_a_claim_in_progress_becomes_celerys_retry_after_the_claims_expiry(app, inbox, retries):
+    """In eager mode (``apply``) Celery re-runs a retry inside the call, so there is no
+    message to send uncounted: the refusal is an ordinary (counted) retry there, after the
+    holder's expiry; a worker sends it again uncounted (tests/frameworks/test_celery.py)."""
     held = inbox.claim("celery:t-9", ttl=60)  # another worker holds this task's key
     runs: list[int] = []
 
@@ -130,7 +133,8 @@ def test_a_claim_in_progress_becomes_celerys_retry_after_retry_delay(app, inbox,
         task_retry.disconnect(free_after_two)
     assert (result.state, result.result) == ("SUCCESS", 4)
     assert [type(r.exc) for r in retries] == [ClaimInProgress, ClaimInProgress]
-    assert [r.when for r in retries] == [7.5, 7.5]  # Celery's countdown is the retry_delay
+    # Celery's countdown is the claim's expiry (60 s), plus jitter, not the retry_delay
+    assert all(55 < r.when <= 60 * 1.1 + 0.5 for r in retries), [r.when for r in retries]
     assert runs == [2]  # ran once, on Celery's second retry of the same task id
 
 
@@ -146,7 +150,8 @@ def test_a_lock_timeout_is_retried_until_max_retries_then_fails(app, locks, retr
     other.release()
     assert result.state == "FAILURE"
     assert isinstance(result.result, LockTimeout)  # Celery re-raises the cause at the limit
-    assert [(type(r.exc), r.when) for r in retries] == [(LockTimeout, 0.25)] * 2
+    assert [type(r.exc) for r in retries] == [LockTimeout] * 2  # eager: counted
+    assert all(55 < r.when <= 60 * 1.1 + 0.5 for r in retries)  # the lease's expiry
 
 
 def test_a_fingerprint_mismatch_fails_at_once_never_retried(app, inbox, retries):
@@ -285,3 +290,42 @@ def test_a_retry_that_cannot_be_sent_requeues_the_message_instead_of_dropping_it
         app.close()
     assert info.value.requeue is True
     assert isinstance(info.value.__cause__, ClaimInProgress)
+
+
+def test_a_worker_sends_a_refused_task_again_without_using_up_max_retries(inbox) -> None:
+    """A real worker (in a thread, on the in-memory broker): a task refused more times than
+    its max_retries (another worker holds its key) is sent again each time with its retries
+    count unchanged, after the claim's expiry, and runs once the key is free."""
+    from celery.contrib.testing.worker import start_worker
+
+    app = celery.Celery(
+        f"jf-unit-w-{uuid.uuid4().hex[:8]}", broker="memory://", backend="cache+memory://"
+    )
+    app.conf.task_default_queue = f"q-{uuid.uuid4().hex[:8]}"
+    held = inbox.claim("celery:t-held", ttl=0.3, renew=True)  # held (renewed) until released
+    runs: list[int] = []
+    refusals: list[Any] = []
+
+    @app.task(max_retries=1)
+    @jfcelery.guarded(inbox=inbox, retry_delay=30)
+    def work(n: int) -> int:
+        runs.append(celery.current_task.request.retries)
+        return n
+
+    def refused(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+        refusals.append((request.retries, reason))
+        if len(refusals) == 3:  # refused more often than max_retries allows
+            held.release()
+
+    task_retry.connect(refused, weak=False)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            result = work.apply_async((5,), task_id="t-held")
+            assert result.get(timeout=30) == 5
+    finally:
+        task_retry.disconnect(refused)
+        app.close()
+    assert [retries for retries, _ in refusals][:3] == [0, 0, 0]  # never counted
+    assert all(isinstance(reason.exc, ClaimInProgress) for _, reason in refusals)
+    assert all(reason.when <= 0.3 * 1.1 + 0.5 for _, reason in refusals)  # the claim's expiry
+    assert runs == [0]

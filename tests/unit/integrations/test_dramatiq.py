@@ -144,27 +144,28 @@ def test_an_async_actor_gets_its_message_id_on_the_event_loop() -> None:
         asyncio.run(ainbox.claim("x"))
 
 
-def test_a_claim_in_progress_goes_back_to_dramatiq_with_retry_delay(
+def test_a_claim_in_progress_goes_back_to_dramatiq_uncounted_after_its_expiry(
     stub: Stub, inbox: jobfence.Inbox
 ) -> None:
     runs: list[int] = []
 
-    @stub.actor(store_results=True)
-    @guarded(inbox=inbox, key="order:{order_id}", retry_delay=0.2)
+    @stub.actor(store_results=True, max_retries=1)
+    @guarded(inbox=inbox, key="order:{order_id}", retry_delay=30)
     def ship(order_id: int) -> int:
         runs.append(order_id)
         return order_id
 
-    held = inbox.claim("order:7", ttl=60)  # another worker is processing order 7
+    # another worker is processing order 7: its claim (renewed) expires within 0.4 s
+    held = inbox.claim("order:7", ttl=0.4, renew=True)
     assert held.state is jobfence.ClaimState.NEW
     with stub.worker():
         message = ship.send(7)
-        stub.recorder.wait_for(lambda outcomes: len(outcomes) >= 2)
-        assert runs == []
-        first = stub.recorder.outcomes[0]
-        assert isinstance(first[1], dramatiq.Retry) and first[1].delay == 200
-        assert isinstance(first[1].__cause__, ClaimInProgress)
-        assert first[2] == 1  # counted by Dramatiq's Retries middleware
+        stub.recorder.wait_for(lambda outcomes: len(outcomes) >= 3)  # refused more than
+        assert runs == []  # max_retries (1) times
+        for _id, exc, retries in stub.recorder.outcomes:
+            assert isinstance(exc, dramatiq.Retry) and exc.delay <= 0.4 * 1100 + 500
+            assert isinstance(exc.__cause__, ClaimInProgress)
+            assert retries == 0  # not counted by Dramatiq's Retries middleware
         held.release()
         stub.join()
     assert runs == [7]
@@ -182,13 +183,14 @@ def test_a_lock_timeout_is_retried_and_the_lock_template_sees_the_arguments(
     def reserve(order_id: int, product_id: int) -> None:
         names.append(jobfence.current_lease().name)
 
-    lease = locks.try_acquire("inventory:42", ttl=60)
+    lease = locks.try_acquire("inventory:42", ttl=0.4)  # renewed: held until released
     assert lease is not None
     with stub.worker():
         reserve.send(1, 42)
         stub.recorder.wait_for(lambda outcomes: len(outcomes) >= 3)
         causes = {type(exc.__cause__) for _, exc, _ in stub.recorder.outcomes}
         assert causes == {LockTimeout} and names == []
+        assert {retries for _, _, retries in stub.recorder.outcomes} == {0}
         lease.release()
         stub.join()
     assert names == ["inventory:42"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 import jobfence
 from jobfence import testing
 from jobfence.testing import faults
@@ -60,6 +62,9 @@ def test_a_naive_retry_loses_an_update_under_auto_faults() -> None:
     assert not failure.replay().ok  # the tape replays the same lost update
 
 
+# 10,000 schedules take about 13 s on a quiet machine; a run beside a loaded suite took >120 s,
+# the default per-test timeout, and the timeout surfaced as a failed schedule
+@pytest.mark.timeout(600)
 def test_a_retry_unit_and_versioned_update_pass_10000_schedules_and_exhaustive_search() -> None:
     checks = [testing.no_lost_update()]
     transient = faults.auto(kinds=["transient"])

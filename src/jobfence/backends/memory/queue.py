@@ -167,6 +167,19 @@ class MemoryQueueStore:
         self._wake_all()
         return True
 
+    def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """As :meth:`nack`, but this delivery is not counted and ``last_error`` is kept."""
+        now = get_clock().time()
+        with self.mutex:
+            msg = self._held(receipt, consumer)
+            if msg is None:
+                return False
+            msg.receipt = msg.consumer = None
+            msg.visible_at = now + delay
+            msg.delivery = max(0, msg.delivery - 1)
+        self._wake_all()
+        return True
+
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         now = get_clock().time()
         out: list[bool] = []
@@ -319,6 +332,9 @@ class MemoryQueueBackend(QueueBackend):
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return self.store.nack(receipt, consumer, delay, error)
 
+    def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        return self.store.defer(receipt, consumer, delay)
+
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         return self.store.renew(items)
 
@@ -394,6 +410,9 @@ class AsyncMemoryQueueBackend(AsyncQueueBackend):
 
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return self.store.nack(receipt, consumer, delay, error)
+
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        return self.store.defer(receipt, consumer, delay)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         return self.store.renew(items)

@@ -509,6 +509,24 @@ class PostgresQueueBackend(Listener, QueueBackend):
         )
         return bool(rows)
 
+    def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """As :meth:`nack`, without counting this delivery and keeping ``last_error``."""
+        handle = _parse_receipt(receipt)
+        if handle is None:
+            return False
+        rows, _ = self._run(
+            "defer",
+            {
+                "queue": self.name,
+                "channel": self.channel,
+                "seq": handle[0],
+                "receipt": handle[1],
+                "consumer": consumer,
+                "delay": max(0.0, float(delay)),
+            },
+        )
+        return bool(rows)
+
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Extend every delivery of ``items`` with ONE statement (one round trip). An item
         named twice is renewed once, with the longer visibility; a receipt this backend did

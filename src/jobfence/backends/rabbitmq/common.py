@@ -412,6 +412,16 @@ def retry_copy(message: Incoming, error: str | None) -> Outgoing:
     return _build(message.id, message.body, message.headers, message.published_ms, extra)
 
 
+def defer_copy(message: Incoming) -> Outgoing:
+    """The copy a ``defer`` republishes: the same message with the deliveries BEFORE this one
+    (its next delivery has this delivery's number again) and its last error kept. Always a
+    republish, never a requeue in place: the broker would count the return."""
+    extra: dict[str, Any] = {H_DELIVERIES: max(message.delivery - 1, 0)}
+    if message.last_error is not None:
+        extra[H_ERROR] = message.last_error
+    return _build(message.id, message.body, message.headers, message.published_ms, extra)
+
+
 def dead_copy(message: Incoming, error: str | None, now: float) -> Outgoing:
     """The dead letter of ``message``: its deliveries, the error and when it died."""
     extra: dict[str, Any] = {H_DELIVERIES: message.delivery, H_DEAD_AT: _ms(now)}

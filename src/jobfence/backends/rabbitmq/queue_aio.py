@@ -58,6 +58,7 @@ from .common import (
     Unsettled,
     check_backend_name,
     dead_copy,
+    defer_copy,
     fresh,
     parse_incoming,
     read_settings,
@@ -638,6 +639,16 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             return await self._settled(link, link.send_requeue(message.tag))
         route = self._topology.delay(delay) if delay > 0 else self._topology.main
         return await self._republish(link, message, consumer, route, retry_copy(message, error))
+
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """Republish the message (to the delay queue of ``delay``, or the queue) with the
+        deliveries before this one, then ack this delivery: not counted."""
+        link = self._live()
+        message = link.deliveries.take(receipt, consumer) if link is not None else None
+        if link is None or message is None:
+            return False
+        route = self._topology.delay(delay) if delay > 0 else self._topology.main
+        return await self._republish(link, message, consumer, route, defer_copy(message))
 
     async def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool:
         link = self._live()

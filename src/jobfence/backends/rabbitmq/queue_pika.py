@@ -59,6 +59,7 @@ from .common import (
     Topology,
     check_backend_name,
     dead_copy,
+    defer_copy,
     fresh,
     parse_incoming,
     read_settings,
@@ -643,6 +644,16 @@ class RabbitQueueBackend(QueueBackend):
             receipt,
             consumer,
             lambda link, m: self._republish(link, m, consumer, route, retry_copy(m, error)),
+        )
+
+    def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """Republish the message (to the delay queue of ``delay``, or the queue) with the
+        deliveries before this one, then ack this delivery: not counted."""
+        route = self._topology.delay(delay) if delay > 0 else self._topology.main
+        return self._settle_as(
+            receipt,
+            consumer,
+            lambda link, m: self._republish(link, m, consumer, route, defer_copy(m)),
         )
 
     def dead_letter(self, receipt: str, consumer: str, error: str | None) -> bool:

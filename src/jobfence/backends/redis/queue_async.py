@@ -96,6 +96,7 @@ _SCRIPTS = (
     "receive",
     "ack",
     "nack",
+    "defer",
     "renew",
     "dead_letter",
     "stats",
@@ -274,6 +275,11 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
         if error is not None:
             args.append(error)
         return bool(await self._run["nack"](self._keys, args))
+
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """As :meth:`nack`, without counting this delivery and keeping ``last_error``."""
+        args: list[Any] = [_call_id(), receipt, consumer, _ms(delay) if delay > 0 else 0]
+        return bool(await self._run["defer"](self._keys, args))
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew every delivery of ``items`` with one script call (one round trip)."""

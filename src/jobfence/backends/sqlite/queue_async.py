@@ -395,6 +395,17 @@ class AsyncSQLiteQueueBackend(AsyncQueueBackend):
             self._wake(1)
         return done == 1
 
+    async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
+        """As :meth:`nack`, without counting this delivery and keeping ``last_error``."""
+        params = self._owned(receipt, consumer)
+        if params is None:
+            return False
+        delay = max(0.0, float(delay))
+        done = await self._count(self.queries["defer"], {**params, "delay": delay})
+        if done == 1 and delay <= 0:
+            self._wake(1)
+        return done == 1
+
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
         """Renew every delivery of ``items`` in ONE statement; one bool per item."""
         parsed = [_parse_receipt(receipt) for receipt, _consumer, _visibility in items]

@@ -195,6 +195,19 @@ UPDATE {table}
    AND queue = :queue AND state = 'ready'
 RETURNING pg_notify(:channel, queue);
 
+-- name: defer
+-- Params: :queue, :channel, :seq, :receipt, :consumer, :delay (seconds). Owner-checked as
+-- ack. Gives the message back, deliverable again after :delay, WITHOUT counting this
+-- delivery (its next delivery has the same number) and keeping last_error: a "not now"
+-- refusal, the handler did not run. Notifies the queue's waiting consumers. -> one row if it
+-- was deferred, else none.
+UPDATE {table}
+   SET visible_at = clock_timestamp() + CAST(:delay AS double precision) * interval '1 second',
+       receipt = NULL, consumer = NULL, delivery = greatest(delivery - 1, 0)
+ WHERE seq = :seq AND receipt = CAST(:receipt AS uuid) AND consumer = :consumer
+   AND queue = :queue AND state = 'ready'
+RETURNING pg_notify(:channel, queue);
+
 -- name: renew
 -- Params: :queue; :seqs bigint[], :receipts uuid[], :consumers text[], :visibilities
 -- float8[] (seconds), four arrays of the same length. ONE statement keeps every delivery

@@ -139,6 +139,20 @@ UPDATE {table}
    AND receipt = :receipt AND consumer = :consumer;
 
 
+-- name: defer
+-- Params: :queue, :seq, :receipt, :consumer, :delay (seconds). Owner-checked as nack: the
+-- message becomes deliverable again after :delay WITHOUT counting this delivery (its next
+-- delivery has the same number) and keeps its last_error: a "not now" refusal, the handler
+-- did not run.
+UPDATE {table}
+   SET visible_at = (julianday('now') - 2440587.5) * 86400.0 + :delay,
+       consumer = NULL,
+       receipt = NULL,
+       delivery = max(delivery - 1, 0)
+ WHERE seq = :seq AND queue = :queue AND state = 'ready'
+   AND receipt = :receipt AND consumer = :consumer;
+
+
 -- name: dead_letter
 -- Params: :queue, :seq, :receipt, :consumer, :error. Owner-checked: the message becomes a
 -- dead letter, keeping its delivery count.
