@@ -50,7 +50,7 @@ import logging
 import random
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from . import telemetry
@@ -542,14 +542,7 @@ class AsyncWorker:
             exc,
             extra=_extra(message),
         )
-        try:
-            if await message.nack(delay, exc):
-                self.stats.retried += 1
-                telemetry.worker_message(self.queue.backend.kind, "retried")
-            else:
-                self.stats.lost += 1
-        except JobfenceError as err:
-            log.error("nack of message %r failed: %s", message.id, err, extra=_extra(message))
+        await self._settle(message, "nack", message.nack(delay, exc), "retried")
 
     def _not_now_delay(self, retry_after: float | None) -> float:
         """When a refused message comes back: after the holder's known expiry
@@ -572,14 +565,7 @@ class AsyncWorker:
             exc,
             extra=_extra(message),
         )
-        try:
-            if await message.defer(delay):
-                self.stats.deferred += 1
-                telemetry.worker_message(self.queue.backend.kind, "deferred")
-            else:
-                self.stats.lost += 1
-        except JobfenceError as err:
-            log.error("defer of message %r failed: %s", message.id, err, extra=_extra(message))
+        await self._settle(message, "defer", message.defer(delay), "deferred")
 
     async def _dead_letter(self, message: AsyncMessage, error: str | BaseException) -> None:
         log.error(
@@ -589,16 +575,23 @@ class AsyncWorker:
             error if isinstance(error, str) else f"{type(error).__name__}: {error}",
             extra=_extra(message),
         )
+        await self._settle(message, "dead-lettering", message.dead_letter(error), "dead_lettered")
+
+    async def _settle(
+        self, message: AsyncMessage, verb: str, finish: Awaitable[bool], outcome: str
+    ) -> None:
+        """Await ``finish`` (a nack, defer or dead letter of ``message``) and count it under
+        ``outcome`` (the stats field and the telemetry outcome), or as lost when the delivery
+        was no longer this worker's; a backend error is logged (the message comes back after
+        its visibility)."""
         try:
-            if await message.dead_letter(error):
-                self.stats.dead_lettered += 1
-                telemetry.worker_message(self.queue.backend.kind, "dead_lettered")
+            if await finish:
+                setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+                telemetry.worker_message(self.queue.backend.kind, outcome)
             else:
                 self.stats.lost += 1
         except JobfenceError as err:
-            log.error(
-                "dead-lettering message %r failed: %s", message.id, err, extra=_extra(message)
-            )
+            log.error("%s of message %r failed: %s", verb, message.id, err, extra=_extra(message))
 
 
 class _Wakeup:

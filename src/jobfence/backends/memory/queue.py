@@ -156,19 +156,15 @@ class MemoryQueueStore:
         return out
 
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
-        now = get_clock().time()
-        with self.mutex:
-            msg = self._held(receipt, consumer)
-            if msg is None:
-                return False
-            msg.receipt = msg.consumer = None
-            msg.visible_at = now + delay
-            msg.last_error = error
-        self._wake_all()
-        return True
+        return self._give_back(receipt, consumer, delay, counted=True, error=error)
 
     def defer(self, receipt: str, consumer: str, delay: float) -> bool:
         """As :meth:`nack`, but this delivery is not counted and ``last_error`` is kept."""
+        return self._give_back(receipt, consumer, delay, counted=False)
+
+    def _give_back(
+        self, receipt: str, consumer: str, delay: float, *, counted: bool, error: str | None = None
+    ) -> bool:
         now = get_clock().time()
         with self.mutex:
             msg = self._held(receipt, consumer)
@@ -176,7 +172,10 @@ class MemoryQueueStore:
                 return False
             msg.receipt = msg.consumer = None
             msg.visible_at = now + delay
-            msg.delivery = max(0, msg.delivery - 1)
+            if counted:
+                msg.last_error = error
+            else:
+                msg.delivery = max(0, msg.delivery - 1)
         self._wake_all()
         return True
 

@@ -492,39 +492,29 @@ class PostgresQueueBackend(Listener, QueueBackend):
         return [slot >= 0 and acked[slot] for slot in slots]
 
     def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
-        handle = _parse_receipt(receipt)
-        if handle is None:
-            return False
-        rows, _ = self._run(
-            "nack",
-            {
-                "queue": self.name,
-                "channel": self.channel,
-                "seq": handle[0],
-                "receipt": handle[1],
-                "consumer": consumer,
-                "delay": max(0.0, float(delay)),
-                "error": _error_text(error),
-            },
-        )
-        return bool(rows)
+        return self._give_back("nack", receipt, consumer, delay, error=_error_text(error))
 
     def defer(self, receipt: str, consumer: str, delay: float) -> bool:
         """As :meth:`nack`, without counting this delivery and keeping ``last_error``."""
+        return self._give_back("defer", receipt, consumer, delay)
+
+    def _give_back(
+        self, statement: str, receipt: str, consumer: str, delay: float, **extra: Any
+    ) -> bool:
+        """Run ``statement`` (``nack`` or ``defer``) on this consumer's delivery ``receipt``."""
         handle = _parse_receipt(receipt)
         if handle is None:
             return False
-        rows, _ = self._run(
-            "defer",
-            {
-                "queue": self.name,
-                "channel": self.channel,
-                "seq": handle[0],
-                "receipt": handle[1],
-                "consumer": consumer,
-                "delay": max(0.0, float(delay)),
-            },
-        )
+        params = {
+            "queue": self.name,
+            "channel": self.channel,
+            "seq": handle[0],
+            "receipt": handle[1],
+            "consumer": consumer,
+            "delay": max(0.0, float(delay)),
+            **extra,
+        }
+        rows, _ = self._run(statement, params)
         return bool(rows)
 
     def renew(self, items: Sequence[RenewItem]) -> list[bool]:

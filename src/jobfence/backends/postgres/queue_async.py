@@ -494,39 +494,29 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
         return [slot >= 0 and acked[slot] for slot in slots]
 
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
-        handle = _parse_receipt(receipt)
-        if handle is None:
-            return False
-        rows, _ = await self._run(
-            "nack",
-            {
-                "queue": self.name,
-                "channel": self.channel,
-                "seq": handle[0],
-                "receipt": handle[1],
-                "consumer": consumer,
-                "delay": max(0.0, float(delay)),
-                "error": _error_text(error),
-            },
-        )
-        return bool(rows)
+        return await self._give_back("nack", receipt, consumer, delay, error=_error_text(error))
 
     async def defer(self, receipt: str, consumer: str, delay: float) -> bool:
         """As :meth:`nack`, without counting this delivery and keeping ``last_error``."""
+        return await self._give_back("defer", receipt, consumer, delay)
+
+    async def _give_back(
+        self, statement: str, receipt: str, consumer: str, delay: float, **extra: Any
+    ) -> bool:
+        """Run ``statement`` (``nack`` or ``defer``) on this consumer's delivery ``receipt``."""
         handle = _parse_receipt(receipt)
         if handle is None:
             return False
-        rows, _ = await self._run(
-            "defer",
-            {
-                "queue": self.name,
-                "channel": self.channel,
-                "seq": handle[0],
-                "receipt": handle[1],
-                "consumer": consumer,
-                "delay": max(0.0, float(delay)),
-            },
-        )
+        params = {
+            "queue": self.name,
+            "channel": self.channel,
+            "seq": handle[0],
+            "receipt": handle[1],
+            "consumer": consumer,
+            "delay": max(0.0, float(delay)),
+            **extra,
+        }
+        rows, _ = await self._run(statement, params)
         return bool(rows)
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
