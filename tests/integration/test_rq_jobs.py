@@ -149,16 +149,21 @@ def blocked(queue) -> Iterator[Any]:
         blocked_order = None
 
 
-def test_a_claim_in_progress_is_retried_by_rq_until_max_retries(queue, blocked):
+def test_a_claim_in_progress_is_scheduled_after_the_holders_expiry_without_using_a_retry(
+    queue, blocked
+):
+    before = datetime.now(timezone.utc).replace(microsecond=0)  # RQ keeps whole seconds
     job = enqueue(queue, f"{HERE}.blocked_order", queue.name)
-    work(queue)  # RQ re-enqueues it after each Retry (interval 0) and runs it again
+    work(queue)
     job.refresh()
     assert ran == []  # never ran while another worker held the claim
-    assert job.get_status() == "failed"
-    assert job.number_of_retries == 3
-    types = [r.type for r in job.results()]
-    assert types.count(Result.Type.RETRIED) == 3
-    assert Result.Type.MAX_RETRIES_EXCEEDED in types
+    # "not now": scheduled for when the holder's claim (ttl 60) expires, not retried at once
+    # (retry_delay=0) until max_retries=3 ran out and the job failed
+    assert job.get_status() == "scheduled"
+    assert not job.number_of_retries  # the refusal used up none of the 3 retries
+    at = queue.scheduled_job_registry.get_scheduled_time(job)
+    assert 50 <= (at - before).total_seconds() < 60 + 15
+    assert [r.type for r in job.results()] == [Result.Type.RETRIED]
 
 
 @pytest.fixture
@@ -170,7 +175,7 @@ def locks() -> Iterator[jobfence.Locks]:
         client.close()
 
 
-def test_a_lock_timeout_is_scheduled_again_after_retry_delay_and_then_runs(queue, locks):
+def test_a_lock_timeout_is_scheduled_after_the_holders_expiry_and_then_runs(queue, locks):
     global locked_order
     locked_order = guarded_job(
         locks=locks,
@@ -182,15 +187,17 @@ def test_a_lock_timeout_is_scheduled_again_after_retry_delay_and_then_runs(queue
     )(_locked_order)
     order = f"{queue.name}-o"
     try:
-        lease = locks.try_acquire("inventory:1", ttl=30)
+        lease = locks.try_acquire("inventory:1", ttl=3)  # renewed while held
         assert lease is not None
         before = datetime.now(timezone.utc).replace(microsecond=0)  # RQ keeps whole seconds
         job = enqueue(queue, f"{HERE}.locked_order", order, 1)
         work(queue)
         assert job.get_status(refresh=True) == "scheduled"
         assert ran == []
+        assert not job.number_of_retries  # "not now" uses up no retry
         at = queue.scheduled_job_registry.get_scheduled_time(job)
-        assert 2 <= (at - before).total_seconds() < 2 + 10  # slack for a slow machine
+        # after the holder's lease expiry (at most 3 s, plus jitter), not retry_delay
+        assert 1 <= (at - before).total_seconds() < 4 + 10  # slack for a slow machine
         assert job.latest_result().type == Result.Type.RETRIED
         lease.release()
 

@@ -119,7 +119,7 @@ def test_a_worker_paused_past_the_visibility_loses_its_delivery(
         assert pids == [second.pid], rows  # exactly one effect, by the worker that took over
     # the resumed worker did not ack a delivery that was no longer its own
     first_log = _seen_stderr.pop(first.pid, "") + outputs[0]
-    assert "processed=0, duplicates=0, retried=0, dead_lettered=0, lost=1" in first_log
+    assert "processed=0, duplicates=0, retried=0, deferred=0, dead_lettered=0, lost=1" in first_log
     assert stats.dead == 0
     queue.close()
 

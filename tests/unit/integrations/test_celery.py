@@ -116,7 +116,7 @@ def test_a_claim_in_progress_becomes_celerys_retry_after_the_claims_expiry(app, 
     held = inbox.claim("celery:t-9", ttl=60)  # another worker holds this task's key
     runs: list[int] = []
 
-    @app.task(max_retries=5)
+    @app.task(max_retries=5, name=f"work-{uuid.uuid4().hex[:8]}", shared=False)
     @jfcelery.guarded(inbox=inbox, retry_delay=7.5)
     def work(n: int) -> int:
         runs.append(celery.current_task.request.retries)
@@ -306,7 +306,10 @@ def test_a_worker_sends_a_refused_task_again_without_using_up_max_retries(inbox)
     runs: list[int] = []
     refusals: list[Any] = []
 
-    @app.task(max_retries=1)
+    # a name of its own, not shared: Celery gives every app created later the tasks of the
+    # earlier ones by name, and the first one registered wins (another test's `work`, bound
+    # to that test's closed inbox)
+    @app.task(max_retries=1, name=f"refused-{uuid.uuid4().hex[:8]}", shared=False)
     @jfcelery.guarded(inbox=inbox, retry_delay=30)
     def work(n: int) -> int:
         runs.append(celery.current_task.request.retries)
