@@ -21,6 +21,7 @@ import pytest
 MODULES = [
     "jobfence",
     "jobfence.testing",
+    "jobfence.testing.faults",
     "jobfence.testing.strategies",
     *(f"jobfence.integrations.{m}" for m in ("celery", "rq", "dramatiq", "arq", "sqlalchemy")),
     "jobfence.integrations.django",

@@ -141,7 +141,9 @@ _PATTERN = re.compile(
 
 
 def parse(text: str) -> Fault:
-    """The :class:`Fault` written as ``str(fault)``, e.g. ``"transient(db.write#1)"``."""
+    """The :class:`Fault` that ``text`` writes as ``str(fault)`` does, e.g.
+    ``"transient(db.write#1)"`` or ``"pause_past_ttl(lock.renew#2@t1+600s)"`` (a tape's fault
+    part); a :class:`~jobfence.ConfigurationError` if ``text`` is not one."""
     match = _PATTERN.match(text.strip())
     if match is None:
         raise ConfigurationError(
@@ -159,38 +161,47 @@ def parse(text: str) -> Fault:
 
 
 def transient(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
-    """The ``nth`` hit of ``point`` fails with :class:`InjectedFault` before doing
-    anything (at a jobfence point: as a :class:`~jobfence.BackendError` caused by it)."""
+    """The ``nth`` hit of ``point`` fails with :class:`InjectedFault` before doing anything (at a
+    jobfence point: as a :class:`~jobfence.BackendError` caused by it). ``task``: only hits by
+    the task of that name (``t1``, ``t1.1`` or the ``name=`` given to ``spawn``) count; ``None``
+    (the default) counts every task."""
     return Fault("transient", point, nth, task)
 
 
 def commit_unknown(point: str = "db.commit", nth: int = 1, *, task: str | None = None) -> Fault:
-    """The ``nth`` commit (or auto-committed write) of a simulated table is applied, then
-    raises :class:`InjectedFault`: the caller cannot tell it happened. At ``db.commit`` the
-    error is a commit outcome unknown, as production's; at ``db.write`` it is what a
-    statement in autocommit mode gives, a transient error only."""
+    """The ``nth`` commit (or auto-committed write) of a simulated table is applied, then raises
+    :class:`InjectedFault`: the caller cannot tell it happened. At ``db.commit`` the error is a
+    commit outcome unknown, as production's; at ``db.write`` it is what a statement in
+    autocommit mode gives, a transient error only. ``point``: ``db.commit`` (the default) or
+    ``db.write``. ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the
+    ``name=`` given to ``spawn``) count; ``None`` (the default) counts every task."""
     return Fault("commit_unknown", point, nth, task)
 
 
 def lost_ack(nth: int = 1, *, point: str = "queue.ack", task: str | None = None) -> Fault:
-    """The ``nth`` ack of a simulated queue is answered as done but never arrives: the
-    message is delivered again once its visibility passes."""
+    """The ``nth`` ack of a simulated queue is answered as done but never arrives: the message is
+    delivered again once its visibility passes. ``point``: the ack's point (``queue.ack``).
+    ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to
+    ``spawn``) count; ``None`` (the default) counts every task."""
     return Fault("lost_ack", point, nth, task)
 
 
 def pause_past_ttl(
     point: str, nth: int = 1, *, seconds: float | None = None, task: str | None = None
 ) -> Fault:
-    """The process of the task hitting ``point`` the ``nth`` time stops there (a GC pause,
-    SIGSTOP) for ``seconds`` of virtual time (default :data:`DEFAULT_PAUSE`, 300 s: past
-    leases of jobfence's default 30 s); its renewers stop with it. Every other task goes on
-    meanwhile."""
+    """The process of the task hitting ``point`` the ``nth`` time stops there (a GC pause, SIGSTOP)
+    for ``seconds`` of virtual time (default :data:`DEFAULT_PAUSE`, 300 s: past leases of
+    jobfence's default 30 s); its renewers stop with it. Every other task goes on meanwhile.
+    ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to
+    ``spawn``) count; ``None`` (the default) counts every task."""
     return Fault("pause_past_ttl", point, nth, task, seconds)
 
 
 def crash(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
-    """The process of the task hitting ``point`` the ``nth`` time dies there (SIGKILL): none
-    of its tasks runs again and nothing of it is cleaned up; what it held expires."""
+    """The process of the task hitting ``point`` the ``nth`` time dies there (SIGKILL): none of its
+    tasks runs again and nothing of it is cleaned up; what it held expires. ``task``: only hits
+    by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to ``spawn``) count;
+    ``None`` (the default) counts every task."""
     return Fault("crash", point, nth, task)
 
 
