@@ -38,8 +38,8 @@ __all__ = [
     "transient",
 ]
 
-#: every kind of fault, in the order ``faults="auto"`` tries them at one hit
 KINDS = ("transient", "commit_unknown", "lost_ack", "pause_past_ttl", "crash")
+"""Every kind of fault, in the order ``faults="auto"`` tries them at one hit."""
 
 #: the points where a fault of these kinds can happen: a simulated table's write and commit
 #: (applied, then raising), a simulated queue's ack (lost on its way)
