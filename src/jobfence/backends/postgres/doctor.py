@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 
-from .._core.options import TIMEOUT_OPTIONS, option_timeouts
-from .._core.url import BackendURL
-from ..backends.postgres.common import connect_kwargs
-from . import Report, Timer
-from .tables import SQLDialect, inspect_tables
+from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.url import BackendURL
+from ...doctor import Report, Timer
+from ...doctor.tables import SQLDialect, inspect_tables
+from .common import connect_kwargs
 
 #: query options of jobfence's PostgreSQL backends, never handed to libpq
 _OWN = ("mode", "notify", "pool_size", "prepare_threshold", "table", "max_idle", *TIMEOUT_OPTIONS)
