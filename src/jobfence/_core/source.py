@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError
+from .clients import recognise
 
 __all__ = ["Source", "open_source"]
 
@@ -216,10 +217,8 @@ _FLAVOUR = inspect.iscoroutinefunction(Source.get)
 
 def open_source(client: Any, dialect: str, what: str) -> Source:
     """The :class:`AsyncSource` for a caller's ``client`` (kinds as
-    :func:`jobfence.backends.clients.classify` tells them)."""
-    from ..backends.clients import classify
-
-    kind = classify(client)
+    :func:`~jobfence._core.clients.recognise` tells them)."""
+    kind = recognise(client)
     if kind is not None and kind.kind == "psycopg_pool":
         return _PsycopgPool(client, dialect, what)
     if kind is not None and kind.kind == "sqlalchemy":

@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError
+from .clients import recognise
 from .flavour import ASYNC
 
 __all__ = ["AsyncSource", "open_source"]
@@ -219,10 +220,8 @@ _FLAVOUR = inspect.iscoroutinefunction(AsyncSource.get)
 
 def open_source(client: Any, dialect: str, what: str) -> AsyncSource:
     """The :class:`AsyncSource` for a caller's ``client`` (kinds as
-    :func:`jobfence.backends.clients.classify` tells them)."""
-    from ..backends.clients import classify
-
-    kind = classify(client)
+    :func:`~jobfence._core.clients.recognise` tells them)."""
+    kind = recognise(client)
     if kind is not None and kind.kind == "psycopg_pool":
         return _PsycopgPool(client, dialect, what)
     if kind is not None and kind.kind == "sqlalchemy":

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core.url import BackendURL, parse_url
+from .._core.url import BackendURL, mask_url, parse_url
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ __all__ = [
     "open_inbox_backend",
     "open_lock_backend",
     "open_queue_backend",
+    "parse_backend_url",
     "registered",
     "sql_dialect",
 ]
@@ -218,6 +219,20 @@ def registered() -> dict[str, BackendInfo]:
     return dict(_BY_SCHEME)
 
 
+def parse_backend_url(url: object, *, argument: str = "url") -> BackendURL:
+    """Parse ``url`` (:func:`~jobfence._core.url.parse_url`) and refuse a scheme no registered
+    backend serves: :class:`ConfigurationError` naming ``argument``, listing the schemes."""
+    parsed = parse_url(url, argument=argument)
+    known = registered()
+    if parsed.scheme not in known:
+        raise ConfigurationError(
+            f"{argument} has unknown scheme {parsed.scheme!r} in {mask_url(parsed.raw)}; "
+            "allowed: " + ", ".join(f"{s}://" for s in known),
+            argument=argument,
+        )
+    return parsed
+
+
 def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") -> BackendInfo:
     """The backend serving ``scheme`` (and providing ``part``); ConfigurationError if none."""
     info = _BY_SCHEME.get(scheme)
@@ -273,7 +288,7 @@ def open_backend(url: object, part: str, *, asynchronous: bool, **options: Any) 
     serves it gets it as ``client=`` and uses it as it is."""
     if not isinstance(url, str) and url is not None:
         return _open_for_client(url, part, asynchronous=asynchronous, **options)
-    parsed: BackendURL = parse_url(url)
+    parsed = parse_backend_url(url)
     info = backend_for(parsed.scheme, part)
     cls = load_class(info, part, asynchronous=asynchronous, scheme=parsed.scheme)
     return cls(parsed, **options)

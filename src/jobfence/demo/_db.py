@@ -6,7 +6,7 @@ import sqlite3
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._core.url import parse_url
+from ..backends import parse_backend_url
 from ..backends.sqlite.common import sqlite_path
 from ..errors import ConfigurationError
 
@@ -30,7 +30,7 @@ def connect(url: str) -> Any:
     dialect = dialect_of(url)
     if dialect == "sqlite":
         conn = sqlite3.connect(
-            sqlite_path(parse_url(url, argument="db")), timeout=30, check_same_thread=False
+            sqlite_path(parse_backend_url(url, argument="db")), timeout=30, check_same_thread=False
         )
         conn.execute("PRAGMA busy_timeout = 30000")
         return conn

@@ -19,13 +19,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from .._core.url import BackendURL, mask_url, parse_url
+from .._core.url import BackendURL, mask_url
+from ..backends import BackendInfo, parse_backend_url, registered
 from ..errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from ..backends import BackendInfo
 
 __all__ = [
     "CLOCK_OFFSET_WARNING_MS",
@@ -164,8 +162,6 @@ class Timer:
 
 def _backend(url: BackendURL) -> BackendInfo | None:
     """The registered backend serving the URL's scheme (None: no backend does)."""
-    from ..backends import registered
-
     return registered().get(url.scheme)
 
 
@@ -225,7 +221,7 @@ def diagnose(
     lease. Never raises for a server that is down or refuses a check: that is an ``error`` or
     ``warning`` finding of the report. A URL that cannot be parsed raises
     :class:`~jobfence.errors.ConfigurationError`."""
-    parsed = parse_url(url)
+    parsed = parse_backend_url(url)
     if isinstance(pings, bool) or not isinstance(pings, int) or not 1 <= pings <= 100:
         raise ConfigurationError(
             f"pings must be an int from 1 to 100, got {pings!r}", argument="pings"

@@ -66,7 +66,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
-from .._core.url import mask_url, parse_url
+from .._core.url import mask_url
+from ..backends import parse_backend_url
 from ..errors import ConfigurationError, StaleToken
 from .faults import InjectedFault
 from .table import _Base, _check_values, _Table
@@ -326,7 +327,7 @@ def _driver(url: object) -> tuple[_Driver, str]:
             f"url must be {_URLS} (a real database for the simulated table); got {mask_url(url)}",
             argument="url",
         )
-    parsed = parse_url(url, argument="url")
+    parsed = parse_backend_url(url, argument="url")
     if scheme == "sqlite":
         from ..backends.sqlite.common import sqlite_path
 

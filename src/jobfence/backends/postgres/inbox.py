@@ -27,9 +27,9 @@ from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool import ConnPool
 from ..._core.source import Source, open_source
-from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox import SQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,

@@ -25,9 +25,9 @@ from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
 from ..._core.pool_async import AsyncConnPool
 from ..._core.source_async import AsyncSource, open_source
-from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox_async import AsyncSQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool import ConnPool
-from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox import SQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,

@@ -24,9 +24,9 @@ from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
-from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox_async import AsyncSQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,
