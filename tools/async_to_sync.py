@@ -70,6 +70,7 @@ TWINS: dict[str, str] = {
     "backends/_sql/inbox_async.py": "backends/_sql/inbox.py",
     "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",
     "backends/mysql/locks_async.py": "backends/mysql/locks.py",
+    "backends/postgres/connect_async.py": "backends/postgres/connect.py",
     "backends/postgres/inbox_async.py": "backends/postgres/inbox.py",
     "backends/postgres/listen_async.py": "backends/postgres/listen.py",
     "backends/postgres/locks_async.py": "backends/postgres/locks.py",

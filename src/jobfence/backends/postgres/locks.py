@@ -79,7 +79,6 @@ from ..._core.clock import get_clock
 from ..._core.options import (
     TIMEOUT_OPTIONS,
     Timeouts,
-    connect_timed_out,
     option_bool,
     option_int,
     option_pool_size,
@@ -96,12 +95,14 @@ from ..base import LockBackend, LockCapabilities, LockHolder, RenewItem
 from .common import (
     connect_kwargs,
     execute_bounded,
+    libpq_uri,
     pg_text,
     pg_text_prefix,
     pg_untext,
     refuse_connect_options,
     reusable,
 )
+from .connect import connect
 from .dialect import DIALECT, NAMESPACE_LIMIT
 from .listen import Listener
 
@@ -302,7 +303,7 @@ class PostgresLockCommon(LockBackend):
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.queries = load_queries(namespace)
-        self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        self._conninfo = libpq_uri(url, *OPTIONS, *_ALIASES)
         self.timeouts = self.options.timeouts
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
@@ -329,23 +330,14 @@ class PostgresLockCommon(LockBackend):
     def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres lock backend is closed", argument="self")
-        if self._source is not None:
-            conn: Conn = self._source.get()
-            return conn
-        try:
-            return Connection.connect(
-                self._conninfo,
-                autocommit=True,
-                prepare_threshold=self.options.prepare_threshold,
-                **self._connect_kwargs,
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
-        except psycopg.Error as exc:
-            password = self.url.password
-            if password and password in str(exc):  # never let a driver message leak it
-                raise type(exc)(str(exc).replace(password, "***")) from None
-            raise
+        conn: Conn = connect(
+            self.url,
+            self._conninfo,
+            self._connect_kwargs,
+            prepare_threshold=self.options.prepare_threshold,
+            source=self._source,
+        )
+        return conn
 
     def _take(self) -> Conn:
         """A connection of the pool (open, idle), or a new one."""

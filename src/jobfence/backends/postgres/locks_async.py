@@ -78,7 +78,6 @@ from ..._core.flavour import ASYNC
 from ..._core.options import (
     TIMEOUT_OPTIONS,
     Timeouts,
-    connect_timed_out,
     option_bool,
     option_int,
     option_pool_size,
@@ -95,12 +94,14 @@ from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from .common import (
     connect_kwargs,
     execute_bounded_async,
+    libpq_uri,
     pg_text,
     pg_text_prefix,
     pg_untext,
     refuse_connect_options,
     reusable,
 )
+from .connect_async import connect
 from .dialect import DIALECT, NAMESPACE_LIMIT
 from .listen_async import AsyncListener
 
@@ -304,7 +305,7 @@ class AsyncPostgresLockCommon(AsyncLockBackend):
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.queries = load_queries(namespace)
-        self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        self._conninfo = libpq_uri(url, *OPTIONS, *_ALIASES)
         self.timeouts = self.options.timeouts
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
@@ -331,23 +332,14 @@ class AsyncPostgresLockCommon(AsyncLockBackend):
     async def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres lock backend is closed", argument="self")
-        if self._source is not None:
-            conn: Conn = await self._source.get()
-            return conn
-        try:
-            return await AsyncConnection.connect(
-                self._conninfo,
-                autocommit=True,
-                prepare_threshold=self.options.prepare_threshold,
-                **self._connect_kwargs,
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
-        except psycopg.Error as exc:
-            password = self.url.password
-            if password and password in str(exc):  # never let a driver message leak it
-                raise type(exc)(str(exc).replace(password, "***")) from None
-            raise
+        conn: Conn = await connect(
+            self.url,
+            self._conninfo,
+            self._connect_kwargs,
+            prepare_threshold=self.options.prepare_threshold,
+            source=self._source,
+        )
+        return conn
 
     async def _take(self) -> Conn:
         """A connection of the pool (open, idle), or a new one."""
