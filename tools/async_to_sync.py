@@ -68,6 +68,7 @@ TWINS: dict[str, str] = {
     "_core/pool_async.py": "_core/pool.py",
     "_guard_run_async.py": "_guard_run.py",
     "backends/_sql/inbox_async.py": "backends/_sql/inbox.py",
+    "backends/mysql/connect_async.py": "backends/mysql/connect.py",
     "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",
     "backends/mysql/locks_async.py": "backends/mysql/locks.py",
     "backends/postgres/connect_async.py": "backends/postgres/connect.py",

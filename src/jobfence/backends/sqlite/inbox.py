@@ -39,12 +39,11 @@ from ..base import (
 )
 from .common import sqlite_path
 from .connect import (
-    connect,
     count_rows,
     fetch_all,
+    open_wal,
     run_in_transaction,
     run_on,
-    wal_mode,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -89,13 +88,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        conn = connect(self.path, self.busy_timeout)
-        try:
-            run_on(conn, wal_mode)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return open_wal(self.path, self.busy_timeout)
 
     @staticmethod
     def _close(conn: Any) -> None:

@@ -39,12 +39,11 @@ from ..base import (
 )
 from .common import sqlite_path
 from .connect_async import (
-    connect,
     count_rows,
     fetch_all,
+    open_wal,
     run_in_transaction,
     run_on,
-    wal_mode,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -92,13 +91,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         )
 
     async def _connect(self) -> Any:
-        conn = await connect(self.path, self.busy_timeout)
-        try:
-            await run_on(conn, wal_mode)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await open_wal(self.path, self.busy_timeout)
 
     @staticmethod
     async def _close(conn: Any) -> None:
