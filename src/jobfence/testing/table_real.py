@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
 from .._core.url import mask_url
-from ..backends import parse_backend_url
+from ..backends import backend_for, parse_backend_url, sql_dialect
 from ..errors import ConfigurationError, StaleToken
 from .faults import InjectedFault
 from .table import _Base, _check_values, _Table
@@ -328,7 +328,9 @@ def _driver(url: object) -> tuple[_Driver, str]:
             argument="url",
         )
     parsed = parse_backend_url(url, argument="url")
-    if scheme == "sqlite":
+    dialect = backend_for(parsed.scheme).dialect
+    assert dialect is not None  # the schemes above are SQL backends
+    if sql_dialect(dialect).in_process:
         from ..backends.sqlite.common import sqlite_path
 
         return _SQLite(sqlite_path(parsed)), parsed.masked

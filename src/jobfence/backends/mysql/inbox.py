@@ -99,7 +99,7 @@ class MySQLInboxBackend(InboxBackend):
                     "opens; with a client passed in, configure its connections instead",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql inbox")
+            self._source = open_source(client, DIALECT, "mysql inbox")
         self.table = inbox_table(
             url, table, options, backend="mysql", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )

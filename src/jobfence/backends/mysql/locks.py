@@ -67,6 +67,7 @@ from .common import (
     use_request_timeouts,
 )
 from .connect import connect
+from .dialect import DIALECT
 
 pass
 
@@ -112,7 +113,7 @@ class MySQLLockBackend(LockBackend):
                     "backend opens; with a client passed in, configure its connections",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql lock backend")
+            self._source = open_source(client, DIALECT, "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)

@@ -66,6 +66,7 @@ from .common import (
     use_request_timeouts,
 )
 from .connect_async import connect
+from .dialect import DIALECT
 
 if ASYNC:
     import asyncio
@@ -114,7 +115,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     "backend opens; with a client passed in, configure its connections",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql lock backend")
+            self._source = open_source(client, DIALECT, "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)

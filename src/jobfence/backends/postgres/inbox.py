@@ -76,7 +76,7 @@ class PostgresInboxBackend(SQLInboxBackend):
         self._source: Source | None = None
         if client is not None:
             refuse_connect_options(options, "postgres inbox")
-            self._source = open_source(client, "postgresql", "postgres inbox")
+            self._source = open_source(client, DIALECT, "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )

@@ -74,7 +74,7 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres inbox")
-            self._source = open_source(client, "postgresql", "postgres inbox")
+            self._source = open_source(client, DIALECT, "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )

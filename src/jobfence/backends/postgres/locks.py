@@ -299,7 +299,7 @@ class PostgresLockCommon(LockBackend):
         self._source: Source | None = None
         if client is not None:
             refuse_connect_options(options, "postgres lock backend")
-            self._source = open_source(client, "postgresql", "postgres lock backend")
+            self._source = open_source(client, DIALECT, "postgres lock backend")
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.queries = load_queries(namespace)

@@ -301,7 +301,7 @@ class AsyncPostgresLockCommon(AsyncLockBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres lock backend")
-            self._source = open_source(client, "postgresql", "postgres lock backend")
+            self._source = open_source(client, DIALECT, "postgres lock backend")
         self.url = url
         self.options = PostgresOptions.parse(url, options)
         self.queries = load_queries(namespace)

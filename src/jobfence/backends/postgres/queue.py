@@ -251,7 +251,7 @@ class PostgresQueueBackend(Listener, QueueBackend):
         self._source: Source | None = None
         if client is not None:
             refuse_connect_options(options, "postgres queue backend")
-            self._source = open_source(client, "postgresql", "postgres queue backend")
+            self._source = open_source(client, DIALECT, "postgres queue backend")
         reject_unknown(options, OPTIONS, "postgres queue")
         merged = {**{k: v for k, v in url.options.items() if k in OPTIONS}, **options}
         self.table = check_namespace(

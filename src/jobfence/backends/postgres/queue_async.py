@@ -253,7 +253,7 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres queue backend")
-            self._source = open_source(client, "postgresql", "postgres queue backend")
+            self._source = open_source(client, DIALECT, "postgres queue backend")
         reject_unknown(options, OPTIONS, "postgres queue")
         merged = {**{k: v for k, v in url.options.items() if k in OPTIONS}, **options}
         self.table = check_namespace(
