@@ -107,8 +107,8 @@ SYNC_SUPPORTED = (
     "psycopg.Connection, pymysql.Connection, sqlite3.Connection, sqlalchemy Connection or "
     "Session, Django connection (django.db.connection or connections[alias])"
 )
-#: Django ``connection.vendor`` -> dialect
-_DJANGO_VENDORS = {"postgresql": "postgresql", "sqlite": "sqlite", "mysql": "mysql"}
+#: the Django ``connection.vendor`` names jobfence runs on: they are the dialect names
+_DJANGO_VENDORS = ("postgresql", "sqlite", "mysql")
 ASYNC_SUPPORTED = (
     "psycopg.AsyncConnection, asyncpg Connection (or pool connection), aiomysql.Connection, "
     "aiosqlite.Connection, sqlalchemy AsyncConnection or AsyncSession"
@@ -488,7 +488,7 @@ def _django_wrapper(conn: Any) -> Any:
 
 def _django_dialect(conn: Any, argument: str) -> tuple[str, str]:
     vendor = getattr(conn, "vendor", None)
-    dialect = _DJANGO_VENDORS.get(vendor) if isinstance(vendor, str) else None
+    dialect = vendor if vendor in _DJANGO_VENDORS else None
     if dialect is None:
         raise ConfigurationError(
             f"{argument}: Django database vendor {vendor!r} is not supported; allowed: "

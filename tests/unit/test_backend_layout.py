@@ -1,6 +1,7 @@
-"""The package's layering: ``_core`` (the machinery every part shares) imports nothing from
-``backends`` (the registry and the server packages depend on ``_core``, never the other way
-round), and every server's ``jobfence doctor`` checks are found through the registry."""
+"""Where a server's code lives: ``_core`` (the machinery every part shares) imports nothing
+from ``backends`` (the registry and the server packages depend on ``_core``, never the other
+way round), every server's ``jobfence doctor`` checks are found through the registry, and
+every backend class goes by its registry name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import ast
 from pathlib import Path
 
 import jobfence
-from jobfence.backends import BACKENDS
+from jobfence.backends import BACKENDS, load_class
 
 CORE = Path(jobfence.__file__).parent / "_core"
 
@@ -38,3 +39,13 @@ def test_every_built_in_server_has_its_doctor_checks_in_its_package() -> None:
         inspect = info.doctor_checks()
         assert inspect is not None, info.name
         assert inspect.__module__ == f"{info.package}.doctor"
+
+
+def test_every_backend_class_goes_by_its_registry_name() -> None:
+    """One name per backend: the ``kind`` of every class a backend provides (errors, the
+    I/O hook's ``backend``, telemetry) is its registry entry's ``name``."""
+    for info in BACKENDS.values():
+        for part in info.parts:
+            for asynchronous in (False, True):
+                cls = load_class(info, part, asynchronous=asynchronous)
+                assert cls.kind == info.name, (info.name, part, cls)
