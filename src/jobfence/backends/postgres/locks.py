@@ -434,8 +434,12 @@ class PostgresLockBackend(Listener, PostgresLockCommon):
 
     mode = "lease"
 
-    def __new__(cls, url: BackendURL, *args: Any, **options: Any) -> Any:
-        if cls is PostgresLockBackend and requested_mode(url, options) == "session":
+    def __new__(cls, url: BackendURL | None = None, *args: Any, **options: Any) -> Any:
+        if (
+            cls is PostgresLockBackend
+            and url is not None
+            and requested_mode(url, options) == "session"
+        ):
             return PostgresSessionLockBackend(url, *args, **options)
         return super().__new__(cls)
 

@@ -436,8 +436,12 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncPostgresLockCommon):
 
     mode = "lease"
 
-    def __new__(cls, url: BackendURL, *args: Any, **options: Any) -> Any:
-        if cls is AsyncPostgresLockBackend and requested_mode(url, options) == "session":
+    def __new__(cls, url: BackendURL | None = None, *args: Any, **options: Any) -> Any:
+        if (
+            cls is AsyncPostgresLockBackend
+            and url is not None
+            and requested_mode(url, options) == "session"
+        ):
             return AsyncPostgresSessionLockBackend(url, *args, **options)
         return super().__new__(cls)
 
