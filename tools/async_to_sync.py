@@ -66,10 +66,12 @@ PYPROJECT = ROOT / "pyproject.toml"
 #: async source -> generated sync module, relative to src/jobfence
 TWINS: dict[str, str] = {
     "_core/pool_async.py": "_core/pool.py",
-    "_core/sql_inbox_async.py": "_core/sql_inbox.py",
     "_guard_run_async.py": "_guard_run.py",
+    "backends/_sql/inbox_async.py": "backends/_sql/inbox.py",
+    "backends/mysql/connect_async.py": "backends/mysql/connect.py",
     "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",
     "backends/mysql/locks_async.py": "backends/mysql/locks.py",
+    "backends/postgres/connect_async.py": "backends/postgres/connect.py",
     "backends/postgres/inbox_async.py": "backends/postgres/inbox.py",
     "backends/postgres/listen_async.py": "backends/postgres/listen.py",
     "backends/postgres/locks_async.py": "backends/postgres/locks.py",

@@ -17,11 +17,11 @@ import pytest
 import redis
 
 import jobfence
+from jobfence.backends.mysql.doctor import parse_version
+from jobfence.backends.postgres.doctor import transaction_pooled
+from jobfence.backends.redis.doctor import OLD_LAYOUT
 from jobfence.backends.redis.keys import legacy_lock_key
 from jobfence.doctor import Report, diagnose
-from jobfence.doctor.mysql import parse_version
-from jobfence.doctor.postgres import transaction_pooled
-from jobfence.doctor.redis import OLD_LAYOUT
 from tests.conformance.specs import new_namespace
 from tests.reliability._redis_server import free_port
 from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL

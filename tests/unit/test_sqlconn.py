@@ -20,8 +20,8 @@ from jobfence._core.sqlconn import (
     adapt_async,
     check_ident,
     is_undefined_table,
-    quote_ident,
 )
+from jobfence.backends import sql_dialect
 from jobfence.errors import ConfigurationError
 from tests.servers import MYSQL_URL, POSTGRES_URL
 
@@ -48,10 +48,10 @@ def test_unqualified_identifiers_reject_dots() -> None:
         check_ident("a.b", "key", qualified=False)
 
 
-def test_quote_ident_per_dialect() -> None:
-    assert quote_ident("postgresql", "s.t") == '"s"."t"'
-    assert quote_ident("sqlite", "t") == '"t"'
-    assert quote_ident("mysql", "s.t") == "`s`.`t`"
+def test_quote_per_dialect() -> None:
+    assert sql_dialect("postgresql").quote("s.t") == '"s"."t"'
+    assert sql_dialect("sqlite").quote("t") == '"t"'
+    assert sql_dialect("mysql").quote("s.t") == "`s`.`t`"
 
 
 # -- placeholders ---------------------------------------------------------------------------

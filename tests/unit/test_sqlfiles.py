@@ -9,7 +9,6 @@ from importlib.resources import files
 
 import pytest
 
-from jobfence._core.sqlconn import quote_ident
 from jobfence._core.sqlfiles import (
     convert,
     fill,
@@ -32,7 +31,7 @@ SQL_FILES = [
 
 
 def _pg(name: str) -> str:
-    return quote_ident("postgresql", name)
+    return sql_dialect("postgresql").quote(name)
 
 
 # -- sections and comments ------------------------------------------------------------------
@@ -129,7 +128,7 @@ def test_on_server_names_are_kept(dialect: str, locks: str) -> None:
     assert f"FROM {table} WHERE k = :key" in inbox["peek"]
     assert "'MyInbox'" in inbox.statements("schema")[-1]  # the schema row keeps the given name
     fence = sql_dialect(dialect).fence_queries("app.Fences")
-    quoted = quote_ident(dialect, "app.Fences")
+    quoted = sql_dialect(dialect).quote("app.Fences")
     assert f"FROM {quoted} WHERE" in fence["newest"]
 
 

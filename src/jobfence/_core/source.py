@@ -27,26 +27,14 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError
+from .clients import recognise
+from .sqlconn import SQLDialect
 
 __all__ = ["Source", "open_source"]
 
-#: driver classes (module prefix, class name) each dialect's backend can use, by flavour
-_DRIVERS = {
-    ("postgresql", True): (("psycopg", "Connection"),),
-    ("postgresql", False): (("psycopg", "Connection"),),
-    ("mysql", True): (("pymysql", "Connection"),),
-    ("mysql", False): (("pymysql", "Connection"),),
-}
-_DRIVER_NAMES = {
-    ("postgresql", True): "psycopg (postgresql+psycopg_async)",
-    ("postgresql", False): "psycopg (postgresql+psycopg)",
-    ("mysql", True): "aiomysql (mysql+aiomysql)",
-    ("mysql", False): "PyMySQL (mysql+pymysql)",
-}
 
-
-def _is_driver(conn: object, dialect: str) -> bool:
-    wanted = _DRIVERS[(dialect, _FLAVOUR)]
+def _is_driver(conn: object, dialect: SQLDialect) -> bool:
+    wanted = dialect.drivers[_FLAVOUR]
     return any(
         cls.__module__.startswith(module) and cls.__name__ == name
         for cls in type(conn).__mro__
@@ -56,8 +44,8 @@ def _is_driver(conn: object, dialect: str) -> bool:
 
 class Source:
     """Where a backend's connections come from when the caller passed a client (see the
-    module). ``dialect``: ``"postgresql"`` or ``"mysql"``; ``what`` names the backend in
-    messages."""
+    module). ``dialect``: the backend's :class:`~.sqlconn.SQLDialect` (its drivers, how they
+    switch autocommit); ``what`` names the backend in messages."""
 
     #: the caller's pool holds the connections (False: a factory's are the backend's)
     pooled = True
@@ -68,7 +56,7 @@ class Source:
         A pool of one has none to spare for a connection jobfence keeps (the LISTEN one)."""
         return None
 
-    def __init__(self, client: Any, dialect: str, what: str) -> None:
+    def __init__(self, client: Any, dialect: SQLDialect, what: str) -> None:
         self.client = client
         self.dialect = dialect
         self.what = what
@@ -82,7 +70,7 @@ class Source:
         if not _is_driver(conn, self.dialect):
             self._give_back(conn, handle, broken=False)
             raise ConfigurationError(
-                f"the {self.what} needs {_DRIVER_NAMES[(self.dialect, _FLAVOUR)]} connections; "
+                f"the {self.what} needs {self.dialect.driver_names[_FLAVOUR]} connections; "
                 f"{self.client!r} gave a {type(conn).__module__}.{type(conn).__qualname__}",
                 argument="url",
             )
@@ -126,12 +114,9 @@ class Source:
 
     def _set_autocommit(self, conn: Any, on: bool) -> bool:
         """Set autocommit; return the setting before."""
-        before = bool(conn.get_autocommit() if self.dialect == "mysql" else conn.autocommit)
+        before = self.dialect.autocommit(conn)
         if before != on:
-            if self.dialect == "mysql":
-                conn.autocommit(on)
-            else:
-                conn.set_autocommit(on)
+            self.dialect.set_autocommit(conn, on)
         return before
 
     @staticmethod
@@ -214,12 +199,10 @@ class _Factory(Source):
 _FLAVOUR = inspect.iscoroutinefunction(Source.get)
 
 
-def open_source(client: Any, dialect: str, what: str) -> Source:
+def open_source(client: Any, dialect: SQLDialect, what: str) -> Source:
     """The :class:`AsyncSource` for a caller's ``client`` (kinds as
-    :func:`jobfence.backends.clients.classify` tells them)."""
-    from ..backends.clients import classify
-
-    kind = classify(client)
+    :func:`~jobfence._core.clients.recognise` tells them)."""
+    kind = recognise(client)
     if kind is not None and kind.kind == "psycopg_pool":
         return _PsycopgPool(client, dialect, what)
     if kind is not None and kind.kind == "sqlalchemy":

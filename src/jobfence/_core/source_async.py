@@ -25,27 +25,15 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError
+from .clients import recognise
 from .flavour import ASYNC
+from .sqlconn import SQLDialect
 
 __all__ = ["AsyncSource", "open_source"]
 
-#: driver classes (module prefix, class name) each dialect's backend can use, by flavour
-_DRIVERS = {
-    ("postgresql", True): (("psycopg", "AsyncConnection"),),
-    ("postgresql", False): (("psycopg", "Connection"),),
-    ("mysql", True): (("aiomysql", "Connection"),),
-    ("mysql", False): (("pymysql", "Connection"),),
-}
-_DRIVER_NAMES = {
-    ("postgresql", True): "psycopg (postgresql+psycopg_async)",
-    ("postgresql", False): "psycopg (postgresql+psycopg)",
-    ("mysql", True): "aiomysql (mysql+aiomysql)",
-    ("mysql", False): "PyMySQL (mysql+pymysql)",
-}
 
-
-def _is_driver(conn: object, dialect: str) -> bool:
-    wanted = _DRIVERS[(dialect, _FLAVOUR)]
+def _is_driver(conn: object, dialect: SQLDialect) -> bool:
+    wanted = dialect.drivers[_FLAVOUR]
     return any(
         cls.__module__.startswith(module) and cls.__name__ == name
         for cls in type(conn).__mro__
@@ -55,8 +43,8 @@ def _is_driver(conn: object, dialect: str) -> bool:
 
 class AsyncSource:
     """Where a backend's connections come from when the caller passed a client (see the
-    module). ``dialect``: ``"postgresql"`` or ``"mysql"``; ``what`` names the backend in
-    messages."""
+    module). ``dialect``: the backend's :class:`~.sqlconn.SQLDialect` (its drivers, how they
+    switch autocommit); ``what`` names the backend in messages."""
 
     #: the caller's pool holds the connections (False: a factory's are the backend's)
     pooled = True
@@ -67,7 +55,7 @@ class AsyncSource:
         A pool of one has none to spare for a connection jobfence keeps (the LISTEN one)."""
         return None
 
-    def __init__(self, client: Any, dialect: str, what: str) -> None:
+    def __init__(self, client: Any, dialect: SQLDialect, what: str) -> None:
         self.client = client
         self.dialect = dialect
         self.what = what
@@ -81,7 +69,7 @@ class AsyncSource:
         if not _is_driver(conn, self.dialect):
             await self._give_back(conn, handle, broken=False)
             raise ConfigurationError(
-                f"the {self.what} needs {_DRIVER_NAMES[(self.dialect, _FLAVOUR)]} connections; "
+                f"the {self.what} needs {self.dialect.driver_names[_FLAVOUR]} connections; "
                 f"{self.client!r} gave a {type(conn).__module__}.{type(conn).__qualname__}",
                 argument="url",
             )
@@ -125,12 +113,9 @@ class AsyncSource:
 
     async def _set_autocommit(self, conn: Any, on: bool) -> bool:
         """Set autocommit; return the setting before."""
-        before = bool(conn.get_autocommit() if self.dialect == "mysql" else conn.autocommit)
+        before = self.dialect.autocommit(conn)
         if before != on:
-            if self.dialect == "mysql":
-                await conn.autocommit(on)
-            else:
-                await conn.set_autocommit(on)
+            await self.dialect.set_autocommit(conn, on)
         return before
 
     @staticmethod
@@ -217,12 +202,10 @@ class _Factory(AsyncSource):
 _FLAVOUR = inspect.iscoroutinefunction(AsyncSource.get)
 
 
-def open_source(client: Any, dialect: str, what: str) -> AsyncSource:
+def open_source(client: Any, dialect: SQLDialect, what: str) -> AsyncSource:
     """The :class:`AsyncSource` for a caller's ``client`` (kinds as
-    :func:`jobfence.backends.clients.classify` tells them)."""
-    from ..backends.clients import classify
-
-    kind = classify(client)
+    :func:`~jobfence._core.clients.recognise` tells them)."""
+    kind = recognise(client)
     if kind is not None and kind.kind == "psycopg_pool":
         return _PsycopgPool(client, dialect, what)
     if kind is not None and kind.kind == "sqlalchemy":

@@ -73,8 +73,8 @@ INSERT/UPDATE/DELETE (on MySQL: *changed* rows unless the client sets ``CLIENT_F
 and the number of returned rows for statements that return rows.
 
 Helpers: :func:`check_ident` validates a table or column name (``^[A-Za-z_][A-Za-z0-9_]{0,62}$``,
-optionally ``schema.table``), :func:`quote_ident` quotes a validated name for a dialect, and
-:func:`is_undefined_table` recognises every driver's "table does not exist" error.
+optionally ``schema.table``), :meth:`SQLDialect.quote` quotes a validated name for a
+dialect, and :func:`is_undefined_table` recognises every driver's "table does not exist" error.
 """
 
 from __future__ import annotations
@@ -99,7 +99,6 @@ __all__ = [
     "is_old_schema",
     "is_undefined_column",
     "is_undefined_table",
-    "quote_ident",
 ]
 
 DIALECTS = ("postgresql", "mysql", "sqlite")
@@ -108,8 +107,8 @@ SYNC_SUPPORTED = (
     "psycopg.Connection, pymysql.Connection, sqlite3.Connection, sqlalchemy Connection or "
     "Session, Django connection (django.db.connection or connections[alias])"
 )
-#: Django ``connection.vendor`` -> dialect
-_DJANGO_VENDORS = {"postgresql": "postgresql", "sqlite": "sqlite", "mysql": "mysql"}
+#: the Django ``connection.vendor`` names jobfence runs on: they are the dialect names
+_DJANGO_VENDORS = ("postgresql", "sqlite", "mysql")
 ASYNC_SUPPORTED = (
     "psycopg.AsyncConnection, asyncpg Connection (or pool connection), aiomysql.Connection, "
     "aiosqlite.Connection, sqlalchemy AsyncConnection or AsyncSession"
@@ -152,12 +151,6 @@ def check_ident(name: object, argument: str, *, qualified: bool = True) -> str:
     return name
 
 
-def quote_ident(dialect: str, name: str) -> str:
-    """Quote a name already validated by :func:`check_ident` (``a.b`` quotes each part)."""
-    q = "`" if dialect == "mysql" else '"'
-    return ".".join(f"{q}{part}{q}" for part in name.split("."))
-
-
 # -- dialects -------------------------------------------------------------------------------
 
 
@@ -190,6 +183,26 @@ class SQLDialect:
     #: sections ``claim_in`` runs, in order, while the ones before affected no row (the first
     #: one's affected-row count is the answer where one statement decides it)
     claim_in_steps: tuple[str, ...] = ("claim_in",)
+
+    #: the connection classes (module prefix, class name) a backend of this dialect takes
+    #: from a caller's pool, engine or factory, by flavour (asyncio: ``True``), and how
+    #: messages name that driver; empty where backends take no caller's connections
+    drivers: Mapping[bool, tuple[tuple[str, str], ...]] = {}
+    driver_names: Mapping[bool, str] = {}
+
+    #: the database is a file opened in this process (SQLite): no server, no host
+    in_process = False
+    #: the host a URL made for the server names when its settings give none
+    default_host = ""
+    #: a plain DB-API connection's parameter placeholder
+    dbapi_param = "%s"
+    #: what starts a transaction that takes the write lock at its first read ("": none
+    #: needed, the reads lock rows with :attr:`row_lock`)
+    begin_write = ""
+    #: the suffix of a SELECT that locks the rows it reads until the transaction ends
+    row_lock = " FOR UPDATE"
+    #: statements that set up a database file before first use (SQLite: WAL)
+    setup_statements: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<SQLDialect {self.name}>"
@@ -241,6 +254,20 @@ class SQLDialect:
         self, key: str, fingerprint: str | None, retention: float
     ) -> dict[str, Any]:
         return {"key": self.db_key(key), "fingerprint": fingerprint, "retention": retention}
+
+    def autocommit(self, conn: Any) -> bool:
+        """Whether the driver connection ``conn`` is in autocommit mode."""
+        return bool(conn.autocommit)
+
+    def set_autocommit(self, conn: Any, on: bool) -> Any:
+        """Switch ``conn``'s autocommit mode: the driver call's result (an awaitable for an
+        asyncio driver)."""
+        return conn.set_autocommit(on)
+
+    def dbapi_connect(self, url: str) -> Any:
+        """A plain DB-API connection to the database of ``url`` (transactions begin
+        implicitly and end with ``commit``/``rollback``), for scripts such as the demo."""
+        raise NotImplementedError(f"no DB-API connection for {self.name}")
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -461,7 +488,7 @@ def _django_wrapper(conn: Any) -> Any:
 
 def _django_dialect(conn: Any, argument: str) -> tuple[str, str]:
     vendor = getattr(conn, "vendor", None)
-    dialect = _DJANGO_VENDORS.get(vendor) if isinstance(vendor, str) else None
+    dialect = vendor if vendor in _DJANGO_VENDORS else None
     if dialect is None:
         raise ConfigurationError(
             f"{argument}: Django database vendor {vendor!r} is not supported; allowed: "

@@ -1,4 +1,7 @@
-"""Backend URLs: parsing, validation, and masking of every secret a URL can carry."""
+"""Backend URLs: parsing, and masking of every secret a URL can carry.
+
+Which schemes exist is the registry's business: :func:`jobfence.backends.parse_backend_url`
+parses a URL with :func:`parse_url` and refuses a scheme no backend serves."""
 
 from __future__ import annotations
 
@@ -128,7 +131,8 @@ class BackendURL:
 
 
 def parse_url(url: object, *, argument: str = "url") -> BackendURL:
-    """Parse and validate a backend URL; raise :class:`ConfigurationError` naming ``argument``.
+    """Parse a backend URL (any scheme); raise :class:`ConfigurationError` naming ``argument``
+    when it is not a URL, or its user-info, host or port cannot be read.
 
     Messages show the URL masked (:func:`mask_url`) and never quote the parser's own message,
     which can hold part of a password.
@@ -158,15 +162,6 @@ def parse_url(url: object, *, argument: str = "url") -> BackendURL:
             argument=argument,
         ) from None
     scheme = parts.scheme.lower()
-    from ..backends import registered  # the one list of schemes (imported late: it imports us)
-
-    known = registered()
-    if scheme not in known:
-        raise ConfigurationError(
-            f"{argument} has unknown scheme {parts.scheme!r} in {mask_url(url)}; allowed: "
-            + ", ".join(f"{s}://" for s in known),
-            argument=argument,
-        )
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     return BackendURL(
         raw=url,

@@ -33,6 +33,10 @@ where ``jobfence_etcd.BACKEND = BackendInfo(name="etcd", schemes=("etcd",),
 package="jobfence_etcd", parts={"locks": "EtcdLockBackend"}, extra=None)``. Built-in schemes
 cannot be overridden.
 
+A backend package may hold a ``doctor`` module: its ``inspect(report, url, timer)`` is what
+``jobfence doctor`` checks on that server (:meth:`BackendInfo.doctor_checks` finds it; the same
+holds for third-party packages).
+
 A backend for an SQL server also names its ``dialect`` (as ``jobfence._core.sqlconn`` detects
 it on a caller's connection): :func:`sql_dialect` then finds ``<package>.dialect.DIALECT``,
 which tells ``fence``, ``claim_in``, ``versioned_update`` and ``inbox.install(conn)`` what
@@ -43,12 +47,12 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core.url import BackendURL, parse_url
+from .._core.url import BackendURL, mask_url, parse_url
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -66,6 +70,7 @@ __all__ = [
     "open_inbox_backend",
     "open_lock_backend",
     "open_queue_backend",
+    "parse_backend_url",
     "registered",
     "sql_dialect",
 ]
@@ -96,6 +101,9 @@ class BackendInfo:
     description: str = field(default="", compare=False)
     #: the SQL dialect this backend's server speaks ("postgresql", "mysql", "sqlite"), if any
     dialect: str | None = None
+    #: the module of the package holding the checks of ``jobfence doctor`` (its function
+    #: ``inspect(report, url, timer)``); a package without that module has no server checks
+    doctor: str | None = "doctor"
 
     def module_name(self, part: str, *, asynchronous: bool) -> str:
         suffix = "_async" if (asynchronous and self.twins) else ""
@@ -103,6 +111,21 @@ class BackendInfo:
 
     def class_name(self, part: str, *, asynchronous: bool) -> str:
         return ("Async" if asynchronous else "") + self.parts[part]
+
+    def doctor_checks(self) -> Callable[..., None] | None:
+        """The ``inspect(report, url, timer)`` function of ``jobfence doctor`` for this
+        backend's server (``<package>.doctor.inspect``), or None when the package has none.
+        Importing it imports the server's driver: a missing driver raises."""
+        if self.doctor is None:
+            return None
+        module_name = f"{self.package}.{self.doctor}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                return None
+            raise
+        return cast("Callable[..., None]", module.inspect)
 
 
 def _builtin(
@@ -196,6 +219,20 @@ def registered() -> dict[str, BackendInfo]:
     return dict(_BY_SCHEME)
 
 
+def parse_backend_url(url: object, *, argument: str = "url") -> BackendURL:
+    """Parse ``url`` (:func:`~jobfence._core.url.parse_url`) and refuse a scheme no registered
+    backend serves: :class:`ConfigurationError` naming ``argument``, listing the schemes."""
+    parsed = parse_url(url, argument=argument)
+    known = registered()
+    if parsed.scheme not in known:
+        raise ConfigurationError(
+            f"{argument} has unknown scheme {parsed.scheme!r} in {mask_url(parsed.raw)}; "
+            "allowed: " + ", ".join(f"{s}://" for s in known),
+            argument=argument,
+        )
+    return parsed
+
+
 def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") -> BackendInfo:
     """The backend serving ``scheme`` (and providing ``part``); ConfigurationError if none."""
     info = _BY_SCHEME.get(scheme)
@@ -251,7 +288,7 @@ def open_backend(url: object, part: str, *, asynchronous: bool, **options: Any) 
     serves it gets it as ``client=`` and uses it as it is."""
     if not isinstance(url, str) and url is not None:
         return _open_for_client(url, part, asynchronous=asynchronous, **options)
-    parsed: BackendURL = parse_url(url)
+    parsed = parse_backend_url(url)
     info = backend_for(parsed.scheme, part)
     cls = load_class(info, part, asynchronous=asynchronous, scheme=parsed.scheme)
     return cls(parsed, **options)

@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._core.clients import recognise
 from ..errors import ConfigurationError
+from . import registered
 
 __all__ = [
     "Client",
@@ -45,8 +47,9 @@ Client = Any
 
 #: the public class of each part, for messages
 _CLASSES = {"locks": "Locks", "inbox": "Inbox", "queue": "Queue"}
-#: SQLAlchemy dialect name -> jobfence backend
-_SA_BACKENDS = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
+#: the scheme of the backend serving each kind of client; a SQLAlchemy engine's is the name
+#: of its SQLAlchemy dialect, which is a scheme of the backend that serves it
+_SCHEMES = {"redis": "redis", "psycopg_pool": "postgresql", "factory": "postgresql"}
 
 
 @dataclass(frozen=True)
@@ -62,37 +65,22 @@ class ClientKind:
     scheme: str
 
 
-def _names(obj: object) -> list[tuple[str, str]]:
-    return [(cls.__module__, cls.__name__) for cls in type(obj).__mro__]
-
-
 def classify(client: object) -> ClientKind | None:
     """The :class:`ClientKind` of ``client``, or ``None`` if jobfence cannot use it."""
-    for module, name in _names(client):
-        label = f"{module.split('.')[0]}.{name}"
-        if module.startswith("redis.") and name in ("Redis", "RedisCluster"):
-            asynchronous = module.startswith("redis.asyncio")
-            label = ("redis.asyncio." if asynchronous else "redis.") + name
-            return ClientKind("redis", "redis", asynchronous, label, "redis")
-        if module.startswith("psycopg_pool") and name in ("ConnectionPool", "AsyncConnectionPool"):
-            return ClientKind(
-                "psycopg_pool", "postgres", name.startswith("Async"), label, "postgresql"
-            )
-        if module.startswith("sqlalchemy") and name in ("Engine", "AsyncEngine"):
-            dialect = str(getattr(getattr(client, "dialect", None), "name", ""))
-            backend = _SA_BACKENDS.get(dialect)
-            if backend is None:
-                raise ConfigurationError(
-                    f"url: a SQLAlchemy engine for {dialect!r} cannot serve jobfence; allowed: "
-                    "engines on postgresql (psycopg), mysql/mariadb (PyMySQL, aiomysql) and "
-                    "sqlite (sqlite3, aiosqlite)",
-                    argument="url",
-                )
-            scheme = "postgresql" if backend == "postgres" else dialect
-            return ClientKind("sqlalchemy", backend, name == "AsyncEngine", label, scheme)
-    if callable(client) and not isinstance(client, type):
-        return ClientKind("factory", "postgres", None, "connection factory", "postgresql")
-    return None
+    found = recognise(client)
+    if found is None:
+        return None
+    scheme = _SCHEMES.get(found.kind, found.engine_dialect)
+    info = registered().get(scheme)
+    if found.kind == "sqlalchemy" and (info is None or info.dialect is None):
+        raise ConfigurationError(
+            f"url: a SQLAlchemy engine for {found.engine_dialect!r} cannot serve jobfence; "
+            "allowed: engines on postgresql (psycopg), mysql/mariadb (PyMySQL, aiomysql) and "
+            "sqlite (sqlite3, aiosqlite)",
+            argument="url",
+        )
+    assert info is not None
+    return ClientKind(found.kind, info.name, found.asynchronous, found.label, scheme)
 
 
 def describe(kind: ClientKind) -> str:

@@ -9,7 +9,7 @@ import logging
 
 import click
 
-from .._core.url import parse_url
+from ..backends import parse_backend_url
 from ..errors import JobfenceError
 from ._common import NAMESPACE_ENV, URL_ENV, user
 
@@ -59,7 +59,7 @@ def migrate_keys(
     if not url:
         raise click.UsageError(f"give the Redis URL, or set {URL_ENV}")
     try:
-        parsed = parse_url(url)
+        parsed = parse_backend_url(url)
         if parsed.scheme not in ("redis", "rediss"):
             raise click.UsageError(f"migrate-keys needs a redis:// or rediss:// URL, got {url!r}")
         redis_client = connect_redis(parsed, {}, what="migrate-keys", own=("namespace", "table"))

@@ -22,9 +22,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from .._core.inbox_support import DEFAULT_TABLE
-from .._core.url import mask_url, parse_url
+from .._core.url import mask_url
 from .._core.validate import check_listing, check_name, check_queue_name
-from ..backends import registered
+from ..backends import parse_backend_url, registered
 from ..backends.base import ClaimInfo, ClaimState
 from ..cli._common import user
 from ..errors import BackendError, ConfigurationError, JobfenceError
@@ -99,7 +99,7 @@ class Target:
         self.url = url
         self.config = config
         self.masked = mask_url(url)
-        parsed = parse_url(url)
+        parsed = parse_backend_url(url)
         info = registered().get(parsed.scheme)
         if info is None:
             raise ConfigurationError(

@@ -2,65 +2,49 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-from .._core.url import parse_url
-from ..backends.sqlite.common import sqlite_path
+from .._core.sqlconn import SQLDialect
+from ..backends import registered, sql_dialect
 from ..errors import ConfigurationError
 
-SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
 
-
-def dialect_of(url: str) -> str:
-    """``sqlite``, ``postgresql`` or ``mysql`` for a database URL; ``ConfigurationError``
-    (argument ``db``) for any other."""
+def dialect_of(url: str) -> SQLDialect:
+    """The SQL dialect of a database URL (``sqlite:///FILE``, ``postgresql://``,
+    ``mysql://``, or another scheme of those backends; ``+driver`` is ignored);
+    ``ConfigurationError`` (argument ``db``) for any other."""
     scheme = urlsplit(url).scheme.split("+", 1)[0]
-    if scheme not in SCHEMES:
+    info = registered().get(scheme)
+    if info is None or info.dialect is None:
         raise ConfigurationError(
             f"--db must be a sqlite:///FILE, postgresql:// or mysql:// URL, got {url!r}",
             argument="db",
         )
-    return {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
+    return sql_dialect(info.dialect)
 
 
 def connect(url: str) -> Any:
     """A new connection; transactions begin implicitly and end with ``commit``/``rollback``."""
-    dialect = dialect_of(url)
-    if dialect == "sqlite":
-        conn = sqlite3.connect(
-            sqlite_path(parse_url(url, argument="db")), timeout=30, check_same_thread=False
-        )
-        conn.execute("PRAGMA busy_timeout = 30000")
-        return conn
-    if dialect == "postgresql":
-        import psycopg
-
-        return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1))
-    import pymysql
-
-    parts = urlsplit(url)
-    return pymysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        password=unquote(parts.password or ""),
-        database=parts.path.lstrip("/") or None,
-        ssl_disabled=True,
-    )
+    return dialect_of(url).dbapi_connect(url)
 
 
-def begin_write(conn: Any, dialect: str) -> None:
+def begin_write(conn: Any, dialect: SQLDialect) -> None:
     """Start a write transaction that holds the write lock from its first read (SQLite:
     ``BEGIN IMMEDIATE``; the servers lock rows with ``FOR UPDATE`` instead)."""
-    if dialect == "sqlite":
-        conn.execute("BEGIN IMMEDIATE")
+    if dialect.begin_write:
+        conn.execute(dialect.begin_write)
 
 
-def for_update(dialect: str) -> str:
+def for_update(dialect: SQLDialect) -> str:
     """The suffix that locks the rows a SELECT reads, until the transaction ends."""
-    return "" if dialect == "sqlite" else " FOR UPDATE"
+    return dialect.row_lock
+
+
+def set_up_file(conn: Any, url: str) -> None:
+    """Set up a database file before first use (SQLite: WAL); nothing on a server."""
+    for statement in dialect_of(url).setup_statements:
+        conn.execute(statement)
 
 
 def drop_tables(url: str, names: list[str], *, inbox: str | None = None) -> None:
@@ -73,7 +57,7 @@ def drop_tables(url: str, names: list[str], *, inbox: str | None = None) -> None
         if inbox is not None:
             cur.execute(
                 "DELETE FROM jobfence_inbox_schema WHERE table_name = "
-                + ("?" if dialect_of(url) == "sqlite" else "%s"),
+                + dialect_of(url).dbapi_param,
                 (inbox,),
             )
         conn.commit()

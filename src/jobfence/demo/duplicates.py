@@ -31,7 +31,7 @@ from .._core.sqlconn import adapt
 from ..guard import guarded as _guarded
 from ..inbox import Inbox
 from ..queue import Queue
-from ._db import connect, dialect_of, drop_tables
+from ._db import connect, drop_tables, set_up_file
 
 DUPLICATE_EVERY = 4
 KILL_AT = 0.4
@@ -49,8 +49,7 @@ def setup(db: str, ns: str) -> None:
     t = tables(ns)
     conn = connect(db)
     try:
-        if dialect_of(db) == "sqlite":
-            conn.execute("PRAGMA journal_mode = WAL")
+        set_up_file(conn, db)
         adapt(conn).execute(
             f"CREATE TABLE {t['effects']} (mode varchar(16) NOT NULL, "
             "msg_id varchar(64) NOT NULL, delivery int NOT NULL, pid int NOT NULL)"

@@ -35,7 +35,7 @@ from ..inbox import Inbox
 from ..locks import Locks
 from ..retry import retry_unit
 from ..versioned import versioned_update
-from ._db import begin_write, connect, dialect_of, drop_tables, for_update
+from ._db import begin_write, connect, dialect_of, drop_tables, for_update, set_up_file
 
 PRODUCTS = 3
 INITIAL_STOCK = 100_000
@@ -76,8 +76,7 @@ def setup(db: str, ns: str) -> None:
     t = tables(ns)
     conn = connect(db)
     try:
-        if dialect_of(db) == "sqlite":
-            conn.execute("PRAGMA journal_mode = WAL")
+        set_up_file(conn, db)
         _sql(
             conn,
             f"CREATE TABLE {t['inventory']} (mode varchar(16) NOT NULL, id int NOT NULL, "

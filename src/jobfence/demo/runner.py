@@ -117,7 +117,7 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
         else f"sqlite:///{os.path.join(os.path.abspath(directory), 'locks.db')}"
     ) or None
     ns = f"jfdemo_{uuid.uuid4().hex[:8]}"
-    on_server = dialect_of(db) != "sqlite"
+    on_server = not dialect_of(db).in_process
     logging.getLogger("jobfence").setLevel(logging.ERROR)
     result: DemoResult = {
         "namespace": ns,

@@ -3,9 +3,10 @@
 :func:`diagnose` connects to the server of a backend URL and reports its version, the round
 trip time, the offset between this host's clock and the server's, the server settings that
 break locks, fencing or queues (each a :class:`Finding` with advice), the state of jobfence's
-tables or keys, and the result of a probe lease (take, extend, release). One module per server
-(``redis.py``, ``postgres.py``, ``mysql.py``, ``sqlite.py``, ``rabbitmq.py``) does the
-server-specific part.
+tables or keys, and the result of a probe lease (take, extend, release). The server-specific
+part is in each backend's package (``jobfence.backends.<name>.doctor``, found through the
+registry: :meth:`~jobfence.backends.BackendInfo.doctor_checks`); ``tables.py`` reads
+jobfence's tables the same way on every SQL server.
 
 Nothing is created on the server except what the probe lease creates (the lock tables of the
 namespace on SQL backends, and its keys, deleted by its release, on Redis).
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .._core.url import BackendURL, mask_url, parse_url
+from .._core.url import BackendURL, mask_url
+from ..backends import BackendInfo, parse_backend_url, registered
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -158,12 +160,9 @@ class Timer:
         return round(best[1] * 1000, 3)
 
 
-def _family(url: BackendURL) -> str:
-    """The backend's name (``redis``, ``postgres``, ``mysql``, ...) for the URL's scheme."""
-    from ..backends import registered
-
-    info = registered().get(url.scheme)
-    return info.name if info is not None else url.scheme
+def _backend(url: BackendURL) -> BackendInfo | None:
+    """The registered backend serving the URL's scheme (None: no backend does)."""
+    return registered().get(url.scheme)
 
 
 def _error_text(url: BackendURL, exc: BaseException) -> str:
@@ -222,18 +221,22 @@ def diagnose(
     lease. Never raises for a server that is down or refuses a check: that is an ``error`` or
     ``warning`` finding of the report. A URL that cannot be parsed raises
     :class:`~jobfence.errors.ConfigurationError`."""
-    parsed = parse_url(url)
+    parsed = parse_backend_url(url)
     if isinstance(pings, bool) or not isinstance(pings, int) or not 1 <= pings <= 100:
         raise ConfigurationError(
             f"pings must be an int from 1 to 100, got {pings!r}", argument="pings"
         )
-    report = Report(url=parsed.masked, backend=_family(parsed), namespace=namespace)
+    info = _backend(parsed)
+    report = Report(
+        url=parsed.masked, backend=info.name if info else parsed.scheme, namespace=namespace
+    )
     timer = Timer(pings)
-    inspect = _INSPECTORS.get(report.backend)
     reachable = True
-    if inspect is not None:
+    if info is not None:
         try:
-            inspect(report, parsed, timer)
+            inspect = info.doctor_checks()
+            if inspect is not None:
+                inspect(report, parsed, timer)
         except Exception as exc:
             reachable = False
             report.add(
@@ -265,7 +268,7 @@ def diagnose(
             )
         else:
             report.add("ok", "clock-offset", f"clock offset {offset:+.1f} ms")
-    if probe and reachable and report.backend != "rabbitmq":
+    if probe and reachable and (info is None or "locks" in info.parts):
         report.probe = _probe(url, namespace)
         if report.probe.ok:
             report.add(
@@ -281,33 +284,3 @@ def diagnose(
                 "the lock backend does not work with this URL: see the error",
             )
     return report
-
-
-def _inspect_memory(report: Report, url: BackendURL, timer: Timer) -> None:
-    report.clock_offset_ms = 0.0
-    report.clock_note = "in-process: this host's clock"
-    report.add(
-        "ok",
-        "in-process",
-        "memory:// keeps everything in this process",
-        "only threads and tasks of one process share it: use a server for several processes",
-    )
-
-
-def _inspector(module: str) -> Callable[[Report, BackendURL, Timer], None]:
-    def run(report: Report, url: BackendURL, timer: Timer) -> None:
-        import importlib
-
-        importlib.import_module(f"{__name__}.{module}").inspect(report, url, timer)
-
-    return run
-
-
-_INSPECTORS: dict[str, Callable[[Report, BackendURL, Timer], None]] = {
-    "memory": _inspect_memory,
-    "redis": _inspector("redis"),
-    "postgres": _inspector("postgres"),
-    "mysql": _inspector("mysql"),
-    "sqlite": _inspector("sqlite"),
-    "rabbitmq": _inspector("rabbitmq"),
-}

@@ -66,7 +66,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
-from .._core.url import mask_url, parse_url
+from .._core.url import mask_url
+from ..backends import parse_backend_url, registered, sql_dialect
 from ..errors import ConfigurationError, StaleToken
 from .faults import InjectedFault
 from .table import _Base, _check_values, _Table
@@ -321,13 +322,15 @@ def _driver(url: object) -> tuple[_Driver, str]:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"url must be {_URLS}; got {url!r}", argument="url")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in ("sqlite", "postgresql", "postgres"):
+    info = registered().get(scheme)
+    if info is None or info.name not in ("sqlite", "postgres"):
         raise ConfigurationError(
             f"url must be {_URLS} (a real database for the simulated table); got {mask_url(url)}",
             argument="url",
         )
-    parsed = parse_url(url, argument="url")
-    if scheme == "sqlite":
+    parsed = parse_backend_url(url, argument="url")
+    assert info.dialect is not None  # both are SQL backends
+    if sql_dialect(info.dialect).in_process:
         from ..backends.sqlite.common import sqlite_path
 
         return _SQLite(sqlite_path(parsed)), parsed.masked

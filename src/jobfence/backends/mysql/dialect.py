@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..._core.sqlconn import Result, SQLDialect
 
@@ -44,6 +45,28 @@ class MySQLDialect(SQLDialect):
     # applied by a second statement, only when the first one inserted nothing (changed-row
     # counts: both statements change the row they match, so CLIENT_FOUND_ROWS does not matter)
     claim_in_steps = ("claim_in", "claim_in_held")
+    drivers = {True: (("aiomysql", "Connection"),), False: (("pymysql", "Connection"),)}
+    driver_names = {True: "aiomysql (mysql+aiomysql)", False: "PyMySQL (mysql+pymysql)"}
+    default_host = "127.0.0.1"
+
+    def autocommit(self, conn: Any) -> bool:
+        return bool(conn.get_autocommit())
+
+    def set_autocommit(self, conn: Any, on: bool) -> Any:
+        return conn.autocommit(on)
+
+    def dbapi_connect(self, url: str) -> Any:
+        import pymysql
+
+        parts = urlsplit(url)
+        return pymysql.connect(
+            host=parts.hostname or self.default_host,
+            port=parts.port or 3306,
+            user=unquote(parts.username or "root"),
+            password=unquote(parts.password or ""),
+            database=parts.path.lstrip("/") or None,
+            ssl_disabled=True,
+        )
 
     def fence_params(self, resource: str, token: int) -> dict[str, Any]:
         # the key is the SHA-256 of the UTF-8 name (names exceed InnoDB's key length); bytes

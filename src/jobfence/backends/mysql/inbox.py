@@ -27,13 +27,11 @@ from datetime import datetime, timedelta, timezone
 from functools import partial
 from typing import Any, TypeVar
 
-import pymysql
 from pymysql.constants import CLIENT
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
 from ..._core.options import (
     TIMEOUT_OPTIONS,
-    connect_timed_out,
     option_timeouts,
     request_timed_out,
 )
@@ -52,8 +50,11 @@ from ..base import (
     info_from_row,
     record_from_row,
 )
-from .common import STYLE, is_timeout, use_request_timeouts
+from .common import STYLE, is_timeout
+from .connect import connect
 from .dialect import DIALECT, TABLE_LIMIT
+
+pass
 
 __all__ = ["MySQLInboxBackend"]
 
@@ -98,7 +99,7 @@ class MySQLInboxBackend(InboxBackend):
                     "opens; with a client passed in, configure its connections instead",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql inbox")
+            self._source = open_source(client, DIALECT, "mysql inbox")
         self.table = inbox_table(
             url, table, options, backend="mysql", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
@@ -114,10 +115,7 @@ class MySQLInboxBackend(InboxBackend):
             "client_flag": CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
             "connect_timeout": self.timeouts.connect,
         }
-        database = url.path.lstrip("/") or None
-        self._params["database"] = database
-        # the greeting and the login wait connect_timeout; then each reply timeout
-        self._params["read_timeout"] = self._params["write_timeout"] = self.timeouts.connect
+        self._database = url.path.lstrip("/") or None
         self._sql = q = DIALECT.inbox_queries(self.table, style=STYLE)
         self._claim_new_sql = q["claim_new"]
         # one multi-statement round trip; both statements take the same parameters
@@ -149,14 +147,12 @@ class MySQLInboxBackend(InboxBackend):
                     argument="url",
                 )
             return conn
-        try:
-            conn = pymysql.connect(**self._params)
-        except pymysql.err.OperationalError as exc:
-            if is_timeout(exc):
-                raise connect_timed_out(self.timeouts.connect) from exc
-            raise
-        use_request_timeouts(conn, self.timeouts.request)
-        return conn
+        return connect(
+            self._params,
+            self._database,
+            connect_timeout=self.timeouts.connect,
+            timeout=self.timeouts.request,
+        )
 
     def _close(self, conn: Any) -> None:
         if self._source is not None:  # one of the caller's: back to its pool, to be replaced

@@ -41,11 +41,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import pymysql
-
 from ..._core import compat, forks
 from ..._core.clock import get_clock
-from ..._core.options import connect_timed_out, request_timed_out
+from ..._core.options import request_timed_out
 from ..._core.source import Source, open_source
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
@@ -68,6 +66,10 @@ from .common import (
     renew_statement,
     use_request_timeouts,
 )
+from .connect import connect
+from .dialect import DIALECT
+
+pass
 
 __all__ = ["MySQLLockBackend"]
 
@@ -111,7 +113,7 @@ class MySQLLockBackend(LockBackend):
                     "backend opens; with a client passed in, configure its connections",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql lock backend")
+            self._source = open_source(client, DIALECT, "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)
@@ -131,19 +133,12 @@ class MySQLLockBackend(LockBackend):
     def _open_own(self) -> Any:
         """A new connection of jobfence's own (not yet set up)."""
         options = self.options
-        kwargs = options.connect_kwargs()
-        try:
-            conn = pymysql.connect(
-                database=options.database,
-                read_timeout=options.connect_timeout,
-                write_timeout=options.connect_timeout,
-                **kwargs,
-            )
-        except pymysql.err.OperationalError as exc:
-            if is_timeout(exc):
-                raise connect_timed_out(options.connect_timeout) from exc
-            raise
-        use_request_timeouts(conn, options.timeout)
+        conn = connect(
+            options.connect_kwargs(),
+            options.database,
+            connect_timeout=options.connect_timeout,
+            timeout=options.timeout,
+        )
         return conn
 
     def _connect(self) -> Any:

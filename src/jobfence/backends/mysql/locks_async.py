@@ -39,12 +39,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import aiomysql
-
 from ..._core import acompat, forks
 from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
-from ..._core.options import connect_timed_out, request_timed_out
+from ..._core.options import request_timed_out
 from ..._core.source_async import AsyncSource, open_source
 from ..._core.url import BackendURL
 from ..._core.validate import check_schema_version
@@ -67,11 +65,13 @@ from .common import (
     renew_statement,
     use_request_timeouts,
 )
+from .connect_async import connect
+from .dialect import DIALECT
 
 if ASYNC:
     import asyncio
 else:
-    import pymysql
+    pass
 
 __all__ = ["AsyncMySQLLockBackend"]
 
@@ -115,7 +115,7 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
                     "backend opens; with a client passed in, configure its connections",
                     argument="connect_timeout",
                 )
-            self._source = open_source(client, "mysql", "mysql lock backend")
+            self._source = open_source(client, DIALECT, "mysql lock backend")
         self.options = MySQLOptions.parse(url, options)
         self.url = url.masked
         self.queries = load_queries(namespace)
@@ -137,30 +137,14 @@ class AsyncMySQLLockBackend(AsyncLockBackend):
     async def _open_own(self) -> Any:
         """A new connection of jobfence's own (not yet set up)."""
         options = self.options
-        kwargs = options.connect_kwargs()
+        conn = await connect(
+            options.connect_kwargs(),
+            options.database,
+            connect_timeout=options.connect_timeout,
+            timeout=options.timeout,
+        )
         if ASYNC:
-            # aiomysql bounds only the TCP connection: bound the greeting and login too
-            try:
-                conn = await acompat.call_bounded(
-                    lambda: aiomysql.connect(db=options.database, **kwargs),
-                    options.connect_timeout,
-                )
-            except TimeoutError:
-                raise connect_timed_out(options.connect_timeout) from None
             self._loop = asyncio.get_running_loop()
-        else:
-            try:
-                conn = pymysql.connect(
-                    database=options.database,
-                    read_timeout=options.connect_timeout,
-                    write_timeout=options.connect_timeout,
-                    **kwargs,
-                )
-            except pymysql.err.OperationalError as exc:
-                if is_timeout(exc):
-                    raise connect_timed_out(options.connect_timeout) from exc
-                raise
-            use_request_timeouts(conn, options.timeout)
         return conn
 
     async def _connect(self) -> Any:

@@ -1,7 +1,8 @@
 """``postgresql://``: locks (lease and session modes), inbox and queue on PostgreSQL
 (psycopg 3).
 
-Modules: ``locks`` / ``locks_async``, ``inbox`` / ``inbox_async``, ``queue`` /
+Modules: ``locks`` / ``locks_async`` (``PostgresLockBackend``: lease mode;
+``PostgresSessionLockBackend``: session mode), ``inbox`` / ``inbox_async``, ``queue`` /
 ``queue_async``, ``common`` (text mapping, reusable connections), ``dialect`` (what fence,
 claim_in, versioned_update and inbox.install(conn) need to know about PostgreSQL; the name
 limits ``NAMESPACE_LIMIT``, ``TABLE_LIMIT`` and ``QUEUE_TABLE_LIMIT``), ``sql/``
@@ -25,9 +26,11 @@ __all__ = [
     "AsyncPostgresInboxBackend",
     "AsyncPostgresLockBackend",
     "AsyncPostgresQueueBackend",
+    "AsyncPostgresSessionLockBackend",
     "PostgresInboxBackend",
     "PostgresLockBackend",
     "PostgresQueueBackend",
+    "PostgresSessionLockBackend",
     "advisory_key",
     "load_queries",
     "stored_name",
@@ -43,10 +46,12 @@ _LAZY = {
     "SCHEMA_VERSION": "locks",
     "SESSION_CAPABILITIES": "locks",
     "PostgresLockBackend": "locks",
+    "PostgresSessionLockBackend": "locks",
     "advisory_key": "locks",
     "load_queries": "locks",
     "stored_name": "locks",
     "AsyncPostgresLockBackend": "locks_async",
+    "AsyncPostgresSessionLockBackend": "locks_async",
     "PostgresInboxBackend": "inbox",
     "AsyncPostgresInboxBackend": "inbox_async",
     "PostgresQueueBackend": "queue",

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._core.options import Timeouts, request_timed_out
+from ..._core.url import BackendURL
 from ...errors import ConfigurationError
 from .._deadline import guard, guard_async
 
@@ -79,6 +80,15 @@ def refuse_connect_options(options: dict[str, Any], what: str) -> None:
                 "client passed in, configure its connections instead",
                 argument=key,
             )
+
+
+def libpq_uri(url: BackendURL, *own: str) -> str:
+    """The URL for libpq: without jobfence's own query options ``own`` (everything else goes
+    to libpq unchanged), ``postgres://`` spelt ``postgresql://``."""
+    conninfo = url.without_options(*own)
+    if conninfo.startswith("postgres://"):
+        conninfo = "postgresql://" + conninfo[len("postgres://") :]
+    return conninfo
 
 
 def connect_kwargs(url_options: Mapping[str, Any], timeouts: Timeouts) -> dict[str, Any]:

@@ -8,6 +8,8 @@ tables are made from.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..._core.sqlconn import SQLDialect
 from ...errors import ConfigurationError
 from .common import pg_text
@@ -41,6 +43,16 @@ class PostgresDialect(SQLDialect):
     table_limit = TABLE_LIMIT
     quote_char = '"'
     failure_aborts_transaction = True
+    drivers = {True: (("psycopg", "AsyncConnection"),), False: (("psycopg", "Connection"),)}
+    driver_names = {
+        True: "psycopg (postgresql+psycopg_async)",
+        False: "psycopg (postgresql+psycopg)",
+    }
+
+    def dbapi_connect(self, url: str) -> Any:
+        import psycopg
+
+        return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1))
 
     def inbox_quote(self, name: str) -> str:
         # The inbox's statements have always named its table unquoted, which PostgreSQL folds

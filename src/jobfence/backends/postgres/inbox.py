@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
+from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
 from ..._core.pool import ConnPool
 from ..._core.source import Source, open_source
-from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox import SQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,
@@ -43,12 +43,14 @@ from ..base import (
 from .common import (
     connect_kwargs,
     execute_bounded,
+    libpq_uri,
     pg_text,
     pg_text_prefix,
     pg_untext,
     refuse_connect_options,
     reusable,
 )
+from .connect import connect
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["PostgresInboxBackend"]
@@ -74,15 +76,14 @@ class PostgresInboxBackend(SQLInboxBackend):
         self._source: Source | None = None
         if client is not None:
             refuse_connect_options(options, "postgres inbox")
-            self._source = open_source(client, "postgresql", "postgres inbox")
+            self._source = open_source(client, DIALECT, "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
         self.timeouts = option_timeouts(options, url.options)
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
-        self._conninfo = url.without_options(*_OPTIONS)
-        if self._conninfo.startswith("postgres://"):
-            self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
+        self.url = url
+        self._conninfo = libpq_uri(url, *_OPTIONS)
         self._sql = DIALECT.inbox_queries(self.table, style="psycopg")
         self._installed = False
         source = self._source
@@ -97,14 +98,7 @@ class PostgresInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        if self._source is not None:
-            return self._source.get()
-        try:
-            return psycopg.Connection.connect(
-                self._conninfo, autocommit=True, **self._connect_kwargs
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
+        return connect(self.url, self._conninfo, self._connect_kwargs, source=self._source)
 
     def _execute(self, conn: Any, sql: str, params: Any = None) -> tuple[list[Any], int]:
         """One statement within the ``timeout``; past it the connection is closed."""

@@ -22,12 +22,12 @@ from typing import Any
 import psycopg
 
 from ..._core.inbox_support import DEFAULT_TABLE, as_utc, inbox_table
-from ..._core.options import TIMEOUT_OPTIONS, connect_timed_out, option_timeouts
+from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
 from ..._core.pool_async import AsyncConnPool
 from ..._core.source_async import AsyncSource, open_source
-from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox_async import AsyncSQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,
@@ -41,12 +41,14 @@ from ..base import (
 from .common import (
     connect_kwargs,
     execute_bounded_async,
+    libpq_uri,
     pg_text,
     pg_text_prefix,
     pg_untext,
     refuse_connect_options,
     reusable,
 )
+from .connect_async import connect
 from .dialect import DIALECT, TABLE_LIMIT
 
 __all__ = ["AsyncPostgresInboxBackend"]
@@ -72,15 +74,14 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres inbox")
-            self._source = open_source(client, "postgresql", "postgres inbox")
+            self._source = open_source(client, DIALECT, "postgres inbox")
         self.table = inbox_table(
             url, table, options, backend="postgres", limit=TABLE_LIMIT, extra=TIMEOUT_OPTIONS
         )
         self.timeouts = option_timeouts(options, url.options)
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
-        self._conninfo = url.without_options(*_OPTIONS)
-        if self._conninfo.startswith("postgres://"):
-            self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
+        self.url = url
+        self._conninfo = libpq_uri(url, *_OPTIONS)
         self._sql = DIALECT.inbox_queries(self.table, style="psycopg")
         self._installed = False
         source = self._source
@@ -95,14 +96,7 @@ class AsyncPostgresInboxBackend(AsyncSQLInboxBackend):
         )
 
     async def _connect(self) -> Any:
-        if self._source is not None:
-            return await self._source.get()
-        try:
-            return await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, **self._connect_kwargs
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
+        return await connect(self.url, self._conninfo, self._connect_kwargs, source=self._source)
 
     async def _execute(self, conn: Any, sql: str, params: Any = None) -> tuple[list[Any], int]:
         """One statement within the ``timeout``; past it the connection is closed."""

@@ -2,7 +2,10 @@
 
 Built on psycopg 3: its asyncio connection class in ``locks_async.py``, the blocking one in
 ``locks.py`` (generated from it).
-The SQL lives in ``sql/locks.sql``. Two modes, chosen by the URL option ``?mode=``:
+The SQL lives in ``sql/locks.sql``. Two modes, chosen by the URL option ``?mode=``, each a
+class (``AsyncPostgresLockBackend`` / ``AsyncPostgresSessionLockBackend``, sharing
+``AsyncPostgresLockCommon``: options, connections, tables); ``AsyncPostgresLockBackend(url)``
+makes the session class when the URL or a keyword says ``mode=session``:
 
 ``mode=lease`` (default)
     A lease is a row in ``{namespace}_locks`` with an expiry measured by the server's
@@ -75,7 +78,6 @@ from ..._core.flavour import ASYNC
 from ..._core.options import (
     TIMEOUT_OPTIONS,
     Timeouts,
-    connect_timed_out,
     option_bool,
     option_int,
     option_pool_size,
@@ -92,12 +94,14 @@ from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from .common import (
     connect_kwargs,
     execute_bounded_async,
+    libpq_uri,
     pg_text,
     pg_text_prefix,
     pg_untext,
     refuse_connect_options,
     reusable,
 )
+from .connect_async import connect
 from .dialect import DIALECT, NAMESPACE_LIMIT
 from .listen_async import AsyncListener
 
@@ -111,8 +115,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "SESSION_CAPABILITIES",
     "AsyncPostgresLockBackend",
+    "AsyncPostgresLockCommon",
+    "AsyncPostgresSessionLockBackend",
     "advisory_key",
     "load_queries",
+    "requested_mode",
     "stored_name",
 ]
 
@@ -267,19 +274,19 @@ class _Held:
     token: int
 
 
-class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
-    """Leases in PostgreSQL (``mode=lease``, default) or session advisory locks
-    (``mode=session``). See the module docstring and ``docs/how-to/backends/postgres.md``.
+def requested_mode(url: BackendURL, options: dict[str, Any]) -> str:
+    """The ``mode`` asked for by the keywords or else the URL (``lease`` when neither says)."""
+    return str(options.get("mode", url.options.get("mode", "lease"))).strip().lower()
 
-    Connections are opened lazily (the constructor needs no event loop), with autocommit, and
-    kept in a small idle pool; the tables are created on first use (or by :meth:`install`).
-    """
+
+class AsyncPostgresLockCommon(AsyncLockBackend):
+    """What both modes share: the options, the connections (opened lazily -- the constructor
+    needs no event loop --, with autocommit, kept in a small idle pool), the statements of
+    ``sql/locks.sql`` and the tables (created on first use, or by :meth:`install`)."""
 
     kind = "postgres"
-
-    @property
-    def _listen_sql(self) -> str:
-        return str(self.queries["listen"])
+    #: ``lease`` or ``session`` (the class decides; see the module)
+    mode: str
 
     def __init__(
         self,
@@ -294,19 +301,11 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres lock backend")
-            self._source = open_source(client, "postgresql", "postgres lock backend")
+            self._source = open_source(client, DIALECT, "postgres lock backend")
         self.url = url
         self.options = PostgresOptions.parse(url, options)
-        self.mode = self.options.mode
-        self.capabilities = (
-            SESSION_CAPABILITIES
-            if self.mode == "session"
-            else LEASE_CAPABILITIES
-            if self.options.notify
-            else POLLING_CAPABILITIES
-        )
         self.queries = load_queries(namespace)
-        self._conninfo = url.without_options(*OPTIONS, *_ALIASES)
+        self._conninfo = libpq_uri(url, *OPTIONS, *_ALIASES)
         self.timeouts = self.options.timeouts
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
         #: idle connections; a session-mode lock keeps its connection out of it while held
@@ -318,15 +317,10 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             reusable=reusable,
             put=source.put if source is not None and source.pooled else None,
         )
-        self._held: dict[tuple[str, str], _Held] = {}
-        #: session mode: connections blocked in pg_advisory_lock right now (close cancels them)
-        self._blocked: set[Conn] = set()
-        self._waiters: dict[str, dict[str, _Waiter]] = {}
-        self._mutex = threading.Lock()  # guards _held, _waiters (never across I/O)
+        self._mutex = threading.Lock()  # guards the mode's bookkeeping (never across I/O)
         self._schema_mutex = acompat.Lock()
         self._installed = False
         self._closed = False
-        self._reset_listener()
 
     def __repr__(self) -> str:
         return (
@@ -338,23 +332,14 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
     async def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres lock backend is closed", argument="self")
-        if self._source is not None:
-            conn: Conn = await self._source.get()
-            return conn
-        try:
-            return await AsyncConnection.connect(
-                self._conninfo,
-                autocommit=True,
-                prepare_threshold=self.options.prepare_threshold,
-                **self._connect_kwargs,
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
-        except psycopg.Error as exc:
-            password = self.url.password
-            if password and password in str(exc):  # never let a driver message leak it
-                raise type(exc)(str(exc).replace(password, "***")) from None
-            raise
+        conn: Conn = await connect(
+            self.url,
+            self._conninfo,
+            self._connect_kwargs,
+            prepare_threshold=self.options.prepare_threshold,
+            source=self._source,
+        )
+        return conn
 
     async def _take(self) -> Conn:
         """A connection of the pool (open, idle), or a new one."""
@@ -429,25 +414,66 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
 
     # -- the verbs -----------------------------------------------------------------------
     async def prepare(self, *, waiting: bool = False) -> None:
-        """Create the tables, open a pooled connection and, for a lease-mode waiter with
-        ``notify``, the LISTEN connection -- each once -- so that the grant request that
+        """Create the tables and open a pooled connection -- each once -- so that the grant
+        request that follows is one round trip."""
+        await self._ready()
+        if not self._pool.ready():
+            await self._give(await self._take())
+
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: forget the pooled connections
+        inherited from the parent without closing them (see ``jobfence/_core/forks.py``)."""
+        self._pool.after_fork()
+        self._mutex = threading.Lock()
+        self._schema_mutex = acompat.Lock()
+
+
+class AsyncPostgresLockBackend(AsyncListener, AsyncPostgresLockCommon):
+    """Leases in PostgreSQL (``mode=lease``, the default). See the module docstring and
+    ``docs/how-to/backends/postgres.md``. Made with ``mode=session`` (in the URL or as a
+    keyword), it makes an :class:`AsyncPostgresSessionLockBackend` instead: the one place
+    where the mode picks the class, so ``Locks(url)`` and this constructor agree."""
+
+    mode = "lease"
+
+    def __new__(cls, url: BackendURL | None = None, *args: Any, **options: Any) -> Any:
+        if (
+            cls is AsyncPostgresLockBackend
+            and url is not None
+            and requested_mode(url, options) == "session"
+        ):
+            return AsyncPostgresSessionLockBackend(url, *args, **options)
+        return super().__new__(cls)
+
+    @property
+    def _listen_sql(self) -> str:
+        return str(self.queries["listen"])
+
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, namespace=namespace, client=client, **options)
+        self.capabilities = LEASE_CAPABILITIES if self.options.notify else POLLING_CAPABILITIES
+        self._waiters: dict[str, dict[str, _Waiter]] = {}
+        self._reset_listener()
+
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Create the tables, open a pooled connection and, for a waiter with ``notify``, the
+        LISTEN connection -- each once -- so that the grant request that
         follows is one round trip."""
         await self._ready()
-        if waiting and self.mode == "lease" and self.options.notify:
+        if waiting and self.options.notify:
             await self._ensure_listener()
         if not self._pool.ready():
             await self._give(await self._take())
 
     async def holder(self, name: str) -> LockHolder | None:
-        """Lease mode: the live lease's owner, token and seconds left. Session mode: the
-        token of the session holding the advisory lock (its owner id and ttl are not
-        recorded on the server)."""
-        if self.mode == "session":
-            params = {**_halves(advisory_key(self.namespace, name)), "name": stored_name(name)}
-            rows, _ = await self._run(self.queries["session_holder"], params)
-            if not rows:
-                return None
-            return LockHolder(None, None if rows[0][0] is None else int(rows[0][0]), None)
+        """The live lease's owner, token and seconds left."""
         rows, _ = await self._run(self.queries["holder"], {"name": stored_name(name)})
         if not rows:
             return None
@@ -455,15 +481,7 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         return LockHolder(str(owner), int(token), max(0.0, float(left)))
 
     async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
-        """Lease mode: the live leases whose names start with ``prefix``. Session mode keeps
-        no list of names held (an advisory lock's key is a hash of its name), so it refuses."""
-        if self.mode == "session":
-            raise ConfigurationError(
-                "a postgres lock backend in session mode cannot list the locks held (the "
-                "server knows only the hashed advisory-lock keys); ask for one name with "
-                "holder(name), or list a lease-mode namespace",
-                argument="mode",
-            )
+        """The live leases whose names start with ``prefix``."""
         rows, _ = await self._run(
             self.queries["holders"],
             {
@@ -483,8 +501,6 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        if self.mode == "session":
-            return await self._session_acquire(name, owner, wait)
         name = stored_name(name)
         if wait is not None:
             if self.options.notify:
@@ -519,12 +535,7 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         return None
 
     async def wait(self, name: str, owner: str, timeout: float) -> int | None:
-        """Lease mode: sleep until a NOTIFY for ``name``, the holder's expiry or ``timeout``.
-
-        Session mode waits in the server inside :meth:`acquire`, so this returns at once.
-        """
-        if self.mode == "session":
-            return None
+        """Sleep until a NOTIFY for ``name``, the holder's expiry or ``timeout``."""
         name = stored_name(name)
         with self._mutex:
             waiter = self._waiters.get(name, {}).get(owner)
@@ -545,8 +556,6 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
 
     async def cancel_wait(self, name: str, owner: str) -> int | None:
         """Leave the queue; the token if the lease was handed to us meanwhile."""
-        if self.mode == "session":
-            return None
         return await self._leave_queue(stored_name(name), owner)
 
     async def _leave_queue(self, name: str, owner: str) -> int | None:
@@ -559,28 +568,21 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         return int(rows[0][0]) if rows else None
 
     async def release(self, name: str, owner: str) -> bool:
-        if self.mode == "session":
-            return await self._session_release(name, owner)
         rows, _ = await self._run(
             self.queries["release"], {"name": stored_name(name), "owner": owner}
         )
         return bool(rows[0][0])
 
     async def extend(self, name: str, owner: str, ttl: float) -> bool:
-        if self.mode == "session":
-            return await self._session_alive(name, owner)
         _, rowcount = await self._run(
             self.queries["extend"], {"name": stored_name(name), "owner": owner, "ttl": ttl}
         )
         return rowcount == 1
 
     async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
-        """Lease mode: ONE statement for every item. Session mode: a liveness check of each
-        holding connection (one round trip per held lock, on its own connection)."""
+        """ONE statement for every item."""
         if not items:
             return []
-        if self.mode == "session":
-            return [await self._session_alive(name, owner) for name, owner, _ttl in items]
         rows, _ = await self._run(
             self.queries["renew"],
             {
@@ -592,32 +594,15 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
         return [bool(row[1]) for row in rows]
 
     async def force_release(self, name: str) -> bool:
-        """Drop the lease on ``name`` whoever holds it (tests, operator tools).
-
-        Lease mode deletes the row; session mode terminates the holding backend (needs the
-        ``pg_signal_backend`` role, superuser, or the same role as the holder).
-        """
-        if self.mode == "session":
-            params = _halves(advisory_key(self.namespace, name))
-            rows, _ = await self._run(self.queries["session_force_release"], params)
-            terminated = any(bool(row[0]) for row in rows)
-            if terminated:  # the lock is free only once the backend has exited
-                clock = get_clock()
-                deadline = clock.monotonic() + self.timeouts.request
-                while clock.monotonic() < deadline:
-                    held, _ = await self._run(self.queries["session_holders"], params)
-                    if not held[0][0]:
-                        break
-                    await clock.asleep(0.005)
-            return terminated
+        """Drop the lease on ``name`` whoever holds it (tests, operator tools): delete its
+        row."""
         rows, _ = await self._run(self.queries["force_release"], {"name": stored_name(name)})
         return bool(rows[0][0])
 
     async def close(self) -> None:
-        """Close every connection; idempotent. Lease mode: waiters of this client leave the
-        queue first (a release must not hand the lease to an owner nobody waits for), and a
-        lease already handed to one of them is given back; held leases are the core's to
-        release. Closing a session-mode connection frees its lock at once."""
+        """Close every connection; idempotent. Waiters of this client leave the queue first
+        (a release must not hand the lease to an owner nobody waits for), and a lease already
+        handed to one of them is given back; held leases are the core's to release."""
         if self._closed:
             return
         with self._mutex:
@@ -629,11 +614,6 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             except Exception as exc:  # best effort: the entry drops out after its deadline
                 log.warning("leaving the wait queue of %r on close failed: %r", name, exc)
         self._closed = True
-        for blocked in list(self._blocked):  # session-mode waiters: out of the server's queue
-            try:
-                await blocked.cancel_safe(timeout=self.timeouts.connect)
-            except Exception:  # it finished meanwhile, or the server is gone
-                pass
         if ASYNC:
             task = self._listener
             if isinstance(task, asyncio.Task) and acompat.worker_alive(task):
@@ -642,14 +622,8 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
                     await task
                 except BaseException:  # cancelled, or it already failed: it is finished now
                     pass
-        with self._mutex:
-            conns = [held.conn for held in self._held.values()]
-            self._held.clear()
         await self._pool.close()
-        for conn in conns:
-            await self._drop(conn)
 
-    # -- lease mode: waiting -------------------------------------------------------------
     def _register(self, name: str, owner: str) -> None:
         with self._mutex:
             per_name = self._waiters.setdefault(name, {})
@@ -690,8 +664,41 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
                 waiter.notified = True
                 waiter.event.set()
 
-    # -- session mode --------------------------------------------------------------------
-    async def _session_acquire(self, name: str, owner: str, wait: float | None) -> int | None:
+    def after_fork(self) -> None:
+        """In a child process right after ``fork()``: also forget the listener and this
+        process's waiters (none are here)."""
+        super().after_fork()
+        forks.keep(self._listener, self._listener_conn)
+        self._waiters = {}
+        self._reset_listener()
+
+
+class AsyncPostgresSessionLockBackend(AsyncPostgresLockCommon):
+    """Session advisory locks in PostgreSQL (``mode=session``): each held lock sits on its
+    own connection. See the module docstring and ``docs/how-to/backends/postgres.md``."""
+
+    mode = "session"
+
+    def __init__(
+        self,
+        url: BackendURL,
+        *,
+        namespace: str = "jobfence",
+        client: Any = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, namespace=namespace, client=client, **options)
+        self.capabilities = SESSION_CAPABILITIES
+        self._held: dict[tuple[str, str], _Held] = {}
+        #: connections blocked in pg_advisory_lock right now (close cancels them)
+        self._blocked: set[Conn] = set()
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, wait: float | None = None
+    ) -> int | None:
+        """``pg_try_advisory_lock`` (no ``wait``), or a blocking ``pg_advisory_lock`` with
+        ``lock_timeout`` set to the wait: waiters queue in the server. ``ttl`` is not
+        honoured (the lock lasts as long as its connection)."""
         with self._mutex:
             mine = self._held.get((name, owner))
         if mine is not None:
@@ -739,7 +746,14 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             self._held[(name, owner)] = _Held(conn, key, token)
         return token
 
-    async def _session_release(self, name: str, owner: str) -> bool:
+    async def wait(self, name: str, owner: str, timeout: float) -> int | None:
+        """Waiting happens in the server inside :meth:`acquire`, so this returns at once."""
+        return None
+
+    async def cancel_wait(self, name: str, owner: str) -> int | None:
+        return None
+
+    async def release(self, name: str, owner: str) -> bool:
         with self._mutex:
             held = self._held.pop((name, owner), None)
         if held is None:
@@ -763,7 +777,16 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             await self._drop(held.conn)
         return unlocked
 
-    async def _session_alive(self, name: str, owner: str) -> bool:
+    async def extend(self, name: str, owner: str, ttl: float) -> bool:
+        """Whether the connection holding ``name`` still holds it (``ttl`` is not honoured)."""
+        return await self._alive(name, owner)
+
+    async def renew(self, items: Sequence[RenewItem]) -> list[bool]:
+        """A liveness check of each holding connection (one round trip per held lock, on its
+        own connection)."""
+        return [await self._alive(name, owner) for name, owner, _ttl in items]
+
+    async def _alive(self, name: str, owner: str) -> bool:
         """Does the connection holding ``name`` for ``owner`` still hold the lock?"""
         with self._mutex:
             held = self._held.get((name, owner))
@@ -784,16 +807,63 @@ class AsyncPostgresLockBackend(AsyncListener, AsyncLockBackend):
             return False
         return bool(row is not None and row[0])
 
+    async def holder(self, name: str) -> LockHolder | None:
+        """The token of the session holding the advisory lock (its owner id and ttl are not
+        recorded on the server)."""
+        params = {**_halves(advisory_key(self.namespace, name)), "name": stored_name(name)}
+        rows, _ = await self._run(self.queries["session_holder"], params)
+        if not rows:
+            return None
+        return LockHolder(None, None if rows[0][0] is None else int(rows[0][0]), None)
+
+    async def holders(self, prefix: str, limit: int) -> list[tuple[str, LockHolder]]:
+        """Session mode keeps no list of names held (an advisory lock's key is a hash of its
+        name), so it refuses."""
+        raise ConfigurationError(
+            "a postgres lock backend in session mode cannot list the locks held (the "
+            "server knows only the hashed advisory-lock keys); ask for one name with "
+            "holder(name), or list a lease-mode namespace",
+            argument="mode",
+        )
+
+    async def force_release(self, name: str) -> bool:
+        """Drop the lock on ``name`` whoever holds it (tests, operator tools): terminate the
+        holding backend (needs the ``pg_signal_backend`` role, superuser, or the same role as
+        the holder)."""
+        params = _halves(advisory_key(self.namespace, name))
+        rows, _ = await self._run(self.queries["session_force_release"], params)
+        terminated = any(bool(row[0]) for row in rows)
+        if terminated:  # the lock is free only once the backend has exited
+            clock = get_clock()
+            deadline = clock.monotonic() + self.timeouts.request
+            while clock.monotonic() < deadline:
+                held, _ = await self._run(self.queries["session_holders"], params)
+                if not held[0][0]:
+                    break
+                await clock.asleep(0.005)
+        return terminated
+
+    async def close(self) -> None:
+        """Close every connection; idempotent. Closing a connection frees its lock at once."""
+        if self._closed:
+            return
+        self._closed = True
+        for blocked in list(self._blocked):  # waiters: out of the server's queue
+            try:
+                await blocked.cancel_safe(timeout=self.timeouts.connect)
+            except Exception:  # it finished meanwhile, or the server is gone
+                pass
+        with self._mutex:
+            conns = [held.conn for held in self._held.values()]
+            self._held.clear()
+        await self._pool.close()
+        for conn in conns:
+            await self._drop(conn)
+
     def after_fork(self) -> None:
-        """In a child process right after ``fork()``: forget the pooled connections, the
-        listener and the session-mode locks inherited from the parent (they live on the
-        parent's connections and stay the parent's), and this process's waiters (none are
-        here), without closing anything (see ``jobfence/_core/forks.py``)."""
-        self._pool.after_fork()
-        forks.keep(self._held, self._blocked, self._listener, self._listener_conn)
+        """In a child process right after ``fork()``: also forget the locks inherited from
+        the parent (they live on the parent's connections and stay the parent's)."""
+        super().after_fork()
+        forks.keep(self._held, self._blocked)
         self._held = {}
         self._blocked = set()
-        self._waiters = {}
-        self._mutex = threading.Lock()
-        self._schema_mutex = acompat.Lock()
-        self._reset_listener()

@@ -58,7 +58,6 @@ from ..._core.clock import get_clock
 from ..._core.flavour import ASYNC
 from ..._core.options import (
     TIMEOUT_OPTIONS,
-    connect_timed_out,
     option_bool,
     option_int,
     option_timeouts,
@@ -81,10 +80,12 @@ from ..base import (
 from .common import (
     connect_kwargs,
     execute_bounded_async,
+    libpq_uri,
     pg_text,
     refuse_connect_options,
     reusable,
 )
+from .connect_async import connect
 from .dialect import DIALECT, IDENTIFIER_LIMIT, QUEUE_TABLE_LIMIT
 from .listen_async import LISTEN_TICK, AsyncListener
 
@@ -252,7 +253,7 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
         self._source: AsyncSource | None = None
         if client is not None:
             refuse_connect_options(options, "postgres queue backend")
-            self._source = open_source(client, "postgresql", "postgres queue backend")
+            self._source = open_source(client, DIALECT, "postgres queue backend")
         reject_unknown(options, OPTIONS, "postgres queue")
         merged = {**{k: v for k, v in url.options.items() if k in OPTIONS}, **options}
         self.table = check_namespace(
@@ -273,9 +274,7 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
         self.url = url
         self.timeouts = option_timeouts(options, url.options)
         self._connect_kwargs = connect_kwargs(url.options, self.timeouts)
-        self._conninfo = url.without_options(*OPTIONS)
-        if self._conninfo.startswith("postgres://"):
-            self._conninfo = "postgresql://" + self._conninfo[len("postgres://") :]
+        self._conninfo = libpq_uri(url, *OPTIONS)
         self.channel = notify_channel(self.table, self.name)
         self._sql = load_queue_queries(self.table, self.channel)
         source = self._source
@@ -301,23 +300,14 @@ class AsyncPostgresQueueBackend(AsyncListener, AsyncQueueBackend):
     async def _connect(self) -> Conn:
         if self._closed:
             raise ConfigurationError("this postgres queue backend is closed", argument="self")
-        if self._source is not None:
-            conn: Conn = await self._source.get()
-            return conn
-        try:
-            return await AsyncConnection.connect(
-                self._conninfo,
-                autocommit=True,
-                prepare_threshold=self.prepare_threshold,
-                **self._connect_kwargs,
-            )
-        except psycopg.errors.ConnectionTimeout as exc:
-            raise connect_timed_out(self._connect_kwargs["connect_timeout"]) from exc
-        except psycopg.Error as exc:
-            password = self.url.password
-            if password and password in str(exc):  # never let a driver message leak it
-                raise type(exc)(str(exc).replace(password, "***")) from None
-            raise
+        conn: Conn = await connect(
+            self.url,
+            self._conninfo,
+            self._connect_kwargs,
+            prepare_threshold=self.prepare_threshold,
+            source=self._source,
+        )
+        return conn
 
     async def _drop(self, conn: Conn) -> None:
         if self._source is not None:  # one of the caller's: back to its pool, to be replaced

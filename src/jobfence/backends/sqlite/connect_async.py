@@ -259,11 +259,13 @@ def wal_mode(raw: sqlite3.Connection) -> None:
 async def open_wal(
     path: str,
     busy_timeout: float,
-    synchronous: str,
-    create: Callable[[sqlite3.Connection], None],
+    synchronous: str | None = None,
+    create: Callable[[sqlite3.Connection], None] | None = None,
 ) -> aiosqlite.Connection:
-    """A new connection to ``path``, set up and with its schema (``create(raw)``, run with
-    :func:`run_on`), closed again on failure."""
+    """A new connection to ``path`` for any part (locks, inbox, queue): the file in WAL
+    mode, ``PRAGMA synchronous`` set (unless None) and the part's schema made
+    (``create(raw)``, run with :func:`run_on`, unless None); a file busy meanwhile is tried
+    again until ``busy_timeout``. Closed again on failure."""
     conn = await connect(path, busy_timeout)
     try:
         clock = get_clock()
@@ -287,8 +289,12 @@ async def open_wal(
 
 
 def _setup(
-    raw: sqlite3.Connection, synchronous: str, create: Callable[[sqlite3.Connection], None]
+    raw: sqlite3.Connection,
+    synchronous: str | None,
+    create: Callable[[sqlite3.Connection], None] | None,
 ) -> None:
     wal_mode(raw)
-    raw.execute(f"PRAGMA synchronous={synchronous}")
-    create(raw)
+    if synchronous is not None:
+        raw.execute(f"PRAGMA synchronous={synchronous}")
+    if create is not None:
+        create(raw)

@@ -8,7 +8,11 @@ are made from. SQLite has ``RETURNING`` (3.35+) and exact affected-row counts: t
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 from ..._core.sqlconn import SQLDialect
+from ..._core.url import parse_url
 
 __all__ = ["DIALECT", "IDENTIFIER_LIMIT", "LOCK_TABLES", "NAMESPACE_LIMIT", "TABLE_LIMIT"]
 
@@ -29,6 +33,20 @@ class SQLiteDialect(SQLDialect):
     namespace_limit = NAMESPACE_LIMIT
     table_limit = TABLE_LIMIT
     quote_char = '"'
+    in_process = True
+    dbapi_param = "?"
+    begin_write = "BEGIN IMMEDIATE"
+    row_lock = ""
+    setup_statements = ("PRAGMA journal_mode = WAL",)
+
+    def dbapi_connect(self, url: str) -> Any:
+        from .common import sqlite_path  # it imports this module
+
+        conn = sqlite3.connect(
+            sqlite_path(parse_url(url, argument="db")), timeout=30, check_same_thread=False
+        )
+        conn.execute("PRAGMA busy_timeout = 30000")
+        return conn
 
 
 DIALECT = SQLiteDialect()

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool import ConnPool
-from ..._core.sql_inbox import SQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox import SQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,
@@ -39,12 +39,11 @@ from ..base import (
 )
 from .common import sqlite_path
 from .connect import (
-    connect,
     count_rows,
     fetch_all,
+    open_wal,
     run_in_transaction,
     run_on,
-    wal_mode,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -89,13 +88,7 @@ class SQLiteInboxBackend(SQLInboxBackend):
         )
 
     def _connect(self) -> Any:
-        conn = connect(self.path, self.busy_timeout)
-        try:
-            run_on(conn, wal_mode)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return open_wal(self.path, self.busy_timeout)
 
     @staticmethod
     def _close(conn: Any) -> None:

@@ -24,9 +24,9 @@ from ..._core.flavour import ASYNC
 from ..._core.inbox_support import DEFAULT_TABLE, inbox_table, utc_from_epoch
 from ..._core.options import option_seconds, reject_unknown
 from ..._core.pool_async import AsyncConnPool
-from ..._core.sql_inbox_async import AsyncSQLInboxBackend
 from ..._core.sqlconn import is_old_schema
 from ..._core.url import BackendURL
+from .._sql.inbox_async import AsyncSQLInboxBackend
 from ..base import (
     ClaimInfo,
     ClaimItem,
@@ -39,12 +39,11 @@ from ..base import (
 )
 from .common import sqlite_path
 from .connect_async import (
-    connect,
     count_rows,
     fetch_all,
+    open_wal,
     run_in_transaction,
     run_on,
-    wal_mode,
     write_gate,
 )
 from .dialect import DIALECT, TABLE_LIMIT
@@ -92,13 +91,7 @@ class AsyncSQLiteInboxBackend(AsyncSQLInboxBackend):
         )
 
     async def _connect(self) -> Any:
-        conn = await connect(self.path, self.busy_timeout)
-        try:
-            await run_on(conn, wal_mode)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await open_wal(self.path, self.busy_timeout)
 
     @staticmethod
     async def _close(conn: Any) -> None:

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import connections
 
 from ..._core.sqlconn import check_ident
+from ...backends import registered, sql_dialect
 from ...errors import ConfigurationError
 from ...fencing import DEFAULT_TABLE as _FENCING_DEFAULT_TABLE
 from ...inbox import Inbox
@@ -82,15 +83,17 @@ def database_url(using: str = "default") -> str:
     entry = db.settings_dict
     vendor = db.vendor
     name = str(entry.get("NAME") or "")
-    if vendor == "sqlite":
+    info = registered().get(vendor)  # Django's vendor names are jobfence's URL schemes
+    dialect = sql_dialect(info.dialect) if info is not None and info.dialect else None
+    if dialect is not None and dialect.in_process:
         if not name or name == ":memory:" or "mode=memory" in name:
             raise ConfigurationError(
                 f"using: the SQLite database of {using!r} is in memory; jobfence's inbox "
                 "needs a database file",
                 argument="using",
             )
-        return f"sqlite:///{name}"
-    if vendor not in ("postgresql", "mysql"):
+        return f"{vendor}:///{name}"
+    if dialect is None:
         raise ConfigurationError(
             f"using: Django database vendor {vendor!r} is not supported; allowed: "
             "postgresql, mysql, sqlite",
@@ -99,7 +102,7 @@ def database_url(using: str = "default") -> str:
     user = quote(str(entry.get("USER") or ""), safe="")
     password = quote(str(entry.get("PASSWORD") or ""), safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = str(entry.get("HOST") or ("127.0.0.1" if vendor == "mysql" else ""))
+    host = str(entry.get("HOST") or dialect.default_host)
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address
     port = f":{entry['PORT']}" if entry.get("PORT") else ""

@@ -11,10 +11,10 @@ from typing import Any
 
 import pymysql
 
-from .._core.url import BackendURL
-from ..backends.mysql.common import MySQLOptions
-from . import Report, Timer
-from .tables import SQLDialect, inspect_tables
+from ..._core.url import BackendURL
+from ...doctor import Report, Timer
+from ...doctor.tables import SQLDialect, inspect_tables
+from .common import MySQLOptions
 
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 6)

@@ -1,5 +1,7 @@
+# Generated from backends/_sql/inbox_async.py by tools/async_to_sync.py: do not edit.
+# Edit the async source and run: python tools/async_to_sync.py
 """The inbox verbs that are one named statement each on PostgreSQL and SQLite:
-``AsyncSQLInboxBackend`` (``sql_inbox_async.py``) and ``SQLInboxBackend`` (``sql_inbox.py``,
+``AsyncSQLInboxBackend`` (``inbox_async.py``) and ``SQLInboxBackend`` (``inbox.py``,
 generated from it).
 
 A subclass provides :meth:`_run` (run the statement of one named section of its ``inbox.sql``,
@@ -15,14 +17,14 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..backends.base import AsyncInboxBackend, ClaimInfo, ClaimRecord, ClaimState
+from ..base import ClaimInfo, ClaimRecord, ClaimState, InboxBackend
 
-__all__ = ["AsyncSQLInboxBackend"]
+__all__ = ["SQLInboxBackend"]
 
 
-class AsyncSQLInboxBackend(AsyncInboxBackend):
+class SQLInboxBackend(InboxBackend):
     @abc.abstractmethod
-    async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+    def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
 
     @abc.abstractmethod
@@ -45,51 +47,49 @@ class AsyncSQLInboxBackend(AsyncInboxBackend):
         """The parameters of the ``claims`` statement that carry ``prefix``."""
         return {"prefix": prefix}
 
-    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         key = self._db_key(key)
         while True:
-            rows, _ = await self._run(
+            rows, _ = self._run(
                 "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
             )
             if not rows:  # a duplicate: read the record that stopped us
-                rows, _ = await self._run("peek", {"key": key})
+                rows, _ = self._run("peek", {"key": key})
             if rows:
                 return self._record(rows[0])
             # purged between the two statements: claim again
 
-    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         params = {"result": result, "retention": retention, "key": self._db_key(key)}
-        _, count = await self._run("complete", {**params, "owner": owner})
+        _, count = self._run("complete", {**params, "owner": owner})
         return count == 1
 
-    async def release(self, key: str, owner: str) -> bool:
-        _, count = await self._run("release", {"key": self._db_key(key), "owner": owner})
+    def release(self, key: str, owner: str) -> bool:
+        _, count = self._run("release", {"key": self._db_key(key), "owner": owner})
         return count == 1
 
-    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+    def extend(self, key: str, owner: str, ttl: float) -> bool:
         params = {"key": self._db_key(key), "owner": owner, "ttl": ttl}
-        _, count = await self._run("extend", params)
+        _, count = self._run("extend", params)
         return count == 1
 
-    async def purge(self, retention: float) -> int:
-        _, count = await self._run("purge", {"retention": retention})
+    def purge(self, retention: float) -> int:
+        _, count = self._run("purge", {"retention": retention})
         return max(count, 0)
 
-    async def claim_infos(
-        self, state: ClaimState | None, prefix: str, limit: int
-    ) -> list[ClaimInfo]:
+    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
         params = {
             **self._prefix_params(prefix),
             "state": None if state is None else state.value,
             "limit": limit,
         }
-        rows, _ = await self._run("claims", params)
+        rows, _ = self._run("claims", params)
         return [self._info(self._key_from_db(row[0]), row[1:]) for row in rows]
 
-    async def claim_info(self, key: str) -> ClaimInfo | None:
-        rows, _ = await self._run("claim_info", {"key": self._db_key(key)})
+    def claim_info(self, key: str) -> ClaimInfo | None:
+        rows, _ = self._run("claim_info", {"key": self._db_key(key)})
         return self._info(key, rows[0][1:]) if rows else None
 
-    async def forget(self, key: str) -> bool:
-        _, count = await self._run("forget", {"key": self._db_key(key)})
+    def forget(self, key: str) -> bool:
+        _, count = self._run("forget", {"key": self._db_key(key)})
         return count == 1

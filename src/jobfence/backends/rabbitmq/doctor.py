@@ -8,9 +8,9 @@ from typing import Any
 
 import pika
 
-from .._core.url import BackendURL
-from ..backends.rabbitmq.common import read_settings
-from . import Report, Timer
+from ..._core.url import BackendURL
+from ...doctor import Report, Timer
+from .common import read_settings
 
 
 def _text(value: Any) -> str:

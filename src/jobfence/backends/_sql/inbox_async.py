@@ -1,7 +1,5 @@
-# Generated from _core/sql_inbox_async.py by tools/async_to_sync.py: do not edit.
-# Edit the async source and run: python tools/async_to_sync.py
 """The inbox verbs that are one named statement each on PostgreSQL and SQLite:
-``AsyncSQLInboxBackend`` (``sql_inbox_async.py``) and ``SQLInboxBackend`` (``sql_inbox.py``,
+``AsyncSQLInboxBackend`` (``inbox_async.py``) and ``SQLInboxBackend`` (``inbox.py``,
 generated from it).
 
 A subclass provides :meth:`_run` (run the statement of one named section of its ``inbox.sql``,
@@ -17,14 +15,14 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..backends.base import ClaimInfo, ClaimRecord, ClaimState, InboxBackend
+from ..base import AsyncInboxBackend, ClaimInfo, ClaimRecord, ClaimState
 
-__all__ = ["SQLInboxBackend"]
+__all__ = ["AsyncSQLInboxBackend"]
 
 
-class SQLInboxBackend(InboxBackend):
+class AsyncSQLInboxBackend(AsyncInboxBackend):
     @abc.abstractmethod
-    def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+    async def _run(self, name: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         """Run the one statement of section ``name``; create the table on first use."""
 
     @abc.abstractmethod
@@ -47,49 +45,51 @@ class SQLInboxBackend(InboxBackend):
         """The parameters of the ``claims`` statement that carry ``prefix``."""
         return {"prefix": prefix}
 
-    def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
+    async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         key = self._db_key(key)
         while True:
-            rows, _ = self._run(
+            rows, _ = await self._run(
                 "claim", {"key": key, "owner": owner, "fingerprint": fingerprint, "ttl": ttl}
             )
             if not rows:  # a duplicate: read the record that stopped us
-                rows, _ = self._run("peek", {"key": key})
+                rows, _ = await self._run("peek", {"key": key})
             if rows:
                 return self._record(rows[0])
             # purged between the two statements: claim again
 
-    def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
+    async def complete(self, key: str, owner: str, result: bytes, retention: float) -> bool:
         params = {"result": result, "retention": retention, "key": self._db_key(key)}
-        _, count = self._run("complete", {**params, "owner": owner})
+        _, count = await self._run("complete", {**params, "owner": owner})
         return count == 1
 
-    def release(self, key: str, owner: str) -> bool:
-        _, count = self._run("release", {"key": self._db_key(key), "owner": owner})
+    async def release(self, key: str, owner: str) -> bool:
+        _, count = await self._run("release", {"key": self._db_key(key), "owner": owner})
         return count == 1
 
-    def extend(self, key: str, owner: str, ttl: float) -> bool:
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
         params = {"key": self._db_key(key), "owner": owner, "ttl": ttl}
-        _, count = self._run("extend", params)
+        _, count = await self._run("extend", params)
         return count == 1
 
-    def purge(self, retention: float) -> int:
-        _, count = self._run("purge", {"retention": retention})
+    async def purge(self, retention: float) -> int:
+        _, count = await self._run("purge", {"retention": retention})
         return max(count, 0)
 
-    def claim_infos(self, state: ClaimState | None, prefix: str, limit: int) -> list[ClaimInfo]:
+    async def claim_infos(
+        self, state: ClaimState | None, prefix: str, limit: int
+    ) -> list[ClaimInfo]:
         params = {
             **self._prefix_params(prefix),
             "state": None if state is None else state.value,
             "limit": limit,
         }
-        rows, _ = self._run("claims", params)
+        rows, _ = await self._run("claims", params)
         return [self._info(self._key_from_db(row[0]), row[1:]) for row in rows]
 
-    def claim_info(self, key: str) -> ClaimInfo | None:
-        rows, _ = self._run("claim_info", {"key": self._db_key(key)})
+    async def claim_info(self, key: str) -> ClaimInfo | None:
+        rows, _ = await self._run("claim_info", {"key": self._db_key(key)})
         return self._info(key, rows[0][1:]) if rows else None
 
-    def forget(self, key: str) -> bool:
-        _, count = self._run("forget", {"key": self._db_key(key)})
+    async def forget(self, key: str) -> bool:
+        _, count = await self._run("forget", {"key": self._db_key(key)})
         return count == 1

@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 
-from .._core.options import TIMEOUT_OPTIONS, option_timeouts
-from .._core.url import BackendURL
-from ..backends.postgres.common import connect_kwargs
-from . import Report, Timer
-from .tables import SQLDialect, inspect_tables
+from ..._core.options import TIMEOUT_OPTIONS, option_timeouts
+from ..._core.url import BackendURL
+from ...doctor import Report, Timer
+from ...doctor.tables import SQLDialect, inspect_tables
+from .common import connect_kwargs, libpq_uri
 
 #: query options of jobfence's PostgreSQL backends, never handed to libpq
 _OWN = ("mode", "notify", "pool_size", "prepare_threshold", "table", "max_idle", *TIMEOUT_OPTIONS)
@@ -26,12 +26,15 @@ MIN_VERSION = 13
 
 
 def _connect(url: BackendURL) -> psycopg.Connection[Any]:
-    conninfo = url.without_options(*_OWN)
-    if conninfo.startswith("postgres://"):
-        conninfo = "postgresql://" + conninfo[len("postgres://") :]
+    """A connection opened as the backends open theirs (:func:`.common.libpq_uri`,
+    :func:`.common.connect_kwargs`), but whose errors are the driver's own (the report quotes
+    them)."""
     timeouts = option_timeouts({}, url.options)
     return psycopg.connect(
-        conninfo, autocommit=True, prepare_threshold=None, **connect_kwargs(url.options, timeouts)
+        libpq_uri(url, *_OWN),
+        autocommit=True,
+        prepare_threshold=None,
+        **connect_kwargs(url.options, timeouts),
     )
 
 

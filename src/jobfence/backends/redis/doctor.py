@@ -16,11 +16,11 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._core.inbox_support import DEFAULT_TABLE as INBOX_PREFIX
-from .._core.url import BackendURL
-from ..backends.redis import keys as key_layout
-from ..backends.redis.client import connect_redis, replica_wait
-from . import Report, Timer
+from ..._core.inbox_support import DEFAULT_TABLE as INBOX_PREFIX
+from ..._core.url import BackendURL
+from ...doctor import Report, Timer
+from . import keys as key_layout
+from .client import connect_redis, replica_wait
 
 #: keys SCAN looks at, at most, per prefix (the count stops there: ``keys_capped``)
 SCAN_CAP = 100_000

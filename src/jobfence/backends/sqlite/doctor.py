@@ -10,10 +10,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-from .._core.url import BackendURL
-from ..backends.sqlite.common import sqlite_path
-from . import Report, TableStatus, Timer
-from .tables import (
+from ..._core.url import BackendURL
+from ...doctor import Report, TableStatus, Timer
+from ...doctor.tables import (
     FENCE_TABLE,
     INBOX_TABLE,
     QUEUE_TABLE,
@@ -21,6 +20,7 @@ from .tables import (
     add_table_findings,
     inspect_tables,
 )
+from .common import sqlite_path
 
 _NOW = "(julianday('now') - 2440587.5) * 86400.0"
 
