@@ -7,7 +7,6 @@ the URL parsing, the options and the SQL loader.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..._core.options import option_seconds
@@ -18,6 +17,7 @@ from ..._core.waiters import LocalWaiters
 from ...errors import ConfigurationError
 from ..base import LockCapabilities
 from .dialect import DIALECT, NAMESPACE_LIMIT
+from .path import sqlite_path
 
 __all__ = [
     "CAPABILITIES",
@@ -62,38 +62,6 @@ def load_queries(prefix: str) -> dict[str, str]:
     return dict(
         load_sql(DIALECT.package, "locks.sql", names={"namespace": prefix}, quote=DIALECT.quote)
     )
-
-
-def sqlite_path(url: BackendURL) -> str:
-    """The absolute file path of a ``sqlite:///`` lock URL; ConfigurationError if unusable."""
-    hint = (
-        "use sqlite:///relative/path.db or sqlite:////absolute/path.db "
-        "(memory:// for locks within one process)"
-    )
-    if url.host or url.port:
-        raise ConfigurationError(
-            f"url {url.masked} names a host; a SQLite URL has none: {hint}", argument="url"
-        )
-    path = url.path[1:] if url.path.startswith("/") else ""
-    if not path or path == ":memory:" or path.startswith("file:") or "mode=memory" in url.raw:
-        raise ConfigurationError(
-            f"url {url.masked} names no database file; an in-memory SQLite database cannot be "
-            f"shared between processes, so it cannot hold locks: {hint}",
-            argument="url",
-        )
-    path = os.path.abspath(path)
-    if os.path.isdir(path):
-        raise ConfigurationError(
-            f"url {url.masked} names a directory, not a database file: {hint}", argument="url"
-        )
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        raise ConfigurationError(
-            f"url {url.masked}: the directory {directory!r} does not exist (jobfence does not "
-            "create it); create it first or point the URL at an existing directory",
-            argument="url",
-        )
-    return path
 
 
 _seconds = option_seconds

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..._core.sqlconn import SQLDialect
 from ..._core.url import parse_url
+from .path import sqlite_path
 
 __all__ = ["DIALECT", "IDENTIFIER_LIMIT", "LOCK_TABLES", "NAMESPACE_LIMIT", "TABLE_LIMIT"]
 
@@ -40,8 +41,6 @@ class SQLiteDialect(SQLDialect):
     setup_statements = ("PRAGMA journal_mode = WAL",)
 
     def dbapi_connect(self, url: str) -> Any:
-        from .common import sqlite_path  # it imports this module
-
         conn = sqlite3.connect(
             sqlite_path(parse_url(url, argument="db")), timeout=30, check_same_thread=False
         )
