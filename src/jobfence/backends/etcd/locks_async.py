@@ -8,7 +8,8 @@ Key layout (``keys.py``; every component percent-encoded)::
 * acquire: grant an etcd lease of ``ttl`` rounded UP to whole seconds (etcd counts leases in
   seconds, and a server never keeps one shorter than its minimum, 1.5 election timeouts
   rounded up: 2 s with etcd's default 1 s election timeout), then one transaction puts the
-  owner's key attached to it unless the key exists, and reads the name's oldest key. The
+  owner's key attached to it unless the key exists, and reads the name's oldest key (ttls
+  under 2 s get a 2 s lease: see :data:`MIN_LEASE_SECONDS`). The
   holder is the key with the lowest ``create_revision`` under the name; the fencing token is
   that ``create_revision``. etcd's revision grows on every write of the cluster and is
   Raft-committed, so tokens of one name strictly increase, through leader failover too.
@@ -68,10 +69,16 @@ CAPABILITIES = LockCapabilities(
 DEFAULT_WAITER_TTL = 2
 
 
+#: the shortest lease jobfence asks etcd for: a 1 s lease can end before the transaction
+#: that attaches the key to it is committed on a loaded server (and etcd's own minimum is
+#: 2 s with its default 1 s election timeout)
+MIN_LEASE_SECONDS = 2
+
+
 def lease_seconds(ttl: float) -> int:
-    """``ttl`` seconds as the whole seconds of an etcd lease: rounded up, at least 1 (float
-    noise as in ``2.0000000001`` does not add a second)."""
-    return max(1, math.ceil(round(ttl, 6)))
+    """``ttl`` seconds as the whole seconds of an etcd lease: rounded up (float noise as in
+    ``2.0000000001`` does not add a second), at least :data:`MIN_LEASE_SECONDS`."""
+    return max(MIN_LEASE_SECONDS, math.ceil(round(ttl, 6)))
 
 
 def _waiter_ttl(url: BackendURL, options: dict[str, Any]) -> int:
@@ -80,9 +87,9 @@ def _waiter_ttl(url: BackendURL, options: dict[str, Any]) -> int:
         value = float(raw)
     except (TypeError, ValueError):
         value = float("nan")
-    if not (1.0 <= value <= 3600.0):
+    if not (2.0 <= value <= 3600.0):
         raise ConfigurationError(
-            f"waiter_ttl must be a number of seconds from 1 to 3600, got {raw!r}",
+            f"waiter_ttl must be a number of seconds from 2 to 3600, got {raw!r}",
             argument="waiter_ttl",
         )
     return lease_seconds(value)
