@@ -86,9 +86,7 @@ class EtcdCluster:
     def start(self, timeout: float = 30.0) -> EtcdCluster:
         self.directory = tempfile.mkdtemp(prefix="jobfence-etcd-")
         ports = free_ports(2 * self.size)
-        self.members = [
-            Member(f"m{i}", ports[2 * i], ports[2 * i + 1]) for i in range(self.size)
-        ]
+        self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1]) for i in range(self.size)]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             self._spawn(m, initial)
@@ -142,9 +140,7 @@ class EtcdCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if self.leader() is not None and all(
-                    m.status() for m in self.members if m.alive
-                ):
+                if self.leader() is not None and all(m.status() for m in self.members if m.alive):
                     return
             except OSError:
                 pass

@@ -73,11 +73,10 @@ class Run:
                 name = NAMES[(index + n) % len(NAMES)]
                 key = f"w{index}-{n}"
                 try:
-                    with locks.acquire(name, ttl=5, timeout=30) as lease:
-                        with self.progress:
-                            self.tokens[name].append(lease.token)
-                            self.grants += 1
-                            self.progress.notify_all()
+                    with locks.acquire(name, ttl=5, timeout=30) as lease, self.progress:
+                        self.tokens[name].append(lease.token)
+                        self.grants += 1
+                        self.progress.notify_all()
                     claim = inbox.claim(key, ttl=30)
                     if claim.state is ClaimState.NEW:
                         claim.complete(n)

@@ -163,7 +163,9 @@ BACKENDS: dict[str, BackendInfo] = {
             twins=False,
             description="RabbitMQ",
         ),
-        _builtin("etcd", ("etcd", "etcds"), "Etcd", "etcd", parts=("locks", "inbox"), description="etcd"),
+        _builtin(
+            "etcd", ("etcd", "etcds"), "Etcd", "etcd", parts=("locks", "inbox"), description="etcd"
+        ),
     )
 }
 

@@ -429,4 +429,3 @@ def _json(line: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
-

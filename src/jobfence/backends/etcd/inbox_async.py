@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from ..._core.clock import get_clock

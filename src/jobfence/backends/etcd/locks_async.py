@@ -303,7 +303,11 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
     async def release(self, name: str, owner: str) -> bool:
         self._mine.pop((name, owner), None)
         _, rows = await self.client.txn(
-            [], [{"request_range": self.client.range_request(self._key(name, owner))}, self._oldest(name)]
+            [],
+            [
+                {"request_range": self.client.range_request(self._key(name, owner))},
+                self._oldest(name),
+            ],
         )
         found, oldest = _kvs(rows[0]), _kvs(rows[1])
         if not found:
@@ -319,7 +323,9 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
     async def force_release(self, name: str) -> bool:
         """Revoke the holder's lease (deleting its key) whoever holds ``name``; the next
         waiter's key becomes the oldest."""
-        oldest = await self.client.range(self._prefix(name), prefix=True, limit=1, sort_target="CREATE")
+        oldest = await self.client.range(
+            self._prefix(name), prefix=True, limit=1, sort_target="CREATE"
+        )
         if not oldest:
             return False
         lease = int(oldest[0].get("lease", 0))
@@ -360,7 +366,9 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
             return [self.extend(name, owner, ttl) for name, owner, ttl in items]
 
     async def holder(self, name: str) -> LockHolder | None:
-        oldest = await self.client.range(self._prefix(name), prefix=True, limit=1, sort_target="CREATE")
+        oldest = await self.client.range(
+            self._prefix(name), prefix=True, limit=1, sort_target="CREATE"
+        )
         if not oldest:
             return None
         return await self._holder_of(oldest[0])
