@@ -43,7 +43,7 @@ from .keys import range_end
 
 __all__ = [
     "EtcdClient",
-    "EtcdCallError",
+    "EtcdError",
     "b64",
     "connect_etcd",
     "endpoints_of",
@@ -61,7 +61,7 @@ NOT_FOUND = 5
 OWN_OPTIONS = ("timeout", "connect_timeout", "ca_file", "cert_file", "key_file")
 
 
-class EtcdCallError(BackendError):
+class EtcdError(BackendError):
     """etcd answered a call with an error (``code`` is its gRPC status code)."""
 
     def __init__(self, message: str, *, code: int, operation: str) -> None:
@@ -229,7 +229,7 @@ class EtcdClient:
                 code = int(answer.get("code", -1)) if isinstance(answer, dict) else -1
                 message = answer.get("message") if isinstance(answer, dict) else reply.text
                 if code not in _RETRYABLE:
-                    raise EtcdCallError(
+                    raise EtcdError(
                         f"etcd {path} failed at {endpoint} (code {code}): {message}",
                         code=code,
                         operation=path,
@@ -240,7 +240,7 @@ class EtcdClient:
             # endpoint was tried
             self.current = (self.current + 1) % len(self.endpoints)
             if clock.monotonic() + pause >= deadline:
-                raise EtcdCallError(
+                raise EtcdError(
                     f"etcd {path}: no endpoint of {self.label} answered within {budget:g} s "
                     f"({'; '.join(problems[-len(self.endpoints) :])})",
                     code=code if code is not None else 14,
@@ -322,7 +322,7 @@ class EtcdClient:
         """A new lease of ``ttl`` whole seconds; its id."""
         answer = self.call("lease/grant", {"TTL": ttl})
         if answer.get("error"):
-            raise EtcdCallError(
+            raise EtcdError(
                 f"etcd lease/grant failed: {answer['error']}", code=-1, operation="lease/grant"
             )
         return int(answer["ID"])
@@ -337,7 +337,7 @@ class EtcdClient:
         """Revoke ``lease`` (deleting every key attached to it); False if it was gone."""
         try:
             self.call("lease/revoke", {"ID": lease})
-        except EtcdCallError as exc:
+        except EtcdError as exc:
             if exc.code == NOT_FOUND:
                 return False
             raise
@@ -396,7 +396,7 @@ class EtcdClient:
         reply = self._client().post(f"{endpoint}/v3/maintenance/status", json={})
         answer: dict[str, Any] = reply.json()
         if reply.status_code != 200 or "error" in answer:
-            raise EtcdCallError(
+            raise EtcdError(
                 f"etcd maintenance/status failed at {endpoint}: {answer.get('message')}",
                 code=int(answer.get("code", -1)),
                 operation="maintenance/status",

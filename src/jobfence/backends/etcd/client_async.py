@@ -41,7 +41,7 @@ from .keys import range_end
 
 __all__ = [
     "AsyncEtcdClient",
-    "EtcdCallError",
+    "EtcdError",
     "b64",
     "connect_etcd",
     "endpoints_of",
@@ -59,7 +59,7 @@ NOT_FOUND = 5
 OWN_OPTIONS = ("timeout", "connect_timeout", "ca_file", "cert_file", "key_file")
 
 
-class EtcdCallError(BackendError):
+class EtcdError(BackendError):
     """etcd answered a call with an error (``code`` is its gRPC status code)."""
 
     def __init__(self, message: str, *, code: int, operation: str) -> None:
@@ -227,7 +227,7 @@ class AsyncEtcdClient:
                 code = int(answer.get("code", -1)) if isinstance(answer, dict) else -1
                 message = answer.get("message") if isinstance(answer, dict) else reply.text
                 if code not in _RETRYABLE:
-                    raise EtcdCallError(
+                    raise EtcdError(
                         f"etcd {path} failed at {endpoint} (code {code}): {message}",
                         code=code,
                         operation=path,
@@ -238,7 +238,7 @@ class AsyncEtcdClient:
             # endpoint was tried
             self.current = (self.current + 1) % len(self.endpoints)
             if clock.monotonic() + pause >= deadline:
-                raise EtcdCallError(
+                raise EtcdError(
                     f"etcd {path}: no endpoint of {self.label} answered within {budget:g} s "
                     f"({'; '.join(problems[-len(self.endpoints) :])})",
                     code=code if code is not None else 14,
@@ -324,7 +324,7 @@ class AsyncEtcdClient:
         """A new lease of ``ttl`` whole seconds; its id."""
         answer = await self.call("lease/grant", {"TTL": ttl})
         if answer.get("error"):
-            raise EtcdCallError(
+            raise EtcdError(
                 f"etcd lease/grant failed: {answer['error']}", code=-1, operation="lease/grant"
             )
         return int(answer["ID"])
@@ -339,7 +339,7 @@ class AsyncEtcdClient:
         """Revoke ``lease`` (deleting every key attached to it); False if it was gone."""
         try:
             await self.call("lease/revoke", {"ID": lease})
-        except EtcdCallError as exc:
+        except EtcdError as exc:
             if exc.code == NOT_FOUND:
                 return False
             raise
@@ -398,7 +398,7 @@ class AsyncEtcdClient:
         reply = await self._client().post(f"{endpoint}/v3/maintenance/status", json={})
         answer: dict[str, Any] = reply.json()
         if reply.status_code != 200 or "error" in answer:
-            raise EtcdCallError(
+            raise EtcdError(
                 f"etcd maintenance/status failed at {endpoint}: {answer.get('message')}",
                 code=int(answer.get("code", -1)),
                 operation="maintenance/status",
