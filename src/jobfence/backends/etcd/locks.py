@@ -141,6 +141,8 @@ class EtcdLockBackend(LockBackend):
         )
         #: (name, owner) -> the key this client put for it (as holder or waiter)
         self._mine: dict[tuple[str, str], _Mine] = {}
+        #: whether :meth:`prepare` opened a connection already
+        self._ready = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
@@ -169,17 +171,20 @@ class EtcdLockBackend(LockBackend):
         return {"request_range": body}
 
     # -- the queue -------------------------------------------------------------------------
-    def _join(self, name: str, owner: str, want: int, plain: bool) -> _Mine | None:
+    def _join(
+        self, name: str, owner: str, want: int, plain: bool
+    ) -> tuple[_Mine, bool | None] | None:
         """Put ``owner``'s key under ``name`` attached to a new lease of ``want`` seconds (or
-        find the key it put before, and keep its lease alive); the key, or ``None`` when
-        ``plain`` (a try that does not queue) and ``name`` is held, or when the key vanished."""
+        find the key it put before, and keep its lease alive); ``(the key, whether it is the
+        oldest)`` (``None`` for a key found again: not looked at), or ``None`` when ``plain``
+        (a try that does not queue) and ``name`` is held, or when the key vanished."""
         key = self._key(name, owner)
         mine = self._mine.get((name, owner))
         if mine is not None:
             ok, _ = self.client.txn([_compare(key, "LEASE", mine.lease)], [])
             if ok and self.client.keepalive(mine.lease) > 0:
                 mine.want = want
-                return mine
+                return mine, None
             self._mine.pop((name, owner), None)  # our key is gone: join again, at the back
         if plain:
             held = self.client.range(self._prefix(name), prefix=True, limit=1, keys_only=True)
@@ -189,10 +194,14 @@ class EtcdLockBackend(LockBackend):
         read = {"request_range": self.client.range_request(key)}
         ok, rows = self.client.txn(
             [_compare(key, "CREATE", 0)],
-            [{"request_put": {"key": b64(key), "value": b64(owner), "lease": str(lease)}}, read],
-            [read],
+            [
+                {"request_put": {"key": b64(key), "value": b64(owner), "lease": str(lease)}},
+                read,
+                self._oldest(name),
+            ],
+            [read, self._oldest(name)],
         )
-        found = _kvs(rows[-1])
+        found, oldest = _kvs(rows[-2]), _kvs(rows[-1])
         if not found:  # its lease ended at once
             return None
         kv = found[0]
@@ -200,7 +209,7 @@ class EtcdLockBackend(LockBackend):
             self.client.revoke(lease)
         mine = _Mine(int(kv.get("lease", 0)), want, int(kv["create_revision"]), want)
         self._mine[(name, owner)] = mine
-        return mine
+        return mine, bool(oldest) and int(oldest[0]["create_revision"]) == mine.revision
 
     def _ahead(self, name: str, owner: str, mine: _Mine) -> tuple[bool, list[Any], int]:
         """``(whether owner's key is still there, the key just ahead of it if any, the
@@ -243,17 +252,28 @@ class EtcdLockBackend(LockBackend):
             self.client.revoke(mine.lease)
 
     # -- operations ------------------------------------------------------------------------
+    def prepare(self, *, waiting: bool = False) -> None:
+        """Open the first connection (one status call) before ``Locks`` starts a lease's
+        clock, so that opening it does not eat into the first lease; later calls reuse
+        httpx's pooled connections."""
+        if not self._ready:
+            self.client.status()
+            self._ready = True
+
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        mine = self._join(name, owner, lease_seconds(ttl), wait is None)
-        if mine is None:
+        joined = self._join(name, owner, lease_seconds(ttl), wait is None)
+        if joined is None:
             return None
-        there, ahead, _ = self._ahead(name, owner, mine)
-        if not there:
-            self._mine.pop((name, owner), None)
-            return None
-        if not ahead:
+        mine, first = joined
+        if first is None:  # a waiter's key, found again: is anyone still ahead?
+            there, ahead, _ = self._ahead(name, owner, mine)
+            if not there:
+                self._mine.pop((name, owner), None)
+                return None
+            first = not ahead
+        if first:
             return self._granted(name, owner, mine)
         if wait is None:
             self._leave(name, owner)
@@ -410,6 +430,7 @@ class EtcdLockBackend(LockBackend):
         keys (no I/O)."""
         self.client.after_fork()
         self._mine = {}
+        self._ready = False
 
 
 def _text(raw: str) -> str:

@@ -143,6 +143,8 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
         )
         #: (name, owner) -> the key this client put for it (as holder or waiter)
         self._mine: dict[tuple[str, str], _Mine] = {}
+        #: whether :meth:`prepare` opened a connection already
+        self._ready = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
@@ -171,17 +173,20 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
         return {"request_range": body}
 
     # -- the queue -------------------------------------------------------------------------
-    async def _join(self, name: str, owner: str, want: int, plain: bool) -> _Mine | None:
+    async def _join(
+        self, name: str, owner: str, want: int, plain: bool
+    ) -> tuple[_Mine, bool | None] | None:
         """Put ``owner``'s key under ``name`` attached to a new lease of ``want`` seconds (or
-        find the key it put before, and keep its lease alive); the key, or ``None`` when
-        ``plain`` (a try that does not queue) and ``name`` is held, or when the key vanished."""
+        find the key it put before, and keep its lease alive); ``(the key, whether it is the
+        oldest)`` (``None`` for a key found again: not looked at), or ``None`` when ``plain``
+        (a try that does not queue) and ``name`` is held, or when the key vanished."""
         key = self._key(name, owner)
         mine = self._mine.get((name, owner))
         if mine is not None:
             ok, _ = await self.client.txn([_compare(key, "LEASE", mine.lease)], [])
             if ok and await self.client.keepalive(mine.lease) > 0:
                 mine.want = want
-                return mine
+                return mine, None
             self._mine.pop((name, owner), None)  # our key is gone: join again, at the back
         if plain:
             held = await self.client.range(self._prefix(name), prefix=True, limit=1, keys_only=True)
@@ -191,10 +196,14 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
         read = {"request_range": self.client.range_request(key)}
         ok, rows = await self.client.txn(
             [_compare(key, "CREATE", 0)],
-            [{"request_put": {"key": b64(key), "value": b64(owner), "lease": str(lease)}}, read],
-            [read],
+            [
+                {"request_put": {"key": b64(key), "value": b64(owner), "lease": str(lease)}},
+                read,
+                self._oldest(name),
+            ],
+            [read, self._oldest(name)],
         )
-        found = _kvs(rows[-1])
+        found, oldest = _kvs(rows[-2]), _kvs(rows[-1])
         if not found:  # its lease ended at once
             return None
         kv = found[0]
@@ -202,7 +211,7 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
             await self.client.revoke(lease)
         mine = _Mine(int(kv.get("lease", 0)), want, int(kv["create_revision"]), want)
         self._mine[(name, owner)] = mine
-        return mine
+        return mine, bool(oldest) and int(oldest[0]["create_revision"]) == mine.revision
 
     async def _ahead(self, name: str, owner: str, mine: _Mine) -> tuple[bool, list[Any], int]:
         """``(whether owner's key is still there, the key just ahead of it if any, the
@@ -245,17 +254,28 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
             await self.client.revoke(mine.lease)
 
     # -- operations ------------------------------------------------------------------------
+    async def prepare(self, *, waiting: bool = False) -> None:
+        """Open the first connection (one status call) before ``Locks`` starts a lease's
+        clock, so that opening it does not eat into the first lease; later calls reuse
+        httpx's pooled connections."""
+        if not self._ready:
+            await self.client.status()
+            self._ready = True
+
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
-        mine = await self._join(name, owner, lease_seconds(ttl), wait is None)
-        if mine is None:
+        joined = await self._join(name, owner, lease_seconds(ttl), wait is None)
+        if joined is None:
             return None
-        there, ahead, _ = await self._ahead(name, owner, mine)
-        if not there:
-            self._mine.pop((name, owner), None)
-            return None
-        if not ahead:
+        mine, first = joined
+        if first is None:  # a waiter's key, found again: is anyone still ahead?
+            there, ahead, _ = await self._ahead(name, owner, mine)
+            if not there:
+                self._mine.pop((name, owner), None)
+                return None
+            first = not ahead
+        if first:
             return await self._granted(name, owner, mine)
         if wait is None:
             await self._leave(name, owner)
@@ -421,6 +441,7 @@ class AsyncEtcdLockBackend(AsyncLockBackend):
         keys (no I/O)."""
         self.client.after_fork()
         self._mine = {}
+        self._ready = False
 
 
 def _text(raw: str) -> str:
