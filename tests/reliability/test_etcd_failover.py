@@ -169,3 +169,26 @@ def test_a_holder_cut_off_from_the_quorum_learns_it_lost_its_lease(cluster: Etcd
         again.release()
     finally:
         locks.close()
+
+
+def test_the_doctor_reports_a_dead_member_and_a_url_that_names_one_member(
+    cluster: EtcdCluster,
+) -> None:
+    from jobfence._core.url import parse_url
+    from jobfence.backends.etcd.doctor import inspect
+    from jobfence.doctor import Report, Timer
+
+    def findings(url: str) -> dict[str, str]:
+        parsed = parse_url(url)
+        report = Report(url=parsed.masked, backend="etcd", namespace="jobfence")
+        inspect(report, parsed, Timer(1))
+        return {f.code: f.level for f in report.findings}
+
+    healthy = findings(cluster.url)
+    assert healthy["etcd-health"] == "ok" and healthy["etcd-member-count"] == "ok"
+    assert "etcd-endpoints" not in healthy
+    first = cluster.members[0]
+    assert findings(f"etcd://127.0.0.1:{first.client_port}")["etcd-endpoints"] == "warning"
+    cluster.kill(cluster.members[2])
+    wait_until(lambda: cluster.leader() is not None, 30, "a leader among the two left")
+    assert findings(cluster.url)["etcd-members"] == "warning"
