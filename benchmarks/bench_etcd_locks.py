@@ -3,9 +3,10 @@
 
 Each backend runs jobfence ``Locks.try_acquire()`` + ``release()`` pairs (``renew=False``) on
 one name, in interleaved rounds; the table gives the median µs per pair and its ratio to
-Redis's. etcd pays more round trips per pair (a lease grant, the transaction that puts the
-key and reads the holder, a check of the queue; a read and a lease revocation to release),
-each a Raft commit or a linearizable read.
+Redis's. etcd pays more round trips per pair (a read of the holder, a lease grant, the
+transaction that puts the key and reads the holder again; a lease revocation to release),
+writes are Raft commits and reads linearizable. The disposable etcd keeps its data in
+``/dev/shm`` where the host has it: its fsyncs cost nothing there, unlike on a disk.
 
 Usage: ``python benchmarks/bench_etcd_locks.py [--url etcd://127.0.0.1:2379]
 [--redis redis://127.0.0.1:6379/0] [--postgres postgresql://postgres@127.0.0.1:5432/test]

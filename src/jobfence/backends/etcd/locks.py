@@ -23,8 +23,9 @@ Key layout (``keys.py``; every component percent-encoded)::
   the ttl it asked for (the re-put keeps ``create_revision``, so the token is the one its
   place in the queue gave it). A wait that times out or is cancelled revokes the waiter's
   lease, which deletes its key.
-* release: revoke the owner's lease (which deletes its key) once a read showed the key is
-  the holder's; ``force_release`` revokes the holder's lease whoever it is.
+* release: revoke the owner's lease, which deletes its key (one call when this client was
+  granted the lease; otherwise after a read showing the key is the holder's);
+  ``force_release`` revokes the holder's lease whoever it is.
 * extend and renew: a lease keep-alive (``lease/keepalive``, one call per lease; ``renew``
   sends them concurrently in the async flavour) when the ttl is the lease's, after a read
   showing the owner's key still holds the name; a keep-alive answering a ttl of 0 (the lease
@@ -106,13 +107,15 @@ class _Mine:
     """This client's key under one name: its lease and the lease's seconds, its
     create_revision, and the seconds its owner asked for (the lease's once it holds)."""
 
-    __slots__ = ("lease", "revision", "seconds", "want")
+    __slots__ = ("held", "lease", "revision", "seconds", "want")
 
     def __init__(self, lease: int, seconds: int, revision: int, want: int) -> None:
         self.lease = lease
         self.seconds = seconds
         self.revision = revision
         self.want = want
+        #: whether the name was granted to it (its token handed out)
+        self.held = False
 
 
 class EtcdLockBackend(LockBackend):
@@ -228,6 +231,7 @@ class EtcdLockBackend(LockBackend):
         if mine.seconds != mine.want and not self._relet(name, owner, mine, mine.want):
             self._mine.pop((name, owner), None)
             return None
+        mine.held = True
         return mine.revision
 
     def _relet(self, name: str, owner: str, mine: _Mine, seconds: int) -> bool:
@@ -319,7 +323,11 @@ class EtcdLockBackend(LockBackend):
         return None
 
     def release(self, name: str, owner: str) -> bool:
-        self._mine.pop((name, owner), None)
+        mine = self._mine.pop((name, owner), None)
+        if mine is not None and mine.held:
+            # granted by this client: its lease is attached to the holder's key and nothing
+            # else, so revoking it (one call) releases exactly this lease, if it still lives
+            return self.client.revoke(mine.lease)
         _, rows = self.client.txn(
             [],
             [
@@ -365,6 +373,7 @@ class EtcdLockBackend(LockBackend):
             granted = (self.client.time_to_live(lease))[1] if lease else 0
             mine = _Mine(lease, granted, int(found[0]["create_revision"]), granted)
             self._mine[(name, owner)] = mine
+        mine.held = True  # its key is the oldest under the name
         if mine.seconds == seconds:
             if self.client.keepalive(lease) > 0:
                 return True
