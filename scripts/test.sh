@@ -29,6 +29,15 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
     || { echo "test.sh: installing pgbouncer failed (apt-get install pgbouncer)" >&2; exit 1; }
 fi
 
+# etcd: the etcd conformance specs and tests/reliability/test_etcd_failover.py start disposable
+# members of their own (tests/etcd_cluster.py)
+if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
+  echo "== installing etcd-server"
+  { apt-get install -y -q etcd-server >/dev/null \
+      || { apt-get update >/dev/null && apt-get install -y -q etcd-server >/dev/null; }; } \
+    || { echo "test.sh: installing etcd failed (apt-get install etcd-server)" >&2; exit 1; }
+fi
+
 # the dashboard's browser tests drive the system Chromium (they fail without it, never skip)
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -77,6 +77,9 @@ TWINS: dict[str, str] = {
     "backends/postgres/locks_async.py": "backends/postgres/locks.py",
     "backends/postgres/queue_async.py": "backends/postgres/queue.py",
     "backends/redis/client_async.py": "backends/redis/client.py",
+    "backends/etcd/client_async.py": "backends/etcd/client.py",
+    "backends/etcd/inbox_async.py": "backends/etcd/inbox.py",
+    "backends/etcd/locks_async.py": "backends/etcd/locks.py",
     "_core/source_async.py": "_core/source.py",
     "compat/redis_py/lock_async.py": "compat/redis_py/lock.py",
     "backends/redis/inbox_async.py": "backends/redis/inbox.py",
@@ -108,6 +111,7 @@ RENAMES: dict[str, str] = {
     "acompat": "compat",
     "aiosqlite": "sqlite3",
     "aiomysql": "pymysql",
+    "aiter_lines": "iter_lines",
 }
 
 #: rules on a few tokens in a row (see _rewrite_tokens); each must be used by some input

@@ -203,6 +203,16 @@ SPECS: list[Spec] = [
         note="mode=session changes how locks are held; the inbox does not read it",
     ),
     Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup),
+    # a one-member etcd of this worker's own, started on first use (tests/etcd_cluster.py)
+    Spec(
+        "etcd",
+        "etcd",
+        BOTH,
+        lambda tmp: __import__("tests.etcd_cluster").etcd_cluster.etcd_url(),
+        lambda url, namespace: __import__("tests.etcd_cluster").etcd_cluster.delete_etcd_prefix(
+            url, namespace
+        ),
+    ),
     Spec(
         "rabbitmq",
         "rabbitmq",

@@ -152,8 +152,8 @@ def parse_url(url: object, *, argument: str = "url") -> BackendURL:
         )
     try:
         parts = urlsplit(url)
-        # a Sentinel URL names several hosts (h1:26379,h2:26379): its backend reads them
-        many = parts.scheme.lower().endswith("+sentinel") and "," in parts.netloc
+        # a Sentinel or etcd URL names several hosts (h1:26379,h2:26379): its backend reads them
+        many = parts.scheme.lower().endswith(("+sentinel", "etcd", "etcds")) and "," in parts.netloc
         port = None if many else parts.port
     except ValueError:
         raise ConfigurationError(

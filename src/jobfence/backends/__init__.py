@@ -13,6 +13,8 @@ scheme             backend                                        parts         
 ``postgresql://``  PostgreSQL (also ``postgres://``)              locks inbox queue  ``[postgres]``
 ``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``)  locks inbox        ``[mysql]``
 ``amqp://``        RabbitMQ (``amqps://`` for TLS)                queue              ``[rabbitmq]``
+``etcd://``        etcd 3.4+ (``etcds://`` for TLS; several       locks inbox        ``[etcd]``
+                   members: ``etcd://h1:2379,h2:2379``)
 =================  =============================================  =================  ============
 
 (``[sqlite]`` brings ``aiosqlite`` for the async clients; the sync ones need only the standard
@@ -183,6 +185,9 @@ BACKENDS: dict[str, BackendInfo] = {
             parts=("queue",),
             twins=False,
             description="RabbitMQ",
+        ),
+        _builtin(
+            "etcd", ("etcd", "etcds"), "Etcd", "etcd", parts=("locks", "inbox"), description="etcd"
         ),
     )
 }
