@@ -29,7 +29,7 @@ from typing import Any
 
 from .._core.clients import recognise
 from ..errors import ConfigurationError
-from . import registered
+from .registry import registered
 
 __all__ = [
     "Client",

@@ -9,7 +9,7 @@ import logging
 
 import click
 
-from ..backends import parse_backend_url
+from ..backends import backend_for, parse_backend_url
 from ..errors import JobfenceError
 from ._common import NAMESPACE_ENV, URL_ENV, user
 
@@ -60,8 +60,8 @@ def migrate_keys(
         raise click.UsageError(f"give the Redis URL, or set {URL_ENV}")
     try:
         parsed = parse_backend_url(url)
-        if parsed.scheme not in ("redis", "rediss"):
-            raise click.UsageError(f"migrate-keys needs a redis:// or rediss:// URL, got {url!r}")
+        if backend_for(parsed.scheme).name != "redis":
+            raise click.UsageError(f"migrate-keys needs a Redis URL (redis://...), got {url!r}")
         redis_client = connect_redis(parsed, {}, what="migrate-keys", own=("namespace", "table"))
     except JobfenceError as exc:
         raise click.UsageError(str(exc)) from exc
