@@ -72,7 +72,8 @@ class ManualClock(Clock):
     With ``auto_advance=True`` nothing blocks: a sleep moves the time by its length, and a
     wait for an event that is still not set after letting other threads or tasks run moves
     it by the whole ``timeout`` (a retry's backoff or a minutes-long scenario then runs at
-    once).
+    once). A client's renewer, pausing between its checks, then moves the time as well: a
+    test that needs exact times uses the default mode.
 
     :attr:`sleeps` and :attr:`waits` record the seconds every sleep and the timeout every
     wait asked for, in order; :attr:`waiting` counts the sleeps and waits blocked now, and
