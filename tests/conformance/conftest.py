@@ -1,20 +1,22 @@
 """Fixtures of both conformance suites, parametrised from ``specs.py``.
 
-The lock suite asks for ``env`` (one spec of ``specs_for("locks")`` x sync/async), the inbox
-suite for ``ienv`` (one spec of ``specs_for("inbox")`` x sync/async). Each test gets a fresh
-namespace; afterwards its clients are closed and the spec's ``cleanup`` removes what it left.
+The lock suite asks for ``env_async`` (one spec of ``specs_for("locks")``, ``AsyncLocks``
+clients) in its async specs and for ``env`` (sync ``Locks`` clients) in their generated sync
+twins; the inbox suite asks for ``ienv`` (one spec of ``specs_for("inbox")`` x sync/async).
+Each test gets a fresh namespace; afterwards its clients are closed and the spec's
+``cleanup`` removes what it left.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import jobfence
-from tests.conformance.flavours import InboxW, LocksW, QueueW
+from tests.conformance.flavours import InboxW, QueueW
 from tests.conformance.specs import (
     FLAVOURS,
     INBOX,
@@ -64,16 +66,15 @@ class _Isolated:
         self.spec.cleanup(self.url, self.namespace)
 
 
-class Env(_Isolated):
-    """One lock backend, one namespace: makes clients of either flavour and cleans up."""
+class AsyncEnv(_Isolated):
+    """One lock backend, one namespace: makes ``AsyncLocks`` clients and cleans up."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
-        self.clients: list[LocksW] = []
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
+        self.clients: list[jobfence.AsyncLocks] = []
 
-    def client(self, flavour: str | None = None, **options: Any) -> LocksW:
-        sync = (flavour or self.flavour) == "sync"
-        client = LocksW(self.url, self.namespace, sync, **options)
+    def client(self, **options: Any) -> jobfence.AsyncLocks:
+        client = jobfence.AsyncLocks(self.url, namespace=self.namespace, **options)
         self.clients.append(client)
         return client
 
@@ -82,6 +83,29 @@ class Env(_Isolated):
             for c in self.clients:
                 try:
                     await c.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
+
+class Env(_Isolated):
+    """One lock backend, one namespace: makes sync ``Locks`` clients and cleans up."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.clients: list[jobfence.Locks] = []
+
+    def client(self, **options: Any) -> jobfence.Locks:
+        client = jobfence.Locks(self.url, namespace=self.namespace, **options)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        try:
+            for c in self.clients:
+                try:
+                    c.close()
                 except Exception:  # closing after a failed test must not hide the failure
                     pass
         finally:
@@ -156,12 +180,24 @@ async def qenv(queue_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[
 
 
 @pytest.fixture
-async def env(spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[Env]:
-    e = Env(spec, flavour, tmp_path)
+async def env_async(spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncEnv]:
+    """The lock suite's environment: ``AsyncLocks`` clients (the async specs)."""
+    e = AsyncEnv(spec, tmp_path)
     try:
         yield e
     finally:
         await e.aclose()
+
+
+@pytest.fixture
+def env(spec: Spec, tmp_path: Path) -> Iterator[Env]:
+    """The lock suite's environment for the generated sync specs: sync ``Locks`` clients,
+    driven on the test's own thread."""
+    e = Env(spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
 
 
 @pytest.fixture

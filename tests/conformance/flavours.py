@@ -1,8 +1,9 @@
-"""Run one test body against the sync and the async API.
+"""Run one test body against the sync and the async API (the queue suite).
 
-Tests are written once, as ``async def``; the ``sync`` flavour runs every call of the sync
-``Locks``/``Lease`` (``Inbox``/``Claim``) in a worker thread (``asyncio.to_thread``), so both
-twins are exercised by exactly the same assertions.
+Its tests are written once, as ``async def``; the ``sync`` flavour runs every call of the sync
+``Queue``/``Message`` in a worker thread (``asyncio.to_thread``), so both twins are exercised
+by exactly the same assertions. (The lock and inbox suites are generated as plain sync code
+instead: ``tools/conformance_twins.py``.)
 """
 
 from __future__ import annotations
@@ -11,68 +12,6 @@ import asyncio
 from typing import Any
 
 import jobfence
-
-
-class LeaseW:
-    def __init__(self, lease: Any, sync: bool) -> None:
-        self.lease = lease
-        self.sync = sync
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self.lease, item)
-
-    async def extend(self, ttl: float | None = None) -> None:
-        if self.sync:
-            await asyncio.to_thread(self.lease.extend, ttl)
-        else:
-            await self.lease.extend(ttl)
-
-    async def release(self) -> bool:
-        if self.sync:
-            return bool(await asyncio.to_thread(self.lease.release))
-        return bool(await self.lease.release())
-
-
-class LocksW:
-    def __init__(self, url: str, namespace: str, sync: bool, **options: Any) -> None:
-        self.sync = sync
-        cls = jobfence.Locks if sync else jobfence.AsyncLocks
-        self.locks: Any = cls(url, namespace=namespace, **options)
-
-    @property
-    def capabilities(self) -> Any:
-        return self.locks.capabilities
-
-    async def try_acquire(self, name: str, **kw: Any) -> LeaseW | None:
-        if self.sync:
-            lease = await asyncio.to_thread(lambda: self.locks.try_acquire(name, **kw))
-        else:
-            lease = await self.locks.try_acquire(name, **kw)
-        return None if lease is None else LeaseW(lease, self.sync)
-
-    async def acquire(self, name: str, **kw: Any) -> LeaseW:
-        if self.sync:
-            lease = await asyncio.to_thread(lambda: self.locks.acquire(name, **kw))
-        else:
-            lease = await self.locks.acquire(name, **kw)
-        return LeaseW(lease, self.sync)
-
-    async def force_release(self, name: str) -> bool:
-        if self.sync:
-            return bool(await asyncio.to_thread(self.locks.force_release, name))
-        return bool(await self.locks.force_release(name))
-
-    async def install(self) -> None:
-        if self.sync:
-            await asyncio.to_thread(self.locks.install)
-        else:
-            await self.locks.install()
-
-    async def close(self) -> None:
-        if self.sync:
-            await asyncio.to_thread(self.locks.close)
-        else:
-            await self.locks.close()
 
 
 class ClaimW:
