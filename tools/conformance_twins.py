@@ -10,8 +10,8 @@ no event loop in between, and the two flavours still run one body of assertions.
 
 A spec reaches the few concurrency steps it needs (a second actor, a pause, waiting for an
 event) through ``tests/conformance/flow_async.py``, which the rewriting turns into its sync
-counterpart ``tests/conformance/flow.py``; its fixture ``env_async`` (``AsyncEnv``) becomes
-``env`` (``Env``).
+counterpart ``tests/conformance/flow.py``; its fixtures ``env_async`` / ``ienv_async``
+(``AsyncEnv`` / ``AsyncInboxEnv``) become ``env`` / ``ienv`` (``Env`` / ``InboxEnv``).
 
 ``tests/conformance/test_twins.py`` runs ``--check``, which fails when a twin is out of date.
 
@@ -27,9 +27,12 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 
+SPECS = "tests/conformance"
+
 #: async spec file -> its generated sync twin, relative to the repository root
 TWINS: dict[str, str] = {
-    "tests/conformance/test_lock_conformance.py": "tests/conformance/test_lock_conformance_sync.py",
+    f"{SPECS}/test_lock_conformance.py": f"{SPECS}/test_lock_conformance_sync.py",
+    f"{SPECS}/test_inbox_conformance.py": f"{SPECS}/test_inbox_conformance_sync.py",
 }
 
 HEADER = (

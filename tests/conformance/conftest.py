@@ -2,8 +2,9 @@
 
 The lock suite asks for ``env_async`` (one spec of ``specs_for("locks")``, ``AsyncLocks``
 clients) in its async specs and for ``env`` (sync ``Locks`` clients) in their generated sync
-twins; the inbox suite asks for ``ienv`` (one spec of ``specs_for("inbox")`` x sync/async).
-Each test gets a fresh namespace; afterwards its clients are closed and the spec's
+twins; the inbox suite likewise for ``ienv_async`` / ``ienv`` (``specs_for("inbox")``), the
+queue suite for ``qenv`` (``specs_for("queue")`` x sync/async). Each test gets a fresh
+namespace; afterwards its clients are closed and the spec's
 ``cleanup`` removes what it left.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from tests.conformance.flavours import InboxW, QueueW
+from tests.conformance.flavours import QueueW
 from tests.conformance.specs import (
     FLAVOURS,
     INBOX,
@@ -112,17 +113,17 @@ class Env(_Isolated):
             self.cleanup()
 
 
-class InboxEnv(_Isolated):
-    """One inbox backend, one table: makes inboxes of either flavour and cleans up."""
+class AsyncInboxEnv(_Isolated):
+    """One inbox backend, one table: makes ``AsyncInbox`` clients and cleans up."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
         self.table = inbox_table(self.namespace)
-        self.inboxes: list[InboxW] = []
+        self.inboxes: list[jobfence.AsyncInbox] = []
 
-    def inbox(self, flavour: str | None = None, **options: Any) -> InboxW:
+    def inbox(self, **options: Any) -> jobfence.AsyncInbox:
         options.setdefault("table", self.table)
-        inbox = InboxW(self.url, (flavour or self.flavour) == "sync", **options)
+        inbox = jobfence.AsyncInbox(self.url, **options)
         self.inboxes.append(inbox)
         return inbox
 
@@ -131,6 +132,31 @@ class InboxEnv(_Isolated):
             for inbox in self.inboxes:
                 try:
                     await inbox.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
+
+class InboxEnv(_Isolated):
+    """One inbox backend, one table: makes sync ``Inbox`` clients and cleans up."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.table = inbox_table(self.namespace)
+        self.inboxes: list[jobfence.Inbox] = []
+
+    def inbox(self, **options: Any) -> jobfence.Inbox:
+        options.setdefault("table", self.table)
+        inbox = jobfence.Inbox(self.url, **options)
+        self.inboxes.append(inbox)
+        return inbox
+
+    def close(self) -> None:
+        try:
+            for inbox in self.inboxes:
+                try:
+                    inbox.close()
                 except Exception:  # closing after a failed test must not hide the failure
                     pass
         finally:
@@ -201,9 +227,21 @@ def env(spec: Spec, tmp_path: Path) -> Iterator[Env]:
 
 
 @pytest.fixture
-async def ienv(inbox_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[InboxEnv]:
-    e = InboxEnv(inbox_spec, flavour, tmp_path)
+async def ienv_async(inbox_spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncInboxEnv]:
+    """The inbox suite's environment: ``AsyncInbox`` clients (the async specs)."""
+    e = AsyncInboxEnv(inbox_spec, tmp_path)
     try:
         yield e
     finally:
         await e.aclose()
+
+
+@pytest.fixture
+def ienv(inbox_spec: Spec, tmp_path: Path) -> Iterator[InboxEnv]:
+    """The inbox suite's environment for the generated sync specs: sync ``Inbox`` clients,
+    driven on the test's own thread."""
+    e = InboxEnv(inbox_spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
