@@ -72,9 +72,16 @@ class Spec:
       that need a second process (kill -9, SIGSTOP) run only specs that have it.
     * ``ttl_expiry`` -- a lock lease that is not renewed becomes free after its ttl (PostgreSQL
       session mode: no, the lock lives as long as its connection).
+    * ``fifo`` -- lock waiters get the lease in arrival order, handed to the head of the wait
+      queue (MySQL: no, waiters poll).
+    * ``queue_follows_connection`` -- a waiter waits inside the server, for as long as its
+      connection lives (PostgreSQL session mode): a backend ``acquire(..., wait=...)`` blocks
+      there instead of joining a queue and returning. The lock suite's wait-queue specs run
+      the specs with ``fifo`` and without it.
 
-    ``cross_process`` and ``ttl_expiry`` must equal what the backend's capabilities say;
-    ``test_specs.py`` checks it.
+    These capability flags (all but ``note``) must equal what the backend's capabilities say
+    (``test_specs.py`` checks it); a new backend states them in its entry of :data:`SPECS`,
+    and the specs that need a capability pick the specs by flag (:func:`spec_params`).
     """
 
     id: str
@@ -84,6 +91,8 @@ class Spec:
     cleanup: Callable[[str, str], None]
     cross_process: bool = True
     ttl_expiry: bool = True
+    fifo: bool = True
+    queue_follows_connection: bool = False
     note: str = ""
 
     def runs(self, part: str) -> bool:
@@ -200,9 +209,10 @@ SPECS: list[Spec] = [
         lambda tmp: _with_option(POSTGRES_URL, "mode=session"),
         _postgres_cleanup,
         ttl_expiry=False,
+        queue_follows_connection=True,
         note="mode=session changes how locks are held; the inbox does not read it",
     ),
-    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup),
+    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup, fifo=False),
     Spec(
         "rabbitmq",
         "rabbitmq",

@@ -27,8 +27,16 @@ import pytest
 import jobfence
 from tests.conformance import _mutex_worker, flow
 from tests.conformance.conftest import Env
+from tests.conformance.specs import LOCKS, spec_params
 
 pytestmark = pytest.mark.timeout(120)
+
+
+#: the specs whose waiters join a FIFO wait queue with a call that returns: the queue's
+#: contract is checked through the backend's verbs (a session-mode waiter waits in the server)
+WAIT_QUEUE = spec_params(LOCKS, lambda s: s.fifo and not s.queue_follows_connection)
+#: the specs whose leases run out after their ttl
+TTL_EXPIRY = spec_params(LOCKS, lambda s: s.ttl_expiry)
 
 
 def _name() -> str:
@@ -113,6 +121,12 @@ def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(
     with pytest.raises(jobfence.LockLost):
         old.extend()
     assert old.release() is False
+    # nor through the backend's verbs; a retried grant of the new owner (its reply lost)
+    # gets the same lease back
+    assert a.backend.release(name, old.owner) is False
+    assert a.backend.extend(name, old.owner, 10) is False
+    assert a.backend.renew([(name, old.owner, 10)]) == [False]
+    assert b.backend.acquire(name, new.owner, 10) == new.token
     # the new holder is untouched
     assert a.try_acquire(name, ttl=10) is None
     new.check()
@@ -284,3 +298,99 @@ def test_install_is_idempotent_and_force_release_frees_a_name(env: Env) -> None:
     assert again is not None and again.token > lease.token
     assert lease.release() is False
     assert again.release() is True
+
+
+# -- the wait queue, renewal in batches, tokens per name ----------------------------------
+
+
+@pytest.mark.parametrize("spec", WAIT_QUEUE)
+def test_a_release_hands_the_lease_to_the_head_of_the_wait_queue(
+    env: Env,
+) -> None:
+    """Waiters are served in arrival order: each release hands the lease to the head of the
+    queue, whichever waiter looks first; neither the releaser nor a newcomer overtakes it."""
+    backend = env.client().backend
+    name = _name()
+    first = backend.acquire(name, "holder", 30)
+    assert first is not None
+    for waiter in ("w1", "w2", "w3"):  # each joins the queue, in this order
+        assert backend.acquire(name, waiter, 30, wait=30) is None
+    assert backend.release(name, "holder") is True
+    assert backend.acquire(name, "holder", 30) is None  # the releaser cannot take it back
+    assert backend.acquire(name, "newcomer", 30) is None  # nor can a newcomer
+    tokens = [first]
+    for head, behind in (("w1", ("w3", "w2")), ("w2", ("w3",)), ("w3", ())):
+        for later in behind:  # the waiters behind the head look first: not theirs yet
+            assert backend.acquire(name, later, 30, wait=30) is None
+        token = backend.acquire(name, head, 30, wait=30)  # the head's: handed over
+        assert token is not None and token > tokens[-1], (head, token, tokens)
+        tokens.append(token)
+        assert backend.release(name, head) is True
+    last = backend.acquire(name, "newcomer", 30)  # nobody waits any more
+    assert last is not None and last > tokens[-1]
+    assert backend.release(name, "newcomer") is True
+
+
+@pytest.mark.parametrize("spec", WAIT_QUEUE)
+def test_an_expired_lease_goes_to_the_head_of_the_wait_queue_not_a_newcomer(
+    env: Env,
+) -> None:
+    backend = env.client().backend
+    name = _name()
+    first = backend.acquire(name, "holder", 0.3)  # a holder that crashes: no release
+    assert first is not None
+    assert backend.acquire(name, "w1", 30, wait=30) is None
+    deadline = time.monotonic() + 10
+    token = None
+    while token is None:  # w1 looks again and again, as a waiting acquire does
+        # a newcomer's try never takes the lease ahead of w1, also once the ttl ran out
+        assert backend.acquire(name, "newcomer", 30) is None
+        token = backend.acquire(name, "w1", 30, wait=30)
+        assert time.monotonic() < deadline, "the expired lease never went to the waiter"
+        if token is None:
+            flow.sleep(0.02)
+    assert token > first
+    assert backend.acquire(name, "newcomer", 30) is None  # w1 holds it
+    assert backend.release(name, "w1") is True
+
+
+@pytest.mark.parametrize("spec", TTL_EXPIRY)
+def test_renew_extends_many_leases_in_one_backend_call_with_one_answer_each(
+    env: Env,
+) -> None:
+    """The renewer's batch: one ``renew`` call for many leases, one answer per item, in
+    order; an item whose lease is gone, or held by another owner, changes nothing."""
+    backend = env.client().backend
+    names = [_name() for _ in range(4)]
+    for i, name in enumerate(names):
+        assert backend.acquire(name, f"o{i}", 1.0) is not None
+    assert backend.force_release(names[2])
+    items = [(name, f"o{i}", 30.0 + i) for i, name in enumerate(names)]  # ttls of their own
+    items.append((names[0], "not-the-owner", 30.0))
+    items.append((_name(), "o9", 30.0))  # never held
+    assert backend.renew(items) == [True, True, False, True, False, False]
+    assert backend.renew([]) == []
+    flow.sleep(1.3)  # past the first ttl: only the renewal keeps them
+    for i in (0, 1, 3):
+        assert backend.acquire(names[i], "other", 30) is None, names[i]
+    again = [(name, f"o{i}", 30.0) for i, name in enumerate(names)]
+    assert backend.renew(again) == [True, True, False, True]
+    assert backend.acquire(names[2], "other", 30) is not None  # released: free
+
+
+def test_fencing_tokens_increase_per_name(env: Env) -> None:
+    """Each name has its own token sequence: strictly increasing whoever takes it, and a
+    name's holder never blocks another name."""
+    a, b = env.client(), env.client()
+    x, y = _name(), _name()
+    seen: dict[str, list[int]] = {x: [], y: []}
+    for client, name in ((a, x), (b, y), (b, x), (a, y), (a, x), (b, y)):
+        lease = client.try_acquire(name, ttl=10)
+        assert lease is not None, name
+        other = (b if client is a else a).try_acquire(x if name == y else y, ttl=10)
+        assert other is not None  # the other name is free meanwhile
+        assert other.release()
+        seen[name].append(lease.token)
+        assert lease.release()
+    for name, tokens in seen.items():
+        assert tokens == sorted(set(tokens)), (name, tokens)
