@@ -10,8 +10,9 @@ no event loop in between, and the two flavours still run one body of assertions.
 
 A spec reaches the few concurrency steps it needs (a second actor, a pause, waiting for an
 event) through ``tests/conformance/flow_async.py``, which the rewriting turns into its sync
-counterpart ``tests/conformance/flow.py``; its fixtures ``env_async`` / ``ienv_async``
-(``AsyncEnv`` / ``AsyncInboxEnv``) become ``env`` / ``ienv`` (``Env`` / ``InboxEnv``).
+counterpart ``tests/conformance/flow.py``; its fixtures ``env_async`` / ``ienv_async`` /
+``qenv_async`` (``AsyncEnv`` / ``AsyncInboxEnv`` / ``AsyncQueueEnv``) become ``env`` /
+``ienv`` / ``qenv`` (``Env`` / ``InboxEnv`` / ``QueueEnv``).
 
 ``tests/conformance/test_twins.py`` runs ``--check``, which fails when a twin is out of date.
 
@@ -33,6 +34,7 @@ SPECS = "tests/conformance"
 TWINS: dict[str, str] = {
     f"{SPECS}/test_lock_conformance.py": f"{SPECS}/test_lock_conformance_sync.py",
     f"{SPECS}/test_inbox_conformance.py": f"{SPECS}/test_inbox_conformance_sync.py",
+    f"{SPECS}/test_queue_conformance.py": f"{SPECS}/test_queue_conformance_sync.py",
 }
 
 HEADER = (

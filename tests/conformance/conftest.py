@@ -2,8 +2,8 @@
 
 The lock suite asks for ``env_async`` (one spec of ``specs_for("locks")``, ``AsyncLocks``
 clients) in its async specs and for ``env`` (sync ``Locks`` clients) in their generated sync
-twins; the inbox suite likewise for ``ienv_async`` / ``ienv`` (``specs_for("inbox")``), the
-queue suite for ``qenv`` (``specs_for("queue")`` x sync/async). Each test gets a fresh
+twins; the inbox suite likewise for ``ienv_async`` / ``ienv`` (``specs_for("inbox")``) and
+the queue suite for ``qenv_async`` / ``qenv`` (``specs_for("queue")``). Each test gets a fresh
 namespace; afterwards its clients are closed and the spec's
 ``cleanup`` removes what it left.
 """
@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from tests.conformance.flavours import QueueW
 from tests.conformance.specs import (
-    FLAVOURS,
     INBOX,
     LOCKS,
     QUEUE,
@@ -45,11 +43,6 @@ def queue_spec(request: pytest.FixtureRequest) -> Spec:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=FLAVOURS)
-def flavour(request: pytest.FixtureRequest) -> str:
-    return request.param  # type: ignore[no-any-return]
-
-
 class _Isolated:
     """One spec, one flavour, one fresh namespace."""
 
@@ -58,10 +51,6 @@ class _Isolated:
         self.flavour = flavour
         self.url = spec.make_url(tmp_path)
         self.namespace = new_namespace()
-
-    @property
-    def sync(self) -> bool:
-        return self.flavour == "sync"
 
     def cleanup(self) -> None:
         self.spec.cleanup(self.url, self.namespace)
@@ -163,23 +152,23 @@ class InboxEnv(_Isolated):
             self.cleanup()
 
 
-class QueueEnv(_Isolated):
-    """One queue backend, one queue name (the test's namespace): makes clients of either
-    flavour; afterwards closes them and drops the queue."""
+class AsyncQueueEnv(_Isolated):
+    """One queue backend, one queue name (the test's namespace): makes ``AsyncQueue``
+    clients; afterwards closes them and drops the queue."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
         self.name = self.namespace
-        self.queues: list[QueueW] = []
+        self.queues: list[jobfence.AsyncQueue] = []
 
-    def queue(self, flavour: str | None = None, name: str | None = None, **options: Any) -> QueueW:
-        queue = QueueW(self.url, name or self.name, (flavour or self.flavour) == "sync", **options)
+    def queue(self, name: str | None = None, **options: Any) -> jobfence.AsyncQueue:
+        queue = jobfence.AsyncQueue(self.url, name or self.name, **options)
         self.queues.append(queue)
         return queue
 
     async def aclose(self) -> None:
         try:
-            names = {q.queue.name for q in self.queues}
+            names = {q.name for q in self.queues}
             for queue in self.queues:
                 try:
                     await queue.close()
@@ -196,13 +185,58 @@ class QueueEnv(_Isolated):
             self.cleanup()
 
 
+class QueueEnv(_Isolated):
+    """One queue backend, one queue name (the test's namespace): makes sync ``Queue``
+    clients; afterwards closes them and drops the queue."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.name = self.namespace
+        self.queues: list[jobfence.Queue] = []
+
+    def queue(self, name: str | None = None, **options: Any) -> jobfence.Queue:
+        queue = jobfence.Queue(self.url, name or self.name, **options)
+        self.queues.append(queue)
+        return queue
+
+    def close(self) -> None:
+        try:
+            names = {q.name for q in self.queues}
+            for queue in self.queues:
+                try:
+                    queue.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+            for name in names:
+                try:
+                    dropper = jobfence.Queue(self.url, name)
+                    dropper.drop()
+                    dropper.close()
+                except Exception:
+                    pass
+        finally:
+            self.cleanup()
+
+
 @pytest.fixture
-async def qenv(queue_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[QueueEnv]:
-    e = QueueEnv(queue_spec, flavour, tmp_path)
+async def qenv_async(queue_spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncQueueEnv]:
+    """The queue suite's environment: ``AsyncQueue`` clients (the async specs)."""
+    e = AsyncQueueEnv(queue_spec, tmp_path)
     try:
         yield e
     finally:
         await e.aclose()
+
+
+@pytest.fixture
+def qenv(queue_spec: Spec, tmp_path: Path) -> Iterator[QueueEnv]:
+    """The queue suite's environment for the generated sync specs: sync ``Queue`` clients,
+    driven on the test's own thread."""
+    e = QueueEnv(queue_spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
 
 
 @pytest.fixture

@@ -38,7 +38,8 @@ from tests.servers import (
     mysql_params,
 )
 
-#: the API flavours every conformance test runs with (test ids ``[<spec id>-<flavour>]``)
+#: the API flavours (each suite's async specs and their generated sync twins run both; a test
+#: that starts processes of either flavour is parametrised with these)
 FLAVOURS = ["sync", "async"]
 
 LOCKS = "locks"
