@@ -1,22 +1,23 @@
 """Fixtures of both conformance suites, parametrised from ``specs.py``.
 
-The lock suite asks for ``env`` (one spec of ``specs_for("locks")`` x sync/async), the inbox
-suite for ``ienv`` (one spec of ``specs_for("inbox")`` x sync/async). Each test gets a fresh
-namespace; afterwards its clients are closed and the spec's ``cleanup`` removes what it left.
+The lock suite asks for ``env_async`` (one spec of ``specs_for("locks")``, ``AsyncLocks``
+clients) in its async specs and for ``env`` (sync ``Locks`` clients) in their generated sync
+twins; the inbox suite likewise for ``ienv_async`` / ``ienv`` (``specs_for("inbox")``) and
+the queue suite for ``qenv_async`` / ``qenv`` (``specs_for("queue")``). Each test gets a fresh
+namespace; afterwards its clients are closed and the spec's
+``cleanup`` removes what it left.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import jobfence
-from tests.conformance.flavours import InboxW, LocksW, QueueW
 from tests.conformance.specs import (
-    FLAVOURS,
     INBOX,
     LOCKS,
     QUEUE,
@@ -42,11 +43,6 @@ def queue_spec(request: pytest.FixtureRequest) -> Spec:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=FLAVOURS)
-def flavour(request: pytest.FixtureRequest) -> str:
-    return request.param  # type: ignore[no-any-return]
-
-
 class _Isolated:
     """One spec, one flavour, one fresh namespace."""
 
@@ -56,24 +52,19 @@ class _Isolated:
         self.url = spec.make_url(tmp_path)
         self.namespace = new_namespace()
 
-    @property
-    def sync(self) -> bool:
-        return self.flavour == "sync"
-
     def cleanup(self) -> None:
         self.spec.cleanup(self.url, self.namespace)
 
 
-class Env(_Isolated):
-    """One lock backend, one namespace: makes clients of either flavour and cleans up."""
+class AsyncEnv(_Isolated):
+    """One lock backend, one namespace: makes ``AsyncLocks`` clients and cleans up."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
-        self.clients: list[LocksW] = []
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
+        self.clients: list[jobfence.AsyncLocks] = []
 
-    def client(self, flavour: str | None = None, **options: Any) -> LocksW:
-        sync = (flavour or self.flavour) == "sync"
-        client = LocksW(self.url, self.namespace, sync, **options)
+    def client(self, **options: Any) -> jobfence.AsyncLocks:
+        client = jobfence.AsyncLocks(self.url, namespace=self.namespace, **options)
         self.clients.append(client)
         return client
 
@@ -88,17 +79,40 @@ class Env(_Isolated):
             self.cleanup()
 
 
-class InboxEnv(_Isolated):
-    """One inbox backend, one table: makes inboxes of either flavour and cleans up."""
+class Env(_Isolated):
+    """One lock backend, one namespace: makes sync ``Locks`` clients and cleans up."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.clients: list[jobfence.Locks] = []
+
+    def client(self, **options: Any) -> jobfence.Locks:
+        client = jobfence.Locks(self.url, namespace=self.namespace, **options)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        try:
+            for c in self.clients:
+                try:
+                    c.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
+
+class AsyncInboxEnv(_Isolated):
+    """One inbox backend, one table: makes ``AsyncInbox`` clients and cleans up."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
         self.table = inbox_table(self.namespace)
-        self.inboxes: list[InboxW] = []
+        self.inboxes: list[jobfence.AsyncInbox] = []
 
-    def inbox(self, flavour: str | None = None, **options: Any) -> InboxW:
+    def inbox(self, **options: Any) -> jobfence.AsyncInbox:
         options.setdefault("table", self.table)
-        inbox = InboxW(self.url, (flavour or self.flavour) == "sync", **options)
+        inbox = jobfence.AsyncInbox(self.url, **options)
         self.inboxes.append(inbox)
         return inbox
 
@@ -113,23 +127,48 @@ class InboxEnv(_Isolated):
             self.cleanup()
 
 
-class QueueEnv(_Isolated):
-    """One queue backend, one queue name (the test's namespace): makes clients of either
-    flavour; afterwards closes them and drops the queue."""
+class InboxEnv(_Isolated):
+    """One inbox backend, one table: makes sync ``Inbox`` clients and cleans up."""
 
-    def __init__(self, spec: Spec, flavour: str, tmp_path: Path) -> None:
-        super().__init__(spec, flavour, tmp_path)
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.table = inbox_table(self.namespace)
+        self.inboxes: list[jobfence.Inbox] = []
+
+    def inbox(self, **options: Any) -> jobfence.Inbox:
+        options.setdefault("table", self.table)
+        inbox = jobfence.Inbox(self.url, **options)
+        self.inboxes.append(inbox)
+        return inbox
+
+    def close(self) -> None:
+        try:
+            for inbox in self.inboxes:
+                try:
+                    inbox.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+        finally:
+            self.cleanup()
+
+
+class AsyncQueueEnv(_Isolated):
+    """One queue backend, one queue name (the test's namespace): makes ``AsyncQueue``
+    clients; afterwards closes them and drops the queue."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "async", tmp_path)
         self.name = self.namespace
-        self.queues: list[QueueW] = []
+        self.queues: list[jobfence.AsyncQueue] = []
 
-    def queue(self, flavour: str | None = None, name: str | None = None, **options: Any) -> QueueW:
-        queue = QueueW(self.url, name or self.name, (flavour or self.flavour) == "sync", **options)
+    def queue(self, name: str | None = None, **options: Any) -> jobfence.AsyncQueue:
+        queue = jobfence.AsyncQueue(self.url, name or self.name, **options)
         self.queues.append(queue)
         return queue
 
     async def aclose(self) -> None:
         try:
-            names = {q.queue.name for q in self.queues}
+            names = {q.name for q in self.queues}
             for queue in self.queues:
                 try:
                     await queue.close()
@@ -146,9 +185,43 @@ class QueueEnv(_Isolated):
             self.cleanup()
 
 
+class QueueEnv(_Isolated):
+    """One queue backend, one queue name (the test's namespace): makes sync ``Queue``
+    clients; afterwards closes them and drops the queue."""
+
+    def __init__(self, spec: Spec, tmp_path: Path) -> None:
+        super().__init__(spec, "sync", tmp_path)
+        self.name = self.namespace
+        self.queues: list[jobfence.Queue] = []
+
+    def queue(self, name: str | None = None, **options: Any) -> jobfence.Queue:
+        queue = jobfence.Queue(self.url, name or self.name, **options)
+        self.queues.append(queue)
+        return queue
+
+    def close(self) -> None:
+        try:
+            names = {q.name for q in self.queues}
+            for queue in self.queues:
+                try:
+                    queue.close()
+                except Exception:  # closing after a failed test must not hide the failure
+                    pass
+            for name in names:
+                try:
+                    dropper = jobfence.Queue(self.url, name)
+                    dropper.drop()
+                    dropper.close()
+                except Exception:
+                    pass
+        finally:
+            self.cleanup()
+
+
 @pytest.fixture
-async def qenv(queue_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[QueueEnv]:
-    e = QueueEnv(queue_spec, flavour, tmp_path)
+async def qenv_async(queue_spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncQueueEnv]:
+    """The queue suite's environment: ``AsyncQueue`` clients (the async specs)."""
+    e = AsyncQueueEnv(queue_spec, tmp_path)
     try:
         yield e
     finally:
@@ -156,8 +229,20 @@ async def qenv(queue_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[
 
 
 @pytest.fixture
-async def env(spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[Env]:
-    e = Env(spec, flavour, tmp_path)
+def qenv(queue_spec: Spec, tmp_path: Path) -> Iterator[QueueEnv]:
+    """The queue suite's environment for the generated sync specs: sync ``Queue`` clients,
+    driven on the test's own thread."""
+    e = QueueEnv(queue_spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+async def env_async(spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncEnv]:
+    """The lock suite's environment: ``AsyncLocks`` clients (the async specs)."""
+    e = AsyncEnv(spec, tmp_path)
     try:
         yield e
     finally:
@@ -165,9 +250,32 @@ async def env(spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[Env]:
 
 
 @pytest.fixture
-async def ienv(inbox_spec: Spec, flavour: str, tmp_path: Path) -> AsyncIterator[InboxEnv]:
-    e = InboxEnv(inbox_spec, flavour, tmp_path)
+def env(spec: Spec, tmp_path: Path) -> Iterator[Env]:
+    """The lock suite's environment for the generated sync specs: sync ``Locks`` clients,
+    driven on the test's own thread."""
+    e = Env(spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+async def ienv_async(inbox_spec: Spec, tmp_path: Path) -> AsyncIterator[AsyncInboxEnv]:
+    """The inbox suite's environment: ``AsyncInbox`` clients (the async specs)."""
+    e = AsyncInboxEnv(inbox_spec, tmp_path)
     try:
         yield e
     finally:
         await e.aclose()
+
+
+@pytest.fixture
+def ienv(inbox_spec: Spec, tmp_path: Path) -> Iterator[InboxEnv]:
+    """The inbox suite's environment for the generated sync specs: sync ``Inbox`` clients,
+    driven on the test's own thread."""
+    e = InboxEnv(inbox_spec, tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()

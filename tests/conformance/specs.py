@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.etcd_cluster import delete_etcd_prefix, etcd_url
 from tests.servers import (
     MYSQL_URL,
     POSTGRES_URL,
@@ -38,7 +39,8 @@ from tests.servers import (
     mysql_params,
 )
 
-#: the API flavours every conformance test runs with (test ids ``[<spec id>-<flavour>]``)
+#: the API flavours (each suite's async specs and their generated sync twins run both; a test
+#: that starts processes of either flavour is parametrised with these)
 FLAVOURS = ["sync", "async"]
 
 LOCKS = "locks"
@@ -72,9 +74,16 @@ class Spec:
       that need a second process (kill -9, SIGSTOP) run only specs that have it.
     * ``ttl_expiry`` -- a lock lease that is not renewed becomes free after its ttl (PostgreSQL
       session mode: no, the lock lives as long as its connection).
+    * ``fifo`` -- lock waiters get the lease in arrival order, handed to the head of the wait
+      queue (MySQL: no, waiters poll).
+    * ``queue_follows_connection`` -- a waiter waits inside the server, for as long as its
+      connection lives (PostgreSQL session mode): a backend ``acquire(..., wait=...)`` blocks
+      there instead of joining a queue and returning. The lock suite's wait-queue specs run
+      the specs with ``fifo`` and without it.
 
-    ``cross_process`` and ``ttl_expiry`` must equal what the backend's capabilities say;
-    ``test_specs.py`` checks it.
+    These capability flags (all but ``note``) must equal what the backend's capabilities say
+    (``test_specs.py`` checks it); a new backend states them in its entry of :data:`SPECS`,
+    and the specs that need a capability pick the specs by flag (:func:`spec_params`).
     """
 
     id: str
@@ -84,6 +93,8 @@ class Spec:
     cleanup: Callable[[str, str], None]
     cross_process: bool = True
     ttl_expiry: bool = True
+    fifo: bool = True
+    queue_follows_connection: bool = False
     note: str = ""
 
     def runs(self, part: str) -> bool:
@@ -200,19 +211,12 @@ SPECS: list[Spec] = [
         lambda tmp: _with_option(POSTGRES_URL, "mode=session"),
         _postgres_cleanup,
         ttl_expiry=False,
+        queue_follows_connection=True,
         note="mode=session changes how locks are held; the inbox does not read it",
     ),
-    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup),
+    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup, fifo=False),
     # a one-member etcd of this worker's own, started on first use (tests/etcd_cluster.py)
-    Spec(
-        "etcd",
-        "etcd",
-        BOTH,
-        lambda tmp: __import__("tests.etcd_cluster").etcd_cluster.etcd_url(),
-        lambda url, namespace: __import__("tests.etcd_cluster").etcd_cluster.delete_etcd_prefix(
-            url, namespace
-        ),
-    ),
+    Spec("etcd", "etcd", BOTH, lambda tmp: etcd_url(), delete_etcd_prefix),
     Spec(
         "rabbitmq",
         "rabbitmq",

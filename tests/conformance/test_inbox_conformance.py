@@ -1,13 +1,15 @@
 """One conformance suite for every inbox backend, sync and async.
 
 Each test runs on every spec of ``specs_for("inbox")`` (memory, sqlite, redis, postgres,
-mysql), through ``Inbox`` (in a worker thread) and ``AsyncInbox``, on a table of its own that
-is removed afterwards.
+mysql), on a table of its own that is removed afterwards. The specs are written once, in
+``test_inbox_conformance.py``, over ``AsyncInbox``; ``test_inbox_conformance_sync.py`` is
+generated from it by ``tools/conformance_twins.py`` and runs them over ``Inbox`` as plain
+sync code on the test's own thread. Code that differs between the flavours sits in
+``if ASYNC:`` / ``else:`` branches.
 """
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import pickle
@@ -24,10 +26,15 @@ import pytest
 
 import jobfence
 from jobfence import ClaimLost, ClaimState, FingerprintMismatch, InboxError
+from jobfence._core.flavour import ASYNC
 from jobfence._core.hooks import set_hook
+from tests.conformance import flow_async
 from tests.conformance._inbox_workers import claim_and_hang, claim_worker
-from tests.conformance.conftest import InboxEnv
+from tests.conformance.conftest import AsyncInboxEnv
 from tests.conformance.specs import FLAVOURS, INBOX, Spec, spec_params
+
+if ASYNC:
+    import asyncio
 
 FORK = multiprocessing.get_context("fork")
 #: the specs whose claims outlive the process that made them (a second process sees them)
@@ -41,11 +48,13 @@ async def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any
         claim = await inbox.claim(key, **kw)
         if claim.state is ClaimState.NEW or time.monotonic() > deadline:
             return claim
-        await asyncio.sleep(0.05)
+        await flow_async.sleep(0.05)
 
 
-async def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(
+    ienv_async: AsyncInboxEnv,
+) -> None:
+    inbox = ienv_async.inbox()
     first = await inbox.claim("order:1", ttl=30)
     assert first.state is ClaimState.NEW
     assert first.attempt == 1
@@ -62,8 +71,8 @@ async def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(ienv: Inbo
     assert (await inbox.claim("order:2")).state is ClaimState.NEW
 
 
-async def test_result_is_replayed_after_completion(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_result_is_replayed_after_completion(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("order:7", fingerprint="abc")
     result = {"charged": 1250, "items": ["a", "b"], "note": "naïve ✓"}
     await claim.complete(result)
@@ -72,21 +81,28 @@ async def test_result_is_replayed_after_completion(ienv: InboxEnv) -> None:
     assert again.state is ClaimState.COMPLETED
     assert again.result == result
     assert again.attempt == 1
-    # another client (other flavour) sees the same record
-    other = ienv.inbox("async" if ienv.sync else "sync")
+    # another client sees the same record
+    other = ienv_async.inbox()
     replay = await other.claim("order:7")
     assert replay.state is ClaimState.COMPLETED and replay.result == result
+    if ASYNC:  # and a client of the other flavour
+        sync = jobfence.Inbox(ienv_async.url, table=ienv_async.table)
+        try:
+            replay = await asyncio.to_thread(sync.claim, "order:7")
+            assert replay.state is ClaimState.COMPLETED and replay.result == result
+        finally:
+            await asyncio.to_thread(sync.close)
 
 
-async def test_none_is_a_result_too(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_none_is_a_result_too(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     await (await inbox.claim("k")).complete()
     replay = await inbox.claim("k")
     assert replay.state is ClaimState.COMPLETED and replay.result is None
 
 
-async def test_fingerprint_mismatch_is_never_a_silent_replay(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_fingerprint_mismatch_is_never_a_silent_replay(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("pay:1", fingerprint="digest-A")
     with pytest.raises(FingerprintMismatch) as info:
         await inbox.claim("pay:1", fingerprint="digest-B")
@@ -100,8 +116,8 @@ async def test_fingerprint_mismatch_is_never_a_silent_replay(ienv: InboxEnv) -> 
     assert (await inbox.claim("pay:1")).result == "paid A"
 
 
-async def test_release_lets_a_redelivery_retry(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_release_lets_a_redelivery_retry(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     first = await inbox.claim("msg:1", ttl=60)
     assert await first.release() is True
     assert await first.release() is False
@@ -115,9 +131,9 @@ async def test_release_lets_a_redelivery_retry(ienv: InboxEnv) -> None:
 
 
 async def test_expired_claim_is_taken_over_and_the_old_owner_cannot_complete(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     stale = await inbox.claim("job:1", ttl=0.3)
     assert stale.state is ClaimState.NEW
     fresh = await wait_for_new(inbox, "job:1", within=5, ttl=60)
@@ -133,20 +149,20 @@ async def test_expired_claim_is_taken_over_and_the_old_owner_cannot_complete(
     assert replay.attempt == 2
 
 
-async def test_takeover_with_another_fingerprint_is_a_mismatch(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_takeover_with_another_fingerprint_is_a_mismatch(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     await inbox.claim("job:2", ttl=0.2, fingerprint="one")
-    await asyncio.sleep(0.3)
+    await flow_async.sleep(0.3)
     with pytest.raises(FingerprintMismatch):
         await inbox.claim("job:2", fingerprint="two")
     taken = await inbox.claim("job:2", fingerprint="one")
     assert taken.state is ClaimState.NEW and taken.attempt == 2
 
 
-async def test_a_takeover_without_a_fingerprint_keeps_the_keys(ienv: InboxEnv) -> None:
+async def test_a_takeover_without_a_fingerprint_keeps_the_keys(ienv_async: AsyncInboxEnv) -> None:
     """The stored fingerprint is the payload the key was first claimed with: a redelivery
     that takes the key over without one must not erase it (found in review)."""
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     first = await inbox.claim("pay:9", fingerprint="digest-A", ttl=60)
     assert await first.release() is True
     taken = await inbox.claim("pay:9", ttl=60)  # no fingerprint
@@ -157,9 +173,9 @@ async def test_a_takeover_without_a_fingerprint_keeps_the_keys(ienv: InboxEnv) -
         await inbox.claim("pay:9", fingerprint="digest-B")
 
 
-async def test_a_claim_completes_once(ienv: InboxEnv) -> None:
+async def test_a_claim_completes_once(ienv_async: AsyncInboxEnv) -> None:
     """A second ``complete`` must not overwrite a result duplicates may have replayed."""
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("order:once")
     await claim.complete({"x": 1})
     with pytest.raises(InboxError):
@@ -169,14 +185,14 @@ async def test_a_claim_completes_once(ienv: InboxEnv) -> None:
 
 
 async def test_purge_removes_expired_completed_and_abandoned_records_only(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    short = ienv.inbox(retention=0.2)
-    long = ienv.inbox(retention=3600)
+    short = ienv_async.inbox(retention=0.2)
+    long = ienv_async.inbox(retention=3600)
     abandoned = await short.claim("d", ttl=0.05)  # its worker "died"
     assert abandoned.state is ClaimState.NEW
     await (await short.claim("a")).complete("expires soon")
-    await asyncio.sleep(0.5)  # past a's retention, and d's deadline + retention
+    await flow_async.sleep(0.5)  # past a's retention, and d's deadline + retention
     await (await long.claim("c")).complete("kept")
     live = await long.claim("b", ttl=60)
     assert live.state is ClaimState.NEW
@@ -196,8 +212,8 @@ async def test_purge_removes_expired_completed_and_abandoned_records_only(
     assert gone_d.state is ClaimState.NEW and gone_d.attempt == 1
 
 
-async def test_drop_removes_the_table_and_every_record(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_drop_removes_the_table_and_every_record(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     await (await inbox.claim("done")).complete("kept until drop")
     held = await inbox.claim("held", ttl=60)
     assert held.state is ClaimState.NEW
@@ -209,14 +225,14 @@ async def test_drop_removes_the_table_and_every_record(ienv: InboxEnv) -> None:
     assert fresh.state is ClaimState.NEW and fresh.attempt == 1
 
 
-async def test_serializer_is_pluggable(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox(serializer=pickle)
+async def test_serializer_is_pluggable(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox(serializer=pickle)
     await (await inbox.claim("p")).complete({1, 2, 3})
     assert (await inbox.claim("p")).result == {1, 2, 3}
 
 
-async def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_hooks_run_before_each_backend_call(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     seen: list[tuple[str, Any]] = []
 
     def hook(point: str, **info: Any) -> None:
@@ -248,16 +264,12 @@ async def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
     assert (await inbox.claim("boom")).state is ClaimState.NEW
 
 
-async def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_claim_as_context_manager_releases_on_error(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("ctx", ttl=60)
     with pytest.raises(ValueError):
-        if ienv.sync:
-            with claim.claim:
-                raise ValueError("work failed")
-        else:
-            async with claim.claim:
-                raise ValueError("work failed")
+        async with claim:
+            raise ValueError("work failed")
     retry = await inbox.claim("ctx", ttl=60)
     assert retry.state is ClaimState.NEW and retry.attempt == 2
 
@@ -265,49 +277,51 @@ async def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> Non
 # -- extend and renew ---------------------------------------------------------------------
 
 
-async def test_extend_keeps_a_claim_past_its_ttl_and_is_owner_checked(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_extend_keeps_a_claim_past_its_ttl_and_is_owner_checked(
+    ienv_async: AsyncInboxEnv,
+) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("ext:1", ttl=0.5)
     owner = claim.owner
-    assert await inbox.on_backend("extend", "ext:1", owner, 30.0) is True
-    await asyncio.sleep(0.8)  # past the claim's first deadline
+    assert await inbox.backend.extend("ext:1", owner, 30.0) is True
+    await flow_async.sleep(0.8)  # past the claim's first deadline
     busy = await inbox.claim("ext:1")
     assert busy.state is ClaimState.IN_PROGRESS and busy.owner == owner
     assert busy.expires_at is not None and claim.expires_at is not None
     assert busy.expires_at > claim.expires_at  # the backend moved the deadline
-    assert await inbox.on_backend("extend", "ext:1", "another-owner", 30.0) is False
-    assert await inbox.on_backend("extend", "ext:unknown", owner, 30.0) is False
+    assert await inbox.backend.extend("ext:1", "another-owner", 30.0) is False
+    assert await inbox.backend.extend("ext:unknown", owner, 30.0) is False
     await claim.complete("done")  # the backend's owner check, whatever the local deadline
-    assert await inbox.on_backend("extend", "ext:1", owner, 30.0) is False  # completed
+    assert await inbox.backend.extend("ext:1", owner, 30.0) is False  # completed
     replay = await inbox.claim("ext:1")
     assert replay.state is ClaimState.COMPLETED and replay.result == "done"
 
 
-async def test_an_expired_or_released_claim_is_never_extended(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_an_expired_or_released_claim_is_never_extended(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     expired = await inbox.claim("ext:2", ttl=0.2)
-    await asyncio.sleep(0.4)
-    assert await inbox.on_backend("extend", "ext:2", expired.owner, 30.0) is False
+    await flow_async.sleep(0.4)
+    assert await inbox.backend.extend("ext:2", expired.owner, 30.0) is False
     taken = await inbox.claim("ext:2", ttl=30)
     assert taken.state is ClaimState.NEW and taken.attempt == 2
     released = await inbox.claim("ext:3", ttl=30)
     owner = released.owner
     assert await released.release() is True
-    assert await inbox.on_backend("extend", "ext:3", owner, 30.0) is False
+    assert await inbox.backend.extend("ext:3", owner, 30.0) is False
     again = await inbox.claim("ext:3")
     assert again.state is ClaimState.NEW and again.attempt == 2
 
 
 async def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     live = [await inbox.claim(key, ttl=0.6) for key in ("ren:0", "ren:ü✓", "ren:2")]
     gone = await inbox.claim("ren:released", ttl=30)
     gone_owner = gone.owner
     assert await gone.release() is True
     expired = await inbox.claim("ren:expired", ttl=0.1)
-    await asyncio.sleep(0.2)
+    await flow_async.sleep(0.2)
     items = [(c.key, c.owner, 30.0) for c in live]
     items.insert(1, ("ren:released", gone_owner, 30.0))
     items += [
@@ -315,10 +329,10 @@ async def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
         ("ren:expired", expired.owner, 30.0),
         ("ren:unknown", "nobody", 30.0),
     ]
-    answers = await inbox.on_backend("renew", items)
+    answers = await inbox.backend.renew(items)
     assert answers == [True, False, True, True, False, False, False]
-    assert await inbox.on_backend("renew", []) == []
-    await asyncio.sleep(0.7)  # past the live claims' first deadline
+    assert await inbox.backend.renew([]) == []
+    await flow_async.sleep(0.7)  # past the live claims' first deadline
     for claim in live:
         busy = await inbox.claim(claim.key)
         assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
@@ -326,11 +340,13 @@ async def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
     assert taken.state is ClaimState.NEW and taken.attempt == 2
 
 
-async def test_claim_many_answers_each_key_as_a_claim_alone_would(ienv: InboxEnv) -> None:
+async def test_claim_many_answers_each_key_as_a_claim_alone_would(
+    ienv_async: AsyncInboxEnv,
+) -> None:
     """The batch verb behind the group commit: one record per item, in order, each what
     ``claim`` would have answered for that key alone (new, duplicate, in progress, takeover,
     fingerprint refusal), whether or not the backend sends the batch in one round trip."""
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     done = await inbox.claim("many:done", fingerprint="fp-a")
     await done.complete({"paid": 5})
     busy = await inbox.claim("many:busy", ttl=30)
@@ -338,7 +354,7 @@ async def test_claim_many_answers_each_key_as_a_claim_alone_would(ienv: InboxEnv
     mismatch = await inbox.claim("many:mismatch", fingerprint="fp-m", ttl=0.1)
     released = await inbox.claim("many:released", ttl=30)
     assert await released.release() is True
-    await asyncio.sleep(0.25)  # past the deadlines of "expired" and "mismatch"
+    await flow_async.sleep(0.25)  # past the deadlines of "expired" and "mismatch"
     items = [
         ("many:new ü✓", "owner-1", "fp-n", 30.0),
         ("many:done", "owner-2", "fp-a", 30.0),
@@ -347,7 +363,7 @@ async def test_claim_many_answers_each_key_as_a_claim_alone_would(ienv: InboxEnv
         ("many:mismatch", "owner-5", "fp-other", 30.0),
         ("many:released", "owner-6", None, 30.0),
     ]
-    records = await inbox.on_backend("claim_many", items)
+    records = await inbox.backend.claim_many(items)
     # (a completed record's owner is not part of the answer: some backends keep the last one)
     got = [
         (
@@ -368,15 +384,15 @@ async def test_claim_many_answers_each_key_as_a_claim_alone_would(ienv: InboxEnv
         (True, ClaimState.IN_PROGRESS, 2, "owner-6", None),
     ]
     assert inbox.serializer.loads(records[1].result) == {"paid": 5}
-    assert await inbox.on_backend("claim_many", []) == []
+    assert await inbox.backend.claim_many([]) == []
     # what the batch took is held: a claim of its own sees the batch's owner
     again = await inbox.claim("many:new ü✓")
     assert again.state is ClaimState.IN_PROGRESS and again.owner == "owner-1"
     assert expired.owner != "owner-4"
 
 
-async def test_complete_many_is_owner_checked_per_key(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_complete_many_is_owner_checked_per_key(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claims = [await inbox.claim(f"cm:{i}", ttl=30) for i in range(3)]
     data = [inbox.serializer.dumps({"n": i}) for i in range(4)]
     data = [d if isinstance(d, bytes) else d.encode() for d in data]
@@ -386,8 +402,8 @@ async def test_complete_many_is_owner_checked_per_key(ienv: InboxEnv) -> None:
         ("cm:2", claims[2].owner, data[2]),
         ("cm:unknown", "nobody", data[3]),
     ]
-    assert await inbox.on_backend("complete_many", items, 60.0) == [True, False, True, False]
-    assert await inbox.on_backend("complete_many", [], 60.0) == []
+    assert await inbox.backend.complete_many(items, 60.0) == [True, False, True, False]
+    assert await inbox.backend.complete_many([], 60.0) == []
     for i, state in ((0, ClaimState.COMPLETED), (1, ClaimState.IN_PROGRESS)):
         seen = await inbox.claim(f"cm:{i}")
         assert seen.state is state
@@ -396,12 +412,14 @@ async def test_complete_many_is_owner_checked_per_key(ienv: InboxEnv) -> None:
     assert await inbox.claim_info("cm:unknown") is None
 
 
-async def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(
+    ienv_async: AsyncInboxEnv,
+) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("cext:1", ttl=1.5)  # room for the extend on a loaded machine
     assert not claim.renews
     await claim.extend(30)
-    await asyncio.sleep(1.8)
+    await flow_async.sleep(1.8)
     assert not claim.lost
     claim.check()
     busy = await inbox.claim("cext:1")
@@ -415,26 +433,26 @@ async def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(ienv: In
     gone = await inbox.claim("cext:2", ttl=30)
     told: list[Any] = []
     gone.on_lost(told.append)
-    assert await inbox.on_backend("release", "cext:2", gone.owner) is True
+    assert await inbox.backend.release("cext:2", gone.owner) is True
     with pytest.raises(ClaimLost):
         await gone.extend()
-    assert gone.lost and told == [gone.claim]
+    assert gone.lost and told == [gone]
     with pytest.raises(ClaimLost):
         gone.check()
     # a claim past its ttl is lost as far as its holder knows
     stale = await inbox.claim("cext:3", ttl=0.2)
-    await asyncio.sleep(0.3)
+    await flow_async.sleep(0.3)
     assert stale.lost
     with pytest.raises(ClaimLost):
         await stale.extend(30)
 
 
-async def test_a_renewed_claim_outlives_its_ttl_until_completed(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_a_renewed_claim_outlives_its_ttl_until_completed(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     # ttl 2: three renewal chances a ttl, and room for a slow round trip on a loaded machine
     claim = await inbox.claim("long:1", ttl=2.0, renew=True)
     assert claim.renews and claim.state is ClaimState.NEW
-    await asyncio.sleep(2.8)  # the work outlasts the ttl
+    await flow_async.sleep(2.8)  # the work outlasts the ttl
     assert not claim.lost
     busy = await inbox.claim("long:1")
     assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
@@ -443,13 +461,13 @@ async def test_a_renewed_claim_outlives_its_ttl_until_completed(ienv: InboxEnv) 
     assert replay.state is ClaimState.COMPLETED and replay.result == "done"
 
 
-async def test_a_renewed_claim_taken_away_is_reported_lost(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_a_renewed_claim_taken_away_is_reported_lost(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("long:2", ttl=0.6, renew=True)
     lost = threading.Event()
     claim.on_lost(lambda _claim: lost.set())
-    assert await inbox.on_backend("release", "long:2", claim.owner) is True  # behind its back
-    assert await asyncio.to_thread(lost.wait, 5), "the renewer did not find the claim gone"
+    assert await inbox.backend.release("long:2", claim.owner) is True  # behind its back
+    assert await flow_async.wait_event(lost, 5), "the renewer did not find the claim gone"
     assert claim.lost
     with pytest.raises(ClaimLost):
         claim.check()
@@ -458,16 +476,16 @@ async def test_a_renewed_claim_taken_away_is_reported_lost(ienv: InboxEnv) -> No
 
 
 async def test_close_gives_back_the_renewed_claims_and_tells_their_holders(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("long:3", ttl=30, renew=True)
     plain = await inbox.claim("long:4", ttl=30)
     await inbox.close()
     assert claim.lost
     with pytest.raises(ClaimLost, match="Inbox was closed"):
         claim.check()
-    other = ienv.inbox()
+    other = ienv_async.inbox()
     redelivery = await other.claim("long:3")  # not after 30 s: now
     assert redelivery.state is ClaimState.NEW and redelivery.attempt == 2
     busy = await other.claim("long:4")  # a claim without renewal is left to its ttl
@@ -488,11 +506,11 @@ async def wait_until_stuck(inbox: Any, key: str, *, within: float = 15.0) -> job
         assert info is not None
         if info.stuck or time.monotonic() > deadline:
             return info
-        await asyncio.sleep(0.05)
+        await flow_async.sleep(0.05)
 
 
-async def test_claims_lists_by_state_and_prefix_sorted_by_key(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_claims_lists_by_state_and_prefix_sorted_by_key(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     for key in ("b:2", "a:1", "b:1", "c"):
         claim = await inbox.claim(key, ttl=60, fingerprint="fp-" + key)
         assert claim.state is ClaimState.NEW
@@ -517,9 +535,9 @@ async def test_claims_lists_by_state_and_prefix_sorted_by_key(ienv: InboxEnv) ->
 
 
 async def test_claims_prefix_is_matched_literally_and_sorted_by_code_point(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     keys = ["a%_*?[x]", "a%_*?[", "aXY*?[", "a%b", "a_c", "a\\d", "a*", "ab", "é:1", "z", "Ω"]
     for key in keys:
         assert (await inbox.claim(key, ttl=60)).state is ClaimState.NEW
@@ -534,8 +552,10 @@ async def test_claims_prefix_is_matched_literally_and_sorted_by_code_point(
     assert await inbox.claims(prefix="a[") == []
 
 
-async def test_claim_info_reports_the_clock_and_a_missing_key_is_none(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox(retention=3600)
+async def test_claim_info_reports_the_clock_and_a_missing_key_is_none(
+    ienv_async: AsyncInboxEnv,
+) -> None:
+    inbox = ienv_async.inbox(retention=3600)
     assert await inbox.claim_info("nothing-here") is None
     live = await inbox.claim("live", ttl=30)
     info = await inbox.claim_info("live")
@@ -554,9 +574,9 @@ async def test_claim_info_reports_the_clock_and_a_missing_key_is_none(ienv: Inbo
 
 
 async def test_an_expired_claim_is_stuck_and_a_takeover_counts_its_attempt(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     first = await inbox.claim("job", ttl=0.3)
     before = await inbox.claim_info("job")
     assert before is not None and before.expires_in > 0
@@ -572,16 +592,16 @@ async def test_an_expired_claim_is_stuck_and_a_takeover_counts_its_attempt(
     assert after.claimed_at > before.claimed_at
 
 
-async def test_a_released_claim_has_no_owner_and_is_stuck(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_a_released_claim_has_no_owner_and_is_stuck(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     claim = await inbox.claim("r", ttl=60)
     assert await claim.release()
     info = await wait_until_stuck(inbox, "r")
     assert info.owner is None and info.stuck and info.attempt == 1
 
 
-async def test_forget_deletes_a_record_whatever_its_state(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_forget_deletes_a_record_whatever_its_state(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     held = await inbox.claim("held", ttl=60)
     await (await inbox.claim("done")).complete("stored")
     assert await inbox.forget("missing") is False
@@ -601,9 +621,9 @@ async def test_forget_deletes_a_record_whatever_its_state(ienv: InboxEnv) -> Non
 
 
 async def test_a_forgotten_claim_reclaimed_by_another_worker_stays_theirs(
-    ienv: InboxEnv,
+    ienv_async: AsyncInboxEnv,
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     old = await inbox.claim("k", ttl=60)
     assert await inbox.forget("k")
     new = await inbox.claim("k", ttl=60)
@@ -632,9 +652,9 @@ async def test_a_forgotten_claim_reclaimed_by_another_worker_stays_theirs(
     ],
 )
 async def test_claims_validates_its_arguments(
-    ienv: InboxEnv, kwargs: dict[str, Any], argument: str
+    ienv_async: AsyncInboxEnv, kwargs: dict[str, Any], argument: str
 ) -> None:
-    inbox = ienv.inbox()
+    inbox = ienv_async.inbox()
     with pytest.raises(jobfence.ConfigurationError) as info:
         await inbox.claims(**kwargs)
     assert info.value.argument == argument
@@ -646,8 +666,8 @@ async def test_claims_validates_its_arguments(
     assert info.value.argument == "key"
 
 
-async def test_the_operator_reads_go_through_their_hook_points(ienv: InboxEnv) -> None:
-    inbox = ienv.inbox()
+async def test_the_operator_reads_go_through_their_hook_points(ienv_async: AsyncInboxEnv) -> None:
+    inbox = ienv_async.inbox()
     seen: list[tuple[str, Any]] = []
 
     def hook(point: str, **info: Any) -> None:
@@ -673,94 +693,98 @@ async def test_the_operator_reads_go_through_their_hook_points(ienv: InboxEnv) -
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("spec", spec_params(INBOX))
-def test_16_concurrent_claimants_exactly_one_is_new(
-    spec: Spec, flavour: str, tmp_path: Path
-) -> None:
-    env = InboxEnv(spec, flavour, tmp_path)
-    key = "contended:" + uuid.uuid4().hex[:12]
-    results: list[tuple[str, str | None, int]] = []
-    try:
-        if not jobfence.Inbox(env.url, table=env.table).capabilities.cross_process:
-            # one process holds the store: 16 threads claim at the same moment instead
-            inbox = jobfence.Inbox(env.url, table=env.table)
-            barrier = threading.Barrier(16)
-            lock = threading.Lock()
+# the many-process tests run both flavours by their own parametrisation, from this file
+if ASYNC:
 
-            def run() -> None:
-                barrier.wait()
-                c = inbox.claim(key, ttl=60)
-                with lock:
-                    results.append((c.state.value, c.owner, c.attempt))
+    @pytest.mark.slow
+    @pytest.mark.parametrize("flavour", FLAVOURS)
+    @pytest.mark.parametrize("spec", spec_params(INBOX))
+    def test_16_concurrent_claimants_exactly_one_is_new(
+        spec: Spec, flavour: str, tmp_path: Path
+    ) -> None:
+        env = AsyncInboxEnv(spec, tmp_path)
+        key = "contended:" + uuid.uuid4().hex[:12]
+        results: list[tuple[str, str | None, int]] = []
+        try:
+            if not jobfence.Inbox(env.url, table=env.table).capabilities.cross_process:
+                # one process holds the store: 16 threads claim at the same moment instead
+                inbox = jobfence.Inbox(env.url, table=env.table)
+                barrier = threading.Barrier(16)
+                lock = threading.Lock()
 
-            threads = [threading.Thread(target=run) for _ in range(16)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(30)
-        else:
-            barrier = FORK.Barrier(16)
-            out = FORK.Queue()
-            procs = [
-                FORK.Process(
-                    target=claim_worker,
-                    args=(env.url, env.table, key, flavour == "sync", barrier, out),
-                )
-                for _ in range(16)
-            ]
-            for p in procs:
-                p.start()
-            results = [out.get(timeout=60) for _ in procs]
-            for p in procs:
-                p.join(10)
-        errors = [r for r in results if r[0] == "error"]
-        assert not errors, errors
-        assert len(results) == 16
-        states = sorted(r[0] for r in results)
-        assert states.count("new") == 1, states
-        assert states.count("in_progress") == 15, states
-        owners = {r[1] for r in results}
-        assert len(owners) == 1, "every duplicate must name the one winner as the owner"
-        assert {r[2] for r in results} == {1}
-    finally:
-        asyncio.run(env.aclose())
+                def run() -> None:
+                    barrier.wait()
+                    c = inbox.claim(key, ttl=60)
+                    with lock:
+                        results.append((c.state.value, c.owner, c.attempt))
 
+                threads = [threading.Thread(target=run) for _ in range(16)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+            else:
+                barrier = FORK.Barrier(16)
+                out = FORK.Queue()
+                procs = [
+                    FORK.Process(
+                        target=claim_worker,
+                        args=(env.url, env.table, key, flavour == "sync", barrier, out),
+                    )
+                    for _ in range(16)
+                ]
+                for p in procs:
+                    p.start()
+                results = [out.get(timeout=60) for _ in procs]
+                for p in procs:
+                    p.join(10)
+            errors = [r for r in results if r[0] == "error"]
+            assert not errors, errors
+            assert len(results) == 16
+            states = sorted(r[0] for r in results)
+            assert states.count("new") == 1, states
+            assert states.count("in_progress") == 15, states
+            owners = {r[1] for r in results}
+            assert len(owners) == 1, "every duplicate must name the one winner as the owner"
+            assert {r[2] for r in results} == {1}
+        finally:
+            asyncio.run(env.aclose())
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("spec", CROSS_PROCESS)
-def test_kill_9_mid_work_then_takeover_after_ttl(spec: Spec, flavour: str, tmp_path: Path) -> None:
-    env = InboxEnv(spec, flavour, tmp_path)
-    key = "crash:1"
-    out = FORK.Queue()
-    child = FORK.Process(
-        target=claim_and_hang, args=(env.url, env.table, key, 1.0, flavour == "sync", out)
-    )
-    child.start()
-    try:
-        state, owner, attempt = out.get(timeout=30)
-        assert (state, attempt) == ("new", 1), owner
-        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        child.join(10)
-        assert child.exitcode == -signal.SIGKILL
+    @pytest.mark.slow
+    @pytest.mark.parametrize("flavour", FLAVOURS)
+    @pytest.mark.parametrize("spec", CROSS_PROCESS)
+    def test_kill_9_mid_work_then_takeover_after_ttl(
+        spec: Spec, flavour: str, tmp_path: Path
+    ) -> None:
+        env = AsyncInboxEnv(spec, tmp_path)
+        key = "crash:1"
+        out = FORK.Queue()
+        child = FORK.Process(
+            target=claim_and_hang, args=(env.url, env.table, key, 1.0, flavour == "sync", out)
+        )
+        child.start()
+        try:
+            state, owner, attempt = out.get(timeout=30)
+            assert (state, attempt) == ("new", 1), owner
+            os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            child.join(10)
+            assert child.exitcode == -signal.SIGKILL
 
-        async def after_crash() -> None:
-            inbox = env.inbox()
-            blocked = await inbox.claim(key)
-            # the dead worker's claim still counts until its ttl runs out
-            if blocked.state is ClaimState.IN_PROGRESS:
-                assert blocked.owner == owner
-            taken = await wait_for_new(inbox, key, within=10, ttl=30)
-            assert taken.state is ClaimState.NEW
-            assert taken.attempt == 2
-            await taken.complete("recovered")
-            replay = await inbox.claim(key)
-            assert replay.result == "recovered" and replay.attempt == 2
+            async def after_crash() -> None:
+                inbox = env.inbox()
+                blocked = await inbox.claim(key)
+                # the dead worker's claim still counts until its ttl runs out
+                if blocked.state is ClaimState.IN_PROGRESS:
+                    assert blocked.owner == owner
+                taken = await wait_for_new(inbox, key, within=10, ttl=30)
+                assert taken.state is ClaimState.NEW
+                assert taken.attempt == 2
+                await taken.complete("recovered")
+                replay = await inbox.claim(key)
+                assert replay.result == "recovered" and replay.attempt == 2
 
-        asyncio.run(after_crash())
-    finally:
-        if child.is_alive():
-            child.kill()
-        asyncio.run(env.aclose())
+            asyncio.run(after_crash())
+        finally:
+            if child.is_alive():
+                child.kill()
+            asyncio.run(env.aclose())

@@ -2,11 +2,17 @@
 
 The lease semantics that are the same on every backend, checked on every spec of
 ``specs_for("locks")`` (memory, SQLite, Redis, PostgreSQL in each mode, MySQL/MariaDB).
+
+The specs are written once, in ``test_lock_conformance.py``, over ``AsyncLocks``;
+``test_lock_conformance_sync.py`` is generated from it by ``tools/conformance_twins.py``
+(``AsyncLocks`` -> ``Locks``, ``await x`` -> ``x``, ``flow_async`` -> ``flow``): the sync
+specs call the sync API on the test's own thread, as users do. Code that differs between
+the flavours sits in ``if ASYNC:`` / ``else:`` branches, and a spec only one flavour can run
+in ``if ASYNC:``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import queue
 import threading
@@ -17,18 +23,30 @@ from pathlib import Path
 import pytest
 
 import jobfence
-from tests.conformance import _mutex_worker
-from tests.conformance.conftest import Env
+from jobfence._core.flavour import ASYNC
+from tests.conformance import _mutex_worker, flow_async
+from tests.conformance.conftest import AsyncEnv
+from tests.conformance.specs import LOCKS, spec_params
+
+if ASYNC:
+    import asyncio
 
 pytestmark = pytest.mark.timeout(120)
+
+
+#: the specs whose waiters join a FIFO wait queue with a call that returns: the queue's
+#: contract is checked through the backend's verbs (a session-mode waiter waits in the server)
+WAIT_QUEUE = spec_params(LOCKS, lambda s: s.fifo and not s.queue_follows_connection)
+#: the specs whose leases run out after their ttl
+TTL_EXPIRY = spec_params(LOCKS, lambda s: s.ttl_expiry)
 
 
 def _name() -> str:
     return "job:" + uuid.uuid4().hex[:8]
 
 
-async def test_try_acquire_returns_none_while_held(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_try_acquire_returns_none_while_held(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     lease = await a.try_acquire(name, ttl=10)
     assert lease is not None and lease.token > 0
@@ -38,8 +56,8 @@ async def test_try_acquire_returns_none_while_held(env: Env) -> None:
     assert await lease.release() is False  # second release: no longer held
 
 
-async def test_same_name_can_be_held_again_right_after_release(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_same_name_can_be_held_again_right_after_release(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     tokens = []
     for client in (a, b, a, b):
@@ -50,8 +68,8 @@ async def test_same_name_can_be_held_again_right_after_release(env: Env) -> None
     assert tokens == sorted(tokens) and len(set(tokens)) == 4  # strictly increasing
 
 
-async def test_acquire_raises_lock_timeout_near_its_timeout(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_acquire_raises_lock_timeout_near_its_timeout(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     held = await a.try_acquire(name, ttl=10)
     assert held is not None
@@ -69,29 +87,31 @@ async def test_acquire_raises_lock_timeout_near_its_timeout(env: Env) -> None:
     await again.release()
 
 
-async def test_waiter_gets_the_lease_when_the_holder_releases(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_waiter_gets_the_lease_when_the_holder_releases(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     held = await a.try_acquire(name, ttl=10)
     assert held is not None
-    waiter = asyncio.create_task(b.acquire(name, ttl=10, timeout=30))
-    await asyncio.sleep(0.05)
+    waiter = flow_async.spawn(lambda: b.acquire(name, ttl=10, timeout=30))
+    await flow_async.sleep(0.05)
     assert not waiter.done()  # still held: the waiter must wait
     assert await held.release()
-    got = await asyncio.wait_for(waiter, 30)
+    got = await flow_async.result(waiter, 30)
     assert got.token > held.token
     assert await a.try_acquire(name, ttl=10) is None
     assert await got.release()
 
 
-async def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(
+    env_async: AsyncEnv,
+) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     old = await a.try_acquire(name, ttl=0.4, renew=False)
     assert old is not None
-    if not env.client().capabilities.ttl_expiry:
+    if not env_async.client().capabilities.ttl_expiry:
         # a mode that does not honour ttl (declared by capability): the lease outlives its ttl
-        await asyncio.sleep(0.6)
+        await flow_async.sleep(0.6)
         assert await b.try_acquire(name, ttl=0.4) is None
         assert await old.release()
         return
@@ -103,6 +123,12 @@ async def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(env
     with pytest.raises(jobfence.LockLost):
         await old.extend()
     assert await old.release() is False
+    # nor through the backend's verbs; a retried grant of the new owner (its reply lost)
+    # gets the same lease back
+    assert await a.backend.release(name, old.owner) is False
+    assert await a.backend.extend(name, old.owner, 10) is False
+    assert await a.backend.renew([(name, old.owner, 10)]) == [False]
+    assert await b.backend.acquire(name, new.owner, 10) == new.token
     # the new holder is untouched
     assert await a.try_acquire(name, ttl=10) is None
     new.check()
@@ -110,22 +136,24 @@ async def test_expired_holder_cannot_release_or_extend_the_new_holders_lease(env
     assert await new.release() is True
 
 
-async def test_renewal_keeps_a_lease_alive_past_several_ttls(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_renewal_keeps_a_lease_alive_past_several_ttls(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     # a renewal must answer within its share of the ttl: 1.2 s leaves slack for a loaded
     # machine running the suite in parallel (0.5 s did not, for SQLite)
     lease = await a.try_acquire(name, ttl=1.2)
     assert lease is not None
-    await asyncio.sleep(3.8)  # > 3 ttls: only renewal can keep it
+    await flow_async.sleep(3.8)  # > 3 ttls: only renewal can keep it
     assert not lease.lost
     lease.check()
     assert await b.try_acquire(name, ttl=1.2) is None
     assert await lease.release() is True
 
 
-async def test_deleted_lease_is_detected_as_lost_within_one_renewal_interval(env: Env) -> None:
-    a, admin = env.client(), env.client()
+async def test_deleted_lease_is_detected_as_lost_within_one_renewal_interval(
+    env_async: AsyncEnv,
+) -> None:
+    a, admin = env_async.client(), env_async.client()
     name = _name()
     ttl = 0.9
     lease = await a.try_acquire(name, ttl=ttl)
@@ -134,53 +162,45 @@ async def test_deleted_lease_is_detected_as_lost_within_one_renewal_interval(env
     lease.on_lost(lambda _lease: lost.set())
     assert await admin.force_release(name)
     # renewals run every ttl/3; allow one interval plus the round trip and scheduling slack
-    assert await asyncio.to_thread(lost.wait, ttl / 3 + 1.0)
+    assert await flow_async.wait_event(lost, ttl / 3 + 1.0)
     assert lease.lost
     with pytest.raises(jobfence.LockLost):
         lease.check()
     assert await lease.release() is False
 
 
-async def test_on_lost_registered_after_loss_runs_at_once(env: Env) -> None:
-    a = env.client()
+async def test_on_lost_registered_after_loss_runs_at_once(env_async: AsyncEnv) -> None:
+    a = env_async.client()
     name = _name()
     lease = await a.try_acquire(name, ttl=0.3, renew=False)
     assert lease is not None
-    await asyncio.sleep(0.4)
+    await flow_async.sleep(0.4)
     called = []
     lease.on_lost(called.append)
-    assert called == [lease.lease]
+    assert called == [lease]
 
 
-async def test_block_exit_raises_lock_lost_when_the_lease_was_lost(env: Env) -> None:
-    a, admin = env.client(), env.client()
+async def test_block_exit_raises_lock_lost_when_the_lease_was_lost(
+    env_async: AsyncEnv,
+) -> None:
+    a, admin = env_async.client(), env_async.client()
     name = _name()
-    if env.flavour == "async":
-        locks = a.locks
-        started = asyncio.Event()
-        with pytest.raises(jobfence.LockLost):
-            async with locks.acquire(name, ttl=0.6, timeout=5):
-                started.set()
-                await admin.force_release(name)
+    with pytest.raises(jobfence.LockLost):
+        async with a.acquire(name, ttl=0.6, timeout=5) as lease:
+            await admin.force_release(name)
+            if ASYNC:
                 await asyncio.sleep(30)  # cancelled by the loss of the lease
                 pytest.fail("the body should have been cancelled")
-    else:
-
-        def body() -> None:
-            with a.locks.acquire(name, ttl=0.6, timeout=5) as lease:
-                a.locks.backend.force_release(name)
-                gone = threading.Event()
-                lease.on_lost(lambda _l: gone.set())
+            else:
+                gone = threading.Event()  # the body goes on; the block's exit raises
+                lease.on_lost(lambda _lease: gone.set())
                 assert gone.wait(5)
 
-        with pytest.raises(jobfence.LockLost):
-            await asyncio.to_thread(body)
 
-
-async def test_closing_a_client_gives_its_held_leases_back(env: Env) -> None:
+async def test_closing_a_client_gives_its_held_leases_back(env_async: AsyncEnv) -> None:
     """Found in review: closing a client with held leases left them blocking the names for
     their whole ttl (SQL backends), and a later ``release()`` raised ConfigurationError."""
-    a, b = env.client(), env.client()
+    a, b = env_async.client(), env_async.client()
     name = _name()
     lease = await a.try_acquire(name, ttl=60)
     plain = await a.try_acquire(name + ":plain", ttl=60, renew=False)
@@ -195,15 +215,15 @@ async def test_closing_a_client_gives_its_held_leases_back(env: Env) -> None:
     assert await b.try_acquire(name + ":plain", ttl=10) is not None
 
 
-async def test_closing_a_client_takes_its_waiters_out_of_the_queue(env: Env) -> None:
+async def test_closing_a_client_takes_its_waiters_out_of_the_queue(env_async: AsyncEnv) -> None:
     """Found in review: a waiter left in a FIFO queue by a closed client was handed the next
     release's lease, and the name stalled for that waiter's ttl."""
-    holder, closing, other = env.client(), env.client(), env.client()
+    holder, closing, other = env_async.client(), env_async.client(), env_async.client()
     name = _name()
     held = await holder.try_acquire(name, ttl=30)
     assert held is not None
-    waiting = asyncio.ensure_future(closing.acquire(name, ttl=30, timeout=5))
-    await asyncio.sleep(0.3)  # the waiter joins the queue (no event to wait on across clients)
+    waiting = flow_async.spawn(lambda: closing.acquire(name, ttl=30, timeout=5))
+    await flow_async.sleep(0.3)  # the waiter joins the queue (no event to wait on across clients)
     assert not waiting.done()
     await closing.close()
     assert await held.release() is True
@@ -211,31 +231,51 @@ async def test_closing_a_client_takes_its_waiters_out_of_the_queue(env: Env) -> 
     assert taken.token > held.token
     assert await taken.release()
     with pytest.raises(jobfence.ConfigurationError):  # the waiter ends: its client is
-        await asyncio.wait_for(waiting, 10)  # closed (the same error on every backend)
+        await flow_async.result(waiting, 10)  # closed (the same error on every backend)
 
 
-async def test_sync_and_async_clients_interoperate(env: Env) -> None:
-    sync, aio = env.client("sync"), env.client("async")
-    name = _name()
-    held = await sync.try_acquire(name, ttl=10)
-    assert held is not None
-    assert await aio.try_acquire(name, ttl=10) is None
-    waiter = asyncio.create_task(aio.acquire(name, ttl=10, timeout=30))
-    await asyncio.sleep(0.05)
-    assert await held.release()
-    got = await asyncio.wait_for(waiter, 30)
-    assert got.token > held.token
-    assert await sync.try_acquire(name, ttl=10) is None
-    assert await got.release()
+if ASYNC:  # one spec for both flavours: the async file runs it
+
+    async def test_sync_and_async_clients_interoperate(env_async: AsyncEnv) -> None:
+        aio = env_async.client()
+        sync = jobfence.Locks(env_async.url, namespace=env_async.namespace)
+        try:
+            name = _name()
+            held = await asyncio.to_thread(sync.try_acquire, name, ttl=10)
+            assert held is not None
+            assert await aio.try_acquire(name, ttl=10) is None
+            waiter = asyncio.create_task(aio.acquire(name, ttl=10, timeout=30))
+            await asyncio.sleep(0.05)
+            assert await asyncio.to_thread(held.release)
+            got = await asyncio.wait_for(waiter, 30)
+            assert got.token > held.token
+            assert await asyncio.to_thread(sync.try_acquire, name, ttl=10) is None
+            assert await got.release()
+            # one token sequence per name, whichever flavour takes it
+            tokens = [held.token, got.token]
+            for i in range(6):
+                if i % 2:
+                    lease = await aio.try_acquire(name, ttl=10)
+                    assert lease is not None
+                    tokens.append(lease.token)
+                    assert await lease.release()
+                else:
+                    lease = await asyncio.to_thread(sync.try_acquire, name, ttl=10)
+                    assert lease is not None
+                    tokens.append(lease.token)
+                    assert await asyncio.to_thread(lease.release)
+            assert tokens == sorted(set(tokens)), tokens
+        finally:
+            await asyncio.to_thread(sync.close)
 
 
-async def test_extend_resets_the_lifetime_and_fails_once_lost(env: Env) -> None:
-    a, b = env.client(), env.client()
+async def test_extend_resets_the_lifetime_and_fails_once_lost(env_async: AsyncEnv) -> None:
+    a, b = env_async.client(), env_async.client()
     name = _name()
     lease = await a.try_acquire(name, ttl=0.5, renew=False)
     assert lease is not None
     await lease.extend(5)
-    await asyncio.sleep(0.7)  # past the original ttl: only the extension keeps it
+    await flow_async.sleep(0.7)  # past the original ttl: only the extension keeps it
     assert not lease.lost
     assert await b.try_acquire(name, ttl=1) is None
     assert await a.force_release(name)
@@ -244,13 +284,15 @@ async def test_extend_resets_the_lifetime_and_fails_once_lost(env: Env) -> None:
     assert lease.lost
 
 
-def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path) -> None:
+def test_mutual_exclusion_with_eight_concurrent_workers(
+    env_async: AsyncEnv, tmp_path: Path
+) -> None:
     """8 workers do read-sleep-write on a shared counter file: no increment may be lost."""
     workers, iterations = 8, 5
     name = _name()
     counter = tmp_path / "counter.txt"
     counter.write_text("0")
-    cross_process = env.client().capabilities.cross_process
+    cross_process = env_async.client().capabilities.cross_process
     # processes where the backend is shared between processes; threads for in-process ones
     ctx = multiprocessing.get_context("spawn")
     start, results, worker = (
@@ -262,12 +304,12 @@ def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path
         worker(
             target=_mutex_worker.run,
             args=(
-                env.url,
-                env.namespace,
+                env_async.url,
+                env_async.namespace,
                 name,
                 str(counter),
                 iterations,
-                env.flavour,
+                flow_async.FLAVOUR,
                 start,
                 results,
             ),
@@ -287,43 +329,44 @@ def test_mutual_exclusion_with_eight_concurrent_workers(env: Env, tmp_path: Path
     assert tokens_in_hold_order == sorted(set(tokens_in_hold_order))  # strictly increasing
 
 
-async def test_a_cancelled_waiter_leaves_nothing_behind(env: Env) -> None:
-    """A waiter cancelled mid-wait must not be handed the lease later (it would block the
-    name for a whole ttl)."""
-    from jobfence._core.hooks import set_hook
+if ASYNC:  # a task cancelled mid-wait: async only
 
-    holder, newcomer = env.client(), env.client()
-    waiter = env.client("async")
-    name = _name()
-    held = await holder.try_acquire(name, ttl=10)
-    assert held is not None
-    loop = asyncio.get_running_loop()
-    waiting = asyncio.Event()
+    async def test_a_cancelled_waiter_leaves_nothing_behind(env_async: AsyncEnv) -> None:
+        """A waiter cancelled mid-wait must not be handed the lease later (it would block the
+        name for a whole ttl)."""
+        from jobfence._core.hooks import set_hook
 
-    def hook(point: str, **info: object) -> None:
-        # the waiter has started waiting: in lock.wait, or (a server-side queue) blocked in
-        # its acquire attempt
-        if point in ("lock.wait", "lock.acquire") and info.get("name") == name:
-            loop.call_soon_threadsafe(waiting.set)
+        holder, newcomer, waiter = env_async.client(), env_async.client(), env_async.client()
+        name = _name()
+        held = await holder.try_acquire(name, ttl=10)
+        assert held is not None
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.Event()
 
-    old = set_hook(hook)
-    try:
-        task = asyncio.create_task(waiter.acquire(name, ttl=10, timeout=None))
-        await asyncio.wait_for(waiting.wait(), 10)
-        await asyncio.sleep(0.05)  # let the attempt reach the server (no event to wait for)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    finally:
-        set_hook(old)
-    assert await held.release()
-    again = await newcomer.try_acquire(name, ttl=10)
-    assert again is not None, "the cancelled waiter still blocks the name"
-    assert await again.release()
+        def hook(point: str, **info: object) -> None:
+            # the waiter has started waiting: in lock.wait, or (a server-side queue) blocked in
+            # its acquire attempt
+            if point in ("lock.wait", "lock.acquire") and info.get("name") == name:
+                loop.call_soon_threadsafe(waiting.set)
+
+        old = set_hook(hook)
+        try:
+            task = asyncio.create_task(waiter.acquire(name, ttl=10, timeout=None))
+            await asyncio.wait_for(waiting.wait(), 10)
+            await asyncio.sleep(0.05)  # let the attempt reach the server (no event to wait for)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            set_hook(old)
+        assert await held.release()
+        again = await newcomer.try_acquire(name, ttl=10)
+        assert again is not None, "the cancelled waiter still blocks the name"
+        assert await again.release()
 
 
-async def test_install_is_idempotent_and_force_release_frees_a_name(env: Env) -> None:
-    admin, worker = env.client(), env.client()
+async def test_install_is_idempotent_and_force_release_frees_a_name(env_async: AsyncEnv) -> None:
+    admin, worker = env_async.client(), env_async.client()
     await admin.install()
     await admin.install()
     name = _name()
@@ -335,3 +378,99 @@ async def test_install_is_idempotent_and_force_release_frees_a_name(env: Env) ->
     assert again is not None and again.token > lease.token
     assert await lease.release() is False
     assert await again.release() is True
+
+
+# -- the wait queue, renewal in batches, tokens per name ----------------------------------
+
+
+@pytest.mark.parametrize("spec", WAIT_QUEUE)
+async def test_a_release_hands_the_lease_to_the_head_of_the_wait_queue(
+    env_async: AsyncEnv,
+) -> None:
+    """Waiters are served in arrival order: each release hands the lease to the head of the
+    queue, whichever waiter looks first; neither the releaser nor a newcomer overtakes it."""
+    backend = env_async.client().backend
+    name = _name()
+    first = await backend.acquire(name, "holder", 30)
+    assert first is not None
+    for waiter in ("w1", "w2", "w3"):  # each joins the queue, in this order
+        assert await backend.acquire(name, waiter, 30, wait=30) is None
+    assert await backend.release(name, "holder") is True
+    assert await backend.acquire(name, "holder", 30) is None  # the releaser cannot take it back
+    assert await backend.acquire(name, "newcomer", 30) is None  # nor can a newcomer
+    tokens = [first]
+    for head, behind in (("w1", ("w3", "w2")), ("w2", ("w3",)), ("w3", ())):
+        for later in behind:  # the waiters behind the head look first: not theirs yet
+            assert await backend.acquire(name, later, 30, wait=30) is None
+        token = await backend.acquire(name, head, 30, wait=30)  # the head's: handed over
+        assert token is not None and token > tokens[-1], (head, token, tokens)
+        tokens.append(token)
+        assert await backend.release(name, head) is True
+    last = await backend.acquire(name, "newcomer", 30)  # nobody waits any more
+    assert last is not None and last > tokens[-1]
+    assert await backend.release(name, "newcomer") is True
+
+
+@pytest.mark.parametrize("spec", WAIT_QUEUE)
+async def test_an_expired_lease_goes_to_the_head_of_the_wait_queue_not_a_newcomer(
+    env_async: AsyncEnv,
+) -> None:
+    backend = env_async.client().backend
+    name = _name()
+    first = await backend.acquire(name, "holder", 0.3)  # a holder that crashes: no release
+    assert first is not None
+    assert await backend.acquire(name, "w1", 30, wait=30) is None
+    deadline = time.monotonic() + 10
+    token = None
+    while token is None:  # w1 looks again and again, as a waiting acquire does
+        # a newcomer's try never takes the lease ahead of w1, also once the ttl ran out
+        assert await backend.acquire(name, "newcomer", 30) is None
+        token = await backend.acquire(name, "w1", 30, wait=30)
+        assert time.monotonic() < deadline, "the expired lease never went to the waiter"
+        if token is None:
+            await flow_async.sleep(0.02)
+    assert token > first
+    assert await backend.acquire(name, "newcomer", 30) is None  # w1 holds it
+    assert await backend.release(name, "w1") is True
+
+
+@pytest.mark.parametrize("spec", TTL_EXPIRY)
+async def test_renew_extends_many_leases_in_one_backend_call_with_one_answer_each(
+    env_async: AsyncEnv,
+) -> None:
+    """The renewer's batch: one ``renew`` call for many leases, one answer per item, in
+    order; an item whose lease is gone, or held by another owner, changes nothing."""
+    backend = env_async.client().backend
+    names = [_name() for _ in range(4)]
+    for i, name in enumerate(names):
+        assert await backend.acquire(name, f"o{i}", 1.0) is not None
+    assert await backend.force_release(names[2])
+    items = [(name, f"o{i}", 30.0 + i) for i, name in enumerate(names)]  # ttls of their own
+    items.append((names[0], "not-the-owner", 30.0))
+    items.append((_name(), "o9", 30.0))  # never held
+    assert await backend.renew(items) == [True, True, False, True, False, False]
+    assert await backend.renew([]) == []
+    await flow_async.sleep(1.3)  # past the first ttl: only the renewal keeps them
+    for i in (0, 1, 3):
+        assert await backend.acquire(names[i], "other", 30) is None, names[i]
+    again = [(name, f"o{i}", 30.0) for i, name in enumerate(names)]
+    assert await backend.renew(again) == [True, True, False, True]
+    assert await backend.acquire(names[2], "other", 30) is not None  # released: free
+
+
+async def test_fencing_tokens_increase_per_name(env_async: AsyncEnv) -> None:
+    """Each name has its own token sequence: strictly increasing whoever takes it, and a
+    name's holder never blocks another name."""
+    a, b = env_async.client(), env_async.client()
+    x, y = _name(), _name()
+    seen: dict[str, list[int]] = {x: [], y: []}
+    for client, name in ((a, x), (b, y), (b, x), (a, y), (a, x), (b, y)):
+        lease = await client.try_acquire(name, ttl=10)
+        assert lease is not None, name
+        other = await (b if client is a else a).try_acquire(x if name == y else y, ttl=10)
+        assert other is not None  # the other name is free meanwhile
+        assert await other.release()
+        seen[name].append(lease.token)
+        assert await lease.release()
+    for name, tokens in seen.items():
+        assert tokens == sorted(set(tokens)), (name, tokens)

@@ -98,13 +98,14 @@ def test_every_part_of_every_registered_backend_runs_through_its_suite(tmp_path:
 
 @pytest.mark.parametrize("spec", spec_params(LOCKS))
 def test_lock_knobs_match_the_backend_capabilities(spec: Spec, tmp_path: Path) -> None:
-    """The suites choose tests by a spec's knobs (a second process, ttl expiry): they must be
-    what the backend declares."""
+    """The suites choose tests by a spec's knobs (a second process, ttl expiry, a FIFO wait
+    queue, a wait inside the server): they must be what the backend declares."""
     url, namespace = spec.make_url(tmp_path), new_namespace()
     locks = jobfence.Locks(url, namespace=namespace)
+    knobs = ("cross_process", "ttl_expiry", "fifo", "queue_follows_connection")
     try:
         caps = locks.capabilities
-        assert (spec.cross_process, spec.ttl_expiry) == (caps.cross_process, caps.ttl_expiry)
+        assert {k: getattr(spec, k) for k in knobs} == {k: getattr(caps, k) for k in knobs}
     finally:
         locks.close()
         spec.cleanup(url, namespace)

@@ -9,9 +9,6 @@ connection handling (a killed connection, a server that goes away) and its waiti
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
-import multiprocessing
 import socket
 import threading
 import time
@@ -83,44 +80,7 @@ def _row(namespace: str, name: str) -> tuple[Any, ...] | None:
         conn.close()
 
 
-def _acquire_and_release_in_child(url: str, namespace: str, name: str) -> int:
-    with jobfence.Locks(url, namespace=namespace) as client:
-        lease = client.acquire(name, ttl=10, timeout=10)
-        token = lease.token
-        assert lease.release()
-        return token
-
-
 # -- tokens ---------------------------------------------------------------------------------
-async def test_tokens_strictly_increase_across_sync_and_async_clients(
-    locks: jobfence.Locks, alocks: jobfence.AsyncLocks
-) -> None:
-    tokens = []
-    for i in range(6):
-        if i % 2:
-            alease = await alocks.try_acquire("job:tokens", ttl=10)
-            assert alease is not None
-            tokens.append(alease.token)
-            assert await alease.release()
-        else:
-            lease = await asyncio.to_thread(locks.try_acquire, "job:tokens", ttl=10)
-            assert lease is not None
-            tokens.append(lease.token)
-            assert await asyncio.to_thread(lease.release)
-    assert all(b > a for a, b in itertools.pairwise(tokens)), tokens
-
-
-def test_tokens_strictly_increase_across_processes(locks: jobfence.Locks, namespace: str) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        first = pool.submit(_acquire_and_release_in_child, MYSQL_URL, namespace, "job:x").result(30)
-        mine = locks.try_acquire("job:x", ttl=10)
-        assert mine is not None and mine.token > first
-        assert mine.release()
-        last = pool.submit(_acquire_and_release_in_child, MYSQL_URL, namespace, "job:x").result(30)
-    assert last > mine.token > first
-
-
 def test_tokens_keep_increasing_after_the_tables_are_lost(namespace: str) -> None:
     with jobfence.Locks(MYSQL_URL, namespace=namespace) as client:
         lease = client.try_acquire("job:restore", ttl=10)
@@ -137,27 +97,6 @@ def test_tokens_keep_increasing_after_the_tables_are_lost(namespace: str) -> Non
 
 
 # -- take-over and owner checks -------------------------------------------------------------
-async def test_expired_lease_is_taken_over_with_a_larger_token(namespace: str) -> None:
-    async with (
-        jobfence.AsyncLocks(MYSQL_URL, namespace=namespace) as a,
-        jobfence.AsyncLocks(MYSQL_URL, namespace=namespace) as b,
-    ):
-        old = await a.try_acquire("job:expire", ttl=0.3, renew=False)
-        assert old is not None
-        assert await b.try_acquire("job:expire", ttl=10) is None  # still live
-        new = await b.acquire("job:expire", ttl=10, timeout=10)  # free once the ttl ran out
-        assert new.token > old.token
-        # the stale holder can neither release nor extend the new holder's lease
-        assert await old.release() is False
-        with pytest.raises(jobfence.LockLost):
-            await old.extend()
-        assert await a.backend.release("job:expire", old.owner) is False
-        assert await a.backend.extend("job:expire", old.owner, 10) is False
-        row = _row(namespace, "job:expire")
-        assert row is not None and row[1] == new.owner and row[2] == new.token
-        assert await new.release()
-
-
 def test_an_expired_lease_cannot_be_extended_even_if_nobody_took_it(namespace: str) -> None:
     backend = open_lock_backend(MYSQL_URL, asynchronous=False, namespace=namespace)
     try:
@@ -179,27 +118,6 @@ def test_an_expired_lease_cannot_be_extended_even_if_nobody_took_it(namespace: s
         assert backend.acquire("job:late", "owner-3", 10) is None
     finally:
         backend.close()
-
-
-def test_renew_extends_many_leases_in_one_call_and_reports_each(locks: jobfence.Locks) -> None:
-    backend = locks.backend
-    names = [f"job:batch:{i}" for i in range(5)]
-    for i, name in enumerate(names):
-        assert backend.acquire(name, f"o{i}", 0.5) is not None
-    assert backend.force_release(names[2])
-    items = [(name, f"o{i}", 10.0 + i) for i, name in enumerate(names)]  # different ttls
-    items.append((names[0], "not-the-owner", 10.0))
-    items.append(("job:batch:never", "o9", 10.0))
-    assert backend.renew(items) == [True, True, False, True, True, False, False]
-    time.sleep(0.6)  # past the original 0.5 s: only the renewal keeps them
-    assert backend.renew([(n, f"o{i}", 10.0) for i, n in enumerate(names)]) == [
-        True,
-        True,
-        False,
-        True,
-        True,
-    ]
-    assert backend.renew([]) == []
 
 
 # -- names ----------------------------------------------------------------------------------

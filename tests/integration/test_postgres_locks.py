@@ -326,24 +326,6 @@ async def test_lease_mode_expired_row_is_taken_over_and_the_stale_holder_is_fenc
     assert await new.release()
 
 
-async def test_lease_mode_renew_extends_many_leases_in_one_call(
-    clients: Clients, admin: psycopg.Connection[Any], ns: str
-) -> None:
-    a = clients()
-    x = await a.try_acquire("x", ttl=5, renew=False)
-    y = await a.try_acquire("y", ttl=5, renew=False)
-    assert x is not None and y is not None
-    before = dict(admin.execute(f'SELECT name, expires_at FROM "{ns}_locks"').fetchall())
-    result = await a.backend.renew(
-        [("x", x.owner, 60), ("nobody-holds-this", x.owner, 60), ("y", "someone-else", 60)]
-    )
-    assert result == [True, False, False]
-    after = dict(admin.execute(f'SELECT name, expires_at FROM "{ns}_locks"').fetchall())
-    assert after["x"] > before["x"]
-    assert after["y"] == before["y"]  # the wrong owner changed nothing
-    assert set(after) == {"x", "y"}
-
-
 async def test_lease_mode_release_wakes_a_waiter_through_notify(clients: Clients) -> None:
     # poll_interval and ttl of 60 s: only the NOTIFY can wake the waiter in time
     a, b = clients(poll_interval=60), clients(poll_interval=60)
@@ -524,36 +506,6 @@ def _holder(admin: psycopg.Connection[Any], ns: str, name: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-async def test_lease_mode_hands_off_in_arrival_order(
-    clients: Clients, admin: psycopg.Connection[Any], ns: str
-) -> None:
-    holder = clients()
-    held = await holder.try_acquire("fifo", ttl=30)
-    assert held is not None
-    waiters = [clients(poll_interval=0.2) for _ in range(3)]
-    order: list[int] = []
-    tasks = []
-
-    async def take(i: int) -> int:
-        lease = await waiters[i].acquire("fifo", ttl=30, timeout=30)
-        order.append(i)
-        token = lease.token
-        assert await lease.release()
-        return int(token)
-
-    for i in range(3):  # each joins the queue after the one before
-        tasks.append(asyncio.create_task(take(i)))
-        await _until(lambda n=i + 1: len(_queue(admin, ns, "fifo")) == n)
-    queued = _queue(admin, ns, "fifo")
-    assert await held.release()
-    # the release gave the lease to the head of the queue in the same statement
-    assert _holder(admin, ns, "fifo") in (queued[0], queued[1], queued[2], None)
-    tokens = [await asyncio.wait_for(t, 20) for t in tasks]
-    assert order == [0, 1, 2]
-    assert tokens == sorted(tokens) and tokens[0] > held.token
-    assert _queue(admin, ns, "fifo") == []
-
-
 async def test_lease_mode_release_gives_the_lease_to_the_head_at_once(
     clients: Clients, admin: psycopg.Connection[Any], ns: str
 ) -> None:
@@ -572,22 +524,6 @@ async def test_lease_mode_release_gives_the_lease_to_the_head_at_once(
     assert await backend.cancel_wait("j", "w2") is not None  # handed just as it gave up
     assert await backend.release("j", "w2") is True
     assert _holder(admin, ns, "j") is None
-
-
-async def test_lease_mode_a_free_lease_goes_to_the_queue_head_not_a_newcomer(
-    clients: Clients, admin: psycopg.Connection[Any], ns: str
-) -> None:
-    backend = clients().backend
-    assert await backend.acquire("k", "holder", 0.3) is not None  # a holder that will crash
-    assert await backend.acquire("k", "waiter", 30, wait=30) is None
-    await asyncio.sleep(0.4)  # the holder's ttl runs out; no release wakes anyone
-    assert await backend.acquire("k", "newcomer", 30) is None  # a try does not jump the queue
-    assert await backend.acquire("k", "newcomer", 30, wait=30) is None  # nor does a wait
-    token = await backend.acquire("k", "waiter", 30, wait=30)
-    assert token is not None and _holder(admin, ns, "k") == "waiter"
-    assert _queue(admin, ns, "k") == ["newcomer"]
-    assert await backend.cancel_wait("k", "newcomer") is None
-    assert _queue(admin, ns, "k") == []
 
 
 async def test_lease_mode_a_dead_waiter_is_skipped_after_its_deadline(

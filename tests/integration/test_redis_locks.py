@@ -305,17 +305,6 @@ def test_foreign_value_is_nobodys_lease(
     assert raw.get(_key(ns, "lock", name)) == b"not written by jobfence"
 
 
-def test_renew_reports_each_lease(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
-    a, b, gone = _name(), _name(), _name()
-    assert backend.acquire(a, "oa", 5) is not None
-    assert backend.acquire(b, "ob", 5) is not None
-    result = backend.renew([(a, "oa", 60), (b, "someone-else", 60), (gone, "og", 60)])
-    assert result == [True, False, False]
-    assert raw.pttl(_key(ns, "lock", a)) > 5_000  # ttl replaced
-    assert raw.pttl(_key(ns, "lock", b)) <= 5_000  # foreign lease untouched
-    assert backend.renew([]) == []
-
-
 def test_try_acquire_never_enqueues(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:
     name = _name()
     assert backend.acquire(name, "holder", 10) is not None
@@ -331,40 +320,6 @@ async def _until(predicate: object, timeout: float = 5.0) -> None:
     while not await predicate():  # type: ignore[operator]
         assert loop.time() < deadline, "condition not reached"
         await asyncio.sleep(0.005)
-
-
-async def test_fifo_hand_off_to_three_waiters(ns: str, araw: redis.asyncio.Redis) -> None:
-    name = _name()
-    qkey = _key(ns, "q", name)
-    holder_client = jobfence.AsyncLocks(REDIS_URL, namespace=ns)
-    clients = [jobfence.AsyncLocks(REDIS_URL, namespace=ns) for _ in range(3)]
-    order: list[tuple[int, int, str]] = []
-    try:
-        holder = await holder_client.try_acquire(name, ttl=10)
-        assert holder is not None
-
-        async def waiter(i: int) -> None:
-            lease = await clients[i].acquire(name, ttl=10, timeout=20)
-            order.append((i, lease.token, lease.owner))
-            await lease.release()  # hands over to the next one in line
-
-        tasks = []
-        for i in range(3):  # enqueue one by one: each is in the queue before the next starts
-            tasks.append(asyncio.create_task(waiter(i)))
-            await _until(lambda i=i: _zcard_is(araw, qkey, i + 1))
-        queued = [m.decode() for m in await araw.zrange(qkey, 0, -1)]
-
-        assert await holder.release()
-
-        await asyncio.wait_for(asyncio.gather(*tasks), 10)
-        assert [i for i, _, _ in order] == [0, 1, 2]
-        assert [owner for _, _, owner in order] == queued  # in queue (arrival) order
-        tokens = [holder.token] + [t for _, t, _ in order]
-        assert tokens == sorted(tokens) and len(set(tokens)) == 4
-        assert await araw.exists(qkey) == 0
-    finally:
-        for c in [holder_client, *clients]:
-            await c.close()
 
 
 async def _zcard_is(client: redis.asyncio.Redis, key: bytes, n: int) -> bool:
@@ -435,37 +390,6 @@ def test_dead_waiter_is_skipped_after_its_deadline(ns: str, raw: redis.Redis) ->
 def _server_ms(raw: redis.Redis) -> int:
     seconds, micros = raw.time()
     return seconds * 1000 + micros // 1000
-
-
-def test_expired_lease_goes_to_the_queue_head(
-    ns: str, raw: redis.Redis, backend: RedisLockBackend
-) -> None:
-    """Fairness after an expiry: a newcomer does not overtake the first waiter."""
-    name = _name()
-    assert backend.acquire(name, "holder", 0.15) is not None  # will expire, never released
-    assert backend.acquire(name, "w1", 10, wait=10) is None
-    while raw.exists(_key(ns, "lock", name)):  # the lease expires on the server's clock
-        pass
-    assert backend.acquire(name, "newcomer", 10) is None
-    held = _holder(raw, ns, name)
-    assert held is not None and held[1] == "w1"
-    # w1's next look (its wait was bounded by the expiry) finds the lease its own
-    assert backend.wait(name, "w1", 5) in (None, held[0])
-    assert backend.acquire(name, "w1", 10, wait=10) == held[0]
-    assert backend.release(name, "w1")
-
-
-def test_queue_head_takes_the_free_lease_itself(
-    ns: str, raw: redis.Redis, backend: RedisLockBackend
-) -> None:
-    name = _name()
-    assert backend.acquire(name, "holder", 0.1) is not None
-    assert backend.acquire(name, "w1", 10, wait=10) is None
-    while raw.exists(_key(ns, "lock", name)):
-        pass
-    token = backend.acquire(name, "w1", 10, wait=10)
-    assert token is not None and _holder(raw, ns, name) == (token, "w1")
-    assert raw.exists(_key(ns, "q", name)) == 0
 
 
 def test_cancel_wait(ns: str, raw: redis.Redis, backend: RedisLockBackend) -> None:

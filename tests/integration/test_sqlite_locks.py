@@ -49,73 +49,7 @@ def be(db: Path) -> Any:
     b.close()
 
 
-# -- tokens across processes ------------------------------------------------------------
-def _hammer(db: str, name: str, rounds: int, barrier: Any, out: Any) -> None:
-    """Child process: take ``name`` ``rounds`` times; log each token while holding it."""
-    locks = jobfence.Locks(f"sqlite:///{db}", namespace=NS)
-    log = sqlite3.connect(db, isolation_level=None, timeout=10)
-    barrier.wait()
-    tokens = []
-    for _ in range(rounds):
-        with locks.acquire(name, ttl=10, timeout=30) as lease:
-            log.execute("INSERT INTO hold_log (token) VALUES (?)", (lease.token,))
-            tokens.append(lease.token)
-    log.close()
-    locks.close()
-    out.put(tokens)
-
-
-@pytest.mark.slow
-def test_tokens_strictly_increase_across_processes(db: Path) -> None:
-    with sqlite3.connect(db, isolation_level=None) as conn:
-        conn.execute("CREATE TABLE hold_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, token INT)")
-    conn.close()
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    out = ctx.Queue()
-    rounds = 60
-    procs = [
-        ctx.Process(target=_hammer, args=(str(db), "shared 'name'", rounds, barrier, out))
-        for _ in range(2)
-    ]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    for tokens in results:  # each process sees its own tokens increase
-        assert tokens == sorted(tokens) and len(set(tokens)) == rounds
-    everything = results[0] + results[1]
-    assert len(set(everything)) == 2 * rounds  # no token handed out twice
-    with sqlite3.connect(db) as conn:
-        logged = [t for (t,) in conn.execute("SELECT token FROM hold_log ORDER BY seq")]
-    conn.close()
-    # in the order the holds really happened, the tokens strictly increase
-    assert len(logged) == 2 * rounds
-    assert all(a < b for a, b in pairwise(logged))
-    # both processes really interleaved (each got the lock between holds of the other)
-    owners = [0 if t in set(results[0]) else 1 for t in logged]
-    assert sum(1 for a, b in pairwise(owners) if a != b) >= 1
-
-
 # -- expiry, owner checks, tokens -------------------------------------------------------
-def test_expired_lease_is_taken_over_with_a_larger_token(be: Any, db: Path) -> None:
-    t1 = be.acquire("job", "owner-1", 30)
-    assert t1 is not None
-    assert be.acquire("job", "owner-2", 30) is None  # live: not free
-    assert be.acquire("job", "owner-1", 30) == t1  # re-entrant for the same owner
-    expire_now(db, "job")
-    t2 = be.acquire("job", "owner-2", 30)
-    assert t2 is not None and t2 > t1
-    # the expired holder can neither extend nor release, and does not disturb the new one
-    assert be.extend("job", "owner-1", 30) is False
-    assert be.release("job", "owner-1") is False
-    assert be.renew([("job", "owner-1", 30)]) == [False]
-    assert be.cancel_wait("job", "owner-2") == t2
-    assert be.release("job", "owner-2") is True
-
-
 def test_an_expired_lease_cannot_be_extended_or_released_even_if_nobody_took_it(
     be: Any, db: Path
 ) -> None:
@@ -144,25 +78,6 @@ def test_tokens_survive_release_and_a_lost_counter_never_goes_backwards(be: Any,
     conn.close()
     after = be.acquire("n", "late", 30)
     assert after is not None and after > tokens[-1]
-
-
-def test_renew_updates_every_item_in_one_call(be: Any, db: Path) -> None:
-    assert be.acquire("a", "o", 1) is not None
-    assert be.acquire("b", "o", 1) is not None
-    expire_now(db, "b")
-    assert be.renew([("a", "o", 120), ("b", "o", 120), ("a", "intruder", 120)]) == [
-        True,
-        False,
-        False,
-    ]
-    with sqlite3.connect(db) as conn:
-        (left,) = conn.execute(
-            f"SELECT expires_at - (julianday('now') - 2440587.5) * 86400.0 "
-            f"FROM {NS}_locks WHERE name = 'a'"
-        ).fetchone()
-    conn.close()
-    assert 100 < left <= 120  # renewed to the new ttl, measured by SQLite's clock
-    assert be.renew([]) == []
 
 
 def test_force_release_drops_any_holder_and_keeps_the_counter(be: Any) -> None:
@@ -465,7 +380,6 @@ def _open_and_acquire(path: str, start: Any, out: Any) -> None:
 def test_many_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> None:
     """Creating the schema and switching to WAL races when processes open a new file
     together; none of them may fail with 'database is locked'."""
-    import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     for round_ in range(3):
@@ -522,35 +436,6 @@ def _queue(path: Path, name: str) -> list[str]:
         return [row[0] for row in rows]
     finally:
         conn.close()
-
-
-def test_release_hands_the_lease_to_the_head_of_the_queue(be: Any, db: Path) -> None:
-    assert be.capabilities.fifo and be.capabilities.handoff
-    assert be.acquire("q", "holder", 30) is not None
-    assert be.acquire("q", "w1", 30, wait=10) is None  # queued, in arrival order
-    assert be.acquire("q", "w2", 30, wait=10) is None
-    assert _queue(db, "q") == ["w1", "w2"]
-    assert be.release("q", "holder") is True
-    # the releaser cannot take it back ahead of the queue: it was handed to w1 already
-    assert be.acquire("q", "holder", 30) is None
-    assert be.wait("q", "w1", 1) is not None  # w1's next look finds the lease its own
-    assert _queue(db, "q") == ["w2"]
-    assert be.release("q", "w1") is True
-    assert be.cancel_wait("q", "w2") is not None  # handed just as it gave up: it keeps it
-    assert be.release("q", "w2") is True
-    assert _queue(db, "q") == []
-
-
-def test_a_free_lease_goes_to_the_queue_head_not_a_newcomer(db: Path) -> None:
-    be = backend(db, next_in_line=5)  # the waiter's entry outlives this test's pauses
-    try:
-        assert be.acquire("f", "holder", 0.2) is not None  # a holder that will crash
-        assert be.acquire("f", "waiter", 30, wait=10) is None
-        time.sleep(0.3)  # the holder's ttl runs out; no release hands anything over
-        assert be.acquire("f", "newcomer", 30) is None  # a try does not jump the queue
-        assert be.acquire("f", "waiter", 30, wait=10) is not None
-    finally:
-        be.close()
 
 
 def test_without_next_in_line_there_is_no_queue(db: Path) -> None:

@@ -16,32 +16,11 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.clock import Clock
 from jobfence._core.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, option_timeouts
 from jobfence._core.url import parse_url
 from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
-from jobfence.testing import clocked
+from jobfence.testing import ManualClock, clocked
 from tests.servers import MYSQL_URL, POSTGRES_URL, REDIS_URL
-
-
-class FakeClock(Clock):
-    """Time that moves only when the test advances it (or something sleeps)."""
-
-    def __init__(self) -> None:
-        self.now = 10_000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return 1_700_000_000.0 + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(seconds, 0.0)
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-
 
 SETUP = 7.0  # seconds the fake connection setup takes
 
@@ -49,14 +28,14 @@ SETUP = 7.0  # seconds the fake connection setup takes
 class SlowSetupBackend(MemoryLockBackend):
     """A memory backend whose connection setup takes SETUP seconds of the fake clock."""
 
-    def __init__(self, clock: FakeClock, calls: list[str]) -> None:
+    def __init__(self, clock: ManualClock, calls: list[str]) -> None:
         super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.clock = clock
         self.calls = calls
 
     def prepare(self, *, waiting: bool = False) -> None:
         self.calls.append(f"prepare waiting={waiting}")
-        self.clock.now += SETUP
+        self.clock.advance(SETUP)
 
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
@@ -66,14 +45,14 @@ class SlowSetupBackend(MemoryLockBackend):
 
 
 class AsyncSlowSetupBackend(AsyncMemoryLockBackend):
-    def __init__(self, clock: FakeClock, calls: list[str]) -> None:
+    def __init__(self, clock: ManualClock, calls: list[str]) -> None:
         super().__init__(parse_url(f"memory://{uuid.uuid4().hex}"))
         self.clock = clock
         self.calls = calls
 
     async def prepare(self, *, waiting: bool = False) -> None:
         self.calls.append(f"prepare waiting={waiting}")
-        self.clock.now += SETUP
+        self.clock.advance(SETUP)
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
@@ -83,7 +62,7 @@ class AsyncSlowSetupBackend(AsyncMemoryLockBackend):
 
 
 def test_a_leases_clock_starts_after_the_connection_setup() -> None:
-    with clocked(FakeClock()) as clock:
+    with clocked(ManualClock(10_000.0, auto_advance=True)) as clock:
         calls: list[str] = []
         locks = jobfence.Locks(SlowSetupBackend(clock, calls))
         lease = locks.try_acquire("job", ttl=10, renew=False)
@@ -101,7 +80,7 @@ def test_a_leases_clock_starts_after_the_connection_setup() -> None:
 
 
 async def test_async_a_leases_clock_starts_after_the_connection_setup() -> None:
-    with clocked(FakeClock()) as clock:
+    with clocked(ManualClock(10_000.0, auto_advance=True)) as clock:
         calls: list[str] = []
         locks = jobfence.AsyncLocks(AsyncSlowSetupBackend(clock, calls))
         lease = await locks.try_acquire("job", ttl=10, renew=False)

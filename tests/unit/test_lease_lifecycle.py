@@ -22,13 +22,12 @@ import pytest
 
 import jobfence
 import jobfence.testing
-from jobfence._core.clock import Clock
 from jobfence._core.compat import BoundedCaller
 from jobfence._core.lease_state import LeaseState
 from jobfence._core.url import parse_url
 from jobfence.backends.memory.locks import AsyncMemoryLockBackend, MemoryLockBackend
 from jobfence.locks import EXIT_RELEASE_WAIT
-from jobfence.testing import hooked, set_hook
+from jobfence.testing import ManualClock, hooked, set_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,22 +172,14 @@ def test_a_lease_the_renewer_gave_up_on_is_given_back() -> None:
         assert taken[-1].release()
 
 
-class _FakeClock(Clock):
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 def test_an_unanswered_renewal_caps_every_later_deadline_at_its_ttl() -> None:
     """A renewal with ttl 3 got no answer: it may land any time later and leave the server
     with 3 s. An extend to 60 s must not make the holder count on more than 3 s."""
-    clock = _FakeClock(100.0)
+    clock = ManualClock(100.0)
     state = LeaseState(3.0, 100.0, clock=clock)
-    clock.now = 101.0
+    clock.set(101.0)
     assert state.renewal_sent(101.0) == 3.0
-    clock.now = 102.5
+    clock.set(102.5)
     assert state.renewal_failed(102.5)  # retried, but the request may still be on its way
     state.extend_started()
     state.extend_done(102.5, 60.0)
@@ -202,7 +193,7 @@ def test_an_unanswered_renewal_caps_every_later_deadline_at_its_ttl() -> None:
 
 
 def test_an_unanswered_extend_caps_later_deadlines_at_its_ttl() -> None:
-    clock = _FakeClock(100.0)
+    clock = ManualClock(100.0)
     state = LeaseState(30.0, 100.0, clock=clock)
     state.extend_started()
     state.extend_done(None, 1.0, answered=False)  # extend(1) raised: it may still land
@@ -708,11 +699,11 @@ def test_the_leak_check_fails_a_test_that_leaves_a_client_open(tmp_path: Path) -
 def test_on_lost_runs_at_once_for_a_lease_expired_before_the_renewer_marked_it() -> None:
     """``lost`` already says True once the local deadline passed; ``on_lost`` must agree and
     run the callback in the caller, not wait for the renewer (late under load)."""
-    clock = _FakeClock(1000.0)
+    clock = ManualClock(1000.0)
     with jobfence.testing.clocked(clock), jobfence.Locks(f"memory://{uuid.uuid4().hex}") as locks:
         lease = locks.try_acquire("x", ttl=5, renew=False)
         assert lease is not None
-        clock.now += 10  # past the ttl; the renewer sleeps on real time and has not looked
+        clock.advance(10)  # past the ttl; nothing renews it, and no renewer has looked
         assert lease.lost
         called: list[Any] = []
         lease.on_lost(called.append)

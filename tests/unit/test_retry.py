@@ -1,6 +1,6 @@
 """retry_unit: whole-unit retries, backoff, caps, protection, and the open-transaction rule.
 
-Time is virtual (a Clock subclass installed with set_clock): nothing here really sleeps.
+Time is virtual (a ManualClock whose sleeps advance it): nothing here really sleeps.
 """
 
 from __future__ import annotations
@@ -27,36 +27,15 @@ from jobfence import (
     retry_unit,
 )
 from jobfence.retry import mark_protected
-from jobfence.testing import Clock, set_clock
-
-
-class VirtualClock(Clock):
-    """Monotonic time that only moves when something sleeps (or a test advances it)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from jobfence.testing import ManualClock
 
 
 @pytest.fixture
-def clock() -> Iterator[VirtualClock]:
-    virtual = VirtualClock()
-    old = set_clock(virtual)
-    try:
+def clock() -> Iterator[ManualClock]:
+    """Virtual time from 1000.0 that moves only when something sleeps (or a test advances
+    it), installed for the test."""
+    with ManualClock(1000.0, auto_advance=True) as virtual:
         yield virtual
-    finally:
-        set_clock(old)
 
 
 class MaxRng:
@@ -91,7 +70,7 @@ class Store:
 # ------------------------------------------------------------------- whole-unit re-run
 
 
-def test_sync_retry_reruns_the_whole_function_with_fresh_reads(clock: VirtualClock) -> None:
+def test_sync_retry_reruns_the_whole_function_with_fresh_reads(clock: ManualClock) -> None:
     store = Store(10)
     rival_done = False
 
@@ -112,7 +91,7 @@ def test_sync_retry_reruns_the_whole_function_with_fresh_reads(clock: VirtualClo
 
 
 async def test_async_retry_reruns_the_whole_function_with_fresh_reads(
-    clock: VirtualClock,
+    clock: ManualClock,
 ) -> None:
     store = Store(10)
     rival_done = False
@@ -138,7 +117,7 @@ async def test_async_retry_reruns_the_whole_function_with_fresh_reads(
 # ------------------------------------------------------------------ caps and backoff
 
 
-def test_attempt_cap_reraises_the_last_original_exception(clock: VirtualClock) -> None:
+def test_attempt_cap_reraises_the_last_original_exception(clock: ManualClock) -> None:
     raised: list[StaleVersion] = []
 
     @retry_unit(attempts=3)
@@ -154,7 +133,7 @@ def test_attempt_cap_reraises_the_last_original_exception(clock: VirtualClock) -
     assert len(clock.sleeps) == 2
 
 
-async def test_async_attempt_cap(clock: VirtualClock) -> None:
+async def test_async_attempt_cap(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(attempts=4)
@@ -168,12 +147,12 @@ async def test_async_attempt_cap(clock: VirtualClock) -> None:
     assert calls == 4
 
 
-def test_deadline_stops_before_a_sleep_that_would_pass_it(clock: VirtualClock) -> None:
+def test_deadline_stops_before_a_sleep_that_would_pass_it(clock: ManualClock) -> None:
     calls: list[float] = []
 
     @retry_unit(attempts=100, deadline=1.0, backoff=0.4, max_backoff=0.4, rng=MaxRng())
     def slow_conflict() -> None:
-        calls.append(clock.now - 1000.0)
+        calls.append(clock.monotonic() - 1000.0)
         raise StaleVersion("x")
 
     with pytest.raises(StaleVersion):
@@ -183,14 +162,14 @@ def test_deadline_stops_before_a_sleep_that_would_pass_it(clock: VirtualClock) -
     assert clock.sleeps == pytest.approx([0.4, 0.4])
 
 
-def test_deadline_counts_time_spent_inside_attempts(clock: VirtualClock) -> None:
+def test_deadline_counts_time_spent_inside_attempts(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(attempts=100, deadline=5.0, backoff=0.0, max_backoff=0.0)
     def takes_two_seconds() -> None:
         nonlocal calls
         calls += 1
-        clock.now += 2.0
+        clock.advance(2.0)
         raise StaleVersion("x")
 
     with pytest.raises(StaleVersion):
@@ -198,7 +177,7 @@ def test_deadline_counts_time_spent_inside_attempts(clock: VirtualClock) -> None
     assert calls == 3  # after 3 attempts 6 s have passed
 
 
-def test_full_jitter_backoff_is_bounded_and_exponential(clock: VirtualClock) -> None:
+def test_full_jitter_backoff_is_bounded_and_exponential(clock: ManualClock) -> None:
     rng = MaxRng()
 
     @retry_unit(attempts=7, backoff=0.1, max_backoff=1.0, rng=rng)
@@ -213,7 +192,7 @@ def test_full_jitter_backoff_is_bounded_and_exponential(clock: VirtualClock) -> 
     assert clock.sleeps == pytest.approx(ceilings)
 
 
-def test_seeded_random_delays_stay_within_their_ceilings(clock: VirtualClock) -> None:
+def test_seeded_random_delays_stay_within_their_ceilings(clock: ManualClock) -> None:
     policy = RetryPolicy(attempts=9, backoff=0.05, max_backoff=0.5, rng=random.Random(7))
 
     @retry_unit(policy=policy)
@@ -235,7 +214,7 @@ def test_seeded_random_delays_stay_within_their_ceilings(clock: VirtualClock) ->
 # ------------------------------------------------------------ what is (not) retried
 
 
-def test_non_retryable_error_is_raised_at_once_unchanged(clock: VirtualClock) -> None:
+def test_non_retryable_error_is_raised_at_once_unchanged(clock: ManualClock) -> None:
     hook_calls: list[Any] = []
     error = ValueError("bad input")
     calls = 0
@@ -254,7 +233,7 @@ def test_non_retryable_error_is_raised_at_once_unchanged(clock: VirtualClock) ->
 
 
 async def test_cancellation_is_never_retried_even_with_a_conflict_as_context(
-    clock: VirtualClock,
+    clock: ManualClock,
 ) -> None:
     calls = 0
 
@@ -272,7 +251,7 @@ async def test_cancellation_is_never_retried_even_with_a_conflict_as_context(
     assert calls == 1
 
 
-def test_lease_lost_and_stale_token_are_not_retried(clock: VirtualClock) -> None:
+def test_lease_lost_and_stale_token_are_not_retried(clock: ManualClock) -> None:
     for exc in (jobfence.LockLost("gone", name="n"), jobfence.StaleToken("r", 3, 4)):
         calls = 0
 
@@ -287,7 +266,7 @@ def test_lease_lost_and_stale_token_are_not_retried(clock: VirtualClock) -> None
         assert calls == 1
 
 
-def test_retry_on_adds_exception_types_and_predicates(clock: VirtualClock) -> None:
+def test_retry_on_adds_exception_types_and_predicates(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(attempts=3, retry_on=(KeyError,))
@@ -323,7 +302,7 @@ def test_retry_on_adds_exception_types_and_predicates(clock: VirtualClock) -> No
     ],
     ids=lambda e: type(e).__name__,
 )
-def test_retry_on_never_overrides_a_never_retry_error(clock: VirtualClock, exc: Exception) -> None:
+def test_retry_on_never_overrides_a_never_retry_error(clock: ManualClock, exc: Exception) -> None:
     calls = 0
 
     @retry_unit(attempts=4, retry_on=Exception)
@@ -338,7 +317,7 @@ def test_retry_on_never_overrides_a_never_retry_error(clock: VirtualClock, exc: 
     assert RetryPolicy(retry_on=Exception).is_retryable(ValueError("plain")) is True
 
 
-def test_classify_override_replaces_the_builtin_table(clock: VirtualClock) -> None:
+def test_classify_override_replaces_the_builtin_table(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(classify=lambda e: None)  # retry nothing
@@ -368,7 +347,7 @@ def test_classify_override_replaces_the_builtin_table(clock: VirtualClock) -> No
 
 
 def test_on_retry_hook_gets_attempt_exception_and_delay(
-    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     seen: list[tuple[int, BaseException, float]] = []
     errors = [StaleVersion("first"), StaleVersion("second")]
@@ -389,7 +368,7 @@ def test_on_retry_hook_gets_attempt_exception_and_delay(
     assert "twice" in records[0].getMessage() and "StaleVersion" in records[0].getMessage()
 
 
-async def test_async_on_retry_hook_may_be_a_coroutine(clock: VirtualClock) -> None:
+async def test_async_on_retry_hook_may_be_a_coroutine(clock: ManualClock) -> None:
     seen: list[int] = []
 
     async def hook(n: int, e: BaseException, d: float) -> None:
@@ -413,7 +392,7 @@ async def test_async_on_retry_hook_may_be_a_coroutine(clock: VirtualClock) -> No
 
 
 def test_commit_outcome_unknown_is_not_retried_for_an_unprotected_unit(
-    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     calls = 0
     error = CommitOutcomeUnknown("connection lost during COMMIT")
@@ -434,7 +413,7 @@ def test_commit_outcome_unknown_is_not_retried_for_an_unprotected_unit(
     assert any("protected" in r.getMessage() for r in caplog.records)
 
 
-def test_commit_outcome_unknown_is_retried_for_a_protected_unit(clock: VirtualClock) -> None:
+def test_commit_outcome_unknown_is_retried_for_a_protected_unit(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(protected=True)
@@ -448,7 +427,7 @@ def test_commit_outcome_unknown_is_retried_for_a_protected_unit(clock: VirtualCl
     assert protected() == "ok" and calls == 2
 
 
-def test_mark_protected_protects_only_the_attempt_that_called_it(clock: VirtualClock) -> None:
+def test_mark_protected_protects_only_the_attempt_that_called_it(clock: ManualClock) -> None:
     calls = 0
 
     @retry_unit(attempts=5)
@@ -465,7 +444,7 @@ def test_mark_protected_protects_only_the_attempt_that_called_it(clock: VirtualC
     assert calls == 2 and str(info.value) == "lost 2"
 
 
-async def test_mark_protected_in_async_unit_and_nested_calls(clock: VirtualClock) -> None:
+async def test_mark_protected_in_async_unit_and_nested_calls(clock: ManualClock) -> None:
     calls = 0
 
     async def claim_in() -> None:  # stands for jobfence's own claim_in
@@ -491,7 +470,7 @@ def test_mark_protected_outside_a_unit_is_a_no_op() -> None:
 # ------------------------------------------------------------------ decorator forms
 
 
-def test_decorator_with_and_without_arguments_keeps_metadata(clock: VirtualClock) -> None:
+def test_decorator_with_and_without_arguments_keeps_metadata(clock: ManualClock) -> None:
     @retry_unit
     def plain(a: int, b: str = "x") -> str:
         """Plain doc."""
@@ -571,7 +550,7 @@ def test_paramspec_typing_is_preserved(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- loop form
 
 
-def test_retrying_loop_form(clock: VirtualClock) -> None:
+def test_retrying_loop_form(clock: ManualClock) -> None:
     store = Store(10)
     attempts: list[int] = []
     for attempt in jobfence.retrying(attempts=3):
@@ -584,7 +563,7 @@ def test_retrying_loop_form(clock: VirtualClock) -> None:
     assert attempts == [1, 2] and store.stock == 2
 
 
-async def test_async_retrying_loop_form_reraises_the_original(clock: VirtualClock) -> None:
+async def test_async_retrying_loop_form_reraises_the_original(clock: ManualClock) -> None:
     error = StaleVersion("always")
     numbers: list[int] = []
     with pytest.raises(StaleVersion) as info:
@@ -610,7 +589,7 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def test_refuses_to_retry_inside_the_callers_open_transaction(
-    clock: VirtualClock, db: sqlite3.Connection
+    clock: ManualClock, db: sqlite3.Connection
 ) -> None:
     calls = 0
 
@@ -631,7 +610,7 @@ def test_refuses_to_retry_inside_the_callers_open_transaction(
 
 
 def test_retries_a_unit_that_owns_its_transaction_on_the_same_connection(
-    clock: VirtualClock, db: sqlite3.Connection
+    clock: ManualClock, db: sqlite3.Connection
 ) -> None:
     calls = 0
 
@@ -655,7 +634,7 @@ def test_retries_a_unit_that_owns_its_transaction_on_the_same_connection(
 
 
 def test_refuses_when_the_unit_leaves_its_failed_transaction_open(
-    clock: VirtualClock, db: sqlite3.Connection
+    clock: ManualClock, db: sqlite3.Connection
 ) -> None:
     calls = 0
 
@@ -674,7 +653,7 @@ def test_refuses_when_the_unit_leaves_its_failed_transaction_open(
 
 
 def test_nested_unit_defers_to_the_enclosing_unit(
-    clock: VirtualClock, db: sqlite3.Connection
+    clock: ManualClock, db: sqlite3.Connection
 ) -> None:
     inner_calls = outer_calls = 0
 
@@ -704,7 +683,7 @@ def test_nested_unit_defers_to_the_enclosing_unit(
     assert db.execute("SELECT qty FROM stock").fetchone() == (9,)
 
 
-async def test_retry_on_still_retries_an_asyncio_timeout(clock: VirtualClock) -> None:
+async def test_retry_on_still_retries_an_asyncio_timeout(clock: ManualClock) -> None:
     """asyncio's TimeoutError is raised from a CancelledError: that cause must not make it a
     never-retry error (found in review)."""
     calls = 0

@@ -25,6 +25,7 @@ from jobfence import testing
 from jobfence.testing import (
     POINTS,
     Clock,
+    ManualClock,
     clocked,
     get_clock,
     get_hook,
@@ -213,7 +214,7 @@ def test_hooked_restores_the_previous_hook_also_when_the_block_raises() -> None:
 
 def test_clocked_restores_the_previous_clock_also_when_the_block_raises() -> None:
     before = get_clock()
-    fake = FakeClock()
+    fake = ManualClock()
     with pytest.raises(RuntimeError), clocked(fake) as installed:
         assert installed is fake and get_clock() is fake
         raise RuntimeError("boom")
@@ -293,38 +294,13 @@ async def test_async_hook_sees_lock_and_inbox_points_in_order() -> None:
     await inbox.close()
 
 
-# ------------------------------------------------------------ a fake clock drives expiry
-
-
-class FakeClock(Clock):
-    """Time that moves only when the test advances it (or something sleeps)."""
-
-    def __init__(self) -> None:
-        self.now = 10_000.0
-        self.epoch = 1_700_000_000.0
-        self.slept: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return self.epoch + self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.advance(seconds)
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-
-    def advance(self, seconds: float) -> None:
-        self.now += max(seconds, 0.0)
+# ---------------------------------------------------------- a manual clock drives expiry
 
 
 def test_a_fake_clock_expires_a_memory_lease_without_real_waiting() -> None:
     started = time.monotonic()
-    ttl = 3600.0  # an hour: only the fake clock can let it run out during this test
-    with clocked(FakeClock()) as clock:
+    ttl = 3600.0  # an hour: only the manual clock can let it run out during this test
+    with clocked(ManualClock(10_000.0)) as clock:
         locks = jobfence.Locks(f"memory://{uuid.uuid4().hex}")
         lease = locks.try_acquire("report", ttl=ttl, renew=False)
         assert lease is not None and lease.expires_in == ttl
@@ -343,12 +319,12 @@ def test_a_fake_clock_expires_a_memory_lease_without_real_waiting() -> None:
         assert locks.try_acquire("report", ttl=ttl, renew=False) is None
         assert successor.release()
         locks.close()
-    assert clock.slept == []
+    assert clock.sleeps == []
     assert time.monotonic() - started < ttl / 10
 
 
 def test_a_fake_clock_expires_a_memory_inbox_claim_for_a_takeover() -> None:
-    with clocked(FakeClock()) as clock:
+    with clocked(ManualClock(10_000.0)) as clock:
         inbox = jobfence.Inbox(f"memory://{uuid.uuid4().hex}")
         first = inbox.claim("order:7", ttl=600)
         assert first.state is jobfence.ClaimState.NEW and first.attempt == 1

@@ -16,9 +16,10 @@ the test lets it go) or to inject faults (a hook may raise)::
 
 Every deadline jobfence computes locally (lease expiry, renewal schedule, acquire timeouts,
 retry deadlines), every sleep and every wait for an event (the renewer's pause, a backend's
-wait for a release) goes through one :class:`Clock`. A test replaces it with a subclass
-(:func:`set_clock`, :func:`clocked`) to move time by hand: ``memory://`` leases and inbox
-claims expire by that clock too, so a test of an expiry needs no real sleeping.
+wait for a release) goes through one :class:`Clock`. A test replaces it (:func:`set_clock`,
+:func:`clocked`) with a :class:`ManualClock`, whose time moves only when the test advances it:
+``memory://`` leases and inbox claims expire by that clock too, so a test of an expiry needs
+no real sleeping.
 
 Both are global to the process (every thread, every event loop), and :func:`hooked` /
 :func:`clocked` restore what was there before. The point names, the keywords each one
@@ -40,6 +41,7 @@ from .._core.hooks import HookFn, get_hook, set_hook
 from . import faults, strategies
 from ._sim import SimClock, SimTask, Simulation, Violation, point
 from .checkers import Checker, exactly_once, fencing_monotonic, no_lost_update, single_holder
+from .clock import ManualClock
 from .explore import Failure, Report, Tape, explore, replay
 from .faults import Fault, InjectedFault
 from .table import SimTable, SimTransaction, Write
@@ -53,6 +55,7 @@ __all__ = [
     "HookFn",
     "HookPoint",
     "InjectedFault",
+    "ManualClock",
     "Report",
     "SimClock",
     "SimTable",

@@ -24,10 +24,10 @@ import asyncio
 import heapq
 from typing import TYPE_CHECKING, Any
 
-from ._sim import _Crashed, _Stop
+from ._base import _Crashed, _Stop
 
 if TYPE_CHECKING:
-    from ._sim import Simulation
+    from ._base import LoopDriver
 
 __all__ = ["SimLoop"]
 
@@ -48,7 +48,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.vtime = 0.0
         #: iterations in a row that found something ready (none was idle)
         self.spins = 0
-        self.sim: Simulation | None = None
+        self.sim: LoopDriver | None = None
         self.set_exception_handler(_quiet)
 
     def time(self) -> float:

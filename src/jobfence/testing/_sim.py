@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, overload
 from .._core.clock import Clock
 from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
+from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault
 from .strategies import Strategy
 
@@ -57,20 +58,6 @@ class Violation(Exception):
         super().__init__(f"{check}: {message}")
         self.check = check
         self.message = message
-
-
-class _Stop(BaseException):
-    """Ends the schedule at once (a check failed); not an ``Exception``, so a job's own
-    ``except Exception`` cannot swallow it."""
-
-
-class _Deadlock(Exception):
-    pass
-
-
-class _Budget(_Stop):
-    """``max_steps`` or ``max_time`` ran out: ends the schedule like a failed check (a
-    ``BaseException`` too, so a job's ``except Exception`` cannot swallow it and spin on)."""
 
 
 @dataclass(eq=False)
@@ -188,23 +175,6 @@ class _Gate:
         if fault.kind == "transient":
             raise InjectedFault(fault)
         return fault if fault.kind == "commit_unknown" else None
-
-
-class _Statement:
-    """A statement of a real-database table in flight (:meth:`Simulation.real_io`): the
-    socket it waits on (``fd``, if the driver waits on the loop's selector), and whether it
-    stalled."""
-
-    __slots__ = ("fd", "stalled")
-
-    def __init__(self) -> None:
-        self.fd: int | None = None
-        self.stalled = False
-
-
-class _Crashed(BaseException):
-    """Unwinds a crashed task at the end of its schedule (never caught by ``except
-    Exception``)."""
 
 
 def _route(point: str, **info: Any) -> Any:
@@ -380,9 +350,15 @@ class Simulation:
         memory, or with ``url`` (``sqlite:///path`` or ``postgresql://...``) a real table
         in that database (:class:`~jobfence.testing.table_real.RealTable`), its statements
         still ordered at the points."""
-        from .table import make_table
+        table: SimTable | RealTable
+        if url is None:
+            from .table import SimTable
 
-        table: SimTable | RealTable = make_table(self, name, rows or {}, url=url, fenced=fenced)
+            table = SimTable(self, name, rows or {}, fenced)
+        else:
+            from .table_real import RealTable
+
+            table = RealTable(self, name, rows or {}, fenced, url)
         self.tables.append(table)
         return table
 

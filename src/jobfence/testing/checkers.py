@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from ._sim import Simulation
+    from ._base import SimView
 
 __all__ = ["Checker", "exactly_once", "fencing_monotonic", "no_lost_update", "single_holder"]
 
@@ -25,10 +25,10 @@ class Checker:
 
     name = "checker"
 
-    def step(self, sim: Simulation) -> str | None:
+    def step(self, sim: SimView) -> str | None:
         return None
 
-    def end(self, sim: Simulation) -> str | None:
+    def end(self, sim: SimView) -> str | None:
         return self.step(sim)
 
 
@@ -43,12 +43,12 @@ class _ExactlyOnce(Checker):
         self._effects = effects
         self._expected = list(expected) if expected is not None else None
 
-    def _list(self, sim: Simulation) -> list[Any]:
+    def _list(self, sim: SimView) -> list[Any]:
         if isinstance(self._effects, str):
             return sim.effects.get(self._effects, [])
         return self._effects
 
-    def step(self, sim: Simulation) -> str | None:
+    def step(self, sim: SimView) -> str | None:
         effects = self._list(sim)
         dupes = _dupes(effects)
         if dupes:
@@ -56,7 +56,7 @@ class _ExactlyOnce(Checker):
             return f"{what} applied more than once for {', '.join(map(repr, dupes))}"
         return None
 
-    def end(self, sim: Simulation) -> str | None:
+    def end(self, sim: SimView) -> str | None:
         problem = self.step(sim)
         if problem or self._expected is None:
             return problem
@@ -92,7 +92,7 @@ class _NoLostUpdate(Checker):
     def __init__(self, table: Any) -> None:
         self._table = table
 
-    def step(self, sim: Simulation) -> str | None:
+    def step(self, sim: SimView) -> str | None:
         tables = [self._table] if self._table is not None else sim.tables
         for table in tables:
             for write in table.lost_updates():
@@ -119,7 +119,7 @@ class _SingleHolder(Checker):
     def __init__(self, name: str | None) -> None:
         self._name = name
 
-    def step(self, sim: Simulation) -> str | None:
+    def step(self, sim: SimView) -> str | None:
         for section, holders in sim.iter_holders():
             if self._name is not None and section != self._name:
                 continue
@@ -147,7 +147,7 @@ class _FencingMonotonic(Checker):
     def __init__(self, table: Any) -> None:
         self._table = table
 
-    def step(self, sim: Simulation) -> str | None:
+    def step(self, sim: SimView) -> str | None:
         tables = [self._table] if self._table is not None else sim.tables
         for table in tables:
             highest: dict[Any, tuple[int, str]] = {}

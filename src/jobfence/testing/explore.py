@@ -31,8 +31,9 @@ from .._core.clock import set_clock
 from .._core.hooks import set_hook
 from ..errors import ConfigurationError
 from . import _sim
+from ._base import _Budget, _Deadlock, _Stop
 from ._loop import SimLoop
-from ._sim import SimClock, Simulation, Violation, _Budget, _Deadlock, _Stop
+from ._sim import SimClock, Simulation, Violation
 from .checkers import Checker
 from .faults import Auto, Fault, parse
 from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy

@@ -43,9 +43,9 @@ from ..errors import ConfigurationError, ConflictError, StaleToken, StaleVersion
 from .faults import Fault, InjectedFault
 
 if TYPE_CHECKING:
-    from ._sim import Simulation
+    from ._base import SimView
 
-__all__ = ["SimTable", "SimTransaction", "Write", "make_table"]
+__all__ = ["SimTable", "SimTransaction", "Write"]
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ class _Table(_Base):
     #: the database, as telemetry and jobfence's messages name it
     dialect = "simulated"
 
-    def __init__(self, sim: Simulation, name: str, fenced: bool) -> None:
+    def __init__(self, sim: SimView, name: str, fenced: bool) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"name must be a non-empty str, got {name!r}", argument="name")
         self.sim = sim
@@ -281,7 +281,7 @@ class SimTable(_Table):
     ``version_column`` (``"version"``) matter to ``versioned_update``."""
 
     def __init__(
-        self, sim: Simulation, name: str, rows: Mapping[Any, Mapping[str, Any]], fenced: bool
+        self, sim: SimView, name: str, rows: Mapping[Any, Mapping[str, Any]], fenced: bool
     ) -> None:
         super().__init__(sim, name, fenced)
         self._rows: dict[Any, dict[str, Any]] = self._initial(rows)
@@ -477,19 +477,3 @@ class SimTransaction(_Base):
                 return False, seen[name]
         self._markers[name] = fingerprint
         return True, None
-
-
-def make_table(
-    sim: Simulation,
-    name: str,
-    rows: Mapping[Any, Mapping[str, Any]],
-    *,
-    url: str | None,
-    fenced: bool,
-) -> Any:
-    """The table ``sim.table(...)`` makes: in memory, or in the database at ``url``."""
-    if url is None:
-        return SimTable(sim, name, rows, fenced)
-    from .table_real import RealTable
-
-    return RealTable(sim, name, rows, fenced, url)

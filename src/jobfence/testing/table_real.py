@@ -73,7 +73,7 @@ from .faults import InjectedFault
 from .table import _Base, _check_values, _Table
 
 if TYPE_CHECKING:
-    from ._sim import SimTask, Simulation, _Statement
+    from ._base import SimView, TaskView, _Statement
 
 __all__ = ["LOCK_WAIT", "RealTable", "RealTransaction"]
 
@@ -345,7 +345,7 @@ class RealTable(_Table):
 
     def __init__(
         self,
-        sim: Simulation,
+        sim: SimView,
         name: str,
         rows: Mapping[Any, Mapping[str, Any]],
         fenced: bool,
@@ -386,7 +386,7 @@ class RealTable(_Table):
             "WHERE cur.token <= excluded.token RETURNING token"
         )
         self.dialect = self._driver.dialect
-        self._conns: dict[SimTask | None, list[_Conn]] = {}
+        self._conns: dict[TaskView | None, list[_Conn]] = {}
         self._closed = False
         self._admin = self._driver.admin()
         try:
@@ -470,7 +470,7 @@ class RealTable(_Table):
         return out
 
     # -- connections -----------------------------------------------------------------------
-    async def _connection(self, task: SimTask | None, io: _Statement) -> _Conn:
+    async def _connection(self, task: TaskView | None, io: _Statement) -> _Conn:
         """A connection of ``task`` no transaction of it holds (opened if needed), for the
         statement ``io`` (``sim.real_io()``)."""
         conns = self._conns
@@ -522,7 +522,7 @@ class RealTable(_Table):
             raise
         self._answered(conn)
 
-    async def _discard(self, conn: _Conn, task: SimTask | None) -> None:
+    async def _discard(self, conn: _Conn, task: TaskView | None) -> None:
         """Close ``conn`` (whatever state it is in) and forget it."""
         mine = self._conns.get(task)
         if mine is not None and conn in mine:
@@ -534,7 +534,7 @@ class RealTable(_Table):
         except Exception:  # closing what is broken already
             pass
 
-    async def _finish(self, conn: _Conn, task: SimTask | None) -> None:
+    async def _finish(self, conn: _Conn, task: TaskView | None) -> None:
         """Roll back whatever ``conn`` has open; a connection that cannot is closed (the
         database rolls back then)."""
         conn.open_tx = False
@@ -690,7 +690,7 @@ class RealTransaction(_Base):
 
     table: RealTable
 
-    def __init__(self, table: RealTable, task: SimTask | None) -> None:
+    def __init__(self, table: RealTable, task: TaskView | None) -> None:
         self.table = table
         self._task = task
         self._who = task.name if task is not None else "main"

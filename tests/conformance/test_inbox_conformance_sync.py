@@ -1,0 +1,681 @@
+# Generated from test_inbox_conformance.py by tools/conformance_twins.py: do not edit.
+# Edit the async specs and run: python tools/conformance_twins.py
+"""One conformance suite for every inbox backend, sync and async.
+
+Each test runs on every spec of ``specs_for("inbox")`` (memory, sqlite, redis, postgres,
+mysql), on a table of its own that is removed afterwards. The specs are written once, in
+``test_inbox_conformance.py``, over ``AsyncInbox``; ``test_inbox_conformance_sync.py`` is
+generated from it by ``tools/conformance_twins.py`` and runs them over ``Inbox`` as plain
+sync code on the test's own thread. Code that differs between the flavours sits in
+``if ASYNC:`` / ``else:`` branches.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import jobfence
+from jobfence import ClaimLost, ClaimState, FingerprintMismatch, InboxError
+from jobfence._core.hooks import set_hook
+from tests.conformance import flow
+from tests.conformance.conftest import InboxEnv
+from tests.conformance.specs import INBOX, spec_params
+
+FORK = multiprocessing.get_context("fork")
+#: the specs whose claims outlive the process that made them (a second process sees them)
+CROSS_PROCESS = spec_params(INBOX, lambda s: s.cross_process)
+
+
+def wait_for_new(inbox: Any, key: str, *, within: float, **kw: Any) -> Any:
+    """Claim ``key`` until the claim is NEW (the previous claim's ttl ran out)."""
+    deadline = time.monotonic() + within
+    while True:
+        claim = inbox.claim(key, **kw)
+        if claim.state is ClaimState.NEW or time.monotonic() > deadline:
+            return claim
+        flow.sleep(0.05)
+
+
+def test_first_claim_is_new_and_a_duplicate_sees_it_in_progress(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    first = inbox.claim("order:1", ttl=30)
+    assert first.state is ClaimState.NEW
+    assert first.attempt == 1
+    assert first.owned
+    second = inbox.claim("order:1", ttl=30)
+    assert second.state is ClaimState.IN_PROGRESS
+    assert second.owner == first.owner and second.owner is not None
+    assert second.attempt == 1
+    assert second.expires_at == first.expires_at
+    assert second.result is None
+    with pytest.raises(InboxError):
+        second.complete("not mine")
+    # another key is independent
+    assert (inbox.claim("order:2")).state is ClaimState.NEW
+
+
+def test_result_is_replayed_after_completion(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("order:7", fingerprint="abc")
+    result = {"charged": 1250, "items": ["a", "b"], "note": "naïve ✓"}
+    claim.complete(result)
+    assert claim.state is ClaimState.COMPLETED
+    again = inbox.claim("order:7", fingerprint="abc")
+    assert again.state is ClaimState.COMPLETED
+    assert again.result == result
+    assert again.attempt == 1
+    # another client sees the same record
+    other = ienv.inbox()
+    replay = other.claim("order:7")
+    assert replay.state is ClaimState.COMPLETED and replay.result == result
+
+
+def test_none_is_a_result_too(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    (inbox.claim("k")).complete()
+    replay = inbox.claim("k")
+    assert replay.state is ClaimState.COMPLETED and replay.result is None
+
+
+def test_fingerprint_mismatch_is_never_a_silent_replay(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("pay:1", fingerprint="digest-A")
+    with pytest.raises(FingerprintMismatch) as info:
+        inbox.claim("pay:1", fingerprint="digest-B")
+    assert info.value.key == "pay:1"
+    claim.complete("paid A")
+    with pytest.raises(FingerprintMismatch):
+        inbox.claim("pay:1", fingerprint="digest-B")
+    same = inbox.claim("pay:1", fingerprint="digest-A")
+    assert same.state is ClaimState.COMPLETED and same.result == "paid A"
+    # no fingerprint given: nothing to compare
+    assert (inbox.claim("pay:1")).result == "paid A"
+
+
+def test_release_lets_a_redelivery_retry(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    first = inbox.claim("msg:1", ttl=60)
+    assert first.release() is True
+    assert first.release() is False
+    retry = inbox.claim("msg:1", ttl=60)
+    assert retry.state is ClaimState.NEW
+    assert retry.attempt == 2
+    with pytest.raises(ClaimLost):
+        first.complete("too late")
+    retry.complete("done")
+    assert (inbox.claim("msg:1")).result == "done"
+
+
+def test_expired_claim_is_taken_over_and_the_old_owner_cannot_complete(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    stale = inbox.claim("job:1", ttl=0.3)
+    assert stale.state is ClaimState.NEW
+    fresh = wait_for_new(inbox, "job:1", within=5, ttl=60)
+    assert fresh.state is ClaimState.NEW
+    assert fresh.attempt == 2
+    with pytest.raises(ClaimLost):
+        stale.complete("stale result")
+    assert stale.release() is False
+    fresh.complete("fresh result")
+    replay = inbox.claim("job:1")
+    assert replay.state is ClaimState.COMPLETED
+    assert replay.result == "fresh result"
+    assert replay.attempt == 2
+
+
+def test_takeover_with_another_fingerprint_is_a_mismatch(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    inbox.claim("job:2", ttl=0.2, fingerprint="one")
+    flow.sleep(0.3)
+    with pytest.raises(FingerprintMismatch):
+        inbox.claim("job:2", fingerprint="two")
+    taken = inbox.claim("job:2", fingerprint="one")
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+
+
+def test_a_takeover_without_a_fingerprint_keeps_the_keys(ienv: InboxEnv) -> None:
+    """The stored fingerprint is the payload the key was first claimed with: a redelivery
+    that takes the key over without one must not erase it (found in review)."""
+    inbox = ienv.inbox()
+    first = inbox.claim("pay:9", fingerprint="digest-A", ttl=60)
+    assert first.release() is True
+    taken = inbox.claim("pay:9", ttl=60)  # no fingerprint
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+    assert taken.fingerprint == "digest-A"
+    taken.complete("paid A")
+    with pytest.raises(FingerprintMismatch):
+        inbox.claim("pay:9", fingerprint="digest-B")
+
+
+def test_a_claim_completes_once(ienv: InboxEnv) -> None:
+    """A second ``complete`` must not overwrite a result duplicates may have replayed."""
+    inbox = ienv.inbox()
+    claim = inbox.claim("order:once")
+    claim.complete({"x": 1})
+    with pytest.raises(InboxError):
+        claim.complete({"x": 2})
+    replay = inbox.claim("order:once")
+    assert replay.state is ClaimState.COMPLETED and replay.result == {"x": 1}
+
+
+def test_purge_removes_expired_completed_and_abandoned_records_only(
+    ienv: InboxEnv,
+) -> None:
+    short = ienv.inbox(retention=0.2)
+    long = ienv.inbox(retention=3600)
+    abandoned = short.claim("d", ttl=0.05)  # its worker "died"
+    assert abandoned.state is ClaimState.NEW
+    (short.claim("a")).complete("expires soon")
+    flow.sleep(0.5)  # past a's retention, and d's deadline + retention
+    (long.claim("c")).complete("kept")
+    live = long.claim("b", ttl=60)
+    assert live.state is ClaimState.NEW
+    purged = short.purge()
+    if short.capabilities.native_expiry:
+        assert purged == 0  # the server expired them by itself
+    else:
+        assert purged == 2
+    assert (long.purge()) == 0  # nothing else is due
+    kept = long.claim("c")
+    assert kept.state is ClaimState.COMPLETED and kept.result == "kept"
+    busy = long.claim("b")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == live.owner
+    gone_a = long.claim("a")
+    assert gone_a.state is ClaimState.NEW and gone_a.attempt == 1
+    gone_d = long.claim("d")  # a takeover would say attempt 2: the record was removed
+    assert gone_d.state is ClaimState.NEW and gone_d.attempt == 1
+
+
+def test_drop_removes_the_table_and_every_record(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    (inbox.claim("done")).complete("kept until drop")
+    held = inbox.claim("held", ttl=60)
+    assert held.state is ClaimState.NEW
+    inbox.drop()
+    # the next call installs the table again, empty
+    again = inbox.claim("done")
+    assert again.state is ClaimState.NEW and again.attempt == 1 and again.result is None
+    fresh = inbox.claim("held", ttl=60)
+    assert fresh.state is ClaimState.NEW and fresh.attempt == 1
+
+
+def test_serializer_is_pluggable(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox(serializer=pickle)
+    (inbox.claim("p")).complete({1, 2, 3})
+    assert (inbox.claim("p")).result == {1, 2, 3}
+
+
+def test_hooks_run_before_each_backend_call(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    seen: list[tuple[str, Any]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point.startswith("inbox."):
+            seen.append((point, info.get("key")))
+            if point == "inbox.claim" and info.get("key") == "boom":
+                raise RuntimeError("injected before the claim")
+
+    old = set_hook(hook)
+    try:
+        claim = inbox.claim("h")
+        claim.release()
+        claim = inbox.claim("h")
+        claim.complete(1)
+        with pytest.raises(jobfence.BackendError) as info:  # as a driver error would
+            inbox.claim("boom")
+        assert isinstance(info.value.__cause__, RuntimeError)
+    finally:
+        set_hook(old)
+    assert seen == [
+        ("inbox.claim", "h"),
+        ("inbox.release", "h"),
+        ("inbox.claim", "h"),
+        ("inbox.complete", "h"),
+        ("inbox.claim", "boom"),
+        ("inbox.abandon", "boom"),  # the interrupted claim gives back what it may hold
+    ]
+    # the failing hook ran BEFORE the I/O: the key was never claimed
+    assert (inbox.claim("boom")).state is ClaimState.NEW
+
+
+def test_claim_as_context_manager_releases_on_error(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("ctx", ttl=60)
+    with pytest.raises(ValueError), claim:
+        raise ValueError("work failed")
+    retry = inbox.claim("ctx", ttl=60)
+    assert retry.state is ClaimState.NEW and retry.attempt == 2
+
+
+# -- extend and renew ---------------------------------------------------------------------
+
+
+def test_extend_keeps_a_claim_past_its_ttl_and_is_owner_checked(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("ext:1", ttl=0.5)
+    owner = claim.owner
+    assert inbox.backend.extend("ext:1", owner, 30.0) is True
+    flow.sleep(0.8)  # past the claim's first deadline
+    busy = inbox.claim("ext:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == owner
+    assert busy.expires_at is not None and claim.expires_at is not None
+    assert busy.expires_at > claim.expires_at  # the backend moved the deadline
+    assert inbox.backend.extend("ext:1", "another-owner", 30.0) is False
+    assert inbox.backend.extend("ext:unknown", owner, 30.0) is False
+    claim.complete("done")  # the backend's owner check, whatever the local deadline
+    assert inbox.backend.extend("ext:1", owner, 30.0) is False  # completed
+    replay = inbox.claim("ext:1")
+    assert replay.state is ClaimState.COMPLETED and replay.result == "done"
+
+
+def test_an_expired_or_released_claim_is_never_extended(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    expired = inbox.claim("ext:2", ttl=0.2)
+    flow.sleep(0.4)
+    assert inbox.backend.extend("ext:2", expired.owner, 30.0) is False
+    taken = inbox.claim("ext:2", ttl=30)
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+    released = inbox.claim("ext:3", ttl=30)
+    owner = released.owner
+    assert released.release() is True
+    assert inbox.backend.extend("ext:3", owner, 30.0) is False
+    again = inbox.claim("ext:3")
+    assert again.state is ClaimState.NEW and again.attempt == 2
+
+
+def test_renew_extends_many_claims_in_one_call_with_one_answer_each(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    live = [inbox.claim(key, ttl=0.6) for key in ("ren:0", "ren:ü✓", "ren:2")]
+    gone = inbox.claim("ren:released", ttl=30)
+    gone_owner = gone.owner
+    assert gone.release() is True
+    expired = inbox.claim("ren:expired", ttl=0.1)
+    flow.sleep(0.2)
+    items = [(c.key, c.owner, 30.0) for c in live]
+    items.insert(1, ("ren:released", gone_owner, 30.0))
+    items += [
+        ("ren:0", "another-owner", 30.0),
+        ("ren:expired", expired.owner, 30.0),
+        ("ren:unknown", "nobody", 30.0),
+    ]
+    answers = inbox.backend.renew(items)
+    assert answers == [True, False, True, True, False, False, False]
+    assert inbox.backend.renew([]) == []
+    flow.sleep(0.7)  # past the live claims' first deadline
+    for claim in live:
+        busy = inbox.claim(claim.key)
+        assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    taken = inbox.claim("ren:expired")
+    assert taken.state is ClaimState.NEW and taken.attempt == 2
+
+
+def test_claim_many_answers_each_key_as_a_claim_alone_would(
+    ienv: InboxEnv,
+) -> None:
+    """The batch verb behind the group commit: one record per item, in order, each what
+    ``claim`` would have answered for that key alone (new, duplicate, in progress, takeover,
+    fingerprint refusal), whether or not the backend sends the batch in one round trip."""
+    inbox = ienv.inbox()
+    done = inbox.claim("many:done", fingerprint="fp-a")
+    done.complete({"paid": 5})
+    busy = inbox.claim("many:busy", ttl=30)
+    expired = inbox.claim("many:expired", fingerprint="fp-x", ttl=0.1)
+    mismatch = inbox.claim("many:mismatch", fingerprint="fp-m", ttl=0.1)
+    released = inbox.claim("many:released", ttl=30)
+    assert released.release() is True
+    flow.sleep(0.25)  # past the deadlines of "expired" and "mismatch"
+    items = [
+        ("many:new ü✓", "owner-1", "fp-n", 30.0),
+        ("many:done", "owner-2", "fp-a", 30.0),
+        ("many:busy", "owner-3", None, 30.0),
+        ("many:expired", "owner-4", None, 30.0),
+        ("many:mismatch", "owner-5", "fp-other", 30.0),
+        ("many:released", "owner-6", None, 30.0),
+    ]
+    records = inbox.backend.claim_many(items)
+    # (a completed record's owner is not part of the answer: some backends keep the last one)
+    got = [
+        (
+            r.mine,
+            r.state,
+            r.attempt,
+            r.owner if r.state is ClaimState.IN_PROGRESS else "-",
+            r.fingerprint,
+        )
+        for r in records
+    ]
+    assert got == [
+        (True, ClaimState.IN_PROGRESS, 1, "owner-1", "fp-n"),
+        (False, ClaimState.COMPLETED, 1, "-", "fp-a"),
+        (False, ClaimState.IN_PROGRESS, 1, busy.owner, None),
+        (True, ClaimState.IN_PROGRESS, 2, "owner-4", "fp-x"),  # a takeover keeps the key's
+        (False, ClaimState.IN_PROGRESS, 1, mismatch.owner, "fp-m"),
+        (True, ClaimState.IN_PROGRESS, 2, "owner-6", None),
+    ]
+    assert inbox.serializer.loads(records[1].result) == {"paid": 5}
+    assert inbox.backend.claim_many([]) == []
+    # what the batch took is held: a claim of its own sees the batch's owner
+    again = inbox.claim("many:new ü✓")
+    assert again.state is ClaimState.IN_PROGRESS and again.owner == "owner-1"
+    assert expired.owner != "owner-4"
+
+
+def test_complete_many_is_owner_checked_per_key(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claims = [inbox.claim(f"cm:{i}", ttl=30) for i in range(3)]
+    data = [inbox.serializer.dumps({"n": i}) for i in range(4)]
+    data = [d if isinstance(d, bytes) else d.encode() for d in data]
+    items = [
+        ("cm:0", claims[0].owner, data[0]),
+        ("cm:1", "not-the-owner", data[1]),
+        ("cm:2", claims[2].owner, data[2]),
+        ("cm:unknown", "nobody", data[3]),
+    ]
+    assert inbox.backend.complete_many(items, 60.0) == [True, False, True, False]
+    assert inbox.backend.complete_many([], 60.0) == []
+    for i, state in ((0, ClaimState.COMPLETED), (1, ClaimState.IN_PROGRESS)):
+        seen = inbox.claim(f"cm:{i}")
+        assert seen.state is state
+    replay = inbox.claim("cm:2")
+    assert replay.state is ClaimState.COMPLETED and replay.result == {"n": 2}
+    assert inbox.claim_info("cm:unknown") is None
+
+
+def test_claim_extend_moves_the_deadline_and_reports_a_lost_claim(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("cext:1", ttl=1.5)  # room for the extend on a loaded machine
+    assert not claim.renews
+    claim.extend(30)
+    flow.sleep(1.8)
+    assert not claim.lost
+    claim.check()
+    busy = inbox.claim("cext:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    claim.complete("ok")
+    with pytest.raises(InboxError):
+        claim.extend()
+    with pytest.raises(InboxError):
+        busy.extend()  # never ours
+    # dropped behind its back: extend finds out, the claim is lost, on_lost runs
+    gone = inbox.claim("cext:2", ttl=30)
+    told: list[Any] = []
+    gone.on_lost(told.append)
+    assert inbox.backend.release("cext:2", gone.owner) is True
+    with pytest.raises(ClaimLost):
+        gone.extend()
+    assert gone.lost and told == [gone]
+    with pytest.raises(ClaimLost):
+        gone.check()
+    # a claim past its ttl is lost as far as its holder knows
+    stale = inbox.claim("cext:3", ttl=0.2)
+    flow.sleep(0.3)
+    assert stale.lost
+    with pytest.raises(ClaimLost):
+        stale.extend(30)
+
+
+def test_a_renewed_claim_outlives_its_ttl_until_completed(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    # ttl 2: three renewal chances a ttl, and room for a slow round trip on a loaded machine
+    claim = inbox.claim("long:1", ttl=2.0, renew=True)
+    assert claim.renews and claim.state is ClaimState.NEW
+    flow.sleep(2.8)  # the work outlasts the ttl
+    assert not claim.lost
+    busy = inbox.claim("long:1")
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == claim.owner
+    claim.complete("done")
+    replay = inbox.claim("long:1")
+    assert replay.state is ClaimState.COMPLETED and replay.result == "done"
+
+
+def test_a_renewed_claim_taken_away_is_reported_lost(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("long:2", ttl=0.6, renew=True)
+    lost = threading.Event()
+    claim.on_lost(lambda _claim: lost.set())
+    assert inbox.backend.release("long:2", claim.owner) is True  # behind its back
+    assert flow.wait_event(lost, 5), "the renewer did not find the claim gone"
+    assert claim.lost
+    with pytest.raises(ClaimLost):
+        claim.check()
+    with pytest.raises(ClaimLost):
+        claim.complete("too late")
+
+
+def test_close_gives_back_the_renewed_claims_and_tells_their_holders(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("long:3", ttl=30, renew=True)
+    plain = inbox.claim("long:4", ttl=30)
+    inbox.close()
+    assert claim.lost
+    with pytest.raises(ClaimLost, match="Inbox was closed"):
+        claim.check()
+    other = ienv.inbox()
+    redelivery = other.claim("long:3")  # not after 30 s: now
+    assert redelivery.state is ClaimState.NEW and redelivery.attempt == 2
+    busy = other.claim("long:4")  # a claim without renewal is left to its ttl
+    assert busy.state is ClaimState.IN_PROGRESS and busy.owner == plain.owner
+
+
+# -- many processes -----------------------------------------------------------------------
+
+
+# -- the operator's reads: claims(), claim_info(), forget() ---------------------------------
+
+
+def wait_until_stuck(inbox: Any, key: str, *, within: float = 15.0) -> jobfence.ClaimInfo:
+    """Read ``key``'s record until its deadline has passed by the server's clock."""
+    deadline = time.monotonic() + within
+    while True:
+        info = inbox.claim_info(key)
+        assert info is not None
+        if info.stuck or time.monotonic() > deadline:
+            return info
+        flow.sleep(0.05)
+
+
+def test_claims_lists_by_state_and_prefix_sorted_by_key(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    for key in ("b:2", "a:1", "b:1", "c"):
+        claim = inbox.claim(key, ttl=60, fingerprint="fp-" + key)
+        assert claim.state is ClaimState.NEW
+        if key in ("a:1", "b:2"):
+            claim.complete({"done": key})
+    everything = inbox.claims()
+    assert [i.key for i in everything] == ["a:1", "b:1", "b:2", "c"]
+    by_key = {i.key: i for i in everything}
+    assert by_key["a:1"].state is ClaimState.COMPLETED
+    assert by_key["b:1"].state is ClaimState.IN_PROGRESS
+    assert by_key["b:1"].owner is not None and by_key["b:1"].owner.count(":") >= 2
+    assert by_key["b:1"].fingerprint == "fp-b:1" and by_key["b:1"].attempt == 1
+    assert all(isinstance(i, jobfence.ClaimInfo) for i in everything)
+    assert [i.key for i in inbox.claims(state=ClaimState.IN_PROGRESS)] == ["b:1", "c"]
+    assert [i.key for i in inbox.claims(state="completed")] == ["a:1", "b:2"]
+    assert [i.key for i in inbox.claims(prefix="b:")] == ["b:1", "b:2"]
+    assert [i.key for i in inbox.claims(prefix="b:", state="in_progress")] == ["b:1"]
+    assert [i.key for i in inbox.claims(limit=2)] == ["a:1", "b:1"]
+    assert [i.key for i in inbox.claims(state="completed", limit=1)] == ["a:1"]
+    assert inbox.claims(prefix="z") == []
+    assert inbox.claims(prefix="B:") == []  # case-sensitive
+
+
+def test_claims_prefix_is_matched_literally_and_sorted_by_code_point(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    keys = ["a%_*?[x]", "a%_*?[", "aXY*?[", "a%b", "a_c", "a\\d", "a*", "ab", "é:1", "z", "Ω"]
+    for key in keys:
+        assert (inbox.claim(key, ttl=60)).state is ClaimState.NEW
+    assert [i.key for i in inbox.claims()] == sorted(keys)
+    assert [i.key for i in inbox.claims(prefix="a%_*?[")] == ["a%_*?[", "a%_*?[x]"]
+    assert [i.key for i in inbox.claims(prefix="a%")] == ["a%_*?[", "a%_*?[x]", "a%b"]
+    assert [i.key for i in inbox.claims(prefix="a_")] == ["a_c"]
+    assert [i.key for i in inbox.claims(prefix="a*")] == ["a*"]
+    assert [i.key for i in inbox.claims(prefix="a\\")] == ["a\\d"]
+    assert [i.key for i in inbox.claims(prefix="é")] == ["é:1"]
+    assert inbox.claims(prefix="a?") == []
+    assert inbox.claims(prefix="a[") == []
+
+
+def test_claim_info_reports_the_clock_and_a_missing_key_is_none(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox(retention=3600)
+    assert inbox.claim_info("nothing-here") is None
+    live = inbox.claim("live", ttl=30)
+    info = inbox.claim_info("live")
+    assert info is not None and info.key == "live"
+    assert info.state is ClaimState.IN_PROGRESS and info.owner == live.owner
+    assert 15 < info.expires_in <= 30.5  # by the server's clock: generous slack
+    assert not info.stuck
+    assert info.claimed_at is not None and info.claimed_at.utcoffset() == timedelta(0)
+    assert info.age is not None and -5 < info.age < 15
+    (inbox.claim("done")).complete("x")
+    done = inbox.claim_info("done")
+    assert done is not None and done.state is ClaimState.COMPLETED
+    assert 3000 < done.expires_in <= 3600.5 and not done.stuck
+    (listed,) = inbox.claims(prefix="live")
+    assert replace(listed, expires_in=0) == replace(info, expires_in=0)
+
+
+def test_an_expired_claim_is_stuck_and_a_takeover_counts_its_attempt(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    first = inbox.claim("job", ttl=0.3)
+    before = inbox.claim_info("job")
+    assert before is not None and before.expires_in > 0
+    stuck = wait_until_stuck(inbox, "job")
+    assert stuck.stuck and stuck.expires_in <= 0 and stuck.owner == first.owner
+    assert [i.key for i in inbox.claims(state="in_progress") if i.stuck] == ["job"]
+    second = inbox.claim("job", ttl=30)
+    assert second.state is ClaimState.NEW and second.attempt == 2
+    after = inbox.claim_info("job")
+    assert after is not None and after.attempt == 2 and after.owner == second.owner
+    assert not after.stuck and after.expires_in > 15
+    assert after.claimed_at is not None and before.claimed_at is not None
+    assert after.claimed_at > before.claimed_at
+
+
+def test_a_released_claim_has_no_owner_and_is_stuck(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    claim = inbox.claim("r", ttl=60)
+    assert claim.release()
+    info = wait_until_stuck(inbox, "r")
+    assert info.owner is None and info.stuck and info.attempt == 1
+
+
+def test_forget_deletes_a_record_whatever_its_state(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    held = inbox.claim("held", ttl=60)
+    (inbox.claim("done")).complete("stored")
+    assert inbox.forget("missing") is False
+    assert inbox.forget("held") is True
+    assert inbox.claim_info("held") is None
+    assert inbox.forget("held") is False
+    # the owner of the forgotten claim has lost it: nothing is stored
+    with pytest.raises(ClaimLost):
+        held.complete("too late")
+    assert inbox.claim_info("held") is None
+    assert inbox.forget("done") is True
+    again = inbox.claim("done")
+    assert again.state is ClaimState.NEW and again.attempt == 1 and again.result is None
+    fresh = inbox.claim("held", ttl=60)
+    assert fresh.state is ClaimState.NEW and fresh.attempt == 1
+    assert [i.key for i in inbox.claims()] == ["done", "held"]
+
+
+def test_a_forgotten_claim_reclaimed_by_another_worker_stays_theirs(
+    ienv: InboxEnv,
+) -> None:
+    inbox = ienv.inbox()
+    old = inbox.claim("k", ttl=60)
+    assert inbox.forget("k")
+    new = inbox.claim("k", ttl=60)
+    assert new.state is ClaimState.NEW
+    with pytest.raises(ClaimLost):
+        old.complete("old worker")
+    with pytest.raises(ClaimLost):
+        old.extend(30)
+    info = inbox.claim_info("k")
+    assert info is not None and info.owner == new.owner and info.state is ClaimState.IN_PROGRESS
+    new.complete("new worker")
+    assert (inbox.claim("k")).result == "new worker"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"state": "new"}, "state"),
+        ({"state": ClaimState.NEW}, "state"),
+        ({"state": 3}, "state"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 100_001}, "limit"),
+        ({"limit": True}, "limit"),
+        ({"prefix": None}, "prefix"),
+        ({"prefix": "x" * 1025}, "prefix"),
+    ],
+)
+def test_claims_validates_its_arguments(
+    ienv: InboxEnv, kwargs: dict[str, Any], argument: str
+) -> None:
+    inbox = ienv.inbox()
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        inbox.claims(**kwargs)
+    assert info.value.argument == argument
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        inbox.claim_info("")
+    assert info.value.argument == "key"
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        inbox.forget("")
+    assert info.value.argument == "key"
+
+
+def test_the_operator_reads_go_through_their_hook_points(ienv: InboxEnv) -> None:
+    inbox = ienv.inbox()
+    seen: list[tuple[str, Any]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point in ("inbox.claims", "inbox.claim_info", "inbox.forget"):
+            seen.append((point, info.get("key")))
+            if info.get("key") == "boom":
+                raise RuntimeError("injected")
+
+    old = set_hook(hook)
+    try:
+        inbox.claims(prefix="p:")
+        inbox.claim_info("p:1")
+        inbox.forget("p:1")
+        with pytest.raises(jobfence.BackendError):
+            inbox.forget("boom")
+    finally:
+        set_hook(old)
+    assert seen == [
+        ("inbox.claims", "p:"),
+        ("inbox.claim_info", "p:1"),
+        ("inbox.forget", "p:1"),
+        ("inbox.forget", "boom"),
+    ]
+
+
+# the many-process tests run both flavours by their own parametrisation, from this file
