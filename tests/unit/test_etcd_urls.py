@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobfence import ConfigurationError
-from jobfence._core.url import parse_url
+from jobfence.backends import parse_backend_url
 from jobfence.backends.etcd import keys
 from jobfence.backends.etcd.client import endpoints_of
 from jobfence.backends.etcd.locks import lease_seconds
@@ -25,13 +25,13 @@ from jobfence.backends.etcd.locks import lease_seconds
     ],
 )
 def test_every_member_of_the_url_is_an_endpoint(url: str, endpoints: list[str]) -> None:
-    assert endpoints_of(parse_url(url)) == endpoints
+    assert endpoints_of(parse_backend_url(url)) == endpoints
 
 
 @pytest.mark.parametrize("url", ["etcd://h1:x,h2:2", "etcd://h1:70000", "etcd://u:p@h1"])
 def test_a_bad_endpoint_is_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError):
-        endpoints_of(parse_url(url))
+        endpoints_of(parse_backend_url(url))
 
 
 def test_lease_seconds_round_up_to_whole_seconds_of_at_least_two() -> None:
@@ -60,3 +60,13 @@ def test_keys_never_meet_and_read_back() -> None:
     # the encoding of a prefix is a prefix of the encoding: a range finds exactly those names
     assert keys.lock_prefix("a", "ü:名").startswith(keys.lock_prefix("a", "ü", whole=False))
     assert keys.range_end(b"a/\xff") == b"a0"
+
+
+def test_only_schemes_the_registry_marks_take_several_hosts() -> None:
+    """A comma in the host part is read as several members only where the backend says it
+    takes them (etcd, Redis Sentinel): elsewhere it is an unreadable host or port."""
+    assert parse_backend_url("etcd://h1:1,h2:2").port is None
+    assert parse_backend_url("redis+sentinel://h1:26379,h2:26379/mymaster").port is None
+    with pytest.raises(ConfigurationError) as info:
+        parse_backend_url("redis://h1:6379,h2:6379/0")
+    assert info.value.argument == "url"

@@ -92,7 +92,7 @@ def test_bad_urls(url: object, fragment: str) -> None:
 
 def test_unknown_scheme_error_lists_allowed_schemes() -> None:
     with pytest.raises(jobfence.ConfigurationError) as info:
-        jobfence.Locks("etcd://localhost:2379")
+        jobfence.Locks("zookeeper://localhost:2181")
     assert "redis://" in str(info.value) and "sqlite://" in str(info.value)
 
 

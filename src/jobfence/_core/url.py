@@ -130,9 +130,12 @@ class BackendURL:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
-def parse_url(url: object, *, argument: str = "url") -> BackendURL:
+def parse_url(url: object, *, argument: str = "url", many_hosts: bool = False) -> BackendURL:
     """Parse a backend URL (any scheme); raise :class:`ConfigurationError` naming ``argument``
     when it is not a URL, or its user-info, host or port cannot be read.
+
+    ``many_hosts``: the URL may name several hosts (``h1:26379,h2:26379``), which its backend
+    reads from ``netloc``; its ``port`` is then ``None``. The registry says which schemes may.
 
     Messages show the URL masked (:func:`mask_url`) and never quote the parser's own message,
     which can hold part of a password.
@@ -152,8 +155,7 @@ def parse_url(url: object, *, argument: str = "url") -> BackendURL:
         )
     try:
         parts = urlsplit(url)
-        # a Sentinel or etcd URL names several hosts (h1:26379,h2:26379): its backend reads them
-        many = parts.scheme.lower().endswith(("+sentinel", "etcd", "etcds")) and "," in parts.netloc
+        many = many_hosts and "," in parts.netloc
         port = None if many else parts.port
     except ValueError:
         raise ConfigurationError(

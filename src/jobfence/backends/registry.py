@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from .._core.url import BackendURL, mask_url, parse_url
 from ..errors import ConfigurationError
@@ -59,6 +60,9 @@ class BackendInfo:
     #: the module of the package holding the checks of ``jobfence doctor`` (its function
     #: ``inspect(report, url, timer)``); a package without that module has no server checks
     doctor: str | None = "doctor"
+    #: the schemes whose URLs may name several hosts (``h1:2379,h2:2379``): the backend reads
+    #: them from ``BackendURL.netloc`` (its ``port`` is then None)
+    many_hosts: tuple[str, ...] = ()
 
     def module_name(self, part: str, *, asynchronous: bool) -> str:
         suffix = "_async" if (asynchronous and self.twins) else ""
@@ -111,7 +115,12 @@ BACKENDS: dict[str, BackendInfo] = {
             "sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file", dialect="sqlite"
         ),
         _builtin(
-            "redis", ("redis", "rediss", "redis+sentinel"), "Redis", "redis", description="Redis"
+            "redis",
+            ("redis", "rediss", "redis+sentinel"),
+            "Redis",
+            "redis",
+            description="Redis",
+            many_hosts=("redis+sentinel",),
         ),
         _builtin(
             "postgres",
@@ -140,7 +149,13 @@ BACKENDS: dict[str, BackendInfo] = {
             description="RabbitMQ",
         ),
         _builtin(
-            "etcd", ("etcd", "etcds"), "Etcd", "etcd", parts=("locks", "inbox"), description="etcd"
+            "etcd",
+            ("etcd", "etcds"),
+            "Etcd",
+            "etcd",
+            parts=("locks", "inbox"),
+            description="etcd",
+            many_hosts=("etcd", "etcds"),
         ),
     )
 }
@@ -180,8 +195,15 @@ def registered() -> dict[str, BackendInfo]:
 def parse_backend_url(url: object, *, argument: str = "url") -> BackendURL:
     """Parse ``url`` (:func:`~jobfence._core.url.parse_url`) and refuse a scheme no registered
     backend serves: :class:`ConfigurationError` naming ``argument``, listing the schemes."""
-    parsed = parse_url(url, argument=argument)
     known = registered()
+    try:
+        scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
+    except ValueError:  # parse_url says what is wrong with it
+        scheme = ""
+    info = known.get(scheme)
+    parsed = parse_url(
+        url, argument=argument, many_hosts=info is not None and scheme in info.many_hosts
+    )
     if parsed.scheme not in known:
         raise ConfigurationError(
             f"{argument} has unknown scheme {parsed.scheme!r} in {mask_url(parsed.raw)}; "
