@@ -66,6 +66,7 @@ PYPROJECT = ROOT / "pyproject.toml"
 #: async source -> generated sync module, relative to src/jobfence
 TWINS: dict[str, str] = {
     "_core/pool_async.py": "_core/pool.py",
+    "_core/renewer_async.py": "_core/renewer.py",
     "_core/sql_inbox_async.py": "_core/sql_inbox.py",
     "_guard_run_async.py": "_guard_run.py",
     "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",

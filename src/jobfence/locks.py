@@ -24,13 +24,13 @@ from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import get_hook, hook
 from ._core.lease_state import LeaseState
+from ._core.renewer import Renewer
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import LockBackend, LockCapabilities, LockHolder
 from .backends.clients import Client, describe_target
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
-from .renewal import Renewer
 
 __all__ = ["DEFAULT_TTL", "DEFAULT_URL", "Lease", "Locks"]
 
@@ -140,6 +140,11 @@ class Lease:
     @property
     def released(self) -> bool:
         return self._released
+
+    @property
+    def label(self) -> str:
+        """What log lines call the lease: ``the lease on 'NAME' (token N)``."""
+        return f"the lease on {self.name!r} (token {self.token})"
 
     @property
     def held(self) -> bool:
@@ -466,15 +471,23 @@ class Locks:
             )
             self.url = describe_target(url)
         self.namespace = namespace
-        self._renewer = Renewer(
-            self.backend.renew, give_back=self._give_back_later, counted=("lock", self.backend.kind)
-        )
+        self._renewer = self._new_renewer(give_back=self._give_back_later)
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
         forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _new_renewer(self, give_back: Callable[[str, str], None] | None) -> Renewer:
+        """The renewer of this client's leases (one task or thread per client, one batched
+        backend call per tick), announcing each batch at ``lock.renew``."""
+        return Renewer(
+            self.backend.renew,
+            give_back=give_back,
+            counted=("lock", self.backend.kind),
+            announce=lambda names: hook("lock.renew", names=names),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -886,7 +899,7 @@ class Locks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = Renewer(self.backend.renew, counted=("lock", self.backend.kind))
+        self._renewer = self._new_renewer(give_back=None)
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()

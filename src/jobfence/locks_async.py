@@ -23,13 +23,13 @@ from ._core.clock import get_clock
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook, get_hook
 from ._core.lease_state import LeaseState
+from ._core.renewer_async import AsyncRenewer
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
 from .backends import open_lock_backend
 from .backends.base import AsyncLockBackend, LockCapabilities, LockHolder
 from .backends.clients import Client, describe_target
 from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
-from .renewal_async import AsyncRenewer
 
 if ASYNC:
     import asyncio
@@ -175,6 +175,11 @@ class AsyncLease:
     @property
     def released(self) -> bool:
         return self._released
+
+    @property
+    def label(self) -> str:
+        """What log lines call the lease: ``the lease on 'NAME' (token N)``."""
+        return f"the lease on {self.name!r} (token {self.token})"
 
     @property
     def held(self) -> bool:
@@ -653,15 +658,23 @@ class AsyncLocks:
             self.backend = open_lock_backend(url, asynchronous=True, namespace=namespace, **options)
             self.url = describe_target(url)
         self.namespace = namespace
-        self._renewer = AsyncRenewer(
-            self.backend.renew, give_back=self._give_back_later, counted=("lock", self.backend.kind)
-        )
+        self._renewer = self._new_renewer(give_back=self._give_back_later)
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
         forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _new_renewer(self, give_back: Callable[[str, str], None] | None) -> AsyncRenewer:
+        """The renewer of this client's leases (one task or thread per client, one batched
+        backend call per tick), announcing each batch at ``lock.renew``."""
+        return AsyncRenewer(
+            self.backend.renew,
+            give_back=give_back,
+            counted=("lock", self.backend.kind),
+            announce=lambda names: ahook("lock.renew", names=names),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -1110,7 +1123,7 @@ class AsyncLocks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = AsyncRenewer(self.backend.renew, counted=("lock", self.backend.kind))
+        self._renewer = self._new_renewer(give_back=None)
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()
