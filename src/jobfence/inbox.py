@@ -359,7 +359,7 @@ class Claim:
         sent = state.now()
         state.extend_started()
         try:
-            ok = inbox.call_backend(
+            ok = inbox.call_hooked(
                 "inbox.extend", self.key, inbox.backend.extend, self.key, lease.owner, new_ttl
             )
         except BaseException:
@@ -425,7 +425,7 @@ class Claim:
         self._start_finishing()
         try:
             released = bool(  # a failed call leaves the claim ours: release() may be retried
-                inbox.call_backend(
+                inbox.call_hooked(
                     "inbox.release", self.key, inbox.backend.release, self.key, self._mine
                 )
             )
@@ -553,7 +553,7 @@ class Inbox:
         """True once :meth:`close` was called."""
         return self._closed
 
-    def call_backend(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
+    def call_hooked(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
         """Internal (used by the inbox and its claims): call the I/O hook at ``operation``
         (for ``key``), then ``fn(*args)``; wrap driver errors -- and faults a hook injects,
         which stand for them -- in :class:`BackendError`."""
@@ -583,7 +583,7 @@ class Inbox:
     def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
         """Internal (used by its claims): complete the claim on ``key`` of ``owner`` with the
         serialised ``result``, through the I/O hook (``inbox.complete``)."""
-        return self.call_backend("inbox.complete", key, self._send_complete, key, owner, result)
+        return self.call_hooked("inbox.complete", key, self._send_complete, key, owner, result)
 
     def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
         """The backend's complete, kept for the inbox's ``retention`` (async: in the group
@@ -618,7 +618,7 @@ class Inbox:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            record = self.call_backend(
+            record = self.call_hooked(
                 "inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl
             )
         except BaseException:
@@ -676,7 +676,7 @@ class Inbox:
             if expired_at <= now:
                 continue
             try:
-                self.call_backend("inbox.release", orphan, self.backend.release, orphan, owner)
+                self.call_hooked("inbox.release", orphan, self.backend.release, orphan, owner)
             except JobfenceError as err:
                 self._orphans.setdefault(orphan, entry)
                 log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
@@ -787,7 +787,7 @@ class Inbox:
         """
         self._check_open()
         if conn is None:
-            self.call_backend("inbox.install", None, self.backend.install)
+            self.call_hooked("inbox.install", None, self.backend.install)
             return
         sc = adapt(conn, argument="conn", operation="inbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -819,7 +819,7 @@ class Inbox:
         where records expire by themselves (it still checks that the server answers: a
         wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
-        return self.call_backend("inbox.purge", None, self.backend.purge, self.retention)
+        return self.call_hooked("inbox.purge", None, self.backend.purge, self.retention)
 
     def claims(
         self,
@@ -845,7 +845,7 @@ class Inbox:
         self._check_open()
         checked = _check_state(state)
         prefix, limit = check_listing(prefix, limit)
-        return self.call_backend(
+        return self.call_hooked(
             "inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit
         )
 
@@ -854,7 +854,7 @@ class Inbox:
         none. Read-only: unlike :meth:`claim`, it never takes the key."""
         self._check_open()
         key = check_name(key, argument="key")
-        return self.call_backend("inbox.claim_info", key, self.backend.claim_info, key)
+        return self.call_hooked("inbox.claim_info", key, self.backend.claim_info, key)
 
     def forget(self, key: str) -> bool:
         """Delete the record of ``key`` whatever its state: an operator's action on a stuck
@@ -867,11 +867,11 @@ class Inbox:
         """
         self._check_open()
         key = check_name(key, argument="key")
-        return bool(self.call_backend("inbox.forget", key, self.backend.forget, key))
+        return bool(self.call_hooked("inbox.forget", key, self.backend.forget, key))
 
     def drop(self) -> None:
         """Delete the inbox's table / keys entirely (tests, uninstall)."""
-        self.call_backend("inbox.drop", None, self.backend.drop)
+        self.call_hooked("inbox.drop", None, self.backend.drop)
 
     def close(self) -> None:
         """Stop the renewer, give back the renewed claims still in progress (best effort:

@@ -427,7 +427,7 @@ class AsyncClaim:
         sent = state.now()
         state.extend_started()
         try:
-            ok = await inbox.call_backend(
+            ok = await inbox.call_hooked(
                 "inbox.extend", self.key, inbox.backend.extend, self.key, lease.owner, new_ttl
             )
         except BaseException:
@@ -493,7 +493,7 @@ class AsyncClaim:
         self._start_finishing()
         try:
             released = bool(  # a failed call leaves the claim ours: release() may be retried
-                await inbox.call_backend(
+                await inbox.call_hooked(
                     "inbox.release", self.key, inbox.backend.release, self.key, self._mine
                 )
             )
@@ -638,7 +638,7 @@ class AsyncInbox:
         """True once :meth:`close` was called."""
         return self._closed
 
-    async def call_backend(
+    async def call_hooked(
         self, operation: str, key: str | None, fn: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
         """Internal (used by the inbox and its claims): call the I/O hook at ``operation``
@@ -675,7 +675,7 @@ class AsyncInbox:
     async def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
         """Internal (used by its claims): complete the claim on ``key`` of ``owner`` with the
         serialised ``result``, through the I/O hook (``inbox.complete``)."""
-        return await self.call_backend(
+        return await self.call_hooked(
             "inbox.complete", key, self._send_complete, key, owner, result
         )
 
@@ -739,7 +739,7 @@ class AsyncInbox:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            record = await self.call_backend(
+            record = await self.call_hooked(
                 "inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl
             )
         except BaseException:
@@ -797,9 +797,7 @@ class AsyncInbox:
             if expired_at <= now:
                 continue
             try:
-                await self.call_backend(
-                    "inbox.release", orphan, self.backend.release, orphan, owner
-                )
+                await self.call_hooked("inbox.release", orphan, self.backend.release, orphan, owner)
             except JobfenceError as err:
                 self._orphans.setdefault(orphan, entry)
                 log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
@@ -946,7 +944,7 @@ class AsyncInbox:
         """
         self._check_open()
         if conn is None:
-            await self.call_backend("inbox.install", None, self.backend.install)
+            await self.call_hooked("inbox.install", None, self.backend.install)
             return
         sc = adapt_async(conn, argument="conn", operation="inbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -978,7 +976,7 @@ class AsyncInbox:
         where records expire by themselves (it still checks that the server answers: a
         wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
-        return await self.call_backend("inbox.purge", None, self.backend.purge, self.retention)
+        return await self.call_hooked("inbox.purge", None, self.backend.purge, self.retention)
 
     async def claims(
         self,
@@ -1004,7 +1002,7 @@ class AsyncInbox:
         self._check_open()
         checked = _check_state(state)
         prefix, limit = check_listing(prefix, limit)
-        return await self.call_backend(
+        return await self.call_hooked(
             "inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit
         )
 
@@ -1013,7 +1011,7 @@ class AsyncInbox:
         none. Read-only: unlike :meth:`claim`, it never takes the key."""
         self._check_open()
         key = check_name(key, argument="key")
-        return await self.call_backend("inbox.claim_info", key, self.backend.claim_info, key)
+        return await self.call_hooked("inbox.claim_info", key, self.backend.claim_info, key)
 
     async def forget(self, key: str) -> bool:
         """Delete the record of ``key`` whatever its state: an operator's action on a stuck
@@ -1026,11 +1024,11 @@ class AsyncInbox:
         """
         self._check_open()
         key = check_name(key, argument="key")
-        return bool(await self.call_backend("inbox.forget", key, self.backend.forget, key))
+        return bool(await self.call_hooked("inbox.forget", key, self.backend.forget, key))
 
     async def drop(self) -> None:
         """Delete the inbox's table / keys entirely (tests, uninstall)."""
-        await self.call_backend("inbox.drop", None, self.backend.drop)
+        await self.call_hooked("inbox.drop", None, self.backend.drop)
 
     async def close(self) -> None:
         """Stop the renewer, give back the renewed claims still in progress (best effort:
