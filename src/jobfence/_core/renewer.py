@@ -270,21 +270,24 @@ class Renewer:
             if entry.renews and self._give_back is not None:
                 self._give_back(entry.name, entry.owner)
         now = clock.monotonic()
+        wake_at = now + IDLE_WAIT
+        due: list[_Tracked] = []
+        overdue = False
         for entry in self._snapshot():
-            if entry.state.expired(now):
+            look = entry.state.look(now, BATCH_WINDOW)
+            if look.expired:
                 # a renewed lease may still be on the server (a renewal may land late)
                 self._lose(entry, entry.state.expiry_reason(), give_back=entry.renews)
-        entries = self._snapshot()
-        due = [
-            entry
-            for entry in entries
-            if entry.renews and entry.state.next_renew <= now + BATCH_WINDOW * entry.state.ttl
-        ]
-        if due and min(entry.state.next_renew for entry in due) <= now:
+                continue
+            # a lease that is not renewed is due only for its expiry (its next_renew is inf)
+            wake_at = min(wake_at, look.next_check)
+            if look.due:
+                due.append(entry)
+                overdue = overdue or look.overdue
+        if overdue:
             self._renew_batch(due)
             return None
-        # a lease that is not renewed is due only for its expiry (its next_renew is inf)
-        return min([entry.state.next_check for entry in entries] + [now + IDLE_WAIT])
+        return wake_at
 
     def _on_collected(self, entry: _Tracked) -> None:
         """The weak reference's callback: a tracked lease was garbage-collected."""
