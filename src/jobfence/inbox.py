@@ -209,6 +209,7 @@ class Claim:
         self._lost_reason: str | None = None
         self._callbacks: list[Callable[[Claim], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason and _callbacks
+        self._block = compat.BlockWatch()  # async: the task running the claim's work
 
     def __repr__(self) -> str:
         return (
@@ -326,6 +327,7 @@ class Claim:
             reason,
             extra={"jobfence.key": self.key, "jobfence.backend": kind},
         )
+        self._block.cancel()  # async: the work's task, while it runs the work
         for callback in callbacks:
             self._run_callback(callback)
 
@@ -448,6 +450,7 @@ class Claim:
             self._finishing = True
 
     def __enter__(self) -> Claim:
+        self._block.enter()
         return self
 
     def __exit__(

@@ -216,9 +216,7 @@ class AsyncClaim:
         self._lost_reason: str | None = None
         self._callbacks: list[Callable[[AsyncClaim], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason and _callbacks
-        if ASYNC:
-            self._task: asyncio.Task[Any] | None = None
-            self._cancelled_for_loss = False
+        self._block = acompat.BlockWatch()  # async: the task running the claim's work
 
     def __repr__(self) -> str:
         return (
@@ -336,45 +334,11 @@ class AsyncClaim:
             reason,
             extra={"jobfence.key": self.key, "jobfence.backend": kind},
         )
-        if ASYNC:
-            task = self._task
-            if task is not None and not task.done() and task is not acompat.current_worker():
-                # cancel the block's task, but only while it is still inside the block
-                self._cancelled_for_loss = True
-                loop = task.get_loop()
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if running is loop:
-                    task.cancel()
-                else:
-                    loop.call_soon_threadsafe(self._cancel_inside_block, task)
+        self._block.cancel()  # async: the work's task, while it runs the work
         for callback in callbacks:
             self._run_callback(callback)
 
     if ASYNC:
-
-        def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
-            if self._task is task and not task.done():
-                task.cancel()
-
-        def _watch(self) -> None:
-            """The current task runs the claim's work: a loss found meanwhile cancels it."""
-            self._task = asyncio.current_task()
-
-        def _unwatch(self) -> bool:
-            """The work ended. Returns whether a loss cancelled it; that cancellation was
-            ours, not the caller's, so it is withdrawn."""
-            self._task = None
-            if not self._cancelled_for_loss:
-                return False
-            self._cancelled_for_loss = False
-            current = asyncio.current_task()
-            cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
-            if cancelling is not None and cancelling():
-                current.uncancel()  # type: ignore[union-attr]
-            return True
 
         def _lost_while_running(self) -> ClaimLost:
             return ClaimLost(
@@ -389,17 +353,17 @@ class AsyncClaim:
         meanwhile, which then raises :class:`ClaimLost`. ``Claim``: called (a thread cannot
         be interrupted: the work may look at :attr:`lost` or call :meth:`check`)."""
         if ASYNC:
-            self._watch()
+            self._block.enter()
             try:
                 result = await fn(*args, **kwargs)
             except asyncio.CancelledError as exc:
-                if self._unwatch():
+                if self._block.exit():
                     raise self._lost_while_running() from exc
                 raise
             except BaseException:
-                self._unwatch()
+                self._block.exit()
                 raise
-            self._unwatch()
+            self._block.exit()
             return result
         else:
             return fn(*args, **kwargs)
@@ -516,8 +480,7 @@ class AsyncClaim:
             self._finishing = True
 
     async def __aenter__(self) -> AsyncClaim:
-        if ASYNC:
-            self._watch()
+        self._block.enter()
         return self
 
     async def __aexit__(
@@ -526,7 +489,7 @@ class AsyncClaim:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if ASYNC and self._unwatch() and exc_type is asyncio.CancelledError:
+        if ASYNC and self._block.exit() and exc_type is asyncio.CancelledError:
             assert exc is not None
             if self.owned:
                 await self._release_quietly()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -102,6 +101,7 @@ class Lease:
         self._gave_back = False  # a release() freed the name on the server
         self._callbacks: list[Callable[[Lease], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
+        self._block = compat.BlockWatch()  # async: the task of the ``async with`` block
 
     def __repr__(self) -> str:
         status = "released" if self._released else ("lost" if self.lost else "held")
@@ -174,13 +174,7 @@ class Lease:
             if self._lost_reason is None:
                 self._callbacks.append(callback)
                 return
-        self._run_callback(callback)
-
-    def _run_callback(self, callback: Callable[[Lease], Any]) -> None:
-        try:
-            callback(self)
-        except Exception:
-            log.exception("on_lost callback for %r raised", self.name)
+        self._run_callbacks([callback])
 
     def mark_lost(
         self, reason: str, *, after_release: bool = False, background: bool = False
@@ -211,14 +205,23 @@ class Lease:
                 "jobfence.backend": kind,
             },
         )
-        if background and callbacks:  # off the renewer's thread: it has leases to renew
-            compat.spawn(partial(self._run_callbacks, callbacks), "jobfence-on-lost")
-        else:
-            self._run_callbacks(callbacks)
+        self._block.cancel()  # async: the block's task, while it is inside the block
+        self._run_callbacks(callbacks, background=background)
 
-    def _run_callbacks(self, callbacks: list[Callable[[Lease], Any]]) -> None:
-        for callback in callbacks:
-            self._run_callback(callback)
+    def _run_callbacks(
+        self, callbacks: list[Callable[[Lease], Any]], *, background: bool = False
+    ) -> None:
+        """Run ``on_lost`` callbacks; coroutine ones (async) become tasks of their own.
+        ``background``: the renewer found the loss; ``Lease`` runs them in a thread of their
+        own, off the renewer's thread (it has leases to renew)."""
+        compat.run_callbacks(
+            callbacks,
+            self,
+            log,
+            "on_lost callback for %r raised",
+            self.name,
+            background=background,
+        )
 
     # -- operations ----------------------------------------------------------------------
     def extend(self, ttl: float | None = None) -> None:
@@ -322,6 +325,7 @@ class Lease:
         return bool(handle.result()), None
 
     def __enter__(self) -> Lease:
+        self._block.enter()
         return self
 
     def __exit__(
@@ -330,6 +334,7 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # a loss cancelled the block: that cancellation was ours, not the caller's
         if self._gave_back:  # the body released it itself: nothing left to give back
             return
         was_lost = self.lost

@@ -40,15 +40,6 @@ T = TypeVar("T")
 #: how long leaving a ``with`` block waits for the release of a lease that is lost (or of a
 #: block that raised) before it raises: the release goes on in the background after that
 EXIT_RELEASE_WAIT = 1.0
-if ASYNC:
-    #: coroutine ``on_lost`` callbacks still running (the event loop keeps only weak references)
-    _CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
-
-    def _running_loop() -> asyncio.AbstractEventLoop | None:
-        try:
-            return asyncio.get_running_loop()
-        except RuntimeError:
-            return None
 
 
 class AsyncLeaseClient(Protocol):
@@ -113,9 +104,8 @@ class AsyncLease:
         self._gave_back = False  # a release() freed the name on the server
         self._callbacks: list[Callable[[AsyncLease], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
+        self._block = acompat.BlockWatch()  # async: the task of the ``async with`` block
         if ASYNC:
-            self._task: asyncio.Task[Any] | None = None
-            self._cancelled_for_loss = False
             #: the release on the server in flight, or done with an answer nobody took yet
             self._releasing: asyncio.Task[Any] | None = None
 
@@ -190,27 +180,7 @@ class AsyncLease:
             if self._lost_reason is None:
                 self._callbacks.append(callback)
                 return
-        self._run_callback(callback)
-
-    def _run_callback(self, callback: Callable[[AsyncLease], Any]) -> None:
-        try:
-            if ASYNC:
-                result = callback(self)
-                if asyncio.iscoroutine(result):
-                    task = asyncio.get_running_loop().create_task(result)
-                    _CALLBACK_TASKS.add(task)  # a strong reference until it is done
-                    task.add_done_callback(self._callback_done)
-            else:
-                callback(self)
-        except Exception:
-            log.exception("on_lost callback for %r raised", self.name)
-
-    if ASYNC:
-
-        def _callback_done(self, task: asyncio.Task[Any]) -> None:
-            _CALLBACK_TASKS.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.error("on_lost callback for %r raised", self.name, exc_info=task.exception())
+        self._run_callbacks([callback])
 
     def mark_lost(
         self, reason: str, *, after_release: bool = False, background: bool = False
@@ -241,34 +211,23 @@ class AsyncLease:
                 "jobfence.backend": kind,
             },
         )
-        if ASYNC:
-            task = self._task
-            if task is not None and not task.done() and task is not acompat.current_worker():
-                # Cancel the block's task, but only while it is still inside the block: a
-                # cancellation delivered after the block ended would hit unrelated code.
-                self._cancelled_for_loss = True
-                loop = task.get_loop()
-                if _running_loop() is loop:
-                    task.cancel()  # delivered when the task next resumes, inside the block
-                else:
-                    loop.call_soon_threadsafe(self._cancel_inside_block, task)
-        if ASYNC:
-            self._run_callbacks(callbacks)
-        else:
-            if background and callbacks:  # off the renewer's thread: it has leases to renew
-                acompat.spawn(partial(self._run_callbacks, callbacks), "jobfence-on-lost")
-            else:
-                self._run_callbacks(callbacks)
+        self._block.cancel()  # async: the block's task, while it is inside the block
+        self._run_callbacks(callbacks, background=background)
 
-    def _run_callbacks(self, callbacks: list[Callable[[AsyncLease], Any]]) -> None:
-        for callback in callbacks:
-            self._run_callback(callback)
-
-    if ASYNC:
-
-        def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
-            if self._task is task and not task.done():
-                task.cancel()
+    def _run_callbacks(
+        self, callbacks: list[Callable[[AsyncLease], Any]], *, background: bool = False
+    ) -> None:
+        """Run ``on_lost`` callbacks; coroutine ones (async) become tasks of their own.
+        ``background``: the renewer found the loss; ``Lease`` runs them in a thread of their
+        own, off the renewer's thread (it has leases to renew)."""
+        acompat.run_callbacks(
+            callbacks,
+            self,
+            log,
+            "on_lost callback for %r raised",
+            self.name,
+            background=background,
+        )
 
     # -- operations ----------------------------------------------------------------------
     async def extend(self, ttl: float | None = None) -> None:
@@ -437,8 +396,7 @@ class AsyncLease:
         return bool(handle.result()), None
 
     async def __aenter__(self) -> AsyncLease:
-        if ASYNC:
-            self._task = asyncio.current_task()
+        self._block.enter()
         return self
 
     async def __aexit__(
@@ -447,21 +405,14 @@ class AsyncLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if ASYNC:
-            self._task = None
-            if self._cancelled_for_loss:
-                self._cancelled_for_loss = False
-                current = acompat.current_worker()
-                cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
-                if cancelling is not None and cancelling():
-                    current.uncancel()  # type: ignore[union-attr]  # ours, not the caller's
-                if exc_type is asyncio.CancelledError:
-                    _answer, error = await self._release_on_exit()
-                    raise LockLost(
-                        f"the lease on {self.name!r} (token {self.token}) was lost while its "
-                        f"block ran: {self._lost_reason}",
-                        name=self.name,
-                    ) from (exc if error is None else error)
+        # a loss cancelled the block: that cancellation was ours, not the caller's
+        if ASYNC and self._block.exit() and exc_type is asyncio.CancelledError:
+            _answer, error = await self._release_on_exit()
+            raise LockLost(
+                f"the lease on {self.name!r} (token {self.token}) was lost while its "
+                f"block ran: {self._lost_reason}",
+                name=self.name,
+            ) from (exc if error is None else error)
         if self._gave_back:  # the body released it itself: nothing left to give back
             return
         was_lost = self.lost
