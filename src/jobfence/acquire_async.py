@@ -24,11 +24,8 @@ from .errors import LockTimeout
 from .lease_async import AsyncLease
 
 if ASYNC:
-    import asyncio
     import collections.abc
     from collections.abc import Generator
-
-    from ._core import acompat
 
 __all__ = [
     "GRANT_MIN_LEFT",
@@ -118,18 +115,6 @@ def _held_by(holder: LockHolder | None) -> str:
     if holder.expires_in is not None:
         text += f", {holder.expires_in:.1f} s left on its lease"
     return text
-
-
-if ASYNC:
-
-    def raise_if_cancelling() -> None:
-        """Raise CancelledError if this task was asked to cancel but the request got lost on
-        the way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not
-        loop on."""
-        task = acompat.current_worker()
-        cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
-        if cancelling is not None and cancelling():
-            raise asyncio.CancelledError
 
 
 if ASYNC:

@@ -254,6 +254,7 @@ class Locks:
         retry = WaitRetry(name, timeout, deadline)
         try:
             while True:
+                compat.raise_if_cancelling()  # a library that swallowed our cancellation
                 self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started

@@ -46,7 +46,6 @@ from .lease_async import AsyncLease
 
 if ASYNC:
     from .acquire_async import AsyncAcquireContext as AsyncAcquireContext
-    from .acquire_async import raise_if_cancelling
 
 __all__ = ["DEFAULT_TTL", "DEFAULT_URL", "AsyncLease", "AsyncLocks"]
 
@@ -259,8 +258,7 @@ class AsyncLocks:
         retry = WaitRetry(name, timeout, deadline)
         try:
             while True:
-                if ASYNC:
-                    raise_if_cancelling()  # a library that swallowed our cancellation
+                acompat.raise_if_cancelling()  # a library that swallowed our cancellation
                 self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started

@@ -21,6 +21,7 @@ __all__ = [
     "call_bounded",
     "current_worker",
     "join",
+    "raise_if_cancelling",
     "run_callbacks",
     "spawn",
     "start",
@@ -148,6 +149,15 @@ def current_worker() -> asyncio.Task[Any] | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+def raise_if_cancelling() -> None:
+    """Raise CancelledError if this task was asked to cancel but the request got lost on the
+    way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not loop on."""
+    task = current_worker()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
 
 
 async def clean_up(fn: Callable[[], Awaitable[Any]], tracked: set[Any], wait: float) -> None:

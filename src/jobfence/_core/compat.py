@@ -19,6 +19,7 @@ __all__ = [
     "call_bounded",
     "current_worker",
     "join",
+    "raise_if_cancelling",
     "run_callbacks",
     "spawn",
     "start",
@@ -192,6 +193,10 @@ def worker_alive(worker: threading.Thread | None) -> bool:
 
 def current_worker() -> threading.Thread:
     return threading.current_thread()
+
+
+def raise_if_cancelling() -> None:
+    """Nothing: a thread is never cancelled (the twin of ``acompat.raise_if_cancelling``)."""
 
 
 def clean_up(fn: Callable[[], Any], tracked: set[Any], wait: float) -> None:
