@@ -105,7 +105,7 @@ class BoundedCaller:
     the next call gets a new worker (at most ``workers`` in all: a client whose every call
     hangs does not pile up threads). A call still queued when its bound passes is dropped and
     never made, so a request given up on before it started cannot reach the server later (one
-    already sent can: see ``renewal_async``). A worker beyond the first ends after
+    already sent can: see ``_core/renewer_async.py``). A worker beyond the first ends after
     ``IDLE_EXIT`` idle seconds.
     """
 
