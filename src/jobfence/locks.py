@@ -29,6 +29,10 @@ from ._core.clock import get_clock
 from ._core.hooks import get_hook, hook
 from ._core.renewer import Renewer
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
+from .acquire import GRANT_MIN_LEFT as GRANT_MIN_LEFT
+from .acquire import SERVER_WAIT as SERVER_WAIT
+from .acquire import WAIT_RETRY_PAUSE as WAIT_RETRY_PAUSE
+from .acquire import WAIT_RETRY_PAUSE_MAX as WAIT_RETRY_PAUSE_MAX
 from .acquire import (
     WaitRetry,
     new_owner,

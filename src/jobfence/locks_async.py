@@ -28,6 +28,10 @@ from ._core.flavour import ASYNC
 from ._core.hooks import ahook, get_hook
 from ._core.renewer_async import AsyncRenewer
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
+from .acquire_async import GRANT_MIN_LEFT as GRANT_MIN_LEFT
+from .acquire_async import SERVER_WAIT as SERVER_WAIT
+from .acquire_async import WAIT_RETRY_PAUSE as WAIT_RETRY_PAUSE
+from .acquire_async import WAIT_RETRY_PAUSE_MAX as WAIT_RETRY_PAUSE_MAX
 from .acquire_async import (
     WaitRetry,
     new_owner,
