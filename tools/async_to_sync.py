@@ -6,9 +6,10 @@ script writes the sync module from it (``locks_async.py`` -> ``locks.py``). CI r
 ``--check`` and fails when a generated file is out of date.
 
 Inputs
-    ``TWINS`` lists every async source and the sync module generated from it (paths under
-    ``src/jobfence``); ``HAND_WRITTEN`` lists the ``*_async.py`` modules that have no generated
-    twin. The run fails, naming the file or rule, when a listed source is missing, when a
+    ``TWINS`` maps every async source to the sync module generated from it (paths under
+    ``src/jobfence``): every ``*_async.py`` there but those ``HAND_WRITTEN`` lists (modules
+    with no generated twin), its twin the module of the same name without ``_async`` beside
+    it. The run fails, naming the file or rule, when a listed source is missing, when a
     ``*_async.py`` is in neither list, when a file carries the generated-file header but no
     entry of ``TWINS`` produces it (a stale twin: delete it), when a rule of ``RENAMES`` or
     ``DOTTED_RULES`` was used by no input (delete the rule), or when the installed ruff is not
@@ -63,42 +64,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "jobfence"
 PYPROJECT = ROOT / "pyproject.toml"
 
-#: async source -> generated sync module, relative to src/jobfence
-TWINS: dict[str, str] = {
-    "_core/pool_async.py": "_core/pool.py",
-    "_guard_run_async.py": "_guard_run.py",
-    "backends/_sql/inbox_async.py": "backends/_sql/inbox.py",
-    "backends/mysql/connect_async.py": "backends/mysql/connect.py",
-    "backends/mysql/inbox_async.py": "backends/mysql/inbox.py",
-    "backends/mysql/locks_async.py": "backends/mysql/locks.py",
-    "backends/postgres/connect_async.py": "backends/postgres/connect.py",
-    "backends/postgres/inbox_async.py": "backends/postgres/inbox.py",
-    "backends/postgres/listen_async.py": "backends/postgres/listen.py",
-    "backends/postgres/locks_async.py": "backends/postgres/locks.py",
-    "backends/postgres/queue_async.py": "backends/postgres/queue.py",
-    "backends/redis/client_async.py": "backends/redis/client.py",
-    "backends/etcd/client_async.py": "backends/etcd/client.py",
-    "backends/etcd/inbox_async.py": "backends/etcd/inbox.py",
-    "backends/etcd/locks_async.py": "backends/etcd/locks.py",
-    "_core/source_async.py": "_core/source.py",
-    "compat/redis_py/lock_async.py": "compat/redis_py/lock.py",
-    "backends/redis/inbox_async.py": "backends/redis/inbox.py",
-    "backends/redis/locks_async.py": "backends/redis/locks.py",
-    "backends/redis/queue_async.py": "backends/redis/queue.py",
-    "backends/sqlite/connect_async.py": "backends/sqlite/connect.py",
-    "backends/sqlite/inbox_async.py": "backends/sqlite/inbox.py",
-    "backends/sqlite/locks_async.py": "backends/sqlite/locks.py",
-    "backends/sqlite/queue_async.py": "backends/sqlite/queue.py",
-    "fencing_async.py": "fencing.py",
-    "inbox_async.py": "inbox.py",
-    "locks_async.py": "locks.py",
-    "queue_async.py": "queue.py",
-    "renewal_async.py": "renewal.py",
-    "versioned_async.py": "versioned.py",
-}
-
 #: ``*_async.py`` modules written by hand, with no generated twin
 HAND_WRITTEN: tuple[str, ...] = ()
+
+
+def discover_twins(package: Path, hand_written: Iterable[str] = ()) -> dict[str, str]:
+    """Every ``*_async.py`` under ``package`` but the hand-written ones -> its sync twin, the
+    module of the same name without ``_async`` beside it (paths relative to ``package``)."""
+    skip = set(hand_written)
+    twins = {}
+    for path in sorted(package.rglob("*_async.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel not in skip:
+            twins[rel] = rel[: -len("_async.py")] + ".py"
+    return twins
+
+
+#: async source -> generated sync module, relative to src/jobfence: every ``*_async.py`` (a new
+#: module, a new backend's, is generated without being listed anywhere)
+TWINS: dict[str, str] = discover_twins(PACKAGE, HAND_WRITTEN)
 
 #: names whose sync spelling the ``AsyncFoo`` / ``foo_async`` rules do not give
 RENAMES: dict[str, str] = {

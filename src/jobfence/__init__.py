@@ -9,6 +9,7 @@ repository's ``README.md`` and ``docs/``.
 
 from __future__ import annotations
 
+from ._core.renewable import Renewable
 from .backends.base import ClaimInfo, ClaimState, LockHolder
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
@@ -81,6 +82,7 @@ __all__ = [
     "NotReplicated",
     "Queue",
     "QueueError",
+    "Renewable",
     "RetryPolicy",
     "SchemaMissing",
     "StaleToken",

@@ -76,7 +76,7 @@ async def _complete(claim: Any, result: Any) -> None:
                 await _release_claim(claim)
                 raise
             if attempt >= COMPLETE_ATTEMPTS or claim.lost:
-                claim._inbox._stop_renewing(claim)  # expires after its ttl; never released
+                claim._stop_renewal()  # expires after its ttl; never released
                 raise
             log.warning(
                 "storing the result of %r failed (%s); trying again (%d of %d)",

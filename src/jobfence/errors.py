@@ -37,6 +37,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+# The root error and ConfigurationError are defined in a module that imports nothing of
+# jobfence, so that the clock and the I/O hook can raise ConfigurationError while this module
+# reads the clock (ClaimInProgress.retry_after): no import cycle. They are this module's.
+from ._core.clock import get_clock
+from ._core.root_errors import ConfigurationError, JobfenceError
+
 __all__ = [
     "BackendError",
     "ClaimInProgress",
@@ -58,10 +64,6 @@ __all__ = [
     "StaleToken",
     "StaleVersion",
 ]
-
-
-class JobfenceError(Exception):
-    """Root of every error jobfence raises."""
 
 
 class NotNow(JobfenceError):
@@ -92,14 +94,6 @@ def _seconds_hint(value: float | None) -> float | None:
     if value != value:  # NaN
         return None
     return max(0.0, float(value))
-
-
-class ConfigurationError(JobfenceError, ValueError):
-    """A bad URL or argument. ``argument`` names it; the message says what is allowed."""
-
-    def __init__(self, message: str, *, argument: str | None = None) -> None:
-        super().__init__(message)
-        self.argument = argument
 
 
 class BackendError(JobfenceError):
@@ -221,8 +215,6 @@ class ClaimInProgress(InboxError, NotNow):
         self.owner = owner
         self.expires_at = expires_at
         if retry_after is None and isinstance(expires_at, datetime):
-            from ._core.clock import get_clock  # errors.py is imported by everything
-
             retry_after = expires_at.timestamp() - get_clock().time()
         self.retry_after = _seconds_hint(retry_after)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from . import telemetry
 from ._core import compat, forks
@@ -41,6 +41,8 @@ from ._core.inbox_support import (
     check_fingerprint,
 )
 from ._core.lease_state import LeaseState
+from ._core.renewable import Renewable, RenewableHandle
+from ._core.renewer import Renewer
 from ._core.sqlconn import adapt, is_undefined_table
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
@@ -60,11 +62,7 @@ from .errors import (
     JobfenceError,
     SchemaMissing,
 )
-from .renewal import Renewer
 from .retry import mark_protected
-
-if TYPE_CHECKING:
-    from .locks import Lease
 
 __all__ = ["DEFAULT_URL", "Claim", "Inbox"]
 
@@ -147,60 +145,6 @@ def _serialize(serializer: Serializer, result: Any) -> bytes:
     return data
 
 
-class _ClaimLease:
-    """What the inbox's renewer drives for one NEW claim: the surface of a lease that the
-    renewer reads (``name``, ``owner``, ``state``, ``renews``, ``released``, ``mark_lost``).
-
-    ``state`` holds the claim's local deadlines (:class:`LeaseState`): the claim expires
-    locally ``ttl`` after the claim request was sent, unless a renewal or :meth:`extend`
-    got through.
-    """
-
-    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
-
-    #: claims carry no fencing token (the renewer logs a lease's token)
-    token = 0
-
-    def __init__(self, claim: Claim, owner: str, state: LeaseState) -> None:
-        self.claim = claim
-        self.name = claim.key
-        self.owner = owner
-        self.state = state
-
-    @property
-    def label(self) -> str:
-        """What the renewer's log calls it (made only when a log line needs it)."""
-        return f"the claim on {self.claim.key!r} (attempt {self.claim.attempt})"
-
-    @property
-    def renews(self) -> bool:
-        return self.state.renews
-
-    @property
-    def released(self) -> bool:
-        """Completed, released, found lost by its holder, or being completed or released right
-        now: the renewer leaves it alone (a renewal that crossed the completion finds it
-        completed, which is no loss)."""
-        return self.claim._finished is not None or self.claim._finishing
-
-    def mark_lost(self, reason: str, *, background: bool = False) -> None:
-        """``background``: the renewer found the loss (a lease's sync callbacks then run in a
-        thread of their own; a claim's ``on_lost`` callbacks are short and run in place)."""
-        if self.claim._inbox._closed:
-            reason = "its Inbox was closed, so the claim is no longer renewed"
-        self.claim._mark_lost(reason)
-
-
-class _ClaimRenewer(Renewer):
-    """The renewer of one inbox's claims: the lease renewer (one task or thread per inbox,
-    one batched backend call per tick), announcing each batch at the hook point
-    ``inbox.renew``."""
-
-    def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
-        hook("inbox.renew", keys=[item[0] for item in items])
-        return self._renew(items)
-
-
 class Claim:
     """The outcome of one :meth:`AsyncInbox.claim` / :meth:`Inbox.claim`.
 
@@ -249,15 +193,23 @@ class Claim:
         self._finished: str | None = None
         self._finishing = False  # a complete() or release() is in flight
         #: a NEW claim's local deadlines, as the renewer sees it (None: not ours)
-        self._lease: _ClaimLease | None = None
+        self._lease: RenewableHandle | None = None
         if self._mine is not None:
             if started is None:
                 started = get_clock().monotonic()
             state = LeaseState(inbox.ttl if ttl is None else ttl, started, renews=renew)
-            self._lease = _ClaimLease(self, self._mine, state)
+            self._lease = RenewableHandle(
+                key,
+                self._mine,
+                state,
+                label=f"the claim on {key!r} (attempt {self.attempt})",
+                released=self._settled,
+                lost=self._renewal_lost,
+            )
         self._lost_reason: str | None = None
         self._callbacks: list[Callable[[Claim], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason and _callbacks
+        self._block = compat.BlockWatch()  # async: the task running the claim's work
 
     def __repr__(self) -> str:
         return (
@@ -331,6 +283,31 @@ class Claim:
         except Exception:
             log.exception("on_lost callback for the claim on %r raised", self.key)
 
+    @property
+    def renewal(self) -> Renewable | None:
+        """Internal (used by its inbox): what the inbox's renewer renews for this NEW claim
+        (``None`` if it was never ours)."""
+        return self._lease
+
+    def _settled(self) -> bool:
+        """Completed, released, found lost by its holder, or being completed or released right
+        now: the renewer leaves it alone (a renewal that crossed the completion finds it
+        completed, which is no loss)."""
+        return self._finished is not None or self._finishing
+
+    def _renewal_lost(self, reason: str) -> None:
+        """The inbox's renewer found the claim lost (a claim's ``on_lost`` callbacks are short
+        and run in place, in the renewer)."""
+        if self._inbox.closed:
+            reason = "its Inbox was closed, so the claim is no longer renewed"
+        self._mark_lost(reason)
+
+    def _stop_renewal(self) -> None:
+        """No more renewals: the claim was completed, released or found lost, or is given up
+        (then it expires after its ttl)."""
+        if self._lease is not None:
+            self._inbox.stop_renewing(self._lease)
+
     def _mark_lost(self, reason: str) -> None:
         """Record the loss once and tell the holder (callbacks; async: cancel the watched
         block). A claim already completed or released is left as it is."""
@@ -350,6 +327,7 @@ class Claim:
             reason,
             extra={"jobfence.key": self.key, "jobfence.backend": kind},
         )
+        self._block.cancel()  # async: the work's task, while it runs the work
         for callback in callbacks:
             self._run_callback(callback)
 
@@ -383,7 +361,7 @@ class Claim:
         sent = state.now()
         state.extend_started()
         try:
-            ok = inbox._call(
+            ok = inbox.call_hooked(
                 "inbox.extend", self.key, inbox.backend.extend, self.key, lease.owner, new_ttl
             )
         except BaseException:
@@ -391,7 +369,7 @@ class Claim:
             raise
         if not ok:
             state.extend_done(None)
-            inbox._stop_renewing(self)
+            self._stop_renewal()
             self._mark_lost("extend found the claim gone or owned by another worker")
             self.check()
         state.extend_done(sent, new_ttl)
@@ -424,13 +402,11 @@ class Claim:
         data = _serialize(inbox.serializer, result)
         self._start_finishing()
         try:
-            ok = inbox._call(
-                "inbox.complete", self.key, inbox._send_complete, self.key, self._mine, data
-            )
+            ok = inbox.complete_claim(self.key, self._mine, data)
             self._finished = "completed" if ok else "lost"
         finally:
             self._finishing = False
-        inbox._stop_renewing(self)
+        self._stop_renewal()
         if not ok:
             raise ClaimLost(
                 f"the claim on {self.key!r} (attempt {self.attempt}) is no longer ours: it "
@@ -451,7 +427,9 @@ class Claim:
         self._start_finishing()
         try:
             released = bool(  # a failed call leaves the claim ours: release() may be retried
-                inbox._call("inbox.release", self.key, inbox.backend.release, self.key, self._mine)
+                inbox.call_hooked(
+                    "inbox.release", self.key, inbox.backend.release, self.key, self._mine
+                )
             )
             self._finished = "released" if released else "lost"
         except JobfenceError:
@@ -459,12 +437,12 @@ class Claim:
             # it, so that this inbox's next claim retries it -- at once for this very key
             # (and no longer renewed: given up, it must expire if the retries fail too)
             if self._lease is not None:
-                inbox._orphan(self.key, self._mine, self._lease.state.ttl)
-            inbox._stop_renewing(self)
+                inbox.orphan(self.key, self._mine, self._lease.state.ttl)
+            self._stop_renewal()
             raise
         finally:
             self._finishing = False
-        inbox._stop_renewing(self)
+        self._stop_renewal()
         return released
 
     def _start_finishing(self) -> None:
@@ -472,6 +450,7 @@ class Claim:
             self._finishing = True
 
     def __enter__(self) -> Claim:
+        self._block.enter()
         return self
 
     def __exit__(
@@ -552,10 +531,18 @@ class Inbox:
         #: claims this inbox gave up whose release failed: key -> (owner, monotonic time after
         #: which the claim has expired by itself); retried by the next claim (``_orphans_go``)
         self._orphans: dict[str, tuple[str, float]] = {}
-        self._renewer = _ClaimRenewer(
-            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
-        )
+        self._renewer = self._new_renewer()
         forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _new_renewer(self) -> Renewer:
+        """The renewer of this inbox's claims (one task or thread per inbox, one batched
+        backend call per tick), announcing each batch at the hook point ``inbox.renew``."""
+        return Renewer(
+            self.backend.renew,
+            name="jobfence-inbox-renewer",
+            counted=("inbox", self.backend.kind),
+            announce=lambda keys: hook("inbox.renew", keys=keys),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -564,9 +551,15 @@ class Inbox:
     def capabilities(self) -> Any:
         return self.backend.capabilities
 
-    def _call(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
-        """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
-        injects, which stand for them -- in BackendError."""
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def call_hooked(self, operation: str, key: str | None, fn: Callable[..., T], *args: Any) -> T:
+        """Internal (used by the inbox and its claims): call the I/O hook at ``operation``
+        (for ``key``), then ``fn(*args)``; wrap driver errors -- and faults a hook injects,
+        which stand for them -- in :class:`BackendError`."""
         try:
             if get_hook() is not None:
                 hook(operation, key=key, backend=self.backend.kind)
@@ -589,6 +582,11 @@ class Inbox:
     def _send_claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
         """The backend's claim (async: in the group commit, where the backend batches)."""
         return self.backend.claim(key, owner, fingerprint, ttl)
+
+    def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
+        """Internal (used by its claims): complete the claim on ``key`` of ``owner`` with the
+        serialised ``result``, through the I/O hook (``inbox.complete``)."""
+        return self.call_hooked("inbox.complete", key, self._send_complete, key, owner, result)
 
     def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
         """The backend's complete, kept for the inbox's ``retention`` (async: in the group
@@ -623,7 +621,9 @@ class Inbox:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            record = self._call("inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl)
+            record = self.call_hooked(
+                "inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl
+            )
         except BaseException:
             # cancelled, interrupted, or the reply was lost: the backend may have given us the
             # key all the same, and nobody else would release it before its ttl
@@ -643,16 +643,17 @@ class Inbox:
             )
         claim = Claim(self, key, record, owner, ttl=ttl, started=started, renew=renew)
         telemetry.inbox_claim(self.backend.kind, _CLAIM_OUTCOMES[claim.state])
-        if claim._lease is not None and renew:
+        renewal = claim.renewal
+        if renewal is not None and renew:
             if self._closed:  # granted as the inbox closed: nobody would renew or release it
                 self._abandon(key, owner)
                 self._check_open()
-            # the renewer reads only the lease surface that _ClaimLease has
-            self._renewer.add(cast("Lease", claim._lease))
+            self._renewer.add(renewal)
         return claim
 
-    def _orphan(self, key: str, owner: str, ttl: float) -> None:
-        """Remember a claim whose release failed (see :meth:`_orphans_go`)."""
+    def orphan(self, key: str, owner: str, ttl: float) -> None:
+        """Internal (used by its claims): remember a claim on ``key`` (of ``owner``, with
+        ``ttl``) whose release failed, to release it later (see :meth:`_orphans_go`)."""
         self._orphans[key] = (owner, get_clock().monotonic() + ttl)
         log.warning(
             "releasing the claim on %r failed: it is released by this inbox's next claim, "
@@ -678,7 +679,7 @@ class Inbox:
             if expired_at <= now:
                 continue
             try:
-                self._call("inbox.release", orphan, self.backend.release, orphan, owner)
+                self.call_hooked("inbox.release", orphan, self.backend.release, orphan, owner)
             except JobfenceError as err:
                 self._orphans.setdefault(orphan, entry)
                 log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
@@ -686,11 +687,11 @@ class Inbox:
             else:
                 log.info("released the earlier claim on %r, whose release had failed", orphan)
 
-    def _stop_renewing(self, claim: Claim) -> None:
-        """Internal (used by the claims): forget a claim that was completed, released or
-        found lost, so the renewer no longer renews it and :meth:`close` leaves it alone."""
-        if claim._lease is not None:
-            self._renewer.discard(cast("Lease", claim._lease))
+    def stop_renewing(self, renewal: Renewable) -> None:
+        """Internal (used by its claims): forget the ``renewal`` of a claim that was
+        completed, released or found lost, so the renewer no longer renews it and
+        :meth:`close` leaves it alone."""
+        self._renewer.discard(renewal)
 
     def _abandon(self, key: str, owner: str) -> None:
         """A claim was interrupted: give back the key in case the backend gave it to us (the
@@ -789,7 +790,7 @@ class Inbox:
         """
         self._check_open()
         if conn is None:
-            self._call("inbox.install", None, self.backend.install)
+            self.call_hooked("inbox.install", None, self.backend.install)
             return
         sc = adapt(conn, argument="conn", operation="inbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -821,7 +822,7 @@ class Inbox:
         where records expire by themselves (it still checks that the server answers: a
         wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
-        return self._call("inbox.purge", None, self.backend.purge, self.retention)
+        return self.call_hooked("inbox.purge", None, self.backend.purge, self.retention)
 
     def claims(
         self,
@@ -847,14 +848,16 @@ class Inbox:
         self._check_open()
         checked = _check_state(state)
         prefix, limit = check_listing(prefix, limit)
-        return self._call("inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit)
+        return self.call_hooked(
+            "inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit
+        )
 
     def claim_info(self, key: str) -> ClaimInfo | None:
         """The record of ``key`` as :meth:`claims` reports it, or ``None`` when there is
         none. Read-only: unlike :meth:`claim`, it never takes the key."""
         self._check_open()
         key = check_name(key, argument="key")
-        return self._call("inbox.claim_info", key, self.backend.claim_info, key)
+        return self.call_hooked("inbox.claim_info", key, self.backend.claim_info, key)
 
     def forget(self, key: str) -> bool:
         """Delete the record of ``key`` whatever its state: an operator's action on a stuck
@@ -867,11 +870,11 @@ class Inbox:
         """
         self._check_open()
         key = check_name(key, argument="key")
-        return bool(self._call("inbox.forget", key, self.backend.forget, key))
+        return bool(self.call_hooked("inbox.forget", key, self.backend.forget, key))
 
     def drop(self) -> None:
         """Delete the inbox's table / keys entirely (tests, uninstall)."""
-        self._call("inbox.drop", None, self.backend.drop)
+        self.call_hooked("inbox.drop", None, self.backend.drop)
 
     def close(self) -> None:
         """Stop the renewer, give back the renewed claims still in progress (best effort:
@@ -894,9 +897,7 @@ class Inbox:
         of its own, so that the parent's claims stay the parent's, and a backend that opens
         its own connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = _ClaimRenewer(
-            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
-        )
+        self._renewer = self._new_renewer()
         self._cleanups = set()
         self._orphans = {}  # the parent's to retry
         self.backend.after_fork()

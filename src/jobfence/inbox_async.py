@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from . import telemetry
 from ._core import acompat, forks
@@ -40,6 +40,8 @@ from ._core.inbox_support import (
     check_fingerprint,
 )
 from ._core.lease_state import LeaseState
+from ._core.renewable import Renewable, RenewableHandle
+from ._core.renewer_async import AsyncRenewer
 from ._core.sqlconn import adapt_async, is_undefined_table
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
@@ -61,7 +63,6 @@ from .errors import (
     JobfenceError,
     SchemaMissing,
 )
-from .renewal_async import AsyncRenewer
 from .retry import mark_protected
 
 if ASYNC:
@@ -69,9 +70,6 @@ if ASYNC:
 
     from ._core.groupcommit import GroupCommit
     from ._core.transaction import transaction_of
-
-if TYPE_CHECKING:
-    from .locks_async import AsyncLease
 
 __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
 
@@ -154,60 +152,6 @@ def _serialize(serializer: Serializer, result: Any) -> bytes:
     return data
 
 
-class _ClaimLease:
-    """What the inbox's renewer drives for one NEW claim: the surface of a lease that the
-    renewer reads (``name``, ``owner``, ``state``, ``renews``, ``released``, ``mark_lost``).
-
-    ``state`` holds the claim's local deadlines (:class:`LeaseState`): the claim expires
-    locally ``ttl`` after the claim request was sent, unless a renewal or :meth:`extend`
-    got through.
-    """
-
-    __slots__ = ("__weakref__", "claim", "name", "owner", "state")
-
-    #: claims carry no fencing token (the renewer logs a lease's token)
-    token = 0
-
-    def __init__(self, claim: AsyncClaim, owner: str, state: LeaseState) -> None:
-        self.claim = claim
-        self.name = claim.key
-        self.owner = owner
-        self.state = state
-
-    @property
-    def label(self) -> str:
-        """What the renewer's log calls it (made only when a log line needs it)."""
-        return f"the claim on {self.claim.key!r} (attempt {self.claim.attempt})"
-
-    @property
-    def renews(self) -> bool:
-        return self.state.renews
-
-    @property
-    def released(self) -> bool:
-        """Completed, released, found lost by its holder, or being completed or released right
-        now: the renewer leaves it alone (a renewal that crossed the completion finds it
-        completed, which is no loss)."""
-        return self.claim._finished is not None or self.claim._finishing
-
-    def mark_lost(self, reason: str, *, background: bool = False) -> None:
-        """``background``: the renewer found the loss (a lease's sync callbacks then run in a
-        thread of their own; a claim's ``on_lost`` callbacks are short and run in place)."""
-        if self.claim._inbox._closed:
-            reason = "its Inbox was closed, so the claim is no longer renewed"
-        self.claim._mark_lost(reason)
-
-
-class _ClaimRenewer(AsyncRenewer):
-    """The renewer of one inbox's claims: the lease renewer (one task or thread per inbox,
-    one batched backend call per tick), announcing each batch at the hook point
-    ``inbox.renew``."""
-
-    async def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
-        await ahook("inbox.renew", keys=[item[0] for item in items])
-        return await self._renew(items)
-
-
 class AsyncClaim:
     """The outcome of one :meth:`AsyncInbox.claim` / :meth:`Inbox.claim`.
 
@@ -256,18 +200,23 @@ class AsyncClaim:
         self._finished: str | None = None
         self._finishing = False  # a complete() or release() is in flight
         #: a NEW claim's local deadlines, as the renewer sees it (None: not ours)
-        self._lease: _ClaimLease | None = None
+        self._lease: RenewableHandle | None = None
         if self._mine is not None:
             if started is None:
                 started = get_clock().monotonic()
             state = LeaseState(inbox.ttl if ttl is None else ttl, started, renews=renew)
-            self._lease = _ClaimLease(self, self._mine, state)
+            self._lease = RenewableHandle(
+                key,
+                self._mine,
+                state,
+                label=f"the claim on {key!r} (attempt {self.attempt})",
+                released=self._settled,
+                lost=self._renewal_lost,
+            )
         self._lost_reason: str | None = None
         self._callbacks: list[Callable[[AsyncClaim], Any]] = []
         self._mutex = threading.Lock()  # guards _lost_reason and _callbacks
-        if ASYNC:
-            self._task: asyncio.Task[Any] | None = None
-            self._cancelled_for_loss = False
+        self._block = acompat.BlockWatch()  # async: the task running the claim's work
 
     def __repr__(self) -> str:
         return (
@@ -341,6 +290,31 @@ class AsyncClaim:
         except Exception:
             log.exception("on_lost callback for the claim on %r raised", self.key)
 
+    @property
+    def renewal(self) -> Renewable | None:
+        """Internal (used by its inbox): what the inbox's renewer renews for this NEW claim
+        (``None`` if it was never ours)."""
+        return self._lease
+
+    def _settled(self) -> bool:
+        """Completed, released, found lost by its holder, or being completed or released right
+        now: the renewer leaves it alone (a renewal that crossed the completion finds it
+        completed, which is no loss)."""
+        return self._finished is not None or self._finishing
+
+    def _renewal_lost(self, reason: str) -> None:
+        """The inbox's renewer found the claim lost (a claim's ``on_lost`` callbacks are short
+        and run in place, in the renewer)."""
+        if self._inbox.closed:
+            reason = "its Inbox was closed, so the claim is no longer renewed"
+        self._mark_lost(reason)
+
+    def _stop_renewal(self) -> None:
+        """No more renewals: the claim was completed, released or found lost, or is given up
+        (then it expires after its ttl)."""
+        if self._lease is not None:
+            self._inbox.stop_renewing(self._lease)
+
     def _mark_lost(self, reason: str) -> None:
         """Record the loss once and tell the holder (callbacks; async: cancel the watched
         block). A claim already completed or released is left as it is."""
@@ -360,45 +334,11 @@ class AsyncClaim:
             reason,
             extra={"jobfence.key": self.key, "jobfence.backend": kind},
         )
-        if ASYNC:
-            task = self._task
-            if task is not None and not task.done() and task is not acompat.current_worker():
-                # cancel the block's task, but only while it is still inside the block
-                self._cancelled_for_loss = True
-                loop = task.get_loop()
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if running is loop:
-                    task.cancel()
-                else:
-                    loop.call_soon_threadsafe(self._cancel_inside_block, task)
+        self._block.cancel()  # async: the work's task, while it runs the work
         for callback in callbacks:
             self._run_callback(callback)
 
     if ASYNC:
-
-        def _cancel_inside_block(self, task: asyncio.Task[Any]) -> None:
-            if self._task is task and not task.done():
-                task.cancel()
-
-        def _watch(self) -> None:
-            """The current task runs the claim's work: a loss found meanwhile cancels it."""
-            self._task = asyncio.current_task()
-
-        def _unwatch(self) -> bool:
-            """The work ended. Returns whether a loss cancelled it; that cancellation was
-            ours, not the caller's, so it is withdrawn."""
-            self._task = None
-            if not self._cancelled_for_loss:
-                return False
-            self._cancelled_for_loss = False
-            current = asyncio.current_task()
-            cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
-            if cancelling is not None and cancelling():
-                current.uncancel()  # type: ignore[union-attr]
-            return True
 
         def _lost_while_running(self) -> ClaimLost:
             return ClaimLost(
@@ -413,17 +353,17 @@ class AsyncClaim:
         meanwhile, which then raises :class:`ClaimLost`. ``Claim``: called (a thread cannot
         be interrupted: the work may look at :attr:`lost` or call :meth:`check`)."""
         if ASYNC:
-            self._watch()
+            self._block.enter()
             try:
                 result = await fn(*args, **kwargs)
             except asyncio.CancelledError as exc:
-                if self._unwatch():
+                if self._block.exit():
                     raise self._lost_while_running() from exc
                 raise
             except BaseException:
-                self._unwatch()
+                self._block.exit()
                 raise
-            self._unwatch()
+            self._block.exit()
             return result
         else:
             return fn(*args, **kwargs)
@@ -451,7 +391,7 @@ class AsyncClaim:
         sent = state.now()
         state.extend_started()
         try:
-            ok = await inbox._call(
+            ok = await inbox.call_hooked(
                 "inbox.extend", self.key, inbox.backend.extend, self.key, lease.owner, new_ttl
             )
         except BaseException:
@@ -459,7 +399,7 @@ class AsyncClaim:
             raise
         if not ok:
             state.extend_done(None)
-            inbox._stop_renewing(self)
+            self._stop_renewal()
             self._mark_lost("extend found the claim gone or owned by another worker")
             self.check()
         state.extend_done(sent, new_ttl)
@@ -492,13 +432,11 @@ class AsyncClaim:
         data = _serialize(inbox.serializer, result)
         self._start_finishing()
         try:
-            ok = await inbox._call(
-                "inbox.complete", self.key, inbox._send_complete, self.key, self._mine, data
-            )
+            ok = await inbox.complete_claim(self.key, self._mine, data)
             self._finished = "completed" if ok else "lost"
         finally:
             self._finishing = False
-        inbox._stop_renewing(self)
+        self._stop_renewal()
         if not ok:
             raise ClaimLost(
                 f"the claim on {self.key!r} (attempt {self.attempt}) is no longer ours: it "
@@ -519,7 +457,7 @@ class AsyncClaim:
         self._start_finishing()
         try:
             released = bool(  # a failed call leaves the claim ours: release() may be retried
-                await inbox._call(
+                await inbox.call_hooked(
                     "inbox.release", self.key, inbox.backend.release, self.key, self._mine
                 )
             )
@@ -529,12 +467,12 @@ class AsyncClaim:
             # it, so that this inbox's next claim retries it -- at once for this very key
             # (and no longer renewed: given up, it must expire if the retries fail too)
             if self._lease is not None:
-                inbox._orphan(self.key, self._mine, self._lease.state.ttl)
-            inbox._stop_renewing(self)
+                inbox.orphan(self.key, self._mine, self._lease.state.ttl)
+            self._stop_renewal()
             raise
         finally:
             self._finishing = False
-        inbox._stop_renewing(self)
+        self._stop_renewal()
         return released
 
     def _start_finishing(self) -> None:
@@ -542,8 +480,7 @@ class AsyncClaim:
             self._finishing = True
 
     async def __aenter__(self) -> AsyncClaim:
-        if ASYNC:
-            self._watch()
+        self._block.enter()
         return self
 
     async def __aexit__(
@@ -552,7 +489,7 @@ class AsyncClaim:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if ASYNC and self._unwatch() and exc_type is asyncio.CancelledError:
+        if ASYNC and self._block.exit() and exc_type is asyncio.CancelledError:
             assert exc is not None
             if self.owned:
                 await self._release_quietly()
@@ -637,12 +574,20 @@ class AsyncInbox:
         #: claims this inbox gave up whose release failed: key -> (owner, monotonic time after
         #: which the claim has expired by itself); retried by the next claim (``_orphans_go``)
         self._orphans: dict[str, tuple[str, float]] = {}
-        self._renewer = _ClaimRenewer(
-            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
-        )
+        self._renewer = self._new_renewer()
         if ASYNC:
             self._new_batches()
         forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _new_renewer(self) -> AsyncRenewer:
+        """The renewer of this inbox's claims (one task or thread per inbox, one batched
+        backend call per tick), announcing each batch at the hook point ``inbox.renew``."""
+        return AsyncRenewer(
+            self.backend.renew,
+            name="jobfence-inbox-renewer",
+            counted=("inbox", self.backend.kind),
+            announce=lambda keys: ahook("inbox.renew", keys=keys),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} table={self.table}>"
@@ -651,11 +596,17 @@ class AsyncInbox:
     def capabilities(self) -> Any:
         return self.backend.capabilities
 
-    async def _call(
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    async def call_hooked(
         self, operation: str, key: str | None, fn: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
-        """Call the I/O hook, then ``fn(*args)``; wrap driver errors -- and faults a hook
-        injects, which stand for them -- in BackendError."""
+        """Internal (used by the inbox and its claims): call the I/O hook at ``operation``
+        (for ``key``), then ``fn(*args)``; wrap driver errors -- and faults a hook injects,
+        which stand for them -- in :class:`BackendError`."""
         try:
             if get_hook() is not None:
                 await ahook(operation, key=key, backend=self.backend.kind)
@@ -683,6 +634,13 @@ class AsyncInbox:
             if self._claims is not None:
                 return await self._claims.submit((key, owner, fingerprint, ttl), key)
         return await self.backend.claim(key, owner, fingerprint, ttl)
+
+    async def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
+        """Internal (used by its claims): complete the claim on ``key`` of ``owner`` with the
+        serialised ``result``, through the I/O hook (``inbox.complete``)."""
+        return await self.call_hooked(
+            "inbox.complete", key, self._send_complete, key, owner, result
+        )
 
     async def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
         """The backend's complete, kept for the inbox's ``retention`` (async: in the group
@@ -744,7 +702,7 @@ class AsyncInbox:
         owner = _new_owner()
         started = get_clock().monotonic()
         try:
-            record = await self._call(
+            record = await self.call_hooked(
                 "inbox.claim", key, self._send_claim, key, owner, fingerprint, ttl
             )
         except BaseException:
@@ -766,16 +724,17 @@ class AsyncInbox:
             )
         claim = AsyncClaim(self, key, record, owner, ttl=ttl, started=started, renew=renew)
         telemetry.inbox_claim(self.backend.kind, _CLAIM_OUTCOMES[claim.state])
-        if claim._lease is not None and renew:
+        renewal = claim.renewal
+        if renewal is not None and renew:
             if self._closed:  # granted as the inbox closed: nobody would renew or release it
                 await self._abandon(key, owner)
                 self._check_open()
-            # the renewer reads only the lease surface that _ClaimLease has
-            self._renewer.add(cast("AsyncLease", claim._lease))
+            self._renewer.add(renewal)
         return claim
 
-    def _orphan(self, key: str, owner: str, ttl: float) -> None:
-        """Remember a claim whose release failed (see :meth:`_orphans_go`)."""
+    def orphan(self, key: str, owner: str, ttl: float) -> None:
+        """Internal (used by its claims): remember a claim on ``key`` (of ``owner``, with
+        ``ttl``) whose release failed, to release it later (see :meth:`_orphans_go`)."""
         self._orphans[key] = (owner, get_clock().monotonic() + ttl)
         log.warning(
             "releasing the claim on %r failed: it is released by this inbox's next claim, "
@@ -801,7 +760,7 @@ class AsyncInbox:
             if expired_at <= now:
                 continue
             try:
-                await self._call("inbox.release", orphan, self.backend.release, orphan, owner)
+                await self.call_hooked("inbox.release", orphan, self.backend.release, orphan, owner)
             except JobfenceError as err:
                 self._orphans.setdefault(orphan, entry)
                 log.debug("releasing the earlier claim on %r failed again: %s", orphan, err)
@@ -809,11 +768,11 @@ class AsyncInbox:
             else:
                 log.info("released the earlier claim on %r, whose release had failed", orphan)
 
-    def _stop_renewing(self, claim: AsyncClaim) -> None:
-        """Internal (used by the claims): forget a claim that was completed, released or
-        found lost, so the renewer no longer renews it and :meth:`close` leaves it alone."""
-        if claim._lease is not None:
-            self._renewer.discard(cast("AsyncLease", claim._lease))
+    def stop_renewing(self, renewal: Renewable) -> None:
+        """Internal (used by its claims): forget the ``renewal`` of a claim that was
+        completed, released or found lost, so the renewer no longer renews it and
+        :meth:`close` leaves it alone."""
+        self._renewer.discard(renewal)
 
     async def _abandon(self, key: str, owner: str) -> None:
         """A claim was interrupted: give back the key in case the backend gave it to us (the
@@ -948,7 +907,7 @@ class AsyncInbox:
         """
         self._check_open()
         if conn is None:
-            await self._call("inbox.install", None, self.backend.install)
+            await self.call_hooked("inbox.install", None, self.backend.install)
             return
         sc = adapt_async(conn, argument="conn", operation="inbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -980,7 +939,7 @@ class AsyncInbox:
         where records expire by themselves (it still checks that the server answers: a
         wrong password or an unreachable server raises :class:`BackendError`)."""
         self._check_open()
-        return await self._call("inbox.purge", None, self.backend.purge, self.retention)
+        return await self.call_hooked("inbox.purge", None, self.backend.purge, self.retention)
 
     async def claims(
         self,
@@ -1006,7 +965,7 @@ class AsyncInbox:
         self._check_open()
         checked = _check_state(state)
         prefix, limit = check_listing(prefix, limit)
-        return await self._call(
+        return await self.call_hooked(
             "inbox.claims", prefix, self.backend.claim_infos, checked, prefix, limit
         )
 
@@ -1015,7 +974,7 @@ class AsyncInbox:
         none. Read-only: unlike :meth:`claim`, it never takes the key."""
         self._check_open()
         key = check_name(key, argument="key")
-        return await self._call("inbox.claim_info", key, self.backend.claim_info, key)
+        return await self.call_hooked("inbox.claim_info", key, self.backend.claim_info, key)
 
     async def forget(self, key: str) -> bool:
         """Delete the record of ``key`` whatever its state: an operator's action on a stuck
@@ -1028,11 +987,11 @@ class AsyncInbox:
         """
         self._check_open()
         key = check_name(key, argument="key")
-        return bool(await self._call("inbox.forget", key, self.backend.forget, key))
+        return bool(await self.call_hooked("inbox.forget", key, self.backend.forget, key))
 
     async def drop(self) -> None:
         """Delete the inbox's table / keys entirely (tests, uninstall)."""
-        await self._call("inbox.drop", None, self.backend.drop)
+        await self.call_hooked("inbox.drop", None, self.backend.drop)
 
     async def close(self) -> None:
         """Stop the renewer, give back the renewed claims still in progress (best effort:
@@ -1055,9 +1014,7 @@ class AsyncInbox:
         of its own, so that the parent's claims stay the parent's, and a backend that opens
         its own connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = _ClaimRenewer(
-            self.backend.renew, name="jobfence-inbox-renewer", counted=("inbox", self.backend.kind)
-        )
+        self._renewer = self._new_renewer()
         self._cleanups = set()
         self._orphans = {}  # the parent's to retry
         if ASYNC:

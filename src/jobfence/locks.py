@@ -1,36 +1,53 @@
 # Generated from locks_async.py by tools/async_to_sync.py: do not edit.
 # Edit the async source and run: python tools/async_to_sync.py
-"""Locks (leases) with fencing tokens.
+"""Locks (leases) with fencing tokens: the client.
 
 ``AsyncLocks`` / ``Locks`` is a client for one backend URL; ``AsyncLease`` / ``Lease`` is one
-held lease. The async classes live in ``locks_async.py``; ``locks.py``, with the sync ones, is
-generated from it by ``tools/async_to_sync.py``.
+held lease. The async classes live in ``*_async.py`` modules; the sync ones are generated from
+them by ``tools/async_to_sync.py``:
+
+* ``locks_async.py`` (``locks.py``): the client -- acquire, try_acquire, the backend calls
+  through the I/O hook, its renewer, close;
+* ``lease_async.py`` (``lease.py``): the lease -- its deadlines, extend, release, its loss;
+* ``acquire_async.py`` (``acquire.py``): ``AsyncAcquireContext`` and the bookkeeping of a
+  waiting acquire (owner ids, wait lengths, late grants, pauses after transient errors).
+
+The lease classes stay importable from here, and ``AsyncAcquireContext`` from ``locks_async``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
-import threading
-import uuid
 from collections.abc import Callable
 from functools import partial
-from types import TracebackType
 from typing import Any, TypeVar
 
 from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import get_hook, hook
-from ._core.lease_state import LeaseState
+from ._core.renewer import Renewer
 from ._core.validate import check_listing, check_name, check_timeout, check_ttl
+from .acquire import GRANT_MIN_LEFT as GRANT_MIN_LEFT
+from .acquire import SERVER_WAIT as SERVER_WAIT
+from .acquire import WAIT_RETRY_PAUSE as WAIT_RETRY_PAUSE
+from .acquire import WAIT_RETRY_PAUSE_MAX as WAIT_RETRY_PAUSE_MAX
+from .acquire import (
+    WaitRetry,
+    new_owner,
+    timed_out,
+    usable,
+    wait_length,
+    warn_late_grant,
+)
 from .backends import open_lock_backend
 from .backends.base import LockBackend, LockCapabilities, LockHolder
 from .backends.clients import Client, describe_target
 from .conflicts import is_transient
-from .errors import BackendError, ConfigurationError, JobfenceError, LockLost, LockTimeout
-from .renewal import Renewer
+from .errors import BackendError, ConfigurationError, JobfenceError, LockTimeout
+from .lease import EXIT_RELEASE_WAIT as EXIT_RELEASE_WAIT
+from .lease import Lease
 
 __all__ = ["DEFAULT_TTL", "DEFAULT_URL", "Lease", "Locks"]
 
@@ -43,383 +60,9 @@ DEFAULT_TTL = 30.0
 DEFAULT_URL = "sqlite:///jobfence.db"
 #: upper bound of one wait for a wake-up; a lost notification costs at most this much
 DEFAULT_POLL_INTERVAL = 1.0
-#: one wait in a server-side queue when the caller waits forever (then it queues again)
-SERVER_WAIT = 3600.0
 #: how long an interrupted acquire waits for its clean-up before leaving it to the background
 CLEANUP_WAIT = 1.0
-#: how long leaving a ``with`` block waits for the release of a lease that is lost (or of a
-#: block that raised) before it raises: the release goes on in the background after that
-EXIT_RELEASE_WAIT = 1.0
-#: a grant that arrives with less than this fraction of its ttl left is given back: the reply
-#: took most of the ttl, and too little is left to renew it (the wait goes on)
-GRANT_MIN_LEFT = 1 / 3
-#: first pause after a transient backend error while waiting; it doubles up to the next one
-WAIT_RETRY_PAUSE = 0.05
-WAIT_RETRY_PAUSE_MAX = 1.0
-
-_HOST = socket.gethostname()[:64]
-
-
-def _new_owner() -> str:
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
-
-
-def _held_by(holder: LockHolder | None) -> str:
-    """The end of a LockTimeout message: who holds the lease, as far as the backend tells."""
-    if holder is None:
-        return ""
-    text = f"; held by {holder.owner or 'another session'}"
-    if holder.token is not None:
-        text += f" (token {holder.token})"
-    if holder.expires_in is not None:
-        text += f", {holder.expires_in:.1f} s left on its lease"
-    return text
-
-
-class Lease:
-    """A held lease on ``name``.
-
-    ``token`` is the fencing token: it strictly increases per name, so a resource can refuse
-    writes from an older holder (:func:`jobfence.fence`). While ``renew`` is on, the client's
-    renewer keeps the lease alive; if that fails, the lease is *lost*: :attr:`lost` turns
-    true, :meth:`on_lost` callbacks run and :meth:`check` raises :class:`LockLost`. In
-    ``async with`` the body is cancelled and :class:`LockLost` raised; a sync ``with`` body
-    cannot be cancelled, so a long one should look at :attr:`lost` or call :meth:`check`; the
-    ``with`` raises :class:`LockLost` when the body ends. Leaving the block of a lost lease
-    waits at most ``EXIT_RELEASE_WAIT`` seconds for its release (which goes on in the
-    background after that); a release error is chained to the :class:`LockLost`.
-
-    ``state`` (internal: a :class:`jobfence._core.lease_state.LeaseState`) holds the local
-    deadlines; the lease and the client's renewer read and update it.
-    """
-
-    def __init__(
-        self,
-        locks: Locks,
-        name: str,
-        owner: str,
-        token: int,
-        ttl: float,
-        started: float,
-        renew: bool,
-    ) -> None:
-        self.name = name
-        self.owner = owner
-        self.token = token
-        self.state = LeaseState(ttl, started, renews=renew)
-        self._locks = locks
-        self._started = started  # the grant request was sent: the hold time counts from here
-        self._lost_reason: str | None = None
-        self._released = False
-        self._gave_back = False  # a release() freed the name on the server
-        self._callbacks: list[Callable[[Lease], Any]] = []
-        self._mutex = threading.Lock()  # guards _lost_reason, _released and _callbacks
-
-    def __repr__(self) -> str:
-        status = "released" if self._released else ("lost" if self.lost else "held")
-        return f"<{type(self).__name__} {self.name!r} token={self.token} {status}>"
-
-    # -- state ---------------------------------------------------------------------------
-    @property
-    def ttl(self) -> float:
-        """The ttl renewals carry: the acquire's, or that of the last successful extend."""
-        return self.state.ttl
-
-    @property
-    def renews(self) -> bool:
-        """Whether the client's renewer keeps this lease alive (``renew=`` of the acquire)."""
-        return self.state.renews
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease was lost (renewal failed, expired, deleted behind our back)."""
-        if self._lost_reason is not None:
-            return True
-        return not self._released and self.state.expired()
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    @property
-    def held(self) -> bool:
-        """Held as far as this process knows: neither released nor lost."""
-        return not self._released and not self.lost
-
-    @property
-    def expires_in(self) -> float:
-        """Seconds left before the lease expires unless renewed (local, conservative)."""
-        return self.state.remaining()
-
-    def check(self) -> None:
-        """Raise :class:`LockLost` unless the lease is still held."""
-        if self._released:
-            raise LockLost(f"the lease on {self.name!r} was released", name=self.name)
-        if self.lost:
-            reason = self._lost_reason or self.state.expiry_reason()
-            raise LockLost(
-                f"the lease on {self.name!r} (token {self.token}) was lost: {reason}",
-                name=self.name,
-            )
-
-    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
-        """Call ``callback(lease)`` when the lease is lost (at once if it already is).
-
-        A loss the renewer finds runs them in a thread of their own for ``Locks`` (a slow
-        callback delays no renewal) and in the renewer's task for ``AsyncLocks`` (coroutine
-        callbacks become tasks of their own); keep them short. A loss found by the holder's
-        own call (``extend``, ``release``, the release at the end of a block, ``close``) runs
-        them in that call. They do not run after a release that freed the name, nor after a
-        release that found the lease already given back by this holder (a second
-        ``release()``, or the client's ``close()``).
-        """
-        if self._lost_reason is None and not self._released and self.state.expired():
-            # expired by the local clock, but the renewer has not marked it yet (it may be
-            # late under load): the holder's call finds the loss, as ``lost`` already says
-            self.mark_lost(self.state.expiry_reason())
-        with self._mutex:
-            if self._lost_reason is None:
-                self._callbacks.append(callback)
-                return
-        self._run_callback(callback)
-
-    def _run_callback(self, callback: Callable[[Lease], Any]) -> None:
-        try:
-            callback(self)
-        except Exception:
-            log.exception("on_lost callback for %r raised", self.name)
-
-    def mark_lost(
-        self, reason: str, *, after_release: bool = False, background: bool = False
-    ) -> None:
-        """Internal (called by the lease, its client and the client's renewer): record the
-        loss once and tell the holder (callbacks; async: cancel the block).
-
-        A lease already lost, or released, is left as it is. ``after_release``: the loss was
-        only noticed by the release at the end of the block; the holder is still told.
-        ``background``: the renewer found the loss; ``Lease`` runs the callbacks in a thread
-        of their own.
-        """
-        with self._mutex:
-            if self._lost_reason is not None or (self._released and not after_release):
-                return
-            self._lost_reason = reason
-            callbacks, self._callbacks = self._callbacks, []
-        kind = self._locks.backend.kind
-        telemetry.lost("lock", kind)
-        log.warning(
-            "lease on %r (token %s) lost: %s",
-            self.name,
-            self.token,
-            reason,
-            extra={
-                "jobfence.lock.name": self.name,
-                "jobfence.lock.token": self.token,
-                "jobfence.backend": kind,
-            },
-        )
-        if background and callbacks:  # off the renewer's thread: it has leases to renew
-            compat.spawn(partial(self._run_callbacks, callbacks), "jobfence-on-lost")
-        else:
-            self._run_callbacks(callbacks)
-
-    def _run_callbacks(self, callbacks: list[Callable[[Lease], Any]]) -> None:
-        for callback in callbacks:
-            self._run_callback(callback)
-
-    # -- operations ----------------------------------------------------------------------
-    def extend(self, ttl: float | None = None) -> None:
-        """Reset the remaining lifetime to ``ttl`` (default: the lease's ttl).
-
-        Raises :class:`LockLost` if the lease is no longer held. A new ``ttl`` also becomes
-        the ttl used by later renewals.
-        """
-        new_ttl = self.ttl if ttl is None else check_ttl(ttl)
-        self.check()
-        state = self.state
-        sent = state.now()
-        state.extend_started()
-        try:
-            ok = self._locks.call_backend(
-                "lock.extend",
-                self.name,
-                lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
-            )
-        except BaseException:
-            state.extend_done(None, new_ttl, answered=False)  # it may still land, later
-            raise
-        if not ok:
-            state.extend_done(None)
-            self._locks.stop_renewing(self)
-            self.mark_lost("extend found the lease gone or held by another owner")
-            self.check()
-        state.extend_done(sent, new_ttl)
-
-    def release(self) -> bool:
-        """Give the lease back. Returns False if it was no longer held by us (also once its
-        client is closed: closing gave it back).
-
-        A release that finds on the server that the lease is no longer this holder's -- it
-        expired (the holder was paused, or its renewals did not get through) and may have been
-        taken by another worker, or it was broken -- marks the lease lost: the loss is logged
-        and the :meth:`on_lost` callbacks run in this call (if the renewer had not found the
-        loss already), because work done under the lease may have overlapped another holder's.
-        A False for a lease this holder had already given back (a second ``release()``, or
-        after its client's ``close()``) is not a loss.
-
-        A release that failed (a :class:`BackendError`: the backend could not be reached) can
-        be called again; the lease is no longer renewed meanwhile. An ``AsyncLease.release()``
-        cancelled while its command is in flight is finished in the background, and calling
-        it again returns that release's answer.
-        """
-        locks = self._locks
-        with self._mutex:
-            if self._released:
-                return False
-            self._released = True
-        if locks.closed:
-            return False  # close() gives back every lease its renewer still tracked
-        try:
-            answer = bool(locks.call_backend("lock.release", self.name, self._release_call))
-            telemetry.lock_hold(locks.backend.kind, self._started)
-        except BaseException as exc:
-            if locks.closed and isinstance(exc, JobfenceError):
-                return False  # closed while we released: close() gave it back
-            self._release_failed(exc)
-            raise
-        finally:
-            locks.stop_renewing(self)  # only now: close() still sees it until here
-        if answer:
-            self._gave_back = True
-        elif not locks.closed:  # (closed meanwhile: close() gave it back first)
-            self.mark_lost(
-                "the release found it not held any more: it had expired (and may have been "
-                "taken by another worker) or was broken before the release reached the backend",
-                after_release=True,
-            )
-        return answer
-
-    def _release_failed(self, exc: BaseException) -> None:
-        with self._mutex:
-            self._released = False  # it may be released again
-
-    def _release_call(self) -> bool:
-        """The owner-checked release on the server. ``AsyncLease``: in a task of its own, so
-        that a cancelled caller does not cut it off (it finishes in the background)."""
-        backend = self._locks.backend
-        return backend.release(self.name, self.owner)
-
-    def _release_on_exit(self) -> tuple[bool | None, BaseException | None]:
-        """Release, waiting at most ``EXIT_RELEASE_WAIT`` s: ``(answer, None)``, ``(None,
-        error)``, or ``(None, None)`` if no answer came in time (the release goes on in the
-        background)."""
-        handle = compat.start(self.release, self._locks._cleanups, "jobfence-release")
-        if not compat.wait_done(handle, EXIT_RELEASE_WAIT):
-            log.warning(
-                "releasing %r got no answer within %s s; it goes on in the background",
-                self.name,
-                EXIT_RELEASE_WAIT,
-            )
-            return None, None
-        if handle.cancelled():
-            return None, None
-        error = handle.exception()
-        if error is not None:
-            return None, error
-        return bool(handle.result()), None
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._gave_back:  # the body released it itself: nothing left to give back
-            return
-        was_lost = self.lost
-        if exc is not None:  # the body's error goes on; the release only must not hang
-            answer, error = self._release_on_exit()
-            if answer is False:
-                self.mark_lost(
-                    "the lease was not held any more when its block ended", after_release=True
-                )
-            elif error is not None:
-                log.warning("releasing %r failed (it will expire): %s", self.name, error)
-            return
-        if was_lost:
-            answer, error = self._release_on_exit()
-            self.mark_lost(self.state.expiry_reason(), after_release=True)
-            raise LockLost(
-                f"the lease on {self.name!r} (token {self.token}) was lost before its block "
-                f"ended: {self._lost_reason}",
-                name=self.name,
-            ) from error
-        try:
-            released = self.release()
-        except JobfenceError as err:
-            if self.lost:  # the release took so long that the lease ran out meanwhile
-                self.mark_lost(self.state.expiry_reason(), after_release=True)
-                raise LockLost(
-                    f"the lease on {self.name!r} (token {self.token}) was lost before its "
-                    f"release at the end of its block: {self._lost_reason}",
-                    name=self.name,
-                ) from err
-            # The block ended while the lease was held; only the early release failed. It is
-            # no longer renewed and expires within its ttl (release() may be called again).
-            log.warning(
-                "releasing %r at the end of its block failed (it expires within %.1f s): %s",
-                self.name,
-                self.expires_in,
-                err,
-            )
-            return
-        if not released:
-            self.mark_lost(
-                "the lease was not held any more when its block ended", after_release=True
-            )
-            raise LockLost(
-                f"the lease on {self.name!r} (token {self.token}) was lost before its block "
-                f"ended: {self._lost_reason}",
-                name=self.name,
-            )
-
-
 _NEVER = float("inf")
-
-
-class _WaitRetry:
-    """One waiting acquire's transient errors: the last one, the pause before the next try,
-    and since when a grant may have been made whose answer never reached us."""
-
-    def __init__(self, name: str, timeout: float | None, deadline: float | None) -> None:
-        self.name = name
-        self.timeout = timeout
-        self.deadline = deadline
-        self.error: BaseException | None = None
-        self.failing = False
-        self.since = _NEVER
-        self._pause = WAIT_RETRY_PAUSE
-
-    def answered(self) -> None:
-        self.failing = False
-        self._pause = WAIT_RETRY_PAUSE
-
-    def failed(self, error: BaseException, now: float) -> float | None:
-        """Record ``error``; return the pause before the next try, ``None`` if the deadline
-        passed."""
-        if not self.failing:
-            log.warning("waiting for %r: the backend failed, trying again: %s", self.name, error)
-        self.error = error
-        self.failing = True
-        pause = self._pause
-        self._pause = min(WAIT_RETRY_PAUSE_MAX, pause * 2)
-        if self.deadline is None:
-            return pause
-        left = self.deadline - now
-        return None if left <= 0 else min(pause, left)
 
 
 class Locks:
@@ -466,15 +109,23 @@ class Locks:
             )
             self.url = describe_target(url)
         self.namespace = namespace
-        self._renewer = Renewer(
-            self.backend.renew, give_back=self._give_back_later, counted=("lock", self.backend.kind)
-        )
+        self._renewer = self._new_renewer(give_back=self._give_back_later)
         #: background work still running: clean-ups of interrupted acquires (async), releases
         self._cleanups: set[Any] = set()
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
         forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _new_renewer(self, give_back: Callable[[str, str], None] | None) -> Renewer:
+        """The renewer of this client's leases (one task or thread per client, one batched
+        backend call per tick), announcing each batch at ``lock.renew``."""
+        return Renewer(
+            self.backend.renew,
+            give_back=give_back,
+            counted=("lock", self.backend.kind),
+            announce=lambda names: hook("lock.renew", names=names),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -530,6 +181,11 @@ class Locks:
         except Exception as exc:
             log.warning("giving back the lease on %r failed (it will expire): %r", name, exc)
 
+    def in_background(self, fn: Callable[[], Any], name: str) -> Any:
+        """Internal (used by the client's leases): run ``fn()`` in the background (a task; a
+        thread for ``Locks``) that :meth:`close` waits for; returns its task (future)."""
+        return compat.start(fn, self._cleanups, name)
+
     def stop_renewing(self, lease: Lease) -> None:
         """Internal (used by the client's leases): forget a lease that was released or found
         lost, so the renewer no longer renews it and :meth:`close` no longer gives it back."""
@@ -546,7 +202,7 @@ class Locks:
     ) -> Lease | None:
         """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
         self._check_open()
-        return self._try_acquire(check_name(name), _new_owner(), check_ttl(ttl), renew)
+        return self._try_acquire(check_name(name), new_owner(), check_ttl(ttl), renew)
 
     def _try_acquire(self, name: str, owner: str, ttl: float, renew: bool) -> Lease | None:
         """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
@@ -565,8 +221,8 @@ class Locks:
             return None
         if self._closed:  # granted as the client closed
             self._refuse_closed(name, owner)
-        if not self._usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
-            self._warn_late_grant(name, token, started, ttl)
+        if not usable(started, ttl):  # the reply came too late: the lease is (nearly) lost
+            warn_late_grant(name, token, started, ttl)
             self._abandon_quietly(name, owner, queued=False)
             telemetry.lock_wait(kind, started, False)
             return None
@@ -577,7 +233,7 @@ class Locks:
         self, name: str, ttl: float, timeout: float | None, renew: bool, owner: str | None = None
     ) -> Lease:
         """:meth:`acquire`, as ``owner`` if given (an owner id unique to this attempt)."""
-        owner = owner or _new_owner()
+        owner = owner or new_owner()
         began = get_clock().monotonic()
         self._waiting[(name, owner)] = None  # close() takes it out of the wait queue
         try:
@@ -599,20 +255,14 @@ class Locks:
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
         self._prepare(name, waiting=True)
-        retry = _WaitRetry(name, timeout, deadline)
+        retry = WaitRetry(name, timeout, deadline)
         try:
             while True:
+                compat.raise_if_cancelling()  # a library that swallowed our cancellation
                 self._check_open()  # closed while we waited: stop (close left the queue)
                 started = clock.monotonic()
                 remaining = None if deadline is None else deadline - started
-                if long_waits:  # the server queues us as long as our connection lives
-                    wait = SERVER_WAIT if remaining is None else max(0.0, remaining)
-                else:
-                    # how long the backend keeps our place in its queue without hearing from
-                    # us: we come back every poll_interval, so a dead waiter drops out soon
-                    wait = self.poll_interval * 3
-                    if remaining is not None:
-                        wait = min(wait, max(0.0, remaining))
+                wait = wait_length(long_waits, self.poll_interval, remaining)
                 token = self._call_waiting(
                     retry, started, partial(self._acquire_once, name, owner, ttl, wait)
                 )
@@ -665,13 +315,7 @@ class Locks:
             if lease is not None:
                 return lease
         holder = self._holder(name)
-        raise LockTimeout(
-            f"could not acquire {name!r} within {timeout} s{_held_by(holder)}",
-            name=name,
-            owner=None if holder is None else holder.owner,
-            token=None if holder is None else holder.token,
-            expires_in=None if holder is None else holder.expires_in,
-        ) from retry.error
+        raise timed_out(name, timeout, holder) from retry.error
 
     def _acquire_once(self, name: str, owner: str, ttl: float, wait: float) -> int | None:
         return self.call_backend(
@@ -681,7 +325,7 @@ class Locks:
     def _wait_once(self, name: str, owner: str, limit: float) -> int | None:
         return self.call_backend("lock.wait", name, partial(self.backend.wait, name, owner, limit))
 
-    def _call_waiting(self, retry: _WaitRetry, started: float, call: Callable[[], T]) -> T | None:
+    def _call_waiting(self, retry: WaitRetry, started: float, call: Callable[[], T]) -> T | None:
         """One backend call of a waiting acquire (begun at ``started``). A transient error
         (a restarting server, a dropped connection) counts as "nothing yet": the wait goes on
         after a short pause, within the timeout; past it, :class:`LockTimeout` is raised from
@@ -708,7 +352,7 @@ class Locks:
         return answer
 
     def _granted(
-        self, retry: _WaitRetry, owner: str, token: int, ttl: float, started: float, renew: bool
+        self, retry: WaitRetry, owner: str, token: int, ttl: float, started: float, renew: bool
     ) -> Lease | None:
         """The lease for a grant to a waiting acquire, or ``None`` if the grant came too late
         to be of use: it was given back (owner-checked) and the wait goes on."""
@@ -716,9 +360,9 @@ class Locks:
         started = min(started, retry.since)  # the grant may be an earlier call's
         if self._closed:  # granted as the client closed
             self._refuse_closed(name, owner)
-        if self._usable(started, ttl):
+        if usable(started, ttl):
             return self._lease(name, owner, token, ttl, started, renew)
-        self._warn_late_grant(name, token, started, ttl)
+        warn_late_grant(name, token, started, ttl)
         try:
             self.call_backend("lock.release", name, partial(self.backend.release, name, owner))
         except BackendError as err:
@@ -729,23 +373,6 @@ class Locks:
         else:
             retry.since = _NEVER  # given back: nothing of ours is pending
         return None
-
-    def _usable(self, started: float, ttl: float) -> bool:
-        """Whether a grant for a request sent at ``started`` is worth keeping now: enough of
-        its ttl is left to use and renew it."""
-        return started + ttl - get_clock().monotonic() >= ttl * GRANT_MIN_LEFT
-
-    def _warn_late_grant(self, name: str, token: int, started: float, ttl: float) -> None:
-        left = started + ttl - get_clock().monotonic()
-        log.warning(
-            "the lease on %r (token %s) was granted with %.2f s of its %g s ttl left (the "
-            "reply took %.2f s): given back",
-            name,
-            token,
-            max(0.0, left),
-            ttl,
-            ttl - left,
-        )
 
     def _prepare(self, name: str, *, waiting: bool) -> None:
         """Let the backend open and set up its connection (scripts, tables, a listener) before
@@ -886,7 +513,7 @@ class Locks:
         nor releases on close, nor reports them lost -- and a backend that opens its own
         connections."""
         forks.keep(self._renewer, self._cleanups)
-        self._renewer = Renewer(self.backend.renew, counted=("lock", self.backend.kind))
+        self._renewer = self._new_renewer(give_back=None)
         self._cleanups = set()
         self._waiting = {}
         self.backend.after_fork()

@@ -20,7 +20,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from . import telemetry
 from ._core import forks
@@ -29,18 +29,16 @@ from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.inbox_support import JSONSerializer, Serializer
 from ._core.lease_state import LeaseState
+from ._core.renewable import Renewable, RenewableHandle
+from ._core.renewer_async import AsyncRenewer
 from ._core.validate import check_name, check_queue_name, check_ttl
 from .backends import open_queue_backend
 from .backends.base import AsyncQueueBackend, DeadLetter, QueuedMessage, QueueStats
 from .backends.clients import Client, describe_target
 from .errors import BackendError, ConfigurationError, JobfenceError, MessageLost
-from .renewal_async import AsyncRenewer
 
 if ASYNC:
     from ._core.groupcommit import GroupCommit
-
-if TYPE_CHECKING:
-    from .locks_async import AsyncLease
 
 __all__ = ["DEFAULT_QUEUE_URL", "DEFAULT_VISIBILITY", "AsyncMessage", "AsyncQueue"]
 
@@ -104,47 +102,6 @@ def _check_delay(delay: object, argument: str = "delay") -> float:
     return float(delay)
 
 
-class _MessageLease:
-    """What the queue's renewer drives for one delivery: the surface of a lease that the
-    renewer reads (``name``: the receipt, ``owner``: the consumer, ``state``, ``renews``,
-    ``released``, ``mark_lost``)."""
-
-    __slots__ = ("__weakref__", "label", "message", "name", "owner", "state")
-
-    token = 0
-
-    def __init__(self, message: AsyncMessage, state: LeaseState) -> None:
-        self.message = message
-        self.label = (
-            f"message {message.id!r} (delivery {message.delivery}) of queue {message.queue!r}"
-        )
-        self.name = message.receipt
-        self.owner = message._queue.consumer
-        self.state = state
-
-    @property
-    def renews(self) -> bool:
-        return self.state.renews
-
-    @property
-    def released(self) -> bool:
-        return self.message._finished is not None
-
-    def mark_lost(self, reason: str, *, background: bool = False) -> None:
-        self.message._mark_lost(reason)
-
-
-class _MessageRenewer(AsyncRenewer):
-    """The renewer of one queue client's deliveries: the lease renewer (one task or thread
-    per client, one batched backend call per tick), announcing each batch at ``queue.renew``."""
-
-    queue_name = ""
-
-    async def _hooked_renew(self, items: list[tuple[str, str, float]]) -> Any:
-        await ahook("queue.renew", queue=self.queue_name, receipts=[item[0] for item in items])
-        return await self._renew(items)
-
-
 class AsyncMessage:
     """One delivery of a message, from :meth:`AsyncQueue.receive` / :meth:`Queue.receive`.
 
@@ -187,7 +144,14 @@ class AsyncMessage:
         self._lost_reason: str | None = None
         self._callbacks: list[Callable[[AsyncMessage], Any]] = []
         self._mutex = threading.Lock()
-        self._lease = _MessageLease(self, LeaseState(visibility, started, renews=renew))
+        self._lease = RenewableHandle(
+            self.receipt,
+            queue.consumer,
+            LeaseState(visibility, started, renews=renew),
+            label=f"message {self.id!r} (delivery {self.delivery}) of queue {self.queue!r}",
+            released=self._is_finished,
+            lost=self._mark_lost,
+        )
 
     def __repr__(self) -> str:
         state = self._finished or ("lost" if self._lost_reason else "held")
@@ -242,6 +206,14 @@ class AsyncMessage:
         except Exception:
             log.exception("on_lost callback of message %r raised", self.id)
 
+    @property
+    def renewal(self) -> Renewable:
+        """Internal (used by its queue): what the queue's renewer renews for this delivery."""
+        return self._lease
+
+    def _is_finished(self) -> bool:
+        return self._finished is not None
+
     def _mark_lost(self, reason: str) -> None:
         with self._mutex:
             if self._lost_reason is not None or self._finished is not None:
@@ -266,7 +238,7 @@ class AsyncMessage:
             raise ConfigurationError(
                 f"message {self.id!r} was already {self._finished}", argument="self"
             )
-        self._queue._stop_renewing(self)
+        self._queue.stop_renewing(self._lease)
 
     def _finished_as(self, state: str, ok: bool) -> bool:
         if ok:
@@ -280,11 +252,7 @@ class AsyncMessage:
         is no longer this consumer's (it may be delivered again, or be with another consumer
         now)."""
         self._start_finishing()
-        q = self._queue
-        if ASYNC:  # acks finishing together share one round trip (the queue's ack batcher)
-            ok = await q._message_call("queue.ack", self, q._ack_batched, self.receipt)
-        else:
-            ok = q._message_call("queue.ack", self, q.backend.ack, self.receipt, q.consumer)
+        ok = await self._queue.ack_message(self)
         if not self._finished_as("acked", ok):
             self.check()
 
@@ -296,7 +264,7 @@ class AsyncMessage:
         text = _error_text(error)
         self._start_finishing()
         q = self._queue
-        ok = await q._message_call(
+        ok = await q.message_call(
             "queue.nack", self, q.backend.nack, self.receipt, q.consumer, delay, text
         )
         return self._finished_as("nacked", ok)
@@ -312,7 +280,7 @@ class AsyncMessage:
         delay = _check_delay(delay)
         self._start_finishing()
         q = self._queue
-        ok = await q._message_call(
+        ok = await q.message_call(
             "queue.defer", self, q.backend.defer, self.receipt, q.consumer, delay
         )
         return self._finished_as("deferred", ok)
@@ -323,7 +291,7 @@ class AsyncMessage:
         text = _error_text(error)
         self._start_finishing()
         q = self._queue
-        ok = await q._message_call(
+        ok = await q.message_call(
             "queue.dead_letter", self, q.backend.dead_letter, self.receipt, q.consumer, text
         )
         return self._finished_as("dead", ok)
@@ -340,7 +308,7 @@ class AsyncMessage:
         sent = state.now()
         state.extend_started()
         try:
-            ok = await self._queue._message_call(
+            ok = await self._queue.message_call(
                 "queue.extend",
                 self,
                 self._queue.backend.renew,
@@ -351,7 +319,7 @@ class AsyncMessage:
             raise
         if not (ok and ok[0]):
             state.extend_done(None)
-            self._queue._stop_renewing(self)
+            self._queue.stop_renewing(self._lease)
             self._mark_lost("extend found the delivery gone or given to another consumer")
             self.check()
         state.extend_done(sent, new)
@@ -456,12 +424,16 @@ class AsyncQueue:
         finally:
             await backend.close()
 
-    def _new_renewer(self) -> _MessageRenewer:
-        renewer = _MessageRenewer(
-            self.backend.renew, name="jobfence-queue-renewer", counted=("queue", self.backend.kind)
+    def _new_renewer(self) -> AsyncRenewer:
+        """The renewer of this client's deliveries (one task or thread per client, one
+        batched backend call per tick), announcing each batch at ``queue.renew``."""
+        name = self.name
+        return AsyncRenewer(
+            self.backend.renew,
+            name="jobfence-queue-renewer",
+            counted=("queue", self.backend.kind),
+            announce=lambda receipts: ahook("queue.renew", queue=name, receipts=receipts),
         )
-        renewer.queue_name = self.name
-        return renewer
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} name={self.name}>"
@@ -494,10 +466,11 @@ class AsyncQueue:
                 operation=point,
             ) from exc
 
-    async def _message_call(
+    async def message_call(
         self, point: str, message: AsyncMessage, fn: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
-        """A verb on one delivery, announced at ``point`` with the message's id."""
+        """Internal (used by its messages): ``fn(*args)``, a verb on the delivery
+        ``message``, announced to the I/O hook at ``point`` with the message's id."""
         return await self._io(
             point,
             lambda: ahook(
@@ -511,6 +484,16 @@ class AsyncQueue:
             *args,
             what=f"{point} of message {message.id!r}",
         )
+
+    async def ack_message(self, message: AsyncMessage) -> bool:
+        """Internal (used by its messages): ack the delivery ``message`` (``AsyncQueue``:
+        acks finishing together share one round trip, the queue's ack batcher)."""
+        if ASYNC:
+            return await self.message_call("queue.ack", message, self._ack_batched, message.receipt)
+        else:
+            return await self.message_call(
+                "queue.ack", message, self.backend.ack, message.receipt, self.consumer
+            )
 
     async def _manage(self, operation: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """An administrative verb, announced at ``queue.manage``."""
@@ -661,12 +644,13 @@ class AsyncQueue:
         ]
         if renew:
             for message in messages:
-                # the renewer reads only the lease surface that _MessageLease has
-                self._renewer.add(cast("AsyncLease", message._lease))
+                self._renewer.add(message.renewal)
         return messages
 
-    def _stop_renewing(self, message: AsyncMessage) -> None:
-        self._renewer.discard(cast("AsyncLease", message._lease))
+    def stop_renewing(self, renewal: Renewable) -> None:
+        """Internal (used by its messages): forget the ``renewal`` of a delivery that was
+        finished or found lost, so the renewer no longer renews it."""
+        self._renewer.discard(renewal)
 
     async def stats(self) -> QueueStats:
         """Message counts: ready, delayed, in flight, dead (``None`` where the backend cannot

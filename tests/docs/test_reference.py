@@ -28,9 +28,11 @@ MODULES = [
 ]
 
 #: classes jobfence creates and hands to you (you use their attributes and methods, never
-#: their constructor), and the exceptions it raises: their constructors are not public
+#: their constructor), the exceptions it raises and the protocols it types against (never
+#: instantiated): their constructors are not public
 NOT_CONSTRUCTED = {
     "jobfence": {
+        "Renewable",
         "Lease",
         "AsyncLease",
         "Claim",

@@ -62,6 +62,16 @@ def _entry_ids(module: str, name: str, obj: object) -> set[str]:
     return ids
 
 
+def _reexported(obj: object, ids: set[str]) -> bool:
+    """Whether one of ``ids`` is ``obj`` under a module that re-exports it (``Lease`` is
+    defined in ``jobfence.lease`` and documented as ``jobfence.locks.Lease``)."""
+    for entry in ids:
+        module, _, name = entry.rpartition(".")
+        if module in sys.modules and getattr(sys.modules[module], name, None) is obj:
+            return True
+    return False
+
+
 def test_every_public_name_has_an_entry_in_the_api_reference(site: tuple[Path, str]) -> None:
     ids: set[str] = set()
     for text in _api_pages(site[0]).values():
@@ -70,7 +80,7 @@ def test_every_public_name_has_an_entry_in_the_api_reference(site: tuple[Path, s
         f"{module.__name__}.{name}"
         for module in reference.modules()
         for name, obj in reference.public(module)
-        if not _entry_ids(module.__name__, name, obj) & ids
+        if not _entry_ids(module.__name__, name, obj) & ids and not _reexported(obj, ids)
     ]
     assert not missing, f"public names with no entry in docs/reference/api: {missing}"
 

@@ -13,7 +13,7 @@ import pytest
 
 import jobfence
 from jobfence._core.clock import set_clock
-from jobfence._core.lease_state import RETRY_MAX, RETRY_MIN, LeaseState
+from jobfence._core.lease_state import RETRY_MAX, RETRY_MIN, LeaseState, Look
 from jobfence.testing import ManualClock
 
 
@@ -24,6 +24,19 @@ def clock() -> ManualClock:
 
 def _state(clock: ManualClock, ttl: float = 30.0, *, renews: bool = True) -> LeaseState:
     return LeaseState(ttl, clock.monotonic(), renews=renews, clock=clock)
+
+
+def test_the_renewers_look_at_a_lease(clock: ManualClock) -> None:
+    """Acquired at 100 with ttl 30: due for renewal at 110 (within a window of 0.15 * 30 =
+    4.5 s from 105.5 on), expired at 130; one that is not renewed is due only to expire."""
+    state = _state(clock)
+    assert state.look(100.0, 0.15) == Look(False, False, False, 110.0)
+    assert state.look(106.0, 0.15) == Look(False, True, False, 110.0)  # batched with others
+    assert state.look(110.0, 0.15) == Look(False, True, True, 110.0)
+    assert state.look(130.0, 0.15).expired
+    kept = _state(clock, renews=False)
+    assert kept.look(129.0, 0.15) == Look(False, False, False, 130.0)
+    assert kept.look(130.0, 0.15) == Look(True, False, False, 130.0)
 
 
 def test_first_deadline_and_renewal_time(clock: ManualClock) -> None:

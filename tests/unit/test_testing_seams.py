@@ -110,11 +110,12 @@ def _scan() -> tuple[dict[str, set[str]], dict[str, list[str]], list[str]]:
             name = _called_name(call)
             if name not in wrappers:
                 continue
-            # a wrapper of this module (Locks._call for Lease in locks.py), else the only one
+            # a wrapper of this module, else the only one (Locks.call_backend for Lease)
             definitions = wrappers[name]
             if path in definitions:
                 index, keywords = definitions[path]
-            elif len(definitions) == 1:
+            elif len(set(map(repr, definitions.values()))) == 1:
+                # one wrapper (in a module and its generated twin, say) forwarding alike
                 (index, keywords), *_ = definitions.values()
             else:
                 problems.append(f"{path}:{call.lineno}: which {name}() is this? {definitions}")

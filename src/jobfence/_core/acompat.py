@@ -7,10 +7,13 @@ The ``*_async`` modules use only these names, so that the generated sync modules
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 __all__ = [
+    "BlockWatch",
     "BoundedCaller",
     "Event",
     "Lock",
@@ -18,6 +21,8 @@ __all__ = [
     "call_bounded",
     "current_worker",
     "join",
+    "raise_if_cancelling",
+    "run_callbacks",
     "spawn",
     "start",
     "wait_all",
@@ -146,6 +151,15 @@ def current_worker() -> asyncio.Task[Any] | None:
         return None
 
 
+def raise_if_cancelling() -> None:
+    """Raise CancelledError if this task was asked to cancel but the request got lost on the
+    way (``asyncio.wait_for`` before Python 3.12 can swallow one): a waiter must not loop on."""
+    task = current_worker()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 async def clean_up(fn: Callable[[], Awaitable[Any]], tracked: set[Any], wait: float) -> None:
     """Run the clean-up ``fn()`` of an interrupted operation: wait for it at most ``wait``
     seconds (an interrupted call must end promptly), then let it go on in the background
@@ -158,3 +172,87 @@ async def clean_up(fn: Callable[[], Awaitable[Any]], tracked: set[Any], wait: fl
         await asyncio.wait({task}, timeout=wait)
     except asyncio.CancelledError:
         pass
+
+
+class BlockWatch:
+    """The task running a block (``async with lease:``, a claim's work): a loss found
+    meanwhile cancels it, but only while it is still inside the block (a cancellation
+    delivered after the block ended would hit unrelated code), from any thread. When the block
+    ends, :meth:`exit` withdraws that cancellation: it was ours, not the caller's."""
+
+    __slots__ = ("_cancelled", "_task")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+
+    def enter(self) -> None:
+        """The current task runs the block now."""
+        self._task = asyncio.current_task()
+
+    def cancel(self) -> None:
+        """Cancel the block's task if it is still inside the block (and is not the caller)."""
+        task = self._task
+        if task is None or task.done() or task is current_worker():
+            return
+        self._cancelled = True
+        loop = task.get_loop()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()  # delivered when the task next resumes, inside the block
+        else:
+            loop.call_soon_threadsafe(self._cancel_inside, task)
+
+    def _cancel_inside(self, task: asyncio.Task[Any]) -> None:
+        if self._task is task and not task.done():
+            task.cancel()
+
+    def exit(self) -> bool:
+        """The block ended. Returns whether :meth:`cancel` cancelled it; that cancellation
+        is withdrawn."""
+        self._task = None
+        if not self._cancelled:
+            return False
+        self._cancelled = False
+        current = asyncio.current_task()
+        cancelling = getattr(current, "cancelling", None)  # Python >= 3.11
+        if cancelling is not None and cancelling():
+            current.uncancel()  # type: ignore[union-attr]
+        return True
+
+
+#: coroutine callbacks still running (the event loop keeps only weak references)
+_CALLBACK_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def run_callbacks(
+    callbacks: Sequence[Callable[[Any], Any]],
+    arg: Any,
+    log: logging.Logger,
+    message: str,
+    *args: Any,
+    background: bool = False,
+) -> None:
+    """Call each ``callback(arg)`` in turn; one that returns a coroutine gets a task of its
+    own. An error is logged on ``log`` with ``message % args``, never raised. ``background``
+    (the caller is a renewer) matters only to the sync twin."""
+    for callback in callbacks:
+        try:
+            result = callback(arg)
+            if asyncio.iscoroutine(result):
+                task = asyncio.get_running_loop().create_task(result)
+                _CALLBACK_TASKS.add(task)  # a strong reference until it is done
+                task.add_done_callback(partial(_callback_done, log, message, args))
+        except Exception:
+            log.exception(message, *args)
+
+
+def _callback_done(
+    log: logging.Logger, message: str, args: tuple[Any, ...], task: asyncio.Task[Any]
+) -> None:
+    _CALLBACK_TASKS.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error(message, *args, exc_info=task.exception())

@@ -18,9 +18,9 @@ import asyncio
 import threading
 import time
 
-from ..errors import ConfigurationError
 from . import acompat, compat
 from .hooks import ahook, hook
+from .root_errors import ConfigurationError
 
 __all__ = ["Clock", "get_clock", "set_clock"]
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 __all__ = [
+    "BlockWatch",
     "BoundedCaller",
     "Event",
     "Lock",
@@ -16,6 +19,8 @@ __all__ = [
     "call_bounded",
     "current_worker",
     "join",
+    "raise_if_cancelling",
+    "run_callbacks",
     "spawn",
     "start",
     "wait_all",
@@ -100,7 +105,7 @@ class BoundedCaller:
     the next call gets a new worker (at most ``workers`` in all: a client whose every call
     hangs does not pile up threads). A call still queued when its bound passes is dropped and
     never made, so a request given up on before it started cannot reach the server later (one
-    already sent can: see ``renewal_async``). A worker beyond the first ends after
+    already sent can: see ``_core/renewer_async.py``). A worker beyond the first ends after
     ``IDLE_EXIT`` idle seconds.
     """
 
@@ -190,7 +195,59 @@ def current_worker() -> threading.Thread:
     return threading.current_thread()
 
 
+def raise_if_cancelling() -> None:
+    """Nothing: a thread is never cancelled (the twin of ``acompat.raise_if_cancelling``)."""
+
+
 def clean_up(fn: Callable[[], Any], tracked: set[Any], wait: float) -> None:
     """Run the clean-up ``fn()`` of an interrupted operation (the sync twin of
     ``acompat.clean_up``: it simply runs to its end; ``tracked`` and ``wait`` are unused)."""
     fn()
+
+
+class BlockWatch:
+    """The sync twin of ``acompat.BlockWatch``: a thread cannot be interrupted, so a loss
+    cancels nothing (a long block looks at ``lost`` or calls ``check()``)."""
+
+    __slots__ = ()
+
+    def enter(self) -> None:
+        """Nothing to watch."""
+
+    def cancel(self) -> None:
+        """Nothing to cancel."""
+
+    def exit(self) -> bool:
+        """Never cancelled."""
+        return False
+
+
+def run_callbacks(
+    callbacks: Sequence[Callable[[Any], Any]],
+    arg: Any,
+    log: logging.Logger,
+    message: str,
+    *args: Any,
+    background: bool = False,
+) -> None:
+    """Call each ``callback(arg)`` in turn; an error is logged on ``log`` with
+    ``message % args``, never raised. ``background`` (the caller is a renewer, which has
+    other leases to renew): in a thread of their own."""
+    if background and callbacks:
+        spawn(partial(_run_all, list(callbacks), arg, log, message, args), "jobfence-on-lost")
+    else:
+        _run_all(callbacks, arg, log, message, args)
+
+
+def _run_all(
+    callbacks: Sequence[Callable[[Any], Any]],
+    arg: Any,
+    log: logging.Logger,
+    message: str,
+    args: tuple[Any, ...],
+) -> None:
+    for callback in callbacks:
+        try:
+            callback(arg)
+        except Exception:
+            log.exception(message, *args)

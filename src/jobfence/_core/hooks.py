@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigurationError
+from .root_errors import ConfigurationError
 
 __all__ = ["HookFn", "ahook", "get_hook", "hook", "set_hook"]
 

@@ -38,10 +38,11 @@ The rules:
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from .clock import Clock, get_clock
 
-__all__ = ["RETRY_FRACTION", "RETRY_MAX", "RETRY_MIN", "LeaseState"]
+__all__ = ["RETRY_FRACTION", "RETRY_MAX", "RETRY_MIN", "LeaseState", "Look"]
 
 #: after a renewal got no answer, try again after this fraction of the ttl ...
 RETRY_FRACTION = 0.1
@@ -51,6 +52,19 @@ RETRY_MIN = 0.01
 RETRY_MAX = 1.0
 
 _NEVER = float("inf")
+
+
+class Look(NamedTuple):
+    """What the renewer needs to know of one lease at one moment (:meth:`LeaseState.look`)."""
+
+    #: the local deadline has passed: the lease is lost
+    expired: bool
+    #: a renewal is due within the batch window: renew it with a batch that goes out now
+    due: bool
+    #: a renewal is due now: a batch must go out
+    overdue: bool
+    #: when the renewer must look again: the next renewal or the expiry
+    next_check: float
 
 
 class LeaseState:
@@ -123,6 +137,18 @@ class LeaseState:
         """When the renewer must look at the lease next: a renewal or the expiry is due."""
         with self._lock:
             return min(self._next_renew, self._expires_at)
+
+    def look(self, now: float, window: float) -> Look:
+        """The lease at ``now``, for the renewer: whether it expired, whether a renewal is
+        due within ``window`` (a fraction of the ttl) or now, and when to look next."""
+        with self._lock:
+            next_renew = self._next_renew
+            return Look(
+                expired=now >= self._expires_at,
+                due=next_renew <= now + window * self._ttl,
+                overdue=next_renew <= now,
+                next_check=min(next_renew, self._expires_at),
+            )
 
     @property
     def renewal_in_flight(self) -> bool:
