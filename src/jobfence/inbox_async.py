@@ -35,9 +35,9 @@ from ._core.inbox_support import (
     DEFAULT_RETENTION,
     DEFAULT_TABLE,
     ClaimLost,
-    JSONSerializer,
     Serializer,
     check_fingerprint,
+    check_serializer,
 )
 from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
@@ -546,18 +546,7 @@ class AsyncInbox:
     ) -> None:
         self.ttl = check_ttl(ttl)
         self.retention = check_ttl(retention, argument="retention")
-        if serializer is None:
-            serializer = JSONSerializer()
-        elif not (
-            callable(getattr(serializer, "dumps", None))
-            and callable(getattr(serializer, "loads", None))
-        ):
-            raise ConfigurationError(
-                "serializer must have dumps(obj) -> str | bytes and loads(bytes) -> obj "
-                f"(e.g. the json or pickle module), got {serializer!r}",
-                argument="serializer",
-            )
-        self.serializer: Serializer = serializer
+        self.serializer: Serializer = check_serializer(serializer)
         if isinstance(url, AsyncInboxBackend):
             self.backend = url
             self.url = f"{url.kind}://"

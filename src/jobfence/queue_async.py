@@ -27,7 +27,7 @@ from ._core import forks
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
-from ._core.inbox_support import JSONSerializer, Serializer
+from ._core.inbox_support import Serializer, check_serializer
 from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
 from ._core.renewer_async import AsyncRenewer
@@ -366,18 +366,7 @@ class AsyncQueue:
     ) -> None:
         self.name = check_queue_name(name)
         self.visibility = check_ttl(visibility, argument="visibility")
-        if serializer is None:
-            serializer = JSONSerializer()
-        elif not (
-            callable(getattr(serializer, "dumps", None))
-            and callable(getattr(serializer, "loads", None))
-        ):
-            raise ConfigurationError(
-                "serializer must have dumps(obj) -> str | bytes and loads(bytes) -> obj "
-                f"(e.g. the json or pickle module), got {serializer!r}",
-                argument="serializer",
-            )
-        self.serializer: Serializer = serializer
+        self.serializer: Serializer = check_serializer(serializer)
         if isinstance(url, AsyncQueueBackend):
             self.backend = url
             self.url = f"{url.kind}://"

@@ -246,3 +246,18 @@ def test_a_redis_url_with_a_database_number_or_none_works(path: str) -> None:
         assert lease is not None and lease.release()
     finally:
         locks.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: jobfence.Inbox(f"memory://{uuid.uuid4().hex}", serializer=s),
+        lambda s: jobfence.AsyncInbox(f"memory://{uuid.uuid4().hex}", serializer=s),
+        lambda s: jobfence.Queue(f"memory://{uuid.uuid4().hex}", serializer=s),
+        lambda s: jobfence.AsyncQueue(f"memory://{uuid.uuid4().hex}", serializer=s),
+    ],
+)
+def test_a_serializer_without_dumps_and_loads_is_refused(make: Any) -> None:
+    with pytest.raises(jobfence.ConfigurationError) as info:
+        make(object())
+    assert info.value.argument == "serializer" and "dumps(obj)" in str(info.value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..errors import ClaimLost, ConfigurationError
 from .options import reject_unknown
@@ -23,6 +23,7 @@ __all__ = [
     "JSONSerializer",
     "Serializer",
     "check_fingerprint",
+    "check_serializer",
     "inbox_table",
 ]
 
@@ -52,6 +53,23 @@ class JSONSerializer:
 
     def loads(self, data: bytes, /) -> Any:
         return json.loads(data)
+
+
+def check_serializer(serializer: object) -> Serializer:
+    """``serializer`` if it has ``dumps`` and ``loads`` (``None``: a :class:`JSONSerializer`);
+    else a :class:`ConfigurationError` naming ``serializer``."""
+    if serializer is None:
+        return JSONSerializer()
+    if not (
+        callable(getattr(serializer, "dumps", None))
+        and callable(getattr(serializer, "loads", None))
+    ):
+        raise ConfigurationError(
+            "serializer must have dumps(obj) -> str | bytes and loads(bytes) -> obj "
+            f"(e.g. the json or pickle module), got {serializer!r}",
+            argument="serializer",
+        )
+    return cast("Serializer", serializer)
 
 
 #: how a ``bytes`` fingerprint is stored: this prefix, then its hex digits; a ``str``
