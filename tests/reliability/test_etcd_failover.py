@@ -174,12 +174,12 @@ def test_a_holder_cut_off_from_the_quorum_learns_it_lost_its_lease(cluster: Etcd
 def test_the_doctor_reports_a_dead_member_and_a_url_that_names_one_member(
     cluster: EtcdCluster,
 ) -> None:
-    from jobfence._core.url import parse_url
+    from jobfence.backends import parse_backend_url
     from jobfence.backends.etcd.doctor import inspect
     from jobfence.doctor import Report, Timer
 
     def findings(url: str) -> dict[str, str]:
-        parsed = parse_url(url)
+        parsed = parse_backend_url(url)
         report = Report(url=parsed.masked, backend="etcd", namespace="jobfence")
         inspect(report, parsed, Timer(1))
         return {f.code: f.level for f in report.findings}

@@ -12,6 +12,7 @@ import jobfence
 from jobfence._core.validate import check_namespace
 from jobfence.backends import (
     BACKENDS,
+    etcd,
     memory,
     mysql,
     open_inbox_backend,
@@ -23,6 +24,7 @@ from jobfence.backends import (
 from jobfence.backends.mysql import dialect as mysql_dialect
 from jobfence.backends.postgres import dialect as postgres_dialect
 from jobfence.errors import ConfigurationError
+from tests.etcd_cluster import etcd_url
 
 #: backend -> (its package, is the namespace an SQL identifier?)
 PACKAGES: dict[str, tuple[Any, bool]] = {
@@ -31,6 +33,7 @@ PACKAGES: dict[str, tuple[Any, bool]] = {
     "redis": (redis, False),
     "postgres": (postgres, True),
     "mysql": (mysql, True),
+    "etcd": (etcd, False),
 }
 #: the limits as documented in docs/concepts/namespaces.md
 LIMITS = {
@@ -39,6 +42,7 @@ LIMITS = {
     "redis": (64, 63),
     "postgres": (51, 63),
     "mysql": (48, 64),
+    "etcd": (64, 63),
 }
 
 
@@ -49,6 +53,7 @@ def _url(name: str, tmp_path: Path) -> str:
         "redis": "redis://127.0.0.1:6379/0",
         "postgres": "postgresql://127.0.0.1:5432/postgres",
         "mysql": "mysql://root@127.0.0.1:3306/test",
+        "etcd": etcd_url() if name == "etcd" else "",
     }[name]
 
 

@@ -35,9 +35,13 @@ from typing import Any
 import httpx
 
 from ..._core.clock import get_clock
+from ..._core.flavour import ASYNC
 from ..._core.url import BackendURL
 from ...errors import BackendError, ConfigurationError
 from .keys import range_end
+
+if ASYNC:
+    import asyncio
 
 __all__ = [
     "AsyncEtcdClient",
@@ -178,14 +182,28 @@ class AsyncEtcdClient:
         #: index of the endpoint requests go to first
         self.current = 0
         self._http: httpx.AsyncClient | None = None
-        self._pid = os.getpid()
+        #: what the HTTP client's connections belong to: this process and (async) the event
+        #: loop that opened them
+        self._owner: object = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label}>"
 
+    @staticmethod
+    def _current_owner() -> object:
+        """This process and, for the asyncio client, the running event loop: an
+        ``AsyncLocks`` made once and used under ``asyncio.run`` once per job (a Celery or RQ
+        task) gets connections of the job's own loop, never of a closed one."""
+        if ASYNC:
+            return (os.getpid(), id(asyncio.get_running_loop()))
+        return os.getpid()
+
     def _client(self) -> httpx.AsyncClient:
-        if self._http is None or self._pid != os.getpid():
-            self._pid = os.getpid()
+        owner = self._current_owner()
+        if self._http is None or self._owner != owner:
+            # the connections of another loop (or the parent process) are left behind, not
+            # closed through a loop that may not run any more: they close when collected
+            self._owner = owner
             self._http = httpx.AsyncClient(
                 verify=self._verify,
                 cert=self._cert,
@@ -410,7 +428,7 @@ class AsyncEtcdClient:
         return list(answer.get("members", ()))
 
     async def aclose(self) -> None:
-        if self._http is not None and self._pid == os.getpid():
+        if self._http is not None and self._owner == self._current_owner():
             await self._http.aclose()
         self._http = None
 
@@ -418,7 +436,7 @@ class AsyncEtcdClient:
         """Forget the connections inherited from the parent (no I/O): the next call opens
         its own."""
         self._http = None
-        self._pid = os.getpid()
+        self._owner = None
 
 
 def _json(line: str) -> dict[str, Any]:
