@@ -13,9 +13,9 @@ Keys (``keys.py``), per idempotency key::
 
 Expiry is etcd's, never a comparison of clocks: an in-progress record is attached to the
 lease of its claim, ``ttl`` rounded up to whole seconds, at least 2 (``leases.py``), and the
-server deletes it when the lease ends. A key is free when its record is gone (its lease
-ended, or it was released) or completed past its retention; a record that is there is live,
-whatever any host's clock says. The holder counts its ttl on its own monotonic clock from
+server deletes it when the lease ends. A key is free when its record is gone (its claim's
+lease ended, it was released, or its retention's lease ended); a record that is there is
+live, whatever any host's clock says. The holder counts its ttl on its own monotonic clock from
 before its request, so it considers the claim lost before the server frees the key. Hosts
 need no clock agreement; the wall-clock instants stored in a record (when it was claimed,
 its deadline) are information for operators only.
@@ -23,15 +23,17 @@ its deadline) are information for operators only.
 Verbs (each compare-and-write is one transaction on the record's ``mod_revision``, or on its
 absence, and on the attempts key's): a claim grants its lease, then puts the record attached
 to it with the attempts key (attempt + 1 after a takeover); a duplicate's lease is revoked.
-``renew`` keeps the lease alive (``lease/keepalive``) after a read showing the record is the
-owner's; ``extend`` to another ttl grants a new lease and re-puts the record attached to it,
+``renew`` keeps the lease alive (``lease/keepalive``; a ttl of 0 back: the claim is lost)
+after a read showing the record is the owner's, or extends it when the ttl is not the
+lease's; ``extend`` grants a new lease and re-puts the record attached to it (if unchanged),
 then revokes the old one. ``release`` deletes the record (the attempts key stays, with no
 owner) and revokes its lease. ``complete`` puts the completed record attached to a lease of
 the retention (rounded up to whole seconds; retentions over ten years get none), deletes the
 attempts key and revokes the claim's lease: the server deletes the record when its retention
 ends. ``purge()`` deletes the attempts keys of claims that ended (no record) more than
 ``retention`` after their deadline, and the completed records without a lease past their
-retention. Writes are Raft-committed: a completed record survives the loss of any minority of
+retention. ``forget`` deletes both keys and revokes the record's lease. Writes are
+Raft-committed: a completed record survives the loss of any minority of
 members and leader failover.
 
 URL options: ``table`` (default ``jobfence_inbox``) and the client's (``client_async.py``).
@@ -214,7 +216,9 @@ class EtcdInboxBackend(InboxBackend):
                 if record.get("s") != COMPLETED:
                     # in progress: attached to a lease the server has not ended, so held
                     if record.get("o") == owner:
-                        return self._mine(record), False  # ours already (sent again)
+                        # ours already: a request sent again (after a lost answer, the one
+                        # attached to this call's lease)
+                        return self._mine(record), _lease(kv) == lease
                     return self._theirs(record), False
                 if _lease(kv) or float(record.get("e", 0)) > clock.time():
                     return self._theirs(record), False  # completed, within its retention
@@ -291,7 +295,8 @@ class EtcdInboxBackend(InboxBackend):
             if record.get("s") == COMPLETED:
                 # stored already by this owner (a request sent again): the same result only
                 if _result(record) == result:
-                    self._drop_lease(retained)
+                    if _lease(kv) != retained:  # not this call's, whose answer was lost
+                        self._drop_lease(retained)
                     return True
                 break
             if not retained and retention < _NO_LEASE_BEYOND:
@@ -339,6 +344,8 @@ class EtcdInboxBackend(InboxBackend):
             record = _record(kv)
             if record.get("s") != IN_PROGRESS or record.get("o") != owner or not _lease(kv):
                 break
+            if _lease(kv) == lease:
+                return True  # re-put by this call already (its answer was lost)
             if not lease:
                 lease = self.client.grant(seconds)
             now = get_clock().time()
