@@ -423,10 +423,11 @@ class EtcdInboxBackend(InboxBackend):
         if kv is None:
             left = min(0.0, float(record.get("d") or 0) - now)
         elif _lease(kv):
-            # by the server's clock: what its lease has left, in whole seconds rounded down
-            # (a lease still there has some time left), or -1: it ended since the read
+            # by the server's clock: what its lease has left, in whole seconds rounded down.
+            # A record that is there holds its key, even a moment past its lease's end (the
+            # server deletes it a moment later): never reported stuck
             ttl = (self.client.time_to_live(_lease(kv)))[0]
-            left = 0.0 if ttl < 0 else max(float(ttl), 0.5)
+            left = max(float(ttl), 0.5)
         else:
             left = float(record.get("e") or 0) - now
         return ClaimInfo(
