@@ -80,10 +80,16 @@ class Spec:
       connection lives (PostgreSQL session mode): a backend ``acquire(..., wait=...)`` blocks
       there instead of joining a queue and returning. The lock suite's wait-queue specs run
       the specs with ``fifo`` and without it.
+    * ``min_claim_ttl`` -- the shortest time, in seconds, after which the server ends an
+      inbox claim that is not renewed, however short its ttl (etcd: 2, a claim is an etcd
+      lease of whole seconds, at least 2; 0 where a claim ends at its ttl). The inbox suite
+      waits that much longer for a claim to expire, and sleeps that much longer where it
+      checks that a claim outlived its first deadline.
 
     These capability flags (all but ``note``) must equal what the backend's capabilities say
-    (``test_specs.py`` checks it); a new backend states them in its entry of :data:`SPECS`,
-    and the specs that need a capability pick the specs by flag (:func:`spec_params`).
+    (``test_specs.py`` checks it; ``min_claim_ttl`` by a claim that is still held, on the
+    server, just before it); a new backend states them in its entry of :data:`SPECS`, and the
+    specs that need a capability pick the specs by flag (:func:`spec_params`).
     """
 
     id: str
@@ -95,6 +101,7 @@ class Spec:
     ttl_expiry: bool = True
     fifo: bool = True
     queue_follows_connection: bool = False
+    min_claim_ttl: float = 0.0
     note: str = ""
 
     def runs(self, part: str) -> bool:
@@ -216,7 +223,7 @@ SPECS: list[Spec] = [
     ),
     Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup, fifo=False),
     # a one-member etcd of this worker's own, started on first use (tests/etcd_cluster.py)
-    Spec("etcd", "etcd", BOTH, lambda tmp: etcd_url(), delete_etcd_prefix),
+    Spec("etcd", "etcd", BOTH, lambda tmp: etcd_url(), delete_etcd_prefix, min_claim_ttl=2.0),
     Spec(
         "rabbitmq",
         "rabbitmq",

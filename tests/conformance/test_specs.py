@@ -117,6 +117,15 @@ def test_inbox_knobs_match_the_backend_capabilities(spec: Spec, tmp_path: Path) 
     inbox = jobfence.Inbox(url, table=inbox_table(namespace))
     try:
         assert spec.cross_process == inbox.capabilities.cross_process
+        # min_claim_ttl: the server keeps a claim of a shorter ttl that long (etcd's lease of
+        # whole seconds, at least 2), or it ends the claim at its ttl (min_claim_ttl 0)
+        inbox.claim("knob:ttl", ttl=0.5)
+        info = inbox.claim_info("knob:ttl")
+        assert info is not None
+        if spec.min_claim_ttl:
+            assert info.expires_in >= spec.min_claim_ttl / 2, info
+        else:
+            assert info.expires_in <= 0.5, info
     finally:
         inbox.close()
         spec.cleanup(url, namespace)

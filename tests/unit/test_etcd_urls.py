@@ -8,7 +8,7 @@ from jobfence import ConfigurationError
 from jobfence.backends import parse_backend_url
 from jobfence.backends.etcd import keys
 from jobfence.backends.etcd.client import endpoints_of
-from jobfence.backends.etcd.locks import lease_seconds
+from jobfence.backends.etcd.leases import lease_seconds
 
 
 @pytest.mark.parametrize(
@@ -57,6 +57,13 @@ def test_keys_never_meet_and_read_back() -> None:
     assert keys.split_lock_key("a", keys.lock_key("a/locks", "n", "o")) is None
     assert keys.inbox_name("t", keys.inbox_key("t", "k/1")) == "k/1"
     assert keys.inbox_name("t", keys.lock_key("t", "k", "o")) is None
+    # a record's attempts key is apart from every record key, read back by its own prefix
+    attempts = keys.attempts_key("t", "k/1")
+    assert attempts != keys.inbox_key("t", "k/1")
+    assert not attempts.startswith(keys.inbox_prefix("t"))
+    assert keys.inbox_name("t", attempts) is None
+    assert keys.inbox_name("t", attempts, attempts=True) == "k/1"
+    assert keys.inbox_name("t", keys.inbox_key("t", "k"), attempts=True) is None
     # the encoding of a prefix is a prefix of the encoding: a range finds exactly those names
     assert keys.lock_prefix("a", "ü:名").startswith(keys.lock_prefix("a", "ü", whole=False))
     assert keys.range_end(b"a/\xff") == b"a0"

@@ -126,7 +126,8 @@ class InboxCapabilities:
 
     * ``cross_process`` -- claims are shared between processes (and hosts).
     * ``transactional`` -- :meth:`Inbox.claim_in` works with connections to this database.
-    * ``native_expiry`` -- records expire on the server by themselves (``purge()`` is a no-op).
+    * ``native_expiry`` -- records expire on the server by themselves: ``purge()`` has
+      nothing (Redis) or little (etcd: the attempt numbers of claims that ended) to delete.
     """
 
     cross_process: bool

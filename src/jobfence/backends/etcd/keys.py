@@ -6,7 +6,13 @@ separates components, and no two (namespace, name) pairs make the same key::
 
     <namespace>/locks/<name>/<owner>     one key per holder or waiter of lock <name>, attached
                                          to the etcd lease of that acquire
-    <table>/inbox/<key>                  the inbox record of idempotency key <key> (JSON)
+    <table>/inbox/<key>                  the inbox record of idempotency key <key> (JSON);
+                                         attached to the etcd lease of its claim (in
+                                         progress) or of its retention (completed)
+    <table>/inbox-attempts/<key>         the last claim of <key>: its attempt number, owner
+                                         and fingerprint (JSON; no lease), kept while the
+                                         key is claimed, after its claim ended unreleased
+                                         or released, until the key completes or is purged
 
 Encoding is character by character, so the encoding of a prefix of a text is a prefix of
 the encoding of the text: a range over ``encode(prefix)`` finds exactly the names that start
@@ -17,7 +23,17 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-__all__ = ["decode", "encode", "inbox_key", "inbox_prefix", "lock_key", "lock_prefix", "range_end"]
+__all__ = [
+    "attempts_key",
+    "attempts_prefix",
+    "decode",
+    "encode",
+    "inbox_key",
+    "inbox_prefix",
+    "lock_key",
+    "lock_prefix",
+    "range_end",
+]
 
 
 def encode(text: str) -> str:
@@ -58,9 +74,18 @@ def inbox_key(table: str, key: str) -> str:
     return inbox_prefix(table, key)
 
 
-def inbox_name(table: str, stored: str) -> str | None:
-    """The idempotency key of a record key of ``table``, ``None`` for any other key."""
-    head = inbox_prefix(table)
+def attempts_prefix(table: str, key: str = "") -> str:
+    return f"{encode(table)}/inbox-attempts/{encode(key)}"
+
+
+def attempts_key(table: str, key: str) -> str:
+    return attempts_prefix(table, key)
+
+
+def inbox_name(table: str, stored: str, *, attempts: bool = False) -> str | None:
+    """The idempotency key of a record key of ``table`` (``attempts``: of an attempts key),
+    ``None`` for any other key."""
+    head = attempts_prefix(table) if attempts else inbox_prefix(table)
     rest = stored[len(head) :] if stored.startswith(head) else None
     if rest is None or "/" in rest:
         return None

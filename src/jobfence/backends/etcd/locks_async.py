@@ -9,7 +9,7 @@ Key layout (``keys.py``; every component percent-encoded)::
   seconds, and a server never keeps one shorter than its minimum, 1.5 election timeouts
   rounded up: 2 s with etcd's default 1 s election timeout), then one transaction puts the
   owner's key attached to it unless the key exists, and reads the name's oldest key (ttls
-  under 2 s get a 2 s lease: see :data:`MIN_LEASE_SECONDS`). The
+  under 2 s get a 2 s lease: see ``leases.py``). The
   holder is the key with the lowest ``create_revision`` under the name; the fencing token is
   that ``create_revision``. etcd's revision grows on every write of the cluster and is
   Raft-committed, so tokens of one name strictly increase, through leader failover too.
@@ -45,7 +45,6 @@ Options (URL query or keyword): ``waiter_ttl`` (whole seconds, default 2) and th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +57,7 @@ from ..base import AsyncLockBackend, LockCapabilities, LockHolder, RenewItem
 from . import NAMESPACE_LIMIT
 from . import keys as key_layout
 from .client_async import AsyncEtcdClient, b64, connect_etcd, unb64
+from .leases import lease_seconds
 
 if ASYNC:
     import asyncio
@@ -68,18 +68,6 @@ CAPABILITIES = LockCapabilities(
     cross_process=True, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=False
 )
 DEFAULT_WAITER_TTL = 2
-
-
-#: the shortest lease jobfence asks etcd for: a 1 s lease can end before the transaction
-#: that attaches the key to it is committed on a loaded server (and etcd's own minimum is
-#: 2 s with its default 1 s election timeout)
-MIN_LEASE_SECONDS = 2
-
-
-def lease_seconds(ttl: float) -> int:
-    """``ttl`` seconds as the whole seconds of an etcd lease: rounded up (float noise as in
-    ``2.0000000001`` does not add a second), at least :data:`MIN_LEASE_SECONDS`."""
-    return max(MIN_LEASE_SECONDS, math.ceil(round(ttl, 6)))
 
 
 def _waiter_ttl(url: BackendURL, options: dict[str, Any]) -> int:
