@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the scripts, also in workers
 
 import _harness as h
+import bench_etcd_locks
 import bench_guarded
 import bench_inbox
 import bench_leases
@@ -48,7 +49,17 @@ import bench_worker
 from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("redis", "sql", "contended", "inbox", "guarded", "worker", "leases", "replicas")
+SECTIONS = (
+    "redis",
+    "sql",
+    "contended",
+    "inbox",
+    "guarded",
+    "worker",
+    "leases",
+    "replicas",
+    "etcd",
+)
 
 
 @dataclass
@@ -692,6 +703,21 @@ def section_replicas(rep: Report, sz: Sizes) -> None:
     rep.table(US_HEADER, _stats_rows(stats, bench_redis_replicas.ANCHORS))
 
 
+# -- 9. etcd beside Redis and PostgreSQL ----------------------------------------------------------
+def section_etcd(rep: Report, sz: Sizes) -> None:
+    rep.add("## 9. etcd beside Redis and PostgreSQL", "")
+    rep.add(
+        "A disposable one-member etcd (data in memory where the host has /dev/shm), the local "
+        "Redis and PostgreSQL. Per fresh key: the lock cycle (`try_acquire` + `release`, "
+        "`renew=False`) and the inbox's `claim` + `complete`, each against the same operation "
+        "on Redis. etcd pays more round trips and a Raft commit per write: the price of "
+        "leases and records that survive a leader failover. No target: the figures are the "
+        "price of the choice (docs/how-to/backends/etcd.md)."
+    )
+    stats = bench_etcd_locks.measure(sz.rounds, sz.inbox_ops)
+    rep.table(US_HEADER, _stats_rows(stats, bench_etcd_locks.ANCHORS))
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -701,6 +727,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "worker": section_worker,
     "leases": section_leases,
     "replicas": section_replicas,
+    "etcd": section_etcd,
 }
 
 

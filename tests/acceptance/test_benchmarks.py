@@ -128,6 +128,11 @@ SECTION_ROWS = {
         )
     ],
     "## 7. 500 live leases on one client": ["Redis", "PostgreSQL (lease mode)", "SQLite"],
+    "## 9. etcd beside Redis and PostgreSQL": [
+        f"{backend}: {case}"
+        for case in ("lock cycle", "inbox claim+complete")
+        for backend in ("Redis", "PostgreSQL", "etcd")
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick)
