@@ -138,7 +138,7 @@ class EtcdCluster:
         return "etcd://" + ",".join(f"127.0.0.1:{m.client_port}" for m in self.members)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until every running member answers and one of them is the leader."""
+        """Until every running member answers and Raft has elected one of them."""
         deadline = time.monotonic() + timeout
         while True:
             try:
