@@ -6,6 +6,7 @@ lists, shows and purges the inbox's records; ``dashboard`` serves a local web pa
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import click
@@ -38,12 +39,23 @@ def cli() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--strict", is_flag=True, help="Exit with 1 on warnings too.")
-def doctor(urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool) -> None:
+@click.option(
+    "--max-skew",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Fail (an error) when this host's clock and the server's differ by more than "
+    "SECONDS. Default: an offset over 1 s is a warning.",
+)
+def doctor(
+    urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool, max_skew: float | None
+) -> None:
     """Health check of each backend URL (or of JOBFENCE_URL, space separated).
 
     Reports the server version, round trip, clock offset, settings that break locks, fencing
     or queues (with what to do), jobfence's tables or keys, and a probe lease (take, extend,
-    release). Exits with 1 if any check found an error (with --strict: or a warning).
+    release). Exits with 1 if any check found an error (with --strict: or a warning); with
+    --max-skew, a clock offset over that many seconds is an error.
     """
     from ..doctor import diagnose, unusable
     from .doctor_view import render
@@ -52,10 +64,14 @@ def doctor(urls: tuple[str, ...], namespace: str, as_json: bool, strict: bool) -
         urls = tuple(os.environ.get("JOBFENCE_URL", "").split())
     if not urls:
         raise click.UsageError("give at least one backend URL, or set JOBFENCE_URL")
+    if max_skew is not None and not (math.isfinite(max_skew) and max_skew >= 0):
+        raise click.BadParameter(
+            f"must be a number of seconds >= 0, got {max_skew!r}", param_hint="--max-skew"
+        )
     reports = []
     for url in urls:
         try:
-            reports.append(diagnose(url, namespace=namespace))
+            reports.append(diagnose(url, namespace=namespace, max_skew=max_skew))
         except ConfigurationError as exc:
             # a URL that cannot be used is this URL's error; the other URLs are still checked
             reports.append(unusable(url, namespace, exc))

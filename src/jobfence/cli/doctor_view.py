@@ -19,9 +19,10 @@ def _ms(value: float | None) -> str:
 
 
 def _offset(report: Report) -> str:
+    bound = "" if report.max_skew is None else f" (max {report.max_skew:g} s)"
     if report.clock_offset_ms is None:
-        return "unknown"
-    return f"{report.clock_offset_ms:+.1f} ms"
+        return "unknown" + bound
+    return f"{report.clock_offset_ms:+.1f} ms{bound}"
 
 
 def _probe(report: Report) -> Text:

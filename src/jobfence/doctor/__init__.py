@@ -14,6 +14,7 @@ namespace on SQL backends, and its keys, deleted by its release, on Redis).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import uuid
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .._core.clock import get_clock
 from .._core.url import BackendURL, mask_url
 from ..backends import BackendInfo, parse_backend_url, registered
 from ..errors import ConfigurationError
@@ -92,7 +94,10 @@ class Report:
     ``rtt_ms`` the median of a few round trips; ``clock_offset_ms`` the server's clock minus
     this host's at the midpoint of the request (``None``: unknown, see ``clock_note``);
     ``keys`` (Redis) the keys under the namespace by kind, ``keys_capped`` when the count
-    stopped at its cap.
+    stopped at its cap. ``max_skew`` is the bound in seconds the offset was held to
+    (``None``: none was given, an offset over the warning threshold is a warning),
+    ``clock_verdict`` the clock check's level (``ok``, ``warning``, ``error``; ``None`` when
+    the offset is unknown and no bound was given).
     """
 
     url: str
@@ -102,6 +107,8 @@ class Report:
     rtt_ms: float | None = None
     clock_offset_ms: float | None = None
     clock_note: str = ""
+    max_skew: float | None = None
+    clock_verdict: Level | None = None
     probe: Probe | None = None
     findings: list[Finding] = field(default_factory=list)
     tables: list[TableStatus] = field(default_factory=list)
@@ -147,12 +154,14 @@ class Timer:
         return round(statistics.median(times), 3)
 
     def clock(self, now: Callable[[], float]) -> float:
-        """Server clock minus this host's clock, in milliseconds."""
+        """Server clock minus this host's clock (jobfence's clock, ``get_clock().time()``), in
+        milliseconds."""
+        clock = get_clock()
         best: tuple[float, float] | None = None
         for _ in range(self.pings):
-            before = time.time()
+            before = clock.time()
             server = now()
-            after = time.time()
+            after = clock.time()
             sample = (after - before, server - (before + after) / 2)
             if best is None or sample[0] < best[0]:
                 best = sample
@@ -207,6 +216,57 @@ def _probe(raw: str, namespace: str) -> Probe:
     )
 
 
+def _clock_check(report: Report, warning_ms: float, reachable: bool) -> None:
+    """The clock-offset finding: against ``report.max_skew`` when one is given (over it: an
+    error), else against the warning threshold ``warning_ms``."""
+    offset = report.clock_offset_ms
+    bound = report.max_skew
+    if offset is None:
+        if bound is not None and reachable:
+            report.clock_verdict = "warning"
+            report.add(
+                "warning",
+                "clock-unknown",
+                f"the server's clock could not be read: the offset bound of {bound:g} s "
+                "was not checked",
+                "check the clocks of the hosts another way (chronyc tracking, timedatectl)",
+            )
+        return
+    if bound is not None:
+        if abs(offset) > bound * 1000:
+            report.clock_verdict = "error"
+            report.add(
+                "error",
+                "clock-offset",
+                f"the server's clock is {offset / 1000:+.3f} s from this host's, over the "
+                f"bound of {bound:g} s (--max-skew)",
+                "what assumes clocks agree within the bound (a scheduler's slots, times your "
+                "code compares with the server's) can misbehave: run NTP (chrony, "
+                "systemd-timesyncd) on both hosts, or raise the bound",
+            )
+        else:
+            report.clock_verdict = "ok"
+            report.add(
+                "ok",
+                "clock-offset",
+                f"clock offset {offset:+.1f} ms, within the bound of {bound:g} s",
+            )
+        return
+    if abs(offset) > warning_ms:
+        report.clock_verdict = "warning"
+        report.add(
+            "warning",
+            "clock-offset",
+            f"the server's clock is {offset / 1000:+.3f} s from this host's",
+            "jobfence times leases by the server's clock, so locks stay correct; but "
+            "published_at and dead_at times, logs and any time your code compares with the "
+            "server's disagree: run NTP (chrony, systemd-timesyncd) on both hosts",
+        )
+    else:
+        report.clock_verdict = "ok"
+        report.add("ok", "clock-offset", f"clock offset {offset:+.1f} ms")
+
+
 def diagnose(
     url: str,
     *,
@@ -215,20 +275,40 @@ def diagnose(
     probe: bool = True,
     rtt_warning_ms: float = RTT_WARNING_MS,
     clock_warning_ms: float = CLOCK_OFFSET_WARNING_MS,
+    max_skew: float | None = None,
 ) -> Report:
     """Check the backend at ``url``: server version, round trip, clock offset, dangerous
     settings, jobfence's tables or keys (those of ``namespace``), and (``probe=True``) a probe
     lease. Never raises for a server that is down or refuses a check: that is an ``error`` or
     ``warning`` finding of the report. A URL that cannot be parsed raises
-    :class:`~jobfence.errors.ConfigurationError`."""
+    :class:`~jobfence.errors.ConfigurationError`.
+
+    ``max_skew``: the largest offset in seconds allowed between this host's clock and the
+    server's (e.g. the ``max_skew`` a scheduler documents); a larger one is an ``error``
+    finding (``clock-offset``), an offset that cannot be measured a ``warning``
+    (``clock-unknown``). ``None`` (the default): an offset over ``clock_warning_ms`` is a
+    warning. The offset is measured against jobfence's clock (``get_clock().time()``)."""
     parsed = parse_backend_url(url)
     if isinstance(pings, bool) or not isinstance(pings, int) or not 1 <= pings <= 100:
         raise ConfigurationError(
             f"pings must be an int from 1 to 100, got {pings!r}", argument="pings"
         )
+    if max_skew is not None and (
+        isinstance(max_skew, bool)
+        or not isinstance(max_skew, (int, float))
+        or not math.isfinite(max_skew)
+        or max_skew < 0
+    ):
+        raise ConfigurationError(
+            f"max_skew must be None or a number of seconds >= 0, got {max_skew!r}",
+            argument="max_skew",
+        )
     info = _backend(parsed)
     report = Report(
-        url=parsed.masked, backend=info.name if info else parsed.scheme, namespace=namespace
+        url=parsed.masked,
+        backend=info.name if info else parsed.scheme,
+        namespace=namespace,
+        max_skew=None if max_skew is None else float(max_skew),
     )
     timer = Timer(pings)
     reachable = True
@@ -255,19 +335,7 @@ def diagnose(
         )
     elif report.rtt_ms is not None:
         report.add("ok", "rtt", f"round trip {report.rtt_ms:.2f} ms")
-    if report.clock_offset_ms is not None:
-        offset = report.clock_offset_ms
-        if abs(offset) > clock_warning_ms:
-            report.add(
-                "warning",
-                "clock-offset",
-                f"the server's clock is {offset / 1000:+.3f} s from this host's",
-                "jobfence times leases by the server's clock, so locks stay correct; but "
-                "published_at and dead_at times, logs and any time your code compares with the "
-                "server's disagree: run NTP (chrony, systemd-timesyncd) on both hosts",
-            )
-        else:
-            report.add("ok", "clock-offset", f"clock offset {offset:+.1f} ms")
+    _clock_check(report, clock_warning_ms, reachable)
     if probe and reachable and (info is None or "locks" in info.parts):
         report.probe = _probe(url, namespace)
         if report.probe.ok:

@@ -40,7 +40,15 @@ from .._core.clock import Clock, get_clock, set_clock
 from .._core.hooks import HookFn, get_hook, set_hook
 from . import faults, strategies
 from ._sim import SimClock, SimTask, Simulation, Violation, point
-from .checkers import Checker, exactly_once, fencing_monotonic, no_lost_update, single_holder
+from .checkers import (
+    Checker,
+    at_most_holders,
+    exactly_once,
+    fencing_monotonic,
+    no_lost_update,
+    once_per_slot,
+    single_holder,
+)
 from .clock import ManualClock
 from .explore import Failure, Report, Tape, explore, replay
 from .faults import Fault, InjectedFault
@@ -65,6 +73,7 @@ __all__ = [
     "Tape",
     "Violation",
     "Write",
+    "at_most_holders",
     "clocked",
     "exactly_once",
     "explore",
@@ -74,6 +83,7 @@ __all__ = [
     "get_hook",
     "hooked",
     "no_lost_update",
+    "once_per_slot",
     "point",
     "replay",
     "set_clock",

@@ -14,6 +14,8 @@ import asyncio
 import contextvars
 import inspect
 import itertools
+import math
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -72,6 +74,8 @@ class _Process:
     #: it has taken a lease, a claim or a delivery: work someone else takes over once it
     #: expires, so pausing or crashing it here is a fault worth trying
     holds: bool = False
+    #: seconds its wall clock (``get_clock().time()``) is ahead of the schedule's true time
+    skew: float = 0.0
 
 
 @dataclass(eq=False)
@@ -96,8 +100,16 @@ class SimTask:
     finished: asyncio.Future[Any] | None = field(default=None, repr=False)
 
 
+#: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
+#: schedule read its true time, whichever task calls them (a server has one clock)
+_SERVER_MODULES = "jobfence.backends.memory."
+
+
 class SimClock(Clock):
-    """Virtual time: the loop's clock, moved only when every task waits."""
+    """Virtual time: the loop's clock, moved only when every task waits.
+
+    :meth:`time` is the schedule's true wall-clock time plus the skew of the calling task's
+    process (:meth:`Simulation.skew`); :meth:`monotonic` is never skewed."""
 
     def __init__(self, loop: SimLoop) -> None:
         self._loop = loop
@@ -106,7 +118,15 @@ class SimClock(Clock):
         return self._loop.vtime
 
     def time(self) -> float:
-        return EPOCH + self._loop.vtime
+        now = EPOCH + self._loop.vtime
+        sim = _current
+        if sim is None or not sim.skewed:
+            return now
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith(_SERVER_MODULES):
+            return now
+        task = sim.current()
+        return now if task is None else now + task.process.skew
 
     def sleep(self, seconds: float) -> None:
         hook("sleep", seconds=seconds)
@@ -243,6 +263,8 @@ class Simulation:
         self.main = _Process("main")
         #: some process was paused or crashed: candidates need filtering
         self.impaired = False
+        #: some process's clock is skewed (:meth:`skew`): the clock looks up the caller's
+        self.skewed = False
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -317,6 +339,42 @@ class Simulation:
     def now(self) -> float:
         """Virtual seconds since the schedule began."""
         return self.loop.vtime
+
+    def skew(self, task: SimTask | str, seconds: float) -> None:
+        """Set the wall-clock offset of ``task``'s process (a :class:`SimTask` or its name):
+        from now on ``get_clock().time()`` seen from that task, and from every task it
+        started (its clients' renewers), is the schedule's time plus ``seconds`` (negative:
+        its clock is behind). ``get_clock().monotonic()``, sleeps and timeouts are not
+        affected, and the ``memory://`` stores (``sim.locks()``, ``sim.inbox()``,
+        ``sim.queue()``) stand for a server and keep the true time. Call it again to step
+        the clock (``0`` puts it right); the scenario's own clock is never skewed."""
+        if isinstance(task, str):
+            found = [t for t in self.tasks if t.name == task]
+            if not found:
+                raise ConfigurationError(
+                    f"task must be a spawned task or its name, got {task!r} (tasks: "
+                    f"{', '.join(t.name for t in self.tasks) or 'none yet'})",
+                    argument="task",
+                )
+            target = found[0]
+        elif isinstance(task, SimTask) and task in self.tasks:
+            target = task
+        else:
+            raise ConfigurationError(
+                f"task must be a task spawned by this simulation or its name, got {task!r}",
+                argument="task",
+            )
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+        ):
+            raise ConfigurationError(
+                f"seconds must be a finite number of seconds (negative: behind), got {seconds!r}",
+                argument="seconds",
+            )
+        target.process.skew = float(seconds)
+        self.skewed = True
 
     @overload
     def table(

@@ -17,7 +17,15 @@ from ..errors import ConfigurationError
 if TYPE_CHECKING:
     from ._base import SimView
 
-__all__ = ["Checker", "exactly_once", "fencing_monotonic", "no_lost_update", "single_holder"]
+__all__ = [
+    "Checker",
+    "at_most_holders",
+    "exactly_once",
+    "fencing_monotonic",
+    "no_lost_update",
+    "once_per_slot",
+    "single_holder",
+]
 
 
 class Checker:
@@ -139,6 +147,119 @@ def single_holder(name: str | None = None) -> Checker:
             argument="name",
         )
     return _SingleHolder(name)
+
+
+class _AtMostHolders(Checker):
+    name = "at_most_holders"
+
+    def __init__(self, n: int, name: str | None) -> None:
+        self._n = n
+        self._name = name
+
+    def step(self, sim: SimView) -> str | None:
+        for section, holders in sim.iter_holders():
+            if self._name is not None and section != self._name:
+                continue
+            if len(holders) > self._n:
+                who = ", ".join(task.name for task in holders)
+                return (
+                    f"{who} are inside the critical section {section!r} at once: "
+                    f"{len(holders)} holders, more than {self._n}"
+                )
+        return None
+
+
+def at_most_holders(n: int, name: str | None = None) -> Checker:
+    """At most ``n`` tasks inside each ``sim.critical(name)`` section at any step: the
+    invariant of a semaphore of ``n`` permits (``single_holder`` is ``n=1``). Mark the block
+    each permit guards with ``sim.critical(name, lease=permit)``: a task whose ``lease=`` is
+    lost or past its ttl does not count, so any lease-like object with ``lost`` and
+    ``expires_in`` works. ``name=None`` checks every section."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigurationError(
+            f"n must be an int >= 1 (the permits of the semaphore), got {n!r}", argument="n"
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(
+            f"name must be None (every section) or a section's name, got {name!r}",
+            argument="name",
+        )
+    return _AtMostHolders(n, name)
+
+
+class _OncePerSlot(Checker):
+    name = "once_per_slot"
+
+    def __init__(self, fires: str | list[Any], expected: list[tuple[Any, Any]] | None) -> None:
+        self._fires = fires
+        self._expected = expected
+
+    def _list(self, sim: SimView) -> list[Any]:
+        if isinstance(self._fires, str):
+            return sim.effects.get(self._fires, [])
+        return self._fires
+
+    def step(self, sim: SimView) -> str | None:
+        counts: Counter[tuple[Any, Any]] = Counter()
+        for fire in self._list(sim):
+            if not isinstance(fire, tuple) or len(fire) != 2:
+                return f"fires must hold (schedule, slot) pairs, got {fire!r}"
+            counts[fire] += 1
+        twice = [(fire, count) for fire, count in counts.items() if count > 1]
+        if twice:
+            return "; ".join(
+                f"schedule {schedule!r} fired slot {slot!r} {count} times"
+                for (schedule, slot), count in twice
+            )
+        return None
+
+    def end(self, sim: SimView) -> str | None:
+        problem = self.step(sim)
+        if problem or self._expected is None:
+            return problem
+        fired = set(self._list(sim))
+        missing = [pair for pair in self._expected if pair not in fired]
+        if missing:
+            return "; ".join(
+                f"schedule {schedule!r} never fired slot {slot!r}" for schedule, slot in missing
+            )
+        return None
+
+
+def once_per_slot(
+    fires: str | list[Any], expected: Iterable[tuple[Any, Any]] | None = None
+) -> Checker:
+    """No slot of a schedule fired twice at any step; at the end, every ``expected`` slot
+    fired.
+
+    ``fires`` holds one ``(schedule, slot)`` pair per fire: the kind passed to
+    ``sim.effect(kind, (schedule, slot))`` (e.g. ``"fire"``), or a list the scenario appends
+    the pairs to. A slot is any hashable value naming the slot's time (an aware ``datetime``,
+    an ISO string, epoch seconds), the same for every pod. ``expected``: ``(schedule, slot)``
+    pairs that must each have fired by the end (``None``: not checked). The message names
+    the schedule, the slot and how many times it fired, or the slot that never did.
+    """
+    if not isinstance(fires, (str, list)) or fires == "":
+        raise ConfigurationError(
+            "fires must be the kind given to sim.effect() (a non-empty str) or a list the "
+            f"scenario appends (schedule, slot) pairs to, got {fires!r}",
+            argument="fires",
+        )
+    pairs: list[tuple[Any, Any]] | None = None
+    if expected is not None:
+        if isinstance(expected, (str, bytes)) or not _iterable(expected):
+            raise ConfigurationError(
+                f"expected must be None or a list of (schedule, slot) pairs, got {expected!r}",
+                argument="expected",
+            )
+        pairs = [tuple(pair) if isinstance(pair, list) else pair for pair in expected]
+        bad = [pair for pair in pairs if not isinstance(pair, tuple) or len(pair) != 2]
+        if bad:
+            raise ConfigurationError(
+                f"expected must hold (schedule, slot) pairs, got {bad[0]!r}",
+                argument="expected",
+            )
+    return _OncePerSlot(fires, pairs)
 
 
 class _FencingMonotonic(Checker):

@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import datetime, timezone, tzinfo
 from types import TracebackType
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .._core.clock import Clock, set_clock
 from .._core.hooks import ahook, hook
+from ..errors import ConfigurationError
 
 __all__ = ["ManualClock"]
 
@@ -84,19 +87,32 @@ class ManualClock(Clock):
     jobfence's clock (:func:`~jobfence.testing.set_clock`) and puts the previous clock back
     at the end. Create the clients it should drive inside the block.
 
+    To start at a given wall time (near a daylight saving change, say), use :meth:`at`;
+    :meth:`now` reads the time as an aware ``datetime`` in the clock's time zone.
+
     Args:
         start: the first value of :meth:`monotonic`.
         epoch: what :meth:`time` adds to :meth:`monotonic` (a fixed date by default, so that
             wall-clock stamps are the same in every run).
         auto_advance: let sleeps and waits move the time themselves instead of blocking.
+        tz: the time zone :meth:`now` shows the time in (a ``tzinfo`` or an IANA name such
+            as ``"Europe/Paris"``; default UTC). It changes nothing else: :meth:`time` is
+            always seconds since the epoch.
     """
 
     def __init__(
-        self, start: float = 0.0, *, epoch: float = EPOCH, auto_advance: bool = False
+        self,
+        start: float = 0.0,
+        *,
+        epoch: float = EPOCH,
+        auto_advance: bool = False,
+        tz: tzinfo | str | None = None,
     ) -> None:
         self._now = float(start)
         self.epoch = float(epoch)
         self.auto_advance = auto_advance
+        #: the time zone :meth:`now` shows the time in
+        self.tz: tzinfo = _zone(tz)
         #: the seconds each :meth:`sleep` / :meth:`asleep` asked for, in order
         self.sleeps: list[float] = []
         #: the timeout each :meth:`wait` / :meth:`wait_async` asked for, in order
@@ -104,6 +120,63 @@ class ManualClock(Clock):
         self._cond = threading.Condition()
         self._sleepers: list[_Sleeper] = []
         self._installed: list[Clock] = []
+
+    @classmethod
+    def at(
+        cls,
+        when: datetime | str,
+        tz: tzinfo | str | None = None,
+        *,
+        auto_advance: bool = False,
+    ) -> ManualClock:
+        """A clock whose :meth:`time` is ``when`` now (``monotonic()`` is 0), shown in ``tz``
+        by :meth:`now`.
+
+        ``when`` is an aware ``datetime``, or a wall time in ``tz`` (a naive ``datetime``, or
+        an ISO string such as ``"2026-03-29T01:59:00"``; an ISO string with an offset or
+        ``Z`` is that instant). A wall time a daylight saving change skips (02:30 on the
+        spring change in Paris) raises :class:`~jobfence.ConfigurationError`; one it repeats
+        (02:30 on the autumn change) is its first occurrence, unless a ``datetime`` with
+        ``fold=1`` asks for the second. ``tz``: a ``tzinfo`` or an IANA name (default: the
+        ``tzinfo`` of an aware ``when``, else UTC). ``auto_advance`` as in the constructor.
+        """
+        if isinstance(when, str):
+            try:
+                moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            except ValueError:
+                raise ConfigurationError(
+                    f"when must be an ISO date and time such as '2026-03-29T01:59:00', "
+                    f"got {when!r}",
+                    argument="when",
+                ) from None
+        elif isinstance(when, datetime):
+            moment = when
+        else:
+            raise ConfigurationError(
+                f"when must be a datetime or an ISO string, got {when!r}", argument="when"
+            )
+        if tz is None and moment.tzinfo is not None:
+            zone: tzinfo = moment.tzinfo
+        else:
+            zone = _zone(tz)
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            moment = moment.replace(tzinfo=zone)
+            back = moment.astimezone(timezone.utc).astimezone(zone)
+            if back.replace(tzinfo=None) != moment.replace(tzinfo=None):
+                raise ConfigurationError(
+                    f"when: {moment.replace(tzinfo=None).isoformat()} does not exist in {zone} "
+                    "(a daylight saving change skips it); give a wall time that exists, or an "
+                    "aware datetime",
+                    argument="when",
+                )
+        return cls(0.0, epoch=moment.timestamp(), auto_advance=auto_advance, tz=zone)
+
+    def now(self, tz: tzinfo | str | None = None) -> datetime:
+        """:meth:`time` as an aware ``datetime`` in ``tz`` (default: the clock's :attr:`tz`):
+        the wall time jumps at a daylight saving change as the time zone says, while
+        :meth:`time` goes on second by second."""
+        zone = self.tz if tz is None else _zone(tz)
+        return datetime.fromtimestamp(self.time(), zone)
 
     # -- reading and moving the time -----------------------------------------------------------
     def monotonic(self) -> float:
@@ -284,3 +357,20 @@ class ManualClock(Clock):
 
     def __repr__(self) -> str:
         return f"ManualClock(monotonic={self.monotonic()!r}, waiting={self.waiting})"
+
+
+def _zone(tz: tzinfo | str | None) -> tzinfo:
+    """``tz`` as a ``tzinfo``: UTC for ``None``, a ``ZoneInfo`` for an IANA name."""
+    if tz is None:
+        return timezone.utc
+    if isinstance(tz, tzinfo):
+        return tz
+    if isinstance(tz, str) and tz:
+        try:
+            return ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    raise ConfigurationError(
+        f"tz must be a tzinfo or an IANA time zone name such as 'Europe/Paris', got {tz!r}",
+        argument="tz",
+    )

@@ -234,7 +234,8 @@ class _Runner:
         ):
             raise ConfigurationError(
                 "checks must be a list of jobfence.testing checkers (exactly_once(...), "
-                f"no_lost_update(), single_holder(), fencing_monotonic()), got {checks!r}",
+                "once_per_slot(...), no_lost_update(), single_holder(), at_most_holders(n), "
+                f"fencing_monotonic()), got {checks!r}",
                 argument="checks",
             )
         self.checks = list(checks)
