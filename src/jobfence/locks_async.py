@@ -237,15 +237,14 @@ class AsyncLocks:
         limit = check_limit(limit)
         name = check_lock_name(name, limit=limit)
         limits = self._limits
-        if limits:
-            known = limits.get(name, 1)
-            if known != limit:
-                raise ConfigurationError(
-                    f"limit: {name!r} was acquired with limit={known} by this client, now with "
-                    f"limit={limit}; use one limit per name everywhere",
-                    argument="limit",
-                )
-        if limit > 1 and name not in limits:
+        known = limits.get(name) if limits else None
+        if known is not None and known != limit:
+            raise ConfigurationError(
+                f"limit: {name!r} was acquired with limit={known} by this client, now with "
+                f"limit={limit}; use one limit per name everywhere",
+                argument="limit",
+            )
+        if known is None and limit > 1:
             if len(limits) >= _LIMITS_KEPT:
                 limits.clear()
             limits[name] = limit
