@@ -15,10 +15,14 @@ from typing import Any
 import pytest
 
 import jobfence
+from jobfence._core.flavour import ASYNC
 from jobfence.limits import TOKEN_STRIDE, gate_name, slot_name
 from tests.conformance import flow_async
 from tests.conformance.conftest import AsyncEnv
 from tests.conformance.specs import LOCKS, spec_params
+
+if ASYNC:
+    import asyncio
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -223,3 +227,40 @@ async def test_bad_limits_and_a_second_limit_for_a_name_are_refused(env_async: A
     with pytest.raises(jobfence.ConfigurationError):
         await a.try_acquire(name, ttl=10)  # limit=1 is a second limit too
     assert await lease.release()
+
+
+async def test_a_timed_out_waiter_leaves_nothing_behind(env_async: AsyncEnv) -> None:
+    """A waiter whose timeout passed left the gate and every slot's queue: a slot released
+    afterwards goes to a newcomer, not to the waiter that gave up."""
+    a, b, c = env_async.client(), env_async.client(), env_async.client()
+    name = _name()
+    held = [await a.try_acquire(name, ttl=10, limit=2) for _ in range(2)]
+    assert held[0] is not None and held[1] is not None
+    with pytest.raises(jobfence.LockTimeout) as info:
+        await b.acquire(name, ttl=10, timeout=1.5, limit=2)
+    assert info.value.name == name and info.value.token in {held[0].token, held[1].token}
+    assert await a.backend.holder(gate_name(name)) is None
+    assert await held[0].release()
+    again = await c.try_acquire(name, ttl=10, limit=2)
+    assert again is not None and again.slot == held[0].slot
+    assert await again.release() and await held[1].release()
+
+
+if ASYNC:
+
+    async def test_a_cancelled_waiter_leaves_nothing_behind(env_async: AsyncEnv) -> None:
+        a, b, c = env_async.client(), env_async.client(), env_async.client()
+        name = _name()
+        held = [await a.try_acquire(name, ttl=10, limit=2) for _ in range(2)]
+        assert held[0] is not None and held[1] is not None
+        waiter = asyncio.ensure_future(b.acquire(name, ttl=10, timeout=60, limit=2))
+        await _gate_taken(a, name)
+        await asyncio.sleep(0.2)  # it queues on the slots
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await a.backend.holder(gate_name(name)) is None
+        assert await held[1].release()
+        again = await c.try_acquire(name, ttl=10, limit=2)
+        assert again is not None and again.slot == held[1].slot
+        assert await again.release() and await held[0].release()

@@ -225,3 +225,20 @@ def test_bad_limits_and_a_second_limit_for_a_name_are_refused(env: Env) -> None:
     with pytest.raises(jobfence.ConfigurationError):
         a.try_acquire(name, ttl=10)  # limit=1 is a second limit too
     assert lease.release()
+
+
+def test_a_timed_out_waiter_leaves_nothing_behind(env: Env) -> None:
+    """A waiter whose timeout passed left the gate and every slot's queue: a slot released
+    afterwards goes to a newcomer, not to the waiter that gave up."""
+    a, b, c = env.client(), env.client(), env.client()
+    name = _name()
+    held = [a.try_acquire(name, ttl=10, limit=2) for _ in range(2)]
+    assert held[0] is not None and held[1] is not None
+    with pytest.raises(jobfence.LockTimeout) as info:
+        b.acquire(name, ttl=10, timeout=1.5, limit=2)
+    assert info.value.name == name and info.value.token in {held[0].token, held[1].token}
+    assert a.backend.holder(gate_name(name)) is None
+    assert held[0].release()
+    again = c.try_acquire(name, ttl=10, limit=2)
+    assert again is not None and again.slot == held[0].slot
+    assert again.release() and held[1].release()
