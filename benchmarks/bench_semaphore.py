@@ -14,7 +14,8 @@ to the floor on the same server.
   ``UPDATE`` to release, each one autocommitted statement (no token, no queue).
 * jobfence, ``renew=False`` like the floors (a renewed lease only adds the renewer's
   bookkeeping): one grant request on slot 0 and one release, each one round trip; the plain
-  lock cycle (``limit=1``) beside it.
+  lock cycle (``limit=1``) beside it, and on Redis the backend's two verbs on slot 0 alone
+  (the lock scripts without the client around them): where the time goes.
 
 Usage: ``python benchmarks/bench_semaphore.py [--redis URL] [--postgres URL] [--rounds 11]
 [--ops 300]``.
@@ -37,6 +38,7 @@ import psycopg
 import redis
 
 import jobfence
+from jobfence.limits import slot_name
 
 REDIS = "redis://127.0.0.1:6379/0"
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -44,6 +46,7 @@ LIMIT = 3
 REDIS_FLOOR = "Redis: floor (ZSET script + ZREM)"
 REDIS_JF = "Redis: jobfence limit=3"
 REDIS_PLAIN = "Redis: jobfence plain lock"
+REDIS_VERBS = "Redis: the backend's verbs on slot 0"
 PG_FLOOR = "PostgreSQL: floor (slot rows, SKIP LOCKED)"
 PG_JF = "PostgreSQL: jobfence limit=3"
 PG_PLAIN = "PostgreSQL: jobfence plain lock"
@@ -52,6 +55,7 @@ ANCHORS = {
     REDIS_FLOOR: "",
     REDIS_JF: REDIS_FLOOR,
     REDIS_PLAIN: REDIS_FLOOR,
+    REDIS_VERBS: REDIS_FLOOR,
     PG_FLOOR: "",
     PG_JF: PG_FLOOR,
     PG_PLAIN: PG_FLOOR,
@@ -122,6 +126,19 @@ def _jobfence(locks: jobfence.Locks, name: str, limit: int) -> Callable[[str], A
     return cycle
 
 
+def _verbs(locks: jobfence.Locks, name: str) -> Callable[[str], Any]:
+    """The backend's acquire and release of slot 0 alone, without the client around them
+    (owner id, lease, renewer, I/O hook): where the time of a cycle goes."""
+    backend, slot = locks.backend, slot_name(name, 0)
+
+    def cycle(_: str) -> None:
+        owner = uuid.uuid4().hex
+        if backend.acquire(slot, owner, h.TTL) is None or not backend.release(slot, owner):
+            raise RuntimeError("backend cycle failed")
+
+    return cycle
+
+
 def measure(
     rounds: int, ops: int, *, redis_url: str = REDIS, postgres: str = POSTGRES
 ) -> dict[str, h.Stats]:
@@ -139,6 +156,7 @@ def measure(
             REDIS_FLOOR: _redis_floor(client, f"{ns}:floor"),
             REDIS_JF: _jobfence(locks["Redis"], "sem", LIMIT),
             REDIS_PLAIN: _jobfence(locks["Redis"], "plain", 1),
+            REDIS_VERBS: _verbs(locks["Redis"], "verbs"),
             PG_FLOOR: _pg_floor(conn, table, "sem"),
             PG_JF: _jobfence(locks["PostgreSQL"], "sem", LIMIT),
             PG_PLAIN: _jobfence(locks["PostgreSQL"], "plain", 1),

@@ -59,7 +59,7 @@ def check_limit(limit: object, *, argument: str = "limit") -> int:
 
 
 def check_lock_name(name: object, *, argument: str = "name", limit: int = 1) -> str:
-    """A lock name (:func:`~jobfence._core.validate.check_name`) without the separator of a
+    """A lock name (a non-empty str of at most 1024 bytes in UTF-8) without the separator of a
     limit's slots; with a ``limit`` > 1, short enough for its slots' names."""
     name = check_name(name, argument=argument)
     if SEPARATOR in name:
