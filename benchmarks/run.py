@@ -215,11 +215,11 @@ WHY_NOT = (
     *WHY_NOT,
     (
         "limit of 3 on Redis",
-        "the limit adds nothing measurable to a plain jobfence lock (one grant request on slot "
-        "0, one release: the same two round trips); what is above the floor is the lock's own "
-        "path: about 30 µs of Lua per cycle (`INFO commandstats`: two `EVALSHA` of 15 µs, the "
-        "token counter, the queue check and the release marker) against 19 µs for the floor's "
-        "script and `ZREM`, and the client's work per call (owner id, lease, request deadline)",
+        "the limit costs what a plain jobfence lock costs (one grant request on slot 0, one "
+        "release: the same two round trips); what is above the floor is the lock's own path: "
+        "two scripts of about 15 µs of server time each (token counter, queue check, release "
+        "marker) against the floor's 17 µs script and 2 µs `ZREM`, and the client's work per "
+        f"call, about 25 µs (owner id, lease, request deadline) ({PERF}#concurrency-limits)",
     ),
 )
 
