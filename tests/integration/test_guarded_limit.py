@@ -5,12 +5,15 @@ with a ``retry_after``) without running; other names are not held back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
 
 import pytest
+from click.testing import CliRunner
 
 import jobfence
+from jobfence.cli.app import cli
 from tests.servers import POSTGRES_URL, REDIS_URL
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,3 +112,22 @@ def test_bad_limit_arguments_are_refused_at_decoration() -> None:
         with pytest.raises(jobfence.ConfigurationError) as info:
             jobfence.guarded(inbox=object(), limit=("t:{x}", 2))(lambda x: x)
         assert info.value.argument == "locks"
+
+
+def test_the_cli_lists_a_limits_leases_under_its_name() -> None:
+    namespace = _namespace()
+    with jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
+        leases = [locks.try_acquire("tenant:3", ttl=30, limit=3) for _ in range(2)]
+        result = CliRunner().invoke(
+            cli,
+            ["locks", "list", REDIS_URL, "--namespace", namespace, "--json"],
+            catch_exceptions=False,
+        )
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in result.output.splitlines()]
+        assert [row["name"] for row in rows] == ["tenant:3", "tenant:3"]
+        assert sorted(row["token"] for row in rows) == sorted(
+            lease.token for lease in leases if lease is not None
+        )
+        for lease in leases:
+            assert lease is not None and lease.release()
