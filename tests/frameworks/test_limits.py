@@ -1,11 +1,12 @@
-"""``limit=("tenant:{tenant}", 2)`` on real Celery (prefork, 4 processes, RabbitMQ) and arq
-(one worker running up to 10 jobs at once) workers: 8 tasks of one tenant all run, never more
-than 2 at once (the others are refused "not now" and sent back to the framework's retry), and
-a second tenant's tasks run beside them."""
+"""``limit=("tenant:{tenant}", 2)`` on real Celery (prefork, 4 processes, RabbitMQ), arq (one
+worker running up to 10 jobs at once) and RQ (4 ``rq worker`` processes) workers: 8 tasks of
+one tenant all run, never more than 2 at once (the others are refused "not now" and sent back
+to the framework's retry), and a second tenant's tasks run beside them."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,12 @@ from typing import Any
 import celery
 import kombu
 import pytest
+import redis
+import rq
 
 from tests.frameworks._support import AMQP_URL, REDIS_URL, Ledger, env, python, workers
 from tests.frameworks.test_arq import _enqueue, _results
+from tests.frameworks.test_rq import start_worker
 from tests.servers import delete_redis_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -105,4 +109,39 @@ def test_arq_jobs_over_the_limit_wait_their_turn(tmp_path: Path) -> None:
     finally:
         delete_redis_keys(f"arq:*{queue}*")
         delete_redis_keys(f"{queue}*")
+        delete_redis_keys(f"*{ledger.schema}*")
+
+
+def test_rq_jobs_over_the_limit_wait_their_turn(tmp_path: Path) -> None:
+    ledger = Ledger()  # a schema name of its own: the lock namespace of the workers
+    name = f"jf-rq-lim-{uuid.uuid4().hex[:12]}"
+    conn = redis.Redis.from_url(REDIS_URL)
+    queue = rq.Queue(name, connection=conn)
+    environ = {**env(ledger.schema), "JOBFENCE_RQ_REDIS": REDIS_URL}
+    try:
+        with workers(tmp_path) as pool:
+            for n in range(4):  # one moves the retries back into the queue
+                start_worker(pool, queue, environ, scheduler=n == 0)
+            jobs = {
+                tenant: [
+                    queue.enqueue("tests.frameworks._rq_app.limited", tenant, n)
+                    for n in range(count)
+                ]
+                for tenant, count in (("a", 8), ("b", 2))
+            }
+            deadline = time.monotonic() + 100
+            every = [job for js in jobs.values() for job in js]
+            while not all(job.get_status(refresh=True) == "finished" for job in every):
+                failed = [job for job in every if job.get_status() == "failed"]
+                assert not failed, (failed[0].latest_result(), pool.logs())
+                assert time.monotonic() < deadline, pool.logs()
+                time.sleep(0.1)
+            runs = {t: [job.return_value() for job in js] for t, js in jobs.items()}
+        _check(runs)
+    finally:
+        members = [m for m in conn.smembers("rq:workers") if name.encode() in m]
+        if members:
+            conn.srem("rq:workers", *members)
+        conn.close()
+        delete_redis_keys(f"rq:*{name}*")
         delete_redis_keys(f"*{ledger.schema}*")
