@@ -33,6 +33,7 @@ SPECS = "tests/conformance"
 #: async spec file -> its generated sync twin, relative to the repository root
 TWINS: dict[str, str] = {
     f"{SPECS}/test_lock_conformance.py": f"{SPECS}/test_lock_conformance_sync.py",
+    f"{SPECS}/test_limit_conformance.py": f"{SPECS}/test_limit_conformance_sync.py",
     f"{SPECS}/test_inbox_conformance.py": f"{SPECS}/test_inbox_conformance_sync.py",
     f"{SPECS}/test_queue_conformance.py": f"{SPECS}/test_queue_conformance_sync.py",
 }

@@ -35,7 +35,16 @@ from . import telemetry
 from ._core.clock import get_clock
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
 from .conflicts import is_transient
-from .errors import BackendError, ClaimInProgress, ClaimLost, JobfenceError, LockLost, LockTimeout
+from .errors import (
+    BackendError,
+    ClaimInProgress,
+    ClaimLost,
+    JobfenceError,
+    LimitReached,
+    LockLost,
+    LockTimeout,
+)
+from .limited_async import holder_limited
 
 __all__ = ["run_guarded_async"]
 
@@ -122,6 +131,62 @@ async def _run_guarded_async(
     span: Any,
 ) -> Any:
     arguments = spec.arguments(args, kwargs)
+    if spec.limit is None:
+        return await _run_locked_async(spec, fn, args, kwargs, span, arguments)
+    slot = await _take_limit(spec, arguments, span)
+    try:
+        return await _run_locked_async(spec, fn, args, kwargs, span, arguments)
+    finally:
+        await _give_back_limit(slot)
+
+
+async def _take_limit(spec: GuardSpec, arguments: dict[str, Any], span: Any) -> Any:
+    """One of the ``n`` leases of the call's concurrency limit, or :class:`LimitReached`
+    (a "not now" refusal; its ``retry_after`` is when the first held lease ends)."""
+    name, n = spec.limit_name(arguments)
+    span.set_attribute("jobfence.limit.name", name)
+    span.set_attribute("jobfence.limit", n)
+    lease = await spec.locks.try_acquire(name, ttl=spec.ttl, limit=n)
+    if lease is not None:
+        return lease
+    holder = await _first_holder(spec.locks, name, n)
+    left = None if holder is None else holder.expires_in
+    ends = "" if left is None else f"; the first ends within {left:.1f} s"
+    raise LimitReached(
+        f"{name!r} has its limit of {n} concurrent runs reached{ends}",
+        name=name,
+        limit=n,
+        owner=None if holder is None else holder.owner,
+        token=None if holder is None else holder.token,
+        expires_in=None if holder is None else holder.expires_in,
+    )
+
+
+async def _first_holder(locks: Any, name: str, n: int) -> Any:
+    """The holder whose lease on the limit ``name`` ends first (``None``: unknown)."""
+    if n > 1:
+        return await holder_limited(locks, name, n, quiet=True)
+    return await locks._holder(name)
+
+
+async def _give_back_limit(lease: Any) -> None:
+    """Release the call's lease of its concurrency limit. A limit bounds load, not
+    correctness: a lease found lost meanwhile is logged, never raised over the call's own
+    outcome."""
+    try:
+        await lease.release()  # a lease found lost is logged by the lease itself
+    except JobfenceError as err:
+        log.warning("releasing %s failed (it will expire): %s", lease.label, err)
+
+
+async def _run_locked_async(
+    spec: GuardSpec,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    span: Any,
+    arguments: dict[str, Any],
+) -> Any:
     lease = None
     if spec.locks is not None and spec.lock is not None:
         name = spec.lock_name(arguments)

@@ -18,8 +18,11 @@ from typing import Any
 
 from ._core.validate import check_name, check_timeout, check_ttl
 from .errors import ConfigurationError
+from .limits import check_limit, check_lock_name
 
 NameSpec = str | Callable[..., str] | None
+#: ``limit=(name template, n)`` of :func:`jobfence.guarded`
+LimitSpec = tuple[str | Callable[..., str], int] | None
 
 
 def _canonical(value: Any) -> Any:
@@ -126,13 +129,16 @@ class GuardSpec:
     fingerprint: bool | Callable[..., str] | None
     if_locked: str
     skipped_result: Any = None
+    limit: LimitSpec = None
 
     def __post_init__(self) -> None:
         if self.locks is None and self.inbox is None:
             raise ConfigurationError("guarded needs locks=..., inbox=... or both", argument="locks")
-        if self.locks is not None and self.lock is None:
+        self._check_limit()
+        if self.locks is not None and self.lock is None and self.limit is None:
             raise ConfigurationError(
-                "guarded(locks=...) needs lock='name template' (e.g. 'inventory:{product_id}')",
+                "guarded(locks=...) needs lock='name template' (e.g. 'inventory:{product_id}') "
+                "or limit=('name template', n)",
                 argument="lock",
             )
         if self.lock is not None and self.locks is None:
@@ -158,6 +164,28 @@ class GuardSpec:
                 "fingerprint must be None, True (hash the arguments) or a callable",
                 argument="fingerprint",
             )
+
+    def _check_limit(self) -> None:
+        if self.limit is None:
+            return
+        if not isinstance(self.limit, tuple) or len(self.limit) != 2:
+            raise ConfigurationError(
+                "limit must be a (name template, n) pair such as ('tenant:{tenant_id}', 3), "
+                f"got {self.limit!r}",
+                argument="limit",
+            )
+        if self.locks is None:
+            raise ConfigurationError("guarded(limit=...) needs locks=...", argument="locks")
+        template, n = self.limit
+        _check_template(template, "limit", self.signature)
+        self.limit = (template, check_limit(n))
+
+    def limit_name(self, arguments: dict[str, Any]) -> tuple[str, int]:
+        """The name of a call's concurrency limit (its template filled in) and its size."""
+        assert self.limit is not None
+        template, n = self.limit
+        name = self._name(template, arguments, "limit")
+        return check_lock_name(name, argument="limit", limit=n), n
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         try:

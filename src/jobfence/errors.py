@@ -10,6 +10,7 @@ Every exception derives from :class:`JobfenceError`::
     ├── NotNow                  "not now": refused because someone else holds it (a marker)
     ├── LockError
     │   ├── LockTimeout         ``acquire(timeout=...)`` gave up                   (NotNow)
+    │   │   └── LimitReached    a guarded call found its concurrency limit full   (NotNow)
     │   └── LockLost            the lease is no longer held (expired, renewal failed, taken over)
     │                                                                                (NotNow)
     ├── StaleToken              a fenced write offered a token older than one already seen
@@ -166,6 +167,25 @@ class LockTimeout(LockError, NotNow, TimeoutError):
         self.token = token
         self.expires_in = expires_in
         self.retry_after = _seconds_hint(expires_in)
+
+
+class LimitReached(LockTimeout):
+    """A :func:`~jobfence.guarded` call with ``limit=(name, n)`` found ``n`` leases on ``name``
+    held already: it did not run. A :class:`NotNow` refusal; ``retry_after`` is the seconds
+    left on the held lease that ends first (``None`` if unknown), ``limit`` is ``n``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str = "",
+        limit: int = 0,
+        owner: str | None = None,
+        token: int | None = None,
+        expires_in: float | None = None,
+    ) -> None:
+        super().__init__(message, name=name, owner=owner, token=token, expires_in=expires_in)
+        self.limit = limit
 
 
 class LockLost(LockError, NotNow):

@@ -28,6 +28,7 @@ from ._guard_run import run_guarded
 from ._guard_run_async import run_guarded_async
 from ._guard_spec import (
     GuardSpec,
+    LimitSpec,
     NameSpec,
     current_claim_var,
     current_lease_var,
@@ -120,6 +121,7 @@ def guarded(
     retry: RetryPolicy | None = None,
     if_locked: str = "raise",
     skipped_result: Any = None,
+    limit: LimitSpec = None,
 ) -> Callable[[F], F]:
     """Guard a job function with a lease, an idempotency claim, or both.
 
@@ -173,6 +175,13 @@ def guarded(
             raises ``LockTimeout``; ``"skip"``: the call returns ``skipped_result`` without
             running.
         skipped_result: What a skipped call returns (default ``None``).
+        limit: A concurrency limit ``(name, n)``: at most ``n`` calls run at once per
+            name, a template or callable like ``lock`` (``("tenant:{tenant_id}", 3)``),
+            granted by ``locks`` (``acquire(name, limit=n)``, see `jobfence.limits`). A
+            call over the limit does not run and raises ``LimitReached``, a ``NotNow``
+            refusal whose ``retry_after`` is when the first running call's lease ends; it
+            never waits. The limit's lease is taken before ``lock``, renewed while the
+            function runs and released when it ends. ``lock`` is optional with a limit.
 
     Returns:
         The decorator. Inside the guarded call, `current_lease` and `current_claim`
@@ -217,6 +226,7 @@ def guarded(
             fingerprint=fingerprint,
             if_locked=if_locked,
             skipped_result=skipped_result,
+            limit=limit,
         )
         body: Callable[..., Any] = fn if policy is None else policy(_check_lease_first(fn))
 

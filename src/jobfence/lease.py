@@ -89,10 +89,18 @@ class Lease:
         ttl: float,
         started: float,
         renew: bool,
+        *,
+        backend_name: str | None = None,
+        slot: int | None = None,
     ) -> None:
         self.name = name
         self.owner = owner
         self.token = token
+        #: the name the backend knows the lease by: ``name``, or for a slot of a concurrency
+        #: limit (``acquire(name, limit=N)``) the slot's own name
+        self.backend_name = name if backend_name is None else backend_name
+        #: the slot (0 to N - 1) of a concurrency limit's lease, ``None`` for a plain lease
+        self.slot = slot
         self.state = LeaseState(ttl, started, renews=renew)
         self._locks = locks
         self._started = started  # the grant request was sent: the hold time counts from here
@@ -239,7 +247,7 @@ class Lease:
             ok = self._locks.call_backend(
                 "lock.extend",
                 self.name,
-                lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
+                lambda: self._locks.backend.extend(self.backend_name, self.owner, new_ttl),
             )
         except BaseException:
             state.extend_done(None, new_ttl, answered=False)  # it may still land, later
@@ -303,7 +311,7 @@ class Lease:
         """The owner-checked release on the server. ``AsyncLease``: in a task of its own, so
         that a cancelled caller does not cut it off (it finishes in the background)."""
         backend = self._locks.backend
-        return backend.release(self.name, self.owner)
+        return backend.release(self.backend_name, self.owner)
 
     def _release_on_exit(self) -> tuple[bool | None, BaseException | None]:
         """Release, waiting at most ``EXIT_RELEASE_WAIT`` s: ``(answer, None)``, ``(None,

@@ -92,10 +92,18 @@ class AsyncLease:
         ttl: float,
         started: float,
         renew: bool,
+        *,
+        backend_name: str | None = None,
+        slot: int | None = None,
     ) -> None:
         self.name = name
         self.owner = owner
         self.token = token
+        #: the name the backend knows the lease by: ``name``, or for a slot of a concurrency
+        #: limit (``acquire(name, limit=N)``) the slot's own name
+        self.backend_name = name if backend_name is None else backend_name
+        #: the slot (0 to N - 1) of a concurrency limit's lease, ``None`` for a plain lease
+        self.slot = slot
         self.state = LeaseState(ttl, started, renews=renew)
         self._locks = locks
         self._started = started  # the grant request was sent: the hold time counts from here
@@ -245,7 +253,7 @@ class AsyncLease:
             ok = await self._locks.call_backend(
                 "lock.extend",
                 self.name,
-                lambda: self._locks.backend.extend(self.name, self.owner, new_ttl),
+                lambda: self._locks.backend.extend(self.backend_name, self.owner, new_ttl),
             )
         except BaseException:
             state.extend_done(None, new_ttl, answered=False)  # it may still land, later
@@ -343,7 +351,7 @@ class AsyncLease:
                 self._releasing = None
             return answer
         else:
-            return await backend.release(self.name, self.owner)
+            return await backend.release(self.backend_name, self.owner)
 
     if ASYNC:
 
@@ -351,7 +359,7 @@ class AsyncLease:
             """The release task's body: the owner-checked release, its answer (or error) also
             set on ``reply`` unless its caller stopped waiting (``reply`` cancelled)."""
             try:
-                answer = await self._locks.backend.release(self.name, self.owner)
+                answer = await self._locks.backend.release(self.backend_name, self.owner)
             except BaseException as exc:
                 if not reply.done():
                     if isinstance(exc, asyncio.CancelledError):

@@ -28,7 +28,7 @@ from ._core import compat, forks
 from ._core.clock import get_clock
 from ._core.hooks import get_hook, hook
 from ._core.renewer import Renewer
-from ._core.validate import check_listing, check_name, check_timeout, check_ttl
+from ._core.validate import check_listing, check_timeout, check_ttl
 from .acquire import GRANT_MIN_LEFT as GRANT_MIN_LEFT
 from .acquire import SERVER_WAIT as SERVER_WAIT
 from .acquire import WAIT_RETRY_PAUSE as WAIT_RETRY_PAUSE
@@ -48,6 +48,8 @@ from .conflicts import is_transient
 from .errors import BackendError, ConfigurationError, JobfenceError, LockTimeout
 from .lease import EXIT_RELEASE_WAIT as EXIT_RELEASE_WAIT
 from .lease import Lease
+from .limited import acquire_limited, holder_limited, try_acquire_limited
+from .limits import check_limit, check_lock_name, split_listing
 
 __all__ = ["DEFAULT_TTL", "DEFAULT_URL", "Lease", "Locks"]
 
@@ -62,6 +64,8 @@ DEFAULT_URL = "sqlite:///jobfence.db"
 DEFAULT_POLL_INTERVAL = 1.0
 #: how long an interrupted acquire waits for its clean-up before leaving it to the background
 CLEANUP_WAIT = 1.0
+#: how many names a client remembers the concurrency limit of (to refuse a second limit)
+_LIMITS_KEPT = 10_000
 _NEVER = float("inf")
 
 
@@ -115,6 +119,8 @@ class Locks:
         self._closed = False
         #: (name, owner) of every acquire waiting right now
         self._waiting: dict[tuple[str, str], None] = {}
+        #: the concurrency limit each name was used with by this client (limit > 1 only)
+        self._limits: dict[str, int] = {}
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def _new_renewer(self, give_back: Callable[[str, str], None] | None) -> Renewer:
@@ -161,10 +167,22 @@ class Locks:
             ) from exc
 
     def _lease(
-        self, name: str, owner: str, token: int, ttl: float, started: float, renew: bool
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        started: float,
+        renew: bool,
+        *,
+        backend_name: str | None = None,
+        slot: int | None = None,
     ) -> Lease:
-        """The lease object for a grant (a closed client first runs :meth:`_refuse_closed`)."""
-        lease = Lease(self, name, owner, token, ttl, started, renew)
+        """The lease object for a grant (a closed client first runs :meth:`_refuse_closed`);
+        ``backend_name`` and ``slot`` for a slot of a concurrency limit."""
+        lease = Lease(
+            self, name, owner, token, ttl, started, renew, backend_name=backend_name, slot=slot
+        )
         self._renewer.add(lease)
         return lease
 
@@ -198,11 +216,37 @@ class Locks:
         self._check_open()
 
     def try_acquire(
-        self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True
+        self, name: str, *, ttl: float = DEFAULT_TTL, renew: bool = True, limit: int = 1
     ) -> Lease | None:
-        """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``."""
+        """Take ``name`` if it is free right now; never waits. Returns the lease or ``None``.
+
+        ``limit`` = N > 1: take one of the N leases the name allows at once (a concurrency
+        limit, see :mod:`jobfence.limits`), ``None`` if all N are held."""
         self._check_open()
-        return self._try_acquire(check_name(name), new_owner(), check_ttl(ttl), renew)
+        name, limit = self._checked(name, limit)
+        ttl = check_ttl(ttl)
+        if limit > 1:
+            return try_acquire_limited(self, name, limit, ttl, renew)
+        return self._try_acquire(name, new_owner(), ttl, renew)
+
+    def _checked(self, name: object, limit: object) -> tuple[str, int]:
+        """A name and its concurrency limit, validated; a name this client used with another
+        limit is refused (every process must use one limit per name)."""
+        limit = check_limit(limit)
+        name = check_lock_name(name, limit=limit)
+        limits = self._limits
+        known = limits.get(name) if limits else None
+        if known is not None and known != limit:
+            raise ConfigurationError(
+                f"limit: {name!r} was acquired with limit={known} by this client, now with "
+                f"limit={limit}; use one limit per name everywhere",
+                argument="limit",
+            )
+        if known is None and limit > 1:
+            if len(limits) >= _LIMITS_KEPT:
+                limits.clear()
+            limits[name] = limit
+        return name, limit
 
     def _try_acquire(self, name: str, owner: str, ttl: float, renew: bool) -> Lease | None:
         """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
@@ -426,14 +470,26 @@ class Locks:
         ttl: float = DEFAULT_TTL,
         timeout: float | None = None,
         renew: bool = True,
+        limit: int = 1,
     ) -> Lease:
         """Wait for ``name`` (at most ``timeout`` seconds; ``None`` waits forever).
 
         Returns the :class:`Lease`; ``with locks.acquire(...) as lease:`` also releases it
-        on exit. Raises :class:`LockTimeout` when the timeout passes.
+        on exit. Raises :class:`LockTimeout` when the timeout passes. ``limit`` = N > 1:
+        wait for one of the N leases the name allows at once (a concurrency limit, see
+        :mod:`jobfence.limits`); waiters are served in turn.
         """
         self._check_open()
-        return self._acquire(check_name(name), check_ttl(ttl), check_timeout(timeout), renew)
+        name, limit = self._checked(name, limit)
+        return self._acquire_any(name, check_ttl(ttl), check_timeout(timeout), renew, limit)
+
+    def _acquire_any(
+        self, name: str, ttl: float, timeout: float | None, renew: bool, limit: int
+    ) -> Lease:
+        """:meth:`acquire` with its arguments checked: a plain lease, or one of a limit."""
+        if limit > 1:
+            return acquire_limited(self, name, limit, ttl, timeout, renew)
+        return self._acquire(name, ttl, timeout, renew)
 
     def install(self) -> None:
         """Create the backend's tables now (idempotent; SQL backends also do it on first use).
@@ -448,19 +504,25 @@ class Locks:
         """Administrative: drop the lease on ``name`` whoever holds it. Its holder finds the
         lease lost at its next renewal. Returns whether a lease was dropped."""
         self._check_open()
-        name = check_name(name)
+        name = check_lock_name(name)
         return bool(
             self.call_backend("lock.force_release", name, partial(self.backend.force_release, name))
         )
 
-    def holder(self, name: str) -> LockHolder | None:
+    def holder(self, name: str, *, limit: int = 1) -> LockHolder | None:
         """Who holds ``name`` now, by the server's own record: a :class:`LockHolder`
         (``owner`` id ``host:pid:uuid``, fencing ``token``, ``expires_in`` seconds left by the
         server's clock), or ``None`` if nobody does. Read-only, one round trip; any client on
         the same backend and namespace may ask, not only the holder's. Where the server does
-        not record a field it is ``None`` (PostgreSQL session mode: no owner id, no ttl)."""
+        not record a field it is ``None`` (PostgreSQL session mode: no owner id, no ttl).
+
+        ``limit`` = N > 1: the holder of the concurrency limit's lease that ends first (with
+        its token), ``None`` if none of the N is held; :meth:`holders` lists them all."""
         self._check_open()
-        name = check_name(name)
+        limit = check_limit(limit)
+        name = check_lock_name(name, limit=limit)
+        if limit > 1:
+            return holder_limited(self, name, limit)
         return self.call_backend("lock.holder", name, partial(self.backend.holder, name))
 
     def holders(self, prefix: str = "", limit: int = 1000) -> list[tuple[str, LockHolder]]:
@@ -474,12 +536,18 @@ class Locks:
         ``KEYS``) and reads each lease; PostgreSQL session mode cannot list (its advisory
         locks are keyed by a hash of the name) and raises ``ConfigurationError``. A
         third-party backend without ``holders()`` raises ``NotImplementedError``.
+
+        The leases of a concurrency limit (``acquire(name, limit=N)``) are listed under
+        ``name``, one pair per held slot, with their tokens; its waiters' gate is left out.
         """
         self._check_open()
         prefix, limit = check_listing(prefix, limit)
-        return self.call_backend(
+        rows = self.call_backend(
             "lock.holders", prefix, partial(self.backend.holders, prefix, limit)
         )
+        shown = [row for row in (split_listing(n, h) for n, h in rows) if row is not None]
+        shown.sort(key=lambda row: row[0])  # a slot's name sorts after its base name's
+        return shown
 
     def _check_open(self) -> None:
         if self._closed:
@@ -516,6 +584,7 @@ class Locks:
         self._renewer = self._new_renewer(give_back=None)
         self._cleanups = set()
         self._waiting = {}
+        self._limits = {}
         self.backend.after_fork()
 
     def __enter__(self) -> Locks:

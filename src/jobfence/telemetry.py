@@ -193,13 +193,17 @@ def enabled() -> bool:
 # -- the calls at jobfence's seams (internal) --------------------------------------------------
 
 
-def lock_wait(backend: str, began: float, acquired: bool) -> None:
-    """An acquire called at ``began`` (``get_clock().monotonic()``) got its answer now."""
+def lock_wait(backend: str, began: float, acquired: bool, *, limit: int | None = None) -> None:
+    """An acquire called at ``began`` (``get_clock().monotonic()``) got its answer now;
+    ``limit``: an acquire under a concurrency limit of that many (an attribute ``limit``)."""
     i = _inst or _load()
     if i.live():
         outcome = "acquired" if acquired else "timeout"
         seconds = get_clock().monotonic() - began
-        i.lock_wait.record(seconds, {"backend": backend, "outcome": outcome})
+        attributes: dict[str, Any] = {"backend": backend, "outcome": outcome}
+        if limit is not None:
+            attributes["limit"] = limit
+        i.lock_wait.record(seconds, attributes)
 
 
 def lock_hold(backend: str, granted: float) -> None:

@@ -133,10 +133,21 @@ SECTION_ROWS = {
         for case in ("lock cycle", "inbox claim+complete")
         for backend in ("Redis", "PostgreSQL", "etcd")
     ],
+    "## 10. Concurrency limits: acquire+release under limit=3": [
+        "Redis: floor (ZSET script + ZREM)",
+        "Redis: jobfence limit=3",
+        "Redis: jobfence plain lock",
+        "Redis: the backend's verbs on slot 0",
+        "PostgreSQL: floor (slot rows, SKIP LOCKED)",
+        "PostgreSQL: jobfence limit=3",
+        "PostgreSQL: jobfence plain lock",
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick)
 TARGETS = [
+    "a limit of 3 on Redis ≤ 1.2x its floor",
+    "a limit of 3 on PostgreSQL ≤ 1.2x its floor",
     "jobfence `Locks` ≤ 1.15x the sync floor",
     "jobfence `AsyncLocks` ≤ 1.15x the async floor",
     "jobfence `Locks` faster than redis-py `Lock`",

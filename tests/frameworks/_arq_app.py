@@ -16,7 +16,9 @@ takes them over.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 from arq.connections import RedisSettings
@@ -60,6 +62,15 @@ async def place_order_by_job(ctx: dict[str, Any], order_id: str, product_id: int
     return await _apply(ctx, order_id, product_id, qty)
 
 
+@jfarq.guarded(locks=locks, limit=("tenant:{tenant}", 2), ttl=2, retry_delay=0.2)
+async def limited(ctx: dict[str, Any], tenant: str, n: int) -> list[float]:
+    """A job of which at most 2 per tenant run at once: its run's start and end (wall clock;
+    the test computes the overlap)."""
+    started = time.time()
+    await asyncio.sleep(0.4)  # the work
+    return [started, time.time()]
+
+
 async def shutdown(ctx: dict[str, Any]) -> None:
     await locks.close()
     await inbox.close()
@@ -68,7 +79,11 @@ async def shutdown(ctx: dict[str, Any]) -> None:
 class WorkerSettings:
     redis_settings = RedisSettings.from_dsn(REDIS_URL)
     queue_name = QUEUE
-    functions = [func(place_order, name="place_order"), func(place_order_by_job, name="by_job")]
+    functions = [
+        func(place_order, name="place_order"),
+        func(place_order_by_job, name="by_job"),
+        func(limited, name="limited"),
+    ]
     job_timeout = JOB_TIMEOUT
     max_tries = 50  # LockTimeout / ClaimInProgress retries and a killed run each count as a try
     max_jobs = 10

@@ -17,6 +17,7 @@ The timeouts are short so that a killed worker's lease and claim are free again 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import celery
@@ -81,3 +82,13 @@ def apply_order(order_id: str, product_id: int, qty: int) -> dict[str, Any]:
 def apply_message(self: Any, order_id: str, product_id: int, qty: int) -> dict[str, Any]:
     result = _support.apply_order(inbox, order_id, product_id, qty)
     return {**result, "key": jfcelery.job_key(), "task_id": self.request.id}
+
+
+@app.task(name="jf_fw.limited", max_retries=None)
+@jfcelery.guarded(locks=locks, limit=("tenant:{tenant}", 2), ttl=TTL, retry_delay=RETRY_DELAY)
+def limited(tenant: str, n: int) -> list[float]:
+    """A task of which at most 2 per tenant run at once: its run's start and end (wall
+    clock; the test computes the overlap)."""
+    started = time.time()
+    time.sleep(0.4)  # the work
+    return [started, time.time()]

@@ -16,6 +16,7 @@ so a killed worker's job would be found abandoned only a minute later, too long 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import rq
@@ -59,6 +60,15 @@ async def place_order_async(order_id: str, product_id: int, qty: int) -> dict[st
 @guarded_job(inbox=inbox, claim_ttl=9, retry_delay=1)
 def place_order_by_job(order_id: str, product_id: int, qty: int) -> dict[str, Any]:
     return apply_order(inbox, order_id, product_id, qty)
+
+
+@guarded_job(locks=locks, limit=("tenant:{tenant}", 2), ttl=2, retry_delay=1)
+def limited(tenant: str, n: int) -> list[float]:
+    """A job of which at most 2 per tenant run at once: its run's start and end (wall clock;
+    the test computes the overlap)."""
+    started = time.time()
+    time.sleep(0.4)  # the work
+    return [started, time.time()]
 
 
 class FastAbandonWorker(rq.Worker):

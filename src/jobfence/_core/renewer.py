@@ -112,7 +112,8 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
 
     def __init__(self, lease: Renewable, callback: Callable[[_Tracked], Any]) -> None:
         super().__init__(lease, callback)  # type: ignore[call-arg]  # weakref.ref takes them
-        self.name = lease.name
+        # the name the backend knows it by (a concurrency limit's slot has a name of its own)
+        self.name = getattr(lease, "backend_name", lease.name)
         self.owner = lease.owner
         self.token = lease.token
         # what the log calls it: a claim or a queue delivery says so (``label``); a lease's

@@ -81,6 +81,7 @@ GUARD_ARGUMENTS = (
     "attempts",
     "if_locked",
     "skipped_result",
+    "limit",
 )
 
 

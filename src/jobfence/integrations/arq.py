@@ -150,6 +150,7 @@ def guarded(
     retry: RetryPolicy | None = None,
     if_locked: str = "raise",
     skipped_result: Any = None,
+    limit: tuple[str | Callable[..., str], int] | None = None,
     retry_delay: float = DEFAULT_RETRY_DELAY,
 ) -> Callable[[F], F]:
     """Guard an arq task, ``async def task(ctx, ...)``, like :func:`jobfence.guarded`.
@@ -157,7 +158,7 @@ def guarded(
     The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
     templates over the task's arguments after ``ctx``, ``ttl``, ``timeout``, ``claim_ttl``,
     ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
-    ``skipped_result``), plus
+    ``skipped_result``, ``limit``), plus
     ``retry_delay``: the seconds arq waits before it runs the job again after a transient
     backend error, raised as ``arq.Retry(defer=retry_delay)``, and after a "not now" refusal
     (a lost lease or claim, ``ClaimInProgress``, ``LockTimeout``) whose holder's expiry is

@@ -189,6 +189,7 @@ def guarded(
     retry: RetryPolicy | None = None,
     if_locked: str = "raise",
     skipped_result: Any = None,
+    limit: tuple[str | Callable[..., str], int] | None = None,
     retry_delay: float = DEFAULT_RETRY_DELAY,
 ) -> Callable[[F], F]:
     """Guard a Celery task function like :func:`jobfence.guarded`; place it under
@@ -197,7 +198,7 @@ def guarded(
     The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
     templates over the task's own arguments, ``ttl``, ``timeout``, ``claim_ttl``,
     ``fingerprint``, ``attempts`` / ``retry`` for in-process whole-unit retries, ``if_locked``,
-    ``skipped_result``), plus
+    ``skipped_result``, ``limit``), plus
     ``retry_delay``: the seconds Celery waits before it runs the task again after a transient
     backend error, and after a "not now" refusal (a lost lease or claim, ``ClaimInProgress``,
     ``LockTimeout``) whose holder's expiry is unknown; a refusal is sent again without using

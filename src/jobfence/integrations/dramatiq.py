@@ -207,6 +207,7 @@ def guarded(
     retry: RetryPolicy | None = None,
     if_locked: str = "raise",
     skipped_result: Any = None,
+    limit: tuple[str | Callable[..., str], int] | None = None,
     retry_delay: float = DEFAULT_RETRY_DELAY,
 ) -> Callable[[F], F]:
     """Guard a Dramatiq actor's function like :func:`jobfence.guarded`, for a broker with
@@ -214,7 +215,7 @@ def guarded(
 
     The arguments are :func:`jobfence.guarded`'s (``locks``, ``inbox``, ``lock``/``key``
     templates, ``ttl``, ``timeout``, ``claim_ttl``, ``fingerprint``, ``attempts`` / ``retry``
-    for in-process whole-unit retries, ``if_locked``, ``skipped_result``), plus
+    for in-process whole-unit retries, ``if_locked``, ``skipped_result``, ``limit``), plus
     ``retry_delay`` (below).
 
     ``lock``/``key`` templates see the actor's own arguments. Without ``key``, the key is

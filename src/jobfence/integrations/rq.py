@@ -151,8 +151,9 @@ def guarded(
 ) -> Callable[[F], F]:
     """Guard an RQ job function like :func:`jobfence.guarded` (``guard_options`` are its
     arguments: ``locks``, ``inbox``, ``lock``, ``key``, ``ttl``, ``timeout``, ``claim_ttl``,
-    ``fingerprint``, ``attempts``/``retry``, ``if_locked``, ``skipped_result``), with RQ's job
-    id as the default key and RQ's own retry for jobfence's "try again later" outcomes.
+    ``fingerprint``, ``attempts``/``retry``, ``if_locked``, ``skipped_result``, ``limit``),
+    with RQ's job id as the default key and RQ's own retry for jobfence's "try again later"
+    outcomes.
 
     ``lock``/``key`` templates see the job's own arguments (RQ passes them as enqueued).
     Without ``key``, the key is ``"rq:<job id>"``, the same on every retry and requeue of the
