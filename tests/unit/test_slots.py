@@ -3,6 +3,7 @@ days, keys, jitter and the misfire decision."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -117,7 +118,7 @@ def test_bad_specs_name_their_argument(make: object, argument: str) -> None:
     assert info.value.argument == argument
 
 
-# -- keys, jitter, misfire ------------------------------------------------------------------------
+# -- keys, jitter, misfire ----------------------------------------------------------------
 
 
 def test_slot_keys_and_prefixes() -> None:
@@ -153,7 +154,7 @@ def test_misfire_action(late: float, misfire: str, newest: bool, action: str) ->
     assert slots.misfire_action(late=late, grace=60, misfire=misfire, newest=newest) == action
 
 
-# -- properties -------------------------------------------------------------------------------------
+# -- properties ---------------------------------------------------------------------------
 
 ZONES = ["UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
 EXPRESSIONS = [
@@ -169,7 +170,14 @@ EXPRESSIONS = [
 #: instants around the DST changes of 2026-2028 in the zones above, and random ones
 DST_STARTS = [
     ts(day + "T00:00:00")
-    for day in ("2026-03-08", "2026-03-29", "2026-10-25", "2026-11-01", "2027-04-04", "2027-10-03")
+    for day in (
+        "2026-03-08",
+        "2026-03-29",
+        "2026-10-25",
+        "2026-11-01",
+        "2027-04-04",
+        "2027-10-03",
+    )
 ]
 
 
@@ -214,4 +222,4 @@ def test_every_slots_are_the_multiples_of_the_period(period: int, start: float) 
     got = slots.window(spec, start, start + 10 * period)
     assert len(got) == 10
     assert all(at % period == 0 and at > start for at in got)
-    assert all(b - a == period for a, b in zip(got, got[1:]))
+    assert all(b - a == period for a, b in itertools.pairwise(got))
