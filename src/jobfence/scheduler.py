@@ -725,8 +725,8 @@ class Scheduler:
         """Pass after pass until :meth:`stop` (or SIGTERM / SIGINT when called in the main
         thread): each pass claims the due slots and starts their targets in the background
         (a task; ``Scheduler``: a thread each), then waits for the next due slot (at most
-        ``MAX_PAUSE`` s). On the way out it waits for the targets still running."""
-        self._stopping = False
+        ``MAX_PAUSE`` s). On the way out it waits for the targets still running. A
+        :meth:`stop` that came before makes it return at once."""
         restore = self._install_signals()
         try:
             self._stop_event.clear()
@@ -738,6 +738,7 @@ class Scheduler:
         finally:
             restore()
             self._join()
+            self._stopping = False  # ready for another run()
 
     def _pause(self) -> None:
         clock = get_clock()

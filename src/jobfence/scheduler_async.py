@@ -224,6 +224,7 @@ class AsyncScheduler:
         self._stopping = False
         if ASYNC:
             self._stop_event: asyncio.Event | None = None
+            self._loop: asyncio.AbstractEventLoop | None = None
             self._tasks: set[asyncio.Task[Any]] = set()
         else:
             self._stop_event = threading.Event()
@@ -740,12 +741,13 @@ class AsyncScheduler:
         """Pass after pass until :meth:`stop` (or SIGTERM / SIGINT when called in the main
         thread): each pass claims the due slots and starts their targets in the background
         (a task; ``Scheduler``: a thread each), then waits for the next due slot (at most
-        ``MAX_PAUSE`` s). On the way out it waits for the targets still running."""
-        self._stopping = False
+        ``MAX_PAUSE`` s). On the way out it waits for the targets still running. A
+        :meth:`stop` that came before makes it return at once."""
         restore = self._install_signals()
         try:
             if ASYNC:
                 self._stop_event = asyncio.Event()
+                self._loop = asyncio.get_running_loop()
             else:
                 self._stop_event.clear()
             while not self._stopping:
@@ -756,6 +758,7 @@ class AsyncScheduler:
         finally:
             restore()
             await self._join()
+            self._stopping = False  # ready for another run()
 
     async def _pause(self) -> None:
         clock = get_clock()
@@ -840,13 +843,18 @@ class AsyncScheduler:
         if event is None:
             return
         if ASYNC:
+            loop = self._loop
             try:
-                loop = asyncio.get_running_loop()
+                here = asyncio.get_running_loop()
             except RuntimeError:
-                loop = None
-            if loop is not None:
+                here = None
+            if loop is None or loop is here:
                 event.set()
-            # from another thread, run() sees _stopping within MAX_PAUSE s
+            else:  # from another thread (a signal handler, a worker's shutdown)
+                try:
+                    loop.call_soon_threadsafe(event.set)
+                except RuntimeError:  # its loop is closed: run() has returned
+                    pass
         else:
             event.set()
 
