@@ -57,6 +57,8 @@ BULK = 8
 MAX_PAUSE = 1.0
 #: the inbox key of a schedule's pause mark
 PAUSE_PREFIX = "schedule-paused:"
+#: the key prefix of the markers of missed slots (counted by ``info``)
+MISSED_PREFIX = "schedule-missed:"
 #: the lease held while a schedule's target runs, for ``overlap="skip"`` / ``"queue"``
 RUN_PREFIX = "schedule-run:"
 
@@ -486,18 +488,22 @@ class Scheduler:
         jobs: list[_Job] = []
         fires: list[Fire] = []
         for schedule in list(self._schedules.values()):
+            candidates: list[int] = []
+            done = 0
             try:
                 paused = self._paused(inbox, schedule.name)
                 candidates = self._candidates(inbox, schedule, now)
                 for at in candidates:
                     outcome = self._take(inbox, schedule, at, now, paused)
+                    done += 1
                     if isinstance(outcome, Fire):
                         fires.append(outcome)
                     elif outcome is not None:
                         jobs.append(outcome)
             except JobfenceError as err:
-                # the backend did not answer: the slots stay where they are (the cursor only
-                # moved past slots already decided or pending) and the next pass goes on
+                # the backend did not answer: the slots not decided yet are claimed again on
+                # the next pass (a claim granted but not completed expires after its lease)
+                schedule.pending.update(candidates[done:])
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
         return jobs, fires
 
@@ -519,11 +525,14 @@ class Scheduler:
             if at > now or s.due(at) > now:
                 break
             fresh.append(at)
-        if fresh:
-            s.cursor = fresh[-1]
-            s.latest_due = max(fresh[-1], s.latest_due or fresh[-1])
+        if not fresh:
+            return sorted(s.pending)
+        newest = fresh[-1]
         if len(fresh) > BULK:
             fresh = self._unrecorded(inbox, s, fresh)
+        # past these slots only once they are read: a failed read leaves them to the next pass
+        s.cursor = newest
+        s.latest_due = max(newest, s.latest_due or newest)
         return sorted(s.pending.union(fresh))
 
     def _first_cursor(self, inbox: Inbox, s: _Schedule, now: float) -> float:
@@ -620,10 +629,24 @@ class Scheduler:
         """Complete the slot's claim with a record that says ``outcome`` (not fired)."""
         if outcome == "skipped":
             telemetry.schedule_skip(s.name)
-        log.info("schedule %r slot %s %s: %s", s.name, slotmath.slot_iso(at), outcome, why)
-        record = self._record_of(s, slotmath.slot_iso(at), outcome, None, None, why)
+        iso = slotmath.slot_iso(at)
+        log.info("schedule %r slot %s %s: %s", s.name, iso, outcome, why)
+        record = self._record_of(s, iso, outcome, None, None, why)
         self._complete(claim, record)
+        if outcome == "missed":
+            self._note_miss(s.name, iso)
         return _fire_of(s.name, claim.key, record)
+
+    def _note_miss(self, name: str, iso: str) -> None:
+        """A record of its own for each missed slot (``schedule-missed:<name>@<iso>``), so
+        that :meth:`info` counts the misses with one listing instead of reading every
+        slot's record. Best effort: a failure only leaves the count short."""
+        try:
+            marker = self._get_inbox().claim(f"{MISSED_PREFIX}{name}@{iso}", ttl=self.lease)
+            if marker.state is ClaimState.NEW:
+                marker.complete(None)
+        except JobfenceError as err:
+            log.debug("noting the miss of %r at %s failed: %s", name, iso, err)
 
     def _record_of(
         self,
@@ -812,7 +835,10 @@ class Scheduler:
         paused = self._paused(inbox, name)
         now = get_clock().time()
         nxt = next(iter(s.spec.after(now)), None)
-        history = self.history(name, limit=None)
+        history = self.history(name, limit=1)
+        missed = inbox.claims(
+            prefix=f"{MISSED_PREFIX}{name}@", state=ClaimState.COMPLETED, limit=100_000
+        )
         return ScheduleInfo(
             name=name,
             spec=s.spec.describe(),
@@ -824,7 +850,7 @@ class Scheduler:
             paused=paused,
             next_at=None if nxt is None else slotmath.slot_datetime(nxt),
             last=history[0] if history else None,
-            misses=sum(1 for f in history if f.outcome == "missed"),
+            misses=len(missed),
             target=s.target,
         )
 
@@ -867,15 +893,26 @@ class Scheduler:
         inbox = self._get_inbox()
         now = get_clock().time()
         keys: list[str] = []
+        seen: set[str] = set()
         day = 86400
         start = math.floor(now + self.max_skew + 1)
         oldest = now - self.retention - day
+        # this hour, then whole days back to the retention: a dense schedule is read in one
+        # short listing, a sparse one in one listing per day kept
+        prefixes = [slotmath.slot_prefix(name, start, unit="hour")]
         at = start
-        while at >= oldest and (limit is None or len(keys) < limit):
-            prefix = slotmath.slot_prefix(name, at, unit="day")
-            infos = inbox.claims(prefix=prefix, state=ClaimState.COMPLETED, limit=100_000)
-            keys.extend(sorted((i.key for i in infos), reverse=True))
+        while at >= oldest:
+            prefixes.append(slotmath.slot_prefix(name, at, unit="day"))
             at -= day
+        for prefix in prefixes:
+            if limit is not None and len(keys) >= limit:
+                break
+            infos = inbox.claims(prefix=prefix, state=ClaimState.COMPLETED, limit=100_000)
+            for k in sorted((i.key for i in infos), reverse=True):
+                if k not in seen:
+                    seen.add(k)
+                    keys.append(k)
+        keys.sort(reverse=True)
         if limit is not None:
             keys = keys[:limit]
         fires = []

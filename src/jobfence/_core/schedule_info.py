@@ -68,7 +68,7 @@ class ScheduleInfo:
     * ``paused`` -- paused on every process (``pause()``), as the backend says now.
     * ``next_at`` -- the next slot after now (aware UTC), ``None`` if cron finds none.
     * ``last`` -- the newest record kept (``None``: none).
-    * ``misses`` -- how many of the records kept say ``missed``.
+    * ``misses`` -- how many slots were recorded ``missed`` within the retention.
     * ``target`` -- what a fire runs: ``"function <module.qualname>"``, ``"queue <name>"``
       or ``"send <callable>"``.
     """
