@@ -136,6 +136,8 @@ class _Schedule:
     body: Any
     send: Callable[..., Any] | None
     target: str
+    #: how many times a fire may run a failing target
+    attempts: int = 1
     #: every slot at or before it was looked at by this process (epoch s; None: not yet)
     cursor: float | None = None
     #: slots in progress elsewhere, or waiting for the run lease, to claim again
@@ -254,6 +256,7 @@ class Scheduler:
         queue: Any = None,
         body: Any = None,
         send: Callable[[Slot], Any] | None = None,
+        attempts: int = 1,
     ) -> Callable[[F], F]:
         """Decorator: run the function at every slot of the cron expression ``expr`` in time
         zone ``tz``. The function takes no argument or one (the :class:`Slot`). With
@@ -275,6 +278,7 @@ class Scheduler:
                 queue=queue,
                 body=body,
                 send=send,
+                attempts=attempts,
             )
             return fn
 
@@ -295,6 +299,7 @@ class Scheduler:
         queue: Any = None,
         body: Any = None,
         send: Callable[[Slot], Any] | None = None,
+        attempts: int = 1,
     ) -> Callable[[F], F]:
         """Decorator: run the function every ``seconds + 60 * minutes + 3600 * hours``
         seconds (a whole number >= 1), at the multiples of that period since the Unix epoch.
@@ -316,6 +321,7 @@ class Scheduler:
                 queue=queue,
                 body=body,
                 send=send,
+                attempts=attempts,
             )
             return fn
 
@@ -337,6 +343,7 @@ class Scheduler:
         queue: Any = None,
         body: Any = None,
         send: Callable[[Slot], Any] | None = None,
+        attempts: int = 1,
     ) -> str:
         """Register a schedule; return its name.
 
@@ -358,6 +365,9 @@ class Scheduler:
           until the misfire policy takes over).
         * ``jitter`` -- seconds: each slot is due a delay in ``[0, jitter)`` after its time,
           the same on every process (a hash of the name and the slot).
+        * ``attempts`` -- how many times a fire may run a target that raises (default 1: a
+          failure is recorded ``failed`` and the slot is not retried); each further attempt
+          starts at once, inside the same claim, and only while the slot is within ``grace``.
         """
         if self._closed:
             raise ConfigurationError("this scheduler is closed", argument="self")
@@ -378,6 +388,10 @@ class Scheduler:
         grace = slotmath.check_seconds(grace, argument="grace", positive=True)
         catch_up = slotmath.check_seconds(catch_up, argument="catch_up", positive=True)
         jitter = slotmath.check_seconds(jitter, argument="jitter")
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigurationError(
+                f"attempts must be an int >= 1, got {attempts!r}", argument="attempts"
+            )
         if catch_up < grace:
             raise ConfigurationError(
                 f"catch_up ({catch_up!r} s) must be >= grace ({grace!r} s)", argument="catch_up"
@@ -428,6 +442,7 @@ class Scheduler:
         schedule = _Schedule(
             name, spec, misfire, grace, catch_up, overlap, jitter, fn, queue, body, send, what
         )
+        schedule.attempts = attempts
         self._schedules[name] = schedule
         if self.retention < needed:
             del self._schedules[name]
@@ -698,7 +713,7 @@ class Scheduler:
         outcome, error = "fired", None
         token = current_claim_var.set(claim)
         try:
-            claim._run_work(self._run_target, s, slot)
+            self._attempts(job)
         except Exception as exc:
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             log.error(
@@ -719,6 +734,32 @@ class Scheduler:
             log.info("schedule %r fired slot %s (lag %.3f s)", s.name, iso, lag)
         self._complete(claim, record)
         return _fire_of(s.name, claim.key, record)
+
+    def _attempts(self, job: _Job) -> None:
+        """The job's target, run again after a failure while ``attempts`` allow and the
+        slot is within grace (a manual fire: once more per attempt, whatever the time)."""
+        s, slot, claim = job.schedule, job.slot, job.claim
+        attempt = 1
+        while True:
+            try:
+                claim._run_work(self._run_target, s, slot)
+                return
+            except ClaimLost:
+                raise
+            except Exception as exc:
+                late = get_clock().time() - job.due
+                if attempt >= s.attempts or (not slot.manual and late > s.grace) or claim.lost:
+                    raise
+                attempt += 1
+                log.warning(
+                    "schedule %r slot %s: attempt %d of %d after %s: %s",
+                    s.name,
+                    slot.key,
+                    attempt,
+                    s.attempts,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _release_lease(self, lease: Lease, name: str) -> None:
         try:

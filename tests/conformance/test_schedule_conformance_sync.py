@@ -370,6 +370,26 @@ def test_a_failing_target_is_recorded_failed_and_not_retried(
     assert [f.key for f in history] == [manual.key, key("broken", START)]
 
 
+def test_attempts_retry_a_failing_target_inside_the_slot(pods: Pods, clock: ManualClock) -> None:
+    calls: list[str] = []
+
+    def flaky(slot: Slot) -> None:
+        calls.append(slot.key)
+        if len(calls) % 3:
+            raise ConnectionError(f"try {len(calls)}")
+
+    a = pods.new("a")
+    a.add("thrice", every=60, attempts=3, target=flaky)
+    a.add("twice", every=60, attempts=2, target=flaky)
+    fires = {f.schedule: f for f in a.tick()}
+    assert (fires["thrice"].outcome, fires["thrice"].error) == ("fired", None)
+    assert (fires["twice"].outcome, fires["twice"].error) == ("failed", "ConnectionError: try 5")
+    assert calls == [key("thrice", START)] * 3 + [key("twice", START)] * 2
+    with pytest.raises(ConfigurationError) as info:
+        a.add("never", every=60, attempts=0, target=flaky)
+    assert info.value.argument == "attempts"
+
+
 def test_trigger_fires_now_with_a_manual_slot(pods: Pods, clock: ManualClock) -> None:
     seen: list[Slot] = []
 
