@@ -224,6 +224,7 @@ class Scheduler:
         self._schedules: dict[str, _Schedule] = {}
         self._closed = False
         self._stopping = False
+        self._failed = False  # the last pass met a backend error
         self._stop_event = threading.Event()
         self._threads: set[threading.Thread] = set()
         self._mutex = threading.Lock()
@@ -500,6 +501,7 @@ class Scheduler:
         if now is None:
             now = get_clock().time()
         inbox = self._get_inbox()
+        self._failed = False
         jobs: list[_Job] = []
         fires: list[Fire] = []
         for schedule in list(self._schedules.values()):
@@ -519,6 +521,7 @@ class Scheduler:
                 # the backend did not answer: the slots not decided yet are claimed again on
                 # the next pass (a claim granted but not completed expires after its lease)
                 schedule.pending.update(candidates[done:])
+                self._failed = True
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
         return jobs, fires
 
@@ -812,7 +815,8 @@ class Scheduler:
             for at in s.spec.after(s.cursor if s.cursor is not None else now):
                 wake = min(wake, s.due(at))
                 break
-        timeout = max(0.0, wake - now)
+        # after a failed pass, the longest pause: a backend that is down is not hammered
+        timeout = MAX_PAUSE if self._failed else max(0.0, wake - now)
         clock.wait(self._stop_event, timeout)
 
     def _start(self, job: _Job) -> None:

@@ -226,6 +226,7 @@ class AsyncScheduler:
         self._schedules: dict[str, _Schedule] = {}
         self._closed = False
         self._stopping = False
+        self._failed = False  # the last pass met a backend error
         if ASYNC:
             self._stop_event: asyncio.Event | None = None
             self._loop: asyncio.AbstractEventLoop | None = None
@@ -508,6 +509,7 @@ class AsyncScheduler:
         if now is None:
             now = get_clock().time()
         inbox = self._get_inbox()
+        self._failed = False
         jobs: list[_Job] = []
         fires: list[Fire] = []
         for schedule in list(self._schedules.values()):
@@ -527,6 +529,7 @@ class AsyncScheduler:
                 # the backend did not answer: the slots not decided yet are claimed again on
                 # the next pass (a claim granted but not completed expires after its lease)
                 schedule.pending.update(candidates[done:])
+                self._failed = True
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
         return jobs, fires
 
@@ -832,7 +835,8 @@ class AsyncScheduler:
             for at in s.spec.after(s.cursor if s.cursor is not None else now):
                 wake = min(wake, s.due(at))
                 break
-        timeout = max(0.0, wake - now)
+        # after a failed pass, the longest pause: a backend that is down is not hammered
+        timeout = MAX_PAUSE if self._failed else max(0.0, wake - now)
         if ASYNC:
             assert self._stop_event is not None
             await clock.wait_async(self._stop_event, timeout)
