@@ -33,7 +33,9 @@ class Where:
         self.spec.cleanup(self.url, self.namespace)
 
 
-@pytest.fixture(params=[s for s in SPECS if s.id in ("memory", "sqlite", "redis")], ids=str)
+@pytest.fixture(
+    params=[s for s in SPECS if s.id in ("memory", "sqlite", "redis")], ids=lambda s: s.id
+)
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     made = Where(request.param, tmp_path)
     yield made
