@@ -354,7 +354,8 @@ class Scheduler:
         time), else ``send`` (``send(slot)``), else ``target`` (a function of no argument or
         of the :class:`Slot`, run inside the slot's claim).
 
-        * ``name`` -- default the target's ``module.qualname``; the rules of a lock name.
+        * ``name`` -- default the target's ``module.qualname``; the rules of a lock name,
+          without ``@``.
         * ``misfire`` -- ``"latest"`` / ``"all"`` / ``"none"``: what a slot found later than
           ``grace`` does (fire it only if it is the newest due slot / fire it / record it
           missed).
@@ -418,6 +419,13 @@ class Scheduler:
                 raise ConfigurationError("name is needed without a target", argument="name")
             name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
         name = check_name(name, argument="name")
+        if "@" in name:
+            # the slot keys are ``schedule:<name>@<time>``: a name with "@" would share the
+            # key prefix of another schedule's slots
+            raise ConfigurationError(
+                f"name must not contain '@' (it ends the name in slot keys), got {name!r}",
+                argument="name",
+            )
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} exists already", argument="name")
         fn: Callable[..., Any] | None = None
@@ -489,7 +497,8 @@ class Scheduler:
     def tick(self, now: float | None = None) -> list[Fire]:
         """One pass at ``now`` (epoch seconds, default the clock's time): every slot due by
         then is claimed and decided, and the ones this process claimed to fire are run to
-        the end. Returns the records this pass made, oldest slot first per schedule."""
+        the end (one after the other). Returns the records this pass made: the slots
+        recorded missed or skipped, then the fires, each in slot order per schedule."""
         jobs, fires = self._pass(now)
         for job in jobs:
             fire = self._fire(job)

@@ -440,9 +440,10 @@ async def test_bad_input_names_the_argument(pods: Pods, ienv_async: AsyncInboxEn
     with pytest.raises(ConfigurationError) as info:
         a.every(seconds=-5)(job)
     assert info.value.argument == "seconds"
-    with pytest.raises(ConfigurationError) as info:
-        a.add("", every=1, target=job)
-    assert info.value.argument == "name"
+    for name in ("", "a@b"):
+        with pytest.raises(ConfigurationError) as info:
+            a.add(name, every=1, target=job)
+        assert info.value.argument == "name"
     a.add("ok", every=1, target=job)
     with pytest.raises(ConfigurationError) as info:
         a.add("ok", every=1, target=job)
