@@ -5,9 +5,9 @@ processes that run it, with no process in charge.
 process computes the same slots (``_core/slots.py``); a slot is an inbox key
 (``schedule:<name>@<UTC ISO time>``) claimed with ``ttl=lease`` and renewed while its target
 runs. Whoever claims it fires it and completes the claim with a record of what happened; a
-duplicate finds it completed and does nothing; a slot in progress elsewhere is claimed again on
-the next passes, so the slot of a process that died or hung past its lease is taken over, never
-lost. See docs/concepts/schedules.md.
+duplicate finds it completed and does nothing; a slot in progress elsewhere is claimed again
+every half lease, so the slot of a process that died or hung past its lease is taken over,
+never lost. See docs/concepts/schedules.md.
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ class _Schedule:
     attempts: int = 1
     #: every slot at or before it was looked at by this process (epoch s; None: not yet)
     cursor: float | None = None
-    #: slots in progress elsewhere, or waiting for the run lease, to claim again
-    pending: set[int] = field(default_factory=set)
+    #: slots in progress elsewhere, or waiting for the run lease, to claim again: slot ->
+    #: the clock's ``monotonic()`` from which the next claim is due
+    pending: dict[int, float] = field(default_factory=dict)
     #: the newest slot of the schedule found due so far
     latest_due: int | None = None
 
@@ -537,7 +538,7 @@ class AsyncScheduler:
             except JobfenceError as err:
                 # the backend did not answer: the slots not decided yet are claimed again on
                 # the next pass (a claim granted but not completed expires after its lease)
-                schedule.pending.update(candidates[done:])
+                schedule.pending.update(dict.fromkeys(candidates[done:], 0.0))
                 self._failed = True
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
         return jobs, fires
@@ -550,7 +551,9 @@ class AsyncScheduler:
         """The slots to claim in this pass: the pending ones still within catch_up, and the
         slots due since the cursor, minus those already recorded (read in bulk when many)."""
         horizon = now - s.catch_up
-        s.pending = {at for at in s.pending if s.due(at) >= horizon}
+        s.pending = {at: t for at, t in s.pending.items() if s.due(at) >= horizon}
+        ready = get_clock().monotonic()
+        retry = {at for at, t in s.pending.items() if t <= ready}
         if s.cursor is None:
             s.cursor = await self._first_cursor(inbox, s, now)
         start = max(s.cursor, horizon)
@@ -561,14 +564,14 @@ class AsyncScheduler:
                 break
             fresh.append(at)
         if not fresh:
-            return sorted(s.pending)
+            return sorted(retry)
         newest = fresh[-1]
         if len(fresh) > BULK:
             fresh = await self._unrecorded(inbox, s, fresh)
         # past these slots only once they are read: a failed read leaves them to the next pass
         s.cursor = newest
         s.latest_due = max(newest, s.latest_due or newest)
-        return sorted(s.pending.union(fresh))
+        return sorted(retry.union(fresh))
 
     async def _first_cursor(self, inbox: AsyncInbox, s: _Schedule, now: float) -> float:
         """Where this process starts looking at a schedule's slots (exclusive).
@@ -616,12 +619,15 @@ class AsyncScheduler:
         due = s.due(at)
         claim = await inbox.claim(key, ttl=self.lease, renew=True)
         if claim.state is ClaimState.COMPLETED:
-            s.pending.discard(at)
+            s.pending.pop(at, None)
             return None
         if claim.state is ClaimState.IN_PROGRESS:
-            s.pending.add(at)  # claimed again next pass: taken over once its claim expired
+            # claimed again half a lease from now: a live holder renews its claim every third
+            # of a lease, a dead one's claim has expired at most a lease after its last
+            # renewal, so the slot is taken over within 1.5 leases of the holder's death
+            s.pending[at] = get_clock().monotonic() + self.lease / 2
             return None
-        s.pending.discard(at)
+        s.pending.pop(at, None)
         if paused:
             return await self._record(claim, s, at, due, "skipped", "the schedule is paused")
         action = slotmath.misfire_action(
@@ -647,7 +653,7 @@ class AsyncScheduler:
                     )
                 # queue: give the slot back and claim it again next pass
                 await self._give_back(claim)
-                s.pending.add(at)
+                s.pending[at] = 0.0
                 return None
         slot = Slot(s.name, slotmath.slot_datetime(at), key, False)
         return _Job(s, slot, claim, due, lease)
