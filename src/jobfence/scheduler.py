@@ -36,6 +36,7 @@ from .backends.base import ClaimState
 from .errors import ClaimLost, ConfigurationError, JobfenceError
 from .inbox import Claim, Inbox
 from .locks import Lease, Locks
+from .queue import Queue
 
 __all__ = ["Scheduler"]
 
@@ -407,9 +408,11 @@ class Scheduler:
             raise ConfigurationError(
                 f"send must be a callable send(slot), got {send!r}", argument="send"
             )
-        if queue is not None and not hasattr(queue, "publish"):
+        if queue is not None and not isinstance(queue, Queue):
             raise ConfigurationError(
-                f"queue must be a jobfence Queue / AsyncQueue, got {queue!r}", argument="queue"
+                f"queue must be a jobfence queue of the scheduler's flavour (an AsyncQueue for "
+                f"AsyncScheduler, a Queue for Scheduler), got {queue!r}",
+                argument="queue",
             )
         if queue is None and send is None and target is None:
             raise ConfigurationError(

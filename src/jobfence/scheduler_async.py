@@ -35,6 +35,7 @@ from .backends.base import ClaimState
 from .errors import ClaimLost, ConfigurationError, JobfenceError
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks_async import AsyncLease, AsyncLocks
+from .queue_async import AsyncQueue
 
 if ASYNC:
     import asyncio
@@ -414,9 +415,11 @@ class AsyncScheduler:
             raise ConfigurationError(
                 f"send must be a callable send(slot), got {send!r}", argument="send"
             )
-        if queue is not None and not hasattr(queue, "publish"):
+        if queue is not None and not isinstance(queue, AsyncQueue):
             raise ConfigurationError(
-                f"queue must be a jobfence Queue / AsyncQueue, got {queue!r}", argument="queue"
+                f"queue must be a jobfence queue of the scheduler's flavour (an AsyncQueue for "
+                f"AsyncScheduler, a Queue for Scheduler), got {queue!r}",
+                argument="queue",
             )
         if queue is None and send is None and target is None:
             raise ConfigurationError(

@@ -1,5 +1,6 @@
 """``jobfence scheduler``, ``jobfence schedule list|show|pause|resume|trigger`` and
-``jobfence worker --scheduler``: with Click's runner, against SQLite and Redis."""
+``jobfence worker --scheduler``: with Click's runner, against SQLite and Redis, for a module
+with a ``Scheduler`` and one with an ``AsyncScheduler``."""
 
 from __future__ import annotations
 
@@ -59,8 +60,24 @@ def handle(message: jobfence.Message) -> None:
 """
 
 
+def asynchronous(source: str) -> str:
+    """The module with an ``AsyncScheduler``: its functions ``async def``, its queue an
+    ``AsyncQueue`` (the worker's handler stays a plain function)."""
+    for sync, flavoured in (
+        ("jobfence.Scheduler(", "jobfence.AsyncScheduler("),
+        ("jobfence.Queue(", "jobfence.AsyncQueue("),
+        ("def beat(", "async def beat("),
+        ("def broken(", "async def broken("),
+    ):
+        assert sync in source
+        source = source.replace(sync, flavoured)
+    return source
+
+
 class Where:
-    def __init__(self, spec: Spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, spec: Spec, flavour: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         self.spec = spec
         self.url = spec.make_url(tmp_path)
         self.namespace = new_namespace()
@@ -73,6 +90,8 @@ class Where:
             namespace=inbox_table(self.namespace),
             queue=self.queue,
         )
+        if flavour == "async":
+            source = asynchronous(source)
         (tmp_path / f"{self.module}.py").write_text(textwrap.dedent(source))
         monkeypatch.chdir(tmp_path)
         self.obj = f"{self.module}:sched"
@@ -86,11 +105,15 @@ class Where:
             self.spec.cleanup(self.url, self.queue)
 
 
-@pytest.fixture(params=[s for s in SPECS if s.id in SPEC_IDS], ids=lambda s: s.id)
+@pytest.fixture(
+    params=[(s, f) for s in SPECS if s.id in SPEC_IDS for f in ("sync", "async")],
+    ids=lambda p: f"{p[0].id}-{p[1]}",
+)
 def where(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Where]:
-    made = Where(request.param, tmp_path, monkeypatch)
+    spec, flavour = request.param
+    made = Where(spec, flavour, tmp_path, monkeypatch)
     yield made
     made.cleanup()
 

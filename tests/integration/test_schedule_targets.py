@@ -139,6 +139,12 @@ def test_scheduler_refuses_an_async_target(where: Where) -> None:
         with pytest.raises(ConfigurationError) as info:
             sched.add("two", every=60, target=lambda a, b: None)
         assert info.value.argument == "target"
+        with pytest.raises(ConfigurationError) as info:
+            sched.add("q", every=60, queue=object())
+        assert info.value.argument == "queue"
+        with pytest.raises(ConfigurationError) as info:
+            sched.add("s", every=60, send="not callable")  # type: ignore[arg-type]
+        assert info.value.argument == "send"
 
 
 def test_run_fires_in_the_background_until_stopped_from_another_thread(where: Where) -> None:

@@ -12,8 +12,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -60,36 +59,42 @@ def load_scheduler(spec: str, param_hint: str = "SCHEDULER") -> Scheduler | Asyn
     return obj
 
 
-def _call(scheduler: Scheduler | AsyncScheduler, method: str, *args: Any) -> Any:
-    """``scheduler.method(*args)``, run to the end for an ``AsyncScheduler``."""
-    if isinstance(scheduler, AsyncScheduler):
-
-        async def main() -> Any:
-            return await getattr(scheduler, method)(*args)
-
-        return asyncio.run(main())
-    return getattr(scheduler, method)(*args)
-
-
-def _close(scheduler: Scheduler | AsyncScheduler) -> None:
+def _session(
+    scheduler: Scheduler | AsyncScheduler, *calls: tuple[str, tuple[Any, ...]]
+) -> list[Any]:
+    """Each ``scheduler.method(*args)`` of ``calls`` in turn, then ``scheduler.close()``; an
+    ``AsyncScheduler`` does all of it on one event loop (its clients belong to the loop that
+    opened them). Bad input is a usage error (exit 2), a backend failure an error (exit 1)."""
     try:
-        _call(scheduler, "close")
-    except JobfenceError as exc:
-        log.warning("closing the scheduler failed: %s", exc)
-
-
-@contextmanager
-def _errors(scheduler: Scheduler | AsyncScheduler) -> Iterator[None]:
-    """Bad input is a usage error (exit 2), a backend failure an error (exit 1); the
-    scheduler is closed afterwards."""
-    try:
-        yield
+        if isinstance(scheduler, AsyncScheduler):
+            return asyncio.run(_async_session(scheduler, calls))
+        try:
+            return [getattr(scheduler, method)(*args) for method, args in calls]
+        finally:
+            _closed_quietly(scheduler.close)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     except JobfenceError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+async def _async_session(
+    scheduler: AsyncScheduler, calls: tuple[tuple[str, tuple[Any, ...]], ...]
+) -> list[Any]:
+    try:
+        return [await getattr(scheduler, method)(*args) for method, args in calls]
     finally:
-        _close(scheduler)
+        try:
+            await scheduler.close()
+        except JobfenceError as exc:
+            log.warning("closing the scheduler failed: %s", exc)
+
+
+def _closed_quietly(close: Callable[[], Any]) -> None:
+    try:
+        close()
+    except JobfenceError as exc:
+        log.warning("closing the scheduler failed: %s", exc)
 
 
 def _plain(value: Any) -> Any:
@@ -129,8 +134,7 @@ def scheduler_command(scheduler_spec: str, log_level: str) -> None:
     scheduler = load_scheduler(scheduler_spec)
     _logging(log_level)
     log.info("running schedules %s as pod %s", scheduler.names(), scheduler.pod)
-    with _errors(scheduler):
-        _call(scheduler, "run")
+    _session(scheduler, ("run", ()))
     log.info("scheduler stopped")
 
 
@@ -141,7 +145,7 @@ def run_beside(scheduler: Scheduler | AsyncScheduler) -> Callable[[], None]:
 
     def body() -> None:
         try:
-            _call(scheduler, "run")
+            _session(scheduler, ("run", ()))
         except BaseException as exc:  # reported by finish(); the worker keeps running
             failed.append(exc)
             log.exception("the scheduler's loop failed")
@@ -152,7 +156,6 @@ def run_beside(scheduler: Scheduler | AsyncScheduler) -> Callable[[], None]:
     def finish() -> None:
         scheduler.stop()
         thread.join()
-        _close(scheduler)
         if failed:
             raise click.ClickException(f"the scheduler's loop failed: {failed[0]!r}")
 
@@ -176,8 +179,7 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_schedules(scheduler_spec: str, as_json: bool) -> None:
     """Every schedule: its spec, whether it is paused, its next slot and its last record."""
     scheduler = load_scheduler(scheduler_spec)
-    with _errors(scheduler):
-        infos = _call(scheduler, "schedules")
+    (infos,) = _session(scheduler, ("schedules", ()))
     if as_json:
         for info in infos:
             click.echo(json.dumps(_plain(info)))
@@ -207,9 +209,7 @@ def list_schedules(scheduler_spec: str, as_json: bool) -> None:
 def show_schedule(scheduler_spec: str, name: str, limit: int, as_json: bool) -> None:
     """One schedule and its newest records (--limit)."""
     scheduler = load_scheduler(scheduler_spec)
-    with _errors(scheduler):
-        info = _call(scheduler, "info", name)
-        history = _call(scheduler, "history", name, limit)
+    info, history = _session(scheduler, ("info", (name,)), ("history", (name, limit)))
     if as_json:
         click.echo(json.dumps({"info": _plain(info), "history": _plain(history)}))
         return
@@ -239,8 +239,7 @@ def show_schedule(scheduler_spec: str, name: str, limit: int, as_json: bool) -> 
 def pause_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Pause NAME on every process: its slots are recorded skipped until resume."""
     scheduler = load_scheduler(scheduler_spec)
-    with _errors(scheduler):
-        _call(scheduler, "pause", name)
+    _session(scheduler, ("pause", (name,)))
     _said({"schedule": name, "paused": True}, as_json, f"paused {name}")
 
 
@@ -251,8 +250,7 @@ def pause_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
 def resume_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Resume NAME on every process."""
     scheduler = load_scheduler(scheduler_spec)
-    with _errors(scheduler):
-        was = _call(scheduler, "resume", name)
+    (was,) = _session(scheduler, ("resume", (name,)))
     text = f"resumed {name}" if was else f"{name} was not paused"
     _said({"schedule": name, "paused": False, "was_paused": was}, as_json, text)
 
@@ -265,8 +263,7 @@ def trigger_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Fire NAME once now, in this process, under a manual slot key. Exits with 1 if the
     target failed."""
     scheduler = load_scheduler(scheduler_spec)
-    with _errors(scheduler):
-        fire = _call(scheduler, "trigger", name)
+    (fire,) = _session(scheduler, ("trigger", (name,)))
     _said(
         _plain(fire),
         as_json,
