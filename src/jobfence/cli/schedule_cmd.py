@@ -59,7 +59,7 @@ def load_scheduler(spec: str, param_hint: str = "SCHEDULER") -> Scheduler | Asyn
     return obj
 
 
-def _session(
+def _calls_then_close(
     scheduler: Scheduler | AsyncScheduler, *calls: tuple[str, tuple[Any, ...]]
 ) -> list[Any]:
     """Each ``scheduler.method(*args)`` of ``calls`` in turn, then ``scheduler.close()``; an
@@ -67,7 +67,7 @@ def _session(
     opened them). Bad input is a usage error (exit 2), a backend failure an error (exit 1)."""
     try:
         if isinstance(scheduler, AsyncScheduler):
-            return asyncio.run(_async_session(scheduler, calls))
+            return asyncio.run(_async_calls(scheduler, calls))
         try:
             return [getattr(scheduler, method)(*args) for method, args in calls]
         finally:
@@ -78,7 +78,7 @@ def _session(
         raise click.ClickException(str(exc)) from exc
 
 
-async def _async_session(
+async def _async_calls(
     scheduler: AsyncScheduler, calls: tuple[tuple[str, tuple[Any, ...]], ...]
 ) -> list[Any]:
     try:
@@ -134,7 +134,7 @@ def scheduler_command(scheduler_spec: str, log_level: str) -> None:
     scheduler = load_scheduler(scheduler_spec)
     _logging(log_level)
     log.info("running schedules %s as pod %s", scheduler.names(), scheduler.pod)
-    _session(scheduler, ("run", ()))
+    _calls_then_close(scheduler, ("run", ()))
     log.info("scheduler stopped")
 
 
@@ -145,7 +145,7 @@ def run_beside(scheduler: Scheduler | AsyncScheduler) -> Callable[[], None]:
 
     def body() -> None:
         try:
-            _session(scheduler, ("run", ()))
+            _calls_then_close(scheduler, ("run", ()))
         except BaseException as exc:  # reported by finish(); the worker keeps running
             failed.append(exc)
             log.exception("the scheduler's loop failed")
@@ -179,7 +179,7 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_schedules(scheduler_spec: str, as_json: bool) -> None:
     """Every schedule: its spec, whether it is paused, its next slot and its last record."""
     scheduler = load_scheduler(scheduler_spec)
-    (infos,) = _session(scheduler, ("schedules", ()))
+    (infos,) = _calls_then_close(scheduler, ("schedules", ()))
     if as_json:
         for info in infos:
             click.echo(json.dumps(_plain(info)))
@@ -209,7 +209,7 @@ def list_schedules(scheduler_spec: str, as_json: bool) -> None:
 def show_schedule(scheduler_spec: str, name: str, limit: int, as_json: bool) -> None:
     """One schedule and its newest records (--limit)."""
     scheduler = load_scheduler(scheduler_spec)
-    info, history = _session(scheduler, ("info", (name,)), ("history", (name, limit)))
+    info, history = _calls_then_close(scheduler, ("info", (name,)), ("history", (name, limit)))
     if as_json:
         click.echo(json.dumps({"info": _plain(info), "history": _plain(history)}))
         return
@@ -239,7 +239,7 @@ def show_schedule(scheduler_spec: str, name: str, limit: int, as_json: bool) -> 
 def pause_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Pause NAME on every process: its slots are recorded skipped until resume."""
     scheduler = load_scheduler(scheduler_spec)
-    _session(scheduler, ("pause", (name,)))
+    _calls_then_close(scheduler, ("pause", (name,)))
     _said({"schedule": name, "paused": True}, as_json, f"paused {name}")
 
 
@@ -250,7 +250,7 @@ def pause_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
 def resume_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Resume NAME on every process."""
     scheduler = load_scheduler(scheduler_spec)
-    (was,) = _session(scheduler, ("resume", (name,)))
+    (was,) = _calls_then_close(scheduler, ("resume", (name,)))
     text = f"resumed {name}" if was else f"{name} was not paused"
     _said({"schedule": name, "paused": False, "was_paused": was}, as_json, text)
 
@@ -263,7 +263,7 @@ def trigger_schedule(scheduler_spec: str, name: str, as_json: bool) -> None:
     """Fire NAME once now, in this process, under a manual slot key. Exits with 1 if the
     target failed."""
     scheduler = load_scheduler(scheduler_spec)
-    (fire,) = _session(scheduler, ("trigger", (name,)))
+    (fire,) = _calls_then_close(scheduler, ("trigger", (name,)))
     _said(
         _plain(fire),
         as_json,
