@@ -10,6 +10,7 @@ repository's ``README.md`` and ``docs/``.
 from __future__ import annotations
 
 from ._core.renewable import Renewable
+from ._core.schedule_info import Fire, ScheduleInfo, Slot
 from .backends.base import ClaimInfo, ClaimState, LockHolder
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
@@ -44,6 +45,8 @@ from .locks_async import AsyncLease, AsyncLocks
 from .queue import Message, Queue
 from .queue_async import AsyncMessage, AsyncQueue
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
+from .scheduler import Scheduler
+from .scheduler_async import AsyncScheduler
 from .versioned import versioned_update
 from .versioned_async import versioned_update_async
 from .worker import AsyncWorker, Worker, WorkerStats
@@ -57,6 +60,7 @@ __all__ = [
     "AsyncLocks",
     "AsyncMessage",
     "AsyncQueue",
+    "AsyncScheduler",
     "AsyncWorker",
     "BackendError",
     "Claim",
@@ -68,6 +72,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "FingerprintMismatch",
+    "Fire",
     "Inbox",
     "InboxError",
     "JobfenceError",
@@ -86,7 +91,10 @@ __all__ = [
     "QueueError",
     "Renewable",
     "RetryPolicy",
+    "ScheduleInfo",
+    "Scheduler",
     "SchemaMissing",
+    "Slot",
     "StaleToken",
     "StaleVersion",
     "UnprotectedRetryWarning",

@@ -8,7 +8,8 @@ is one attribute check and one function call per event. Once an application inst
 ``MeterProvider`` / ``TracerProvider`` (globally, or for jobfence only with :func:`configure`),
 the instruments below report to it.
 
-Metrics (the lock name is never a metric attribute: it would make one series per name):
+Metrics (the lock name is never a metric attribute: it would make one series per name; a
+schedule's name is, as schedules are few and declared in code):
 
 ======================================  ===========  ======  ==============================
 name                                    type         unit    attributes
@@ -29,6 +30,10 @@ name                                    type         unit    attributes
 ``jobfence.worker.messages``            counter      1       backend, outcome (processed/
                                                              duplicate/retried/deferred/
                                                              dead_lettered)
+``jobfence.schedule.fires``             counter      1       schedule
+``jobfence.schedule.misses``            counter      1       schedule
+``jobfence.schedule.skips``             counter      1       schedule
+``jobfence.schedule.lag``               histogram    s       schedule
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -83,6 +88,18 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "jobfence.retries": ("counter", "1", "Whole-unit retries by retry_unit, by cause"),
     "jobfence.fence.rejections": ("counter", "1", "Writes refused for a stale fencing token"),
     "jobfence.worker.messages": ("counter", "1", "Messages a Worker finished, by outcome"),
+    "jobfence.schedule.fires": ("counter", "1", "Schedule slots whose target was started"),
+    "jobfence.schedule.misses": ("counter", "1", "Schedule slots recorded missed (misfires)"),
+    "jobfence.schedule.skips": (
+        "counter",
+        "1",
+        "Schedule slots recorded skipped (paused, or overlap='skip')",
+    ),
+    "jobfence.schedule.lag": (
+        "histogram",
+        "s",
+        "Time from a schedule slot's due time to the start of its target",
+    ),
 }
 
 
@@ -129,6 +146,10 @@ class _Instruments:
         self.retries = made["jobfence.retries"]
         self.fence_rejections = made["jobfence.fence.rejections"]
         self.worker_messages = made["jobfence.worker.messages"]
+        self.schedule_fires = made["jobfence.schedule.fires"]
+        self.schedule_misses = made["jobfence.schedule.misses"]
+        self.schedule_skips = made["jobfence.schedule.skips"]
+        self.schedule_lag = made["jobfence.schedule.lag"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -254,6 +275,29 @@ def worker_message(backend: str, outcome: str) -> None:
     i = _inst or _load()
     if i.on:
         i.worker_messages.add(1, {"backend": backend, "outcome": outcome})
+
+
+def schedule_fire(schedule: str, lag: float) -> None:
+    """A slot of ``schedule`` fired (its target started) ``lag`` seconds after it was due."""
+    i = _inst or _load()
+    if i.on:
+        attributes = {"schedule": schedule}
+        i.schedule_fires.add(1, attributes)
+        i.schedule_lag.record(lag, attributes)
+
+
+def schedule_miss(schedule: str) -> None:
+    """A slot of ``schedule`` was recorded missed (a misfire its policy did not fire)."""
+    i = _inst or _load()
+    if i.on:
+        i.schedule_misses.add(1, {"schedule": schedule})
+
+
+def schedule_skip(schedule: str) -> None:
+    """A slot of ``schedule`` was recorded skipped (paused, or its previous fire ran on)."""
+    i = _inst or _load()
+    if i.on:
+        i.schedule_skips.add(1, {"schedule": schedule})
 
 
 @contextlib.contextmanager

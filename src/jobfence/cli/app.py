@@ -1,7 +1,9 @@
 """``jobfence`` command line: ``demo`` shows the bugs and the fix; ``doctor`` checks the
 health of backends and takes a probe lease; ``worker`` runs a handler on a queue; ``queue``
 publishes and inspects messages; ``locks`` lists, shows and breaks the locks held; ``inbox``
-lists, shows and purges the inbox's records; ``dashboard`` serves a local web page of them."""
+lists, shows and purges the inbox's records; ``dashboard`` serves a local web page of them;
+``scheduler`` runs a scheduler's loop and ``schedule`` lists, shows, pauses, resumes and triggers
+its schedules."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
 from .queue_cmd import queue_group
 from .redis_cmd import redis_group
+from .schedule_cmd import schedule_group, scheduler_command
 from .worker_cmd import worker
 
 
@@ -90,6 +93,8 @@ cli.add_command(locks_group)
 cli.add_command(inbox_group)
 cli.add_command(dashboard)
 cli.add_command(redis_group)
+cli.add_command(scheduler_command)
+cli.add_command(schedule_group)
 
 
 def main() -> None:

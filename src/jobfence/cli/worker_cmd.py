@@ -20,6 +20,7 @@ from ..errors import JobfenceError
 from ..queue import Queue
 from ..queue_async import AsyncQueue
 from ..worker import AsyncWorker, Worker, WorkerStats
+from .schedule_cmd import load_scheduler, run_beside
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -93,6 +94,13 @@ def _status(name: str, url: str, stats: WorkerStats, concurrency: int) -> Table:
     show_default=True,
 )
 @click.option("--live/--no-live", default=None, help="Rich live status (default: on a terminal).")
+@click.option(
+    "--scheduler",
+    "scheduler_spec",
+    metavar="MODULE:OBJ",
+    default=None,
+    help="Also run the schedules of this Scheduler / AsyncScheduler object, in this process.",
+)
 def worker(
     handler: str,
     url: str,
@@ -103,6 +111,7 @@ def worker(
     shutdown_timeout: float,
     log_level: str,
     live: bool | None,
+    scheduler_spec: str | None,
 ) -> None:
     """Run HANDLER (module:function) on the queue NAME at --queue URL until SIGTERM/SIGINT.
 
@@ -111,8 +120,12 @@ def worker(
     with a backoff, and after --max-deliveries it goes to the dead letters. A "not now"
     refusal (jobfence.NotNow: ClaimInProgress, LockTimeout, LockLost, ClaimLost) is
     redelivered after the holder's expiry without using up a delivery.
+
+    With --scheduler MODULE:OBJ the scheduler's loop runs beside the worker (in a thread of
+    its own) and stops when the worker does.
     """
     fn = load_handler(handler)
+    scheduler = None if scheduler_spec is None else load_scheduler(scheduler_spec, "--scheduler")
     console = Console(stderr=True)
     if live is None:
         live = console.is_terminal
@@ -151,8 +164,21 @@ def worker(
             queue.close()
 
     shown = url if "@" not in url else url.split("@", 1)[1]
+    finish = None if scheduler is None else run_beside(scheduler)
+    try:
+        stats = _run_shown(run, live, console, name, shown, runner, concurrency)
+    finally:
+        if finish is not None:
+            finish()
+    logging.getLogger("jobfence.worker").info("final stats: %s", stats)
+
+
+def _run_shown(
+    run: Any, live: bool, console: Console, name: str, shown: str, runner: Any, concurrency: int
+) -> WorkerStats:
+    """``run()``, with a Rich live status of the worker when ``live``."""
     if not live:
-        stats = run()
+        stats: WorkerStats = run()
     else:
         stop_refresh = threading.Event()
         with Live(
@@ -174,4 +200,4 @@ def worker(
                 stop_refresh.set()
                 refresher.join()
                 display.update(_status(name, shown, runner.stats, concurrency))
-    logging.getLogger("jobfence.worker").info("final stats: %s", stats)
+    return stats
