@@ -261,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 result = getattr(self, method)(body)
             except ConfigurationError as exc:
-                raise _HTTPError(HTTPStatus.BAD_REQUEST, dashboard.mask(exc)) from exc
+                raise _HTTPError(HTTPStatus.BAD_REQUEST, dashboard.mask(exc, typed=False)) from exc
             except JobfenceError as exc:
                 raise _HTTPError(HTTPStatus.BAD_GATEWAY, dashboard.mask(exc)) from exc
             self._json(HTTPStatus.OK, result)

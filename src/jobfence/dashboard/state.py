@@ -69,10 +69,10 @@ class DashboardConfig:
             check_queue_name(name)
 
 
-def masked_error(exc: BaseException, urls: Sequence[str] = ()) -> str:
-    """The text of ``exc`` for the page: its type and message, with every URL of ``urls``
-    that appears in it replaced by its masked form."""
-    text = f"{type(exc).__name__}: {exc}"
+def masked_error(exc: BaseException, urls: Sequence[str] = (), *, typed: bool = True) -> str:
+    """The text of ``exc`` for the page: its type (unless not ``typed``) and message, with
+    every URL of ``urls`` that appears in it replaced by its masked form."""
+    text = f"{type(exc).__name__}: {exc}" if typed else str(exc)
     for url in urls:
         if url and url in text:
             text = text.replace(url, mask_url(url))
@@ -457,10 +457,11 @@ class Dashboard:
             )
         return self.schedulers[_index(index, len(self.schedulers), "scheduler")]
 
-    def mask(self, exc: BaseException) -> str:
-        """The text of ``exc`` with every URL the dashboard knows masked."""
+    def mask(self, exc: BaseException, *, typed: bool = True) -> str:
+        """The text of ``exc`` (:func:`masked_error`) with every URL the dashboard knows
+        masked."""
         urls = [*self.config.urls, *(s.url for s in self.schedulers if s.url)]
-        return masked_error(exc, urls)
+        return masked_error(exc, urls, typed=typed)
 
     def state(self) -> dict[str, Any]:
         """Every target's and scheduler's state, gathered in parallel: a slow backend delays
