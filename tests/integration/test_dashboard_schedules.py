@@ -103,6 +103,7 @@ def test_the_panel_shows_each_schedule_with_its_last_fires_and_counts(
     assert (beat["name"], beat["spec"], beat["tz"]) == ("beat", "every 60", "UTC")
     assert beat["paused"] is True
     assert beat["next_at"] == "2026-12-04T15:05:00Z"
+    assert beat["next_in"] == 58.0  # the clock stands at 15:04:02
     assert beat["last"] == {
         "key": key("15:04:00"),
         "slot": "2026-12-04T15:04:00Z",

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from .._core.clock import get_clock
 from .._core.schedule_info import OUTCOMES, Fire, ScheduleInfo
 from .._core.url import mask_url
 from ..cli._common import user
@@ -192,6 +193,11 @@ class SchedulerSource:
             "target": info.target,
             "paused": info.paused,
             "next_at": _iso(info.next_at),
+            "next_in": (
+                None
+                if info.next_at is None
+                else round(info.next_at.timestamp() - get_clock().time(), 3)
+            ),
             "last": None if info.last is None else fire_dict(info.last),
             "misses": info.misses,
             "read": len(history),

@@ -47,11 +47,16 @@ function formatLeft(ms) {
   return `${Math.floor(m / 60)}h ${m % 60}m`;
 }
 
+function formatIn(ms) {
+  if (ms === null) return "";
+  return ms <= 0 ? "due" : `in ${formatLeft(ms)}`;
+}
+
 function tick() {
   const now = performance.now();
   for (const entry of countdowns) {
-    const [cell, deadline] = entry;
-    cell.textContent = formatLeft(deadline === null ? null : deadline - now);
+    const [cell, deadline, , format] = entry;
+    cell.textContent = (format || formatLeft)(deadline === null ? null : deadline - now);
   }
 }
 
@@ -61,10 +66,21 @@ function countdownCell(key, seconds, fetchedAt) {
   return cell;
 }
 
+// The time to a schedule's next fire, counting down ("in 42.0s", then "due").
+function nextCell(key, schedule, fetchedAt) {
+  const left = el("span", { class: "muted next-in" });
+  const seconds = schedule.next_in;
+  countdowns.push([left, seconds === null ? null : fetchedAt + seconds * 1000, key, formatIn]);
+  return el("td", { class: "next" }, el("span", { class: "next-at" }, schedule.next_at || "none"),
+    " ", left);
+}
+
 // The state without what changes at every poll (time left), to re-render only on change.
 function signature(state) {
   return JSON.stringify(state, (key, value) =>
-    key === "expires_in" || key === "generated_at" || key === "age" ? undefined : value,
+    key === "expires_in" || key === "generated_at" || key === "age" || key === "next_in"
+      ? undefined
+      : value,
   );
 }
 
@@ -74,6 +90,10 @@ function lockKey(targetId, name) {
 
 function claimKey(targetId, key) {
   return `claim:${targetId}:${key}`;
+}
+
+function scheduleKey(schedulerId, name) {
+  return `schedule:${schedulerId}:${name}`;
 }
 
 // New deadlines for the cells already on the page (same rows, new time left).
@@ -86,6 +106,11 @@ function updateDeadlines(state, fetchedAt) {
     const inbox = target.inbox || {};
     for (const claim of [...(inbox.items || []), ...(inbox.in_progress || [])]) {
       seconds.set(claimKey(target.id, claim.key), claim.expires_in);
+    }
+  }
+  for (const source of state.schedulers || []) {
+    for (const schedule of source.schedules || []) {
+      seconds.set(scheduleKey(source.id, schedule.name), schedule.next_in);
     }
   }
   for (const entry of countdowns) {
@@ -140,7 +165,7 @@ async function act(question, path, body, describe) {
     });
     const result = await response.json();
     if (!response.ok) say(`${path}: ${result.error || response.status}`, true);
-    else say(describe(result), false);
+    else say(describe(result), result.outcome === "failed"); // a triggered fire can fail
   } catch (error) {
     say(`${path}: ${error}`, true);
   }
@@ -445,7 +470,7 @@ function historyTable(schedule) {
   });
 }
 
-function schedulesPanel(source) {
+function schedulesPanel(source, fetchedAt) {
   const section = el(
     "section",
     { class: "panel schedules" },
@@ -470,7 +495,7 @@ function schedulesPanel(source) {
       el("td", { class: "spec" }, schedule.spec),
       el("td", { class: "tz" }, schedule.tz),
       el("td", { class: "state" }, schedule.paused ? "paused" : "active"),
-      el("td", { class: "next" }, schedule.next_at || "none"),
+      nextCell(scheduleKey(source.id, schedule.name), schedule, fetchedAt),
       el("td", { class: "last" }, fireText(schedule.last)),
       el("td", { class: "num misses" }, show(schedule.misses)),
       el("td", { class: "counts" }, countsText(schedule)),
@@ -489,7 +514,7 @@ function schedulesPanel(source) {
   return section;
 }
 
-function schedulerArticle(source) {
+function schedulerArticle(source, fetchedAt) {
   return el(
     "article",
     { class: "scheduler", "data-scheduler": String(source.id) },
@@ -499,14 +524,14 @@ function schedulerArticle(source) {
       `scheduler ${source.label}`,
       el("span", { class: "muted" }, source.url ? ` ${source.url}` : ""),
     ),
-    schedulesPanel(source),
+    schedulesPanel(source, fetchedAt),
   );
 }
 
 function render(state, fetchedAt) {
   countdowns = [];
   const main = document.getElementById("targets");
-  const schedulers = (state.schedulers || []).map(schedulerArticle);
+  const schedulers = (state.schedulers || []).map((s) => schedulerArticle(s, fetchedAt));
   const sections = state.targets.map((target) =>
     el(
       "article",
