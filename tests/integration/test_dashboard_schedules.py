@@ -231,3 +231,37 @@ def test_an_async_scheduler_is_read_and_acted_on_in_a_loop_of_its_own(
         board.close()
     thread_names = [t.name for t in threading.enumerate()]
     assert "jobfence-dashboard-scheduler-0" not in thread_names  # its loop stopped
+
+
+def test_a_scheduler_whose_backend_is_down_shows_its_error_masked(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a local port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = Scheduler(f"redis://:s3cret-pw@127.0.0.1:{port}/0", pod="dash")
+    down.add("beat", every=60, target=broken)
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    board = Dashboard(DashboardConfig(urls=(url,)), {LABEL: down, "other": app_for(url)})
+    try:
+        state = board.state()
+    finally:
+        board.close()
+    failing, working = state["schedulers"]
+    assert failing["status"] == "error" and failing["schedules"] == []
+    assert "Connection" in failing["error"] and "s3cret-pw" not in failing["error"]
+    assert failing["url"] == f"redis://:***@127.0.0.1:{port}/0"
+    assert working["status"] == "ok" and [s["name"] for s in working["schedules"]] == ["beat"]
+    assert state["targets"][0]["locks"]["status"] == "ok"  # the other panels go on
+
+
+def app_for(url: str) -> Scheduler:
+    sched = Scheduler(url, pod="dash")
+    sched.add("beat", every=60, target=broken)
+    return sched
+
+
+def test_only_schedulers_are_taken() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Dashboard(DashboardConfig(urls=("memory://",)), {"app:sched": object()})  # type: ignore[dict-item]
+    assert caught.value.argument == "schedulers" and "app:sched" in str(caught.value)

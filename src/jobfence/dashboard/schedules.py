@@ -104,6 +104,7 @@ class SchedulerSource:
         self.url = scheduler.url
         self.masked = mask_url(scheduler.url) if scheduler.url else None
         self._mutex = threading.Lock()
+        self._closed = False
         #: the gathering of this scheduler's state still running, if any (one at a time)
         self.pending: Future[dict[str, Any]] | None = None
         self._loop = (
@@ -251,10 +252,18 @@ class SchedulerSource:
         return {"schedule": name, **fire_dict(fire)}
 
     def close(self) -> None:
-        """Close the scheduler (and stop its loop)."""
+        """Close the scheduler (and stop its loop); once."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._call("close")
         except Exception as exc:
             log.debug("closing scheduler %s failed: %r", self.label, exc)
+        self.stop_loop()
+
+    def stop_loop(self) -> None:
+        """Stop the event loop of an ``AsyncScheduler`` (nothing for a ``Scheduler``)."""
         if self._loop is not None:
             self._loop.stop()
+            self._loop = None

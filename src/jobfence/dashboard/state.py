@@ -422,10 +422,14 @@ class Dashboard:
     ) -> None:
         self.config = config
         self.targets = [Target(i, url, config) for i, url in enumerate(config.urls)]
-        self.schedulers = [
-            SchedulerSource(i, label, scheduler, ANSWER_TIMEOUT)
-            for i, (label, scheduler) in enumerate((schedulers or {}).items())
-        ]
+        self.schedulers: list[SchedulerSource] = []
+        try:
+            for i, (label, scheduler) in enumerate((schedulers or {}).items()):
+                self.schedulers.append(SchedulerSource(i, label, scheduler, ANSWER_TIMEOUT))
+        except BaseException:
+            for made in self.schedulers:  # the loops started for the ones before
+                made.stop_loop()
+            raise
         # one worker per URL and per scheduler: each has at most one gathering running
         # (its ``pending``)
         self._pool = ThreadPoolExecutor(
