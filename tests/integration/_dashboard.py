@@ -67,9 +67,14 @@ def program() -> Path:
 
 @contextmanager
 def dashboard(
-    *args: str, tmp_path: Path, env: dict[str, str] | None = None, page: Any = None
+    *args: str,
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    page: Any = None,
+    cwd: Path | None = None,
 ) -> Iterator[Running]:
-    """Run ``jobfence dashboard ARGS --port 0`` until the block ends. ``page``: a browser page
+    """Run ``jobfence dashboard ARGS --port 0`` until the block ends, in ``cwd`` (where
+    ``--scheduler MODULE:OBJ`` finds its module). ``page``: a browser page
     showing this dashboard, taken off it before the server stops (else its next refresh logs a
     refused connection, which the browser tests count as a page error)."""
     log_path = tmp_path / f"dashboard-{len(list(tmp_path.glob('dashboard-*')))}.log"
@@ -80,6 +85,7 @@ def dashboard(
             stderr=log_file,
             text=True,
             env=env,
+            cwd=cwd,
         )
     try:
         assert process.stdout is not None

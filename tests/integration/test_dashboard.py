@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 import socket
+import textwrap
 import threading
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,9 @@ def test_read_only_refuses_every_action(namespace: str, tmp_path: Path) -> None:
                 ("/api/inbox/forget", {"target": 0, "key": "k"}),
                 ("/api/inbox/purge", {"target": 0}),
                 ("/api/queues/requeue", {"target": 0, "queue": "q", "ids": None}),
+                ("/api/schedules/pause", {"scheduler": 0, "name": "beat"}),
+                ("/api/schedules/resume", {"scheduler": 0, "name": "beat"}),
+                ("/api/schedules/trigger", {"scheduler": 0, "name": "beat"}),
             ):
                 status, answer = board.request(path, body=body, headers=JSON)
                 assert status == 403 and "--allow-actions" in answer["error"], path
@@ -257,6 +262,9 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
         ([url, "--queue", "bad name!"], "name"),
         ([url, "--namespace", "not a namespace"], "namespace"),
         ([url, "--limit", "0"], "limit"),
+        ([url, "--scheduler", "no_such_module_x:sched"], "--scheduler"),
+        ([url, "--scheduler", "jobfence"], "module:object"),
+        ([url, "--scheduler", "jobfence:Locks"], "not a jobfence Scheduler"),
     ):
         result = CliRunner().invoke(cli, ["dashboard", *args], env={"JOBFENCE_URL": ""})
         assert result.exit_code == 2 and word in result.stderr, (args, result.output)
@@ -495,3 +503,160 @@ def test_the_page_lists_a_stuck_claim_and_forgets_it(tmp_path: Path, page: Any) 
         expect(inbox.locator('tr[data-claim="order-2"]')).to_have_count(1)
     with jobfence.Inbox(url) as inbox:
         assert inbox.claim_info("order-3") is None
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+SCHEDULE_APP = """
+import jobfence
+
+sched = jobfence.Scheduler({url!r}, namespace={table!r}, pod="dashboard-pod")
+
+
+@sched.every(seconds=60, name="beat")
+def beat() -> None:
+    pass
+
+
+@sched.cron("30 3 * * *", tz="Europe/Paris", name="nightly")
+def nightly() -> None:
+    pass
+"""
+
+
+def _schedule_app(tmp_path: Path, url: str, table: str) -> tuple[str, jobfence.Scheduler]:
+    """Write the application's scheduler module into ``tmp_path`` (the dashboard's working
+    directory); return its ``MODULE:OBJ`` and the same schedules as a worker process of the
+    test builds them, after it fired ``beat``'s current slot."""
+    module = "sched_" + uuid.uuid4().hex[:8]
+    source = SCHEDULE_APP.format(url=url, table=table)
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    worker = jobfence.Scheduler(url, namespace=table, pod="worker-1")
+    worker.add("beat", every=60, target=lambda: None)
+    worker.add("nightly", cron="30 3 * * *", tz="Europe/Paris", target=lambda: None)
+    [fired] = worker.tick()
+    assert fired.outcome == "fired"
+    return f"{module}:sched", worker
+
+
+def test_schedule_actions_refuse_what_the_dashboard_does_not_show(
+    namespace: str, tmp_path: Path
+) -> None:
+    table = f"{namespace}_inbox"
+    spec, worker = _schedule_app(tmp_path, REDIS_URL, table)
+    with worker, jobfence.Inbox(REDIS_URL, table=table) as inbox:
+        before = [info.key for info in inbox.claims(prefix="schedule", limit=100)]
+        args = ("--scheduler", spec, "--allow-actions")
+        with dashboard(REDIS_URL, *args, tmp_path=tmp_path, cwd=tmp_path) as board:
+            _, state = board.request("/api/state")
+            [source] = state["schedulers"]
+            assert (source["label"], source["status"]) == (spec, "ok")
+            assert [s["name"] for s in source["schedules"]] == ["beat", "nightly"]
+            assert source["schedules"][0]["last"]["pod"] == "worker-1"
+            for path in ("/api/schedules/pause", "/api/schedules/trigger"):
+                status, answer = _action(board, path, {"scheduler": 0, "name": "nosuch"})
+                assert status == 400, answer
+                assert answer["error"] == (
+                    f"no schedule named 'nosuch' in scheduler {spec}; known: ['beat', 'nightly']"
+                )
+                for body, word in (
+                    ({"scheduler": 1, "name": "beat"}, "scheduler must be from 0 to 0"),
+                    ({"name": "beat"}, "scheduler must be an int"),
+                    ({"scheduler": 0}, "name must be a non-empty string"),
+                    ({"scheduler": 0, "name": ["beat"]}, "name must be a non-empty string"),
+                ):
+                    status, answer = _action(board, path, body)
+                    assert status == 400 and word in answer["error"], (body, answer)
+            # nothing refused went through
+            assert [info.key for info in inbox.claims(prefix="schedule", limit=100)] == before
+            assert worker.info("beat").paused is False
+
+            status, answer = _action(
+                board, "/api/schedules/pause", {"scheduler": 0, "name": "beat"}
+            )
+            assert (status, answer) == (
+                200,
+                {"schedule": "beat", "paused": True, "was_paused": False},
+            )
+            assert worker.info("beat").paused is True
+            log = board.log()
+    assert f"schedule 'beat' of scheduler {spec} paused from the dashboard by" in log
+    assert "WARNING jobfence.cli" in log
+
+    # without --scheduler there is no scheduler to act on
+    with dashboard(REDIS_URL, "--allow-actions", tmp_path=tmp_path) as board:
+        status, answer = _action(board, "/api/schedules/resume", {"scheduler": 0, "name": "beat"})
+        assert status == 400 and "--scheduler" in answer["error"]
+    with jobfence.Scheduler(REDIS_URL, namespace=table) as reader:
+        reader.add("beat", every=60, target=lambda: None)
+        assert reader.info("beat").paused is True
+
+
+def test_the_page_shows_the_schedules_and_pauses_one(tmp_path: Path, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    spec, worker = _schedule_app(tmp_path, url, "app_inbox")
+    with worker:
+        args = ("--scheduler", spec)
+        with dashboard(url, *args, tmp_path=tmp_path, page=page, cwd=tmp_path) as board:
+            page.goto(board.base + "/")
+            article = page.locator('article[data-scheduler="0"]')
+            expect(article.locator("h2")).to_contain_text(f"scheduler {spec}")
+            expect(article.locator('tr[data-schedule="beat"] td.state')).to_have_text("active")
+            expect(article.get_by_role("button", name="Pause")).to_have_count(0)
+
+        args = ("--scheduler", spec, "--allow-actions")
+        with dashboard(url, *args, tmp_path=tmp_path, page=page, cwd=tmp_path) as board:
+            page.goto(board.base + "/")
+            article = page.locator('article[data-scheduler="0"]')
+            beat = article.locator('tr[data-schedule="beat"]')
+            expect(beat.locator("td.spec")).to_have_text("every 60")
+            expect(beat.locator("td.tz")).to_have_text("UTC")
+            expect(beat.locator("td.state")).to_have_text("active")
+            expect(beat.locator("td.last")).to_contain_text("fired by worker-1 lag ")
+            expect(beat.locator("td.misses")).to_have_text("0")
+            expect(beat.locator("td.counts")).to_have_text("last 1 record(s): 1 fired")
+            expect(beat.locator("td.next .next-at")).to_have_text(
+                re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:00Z$")
+            )
+            next_in = beat.locator("td.next .next-in")
+            expect(next_in).to_have_text(re.compile(r"^in \d+\.\ds$"))
+            first = next_in.inner_text()
+            expect(next_in).not_to_have_text(first)  # it counts down between polls
+            history = article.locator('table[data-history="beat"] tbody tr')
+            expect(history).to_have_count(1)
+            expect(history).to_contain_text("worker-1")
+            nightly = article.locator('tr[data-schedule="nightly"]')
+            expect(nightly.locator("td.spec")).to_have_text("cron 30 3 * * * Europe/Paris")
+            expect(nightly.locator("td.tz")).to_have_text("Europe/Paris")
+            expect(nightly.locator("td.last")).to_have_text("never")
+
+            # Cancel leaves it running
+            beat.get_by_role("button", name="Pause").click()
+            dialog = page.get_by_role("dialog")
+            question = f"Pause schedule beat of {spec} on every process?"
+            expect(dialog).to_contain_text(question)
+            dialog.get_by_role("button", name="Cancel").click()
+            expect(dialog).to_be_hidden()
+            assert worker.info("beat").paused is False
+
+            beat.get_by_role("button", name="Pause").click()
+            expect(dialog).to_contain_text(question)
+            dialog.get_by_role("button", name="Confirm").click()
+            expect(page.locator("#message")).to_have_text("paused beat")
+            expect(beat.locator("td.state")).to_have_text("paused")
+            expect(beat.get_by_role("button", name="Resume")).to_have_count(1)
+            assert worker.info("beat").paused is True  # every process sees it
+
+            # a trigger fires in the dashboard's process
+            nightly.get_by_role("button", name="Trigger").click()
+            expect(dialog).to_contain_text(f"Fire schedule nightly of {spec} once now")
+            dialog.get_by_role("button", name="Confirm").click()
+            expect(page.locator("#message")).to_contain_text("nightly: fired schedule:nightly@")
+            expect(nightly.locator("td.last")).to_contain_text("(triggered) by dashboard-pod")
+            log = board.log()
+        [fire] = worker.history("nightly")
+        assert (fire.outcome, fire.pod) == ("fired", "dashboard-pod")
+        assert "+manual-" in fire.key
+    assert "paused from the dashboard" in log and "triggered from the dashboard" in log

@@ -1,4 +1,5 @@
-"""``jobfence dashboard URL...``: a local web page of the locks, inbox claims and queues."""
+"""``jobfence dashboard URL...``: a local web page of the locks, inbox claims and queues, and
+of the schedules of the schedulers named with ``--scheduler``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .._core.inbox_support import DEFAULT_TABLE
 from ..dashboard import Dashboard, DashboardConfig, make_server
 from ..errors import ConfigurationError, JobfenceError
 from ._common import NAMESPACE_ENV, URL_ENV
+from .schedule_cmd import load_scheduler
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -55,10 +57,19 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     help="At most this many rows per listing.",
 )
 @click.option(
+    "--scheduler",
+    "schedulers",
+    multiple=True,
+    metavar="MODULE:OBJ",
+    help="A Scheduler / AsyncScheduler object whose schedules to show (repeatable), loaded "
+    "like `jobfence schedule list MODULE:OBJ` does.",
+)
+@click.option(
     "--allow-actions",
     is_flag=True,
     help="Show and accept the actions: break a lock, forget or purge inbox records, requeue "
-    "dead letters. Without it the dashboard is read-only.",
+    "dead letters, pause, resume and trigger schedules. Without it the dashboard is "
+    "read-only.",
 )
 @click.option(
     "--host",
@@ -82,11 +93,13 @@ def dashboard(
     inbox_table: str,
     lock_prefix: str,
     limit: int,
+    schedulers: tuple[str, ...],
     allow_actions: bool,
     host: str,
     port: int,
 ) -> None:
-    """Serve a web page of the locks, inbox claims and queues at each backend URL.
+    """Serve a web page of the locks, inbox claims and queues at each backend URL, and of
+    the schedules of each --scheduler.
 
     URL is a backend (redis://, postgresql://, mysql://, sqlite:///..., amqp://); several may
     be given, or JOBFENCE_URL is used. The page refreshes every 2 seconds; a backend that is
@@ -102,6 +115,7 @@ def dashboard(
             raise click.UsageError(f"give at least one backend URL, or set {URL_ENV}")
         urls = (env,)
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    loaded = {spec: load_scheduler(spec, "--scheduler") for spec in dict.fromkeys(schedulers)}
     try:
         board = Dashboard(
             DashboardConfig(
@@ -112,7 +126,8 @@ def dashboard(
                 inbox_table=inbox_table,
                 lock_prefix=lock_prefix,
                 limit=limit,
-            )
+            ),
+            loaded,
         )
         board.check()
     except ConfigurationError as exc:
@@ -130,7 +145,8 @@ def dashboard(
         click.secho(
             f"{rule}\n"
             f"WARNING: anyone who can reach port {server.port} can break locks, forget inbox\n"
-            "records and requeue dead letters: the dashboard has no login.\n"
+            "records, requeue dead letters and pause or trigger schedules: the dashboard has\n"
+            "no login.\n"
             f"{rule}",
             err=True,
             fg="red",

@@ -4,7 +4,8 @@
 the package, nothing from elsewhere: it works offline), ``GET /api/state`` what it shows.
 The actions are ``POST /api/locks/break``, ``/api/inbox/forget``, ``/api/inbox/purge`` and
 ``/api/queues/requeue`` with a JSON body naming the target (its ``id`` in the state) and the
-object.
+object, and ``POST /api/schedules/pause``, ``/resume`` and ``/trigger`` with a JSON body naming
+the scheduler (its ``id`` in the state's ``schedulers``) and the schedule (``name``).
 
 Defences, as the server is reachable by any page the operator's browser opens:
 
@@ -34,7 +35,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, JobfenceError
-from .state import Dashboard, masked_error
+from .schedules import SchedulerSource
+from .state import Dashboard, Target
 
 __all__ = ["TOKEN_HEADER", "DashboardServer", "make_server"]
 
@@ -129,14 +131,16 @@ class DashboardServer(ThreadingHTTPServer):
             return (
                 f"the dashboard listens on {bound} with --allow-actions, and the page has no "
                 "login: anyone who can reach this port can break locks, forget inbox records "
-                "(their work runs again) and requeue dead letters. Bind 127.0.0.1 (the "
+                "(their work runs again), requeue dead letters and pause, resume or trigger "
+                "the schedules shown. Bind 127.0.0.1 (the "
                 "default) and reach it through an SSH tunnel, or put an authenticating proxy "
                 "in front of it."
             )
         return (
             f"the dashboard listens on {bound}, and the page has no login: anyone who can "
-            "reach this port sees the lock names and holders, the inbox keys and the dead "
-            "letters' message ids and errors (read-only: no actions)."
+            "reach this port sees the lock names and holders, the inbox keys, the dead "
+            "letters' message ids and errors and the schedules' records (read-only: no "
+            "actions)."
         )
 
     def host_allowed(self, value: str | None) -> bool:
@@ -182,6 +186,9 @@ class _Handler(BaseHTTPRequestHandler):
         "/api/inbox/forget": "_forget",
         "/api/inbox/purge": "_purge",
         "/api/queues/requeue": "_requeue",
+        "/api/schedules/pause": "_pause",
+        "/api/schedules/resume": "_resume",
+        "/api/schedules/trigger": "_trigger",
     }
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -252,14 +259,11 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body(length)
             dashboard = self.server.dashboard
             try:
-                target = dashboard.target(body.get("target"))
-                result = getattr(self, method)(target, body)
+                result = getattr(self, method)(body)
             except ConfigurationError as exc:
-                raise _HTTPError(HTTPStatus.BAD_REQUEST, str(exc)) from exc
+                raise _HTTPError(HTTPStatus.BAD_REQUEST, dashboard.mask(exc, typed=False)) from exc
             except JobfenceError as exc:
-                raise _HTTPError(
-                    HTTPStatus.BAD_GATEWAY, masked_error(exc, dashboard.config.urls)
-                ) from exc
+                raise _HTTPError(HTTPStatus.BAD_GATEWAY, dashboard.mask(exc)) from exc
             self._json(HTTPStatus.OK, result)
         except _HTTPError as exc:
             self.close_connection = True
@@ -311,16 +315,32 @@ class _Handler(BaseHTTPRequestHandler):
             raise ConfigurationError(f"{field} must be a non-empty string", argument=field)
         return value
 
-    def _break_lock(self, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(target.break_lock(self._text(body, "name")))
+    def _target(self, body: dict[str, Any]) -> Target:
+        return self.server.dashboard.target(body.get("target"))
 
-    def _forget(self, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(target.forget(self._text(body, "key")))
+    def _scheduler(self, body: dict[str, Any]) -> SchedulerSource:
+        return self.server.dashboard.scheduler(body.get("scheduler"))
 
-    def _purge(self, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(target.purge_inbox())
+    def _break_lock(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._target(body).break_lock(self._text(body, "name"))
 
-    def _requeue(self, target: Any, body: dict[str, Any]) -> dict[str, Any]:
+    def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._target(body).forget(self._text(body, "key"))
+
+    def _purge(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._target(body).purge_inbox()
+
+    def _pause(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._scheduler(body).pause(self._text(body, "name"))
+
+    def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._scheduler(body).resume(self._text(body, "name"))
+
+    def _trigger(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._scheduler(body).trigger(self._text(body, "name"))
+
+    def _requeue(self, body: dict[str, Any]) -> dict[str, Any]:
+        target = self._target(body)
         ids = body.get("ids")
         if ids is not None and not (
             isinstance(ids, list) and ids and all(isinstance(i, str) and i for i in ids)
@@ -328,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise ConfigurationError(
                 "ids must be a non-empty list of message ids, or null for all", argument="ids"
             )
-        return dict(target.requeue(self._text(body, "queue"), ids))
+        return target.requeue(self._text(body, "queue"), ids)
 
 
 def make_server(

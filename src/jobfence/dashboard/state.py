@@ -9,11 +9,9 @@ own panels. A failure becomes an ``"error"`` entry of that panel, its text maske
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from contextlib import contextmanager
@@ -26,11 +24,13 @@ from .._core.url import mask_url
 from .._core.validate import check_listing, check_name, check_queue_name
 from ..backends import parse_backend_url, registered
 from ..backends.base import ClaimInfo, ClaimState
-from ..cli._common import user
 from ..errors import BackendError, ConfigurationError, JobfenceError
 from ..inbox import Inbox
 from ..locks import Locks
 from ..queue import Queue
+from ..scheduler import Scheduler
+from ..scheduler_async import AsyncScheduler
+from .schedules import SchedulerSource, who
 
 __all__ = ["Dashboard", "DashboardConfig", "Target", "masked_error"]
 
@@ -69,10 +69,10 @@ class DashboardConfig:
             check_queue_name(name)
 
 
-def masked_error(exc: BaseException, urls: Sequence[str] = ()) -> str:
-    """The text of ``exc`` for the page: its type and message, with every URL of ``urls``
-    that appears in it replaced by its masked form."""
-    text = f"{type(exc).__name__}: {exc}"
+def masked_error(exc: BaseException, urls: Sequence[str] = (), *, typed: bool = True) -> str:
+    """The text of ``exc`` for the page: its type (unless not ``typed``) and message, with
+    every URL of ``urls`` that appears in it replaced by its masked form."""
+    text = f"{type(exc).__name__}: {exc}" if typed else str(exc)
     for url in urls:
         if url and url in text:
             text = text.replace(url, mask_url(url))
@@ -85,10 +85,6 @@ def _seconds(value: float | None) -> float | None:
 
 def _when(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="seconds")
-
-
-def _who() -> str:
-    return f"{user()}@{socket.gethostname()} (pid {os.getpid()})"
 
 
 class Target:
@@ -338,7 +334,7 @@ class Target:
                 name,
                 self.config.namespace,
                 self.masked,
-                _who(),
+                who(),
                 was,
             )
         return {
@@ -359,7 +355,7 @@ class Target:
                 key,
                 self.config.inbox_table,
                 self.masked,
-                _who(),
+                who(),
             )
         return {"forgotten": forgotten}
 
@@ -372,7 +368,7 @@ class Target:
             "inbox table %r at %s purged from the dashboard by %s: %d expired record(s) deleted",
             self.config.inbox_table,
             self.masked,
-            _who(),
+            who(),
             purged,
         )
         return {"purged": purged}
@@ -391,7 +387,7 @@ class Target:
             "all" if ids is None else f"{len(ids)}",
             queue,
             self.masked,
-            _who(),
+            who(),
             count,
         )
         return {"requeued": count}
@@ -415,14 +411,30 @@ class Target:
 
 
 class Dashboard:
-    """The targets of a :class:`DashboardConfig`, read together."""
+    """The targets of a :class:`DashboardConfig`, read together, and the ``schedulers``
+    (label -> ``Scheduler`` / ``AsyncScheduler``, e.g. ``{"app.schedules:sched": sched}``)
+    whose schedules the page shows; :meth:`close` closes those schedulers too."""
 
-    def __init__(self, config: DashboardConfig) -> None:
+    def __init__(
+        self,
+        config: DashboardConfig,
+        schedulers: Mapping[str, Scheduler | AsyncScheduler] | None = None,
+    ) -> None:
         self.config = config
         self.targets = [Target(i, url, config) for i, url in enumerate(config.urls)]
-        # one worker per URL: each URL has at most one gathering running (Target.pending)
+        self.schedulers: list[SchedulerSource] = []
+        try:
+            for i, (label, scheduler) in enumerate((schedulers or {}).items()):
+                self.schedulers.append(SchedulerSource(i, label, scheduler, ANSWER_TIMEOUT))
+        except BaseException:
+            for made in self.schedulers:  # the loops started for the ones before
+                made.stop_loop()
+            raise
+        # one worker per URL and per scheduler: each has at most one gathering running
+        # (its ``pending``)
         self._pool = ThreadPoolExecutor(
-            max_workers=len(self.targets), thread_name_prefix="jobfence-dashboard"
+            max_workers=len(self.targets) + len(self.schedulers),
+            thread_name_prefix="jobfence-dashboard",
         )
         self._submitting = threading.Lock()
 
@@ -438,36 +450,64 @@ class Dashboard:
 
     def target(self, index: object) -> Target:
         """The target numbered ``index`` (as ``"id"`` in :meth:`state`)."""
-        if isinstance(index, bool) or not isinstance(index, int):
+        return self.targets[_index(index, len(self.targets), "target")]
+
+    def scheduler(self, index: object) -> SchedulerSource:
+        """The scheduler numbered ``index`` (as ``"id"`` in the state's ``"schedulers"``)."""
+        if not self.schedulers:
             raise ConfigurationError(
-                f"target must be an int, got {type(index).__name__}", argument="target"
+                "the dashboard shows no scheduler (start it with --scheduler MODULE:OBJ)",
+                argument="scheduler",
             )
-        if not 0 <= index < len(self.targets):
-            raise ConfigurationError(
-                f"target must be from 0 to {len(self.targets) - 1}, got {index}",
-                argument="target",
-            )
-        return self.targets[index]
+        return self.schedulers[_index(index, len(self.schedulers), "scheduler")]
+
+    def mask(self, exc: BaseException, *, typed: bool = True) -> str:
+        """The text of ``exc`` (:func:`masked_error`) with every URL the dashboard knows
+        masked."""
+        urls = [*self.config.urls, *(s.url for s in self.schedulers if s.url)]
+        return masked_error(exc, urls, typed=typed)
 
     def state(self) -> dict[str, Any]:
-        """Every target's state, gathered in parallel: a slow backend delays the answer by
-        its own time only, not the sum, and one that does not answer within ANSWER_TIMEOUT
-        is reported as such (its gathering goes on; the next call waits for it rather than
-        start another)."""
+        """Every target's and scheduler's state, gathered in parallel: a slow backend delays
+        the answer by its own time only, not the sum, and one that does not answer within
+        ANSWER_TIMEOUT is reported as such (its gathering goes on; the next call waits for
+        it rather than start another)."""
+        sources: list[Target | SchedulerSource] = [*self.targets, *self.schedulers]
         with self._submitting:
             futures = []
-            for target in self.targets:
-                if target.pending is None or target.pending.done():
-                    target.pending = self._pool.submit(target.state)
-                futures.append(target.pending)
+            for source in sources:
+                if source.pending is None or source.pending.done():
+                    if isinstance(source, Target):
+                        source.pending = self._pool.submit(source.state)
+                    else:
+                        source.pending = self._pool.submit(source.state, self.mask)
+                futures.append(source.pending)
         wait_for(futures, timeout=ANSWER_TIMEOUT)
         states = [
-            future.result() if future.done() else target.not_answering(ANSWER_TIMEOUT)
-            for target, future in zip(self.targets, futures, strict=True)
+            future.result() if future.done() else source.not_answering(ANSWER_TIMEOUT)
+            for source, future in zip(sources, futures, strict=True)
         ]
-        return {"generated_at": time.time(), "targets": states}
+        return {
+            "generated_at": time.time(),
+            "targets": states[: len(self.targets)],
+            "schedulers": states[len(self.targets) :],
+        }
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         for target in self.targets:
             target.close()
+        for source in self.schedulers:
+            source.close()
+
+
+def _index(index: object, count: int, argument: str) -> int:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigurationError(
+            f"{argument} must be an int, got {type(index).__name__}", argument=argument
+        )
+    if not 0 <= index < count:
+        raise ConfigurationError(
+            f"{argument} must be from 0 to {count - 1}, got {index}", argument=argument
+        )
+    return index

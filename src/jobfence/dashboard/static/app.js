@@ -1,5 +1,6 @@
 // The jobfence dashboard page: polls /api/state every 2 s, counts time left down between
-// polls, and (when the server allows actions) asks for a confirmation before each action.
+// polls, shows the schedules of the schedulers it was given, and (when the server allows
+// actions) asks for a confirmation before each action.
 // Every value from the server is put in the page as text, never as HTML.
 "use strict";
 
@@ -46,11 +47,16 @@ function formatLeft(ms) {
   return `${Math.floor(m / 60)}h ${m % 60}m`;
 }
 
+function formatIn(ms) {
+  if (ms === null) return "";
+  return ms <= 0 ? "due" : `in ${formatLeft(ms)}`;
+}
+
 function tick() {
   const now = performance.now();
   for (const entry of countdowns) {
-    const [cell, deadline] = entry;
-    cell.textContent = formatLeft(deadline === null ? null : deadline - now);
+    const [cell, deadline, , format] = entry;
+    cell.textContent = (format || formatLeft)(deadline === null ? null : deadline - now);
   }
 }
 
@@ -60,10 +66,21 @@ function countdownCell(key, seconds, fetchedAt) {
   return cell;
 }
 
+// The time to a schedule's next fire, counting down ("in 42.0s", then "due").
+function nextCell(key, schedule, fetchedAt) {
+  const left = el("span", { class: "muted next-in" });
+  const seconds = schedule.next_in;
+  countdowns.push([left, seconds === null ? null : fetchedAt + seconds * 1000, key, formatIn]);
+  return el("td", { class: "next" }, el("span", { class: "next-at" }, schedule.next_at || "none"),
+    " ", left);
+}
+
 // The state without what changes at every poll (time left), to re-render only on change.
 function signature(state) {
   return JSON.stringify(state, (key, value) =>
-    key === "expires_in" || key === "generated_at" || key === "age" ? undefined : value,
+    key === "expires_in" || key === "generated_at" || key === "age" || key === "next_in"
+      ? undefined
+      : value,
   );
 }
 
@@ -73,6 +90,10 @@ function lockKey(targetId, name) {
 
 function claimKey(targetId, key) {
   return `claim:${targetId}:${key}`;
+}
+
+function scheduleKey(schedulerId, name) {
+  return `schedule:${schedulerId}:${name}`;
 }
 
 // New deadlines for the cells already on the page (same rows, new time left).
@@ -85,6 +106,11 @@ function updateDeadlines(state, fetchedAt) {
     const inbox = target.inbox || {};
     for (const claim of [...(inbox.items || []), ...(inbox.in_progress || [])]) {
       seconds.set(claimKey(target.id, claim.key), claim.expires_in);
+    }
+  }
+  for (const source of state.schedulers || []) {
+    for (const schedule of source.schedules || []) {
+      seconds.set(scheduleKey(source.id, schedule.name), schedule.next_in);
     }
   }
   for (const entry of countdowns) {
@@ -139,7 +165,7 @@ async function act(question, path, body, describe) {
     });
     const result = await response.json();
     if (!response.ok) say(`${path}: ${result.error || response.status}`, true);
-    else say(describe(result), false);
+    else say(describe(result), result.outcome === "failed"); // a triggered fire can fail
   } catch (error) {
     say(`${path}: ${error}`, true);
   }
@@ -369,9 +395,143 @@ function queuePanel(target, queue) {
   return section;
 }
 
+// -- schedules ------------------------------------------------------------------------------
+
+function lagText(lag) {
+  return lag === null || lag === undefined ? "" : `lag ${lag.toFixed(3)} s`;
+}
+
+function fireText(fire) {
+  if (!fire) return "never";
+  const parts = [fire.slot || fire.key, fire.outcome];
+  if (fire.manual) parts.push("(triggered)");
+  if (fire.pod) parts.push(`by ${fire.pod}`);
+  const lag = lagText(fire.lag);
+  if (lag) parts.push(lag);
+  return parts.join(" ");
+}
+
+function countsText(schedule) {
+  const seen = Object.entries(schedule.outcomes)
+    .filter(([, n]) => n > 0)
+    .map(([outcome, n]) => `${n} ${outcome}`);
+  return `last ${schedule.read} record(s): ${seen.length ? seen.join(", ") : "none"}`;
+}
+
+function scheduleActions(source, schedule) {
+  const where = `schedule ${schedule.name} of ${source.label}`;
+  const body = { scheduler: source.id, name: schedule.name };
+  const cells = [];
+  if (schedule.paused) {
+    cells.push(
+      button("Resume", () =>
+        act(`Resume ${where}?`, "/api/schedules/resume", body, (r) =>
+          r.was_paused ? `resumed ${schedule.name}` : `${schedule.name} was not paused`,
+        ),
+      ),
+    );
+  } else {
+    cells.push(
+      button("Pause", () =>
+        act(`Pause ${where} on every process?`, "/api/schedules/pause", body, (r) =>
+          r.was_paused ? `${schedule.name} was paused already` : `paused ${schedule.name}`,
+        ),
+      ),
+    );
+  }
+  cells.push(" ");
+  cells.push(
+    button("Trigger", () =>
+      act(`Fire ${where} once now, in the dashboard's process?`,
+        "/api/schedules/trigger", body, (r) =>
+          `${schedule.name}: ${r.outcome} ${r.key}` + (r.error ? `: ${r.error}` : ""),
+      ),
+    ),
+  );
+  return el("td", { class: "actions" }, ...cells);
+}
+
+function historyTable(schedule) {
+  const rows = schedule.history.map((fire) =>
+    el(
+      "tr",
+      { "data-fire": fire.key, class: `outcome-${fire.outcome}` },
+      el("td", { class: "name" }, (fire.slot || "?") + (fire.manual ? " (triggered)" : "")),
+      el("td", { class: "outcome" }, fire.outcome),
+      el("td", { class: "owner" }, show(fire.pod)),
+      el("td", null, fire.fired_at || ""),
+      el("td", { class: "num" }, fire.lag === null ? "" : `${fire.lag.toFixed(3)} s`),
+      el("td", { class: "error-text" }, fire.error || ""),
+    ),
+  );
+  return table(["slot", "outcome", "pod", "fired at", "lag", "note"], rows, {
+    class: "history",
+    "data-history": schedule.name,
+  });
+}
+
+function schedulesPanel(source, fetchedAt) {
+  const section = el(
+    "section",
+    { class: "panel schedules" },
+    el("h3", null, "schedules", el("span", { class: "muted" }, ` pod ${source.pod}`)),
+  );
+  if (source.status === "error") {
+    section.append(errorLine(source));
+    return section;
+  }
+  if (!source.schedules.length) {
+    section.append(el("p", { class: "muted empty" }, "no schedule"));
+    return section;
+  }
+  const headers = ["name", "spec", "time zone", "state", "next fire", "last fire", "misses",
+    "records"];
+  if (ACTIONS) headers.push("");
+  const rows = source.schedules.map((schedule) => {
+    const row = el(
+      "tr",
+      { "data-schedule": schedule.name, class: schedule.paused ? "paused" : null },
+      el("td", { class: "name" }, schedule.name),
+      el("td", { class: "spec" }, schedule.spec),
+      el("td", { class: "tz" }, schedule.tz),
+      el("td", { class: "state" }, schedule.paused ? "paused" : "active"),
+      nextCell(scheduleKey(source.id, schedule.name), schedule, fetchedAt),
+      el("td", { class: "last" }, fireText(schedule.last)),
+      el("td", { class: "num misses" }, show(schedule.misses)),
+      el("td", { class: "counts" }, countsText(schedule)),
+    );
+    if (ACTIONS) row.append(scheduleActions(source, schedule));
+    return row;
+  });
+  section.append(table(headers, rows, { class: "schedules" }));
+  for (const schedule of source.schedules) {
+    if (!schedule.history.length) continue;
+    section.append(
+      el("h4", null, `${schedule.name}: newest records`),
+      historyTable(schedule),
+    );
+  }
+  return section;
+}
+
+function schedulerArticle(source, fetchedAt) {
+  return el(
+    "article",
+    { class: "scheduler", "data-scheduler": String(source.id) },
+    el(
+      "h2",
+      null,
+      `scheduler ${source.label}`,
+      el("span", { class: "muted" }, source.url ? ` ${source.url}` : ""),
+    ),
+    schedulesPanel(source, fetchedAt),
+  );
+}
+
 function render(state, fetchedAt) {
   countdowns = [];
   const main = document.getElementById("targets");
+  const schedulers = (state.schedulers || []).map((s) => schedulerArticle(s, fetchedAt));
   const sections = state.targets.map((target) =>
     el(
       "article",
@@ -382,7 +542,7 @@ function render(state, fetchedAt) {
       ...target.queues.map((queue) => queuePanel(target, queue)),
     ),
   );
-  main.replaceChildren(...sections);
+  main.replaceChildren(...sections, ...schedulers);
 }
 
 async function refresh() {
