@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 from celery import beat
@@ -111,7 +112,8 @@ def entry_schedule(name: str, spec: Any, timezone: str = "UTC") -> dict[str, Any
     ``schedule`` (or a ``timedelta`` / number of seconds). Anything else, a ``solar`` above
     all, and an interval that is not a whole number of seconds >= 1 raise
     :class:`~jobfence.ConfigurationError` naming the entry."""
-    spec = maybe_schedule(spec)
+    if isinstance(spec, (int, float, timedelta)) and not isinstance(spec, bool):
+        spec = maybe_schedule(spec)
     if isinstance(spec, crontab):
         return {"cron": _crontab_expression(name, spec), "tz": timezone}
     if isinstance(spec, solar):
