@@ -19,6 +19,7 @@ from celery.signals import before_task_publish
 from jobfence import ConfigurationError
 from jobfence._core import slots as slotmath
 from jobfence.integrations.celery_beat import Scheduler, entry_schedule
+from jobfence.testing import ManualClock, clocked
 
 
 class Sunset(solar):  # type: ignore[misc]
@@ -122,6 +123,7 @@ def published() -> Iterator[list[dict[str, Any]]]:
                 "kwargs": body[1],
                 "routing_key": routing_key,
                 "beat": headers.get("celery_beat_task"),
+                "ignore_result": headers.get("ignore_result"),
             }
         )
 
@@ -146,24 +148,45 @@ def _app(entries: dict[str, Any], **conf: Any) -> celery.Celery:
 EVERY_HOUR = {"hourly": {"task": "jf.hourly", "schedule": 3600, "args": (1,), "kwargs": {"x": 2}}}
 
 
-def test_two_beats_on_one_backend_send_a_due_slot_once(published: list[dict[str, Any]]) -> None:
+def test_two_beats_on_one_backend_send_each_slot_once(published: list[dict[str, Any]]) -> None:
     every_second = {
         "tick": {"task": "jf.tick", "schedule": 1, "args": (1,), "options": {"queue": "q1"}}
     }
     app = _app(every_second)
-    first, second = Scheduler(app=app, max_interval=5), Scheduler(app=app, max_interval=5)
-    try:
-        waits = [first.tick(), second.tick()]
-        assert all(0 < w <= 1 for w in waits)  # the next slot is at most a second away
-        assert len(published) == 1
-        (message,) = published
-        assert message["id"].startswith("schedule:tick@")
-        assert slotmath.parse_iso(message["id"].removeprefix("schedule:tick@"))
+    epoch = 1_796_400_000.0  # 2026-12-04T16:00:00Z
+    # jobfence's clock stands still between the two beats' ticks
+    with clocked(ManualClock(start=0.25, epoch=epoch)) as clock:
+        first, second = Scheduler(app=app, max_interval=5), Scheduler(app=app, max_interval=5)
+        try:
+            assert [first.tick(), second.tick()] == [0.75, 0.75]  # until the next slot
+            clock.advance(1)
+            assert [second.tick(), first.tick()] == [0.75, 0.75]
+        finally:
+            first.close()
+            second.close()
+    assert [m["id"] for m in published] == [
+        "schedule:tick@2026-12-04T16:00:00Z",
+        "schedule:tick@2026-12-04T16:00:01Z",
+    ]
+    for message in published:
         assert message == {**message, "task": "jf.tick", "args": [1], "kwargs": {}}
         assert message["routing_key"] == "q1" and message["beat"] is True
+
+
+def test_a_task_registered_in_beat_is_sent_through_it(published: list[dict[str, Any]]) -> None:
+    app = _app({"own": {"task": "jf.own", "schedule": 1, "kwargs": {"n": 1}}})
+
+    @app.task(name="jf.own", ignore_result=True, shared=False)
+    def own(n: int) -> None: ...
+
+    beat = Scheduler(app=app)
+    try:
+        beat.tick()
     finally:
-        first.close()
-        second.close()
+        beat.close()
+    (message,) = published
+    assert message["id"].startswith("schedule:own@") and message["kwargs"] == {"n": 1}
+    assert message["ignore_result"] is True  # the task's own option (app default: False)
 
 
 def test_a_far_slot_waits_at_most_max_interval_and_entries_added_later_are_sent(

@@ -7,8 +7,10 @@ celery -A proj beat -S jobfence.integrations.celery_beat:Scheduler
 :class:`Scheduler` reads the app's ``beat_schedule`` (and the entries added later with
 ``add``), turns every entry into a schedule of a :class:`jobfence.Scheduler` and, on each beat
 tick, runs one pass of it: every slot due is claimed in the jobfence backend by exactly one beat
-process, which sends the entry's task with ``app.send_task(entry.task, args, kwargs,
-task_id=<the slot key>, **entry.options)``. Any number of beats may run; a beat that dies is
+process, which sends the entry's task as Celery's own beat does, with the slot key as task id:
+``task.apply_async(args, kwargs, task_id=<the slot key>, **entry.options)`` when the task is
+registered in the beat process, else ``app.send_task(entry.task, args, kwargs, task_id=...,
+**entry.options)``. Any number of beats may run; a beat that dies is
 replaced by the others within ``lease`` seconds, without a missed slot (within ``grace``). No
 shelve file is written.
 
@@ -196,6 +198,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             sent = dict(options)
             sent["headers"] = {**(sent.get("headers") or {}), "celery_beat_task": True}
             log.info("Scheduler: Sending due task %s (%s) as %s", entry.name, entry.task, slot.key)
+            # as Celery's own beat sends: through the task when it is registered here (its own
+            # routing and options apply), else by name
+            task = self.app.tasks.get(entry.task)
+            if task is not None:
+                return task.apply_async(args, kwargs, task_id=slot.key, **sent)
             return self.app.send_task(entry.task, args, kwargs, task_id=slot.key, **sent)
 
         send.__qualname__ = send.__name__ = f"celery.send_task({entry.task})"
