@@ -23,7 +23,18 @@ MODULES = [
     "jobfence.testing",
     "jobfence.testing.faults",
     "jobfence.testing.strategies",
-    *(f"jobfence.integrations.{m}" for m in ("celery", "rq", "dramatiq", "arq", "sqlalchemy")),
+    *(
+        f"jobfence.integrations.{m}"
+        for m in (
+            "celery",
+            "rq",
+            "dramatiq",
+            "arq",
+            "sqlalchemy",
+            "schedule_targets",
+            "celery_beat",
+        )
+    ),
     "jobfence.integrations.django",
 ]
 

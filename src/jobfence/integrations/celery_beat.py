@@ -110,7 +110,8 @@ def _crontab_expression(name: str, spec: crontab) -> str:
 
 def entry_schedule(name: str, spec: Any, timezone: str = "UTC") -> dict[str, Any]:
     """The jobfence schedule of beat entry ``name`` whose schedule is ``spec``: ``{"cron":
-    <expression>, "tz": timezone}`` for a ``crontab``, ``{"every": <seconds>}`` for a
+    <expression>, "tz": timezone}`` for a ``crontab`` (its hours and minutes read in
+    ``timezone``, the app's time zone), ``{"every": <seconds>}`` for a
     ``schedule`` (or a ``timedelta`` / number of seconds). Anything else, a ``solar`` above
     all, and an interval that is not a whole number of seconds >= 1 raise
     :class:`~jobfence.ConfigurationError` naming the entry."""
@@ -147,8 +148,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     Args:
         app: the Celery app (beat passes it).
-        *args: the arguments of ``celery.beat.Scheduler`` (beat passes them).
-        **kwargs: the keyword arguments of ``celery.beat.Scheduler`` (``max_interval``,
+        args: the positional arguments of ``celery.beat.Scheduler`` (beat passes them).
+        kwargs: the keyword arguments of ``celery.beat.Scheduler`` (``max_interval``,
             ``lazy``, ...; ``schedule_filename`` is ignored: nothing is stored in a file).
     """
 

@@ -59,7 +59,7 @@ _RQ_READABLE = 100
 
 
 def slot_time(slot: Slot) -> str:
-    """The slot's time in UTC, to the second: ``"2026-12-04T15:30:00Z"`` (what
+    """The time of ``slot`` in UTC, to the second: ``"2026-12-04T15:30:00Z"`` (what
     ``slot_kwarg`` passes)."""
     return slotmath.slot_iso(int(slot.at.timestamp()))
 
