@@ -22,6 +22,7 @@ from rq.results import Result
 import jobfence
 from jobfence.errors import ClaimInProgress, ConfigurationError
 from jobfence.integrations.rq import guarded_job
+from tests.rq_quiet import QuietWorker
 from tests.servers import REDIS_URL, delete_redis_keys
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -99,7 +100,7 @@ def enqueue(queue: rq.Queue, fn: Any, *args: Any, **options: Any) -> rq.job.Job:
 
 def work(queue: rq.Queue, *, with_scheduler: bool = False) -> None:
     """A real RQ worker, in this process, until the queue is empty."""
-    worker = rq.SimpleWorker(
+    worker = QuietWorker(
         [queue], connection=queue.connection, name=f"{queue.name}-{uuid.uuid4().hex[:6]}"
     )
     worker.work(burst=True, with_scheduler=with_scheduler, logging_level="WARNING")
