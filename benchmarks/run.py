@@ -43,6 +43,7 @@ import bench_leases
 import bench_mysql_locks
 import bench_redis_locks
 import bench_redis_replicas
+import bench_scheduler
 import bench_sql_locks
 import bench_sqlite_locks
 import bench_worker
@@ -59,6 +60,7 @@ SECTIONS = (
     "leases",
     "replicas",
     "etcd",
+    "scheduler",
 )
 
 
@@ -718,6 +720,25 @@ def section_etcd(rep: Report, sz: Sizes) -> None:
     rep.table(US_HEADER, _stats_rows(stats, bench_etcd_locks.ANCHORS))
 
 
+# -- 10. schedulers per fire ----------------------------------------------------------------------
+def section_scheduler(rep: Report, sz: Sizes) -> None:
+    rep.add("## 10. Schedulers: CPU and lag per fire", "")
+    rep.add(
+        f"{bench_scheduler.SCHEDULES} schedules every 1 s (a jobfence slot is a whole second: "
+        "the fastest schedule the three run alike), each case in processes of its own for "
+        "a fixed time per round. CPU per fire: the scheduler processes' user + system CPU "
+        "while their loop ran, over the fires (servers not counted). Lag: jobfence in the "
+        "target (now minus the slot's time); celery beat + RedBeat when beat sends "
+        "(`before_task_publish`), against the entry's previous send + 1 s; APScheduler 3 when "
+        "it submits the job (`EVENT_JOB_SUBMITTED`), against its scheduled run time. In "
+        "brackets: the lowest and highest figure of one round. No target: the figures are "
+        "the price of exactly-once slots across processes "
+        "(docs/reference/performance.md#scheduler)."
+    )
+    cases = bench_scheduler.measure(sz.rounds < FULL.rounds)
+    rep.table(bench_scheduler.HEADER, bench_scheduler.rows(cases))
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -728,6 +749,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "leases": section_leases,
     "replicas": section_replicas,
     "etcd": section_etcd,
+    "scheduler": section_scheduler,
 }
 
 
@@ -805,6 +827,9 @@ LIBRARIES = (
     ("python-redis-lock (anchor)", "python-redis-lock"),
     ("pottery (anchor)", "pottery"),
     ("aws-lambda-powertools (anchor)", "aws-lambda-powertools"),
+    ("celery (anchor)", "celery"),
+    ("celery-redbeat (anchor)", "celery-redbeat"),
+    ("APScheduler (anchor)", "apscheduler"),
 )
 
 

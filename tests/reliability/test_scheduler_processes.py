@@ -214,6 +214,7 @@ def test_killed_and_frozen_pods_every_slot_has_one_effect(
 
     effects = _query(f"SELECT slot, slot_at, pod, lag FROM {ledger}_effects")
     attempts = _query(f"SELECT slot, slot_at, pod, applied FROM {ledger}_attempts")
+    timed = _query(f"SELECT slot, slot_at, pod, started FROM {ledger}_attempts")
     first = min(at for _, at, _, _ in effects)
     last = float(int(ended) - 2)  # the slots before SIGTERM: each had its time to fire
     window = [first + i for i in range(int(last - first) + 1)]
@@ -271,6 +272,11 @@ def test_killed_and_frozen_pods_every_slot_has_one_effect(
             "min_lag": round(min(lags.values()), 3),
             "killed_slot_lag": round(lags[killed], 3),
             "frozen_slot_lag": round(lags[stopped], 3),
+            "attempt_lag_by_pod": {
+                p: [round(min(ls), 3), round(max(ls), 3)]
+                for p in SKEWS
+                if (ls := [t - at for _, at, pod, t in timed if pod == p])
+            },
             "effects_by_pod": {p: sum(pod == p for *_, pod, _ in effects) for p in SKEWS},
         }
     )
