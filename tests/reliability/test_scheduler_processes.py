@@ -277,6 +277,11 @@ def test_killed_and_frozen_pods_every_slot_has_one_effect(
                 for p in SKEWS
                 if (ls := [t - at for _, at, pod, t in timed if pod == p])
             },
+            "late_attempts": sorted(
+                [round(at - first), pod, round(t - at, 3)]
+                for _, at, pod, t in timed
+                if t - at > 0.5
+            ),
             "effects_by_pod": {p: sum(pod == p for *_, pod, _ in effects) for p in SKEWS},
         }
     )
