@@ -726,7 +726,8 @@ def section_scheduler(rep: Report, sz: Sizes) -> None:
     rep.add(
         f"{bench_scheduler.SCHEDULES} schedules every 1 s (a jobfence slot is a whole second: "
         "the fastest schedule the three run alike), each case in processes of its own for "
-        "a fixed time per round. CPU per fire: the scheduler processes' user + system CPU "
+        f"a fixed time per round after a warm-up of {bench_scheduler.WARMUP:g} s (connections, "
+        "tables, the first pass). CPU per fire: the scheduler processes' user + system CPU "
         "while their loop ran, over the fires (servers not counted). Lag: jobfence in the "
         "target (now minus the slot's time); celery beat + RedBeat when beat sends "
         "(`before_task_publish`), against the entry's previous send + 1 s; APScheduler 3 when "
