@@ -43,6 +43,7 @@ import bench_leases
 import bench_mysql_locks
 import bench_redis_locks
 import bench_redis_replicas
+import bench_scheduler
 import bench_semaphore
 import bench_sql_locks
 import bench_sqlite_locks
@@ -61,6 +62,7 @@ SECTIONS = (
     "replicas",
     "etcd",
     "limits",
+    "scheduler",
 )
 
 
@@ -765,6 +767,26 @@ def section_limits(rep: Report, sz: Sizes) -> None:
     )
 
 
+# -- 11. schedulers per fire ----------------------------------------------------------------------
+def section_scheduler(rep: Report, sz: Sizes) -> None:
+    rep.add("## 11. Schedulers: CPU and lag per fire", "")
+    rep.add(
+        f"{bench_scheduler.SCHEDULES} schedules every 1 s (a jobfence slot is a whole second: "
+        "the fastest schedule the three run alike), each case in processes of its own for "
+        f"a fixed time per round after a warm-up of {bench_scheduler.WARMUP:g} s (connections, "
+        "tables, the first pass). CPU per fire: the scheduler processes' user + system CPU "
+        "while their loop ran, over the fires (servers not counted). Lag: jobfence in the "
+        "target (now minus the slot's time); celery beat + RedBeat when beat sends "
+        "(`before_task_publish`), against the entry's previous send + 1 s; APScheduler 3 when "
+        "it submits the job (`EVENT_JOB_SUBMITTED`), against its scheduled run time. In "
+        "brackets: the lowest and highest figure of one round. No target: the figures are "
+        "the price of exactly-once slots across processes "
+        "(docs/reference/performance.md#scheduler)."
+    )
+    cases = bench_scheduler.measure(sz.rounds < FULL.rounds)
+    rep.table(bench_scheduler.HEADER, bench_scheduler.rows(cases))
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -776,6 +798,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "replicas": section_replicas,
     "etcd": section_etcd,
     "limits": section_limits,
+    "scheduler": section_scheduler,
 }
 
 
@@ -853,6 +876,9 @@ LIBRARIES = (
     ("python-redis-lock (anchor)", "python-redis-lock"),
     ("pottery (anchor)", "pottery"),
     ("aws-lambda-powertools (anchor)", "aws-lambda-powertools"),
+    ("celery (anchor)", "celery"),
+    ("celery-redbeat (anchor)", "celery-redbeat"),
+    ("APScheduler (anchor)", "apscheduler"),
 )
 
 

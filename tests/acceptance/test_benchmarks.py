@@ -23,7 +23,7 @@ def run_script(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": path},
         check=False,
