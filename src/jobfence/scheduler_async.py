@@ -713,12 +713,27 @@ class AsyncScheduler:
         }
 
     async def _complete(self, claim: AsyncClaim, record: dict[str, Any]) -> None:
-        try:
-            await claim.complete(record)
-        except ClaimLost as err:
-            # renewed all along, so it was forgotten or the backend lost it: another process
-            # may decide the slot again
-            log.warning("the record of %r could not be stored: %s", claim.key, err)
+        """Store the slot's record. A call that fails (connection reset, backend down) is
+        tried again every ``lease / 6`` seconds while the claim is still ours: the claim
+        stays renewed meanwhile, so giving up would leave the slot held (and undecided) as
+        long as this process lives, and fired again once its inbox closes and gives it
+        back. Ends when the record is stored or the claim is lost (the backend was out of
+        reach past the lease: another process decides the slot)."""
+        while True:
+            try:
+                await claim.complete(record)
+                return
+            except ClaimLost as err:
+                # renewed all along, so it was forgotten or the backend lost it: another
+                # process may decide the slot again
+                log.warning("the record of %r could not be stored: %s", claim.key, err)
+                return
+            except JobfenceError as err:
+                if claim.lost:
+                    log.warning("the record of %r could not be stored: %s", claim.key, err)
+                    return
+                log.warning("storing the record of %r failed, trying again: %s", claim.key, err)
+            await get_clock().asleep(self.lease / 6)
 
     async def _fire(self, job: _Job) -> Fire | None:
         """Run the job's target inside its slot's claim; store the record. A claim already
