@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import telemetry
+from ._core import forks
 from ._core import slots as slotmath
 from ._core.clock import get_clock
 from ._core.schedule_info import Fire, ScheduleInfo, Slot
@@ -230,6 +231,17 @@ class Scheduler:
         self._stop_event = threading.Event()
         self._threads: set[threading.Thread] = set()
         self._mutex = threading.Lock()
+        forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): the
+        fires running in the parent (tasks of the parent's event loop, or its threads) stay
+        the parent's, so the child neither waits for them nor stops them, and its ``run()``
+        and ``close()`` start afresh (its inbox and locks reset themselves)."""
+        self._mutex = threading.Lock()
+        self._stopping = False
+        self._stop_event = threading.Event()
+        self._threads = set()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pod={self.pod!r} schedules={sorted(self._schedules)}>"

@@ -9,6 +9,7 @@ other process fires the slot.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -107,3 +108,67 @@ def test_record_stored_after_a_reset_mid_complete_async(
     pod = asyncio.run(main())
     assert hook.done.is_set()
     _check_decided_once(base, namespace, at, pod, runs)
+
+
+def test_forked_child_of_a_running_async_scheduler() -> None:
+    """An AsyncScheduler runs in an event loop of a thread, its target running, while the
+    main thread forks: the child, with the inherited scheduler and a loop of its own, finds
+    the parent's slot in progress (fires nothing), and closes the scheduler without waiting
+    for the parent's tasks (another loop's) or giving back the parent's claim."""
+    namespace = new_namespace()
+    started: list[str] = []
+    running, release = threading.Event(), threading.Event()
+    scheduler = jobfence.AsyncScheduler(REDIS_URL, namespace=namespace, lease=2)
+
+    @scheduler.every(1, name="job", overlap="skip")
+    async def job(slot: jobfence.Slot) -> None:
+        started.append(slot.key)
+        running.set()
+        await asyncio.to_thread(release.wait, 10)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(scheduler.run(),))
+    thread.start()
+    try:
+        assert running.wait(10)
+        key = started[0]
+        at = int(slotmath.parse_iso(key.rpartition("@")[2]).timestamp())
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, and never return into pytest
+            answer = "error"
+            try:
+
+                async def child() -> str:
+                    fires = await asyncio.wait_for(scheduler.tick(at + 0.5), 10)
+                    await asyncio.wait_for(scheduler.close(), 10)
+                    return f"fires={len(fires)}"
+
+                answer = asyncio.run(child())
+            except BaseException as exc:
+                answer = repr(exc)
+            finally:
+                os.write(write, answer.encode())
+                os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            assert pipe.read() == "fires=0"
+        assert os.waitstatus_to_exitcode(status) == 0
+        with jobfence.Inbox(REDIS_URL, table=namespace) as inbox:  # still the parent's
+            info = inbox.claim_info(key)
+            assert info is not None and info.state is jobfence.ClaimState.IN_PROGRESS
+    finally:
+        release.set()
+        scheduler.stop()
+        thread.join(15)
+        loop.run_until_complete(scheduler.close())
+        loop.close()
+    try:
+        assert started.count(key) == 1
+        with jobfence.Scheduler(REDIS_URL, namespace=namespace) as reader:
+            reader.every(1, name="job")(lambda: None)
+            fired = {f.key: (f.outcome, f.pod) for f in reader.history("job", limit=None)}
+        assert fired[key] == ("fired", scheduler.pod)
+    finally:
+        _redis_cleanup(REDIS_URL, namespace)
