@@ -31,7 +31,7 @@ from ._core import forks
 from ._core import slots as slotmath
 from ._core.clock import get_clock
 from ._core.schedule_info import Fire, ScheduleInfo, Slot
-from ._core.validate import check_name
+from ._core.validate import MAX_NAME_BYTES, MAX_TTL, check_name, check_ttl
 from ._guard_spec import current_claim_var
 from .backends.base import ClaimState
 from .errors import ClaimLost, ConfigurationError, JobfenceError
@@ -63,6 +63,9 @@ PAUSE_PREFIX = "schedule-paused:"
 MISSED_PREFIX = "schedule-missed:"
 #: the lease held while a schedule's target runs, for ``overlap="skip"`` / ``"queue"``
 RUN_PREFIX = "schedule-run:"
+#: the longest name of a schedule (bytes in UTF-8): its longest key, a manual slot's
+#: ``schedule:<name>@<time>+manual-<8 hex>``, must be a valid inbox key
+MAX_SCHEDULE_NAME_BYTES = MAX_NAME_BYTES - len(slotmath.slot_key("", 0) + "+manual-") - 8
 
 _HOST = socket.gethostname()[:64]
 
@@ -173,13 +176,14 @@ class Scheduler:
     * ``namespace`` -- the inbox table (and the lock namespace) the scheduler's records use;
       default: the inbox's default table and the locks' default namespace.
     * ``lease`` -- the claim ttl of one fire, renewed while the target runs: how soon another
-      process takes over the slot of a process that died or hung (default 30 s).
+      process takes over the slot of a process that died or hung (default 30 s; at most
+      one year).
     * ``max_skew`` -- the bound on the clock offset between processes this deployment
       promises (default 1 s; ``jobfence doctor`` reports a host's offset).
     * ``retention`` -- how long slot records are kept (default ``max(1 day, 2 * the longest
-      catch_up)``); at least ``catch_up + max_skew + lease`` of every schedule, else
-      :class:`ConfigurationError` naming ``retention``. With an ``inbox=`` of your own, its
-      retention applies.
+      catch_up)``, at most one year, the longest an inbox keeps a record); at least
+      ``catch_up + max_skew + lease`` of every schedule, else :class:`ConfigurationError`
+      naming ``retention``. With an ``inbox=`` of your own, its retention applies.
     * ``pod`` -- this process's id in the records (default ``host:pid:<8 hex>``).
     """
 
@@ -195,10 +199,10 @@ class Scheduler:
         retention: float | None = None,
         pod: str | None = None,
     ) -> None:
-        self.lease = slotmath.check_seconds(lease, argument="lease", positive=True)
+        self.lease = check_ttl(lease, argument="lease")
         self.max_skew = slotmath.check_seconds(max_skew, argument="max_skew")
         if retention is not None:
-            retention = slotmath.check_seconds(retention, argument="retention", positive=True)
+            retention = check_ttl(retention, argument="retention")
             if inbox is not None and retention != inbox.retention:
                 raise ConfigurationError(
                     f"retention={retention!r} differs from the given inbox's retention "
@@ -255,7 +259,7 @@ class Scheduler:
         if self._retention is not None:
             return self._retention
         longest = max((s.catch_up for s in self._schedules.values()), default=DEFAULT_CATCH_UP)
-        return max(MIN_RETENTION, 2 * longest)
+        return min(max(MIN_RETENTION, 2 * longest), float(MAX_TTL))
 
     def cron(
         self,
@@ -317,8 +321,8 @@ class Scheduler:
         attempts: int = 1,
     ) -> Callable[[F], F]:
         """Decorator: run the function every ``seconds + 60 * minutes + 3600 * hours``
-        seconds (a whole number >= 1), at the multiples of that period since the Unix epoch.
-        Otherwise like :meth:`cron`."""
+        seconds (a whole number from 1 to 366 days), at the multiples of that period since
+        the Unix epoch. Otherwise like :meth:`cron`."""
         for value, argument in ((seconds, "seconds"), (minutes, "minutes"), (hours, "hours")):
             slotmath.check_seconds(value, argument=argument)
         period = seconds + 60 * minutes + 3600 * hours
@@ -369,13 +373,13 @@ class Scheduler:
         of the :class:`Slot`, run inside the slot's claim).
 
         * ``name`` -- default the target's ``module.qualname``; the rules of a lock name,
-          without ``@``.
+          without ``@``, and at most :data:`MAX_SCHEDULE_NAME_BYTES` (978) bytes in UTF-8.
         * ``misfire`` -- ``"latest"`` / ``"all"`` / ``"none"``: what a slot found later than
           ``grace`` does (fire it only if it is the newest due slot / fire it / record it
           missed).
         * ``grace`` -- seconds (> 0) after its due time a slot still fires as a normal fire.
         * ``catch_up`` -- how far back (seconds, >= grace) a process looks for slots nobody
-          recorded.
+          recorded; ``catch_up + max_skew + lease`` at most one year (366 days).
         * ``overlap`` -- ``"allow"`` / ``"skip"`` / ``"queue"``: what a slot does while the
           schedule's previous fire still runs (fire / record it skipped / wait for it, at most
           until the misfire policy takes over).
@@ -442,6 +446,12 @@ class Scheduler:
                 f"name must not contain '@' (it ends the name in slot keys), got {name!r}",
                 argument="name",
             )
+        if len(name.encode("utf-8")) > MAX_SCHEDULE_NAME_BYTES:
+            raise ConfigurationError(
+                f"name must be at most {MAX_SCHEDULE_NAME_BYTES} bytes in UTF-8 (its slot keys "
+                f"add up to 46 bytes to it), got {len(name.encode('utf-8'))} bytes",
+                argument="name",
+            )
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} exists already", argument="name")
         fn: Callable[..., Any] | None = None
@@ -464,6 +474,12 @@ class Scheduler:
         if body is not None and callable(body):
             _takes_slot(body)
         needed = catch_up + self.max_skew + self.lease
+        if needed > MAX_TTL and self._retention is None and self._inbox is None:
+            raise ConfigurationError(
+                f"catch_up + max_skew + lease must be at most {MAX_TTL} s (366 days, the "
+                f"longest a slot's record is kept), got {needed!r} s for schedule {name!r}",
+                argument="catch_up",
+            )
         schedule = _Schedule(
             name, spec, misfire, grace, catch_up, overlap, jitter, fn, queue, body, send, what
         )

@@ -172,3 +172,47 @@ def test_forked_child_of_a_running_async_scheduler() -> None:
         assert fired[key] == ("fired", scheduler.pod)
     finally:
         _redis_cleanup(REDIS_URL, namespace)
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"),
+    [
+        ({"name": "n" * 979, "every": 5}, "name"),
+        ({"name": "n", "every": 10**12}, "seconds"),  # a next slot past the year 9999
+        ({"name": "n", "every": 5, "catch_up": 400 * 86400.0}, "catch_up"),  # > 1 year kept
+    ],
+)
+def test_input_no_pass_could_use_is_refused_when_added(
+    options: dict[str, Any], argument: str
+) -> None:
+    """Each was accepted, then every pass failed (a slot key longer than an inbox key, a
+    retention longer than an inbox keeps records) or ``info`` crashed (a year out of range)."""
+    scheduler = jobfence.Scheduler("memory://")
+    name = options.pop("name")
+    with pytest.raises(jobfence.ConfigurationError) as caught:
+        scheduler.add(name, target=lambda: None, **options)
+    assert caught.value.argument == argument
+    with pytest.raises(jobfence.ConfigurationError) as caught:
+        jobfence.Scheduler("memory://", lease=2 * 366 * 86400.0)
+    assert caught.value.argument == "lease"
+    # a catch_up over half a year: the records are kept one year (not 2 * catch_up, which no
+    # inbox keeps), and a pass works
+    scheduler.add("half", every=5, catch_up=200 * 86400.0, target=lambda: None)
+    assert scheduler.retention == 366 * 86400
+    scheduler.tick()
+
+
+def test_longest_name_fires_and_triggers(proxied: tuple[str, str, FaultProxy, str]) -> None:
+    """A name of the largest size accepted makes keys every backend stores (a manual slot's
+    key is the longest)."""
+    base, _, _, namespace = proxied
+    name = "é" * 489  # 978 bytes in UTF-8
+    runs: list[str] = []
+    at = int(time.time()) // PERIOD * PERIOD
+    with jobfence.Scheduler(base, namespace=namespace) as scheduler:
+        scheduler.add(name, every=PERIOD, target=lambda slot: runs.append(slot.key))
+        assert [f.outcome for f in scheduler.tick(at + 0.5)] == ["fired"]
+        assert scheduler.trigger(name).outcome == "fired"
+        scheduler.pause(name)
+        assert scheduler.info(name).paused
+    assert len(runs) == 2 and len(runs[1].encode()) == 1024
