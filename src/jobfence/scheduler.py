@@ -532,11 +532,28 @@ class Scheduler:
         the end (one after the other). Returns the records this pass made: the slots
         recorded missed or skipped, then the fires, each in slot order per schedule."""
         jobs, fires = self._pass(now)
-        for job in jobs:
-            fire = self._fire(job)
+        for i, job in enumerate(jobs):
+            try:
+                fire = self._fire(job)
+            except BaseException:
+                # interrupted (KeyboardInterrupt, SystemExit, cancellation): the slots not
+                # fired yet are given back, not left claimed (and renewed) by nobody
+                self._give_back_jobs(jobs[i + 1 :])
+                raise
             if fire is not None:
                 fires.append(fire)
         return fires
+
+    def _give_back_jobs(self, jobs: list[_Job], *, again: bool = True) -> None:
+        """Give back the claims (and run leases) of jobs that will not be fired; ``again``:
+        look at their slots on the next pass (a slot whose target was interrupted is left
+        to the other processes, like the slot of a process that died in it)."""
+        for job in jobs:
+            self._give_back(job.claim)
+            if job.lease is not None:
+                self._release_lease(job.lease, job.schedule.name)
+            if again and not job.slot.manual:
+                job.schedule.pending[int(job.slot.at.timestamp())] = 0.0
 
     def _pass(self, now: float | None) -> tuple[list[_Job], list[Fire]]:
         if now is None:
@@ -564,6 +581,12 @@ class Scheduler:
                 schedule.pending.update(dict.fromkeys(candidates[done:], 0.0))
                 self._failed = True
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
+            except BaseException:
+                # interrupted: the slots claimed in this pass are given back, not left
+                # claimed (and renewed) by nobody
+                schedule.pending.update(dict.fromkeys(candidates[done:], 0.0))
+                self._give_back_jobs(jobs)
+                raise
         return jobs, fires
 
     def _paused(self, inbox: Inbox, name: str) -> bool:
@@ -776,6 +799,7 @@ class Scheduler:
         telemetry.schedule_fire(s.name, lag)
         outcome, error = "fired", None
         token = current_claim_var.set(claim)
+        interrupted = False
         try:
             self._attempts(job)
         except Exception as exc:
@@ -788,10 +812,15 @@ class Scheduler:
                 exc_info=exc,
                 extra={"jobfence.schedule": s.name, "jobfence.key": slot.key},
             )
+        except BaseException:
+            interrupted = True
+            raise
         finally:
             current_claim_var.reset(token)
             if job.lease is not None:
                 self._release_lease(job.lease, s.name)
+            if interrupted:  # no record: the slot is given back, as if this process died
+                self._give_back_jobs([_Job(s, slot, claim, job.due, None)], again=False)
         iso = slotmath.slot_iso(int(slot.at.timestamp()))
         record = self._record_of(s, iso, outcome, fired_at, lag, error)
         if outcome == "fired":

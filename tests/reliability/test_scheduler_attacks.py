@@ -259,3 +259,36 @@ def test_two_schedulers_run_on_through_a_redis_restart_that_lost_everything() ->
     after = [key for key, at in runs if at >= back + 1]
     assert len(after) >= 2
     assert len(after) == len(set(after))
+
+
+def test_an_interrupted_tick_gives_back_the_slots_it_claimed(
+    proxied: tuple[str, str, FaultProxy, str],
+) -> None:
+    """A tick claims 3 due slots; the first target is interrupted (KeyboardInterrupt): no
+    slot stays claimed (and renewed) by nobody. The 2 not started are decided by this
+    process's next pass; the interrupted one is taken over at once by another process."""
+    base, _, _, namespace = proxied
+    runs: list[str] = []
+    at = int(time.time()) // PERIOD * PERIOD - 4 * PERIOD
+
+    def job(slot: jobfence.Slot) -> None:
+        runs.append(slot.key)
+        if len(runs) == 2:
+            raise KeyboardInterrupt
+
+    keys = [slotmath.slot_key("job", at + k * PERIOD) for k in range(4)]
+    with (
+        jobfence.Scheduler(base, namespace=namespace, lease=2) as scheduler,
+        jobfence.Scheduler(base, namespace=namespace, lease=2) as other,
+    ):
+        for s in (scheduler, other):
+            s.every(PERIOD, name="job", misfire="all", catch_up=60)(job)
+        assert [f.key for f in scheduler.tick(at + 0.5)] == keys[:1]
+        with pytest.raises(KeyboardInterrupt):
+            scheduler.tick(at + 3 * PERIOD + 0.5)
+        assert runs == keys[:2]
+        assert [f.key for f in scheduler.tick(at + 3 * PERIOD + 0.6)] == keys[2:]
+        assert [f.key for f in other.tick(at + 3 * PERIOD + 0.7)] == keys[1:2]
+        records = {f.key: f.outcome for f in other.history("job")}
+    assert records == dict.fromkeys(keys, "fired")
+    assert runs == [keys[0], keys[1], keys[2], keys[3], keys[1]]
