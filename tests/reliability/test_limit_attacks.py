@@ -1,11 +1,17 @@
 """Concurrency limits under attack, on real servers: 32 threads of one client contend for a
-limit of 2, and a waiter's link is reset while it is queued on the slots."""
+limit of 2, a waiter's link is reset while it is queued on the slots, and a holder process
+is frozen past its ttl."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +21,8 @@ from jobfence.testing import hooked
 from tests.conformance.specs import _postgres_cleanup, _redis_cleanup, new_namespace
 from tests.netproxy import FaultProxy
 from tests.servers import POSTGRES_URL, REDIS_URL
+
+pytestmark = pytest.mark.timeout(90)
 
 BACKENDS = {"redis": (REDIS_URL, 6379), "postgres": (POSTGRES_URL, 5432)}
 LIMIT = 2
@@ -136,3 +144,49 @@ def test_a_waiter_reset_while_queued_gets_the_released_slot(
         assert {h.token for _, h in near.holders(name)} == {lease.token, held[1].token}
         assert lease.release() and held[1].release()
         _nothing_left(near, name)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_holder_stopped_past_its_ttl_cannot_free_the_slot_it_lost(backend: str) -> None:
+    """A process holding a slot of a limit of 2 is frozen (SIGSTOP) past its ttl: its slot is
+    granted again (larger token); resumed, it finds its lease lost and its release frees
+    nothing: the two leases granted meanwhile stay held."""
+    base, _ = BACKENDS[backend]
+    namespace = new_namespace()
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability._stopped_limit_holder", base, namespace],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        word, slot, token = proc.stdout.readline().split()
+        assert word == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        with jobfence.Locks(base, namespace=namespace) as locks:
+            mine = [locks.acquire("stopped", ttl=10, timeout=10, limit=LIMIT) for _ in range(2)]
+            taken = next(lease for lease in mine if lease.slot == int(slot))
+            assert taken.token > int(token)
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().split() == ["lost=True", "released=False"]
+            assert proc.wait(10) == 0
+            for lease in mine:
+                lease.check()
+            assert sorted(h.token for _, h in locks.holders("stopped")) == sorted(
+                lease.token for lease in mine
+            )
+            for lease in mine:
+                assert lease.release()
+            _nothing_left(locks, "stopped")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+        (_redis_cleanup if backend == "redis" else _postgres_cleanup)(base, namespace)

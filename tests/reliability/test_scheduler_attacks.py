@@ -24,6 +24,8 @@ from tests.conformance.specs import _postgres_cleanup, _redis_cleanup, new_names
 from tests.netproxy import FaultProxy
 from tests.servers import POSTGRES_URL, REDIS_URL
 
+pytestmark = pytest.mark.timeout(90)
+
 BACKENDS = {"redis": (REDIS_URL, 6379), "postgres": (POSTGRES_URL, 5432)}
 PERIOD = 5
 
@@ -292,3 +294,22 @@ def test_an_interrupted_tick_gives_back_the_slots_it_claimed(
         records = {f.key: f.outcome for f in other.history("job")}
     assert records == dict.fromkeys(keys, "fired")
     assert runs == [keys[0], keys[1], keys[2], keys[3], keys[1]]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("jobfence_no_such_module_x:scheduler", "cannot import 'jobfence_no_such_module_x'"),
+        ("os.path:join", "is a function, not a jobfence Scheduler or AsyncScheduler"),
+        ("os.path:no_such_name", "'os.path' has no 'no_such_name'"),
+        ("os.path", "is not module:object"),
+    ],
+)
+def test_the_schedule_cli_refuses_what_is_not_a_scheduler(spec: str, says: str) -> None:
+    from click.testing import CliRunner
+
+    from jobfence.cli.app import cli
+
+    result = CliRunner().invoke(cli, ["schedule", "list", spec])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output
