@@ -610,9 +610,10 @@ class AsyncScheduler:
         """The slots to claim in this pass: the pending ones still within catch_up, and the
         slots due since the cursor, minus those already recorded (read in bulk when many)."""
         horizon = now - s.catch_up
-        s.pending = {at: t for at, t in s.pending.items() if s.due(at) >= horizon}
         ready = get_clock().monotonic()
-        retry = {at for at, t in s.pending.items() if t <= ready}
+        with self._mutex:  # a fire thread may add a slot it lost (``_fire``)
+            s.pending = {at: t for at, t in s.pending.items() if s.due(at) >= horizon}
+            retry = {at for at, t in s.pending.items() if t <= ready}
         if s.cursor is None:
             s.cursor = await self._first_cursor(inbox, s, now)
         start = max(s.cursor, horizon)
@@ -805,6 +806,11 @@ class AsyncScheduler:
             )
             if job.lease is not None:
                 await self._release_lease(job.lease, s.name)
+            if not slot.manual:
+                # claimed again on the next pass: if no other process took the slot over
+                # (they were all held up too, or there is none), this one fires it, late
+                with self._mutex:  # a fire thread, beside the pass that reads ``pending``
+                    s.pending[int(slot.at.timestamp())] = get_clock().monotonic()
             return None
         clock = get_clock()
         fired_at = clock.time()

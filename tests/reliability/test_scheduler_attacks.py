@@ -313,3 +313,35 @@ def test_the_schedule_cli_refuses_what_is_not_a_scheduler(spec: str, says: str) 
     result = CliRunner().invoke(cli, ["schedule", "list", spec])
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
+
+
+def test_a_slot_whose_claim_stalled_past_the_lease_still_fires_once(
+    proxied: tuple[str, str, FaultProxy, str],
+) -> None:
+    """The link stalls for 3 s (lease 2 s) while a pass claims a slot: the claim comes back
+    lost, so its target does not start; with no other process to take the slot over, this
+    one must claim it again and fire it (it was forgotten: never fired, never recorded)."""
+    _, url, proxy, namespace = proxied
+    runs: list[str] = []
+    at = int(time.time()) // PERIOD * PERIOD
+    key = slotmath.slot_key("job", at)
+    stalled = threading.Event()
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "inbox.claim" and info.get("key") == key and not stalled.is_set():
+            stalled.set()
+            proxy.stall()
+            threading.Timer(3.0, proxy.resume).start()
+
+    with jobfence.Scheduler(url, namespace=namespace, lease=2) as scheduler:
+        scheduler.every(PERIOD, name="job")(lambda slot: runs.append(slot.key))
+        with hooked(hook):
+            assert scheduler.tick(at + 0.5) == []
+        assert stalled.is_set() and runs == []
+        deadline = time.monotonic() + 10
+        while key not in runs and time.monotonic() < deadline:
+            scheduler.tick(at + 0.5 + (time.monotonic() - deadline + 10))
+            time.sleep(0.2)  # the pace of the passes, as run() would make them
+        assert runs.count(key) == 1
+        records = {f.key: f.outcome for f in scheduler.history("job")}
+    assert records[key] == "fired"
