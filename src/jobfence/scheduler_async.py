@@ -33,7 +33,7 @@ from ._core.schedule_info import Fire, ScheduleInfo, Slot
 from ._core.validate import MAX_NAME_BYTES, MAX_TTL, check_name, check_ttl
 from ._guard_spec import current_claim_var
 from .backends.base import ClaimState
-from .errors import ClaimLost, ConfigurationError, JobfenceError
+from .errors import BackendError, ClaimLost, ConfigurationError, JobfenceError
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks_async import AsyncLease, AsyncLocks
 from .queue_async import AsyncQueue
@@ -770,12 +770,12 @@ class AsyncScheduler:
         }
 
     async def _complete(self, claim: AsyncClaim, record: dict[str, Any]) -> None:
-        """Store the slot's record. A call that fails (connection reset, backend down) is
-        tried again every ``lease / 6`` seconds while the claim is still ours: the claim
-        stays renewed meanwhile, so giving up would leave the slot held (and undecided) as
-        long as this process lives, and fired again once its inbox closes and gives it
-        back. Ends when the record is stored or the claim is lost (the backend was out of
-        reach past the lease: another process decides the slot)."""
+        """Store the slot's record. A call that fails (a :class:`BackendError`: connection
+        reset, backend down) is tried again every ``lease / 6`` seconds while the claim is
+        still ours: the claim stays renewed meanwhile, so giving up would leave the slot
+        held (and undecided) as long as this process lives, and fired again once its inbox
+        closes and gives it back. Ends when the record is stored or the claim is lost (the
+        backend was out of reach past the lease: another process decides the slot)."""
         while True:
             try:
                 await claim.complete(record)
@@ -785,11 +785,14 @@ class AsyncScheduler:
                 # process may decide the slot again
                 log.warning("the record of %r could not be stored: %s", claim.key, err)
                 return
-            except JobfenceError as err:
+            except BackendError as err:
                 if claim.lost:
                     log.warning("the record of %r could not be stored: %s", claim.key, err)
                     return
                 log.warning("storing the record of %r failed, trying again: %s", claim.key, err)
+            except JobfenceError as err:  # not the backend's failure: trying again is futile
+                log.error("the record of %r could not be stored: %s", claim.key, err)
+                return
             await get_clock().asleep(self.lease / 6)
 
     async def _fire(self, job: _Job) -> Fire | None:
