@@ -138,31 +138,35 @@ def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
         cleanup(POSTGRES_URL, namespace)
 
 
-def _worker(setup: Setup, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobfence.cli.app",
-            "worker",
-            f"{APP}:handle",
-            "--queue",
-            setup.queue_url,
-            "--name",
-            setup.queue,
-            "--visibility",
-            LEASE,
-            "--scheduler",
-            f"{APP}:sched",
-            "--no-live",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def _worker(setup: Setup, env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
+    """Start ``jobfence worker --scheduler`` on the app; its log goes to a new file in
+    ``logs`` (a file, not a pipe nobody reads while it runs)."""
+    log = logs / f"worker-{len(list(logs.iterdir()))}.log"
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobfence.cli.app",
+                "worker",
+                f"{APP}:handle",
+                "--queue",
+                setup.queue_url,
+                "--name",
+                setup.queue,
+                "--visibility",
+                LEASE,
+                "--scheduler",
+                f"{APP}:sched",
+                "--no-live",
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
 
 
 class Ledger:
@@ -252,27 +256,26 @@ def _records(setup: Setup) -> list[jobfence.Fire]:
         return sched.history("tick", limit=None)
 
 
-def _stop(workers: list[subprocess.Popen[bytes]]) -> list[str]:
-    """SIGTERM the workers still running, wait for them; their stderr."""
+def _stop(workers: list[subprocess.Popen[bytes]], logs: Path) -> list[str]:
+    """SIGTERM the workers still running, wait for them; the workers' logs."""
     for proc in workers:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    logs = []
     for proc in workers:
         try:
-            _, err = proc.communicate(timeout=60)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate(timeout=10)
-        logs.append(err.decode(errors="replace"))
-    return logs
+            proc.wait(10)
+    return [log.read_text(errors="replace") for log in sorted(logs.iterdir())]
 
 
 def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_server(
     setup: Setup, tmp_path: Path
 ) -> None:
-    hold_dir = tmp_path / "hold"
+    hold_dir, logs = tmp_path / "hold", tmp_path / "logs"
     hold_dir.mkdir()
+    logs.mkdir()
     env = {
         **os.environ,
         "JF_URL": setup.url,
@@ -289,7 +292,7 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
         start = len(ledger.effects())
         return lambda: len(ledger.effects()) >= start + n
 
-    first_victim, second_victim = _worker(setup, env), _worker(setup, env)
+    first_victim, second_victim = _worker(setup, env, logs), _worker(setup, env, logs)
     workers = [first_victim, second_victim]
     try:
         _wait_for(more_effects(3), 30, "the first effects")
@@ -302,7 +305,7 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
         first_victim.wait(10)
         _release(hold_dir)
         assert before_msg not in ledger.applied()
-        workers.append(_worker(setup, env))
+        workers.append(_worker(setup, env, logs))
         _wait_for(lambda: before_msg in ledger.applied(), 30, "the first killed message")
 
         # kill the other one after its handler committed the effect, before it returned
@@ -315,7 +318,7 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
         second_victim.send_signal(signal.SIGKILL)
         second_victim.wait(10)
         _release(hold_dir)
-        workers.append(_worker(setup, env))
+        workers.append(_worker(setup, env, logs))
         _wait_for(
             lambda: any(
                 r[0] == after_msg and r[1] != second_victim.pid for r in ledger.rows("started")
@@ -346,11 +349,11 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
             sched.add("tick", every=1, target=lambda: None)
             misses = sched.info("tick").misses
     finally:
-        logs = _stop(workers)
+        logged = _stop(workers, logs)
         ledger_rows = ledger.effects()
         started_rows = ledger.rows("started")
         ledger.close()
-    assert [proc.returncode for proc in running] == [0, 0], logs
+    assert [proc.returncode for proc in running] == [0, 0], logged
 
     # every slot in the window: one effect; no message anywhere: two effects
     counts: dict[str, int] = {}
@@ -386,10 +389,8 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
             f"{setup.name}: {len(window)} slots, "
             f"{len(ledger_rows)} effects, {len(started_rows)} handler starts, "
             f"{len(dead)} dead letters, {len(incomplete)} handler claims not completed, "
-            f"{sum(log.count(' WARNING ') for log in logs)} warnings and "
-            f"{sum(log.count(' ERROR ') for log in logs)} errors logged"
+            f"{sum(log.count(' WARNING ') for log in logged)} warnings and "
+            f"{sum(log.count(' ERROR ') for log in logged)} errors logged"
         )
-        if os.environ.get("JF_SHOW_LOGS"):
-            print("\n-----\n".join(logs))
     finally:
         queue.close()
