@@ -105,11 +105,9 @@ class Setup:
     redis: DurableRedis | None
 
 
-@pytest.fixture(params=["redis", "postgres"])
-def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
-    """A fresh namespace; on Redis a disposable server of the test's own, on PostgreSQL the
-    machine's server (every table named after the namespace, dropped afterwards). The ledger,
-    the started rows and the handler's inbox are in the machine's PostgreSQL either way."""
+def new_ledger() -> str:
+    """A fresh namespace, and its tables in the machine's PostgreSQL: the ledger, the started
+    rows and the handler's inbox."""
     namespace = "t" + uuid.uuid4().hex[:12]
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(
@@ -122,6 +120,29 @@ def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
         )
     with jobfence.Inbox(POSTGRES_URL, table=f"{namespace}_handled") as inbox:
         inbox.install()
+    return namespace
+
+
+def app_env(setup: Setup, hold_dir: Path) -> dict[str, str]:
+    """The environment of the worker processes (see ``_compose_app``)."""
+    return {
+        **os.environ,
+        "JF_URL": setup.url,
+        "JF_QUEUE_URL": setup.queue_url,
+        "JF_QUEUE": setup.queue,
+        "JF_NAMESPACE": setup.namespace,
+        "JF_LEDGER_DSN": POSTGRES_URL,
+        "JF_HOLD_DIR": str(hold_dir),
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT),
+    }
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
+    """A fresh namespace; on Redis a disposable server of the test's own, on PostgreSQL the
+    machine's server (every table named after the namespace, dropped afterwards). The ledger,
+    the started rows and the handler's inbox are in the machine's PostgreSQL either way."""
+    namespace = new_ledger()
     cleanup = next(s for s in SPECS if s.id == "postgres").cleanup
     server: DurableRedis | None = None
     try:
@@ -276,16 +297,7 @@ def test_every_slot_is_applied_once_through_a_killed_worker_and_a_restarted_serv
     hold_dir, logs = tmp_path / "hold", tmp_path / "logs"
     hold_dir.mkdir()
     logs.mkdir()
-    env = {
-        **os.environ,
-        "JF_URL": setup.url,
-        "JF_QUEUE_URL": setup.queue_url,
-        "JF_QUEUE": setup.queue,
-        "JF_NAMESPACE": setup.namespace,
-        "JF_LEDGER_DSN": POSTGRES_URL,
-        "JF_HOLD_DIR": str(hold_dir),
-        "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT),
-    }
+    env = app_env(setup, hold_dir)
     ledger = Ledger(setup.namespace)
 
     def more_effects(n: int) -> Callable[[], bool]:
