@@ -34,6 +34,7 @@ from ._core.schedule_info import Fire, ScheduleInfo, Slot
 from ._core.validate import MAX_NAME_BYTES, MAX_TTL, check_name, check_ttl
 from ._guard_spec import current_claim_var
 from .backends.base import ClaimState
+from .conflicts import is_transient
 from .errors import BackendError, ClaimLost, ConfigurationError, JobfenceError
 from .inbox import Claim, Inbox
 from .locks import Lease, Locks
@@ -123,6 +124,10 @@ def _fire_of(name: str, key: str, record: Any) -> Fire:
         lag=record.get("lag"),
         error=record.get("error"),
     )
+
+
+#: seconds before a slot given back after a transient failure is claimed again
+TRANSIENT_RETRY = 1.0
 
 
 @dataclass
@@ -388,6 +393,8 @@ class Scheduler:
         * ``attempts`` -- how many times a fire may run a target that raises (default 1: a
           failure is recorded ``failed`` and the slot is not retried); each further attempt
           starts at once, inside the same claim, and only while the slot is within ``grace``.
+          A transient error (:func:`~jobfence.is_transient`: a server away) uses no attempt:
+          the slot is given back and fired again on a later pass while within ``grace``.
         """
         if self._closed:
             raise ConfigurationError("this scheduler is closed", argument="self")
@@ -807,11 +814,14 @@ class Scheduler:
         lag = max(0.0, fired_at - job.due) if not slot.manual else 0.0
         telemetry.schedule_fire(s.name, lag)
         outcome, error = "fired", None
+        retry_later = False
         token = current_claim_var.set(claim)
         interrupted = False
         try:
             self._attempts(job)
         except Exception as exc:
+            if self._retry_later(job, exc):
+                retry_later = True
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             log.error(
                 "schedule %r slot %s failed: %s",
@@ -830,12 +840,37 @@ class Scheduler:
                 self._release_lease(job.lease, s.name)
             if interrupted:  # no record: the slot is given back, as if this process died
                 self._give_back_jobs([_Job(s, slot, claim, job.due, None)], again=False)
+        if retry_later:
+            # the broker or the database is away: the slot is not failed but given back, and
+            # the next pass (this process's or another's) fires it again while within grace
+            log.warning(
+                "schedule %r slot %s: %s; fired again on a later pass (within grace %s s)",
+                s.name,
+                slot.key,
+                error,
+                s.grace,
+            )
+            with self._mutex:  # a fire thread, beside the pass that reads ``pending``
+                s.pending[int(slot.at.timestamp())] = get_clock().monotonic() + TRANSIENT_RETRY
+            self._give_back(claim)
+            return None
         iso = slotmath.slot_iso(int(slot.at.timestamp()))
         record = self._record_of(s, iso, outcome, fired_at, lag, error)
         if outcome == "fired":
             log.info("schedule %r fired slot %s (lag %.3f s)", s.name, iso, lag)
         self._complete(claim, record)
         return _fire_of(s.name, claim.key, record)
+
+    @staticmethod
+    def _retry_later(job: _Job, exc: Exception) -> bool:
+        """Whether a fire that raised ``exc`` gives its slot back instead of recording it
+        failed: a transient error (:func:`~jobfence.is_transient`: a connection lost or
+        refused, a server restarting, a timeout) of a scheduled slot still within grace, whose
+        claim this process still holds. A re-sent slot is the same message id or claim key,
+        which the consumer's inbox or ``claim_in`` deduplicates."""
+        if job.slot.manual or job.claim.lost or not is_transient(exc):
+            return False
+        return get_clock().time() - job.due <= job.schedule.grace
 
     def _attempts(self, job: _Job) -> None:
         """The job's target, run again after a failure while ``attempts`` allow and the

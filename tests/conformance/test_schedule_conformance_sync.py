@@ -376,18 +376,54 @@ def test_attempts_retry_a_failing_target_inside_the_slot(pods: Pods, clock: Manu
     def flaky(slot: Slot) -> None:
         calls.append(slot.key)
         if len(calls) % 3:
-            raise ConnectionError(f"try {len(calls)}")
+            raise RuntimeError(f"try {len(calls)}")
 
     a = pods.new("a")
     a.add("thrice", every=60, attempts=3, target=flaky)
     a.add("twice", every=60, attempts=2, target=flaky)
     fires = {f.schedule: f for f in a.tick()}
     assert (fires["thrice"].outcome, fires["thrice"].error) == ("fired", None)
-    assert (fires["twice"].outcome, fires["twice"].error) == ("failed", "ConnectionError: try 5")
+    assert (fires["twice"].outcome, fires["twice"].error) == ("failed", "RuntimeError: try 5")
     assert calls == [key("thrice", START)] * 3 + [key("twice", START)] * 2
     with pytest.raises(ConfigurationError) as info:
         a.add("never", every=60, attempts=0, target=flaky)
     assert info.value.argument == "attempts"
+
+
+def test_a_transient_failure_gives_the_slot_back_until_grace(
+    pods: Pods, clock: ManualClock
+) -> None:
+    """A broker or database away (a transient error) does not fail the slot: it is given back
+    and fired on a later pass, by this process or another; once later than grace it is
+    recorded failed."""
+    down = {"outage": True, "gone": True}
+    calls: list[tuple[str, str]] = []
+
+    def publish(slot: Slot) -> None:
+        calls.append((slot.schedule, slot.key))
+        if down["gone"] if slot.schedule == "gone" else down["outage"]:
+            raise ConnectionError("connection refused")
+
+    a, b = pods.new("a"), pods.new("b")
+    for scheduler in (a, b):
+        scheduler.add("outage", every=60, target=publish)
+        scheduler.add("gone", every=60, grace=5, target=publish)
+    assert a.tick() == []  # both slots given back, none recorded
+    assert b.tick() == []  # the other process takes them, fails and gives them back too
+    clock.advance(2)
+    down["outage"] = False
+    fires = {f.schedule: f for f in b.tick()}  # a later pass fires it
+    assert (fires["outage"].outcome, fires["outage"].key) == ("fired", key("outage", START))
+    assert "gone" not in fires
+    clock.advance(4)  # "gone" is now 6 s late, past its grace of 5 s
+    fires = {f.schedule: f for f in a.tick() + b.tick()}
+    assert (fires["gone"].outcome, fires["gone"].error) == (
+        "failed",
+        "ConnectionError: connection refused",
+    )
+    assert calls.count(("outage", key("outage", START))) == 3  # a and b failed, b fired
+    assert [f.outcome for f in a.history("outage")] == ["fired"]
+    assert [f.outcome for f in a.history("gone")] == ["failed"]
 
 
 def test_trigger_fires_now_with_a_manual_slot(pods: Pods, clock: ManualClock) -> None:

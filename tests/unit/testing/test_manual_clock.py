@@ -212,9 +212,14 @@ def test_it_drives_a_memory_lease_and_a_waiting_acquire() -> None:
                 except BaseException as exc:  # reported below
                     got.append(exc)
 
+            # the lease just granted is watched for its expiry by the renewer's thread, which
+            # sleeps on this clock too: count its sleep first, then wait for one more (the
+            # waiter's), so the advance cannot come before the waiter has started waiting
+            assert clock.wait_for_waiters(1, BOUND)
+            others = clock.waiting
             waiter = threading.Thread(target=time_out, daemon=True)
             waiter.start()
-            assert clock.wait_for_waiters(1, BOUND)
+            assert clock.wait_for_waiters(others + 1, BOUND)
             clock.advance(30)
             waiter.join(BOUND)
             assert isinstance(got[-1], jobfence.LockTimeout)
