@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import telemetry
+from ._core import forks
 from ._core import slots as slotmath
 from ._core.clock import get_clock
 from ._core.schedule_info import Fire, ScheduleInfo, Slot
-from ._core.validate import check_name
+from ._core.validate import MAX_NAME_BYTES, MAX_TTL, check_name, check_ttl
 from ._guard_spec import current_claim_var
 from .backends.base import ClaimState
 from .conflicts import is_transient
-from .errors import ClaimLost, ConfigurationError, JobfenceError
+from .errors import BackendError, ClaimLost, ConfigurationError, JobfenceError
 from .inbox import Claim, Inbox
 from .locks import Lease, Locks
 from .queue import Queue
@@ -63,6 +64,9 @@ PAUSE_PREFIX = "schedule-paused:"
 MISSED_PREFIX = "schedule-missed:"
 #: the lease held while a schedule's target runs, for ``overlap="skip"`` / ``"queue"``
 RUN_PREFIX = "schedule-run:"
+#: the longest name of a schedule (bytes in UTF-8): its longest key, a manual slot's
+#: ``schedule:<name>@<time>+manual-<8 hex>``, must be a valid inbox key
+MAX_SCHEDULE_NAME_BYTES = MAX_NAME_BYTES - len(slotmath.slot_key("", 0) + "+manual-") - 8
 
 _HOST = socket.gethostname()[:64]
 
@@ -177,13 +181,14 @@ class Scheduler:
     * ``namespace`` -- the inbox table (and the lock namespace) the scheduler's records use;
       default: the inbox's default table and the locks' default namespace.
     * ``lease`` -- the claim ttl of one fire, renewed while the target runs: how soon another
-      process takes over the slot of a process that died or hung (default 30 s).
+      process takes over the slot of a process that died or hung (default 30 s; at most
+      one year).
     * ``max_skew`` -- the bound on the clock offset between processes this deployment
       promises (default 1 s; ``jobfence doctor`` reports a host's offset).
     * ``retention`` -- how long slot records are kept (default ``max(1 day, 2 * the longest
-      catch_up)``); at least ``catch_up + max_skew + lease`` of every schedule, else
-      :class:`ConfigurationError` naming ``retention``. With an ``inbox=`` of your own, its
-      retention applies.
+      catch_up)``, at most one year, the longest an inbox keeps a record); at least
+      ``catch_up + max_skew + lease`` of every schedule, else :class:`ConfigurationError`
+      naming ``retention``. With an ``inbox=`` of your own, its retention applies.
     * ``pod`` -- this process's id in the records (default ``host:pid:<8 hex>``).
     """
 
@@ -199,10 +204,10 @@ class Scheduler:
         retention: float | None = None,
         pod: str | None = None,
     ) -> None:
-        self.lease = slotmath.check_seconds(lease, argument="lease", positive=True)
+        self.lease = check_ttl(lease, argument="lease")
         self.max_skew = slotmath.check_seconds(max_skew, argument="max_skew")
         if retention is not None:
-            retention = slotmath.check_seconds(retention, argument="retention", positive=True)
+            retention = check_ttl(retention, argument="retention")
             if inbox is not None and retention != inbox.retention:
                 raise ConfigurationError(
                     f"retention={retention!r} differs from the given inbox's retention "
@@ -235,6 +240,17 @@ class Scheduler:
         self._stop_event = threading.Event()
         self._threads: set[threading.Thread] = set()
         self._mutex = threading.Lock()
+        forks.register(self)  # a child process forked from here resets it: _after_fork
+
+    def _after_fork(self) -> None:
+        """In a child process right after ``fork()`` (``jobfence/_core/forks.py``): the
+        fires running in the parent (tasks of the parent's event loop, or its threads) stay
+        the parent's, so the child neither waits for them nor stops them, and its ``run()``
+        and ``close()`` start afresh (its inbox and locks reset themselves)."""
+        self._mutex = threading.Lock()
+        self._stopping = False
+        self._stop_event = threading.Event()
+        self._threads = set()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pod={self.pod!r} schedules={sorted(self._schedules)}>"
@@ -248,7 +264,7 @@ class Scheduler:
         if self._retention is not None:
             return self._retention
         longest = max((s.catch_up for s in self._schedules.values()), default=DEFAULT_CATCH_UP)
-        return max(MIN_RETENTION, 2 * longest)
+        return min(max(MIN_RETENTION, 2 * longest), float(MAX_TTL))
 
     def cron(
         self,
@@ -310,8 +326,8 @@ class Scheduler:
         attempts: int = 1,
     ) -> Callable[[F], F]:
         """Decorator: run the function every ``seconds + 60 * minutes + 3600 * hours``
-        seconds (a whole number >= 1), at the multiples of that period since the Unix epoch.
-        Otherwise like :meth:`cron`."""
+        seconds (a whole number from 1 to 366 days), at the multiples of that period since
+        the Unix epoch. Otherwise like :meth:`cron`."""
         for value, argument in ((seconds, "seconds"), (minutes, "minutes"), (hours, "hours")):
             slotmath.check_seconds(value, argument=argument)
         period = seconds + 60 * minutes + 3600 * hours
@@ -362,13 +378,13 @@ class Scheduler:
         of the :class:`Slot`, run inside the slot's claim).
 
         * ``name`` -- default the target's ``module.qualname``; the rules of a lock name,
-          without ``@``.
+          without ``@``, and at most :data:`MAX_SCHEDULE_NAME_BYTES` (978) bytes in UTF-8.
         * ``misfire`` -- ``"latest"`` / ``"all"`` / ``"none"``: what a slot found later than
           ``grace`` does (fire it only if it is the newest due slot / fire it / record it
           missed).
         * ``grace`` -- seconds (> 0) after its due time a slot still fires as a normal fire.
         * ``catch_up`` -- how far back (seconds, >= grace) a process looks for slots nobody
-          recorded.
+          recorded; ``catch_up + max_skew + lease`` at most one year (366 days).
         * ``overlap`` -- ``"allow"`` / ``"skip"`` / ``"queue"``: what a slot does while the
           schedule's previous fire still runs (fire / record it skipped / wait for it, at most
           until the misfire policy takes over).
@@ -437,6 +453,12 @@ class Scheduler:
                 f"name must not contain '@' (it ends the name in slot keys), got {name!r}",
                 argument="name",
             )
+        if len(name.encode("utf-8")) > MAX_SCHEDULE_NAME_BYTES:
+            raise ConfigurationError(
+                f"name must be at most {MAX_SCHEDULE_NAME_BYTES} bytes in UTF-8 (its slot keys "
+                f"add up to 46 bytes to it), got {len(name.encode('utf-8'))} bytes",
+                argument="name",
+            )
         if name in self._schedules:
             raise ConfigurationError(f"a schedule named {name!r} exists already", argument="name")
         fn: Callable[..., Any] | None = None
@@ -459,6 +481,12 @@ class Scheduler:
         if body is not None and callable(body):
             _takes_slot(body)
         needed = catch_up + self.max_skew + self.lease
+        if needed > MAX_TTL and self._retention is None and self._inbox is None:
+            raise ConfigurationError(
+                f"catch_up + max_skew + lease must be at most {MAX_TTL} s (366 days, the "
+                f"longest a slot's record is kept), got {needed!r} s for schedule {name!r}",
+                argument="catch_up",
+            )
         schedule = _Schedule(
             name, spec, misfire, grace, catch_up, overlap, jitter, fn, queue, body, send, what
         )
@@ -511,11 +539,28 @@ class Scheduler:
         the end (one after the other). Returns the records this pass made: the slots
         recorded missed or skipped, then the fires, each in slot order per schedule."""
         jobs, fires = self._pass(now)
-        for job in jobs:
-            fire = self._fire(job)
+        for i, job in enumerate(jobs):
+            try:
+                fire = self._fire(job)
+            except BaseException:
+                # interrupted (KeyboardInterrupt, SystemExit, cancellation): the slots not
+                # fired yet are given back, not left claimed (and renewed) by nobody
+                self._give_back_jobs(jobs[i + 1 :])
+                raise
             if fire is not None:
                 fires.append(fire)
         return fires
+
+    def _give_back_jobs(self, jobs: list[_Job], *, again: bool = True) -> None:
+        """Give back the claims (and run leases) of jobs that will not be fired; ``again``:
+        look at their slots on the next pass (a slot whose target was interrupted is left
+        to the other processes, like the slot of a process that died in it)."""
+        for job in jobs:
+            self._give_back(job.claim)
+            if job.lease is not None:
+                self._release_lease(job.lease, job.schedule.name)
+            if again and not job.slot.manual:
+                job.schedule.pending[int(job.slot.at.timestamp())] = 0.0
 
     def _pass(self, now: float | None) -> tuple[list[_Job], list[Fire]]:
         if now is None:
@@ -543,6 +588,12 @@ class Scheduler:
                 schedule.pending.update(dict.fromkeys(candidates[done:], 0.0))
                 self._failed = True
                 log.warning("schedule %r: this pass failed: %s", schedule.name, err)
+            except BaseException:
+                # interrupted: the slots claimed in this pass are given back, not left
+                # claimed (and renewed) by nobody
+                schedule.pending.update(dict.fromkeys(candidates[done:], 0.0))
+                self._give_back_jobs(jobs)
+                raise
         return jobs, fires
 
     def _paused(self, inbox: Inbox, name: str) -> bool:
@@ -553,9 +604,10 @@ class Scheduler:
         """The slots to claim in this pass: the pending ones still within catch_up, and the
         slots due since the cursor, minus those already recorded (read in bulk when many)."""
         horizon = now - s.catch_up
-        s.pending = {at: t for at, t in s.pending.items() if s.due(at) >= horizon}
         ready = get_clock().monotonic()
-        retry = {at for at, t in s.pending.items() if t <= ready}
+        with self._mutex:  # a fire thread may add a slot it lost (``_fire``)
+            s.pending = {at: t for at, t in s.pending.items() if s.due(at) >= horizon}
+            retry = {at for at, t in s.pending.items() if t <= ready}
         if s.cursor is None:
             s.cursor = self._first_cursor(inbox, s, now)
         start = max(s.cursor, horizon)
@@ -712,12 +764,30 @@ class Scheduler:
         }
 
     def _complete(self, claim: Claim, record: dict[str, Any]) -> None:
-        try:
-            claim.complete(record)
-        except ClaimLost as err:
-            # renewed all along, so it was forgotten or the backend lost it: another process
-            # may decide the slot again
-            log.warning("the record of %r could not be stored: %s", claim.key, err)
+        """Store the slot's record. A call that fails (a :class:`BackendError`: connection
+        reset, backend down) is tried again every ``lease / 6`` seconds while the claim is
+        still ours: the claim stays renewed meanwhile, so giving up would leave the slot
+        held (and undecided) as long as this process lives, and fired again once its inbox
+        closes and gives it back. Ends when the record is stored or the claim is lost (the
+        backend was out of reach past the lease: another process decides the slot)."""
+        while True:
+            try:
+                claim.complete(record)
+                return
+            except ClaimLost as err:
+                # renewed all along, so it was forgotten or the backend lost it: another
+                # process may decide the slot again
+                log.warning("the record of %r could not be stored: %s", claim.key, err)
+                return
+            except BackendError as err:
+                if claim.lost:
+                    log.warning("the record of %r could not be stored: %s", claim.key, err)
+                    return
+                log.warning("storing the record of %r failed, trying again: %s", claim.key, err)
+            except JobfenceError as err:  # not the backend's failure: trying again is futile
+                log.error("the record of %r could not be stored: %s", claim.key, err)
+                return
+            get_clock().sleep(self.lease / 6)
 
     def _fire(self, job: _Job) -> Fire | None:
         """Run the job's target inside its slot's claim; store the record. A claim already
@@ -733,6 +803,11 @@ class Scheduler:
             )
             if job.lease is not None:
                 self._release_lease(job.lease, s.name)
+            if not slot.manual:
+                # claimed again on the next pass: if no other process took the slot over
+                # (they were all held up too, or there is none), this one fires it, late
+                with self._mutex:  # a fire thread, beside the pass that reads ``pending``
+                    s.pending[int(slot.at.timestamp())] = get_clock().monotonic()
             return None
         clock = get_clock()
         fired_at = clock.time()
@@ -741,6 +816,7 @@ class Scheduler:
         outcome, error = "fired", None
         retry_later = False
         token = current_claim_var.set(claim)
+        interrupted = False
         try:
             self._attempts(job)
         except Exception as exc:
@@ -755,10 +831,15 @@ class Scheduler:
                 exc_info=exc,
                 extra={"jobfence.schedule": s.name, "jobfence.key": slot.key},
             )
+        except BaseException:
+            interrupted = True
+            raise
         finally:
             current_claim_var.reset(token)
             if job.lease is not None:
                 self._release_lease(job.lease, s.name)
+            if interrupted:  # no record: the slot is given back, as if this process died
+                self._give_back_jobs([_Job(s, slot, claim, job.due, None)], again=False)
         if retry_later:
             # the broker or the database is away: the slot is not failed but given back, and
             # the next pass (this process's or another's) fires it again while within grace
@@ -769,7 +850,8 @@ class Scheduler:
                 error,
                 s.grace,
             )
-            s.pending[int(slot.at.timestamp())] = get_clock().monotonic() + TRANSIENT_RETRY
+            with self._mutex:  # a fire thread, beside the pass that reads ``pending``
+                s.pending[int(slot.at.timestamp())] = get_clock().monotonic() + TRANSIENT_RETRY
             self._give_back(claim)
             return None
         iso = slotmath.slot_iso(int(slot.at.timestamp()))

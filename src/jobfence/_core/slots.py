@@ -35,6 +35,7 @@ from cronsim import CronSim, CronSimError
 from .root_errors import ConfigurationError
 
 __all__ = [
+    "MAX_PERIOD",
     "MISFIRE",
     "OVERLAP",
     "CronSpec",
@@ -59,6 +60,9 @@ MISFIRE = ("latest", "all", "none")
 OVERLAP = ("allow", "skip", "queue")
 
 _UTC = timezone.utc
+#: the longest period of an ``every`` schedule (seconds): 366 days, the longest a slot's
+#: record can be kept
+MAX_PERIOD = 366 * 86400
 #: cron looks this far (in years) for the next match before it gives up
 _CRON_HORIZON = 50
 
@@ -146,10 +150,10 @@ class EverySpec:
 
     def __init__(self, period: float) -> None:
         seconds = check_seconds(period, argument="seconds", positive=True)
-        if seconds != int(seconds):
+        if seconds != int(seconds) or seconds > MAX_PERIOD:
             raise ConfigurationError(
-                f"seconds + minutes*60 + hours*3600 must be a whole number of seconds >= 1, "
-                f"got {period!r}",
+                f"seconds + minutes*60 + hours*3600 must be a whole number of seconds from 1 "
+                f"to {MAX_PERIOD} (366 days), got {period!r}",
                 argument="seconds",
             )
         self.period = int(seconds)

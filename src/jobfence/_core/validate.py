@@ -10,6 +10,8 @@ from typing import Any
 from ..errors import BackendError, ConfigurationError
 
 MAX_NAME_BYTES = 1024
+#: the longest ttl of a lease or claim, and the longest retention of a record (one year)
+MAX_TTL = 366 * 86400
 
 
 def check_name(name: object, *, argument: str = "name") -> str:
@@ -68,7 +70,7 @@ def _number(value: object, argument: str) -> float:
 def check_ttl(ttl: object, *, argument: str = "ttl") -> float:
     """A lease lifetime: seconds, > 0 and at most one year, at millisecond resolution."""
     value = _number(ttl, argument)
-    if value < 0.001 or value > 366 * 86400:
+    if value < 0.001 or value > MAX_TTL:
         raise ConfigurationError(
             f"{argument} must be > 0 seconds (at least 0.001) and at most one year, got {ttl!r}",
             argument=argument,
