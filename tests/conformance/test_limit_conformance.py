@@ -7,6 +7,7 @@ Written once over ``AsyncLocks``; ``test_limit_conformance_sync.py`` is generate
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import uuid
@@ -16,7 +17,9 @@ import pytest
 
 import jobfence
 from jobfence._core.flavour import ASYNC
+from jobfence.backends.postgres.locks_async import advisory_key
 from jobfence.limits import TOKEN_STRIDE, gate_name, slot_name
+from jobfence.testing import hooked
 from tests.conformance import flow_async
 from tests.conformance.conftest import AsyncEnv
 from tests.conformance.specs import LOCKS, spec_params
@@ -43,6 +46,58 @@ async def _gate_taken(client: Any, name: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while await client.backend.holder(gate_name(name)) is None:
         assert time.monotonic() < deadline, "no waiter took the gate"
+        await flow_async.sleep(0.01)
+
+
+#: which waiter of a spec (``"w1"``...) the running actor is, for :class:`_Queues`
+_ACTOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("actor", default=None)
+
+
+class _Queues:
+    """The queues the waiters of a spec have joined, as the I/O hook sees them (a hook).
+
+    A waiting acquire calls ``wait`` on a lock only after its ``acquire(..., wait=)`` put it
+    in that lock's queue: so an actor's ``lock.wait`` on a lock means it is queued there.
+    """
+
+    def __init__(self) -> None:
+        self._joined: set[tuple[str, str]] = set()
+        self._mutex = threading.Lock()
+
+    def __call__(self, point: str, **info: Any) -> None:
+        actor = _ACTOR.get()
+        if actor is not None and point == "lock.wait":
+            with self._mutex:
+                self._joined.add((actor, info["name"]))
+
+    def joined(self, actor: str, key: str) -> bool:
+        with self._mutex:
+            return (actor, key) in self._joined
+
+
+async def _waiting_in_server(client: Any, key: str) -> int:
+    """How many sessions wait in PostgreSQL for the advisory lock of ``key`` (session mode,
+    whose waiters queue in the server, not through ``wait``)."""
+    unsigned = advisory_key(client.backend.namespace, key) & 0xFFFFFFFFFFFFFFFF
+    rows, _ = await client.backend._run(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND classid = %(hi)s AND objid = %(lo)s AND objsubid = 1",
+        {"hi": unsigned >> 32, "lo": unsigned & 0xFFFFFFFF},
+    )
+    return int(rows[0][0])
+
+
+async def _joined(
+    client: Any, queues: _Queues, actor: str, key: str, ahead: int, timeout: float = 20
+) -> None:
+    """Wait until ``actor`` is queued on the lock ``key``, behind ``ahead`` other waiters where
+    the server holds the queue."""
+    deadline = time.monotonic() + timeout
+    in_server = client.backend.capabilities.queue_follows_connection
+    while not (
+        await _waiting_in_server(client, key) > ahead if in_server else queues.joined(actor, key)
+    ):
+        assert time.monotonic() < deadline, f"{actor} did not join the queue of {key!r}"
         await flow_async.sleep(0.01)
 
 
@@ -93,28 +148,37 @@ async def test_waiters_are_served_in_arrival_order(env_async: AsyncEnv) -> None:
     assert held[0] is not None and held[1] is not None
     order: list[str] = []
     waiters = {}
-    for label in ("w1", "w2", "w3"):
-        client = env_async.client()
+    queues = _Queues()
+    in_server = holder.backend.capabilities.queue_follows_connection
+    with hooked(queues):
+        for ahead, label in enumerate(("w1", "w2", "w3")):
+            client = env_async.client()
 
-        async def wait(client: Any = client, label: str = label) -> Any:
-            lease = await client.acquire(name, ttl=30, timeout=60, limit=2)
-            order.append(label)
-            return lease
+            async def wait(client: Any = client, label: str = label) -> Any:
+                _ACTOR.set(label)
+                lease = await client.acquire(name, ttl=30, timeout=60, limit=2)
+                order.append(label)
+                return lease
 
-        waiters[label] = flow_async.spawn(wait)
-        if label == "w1":
-            await _gate_taken(holder, name)
-        # the next waiter arrives after this one joined the gate's queue
-        await flow_async.sleep(0.3)
-    assert order == []
-    granted = []
-    releasing = held
-    for label in ("w1", "w2", "w3"):
-        assert await releasing[0].release()
-        lease = await flow_async.result(waiters[label], 30)
-        granted.append(lease)
-        assert order[-1] == label, order
-        releasing = [*releasing[1:], lease]
+            waiters[label] = flow_async.spawn(wait)
+            # the next waiter arrives only once this one is queued: w1 holds the gate and
+            # waits on the slots (in the server: one slot at a time, so its gate is the
+            # sign), w2 and w3 wait on the gate, w3 behind w2
+            if label == "w1":
+                await _gate_taken(holder, name)
+                if not in_server:
+                    await _joined(holder, queues, label, slot_name(name, 0), 0)
+            else:
+                await _joined(holder, queues, label, gate_name(name), ahead - 1)
+        assert order == []
+        granted = []
+        releasing = held
+        for label in ("w1", "w2", "w3"):
+            assert await releasing[0].release()
+            lease = await flow_async.result(waiters[label], 30)
+            granted.append(lease)
+            assert order[-1] == label, order
+            releasing = [*releasing[1:], lease]
     assert order == ["w1", "w2", "w3"]
     for lease in releasing:
         assert await lease.release()

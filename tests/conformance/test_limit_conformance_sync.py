@@ -9,6 +9,7 @@ Written once over ``AsyncLocks``; ``test_limit_conformance_sync.py`` is generate
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import uuid
@@ -17,7 +18,9 @@ from typing import Any
 import pytest
 
 import jobfence
+from jobfence.backends.postgres.locks import advisory_key
 from jobfence.limits import TOKEN_STRIDE, gate_name, slot_name
+from jobfence.testing import hooked
 from tests.conformance import flow
 from tests.conformance.conftest import Env
 from tests.conformance.specs import LOCKS, spec_params
@@ -41,6 +44,56 @@ def _gate_taken(client: Any, name: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while client.backend.holder(gate_name(name)) is None:
         assert time.monotonic() < deadline, "no waiter took the gate"
+        flow.sleep(0.01)
+
+
+#: which waiter of a spec (``"w1"``...) the running actor is, for :class:`_Queues`
+_ACTOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("actor", default=None)
+
+
+class _Queues:
+    """The queues the waiters of a spec have joined, as the I/O hook sees them (a hook).
+
+    A waiting acquire calls ``wait`` on a lock only after its ``acquire(..., wait=)`` put it
+    in that lock's queue: so an actor's ``lock.wait`` on a lock means it is queued there.
+    """
+
+    def __init__(self) -> None:
+        self._joined: set[tuple[str, str]] = set()
+        self._mutex = threading.Lock()
+
+    def __call__(self, point: str, **info: Any) -> None:
+        actor = _ACTOR.get()
+        if actor is not None and point == "lock.wait":
+            with self._mutex:
+                self._joined.add((actor, info["name"]))
+
+    def joined(self, actor: str, key: str) -> bool:
+        with self._mutex:
+            return (actor, key) in self._joined
+
+
+def _waiting_in_server(client: Any, key: str) -> int:
+    """How many sessions wait in PostgreSQL for the advisory lock of ``key`` (session mode,
+    whose waiters queue in the server, not through ``wait``)."""
+    unsigned = advisory_key(client.backend.namespace, key) & 0xFFFFFFFFFFFFFFFF
+    rows, _ = client.backend._run(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND classid = %(hi)s AND objid = %(lo)s AND objsubid = 1",
+        {"hi": unsigned >> 32, "lo": unsigned & 0xFFFFFFFF},
+    )
+    return int(rows[0][0])
+
+
+def _joined(
+    client: Any, queues: _Queues, actor: str, key: str, ahead: int, timeout: float = 20
+) -> None:
+    """Wait until ``actor`` is queued on the lock ``key``, behind ``ahead`` other waiters where
+    the server holds the queue."""
+    deadline = time.monotonic() + timeout
+    in_server = client.backend.capabilities.queue_follows_connection
+    while not (_waiting_in_server(client, key) > ahead if in_server else queues.joined(actor, key)):
+        assert time.monotonic() < deadline, f"{actor} did not join the queue of {key!r}"
         flow.sleep(0.01)
 
 
@@ -91,28 +144,37 @@ def test_waiters_are_served_in_arrival_order(env: Env) -> None:
     assert held[0] is not None and held[1] is not None
     order: list[str] = []
     waiters = {}
-    for label in ("w1", "w2", "w3"):
-        client = env.client()
+    queues = _Queues()
+    in_server = holder.backend.capabilities.queue_follows_connection
+    with hooked(queues):
+        for ahead, label in enumerate(("w1", "w2", "w3")):
+            client = env.client()
 
-        def wait(client: Any = client, label: str = label) -> Any:
-            lease = client.acquire(name, ttl=30, timeout=60, limit=2)
-            order.append(label)
-            return lease
+            def wait(client: Any = client, label: str = label) -> Any:
+                _ACTOR.set(label)
+                lease = client.acquire(name, ttl=30, timeout=60, limit=2)
+                order.append(label)
+                return lease
 
-        waiters[label] = flow.spawn(wait)
-        if label == "w1":
-            _gate_taken(holder, name)
-        # the next waiter arrives after this one joined the gate's queue
-        flow.sleep(0.3)
-    assert order == []
-    granted = []
-    releasing = held
-    for label in ("w1", "w2", "w3"):
-        assert releasing[0].release()
-        lease = flow.result(waiters[label], 30)
-        granted.append(lease)
-        assert order[-1] == label, order
-        releasing = [*releasing[1:], lease]
+            waiters[label] = flow.spawn(wait)
+            # the next waiter arrives only once this one is queued: w1 holds the gate and
+            # waits on the slots (in the server: one slot at a time, so its gate is the
+            # sign), w2 and w3 wait on the gate, w3 behind w2
+            if label == "w1":
+                _gate_taken(holder, name)
+                if not in_server:
+                    _joined(holder, queues, label, slot_name(name, 0), 0)
+            else:
+                _joined(holder, queues, label, gate_name(name), ahead - 1)
+        assert order == []
+        granted = []
+        releasing = held
+        for label in ("w1", "w2", "w3"):
+            assert releasing[0].release()
+            lease = flow.result(waiters[label], 30)
+            granted.append(lease)
+            assert order[-1] == label, order
+            releasing = [*releasing[1:], lease]
     assert order == ["w1", "w2", "w3"]
     for lease in releasing:
         assert lease.release()
