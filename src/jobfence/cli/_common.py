@@ -1,9 +1,11 @@
 """What the operator commands (``jobfence locks``, ``jobfence inbox``) share: where the URL
-comes from, the console they print to, and who ran them (for the log of a destructive one)."""
+comes from, the console they print to, who ran them (for the log of a destructive one), and
+how ``module:name`` arguments are imported."""
 
 from __future__ import annotations
 
 import getpass
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +17,7 @@ from rich.console import Console
 
 from ..errors import ConfigurationError, JobfenceError
 
-__all__ = ["NAMESPACE_ENV", "URL_ENV", "client", "console", "url_and", "user"]
+__all__ = ["NAMESPACE_ENV", "URL_ENV", "client", "console", "load_object", "url_and", "user"]
 
 C = TypeVar("C")
 
@@ -23,6 +25,31 @@ C = TypeVar("C")
 URL_ENV = "JOBFENCE_URL"
 #: where a command finds the lock namespace when no --namespace is given
 NAMESPACE_ENV = "JOBFENCE_NAMESPACE"
+
+
+def load_object(spec: str, param_hint: str, what: str = "object") -> Any:
+    """``module:name`` (``name`` may be dotted: ``module:Class.attr``) -> that object,
+    imported with the current directory on ``sys.path``; a usage error (``what`` names the
+    kind expected in it: ``module:function``, ``module:object``) when it cannot be found."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{spec!r} is not module:{what}", param_hint=param_hint)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint=param_hint
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise click.BadParameter(
+                f"{module_name!r} has no {attr!r}", param_hint=param_hint
+            ) from None
+    return obj
 
 
 def console() -> Console:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from rich.table import Table
 from ..errors import ConfigurationError, JobfenceError
 from ..scheduler import Scheduler
 from ..scheduler_async import AsyncScheduler
-from ._common import console
+from ._common import console, load_object
 
 __all__ = ["load_scheduler", "run_beside", "schedule_group", "scheduler_command"]
 
@@ -33,24 +31,7 @@ log = logging.getLogger("jobfence.scheduler")
 def load_scheduler(spec: str, param_hint: str = "SCHEDULER") -> Scheduler | AsyncScheduler:
     """``module:name`` (``name`` may be dotted) -> the ``Scheduler`` / ``AsyncScheduler``
     object, imported with the current directory on ``sys.path``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise click.BadParameter(f"{spec!r} is not module:object", param_hint=param_hint)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(
-            f"cannot import {module_name!r}: {exc}", param_hint=param_hint
-        ) from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise click.BadParameter(
-                f"{module_name!r} has no {attr!r}", param_hint=param_hint
-            ) from None
+    obj = load_object(spec, param_hint)
     if not isinstance(obj, (Scheduler, AsyncScheduler)):
         raise click.BadParameter(
             f"{spec!r} is a {type(obj).__name__}, not a jobfence Scheduler or AsyncScheduler",

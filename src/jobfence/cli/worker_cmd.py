@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
-import os
 import sys
 import threading
 from typing import Any
@@ -20,6 +18,7 @@ from ..errors import JobfenceError
 from ..queue import Queue
 from ..queue_async import AsyncQueue
 from ..worker import AsyncWorker, Worker, WorkerStats
+from ._common import load_object
 from .schedule_cmd import load_scheduler, run_beside
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -28,24 +27,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def load_handler(spec: str) -> Any:
     """``module:function`` (``function`` may be dotted: ``module:Class.method``) -> the
     callable, imported with the current directory on ``sys.path``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise click.BadParameter(f"{spec!r} is not module:function", param_hint="HANDLER")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(
-            f"cannot import {module_name!r}: {exc}", param_hint="HANDLER"
-        ) from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise click.BadParameter(
-                f"{module_name!r} has no {attr!r}", param_hint="HANDLER"
-            ) from None
+    obj = load_object(spec, "HANDLER", "function")
     if not callable(obj):
         raise click.BadParameter(f"{spec!r} is not callable", param_hint="HANDLER")
     return obj
