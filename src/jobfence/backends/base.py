@@ -26,6 +26,7 @@ from ..errors import ConfigurationError
 __all__ = [
     "AsyncInboxBackend",
     "AsyncLockBackend",
+    "AsyncOutboxBackend",
     "AsyncQueueBackend",
     "ClaimInfo",
     "ClaimItem",
@@ -38,6 +39,11 @@ __all__ = [
     "LockBackend",
     "LockCapabilities",
     "LockHolder",
+    "OutboxBackend",
+    "OutboxCapabilities",
+    "OutboxEntry",
+    "OutboxRow",
+    "OutboxStats",
     "QueueBackend",
     "QueueCapabilities",
     "QueueStats",
@@ -778,6 +784,224 @@ class QueueBackend(abc.ABC):
 
     def install(self) -> None:  # noqa: B027 - optional, a no-op by default
         pass
+
+    @abc.abstractmethod
+    def drop(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        pass
+
+
+# -- outbox --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutboxCapabilities:
+    """What an outbox backend offers; the conformance suite and the relay read these.
+
+    * ``server_wakeup`` -- :meth:`AsyncOutboxBackend.wait` returns as soon as a transaction
+      that added rows commits (PostgreSQL ``LISTEN/NOTIFY``, SQLite's ``data_version``);
+      without it the relay polls with a growing interval while the outbox is empty.
+    """
+
+    server_wakeup: bool = False
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """A committed outbox row handed to a relay by :meth:`AsyncOutboxBackend.claim`.
+
+    ``seq`` is the row's place in insertion order (unique, increasing); ``id`` is the
+    message id the consumer sees (the same on every re-send); ``queue`` is the destination
+    (a queue name, or a task name for a framework target); ``key`` is the ordering key (rows
+    of one key are published in ``seq`` order) or None; ``body`` is the encoded body as
+    :meth:`Outbox.add` stored it (JSON bytes); ``attempts`` counts failed publish attempts
+    so far; ``created_at`` is seconds since the epoch by the database's clock.
+    """
+
+    seq: int
+    id: str
+    queue: str
+    key: str | None
+    body: bytes
+    headers: dict[str, str]
+    attempts: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One row of the outbox as the admin views show it. ``state`` is ``"pending"`` (waiting
+    for a relay, possibly until ``available_at``), ``"claimed"`` (held by the relay
+    ``claimed_by`` until ``claimed_until``), ``"published"`` (kept for ``retention`` after
+    ``published_at``) or ``"dead"`` (gave up after ``attempts`` failures, ``last_error``).
+    Times are seconds since the epoch, None when not set."""
+
+    seq: int
+    id: str
+    queue: str
+    key: str | None
+    state: str
+    attempts: int
+    created_at: float
+    available_at: float | None
+    claimed_by: str | None
+    claimed_until: float | None
+    published_at: float | None
+    last_error: str | None
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class OutboxStats:
+    """How many rows the outbox holds, by state; ``oldest_pending`` is the age in seconds of
+    the oldest pending or claimed row (None when there is none)."""
+
+    pending: int
+    claimed: int
+    published: int
+    dead: int
+    oldest_pending: float | None
+
+
+class AsyncOutboxBackend(abc.ABC):
+    """The relay's side of one outbox table on one server (rows are added by
+    ``Outbox.add`` on the caller's own connection, inside the caller's transaction, not
+    through this interface).
+
+    ``relay`` is the calling relay's owner id (``host:pid:uuid``). A row is *held* by a relay
+    from :meth:`claim` until its ``lease`` (seconds, by the database's clock) runs out or the
+    relay settles it (:meth:`published`, :meth:`failed`, :meth:`release`); the verbs that
+    settle or extend rows only touch rows still held by that relay (owner-checked in the
+    statement). Every verb is one statement or one short transaction.
+    """
+
+    kind: str = "?"
+    capabilities: OutboxCapabilities = OutboxCapabilities()
+    #: the outbox table's validated name
+    table: str
+
+    @abc.abstractmethod
+    async def claim(self, relay: str, limit: int, lease: float) -> list[OutboxRow]:
+        """Hold and return up to ``limit`` rows, in ``seq`` order, that are pending,
+        available now (``available_at`` passed) and held by no live relay, skipping every row
+        that has an earlier row of the same ``key`` which is not published and not dead and
+        not returned by this same call (so a key's rows are published in order, one relay at
+        a time). Claims are serialised per table, so two relays never hold one row while both
+        are live, and never split one key's run between them."""
+
+    @abc.abstractmethod
+    async def published(self, relay: str, seqs: Sequence[int], retention: float) -> int:
+        """Mark the rows ``seqs`` that ``relay`` still holds published (kept ``retention``
+        seconds for the admin views, deleted at once when ``retention`` is 0); how many."""
+
+    @abc.abstractmethod
+    async def failed(self, relay: str, seq: int, error: str, retry_in: float | None) -> bool:
+        """Record a failed publish of row ``seq`` held by ``relay``: ``attempts`` + 1,
+        ``last_error = error``, and either pending again after ``retry_in`` seconds or, with
+        ``retry_in=None``, dead. False if the relay no longer held it."""
+
+    @abc.abstractmethod
+    async def release(self, relay: str, seqs: Sequence[int], retry_in: float = 0.0) -> int:
+        """Give back rows ``relay`` holds without counting an attempt (the broker was down,
+        the relay stops, a row waits behind a failed row of its key), available again after
+        ``retry_in`` seconds; how many."""
+
+    @abc.abstractmethod
+    async def extend(self, relay: str, seqs: Sequence[int], lease: float) -> int:
+        """Hold the rows ``seqs`` that ``relay`` still holds for ``lease`` more seconds from
+        now; how many."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until rows may have been added (True) or ``timeout`` seconds pass (False).
+        The default sleeps ``timeout``: backends with ``server_wakeup`` return early."""
+        import asyncio
+
+        await asyncio.sleep(timeout)
+        return False
+
+    @abc.abstractmethod
+    async def entries(
+        self, state: str | None, queue: str | None, limit: int, after: int | None = None
+    ) -> list[OutboxEntry]:
+        """Up to ``limit`` rows in ``seq`` order (after ``seq == after`` when given),
+        filtered by ``state`` (``pending``, ``claimed``, ``published``, ``dead``) and
+        ``queue`` when not None."""
+
+    @abc.abstractmethod
+    async def stats(self) -> OutboxStats: ...
+
+    @abc.abstractmethod
+    async def retry_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Make the dead rows ``ids`` (all dead rows when None) pending again with their
+        attempts reset; how many."""
+
+    @abc.abstractmethod
+    async def purge(self, retention: float) -> int:
+        """Delete the published rows published more than ``retention`` seconds ago; how
+        many."""
+
+    @abc.abstractmethod
+    async def install(self) -> None:
+        """Create the outbox table (idempotent, versioned)."""
+
+    @abc.abstractmethod
+    async def drop(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def after_fork(self) -> None:  # noqa: B027 - optional, a no-op by default
+        """Called in a child process right after ``fork()``: drop inherited connections
+        without closing them."""
+
+
+class OutboxBackend(abc.ABC):
+    """The blocking twin of :class:`AsyncOutboxBackend` (same verbs, same contract)."""
+
+    kind: str = "?"
+    capabilities: OutboxCapabilities = OutboxCapabilities()
+    table: str
+
+    @abc.abstractmethod
+    def claim(self, relay: str, limit: int, lease: float) -> list[OutboxRow]: ...
+
+    @abc.abstractmethod
+    def published(self, relay: str, seqs: Sequence[int], retention: float) -> int: ...
+
+    @abc.abstractmethod
+    def failed(self, relay: str, seq: int, error: str, retry_in: float | None) -> bool: ...
+
+    @abc.abstractmethod
+    def release(self, relay: str, seqs: Sequence[int], retry_in: float = 0.0) -> int: ...
+
+    @abc.abstractmethod
+    def extend(self, relay: str, seqs: Sequence[int], lease: float) -> int: ...
+
+    def wait(self, timeout: float) -> bool:
+        import time
+
+        time.sleep(timeout)
+        return False
+
+    @abc.abstractmethod
+    def entries(
+        self, state: str | None, queue: str | None, limit: int, after: int | None = None
+    ) -> list[OutboxEntry]: ...
+
+    @abc.abstractmethod
+    def stats(self) -> OutboxStats: ...
+
+    @abc.abstractmethod
+    def retry_dead(self, ids: Sequence[str] | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def purge(self, retention: float) -> int: ...
+
+    @abc.abstractmethod
+    def install(self) -> None: ...
 
     @abc.abstractmethod
     def drop(self) -> None: ...
