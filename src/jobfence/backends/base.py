@@ -884,8 +884,11 @@ class AsyncOutboxBackend(abc.ABC):
     table: str
 
     @abc.abstractmethod
-    async def claim(self, relay: str, limit: int, lease: float) -> list[OutboxRow]:
-        """Hold and return up to ``limit`` rows, in ``seq`` order, that are pending,
+    async def claim(
+        self, relay: str, limit: int, lease: float, queues: Sequence[str] | None = None
+    ) -> list[OutboxRow]:
+        """Hold and return up to ``limit`` rows (only rows whose ``queue`` is one of
+        ``queues``, when given), in ``seq`` order, that are pending,
         available now (``available_at`` passed) and held by no live relay, skipping every row
         that has an earlier row of the same ``key`` which is not published and not dead and
         not returned by this same call (so a key's rows are published in order, one relay at
@@ -966,7 +969,9 @@ class OutboxBackend(abc.ABC):
     table: str
 
     @abc.abstractmethod
-    def claim(self, relay: str, limit: int, lease: float) -> list[OutboxRow]: ...
+    def claim(
+        self, relay: str, limit: int, lease: float, queues: Sequence[str] | None = None
+    ) -> list[OutboxRow]: ...
 
     @abc.abstractmethod
     def published(self, relay: str, seqs: Sequence[int], retention: float) -> int: ...
