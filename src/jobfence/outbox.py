@@ -35,21 +35,13 @@ from .backends._sql.outbox_rows import DEFAULT_OUTBOX_TABLE, STATES
 from .backends.base import (
     OutboxBackend,
     OutboxEntry,
-    OutboxRow,
     OutboxStats,
 )
 from .backends.clients import Client, describe_target
 from .errors import BackendError, ConfigurationError, JobfenceError, SchemaMissing
 from .queue import _check_delay, _check_headers
 
-__all__ = [
-    "DEFAULT_OUTBOX_URL",
-    "DEFAULT_RETENTION",
-    "Outbox",
-    "OutboxEntry",
-    "OutboxRow",
-    "OutboxStats",
-]
+__all__ = ["DEFAULT_OUTBOX_URL", "DEFAULT_RETENTION", "Outbox"]
 
 log = logging.getLogger("jobfence.outbox")
 

@@ -44,14 +44,7 @@ from .queue_async import _check_delay, _check_headers
 if ASYNC:
     from ._core.transaction import transaction_of
 
-__all__ = [
-    "DEFAULT_OUTBOX_URL",
-    "DEFAULT_RETENTION",
-    "AsyncOutbox",
-    "OutboxEntry",
-    "OutboxRow",
-    "OutboxStats",
-]
+__all__ = ["DEFAULT_OUTBOX_URL", "DEFAULT_RETENTION", "AsyncOutbox"]
 
 log = logging.getLogger("jobfence.outbox")
 
