@@ -34,7 +34,6 @@ from .backends._sql.outbox_rows import DEFAULT_OUTBOX_TABLE, STATES
 from .backends.base import (
     AsyncOutboxBackend,
     OutboxEntry,
-    OutboxRow,
     OutboxStats,
 )
 from .backends.clients import Client, describe_target
