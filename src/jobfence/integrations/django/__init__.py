@@ -35,6 +35,7 @@ from ...inbox import Inbox
 __all__ = [
     "DEFAULT_FENCE_TABLE",
     "DEFAULT_INBOX_TABLE",
+    "IdempotencyKeyMiddleware",
     "close_broken_connections",
     "database_url",
     "fence_table",
@@ -143,3 +144,13 @@ def close_broken_connections(
                 conn.close()
             else:
                 conn.errors_occurred = False
+
+
+def __getattr__(name: str) -> Any:
+    # the middleware's module imports this one: loaded on first use, so that the settings
+    # are read when Django builds its middleware, and no import cycle
+    if name == "IdempotencyKeyMiddleware":
+        from .idempotency import IdempotencyKeyMiddleware
+
+        return IdempotencyKeyMiddleware
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
