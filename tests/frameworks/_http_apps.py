@@ -188,9 +188,7 @@ async def handle_async(state: State, body: bytes, headers: dict[str, str]) -> An
         order = json.loads(payload)["order"]
         async with await psycopg.AsyncConnection.connect(ledger.dsn) as conn:
             if headers.get("x-stall"):
-                await conn.execute(
-                    f"INSERT INTO {ledger.schema}.started (k) VALUES (%s)", (key,)
-                )
+                await conn.execute(f"INSERT INTO {ledger.schema}.started (k) VALUES (%s)", (key,))
                 await conn.commit()
             if _stall(headers, "before"):
                 await asyncio.sleep(3600)
