@@ -473,3 +473,41 @@ def test_stored_responses_are_json(redis_url: str) -> None:
     assert stored["status"] == 201
     assert dict(map(tuple, stored["headers"]))["location"] == first.headers["location"]
     assert json.loads(base64.b64decode(stored["body"])) == first.json()
+
+
+# --- Django's async middleware stack (ASGI) ---------------------------------------------------
+
+
+async def test_django_async_stack_uses_an_async_inbox(ledger: Ledger) -> None:
+    from django.test import AsyncClient
+    from django.test.utils import override_settings
+
+    from jobfence.integrations.django import IdempotencyKeyMiddleware
+    from tests.frameworks import _http_apps as apps
+    from tests.frameworks._http_harness import _django_setup
+
+    _django_setup()
+    inbox = jobfence.AsyncInbox(ledger.inbox_url)
+    state = State(ledger)
+    apps.DJANGO_STATE = state
+    try:
+        with override_settings(JOBFENCE_IDEMPOTENCY={"inbox": inbox}):
+            client = AsyncClient()
+            kw: dict[str, Any] = {
+                "content_type": "application/json",
+                "headers": {"Idempotency-Key": "k-async"},
+            }
+            first = await client.post("/orders", b'{"item": "tea"}', **kw)
+            again = await client.post("/orders", b'{"item": "tea"}', **kw)
+            other = await client.post("/orders", b'{"item": "cake"}', **kw)
+            with pytest.raises(jobfence.ConfigurationError):  # a sync stack needs an Inbox
+                IdempotencyKeyMiddleware(lambda request: None)
+    finally:
+        apps.DJANGO_STATE = None
+        state.close()
+        await inbox.close()
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert other.status_code == 422
+    assert ledger.rows() == {_inbox_key("k-async"): 1}  # claim_in in the sync view's thread
+    assert state.calls == 1
