@@ -56,13 +56,19 @@ APPLIED_STATUS = 409
 """The status of the answer to a key whose effect was committed by a request that died before
 its response was stored (see :data:`PROBLEM_APPLIED`)."""
 
-#: the ``type`` of each problem answer (RFC 9457 problem details)
 PROBLEM_INVALID = "urn:jobfence:problem:idempotency-key-invalid"
+"""The ``type`` of the 400 answer to a malformed, empty or repeated key."""
 PROBLEM_MISSING = "urn:jobfence:problem:idempotency-key-missing"
+"""The ``type`` of the 400 answer to a covered request without a key (``required=True``)."""
 PROBLEM_TOO_LARGE = "urn:jobfence:problem:idempotency-body-too-large"
+"""The ``type`` of the 413 answer to a request with a key and a body over ``max_body``."""
 PROBLEM_IN_FLIGHT = "urn:jobfence:problem:idempotency-key-in-flight"
+"""The ``type`` of the 409 answer to a retry while the first request runs."""
 PROBLEM_REUSED = "urn:jobfence:problem:idempotency-key-reused"
+"""The ``type`` of the 422 answer to a key reused on another request."""
 PROBLEM_APPLIED = "urn:jobfence:problem:idempotency-key-applied"
+"""The ``type`` of the 409 answer to a key whose effect an earlier request committed before
+it died without storing its response."""
 #: the statuses never stored: server errors and the client errors a retry may cure
 _NOT_STORED = frozenset({408, 425, 429})
 
@@ -73,7 +79,8 @@ class BodyTooLarge(Exception):
 
 @dataclass
 class HttpResponse:
-    """A response as the core sees it: status, headers (name, value) in order, and body."""
+    """A response as the core sees it: ``status``, ``headers`` (name, value pairs, in order)
+    and ``body`` (bytes)."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
@@ -88,7 +95,9 @@ class HttpResponse:
 def problem(
     status: int, kind: str, title: str, detail: str, headers: Iterable[tuple[str, str]] = ()
 ) -> HttpResponse:
-    """An ``application/problem+json`` answer (RFC 9457)."""
+    """An ``application/problem+json`` answer (RFC 9457) of HTTP ``status``: its ``type`` is
+    ``kind`` (a URI), then ``title`` and ``detail`` for people; ``headers`` are added to the
+    content type."""
     body = json.dumps(
         {"type": kind, "title": title, "status": status, "detail": detail},
         separators=(",", ":"),
@@ -431,7 +440,8 @@ def _token(name: str) -> bool:
 
 class Step:
     """What ``begin`` of the core decided for one request: ``answer`` (send it,
-    do not run the view), or ``claim`` (run the view under it), or neither (not covered)."""
+    do not run the view), or ``claim`` (run the view under it), or neither (not covered);
+    ``key`` is the inbox key, once known."""
 
     __slots__ = ("_token", "answer", "claim", "key")
 

@@ -31,6 +31,7 @@ from ...backends import registered, sql_dialect
 from ...errors import ConfigurationError
 from ...fencing import DEFAULT_TABLE as _FENCING_DEFAULT_TABLE
 from ...inbox import Inbox
+from .idempotency import IdempotencyKeyMiddleware
 
 __all__ = [
     "DEFAULT_FENCE_TABLE",
@@ -144,13 +145,3 @@ def close_broken_connections(
                 conn.close()
             else:
                 conn.errors_occurred = False
-
-
-def __getattr__(name: str) -> Any:
-    # the middleware's module imports this one: loaded on first use, so that the settings
-    # are read when Django builds its middleware, and no import cycle
-    if name == "IdempotencyKeyMiddleware":
-        from .idempotency import IdempotencyKeyMiddleware
-
-        return IdempotencyKeyMiddleware
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
