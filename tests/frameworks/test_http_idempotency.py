@@ -35,7 +35,8 @@ from tests.servers import POSTGRES_URL, REDIS_URL
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    # starlette's TestClient asks for httpx2, which the suite does not install
+    pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`"),
 ]
 
 BACKENDS = ("postgres", "redis", "sqlite")
@@ -245,6 +246,60 @@ def test_a_dead_requests_key_is_taken_over_after_its_ttl(framework: str, inbox_u
         assert taken.status == 201 and not taken.replayed
         assert app.post("k-dead").body == taken.body
         assert app.state.calls == 1
+
+
+def test_a_key_lives_for_its_retention_then_is_new(framework: str, inbox_url: str) -> None:
+    with with_test_client(framework, inbox_url, retention=1) as app:
+        first = app.post("k-short")
+        assert app.post("k-short").replayed
+        with jobfence.Inbox(inbox_url) as inbox:
+            wait_for(
+                "the key's retention to end",
+                lambda: (
+                    (info := inbox.claim_info(_inbox_key("k-short"))) is None
+                    or info.expires_in <= 0
+                ),
+            )
+        later = app.post("k-short")
+        assert later.status == 201 and not later.replayed  # a new operation under an old key
+        assert later.json()["order"] != first.json()["order"]
+        assert app.state.calls == 2
+
+
+def test_a_view_slower_than_ttl_keeps_its_key(framework: str, redis_url: str) -> None:
+    """The claim is renewed while the view runs: a retry during a view that outlasts ``ttl``
+    is still "in flight", never a second run."""
+    with with_test_client(framework, redis_url, ttl=0.6) as app:
+        first: list[Reply] = []
+        slow = threading.Thread(
+            target=lambda: first.append(app.post("k-long", headers=[("X-Sleep", "2")]))
+        )
+        slow.start()
+        with jobfence.Inbox(redis_url) as inbox:
+            wait_for("the first request's claim", lambda: inbox.claim_info(_inbox_key("k-long")))
+            renewed = wait_for(
+                "a renewal past the first ttl",
+                lambda: (
+                    (info := inbox.claim_info(_inbox_key("k-long")))
+                    and info.claimed_at is not None
+                    and info.expires_in > 0
+                    and slow.is_alive()
+                    and _claimed_for(info) > 0.9
+                ),
+            )
+        assert renewed
+        _problem(app.post("k-long"), 409, http.PROBLEM_IN_FLIGHT)
+        slow.join(30)
+        assert first[0].status == 201
+        assert app.post("k-long").body == first[0].body
+        assert app.state.calls == 1
+
+
+def _claimed_for(info: Any) -> float:
+    """Seconds since the claim of ``info`` was taken."""
+    import datetime
+
+    return (datetime.datetime.now(datetime.timezone.utc) - info.claimed_at).total_seconds()
 
 
 # --- the view's own write: claim_in (PostgreSQL) ------------------------------------------------
@@ -511,3 +566,25 @@ async def test_django_async_stack_uses_an_async_inbox(ledger: Ledger) -> None:
     assert other.status_code == 422
     assert ledger.rows() == {_inbox_key("k-async"): 1}  # claim_in in the sync view's thread
     assert state.calls == 1
+
+
+def test_django_settings_are_checked_and_hooks_may_be_dotted_paths(redis_url: str) -> None:
+    from django.test.utils import override_settings
+
+    from jobfence.integrations.django import IdempotencyKeyMiddleware
+    from tests.frameworks._http_harness import _django_setup
+
+    _django_setup()
+    with override_settings(JOBFENCE_IDEMPOTENCY={"inbox": redis_url, "wiat": 1}):
+        with pytest.raises(jobfence.ConfigurationError) as err:
+            IdempotencyKeyMiddleware(lambda request: None)
+        assert "'wiat'" in str(err.value)
+    hook = "tests.frameworks.test_http_idempotency._django_caller"
+    with override_settings(JOBFENCE_IDEMPOTENCY={"inbox": redis_url, "caller": hook}):
+        middleware = IdempotencyKeyMiddleware(lambda request: None)
+        assert middleware.options.caller is _django_caller
+        middleware.core.close()
+
+
+def _django_caller(request: Any) -> str | None:
+    return None

@@ -32,6 +32,7 @@ The rules are those of :mod:`jobfence.integrations.http`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -87,9 +88,10 @@ def _config() -> tuple[Any, IdempotencyOptions]:
             options[hook] = import_string(options[hook])
     inbox = raw.get("inbox")
     if inbox is None:
-        from . import database_url, inbox_table
-
-        inbox = f"{database_url()}?table={quote(inbox_table())}"
+        # the package (imported before this module, as every parent package is, and importing
+        # it) knows Django's database and the inbox table its migration created
+        package = sys.modules[__name__.rpartition(".")[0]]
+        inbox = f"{package.database_url()}?table={quote(package.inbox_table())}"
     return inbox, IdempotencyOptions.of(**options)
 
 
