@@ -588,3 +588,24 @@ def test_django_settings_are_checked_and_hooks_may_be_dotted_paths(redis_url: st
 
 def _django_caller(request: Any) -> str | None:
     return None
+
+
+def test_inbox_keys_of_callers_never_meet() -> None:
+    """The scope is escaped (and a long one hashed) so that no caller's scope plus key is
+    another's."""
+    from jobfence.integrations.http import IdempotencyOptions
+
+    opts = IdempotencyOptions.of(caller=lambda request: request)
+    long = "u" * 600
+    keys = {
+        opts.inbox_key("k", None),
+        opts.inbox_key("k", "a"),
+        opts.inbox_key("b:k", "a"),
+        opts.inbox_key("k", "a:b"),
+        opts.inbox_key("k", "a%3Ab"),
+        opts.inbox_key("k", long),
+        opts.inbox_key("k", long + "v"),
+    }
+    assert len(keys) == 7
+    assert opts.inbox_key("k", long).startswith("http:%sha256-")
+    assert len(opts.inbox_key("k" * 255, long).encode()) <= 1024

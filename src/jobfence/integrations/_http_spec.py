@@ -372,7 +372,8 @@ class IdempotencyOptions:
     def inbox_key(self, key: str, request: Any) -> str:
         """The inbox key of ``key`` for ``request``: ``http:<caller>:<key>``, the caller's
         scope percent-escaped (so that no caller can end inside another's key space), and
-        hashed when it is long (inbox keys are at most 1024 bytes)."""
+        hashed when it is long (inbox keys are at most 1024 bytes). A caller of ``None`` or
+        ``""`` is no scope: ``http::<key>``."""
         scope = ""
         if self.caller is not None:
             value = self.caller(request)
@@ -383,8 +384,9 @@ class IdempotencyOptions:
                         argument="caller",
                     )
                 scope = quote(value, safe="")
-                if len(scope) > 512:
-                    scope = "sha256." + hashlib.sha256(value.encode()).hexdigest()
+                if len(scope) > 512:  # "%s" is no escape quote() writes: no scope looks so
+                    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+                    scope = f"%sha256-{digest}"
         return f"http:{scope}:{key}"
 
     def fingerprint_of(self, method: str, target: str, body: bytes, request: Any) -> str:
