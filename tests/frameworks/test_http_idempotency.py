@@ -150,7 +150,7 @@ def test_a_duplicate_in_flight_is_409_with_retry_after_then_replays(
     with with_test_client(framework, inbox_url) as app:
         first: list[Reply] = []
         slow = threading.Thread(
-            target=lambda: first.append(app.post("k-slow", headers=[("X-Sleep", "1.5")]))
+            target=lambda: first.append(app.post("k-slow", headers=[("X-Sleep", "3")]))
         )
         slow.start()
         with jobfence.Inbox(inbox_url) as inbox:
@@ -272,7 +272,7 @@ def test_a_view_slower_than_ttl_keeps_its_key(framework: str, redis_url: str) ->
     with with_test_client(framework, redis_url, ttl=0.6) as app:
         first: list[Reply] = []
         slow = threading.Thread(
-            target=lambda: first.append(app.post("k-long", headers=[("X-Sleep", "2")]))
+            target=lambda: first.append(app.post("k-long", headers=[("X-Sleep", "4")]))
         )
         slow.start()
         with jobfence.Inbox(redis_url) as inbox:
