@@ -609,3 +609,17 @@ def test_inbox_keys_of_callers_never_meet() -> None:
     assert len(keys) == 7
     assert opts.inbox_key("k", long).startswith("http:%sha256-")
     assert len(opts.inbox_key("k" * 255, long).encode()) <= 1024
+
+
+def test_the_asgi_middleware_and_the_core_import_no_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jobfence.integrations.asgi, jobfence.integrations.http; "
+        "print(sorted(m for m in ('starlette', 'fastapi', 'flask', 'django') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
