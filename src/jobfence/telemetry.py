@@ -34,6 +34,8 @@ name                                    type         unit    attributes
 ``jobfence.schedule.misses``            counter      1       schedule
 ``jobfence.schedule.skips``             counter      1       schedule
 ``jobfence.schedule.lag``               histogram    s       schedule
+``jobfence.http.idempotency``           counter      1       outcome (new/replayed/conflict/
+                                                             mismatch/invalid)
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -100,6 +102,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "s",
         "Time from a schedule slot's due time to the start of its target",
     ),
+    "jobfence.http.idempotency": (
+        "counter",
+        "1",
+        "HTTP requests carrying an Idempotency-Key (or missing a required one), by outcome",
+    ),
 }
 
 
@@ -150,6 +157,7 @@ class _Instruments:
         self.schedule_misses = made["jobfence.schedule.misses"]
         self.schedule_skips = made["jobfence.schedule.skips"]
         self.schedule_lag = made["jobfence.schedule.lag"]
+        self.http_idempotency = made["jobfence.http.idempotency"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -257,6 +265,15 @@ def inbox_claim(backend: str, outcome: str) -> None:
     i = _inst or _load()
     if i.on:
         i.inbox_claims.add(1, {"backend": backend, "outcome": outcome})
+
+
+def http_idempotency(outcome: str) -> None:
+    """A request with an Idempotency-Key was answered: ``outcome`` is ``new`` (the view ran),
+    ``replayed``, ``conflict`` (in flight: 409), ``mismatch`` (key reuse: 422) or ``invalid``
+    (a bad, missing or duplicated key, or a body over ``max_body``)."""
+    i = _inst or _load()
+    if i.on:
+        i.http_idempotency.add(1, {"outcome": outcome})
 
 
 def retry(cause: str) -> None:
