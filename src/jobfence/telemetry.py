@@ -35,6 +35,8 @@ name                                    type         unit    attributes
 ``jobfence.schedule.skips``             counter      1       schedule
 ``jobfence.schedule.lag``               histogram    s       schedule
 ``jobfence.outbox.added``               counter      1       backend, queue
+``jobfence.http.idempotency``           counter      1       outcome (new/replayed/conflict/
+                                                             mismatch/invalid)
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -106,6 +108,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "1",
         "Rows added to an outbox in the caller's transaction (counted when the statement ran)",
     ),
+    "jobfence.http.idempotency": (
+        "counter",
+        "1",
+        "HTTP requests carrying an Idempotency-Key (or missing a required one), by outcome",
+    ),
 }
 
 
@@ -157,6 +164,7 @@ class _Instruments:
         self.schedule_skips = made["jobfence.schedule.skips"]
         self.schedule_lag = made["jobfence.schedule.lag"]
         self.outbox_added = made["jobfence.outbox.added"]
+        self.http_idempotency = made["jobfence.http.idempotency"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -272,6 +280,15 @@ def outbox_added(backend: str, queue: str, n: int) -> None:
     i = _inst or _load()
     if i.on and n:
         i.outbox_added.add(n, {"backend": backend, "queue": queue})
+
+
+def http_idempotency(outcome: str) -> None:
+    """A request with an Idempotency-Key was answered: ``outcome`` is ``new`` (the view ran),
+    ``replayed``, ``conflict`` (in flight: 409), ``mismatch`` (key reuse: 422) or ``invalid``
+    (a bad, missing or duplicated key, or a body over ``max_body``)."""
+    i = _inst or _load()
+    if i.on:
+        i.http_idempotency.add(1, {"outcome": outcome})
 
 
 def retry(cause: str) -> None:

@@ -33,6 +33,9 @@ MODULES = [
             "sqlalchemy",
             "schedule_targets",
             "celery_beat",
+            "http",
+            "asgi",
+            "flask",
         )
     ),
     "jobfence.integrations.django",
