@@ -183,6 +183,16 @@ _POINT_LIST = (
         "Queue.stats/dead_letters/requeue_dead/purge/install/drop (operation names which)",
         ("queue", "operation", "backend"),
     ),
+    HookPoint(
+        "outbox.add",
+        "Outbox.add(_many)(conn): the rows' INSERT in the caller's transaction",
+        ("queue", "ids", "backend"),
+    ),
+    HookPoint(
+        "outbox.manage",
+        "Outbox.install/entries/stats/retry_dead/purge/drop (operation names which)",
+        ("operation", "backend"),
+    ),
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )
 
