@@ -44,6 +44,8 @@ from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
 from .queue import Message, Queue
 from .queue_async import AsyncMessage, AsyncQueue
+from .relay import Relay
+from .relay_async import AsyncRelay, RelayStats
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
 from .scheduler import Scheduler
 from .scheduler_async import AsyncScheduler
@@ -60,6 +62,7 @@ __all__ = [
     "AsyncLocks",
     "AsyncMessage",
     "AsyncQueue",
+    "AsyncRelay",
     "AsyncScheduler",
     "AsyncWorker",
     "BackendError",
@@ -89,6 +92,8 @@ __all__ = [
     "NotReplicated",
     "Queue",
     "QueueError",
+    "Relay",
+    "RelayStats",
     "Renewable",
     "RetryPolicy",
     "ScheduleInfo",
