@@ -32,6 +32,7 @@ MODULES = [
             "arq",
             "sqlalchemy",
             "schedule_targets",
+            "outbox_targets",
             "celery_beat",
         )
     ),
@@ -54,6 +55,7 @@ NOT_CONSTRUCTED = {
         "ClaimState",
         "LockHolder",
         "WorkerStats",
+        "RelayStats",
     },
     "jobfence.testing": {
         "SimTask",
