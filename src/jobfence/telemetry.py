@@ -34,6 +34,7 @@ name                                    type         unit    attributes
 ``jobfence.schedule.misses``            counter      1       schedule
 ``jobfence.schedule.skips``             counter      1       schedule
 ``jobfence.schedule.lag``               histogram    s       schedule
+``jobfence.outbox.added``               counter      1       backend, queue
 ``jobfence.outbox.published``           counter      1       backend, queue
 ``jobfence.outbox.failed``              counter      1       backend, queue
 ``jobfence.outbox.dead``                counter      1       backend, queue
@@ -104,6 +105,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "s",
         "Time from a schedule slot's due time to the start of its target",
     ),
+    "jobfence.outbox.added": (
+        "counter",
+        "1",
+        "Rows added to an outbox in the caller's transaction (counted when the statement ran)",
+    ),
     "jobfence.outbox.published": ("counter", "1", "Outbox rows a relay published"),
     "jobfence.outbox.failed": (
         "counter",
@@ -114,7 +120,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "jobfence.outbox.lag": (
         "histogram",
         "s",
-        "Time from an outbox row's commit (its created_at) to its publish",
+        "Time from an outbox row's created_at to its publish",
     ),
 }
 
@@ -166,6 +172,7 @@ class _Instruments:
         self.schedule_misses = made["jobfence.schedule.misses"]
         self.schedule_skips = made["jobfence.schedule.skips"]
         self.schedule_lag = made["jobfence.schedule.lag"]
+        self.outbox_added = made["jobfence.outbox.added"]
         self.outbox_published = made["jobfence.outbox.published"]
         self.outbox_failed = made["jobfence.outbox.failed"]
         self.outbox_dead = made["jobfence.outbox.dead"]
@@ -277,6 +284,14 @@ def inbox_claim(backend: str, outcome: str) -> None:
     i = _inst or _load()
     if i.on:
         i.inbox_claims.add(1, {"backend": backend, "outcome": outcome})
+
+
+def outbox_added(backend: str, queue: str, n: int) -> None:
+    """``n`` rows for ``queue`` were added to an outbox (in a transaction that may still roll
+    back)."""
+    i = _inst or _load()
+    if i.on and n:
+        i.outbox_added.add(n, {"backend": backend, "queue": queue})
 
 
 def retry(cause: str) -> None:

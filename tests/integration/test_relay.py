@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import json
 import math
 import os
@@ -32,8 +34,11 @@ from jobfence.integrations.outbox_targets import queues as queues_target
 from jobfence.testing import hooked
 from tests.integration._outbox_env import OUTBOX_KINDS, QUEUE_KINDS, OutboxSide, QueueSide
 from tests.reliability._redis_server import RedisServer, wait_until
+from tests.unit.test_telemetry import Otel, otel
 
 pytestmark = pytest.mark.timeout(120)
+
+__all__ = ["otel"]
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAVOURS = ("sync", "async")
@@ -48,7 +53,8 @@ def outbox_side(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outb
         side.drop()
 
 
-def _outbox(kind: str, tmp_path: Path) -> Iterator[OutboxSide]:
+@contextlib.contextmanager
+def outbox_of(kind: str, tmp_path: Path) -> Iterator[OutboxSide]:
     side = OutboxSide(kind, tmp_path)
     try:
         yield side
@@ -58,15 +64,18 @@ def _outbox(kind: str, tmp_path: Path) -> Iterator[OutboxSide]:
 
 @pytest.fixture
 def pg_outbox(tmp_path: Path) -> Iterator[OutboxSide]:
-    yield from _outbox("postgres", tmp_path)
+    with outbox_of("postgres", tmp_path) as side:
+        yield side
 
 
 @pytest.fixture
 def sqlite_outbox(tmp_path: Path) -> Iterator[OutboxSide]:
-    yield from _outbox("sqlite", tmp_path)
+    with outbox_of("sqlite", tmp_path) as side:
+        yield side
 
 
-def _queue_side(kind: str, tmp_path: Path) -> Iterator[QueueSide]:
+@contextlib.contextmanager
+def queue_of(kind: str, tmp_path: Path) -> Iterator[QueueSide]:
     side = QueueSide(kind, tmp_path)
     try:
         yield side
@@ -151,17 +160,20 @@ def test_committed_rows_reach_the_queue_once_rolled_back_rows_never(
     """Each committed row reaches its queue once, as message id = the row's id, with its
     body (decoded by the queue's JSON serializer, unchanged) and headers; the rows of a
     rolled-back transaction never do; rows of two queue names go to two queues."""
-    for dest in _queue_side(queue_kind, tmp_path):
+    with queue_of(queue_kind, tmp_path) as dest:
         orders, mails = dest.name("orders"), dest.name("mails")
         with outbox_side.open() as outbox:
             kept = outbox_side.add(
                 outbox,
-                [{"queue": orders, "headers": {"trace": f"t{i}"}, **b} for i, b in
-                 enumerate(_bodies(5))]  # fmt: skip
+                [
+                    {"queue": orders, "headers": {"trace": f"t{i}"}, **b}
+                    for i, b in enumerate(_bodies(5))
+                ]
                 + [{"queue": mails, "body": {"to": "a@example.org"}, "id": "mail-1"}],
             )
-            gone = outbox_side.add(outbox, [{"queue": orders, **b} for b in _bodies(3, 100)],
-                                   commit=False)  # fmt: skip
+            gone = outbox_side.add(
+                outbox, [{"queue": orders, **b} for b in _bodies(3, 100)], commit=False
+            )
         published, stats = run_relay(flavour, outbox_side, dest.url)
         assert published == 6 and stats.published == 6 and stats.dead == 0
 
@@ -181,8 +193,9 @@ def test_committed_rows_reach_the_queue_once_rolled_back_rows_never(
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_routes_callables_and_a_queue_object(flavour: str, sqlite_outbox: OutboxSide,
-                                             tmp_path: Path) -> None:  # fmt: skip
+def test_routes_callables_and_a_queue_object(
+    flavour: str, sqlite_outbox: OutboxSide, tmp_path: Path
+) -> None:
     """A dict of routes: a queue URL, a callable (plain or async) and a Queue object each get
     their queue's rows, in seq order; unrouted queues are not claimed."""
     dest = QueueSide("sqlite", tmp_path)
@@ -239,8 +252,9 @@ def test_two_relays_keep_every_keys_order(outbox_side: OutboxSide) -> None:
     try:
         with outbox_side.open() as outbox:
             for t in range(30):
-                rows = [{"queue": "q", "key": keys[(t * 7 + j) % 40], "body": [t, j]}
-                        for j in range(10)]  # fmt: skip
+                rows = [
+                    {"queue": "q", "key": keys[(t * 7 + j) % 40], "body": [t, j]} for j in range(10)
+                ]
                 ids = outbox_side.add(outbox, rows)
                 for row, id_ in zip(rows, ids, strict=True):
                     added[row["key"]].append(id_)
@@ -258,8 +272,9 @@ def test_two_relays_keep_every_keys_order(outbox_side: OutboxSide) -> None:
 
 # -- failures ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_failing_row_goes_dead_and_holds_its_key_back(flavour: str, pg_outbox: OutboxSide,
-                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_a_failing_row_goes_dead_and_holds_its_key_back(
+    flavour: str, pg_outbox: OutboxSide, tmp_path: Path
+) -> None:
     """A target that raises a non-transient error for one row: that row is retried, then
     dead after max_attempts with the error text; the other rows are published; the rows of
     its key behind it wait until it is dead, then go in their order."""
@@ -276,13 +291,15 @@ def test_a_failing_row_goes_dead_and_holds_its_key_back(flavour: str, pg_outbox:
     with pg_outbox.open() as outbox:
         ids = pg_outbox.add(
             outbox,
-            [{"queue": "q", "key": "k", "body": "first"},
-             {"queue": "q", "key": "k", "body": "poison", "id": "bad"},
-             {"queue": "q", "key": "k", "body": "after-1"},
-             {"queue": "q", "key": "other", "body": "x"},
-             {"queue": "q", "key": "k", "body": "after-2"},
-             {"queue": "q", "body": "no key"}],
-        )  # fmt: skip
+            [
+                {"queue": "q", "key": "k", "body": "first"},
+                {"queue": "q", "key": "k", "body": "poison", "id": "bad"},
+                {"queue": "q", "key": "k", "body": "after-1"},
+                {"queue": "q", "key": "other", "body": "x"},
+                {"queue": "q", "key": "k", "body": "after-2"},
+                {"queue": "q", "body": "no key"},
+            ],
+        )
     runner = RunningRelay(flavour, pg_outbox, send, max_attempts=2, poll=0.05, batch=10)
     try:
         # first attempt: the others of the batch are published, k's rows after "bad" wait
@@ -352,23 +369,33 @@ def test_broker_down_no_row_dead_all_published_after_it_returns(
     # 0.08 * (2 ** (n - 1) - 1) s, so an outage of `outage` s allows about log2 of it
     bound = 2 + math.log2(1 + outage / 0.08)
     assert len(during) <= bound + 1, (len(during), outage)
-    gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
-    assert all(later_gap > earlier for earlier, later_gap in zip(gaps, gaps[1:], strict=False)
-               if earlier > 0.15)  # fmt: skip
+    gaps = [b - a for a, b in itertools.pairwise(during)]
+    assert all(
+        later_gap > earlier for earlier, later_gap in itertools.pairwise(gaps) if earlier > 0.15
+    )
     assert stats.dead == 0 and stats.failed == 0 and stats.released >= 20
     assert stats.last_error is not None
 
 
 # -- processes --------------------------------------------------------------------------------
-def _start_relay_process(side: OutboxSide, work: Path, mode: str, lease: float,
-                         batch: int) -> subprocess.Popen[bytes]:  # fmt: skip
+def _start_relay_process(
+    side: OutboxSide, work: Path, mode: str, lease: float, batch: int
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration._relay_proc", side.full_url, str(work), mode,
-         str(lease), str(batch)],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration._relay_proc",
+            side.full_url,
+            str(work),
+            mode,
+            str(lease),
+            str(batch),
+        ],
         cwd=ROOT,
         env=env,
-    )  # fmt: skip
+    )
 
 
 def _sent(work: Path) -> list[str]:
@@ -381,7 +408,7 @@ def test_sigterm_settles_the_batch_in_hand(kind: str, tmp_path: Path) -> None:
     """SIGTERM to a ``Relay.run()`` process mid-stream: it sends and settles the batch in
     hand (its rows are published, none is left claimed) and exits; another relay publishes
     the rest; every row is published, none lost."""
-    for side in _outbox(kind, tmp_path):
+    with outbox_of(kind, tmp_path) as side:
         with side.open() as outbox:
             ids = side.add(outbox, [{"queue": "q", **b} for b in _bodies(200)])
         work = tmp_path / "proc"
@@ -428,8 +455,7 @@ def test_sigkill_rows_go_to_another_relay_after_the_lease(
     assert [(e.id, e.claimed_by) for e in claimed] == [(i, owner) for i in ids]
     got: list[str] = []
     assert run_relay("sync", pg_outbox, lambda rows: got.extend(r.id for r in rows))[0] == 0
-    runner = RunningRelay("sync", pg_outbox, lambda rows: got.extend(r.id for r in rows),
-                          poll=0.05)  # fmt: skip
+    runner = RunningRelay("sync", pg_outbox, lambda rows: got.extend(r.id for r in rows), poll=0.05)
     try:
         wait_until(lambda: len(got) == 5, 30, "the rows published after the lease")
     finally:
@@ -453,8 +479,9 @@ def test_a_stalled_relay_loses_its_rows_and_may_send_them_again(
         wait_until(lambda: len(_sent(work)) == 4, 30, "the batch sent")
         proc.send_signal(signal.SIGSTOP)
         got: list[str] = []
-        runner = RunningRelay("sync", pg_outbox, lambda rows: got.extend(r.id for r in rows),
-                              poll=0.05)  # fmt: skip
+        runner = RunningRelay(
+            "sync", pg_outbox, lambda rows: got.extend(r.id for r in rows), poll=0.05
+        )
         try:
             wait_until(lambda: len(got) == 4, 30, "the rows published by the other relay")
         finally:
@@ -521,8 +548,7 @@ def test_postgres_wakes_the_relay_before_the_poll_interval(
 
 
 # -- fork ---------------------------------------------------------------------------------------
-def test_a_relay_used_before_fork_works_in_the_child(pg_outbox: OutboxSide,
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_a_relay_used_before_fork_works_in_the_child(pg_outbox: OutboxSide, tmp_path: Path) -> None:
     """A relay (and its queue target) used in the parent, then fork(): the child relays with
     an owner id of its own and connections of its own, and the parent goes on working."""
     dest = QueueSide("sqlite", tmp_path)
@@ -583,8 +609,7 @@ def test_bad_arguments_name_the_argument(
             assert err.value.argument == argument
 
 
-def test_a_blocking_relay_refuses_async_objects(sqlite_outbox: OutboxSide,
-                                                tmp_path: Path) -> None:  # fmt: skip
+def test_a_blocking_relay_refuses_async_objects(sqlite_outbox: OutboxSide, tmp_path: Path) -> None:
     with sqlite_outbox.open() as outbox:
         queue = jobfence.AsyncQueue(f"sqlite:///{tmp_path / 'q.db'}", "q")
         with pytest.raises(jobfence.ConfigurationError) as err:
@@ -597,3 +622,47 @@ def test_a_blocking_relay_refuses_async_objects(sqlite_outbox: OutboxSide,
             assert err.value.argument == "outbox"
         finally:
             asyncio.run(aoutbox.close())
+
+
+# -- telemetry and hooks ------------------------------------------------------------------------
+def test_metrics_and_hook_points(otel: Otel, sqlite_outbox: OutboxSide) -> None:
+    """``jobfence.outbox.published`` / ``.failed`` / ``.dead`` / ``.lag`` by backend and
+    queue, and the hook points a relay announces its calls at."""
+    points: list[tuple[str, Any]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point.startswith("outbox."):
+            points.append((point, info.get("verb")))
+
+    def send(rows: list[OutboxRow]) -> None:
+        if any(json.loads(r.body) == "bad" for r in rows):
+            raise ValueError("bad")
+
+    with sqlite_outbox.open() as outbox:
+        sqlite_outbox.add(
+            outbox,
+            [{"queue": "q", "body": i} for i in range(3)]
+            + [
+                {"queue": "q", "body": "bad", "key": "k"},
+                {"queue": "q", "body": "behind", "key": "k"},
+            ],
+        )
+    with hooked(hook):
+        published, stats = run_relay("sync", sqlite_outbox, send, max_attempts=2)
+    assert published == 3 and stats.failed == 1 and stats.released == 1
+    assert otel.value("jobfence.outbox.published", backend="sqlite", queue="q") == 3
+    assert otel.value("jobfence.outbox.lag", backend="sqlite", queue="q") == 3
+    assert otel.value("jobfence.outbox.failed", backend="sqlite", queue="q") == 1
+    with sqlite_outbox.open() as outbox:
+        by_body = {e.body: e for e in sqlite_outbox.entries(outbox)}
+    assert by_body[b'"bad"'].state == "pending" and by_body[b'"behind"'].state == "pending"
+    assert ("outbox.claim", None) in points
+    assert ("outbox.publish", None) in points
+    verbs = {verb for point, verb in points if point == "outbox.settle"}
+    assert {"published", "failed", "release", "purge"} <= verbs
+    # dead: a new failing row under a relay with max_attempts=1 (the first waits its retry)
+    with sqlite_outbox.open() as outbox:
+        sqlite_outbox.add(outbox, [{"queue": "q", "body": "bad"}])
+    published, stats = run_relay("sync", sqlite_outbox, send, max_attempts=1)
+    assert published == 0 and stats.dead == 1
+    assert otel.value("jobfence.outbox.dead", backend="sqlite", queue="q") == 1
