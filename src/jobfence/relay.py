@@ -255,7 +255,8 @@ class Relay:
         self._stopping = False
         self._abort = False
         self._stop_event = threading.Event()
-        self.backend.after_fork()
+        if self.outbox is self.backend:  # an Outbox resets its backend itself
+            self.backend.after_fork()
 
     # -- control -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -310,6 +311,9 @@ class Relay:
                 ", ".join(t.name for t in self._routes.owned) or "the given queue",
                 self.queues or "all",
             )
+            if self.backend.capabilities.server_wakeup:
+                # listen before the first claim: a row committed after it wakes the wait
+                self._wait_for_rows(0.0)
             idle = FIRST_POLL
             while not self._stopping:
                 try:
@@ -379,11 +383,9 @@ class Relay:
         clock = get_clock()
         deadline = clock.monotonic() + timeout
         while not self._stopping:
-            left = deadline - clock.monotonic()
-            if left <= 0:
-                return
+            left = max(0.0, deadline - clock.monotonic())
             try:
-                if self.backend.wait(min(left, WAIT_SLICE)):
+                if self.backend.wait(min(left, WAIT_SLICE)) or left <= 0:
                     return
             except Exception as exc:  # the claim that follows meets the outage too
                 log.debug("relay %s: waiting for rows failed: %r", self.owner, exc)

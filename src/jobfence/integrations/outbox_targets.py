@@ -116,8 +116,8 @@ async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
 def task_body(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """The body of an outbox row meant for a framework target (Celery, RQ, Dramatiq, arq):
     ``{"args": [...], "kwargs": {...}}``: the task's positional arguments ``*args`` and
-    keyword arguments ``**kwargs``, which must be JSON values (``outbox.add(conn, queue="app.tasks.send_mail", body=task_body(7,
-    lang="en"))``)."""
+    keyword arguments ``**kwargs``, which must be JSON values:
+    ``outbox.add(conn, queue="app.tasks.send_mail", body=task_body(7, lang="en"))``."""
     return {"args": list(args), "kwargs": dict(kwargs)}
 
 
