@@ -283,8 +283,9 @@ def test_a_failing_row_goes_dead_and_holds_its_key_back(
 
     def send(rows: list[OutboxRow]) -> None:
         for row in rows:
-            if json.loads(row.body) == "poison":
-                attempts.append(row.id)
+            if row.value() == "poison":
+                if len(rows) == 1:  # sent alone: the relay looks for the failing row
+                    attempts.append(row.id)
                 raise ValueError("cannot encode poison")
         published.extend(r.id for r in rows)
 
@@ -601,12 +602,11 @@ def test_bad_arguments_name_the_argument(
     """Every bad argument raises ConfigurationError naming it, in both flavours."""
     options = dict(options)
     to = options.pop("to", print)
-    with sqlite_outbox.open() as outbox:
-        given = options.pop("outbox", outbox)
-        for cls in (jobfence.Relay, jobfence.AsyncRelay):
-            with pytest.raises(jobfence.ConfigurationError) as err:
-                cls(given, to, **options)
-            assert err.value.argument == argument
+    given = options.pop("outbox", sqlite_outbox.full_url)  # checked before it is opened
+    for cls in (jobfence.Relay, jobfence.AsyncRelay):
+        with pytest.raises(jobfence.ConfigurationError) as err:
+            cls(given, to, **options)
+        assert err.value.argument == argument
 
 
 def test_a_blocking_relay_refuses_async_objects(sqlite_outbox: OutboxSide, tmp_path: Path) -> None:
