@@ -666,3 +666,64 @@ def test_metrics_and_hook_points(otel: Otel, sqlite_outbox: OutboxSide) -> None:
     published, stats = run_relay("sync", sqlite_outbox, send, max_attempts=1)
     assert published == 0 and stats.dead == 1
     assert otel.value("jobfence.outbox.dead", backend="sqlite", queue="q") == 1
+
+
+# -- lease and retention -------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_slow_send_keeps_its_rows(flavour: str, pg_outbox: OutboxSide) -> None:
+    """A batch whose send takes longer than its lease (1 s) keeps its rows: the relay
+    extends the lease every half lease, so a second relay running meanwhile never sends
+    them, and every row is published once."""
+    sent: list[tuple[str, str]] = []
+    verbs: list[str] = []
+    first = threading.Event()
+
+    def slow(rows: list[OutboxRow]) -> None:
+        if not first.is_set():
+            first.set()
+            time.sleep(1.8)  # a broker that takes long to answer
+        sent.extend(("slow", r.id) for r in rows)
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.settle":
+            verbs.append(info["verb"])
+
+    with pg_outbox.open() as outbox:
+        ids = pg_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(5)])
+    with hooked(hook):
+        slow_relay = RunningRelay(flavour, pg_outbox, slow, lease=1.0, poll=0.05)
+        try:
+            assert first.wait(30)
+            other = RunningRelay(
+                flavour,
+                pg_outbox,
+                lambda rows: sent.extend(("other", r.id) for r in rows),
+                lease=1.0,
+                poll=0.05,
+            )
+            try:
+                wait_until(lambda: len(sent) >= 5, 30, "the slow batch published")
+            finally:
+                other_stats = other.stop()
+        finally:
+            slow_stats = slow_relay.stop()
+    assert sent == [("slow", i) for i in ids]
+    assert slow_stats.published == 5 and other_stats.published == 0
+    assert verbs.count("extend") >= 2
+
+
+def test_published_rows_are_kept_for_retention_then_purged(sqlite_outbox: OutboxSide) -> None:
+    """``retention=0`` deletes rows as they are published; a retention of 2 s keeps them for
+    the admin views until a purge of the relay (every second here) finds them older."""
+    with sqlite_outbox.open() as outbox:
+        sqlite_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(3)])
+        assert run_relay("sync", sqlite_outbox, lambda rows: None, retention=0)[0] == 3
+        assert sqlite_outbox.entries(outbox) == []
+        sqlite_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(3)])
+        runner = RunningRelay("sync", sqlite_outbox, lambda rows: None, retention=2, poll=0.05)
+        try:
+            wait_until(lambda: runner.relay.stats.published == 3, 30, "3 rows published")
+            assert len(sqlite_outbox.entries(outbox, "published")) == 3
+            wait_until(lambda: not sqlite_outbox.entries(outbox), 30, "the rows purged")
+        finally:
+            runner.stop()
