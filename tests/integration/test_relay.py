@@ -196,8 +196,9 @@ def test_committed_rows_reach_the_queue_once_rolled_back_rows_never(
 def test_routes_callables_and_a_queue_object(
     flavour: str, sqlite_outbox: OutboxSide, tmp_path: Path
 ) -> None:
-    """A dict of routes: a queue URL, a callable (plain or async) and a Queue object each get
-    their queue's rows, in seq order; unrouted queues are not claimed."""
+    """A dict of routes: a queue URL, a callable (``async def`` under the blocking relay, a
+    plain one under the asyncio relay) and a Queue object each get their queue's rows, in
+    seq order; unrouted queues are not claimed."""
     dest = QueueSide("sqlite", tmp_path)
     seen: list[OutboxRow] = []
 
@@ -216,7 +217,9 @@ def test_routes_callables_and_a_queue_object(
             + [{"queue": "unrouted", "body": 0}],
         )
     with jobfence.Queue(dest.url, "c") as c_queue:
-        to = {"a": dest.url, "b": plain if flavour == "sync" else coro, "c": c_queue}
+        # across flavours: a blocking Relay runs the async def on an event loop of its own,
+        # an AsyncRelay runs the plain function in a thread
+        to = {"a": dest.url, "b": coro if flavour == "sync" else plain, "c": c_queue}
         published, _ = run_relay(flavour, sqlite_outbox, to)
         assert published == 8
     assert [m.body for m in dest.receive("a", 3)] == [0, 1, 2]
