@@ -169,7 +169,7 @@ class AsyncRelay:
     """Publish the rows of ``outbox`` to ``to``; see the module documentation.
 
     ``outbox``: an :class:`~jobfence.AsyncOutbox` (``Relay``: an :class:`~jobfence.Outbox`),
-    or its URL (then the relay opens it and closes it). ``to``: a queue URL, a queue, an
+    its URL (then the relay opens it and closes it), or an outbox backend. ``to``: a queue URL, a queue, an
     outbox target, a callable ``send(rows)``, or a dict of those by queue name
     (:mod:`jobfence.integrations.outbox_targets`). ``queues``: claim only the rows of these
     queue names (default: all of them, or those ``to`` implies: a queue's name, a dict's
