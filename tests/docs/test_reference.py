@@ -32,6 +32,7 @@ MODULES = [
             "arq",
             "sqlalchemy",
             "schedule_targets",
+            "outbox_targets",
             "celery_beat",
             "http",
             "asgi",
@@ -60,6 +61,7 @@ NOT_CONSTRUCTED = {
         "OutboxStats",
         "LockHolder",
         "WorkerStats",
+        "RelayStats",
     },
     "jobfence.testing": {
         "SimTask",
