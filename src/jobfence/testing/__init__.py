@@ -47,6 +47,7 @@ from .checkers import (
     fencing_monotonic,
     no_lost_update,
     once_per_slot,
+    published_once,
     single_holder,
 )
 from .clock import ManualClock
@@ -85,6 +86,7 @@ __all__ = [
     "no_lost_update",
     "once_per_slot",
     "point",
+    "published_once",
     "replay",
     "set_clock",
     "set_hook",

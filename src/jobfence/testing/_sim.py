@@ -50,7 +50,7 @@ _ids = itertools.count(1)
 _CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
 _running_loop = asyncio._get_running_loop
 #: points after which a process holds something another process recovers once it expires
-_TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive"})
+_TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
 
 
 class Violation(Exception):
@@ -437,12 +437,35 @@ class Simulation:
         return client
 
     def queue(self, name: str = "jobs", **options: Any) -> Any:
-        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store."""
+        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store.
+        Every message published to that queue, by any client, is noted in
+        :meth:`published`."""
         from ..queue_async import AsyncQueue
 
         client = AsyncQueue(f"memory://{self.namespace}", name, **options)
         self.clients.append(client)
+        self._journal(name)
         return client
+
+    def published(self, queue: str = "jobs") -> list[str]:
+        """The id of every message published to the queue ``queue`` of this schedule's
+        ``memory://`` store (``sim.queue(queue)``, or any client of that URL and name, a
+        relay's included) since :meth:`queue` or this method was first called for it, in
+        publish order, an id published twice listed twice; acked messages included. No
+        point: for checks (:func:`~jobfence.testing.published_once` reads it)."""
+        return list(self._journal(queue))
+
+    def _journal(self, queue: str) -> list[str]:
+        from .._core.url import parse_url
+        from .._core.validate import check_queue_name
+        from ..backends.memory.queue import get_queue_store
+
+        store = get_queue_store(
+            parse_url(f"memory://{self.namespace}"), check_queue_name(queue, argument="queue")
+        )
+        if store.journal is None:
+            store.journal = []
+        return store.journal
 
     async def effect(self, kind: str, key: Any) -> None:
         """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point
