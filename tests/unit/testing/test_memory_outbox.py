@@ -169,3 +169,17 @@ def test_a_waiting_relay_wakes_when_a_transaction_adds_rows() -> None:
         return idle, woke
 
     assert asyncio.run(main()) == (False, True)
+
+
+def test_a_row_sent_after_its_hold_ran_out_is_marked_published_unless_claimed_since(
+    clock: ManualClock, backend: MemoryOutboxBackend
+) -> None:
+    _add(backend, _row("a"), _row("b"))
+    a, b = backend.claim("r1", 10, lease=30)
+    clock.advance(31)  # r1 stalled past its hold while sending
+    assert backend.extend("r1", [a.seq], lease=30) == 0  # a hold that ran out is not renewed
+    assert [r.id for r in backend.claim("r2", 1, lease=30)] == ["a"]
+    assert backend.published("r1", [a.seq, b.seq], retention=600) == 1  # b: nobody took it
+    (entry,) = backend.entries("published", None, 10)
+    assert entry.id == "b" and entry.published_at == clock.time() and entry.claimed_until is None
+    assert backend.published("r2", [a.seq], retention=600) == 1

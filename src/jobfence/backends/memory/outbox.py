@@ -12,8 +12,9 @@ with the semantics of the SQL backends:
   nor dead nor taken by this same claim; every verb runs under one mutex, so claims are
   serialised as the SQL backends serialise them (two relays never hold one row, never split
   a key's run);
-* the settling verbs (``published``, ``failed``, ``release``, ``extend``) only touch rows the
-  calling relay still holds;
+* the settling verbs (``failed``, ``release``, ``extend``) only touch rows the calling relay
+  still holds; ``published`` also marks a row whose hold ran out while it was being sent,
+  unless another relay claimed it since;
 * time is the server's: ``get_clock().time()``, so a simulation's virtual clock runs the
   leases out and a test's ``ManualClock`` does too.
 
@@ -76,21 +77,29 @@ class _Row:
     dead: bool = False
     last_error: str | None = None
 
-    def held_by(self, relay: str, now: float) -> bool:
-        """``relay`` holds the row now (its lease has not run out, and it is not settled)."""
+    def claimed_last_by(self, relay: str) -> bool:
+        """``relay`` claimed the row last and has not settled it (its hold may have run out,
+        as long as nobody claimed the row since)."""
         return (
             self.claimed_by == relay
             and self.claimed_until is not None
-            and self.claimed_until > now
             and self.published_at is None
             and not self.dead
         )
 
+    def held_by(self, relay: str, now: float) -> bool:
+        """``relay`` holds the row now: it claimed it last and its hold has not run out."""
+        return (
+            self.claimed_last_by(relay)
+            and self.claimed_until is not None
+            and self.claimed_until > now
+        )
+
     def state(self, now: float) -> str:
-        if self.dead:
-            return "dead"
         if self.published_at is not None:
             return "published"
+        if self.dead:
+            return "dead"
         if self.claimed_until is not None and self.claimed_until > now:
             return "claimed"
         return "pending"
@@ -201,15 +210,15 @@ class MemoryOutboxStore:
         with self.mutex:
             for seq in seqs:
                 row = self.rows.get(seq)
-                if row is None or not row.held_by(relay, now):
-                    continue
+                if row is None or not row.claimed_last_by(relay):  # sent: a hold that ran
+                    continue  # out counts, unless another relay claimed the row since
                 done += 1
                 if retention <= 0:
                     del self.rows[seq]
                     self.ids.pop(row.id, None)
                     continue
                 row.published_at = now
-                row.claimed_by = row.claimed_until = None
+                row.claimed_until = None
         return done
 
     def failed(self, relay: str, seq: int, error: str, retry_in: float | None) -> bool:
@@ -270,7 +279,6 @@ class MemoryOutboxStore:
                     queue is not None and row.queue != queue
                 ):
                     continue
-                claimed = current == "claimed"
                 out.append(
                     OutboxEntry(
                         seq=row.seq,
@@ -281,8 +289,8 @@ class MemoryOutboxStore:
                         attempts=row.attempts,
                         created_at=row.created_at,
                         available_at=row.available_at,
-                        claimed_by=row.claimed_by if claimed else None,
-                        claimed_until=row.claimed_until if claimed else None,
+                        claimed_by=row.claimed_by,
+                        claimed_until=row.claimed_until,
                         published_at=row.published_at,
                         last_error=row.last_error,
                         body=row.body,
@@ -317,8 +325,9 @@ class MemoryOutboxStore:
             for row in self.rows.values():
                 if row.dead and (chosen is None or row.id in chosen):
                     row.dead = False
-                    row.attempts = 0
+                    row.attempts = 0  # last_error kept
                     row.available_at = now
+                    row.claimed_by = row.claimed_until = None
                     done += 1
         if done:
             self._wake_all()
@@ -330,7 +339,7 @@ class MemoryOutboxStore:
             old = [
                 row
                 for row in self.rows.values()
-                if row.published_at is not None and now - row.published_at > retention
+                if row.published_at is not None and row.published_at <= now - retention
             ]
             for row in old:
                 del self.rows[row.seq]
