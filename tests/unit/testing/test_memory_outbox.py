@@ -122,7 +122,13 @@ def test_an_id_is_added_once_while_the_table_keeps_its_row(
 def test_the_queues_filter_and_the_admin_views(
     clock: ManualClock, backend: MemoryOutboxBackend
 ) -> None:
-    _add(backend, _row("m1", "k", queue="mail"), _row("o1", "k"), _row("o2"), _row("m2", queue="mail"))
+    _add(
+        backend,
+        _row("m1", "k", queue="mail"),
+        _row("o1", "k"),
+        _row("o2"),
+        _row("m2", queue="mail"),
+    )
     # o1 waits behind m1 (same key), whichever queue the claim is for
     assert [r.id for r in backend.claim("r1", 10, lease=30, queues=["orders"])] == ["o2"]
     assert [r.id for r in backend.claim("r2", 10, lease=30, queues=["mail"])] == ["m1", "m2"]
@@ -150,9 +156,15 @@ def test_sync_and_async_backends_of_one_url_and_table_share_the_store() -> None:
 
 @pytest.mark.parametrize(
     ("options", "argument"),
-    [({"colour": "red"}, "colour"), ({"table": "bad name"}, "table"), ({"client": object()}, "client")],
+    [
+        ({"colour": "red"}, "colour"),
+        ({"table": "bad name"}, "table"),
+        ({"client": object()}, "client"),
+    ],
 )
-def test_bad_options_are_refused_naming_the_argument(options: dict[str, Any], argument: str) -> None:
+def test_bad_options_are_refused_naming_the_argument(
+    options: dict[str, Any], argument: str
+) -> None:
     with pytest.raises(jobfence.ConfigurationError) as info:
         MemoryOutboxBackend(parse_url(f"memory://{uuid.uuid4().hex}"), **options)
     assert argument in str(info.value)
