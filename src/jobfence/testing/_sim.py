@@ -447,6 +447,24 @@ class Simulation:
         self._journal(name)
         return client
 
+    def outbox(self, table: str = "jobfence_outbox", **options: Any) -> Any:
+        """An ``AsyncOutbox`` whose table ``table`` lives in this schedule's own ``memory://``
+        store, as a simulated table's inbox markers live in its database: ``await
+        outbox.add(tx, ...)`` on a simulated transaction (``sim.table(...).transaction()``)
+        adds the rows when ``tx`` commits, none if it rolls back or its process dies first;
+        on a simulated table, at once. ``jobfence.AsyncRelay(outbox, to)`` relays them, its
+        claims, sends and settlements at the points ``outbox.claim``, ``outbox.publish`` and
+        ``outbox.settle``; the rows' leases run on virtual time. ``options``: those of
+        ``AsyncOutbox`` (``retention``)."""
+        from .._core.url import parse_url
+        from ..backends.memory.outbox import AsyncMemoryOutboxBackend
+        from ..outbox_async import AsyncOutbox
+
+        backend = AsyncMemoryOutboxBackend(parse_url(f"memory://{self.namespace}"), table=table)
+        client = AsyncOutbox(backend, **options)
+        self.clients.append(client)
+        return client
+
     def published(self, queue: str = "jobs") -> list[str]:
         """The id of every message published to the queue ``queue`` of this schedule's
         ``memory://`` store (``sim.queue(queue)``, or any client of that URL and name, a
