@@ -9,6 +9,7 @@ a waiting relay."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import uuid
 from typing import Any
 
@@ -195,3 +196,88 @@ def test_a_row_sent_after_its_hold_ran_out_is_marked_published_unless_claimed_si
     (entry,) = backend.entries("published", None, 10)
     assert entry.id == "b" and entry.published_at == clock.time() and entry.claimed_until is None
     assert backend.published("r2", [a.seq], retention=600) == 1
+
+
+# -- the outbox conformance suite, on memory ---------------------------------------------------
+class _Caller:
+    """A caller's connection to a ``memory://`` outbox: a transaction of its own
+    (``__jobfence_transaction__``, as a simulated table's), whose outbox rows are added when
+    :meth:`MemoryOutboxEnv.commit` commits it and dropped by a rollback."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+
+    def __jobfence_transaction__(self) -> _CallerTransaction:
+        return _CallerTransaction(self)
+
+
+class _CallerTransaction:
+    dialect = "simulated"
+    in_transaction = True
+
+    def __init__(self, caller: _Caller) -> None:
+        self.caller = caller
+
+    async def outbox_add(self, table: str, row: dict[str, Any]) -> None:
+        self.caller.rows.setdefault(table, []).append(dict(row))
+
+
+class MemoryOutboxEnv:
+    """What the outbox suite's specs use of ``oenv_async``, on a ``memory://`` store."""
+
+    def __init__(self) -> None:
+        self.url = f"memory://{uuid.uuid4().hex}"
+        self.table = "t_outbox"
+        self.outboxes: list[jobfence.AsyncOutbox] = []
+
+    def outbox(self, **options: Any) -> jobfence.AsyncOutbox:
+        table = options.pop("table", self.table)
+        backend = AsyncMemoryOutboxBackend(parse_url(self.url), table=table)
+        outbox = jobfence.AsyncOutbox(backend, **options)
+        self.outboxes.append(outbox)
+        return outbox
+
+    async def connect(self) -> _Caller:
+        return _Caller(self.url)
+
+    async def commit(self, conn: _Caller) -> None:
+        rows, conn.rows = conn.rows, {}
+        for table, added in rows.items():
+            get_outbox_store(parse_url(self.url), table).add(added)
+
+    async def rollback(self, conn: _Caller) -> None:
+        conn.rows = {}
+
+    async def aclose(self) -> None:
+        for outbox in self.outboxes:
+            await outbox.close()
+
+
+SUITE = importlib.import_module("tests.conformance.test_outbox_conformance")
+#: the suite's specs that test what only a database has: its schema, its drivers
+SQL_ONLY = {
+    "test_add_before_install_raises_schema_missing_and_install_conn_fixes_it": "no schema",
+    "test_add_on_every_driver_commits_and_rolls_back_with_the_caller": "no drivers",
+}
+SPECS = sorted(name for name in vars(SUITE) if name.startswith("test_") and name not in SQL_ONLY)
+
+
+def test_the_suite_is_found_and_what_memory_leaves_out_exists() -> None:
+    assert len(SPECS) >= 15 and set(SQL_ONLY) <= set(vars(SUITE))
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_the_outbox_suite_runs_on_memory(name: str) -> None:
+    """Each spec of the outbox conformance suite (async; its sync twin's ``Outbox.add``
+    takes driver connections only), on a ``memory://`` outbox whose caller's connection is
+    a transaction of its own, as a simulated table's."""
+
+    async def run() -> None:
+        env = MemoryOutboxEnv()
+        try:
+            await getattr(SUITE, name)(env)
+        finally:
+            await env.aclose()
+
+    asyncio.run(run())

@@ -208,7 +208,7 @@ class MemoryOutboxStore:
         now = get_clock().time()
         done = 0
         with self.mutex:
-            for seq in seqs:
+            for seq in dict.fromkeys(seqs):  # a seq given twice is one row, as in SQL
                 row = self.rows.get(seq)
                 if row is None or not row.claimed_last_by(relay):  # sent: a hold that ran
                     continue  # out counts, unless another relay claimed the row since
@@ -240,7 +240,7 @@ class MemoryOutboxStore:
         now = get_clock().time()
         done = 0
         with self.mutex:
-            for seq in seqs:
+            for seq in dict.fromkeys(seqs):  # a seq given twice is one row, as in SQL
                 row = self.rows.get(seq)
                 if row is None or not row.held_by(relay, now):
                     continue
@@ -255,7 +255,7 @@ class MemoryOutboxStore:
         now = get_clock().time()
         done = 0
         with self.mutex:
-            for seq in seqs:
+            for seq in dict.fromkeys(seqs):  # a seq given twice is one row, as in SQL
                 row = self.rows.get(seq)
                 if row is not None and row.held_by(relay, now):
                     row.claimed_until = now + lease
