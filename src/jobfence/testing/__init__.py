@@ -186,6 +186,11 @@ _POINT_LIST = (
         ("queue", "operation", "backend"),
     ),
     HookPoint(
+        "outbox.add",
+        "Outbox.add(_many)(conn): the rows' INSERT in the caller's transaction",
+        ("queue", "ids", "backend"),
+    ),
+    HookPoint(
         "outbox.claim",
         "a relay holds the next batch of committed outbox rows (one claim statement)",
         ("relay", "table", "backend"),
@@ -200,6 +205,11 @@ _POINT_LIST = (
         "a relay settles rows it holds (verb: published, failed, release, extend) or purges "
         "published ones (verb purge, seqs empty)",
         ("relay", "verb", "seqs", "backend"),
+    ),
+    HookPoint(
+        "outbox.manage",
+        "Outbox.install/entries/stats/retry_dead/purge/drop (operation names which)",
+        ("operation", "backend"),
     ),
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )
