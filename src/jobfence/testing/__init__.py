@@ -47,6 +47,7 @@ from .checkers import (
     fencing_monotonic,
     no_lost_update,
     once_per_slot,
+    published_once,
     single_holder,
 )
 from .clock import ManualClock
@@ -85,6 +86,7 @@ __all__ = [
     "no_lost_update",
     "once_per_slot",
     "point",
+    "published_once",
     "replay",
     "set_clock",
     "set_hook",
@@ -189,11 +191,6 @@ _POINT_LIST = (
         ("queue", "ids", "backend"),
     ),
     HookPoint(
-        "outbox.manage",
-        "Outbox.install/entries/stats/retry_dead/purge/drop (operation names which)",
-        ("operation", "backend"),
-    ),
-    HookPoint(
         "outbox.claim",
         "a relay holds the next batch of committed outbox rows (one claim statement)",
         ("relay", "table", "backend"),
@@ -208,6 +205,11 @@ _POINT_LIST = (
         "a relay settles rows it holds (verb: published, failed, release, extend) or purges "
         "published ones (verb purge, seqs empty)",
         ("relay", "verb", "seqs", "backend"),
+    ),
+    HookPoint(
+        "outbox.manage",
+        "Outbox.install/entries/stats/retry_dead/purge/drop (operation names which)",
+        ("operation", "backend"),
     ),
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )

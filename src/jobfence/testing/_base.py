@@ -77,8 +77,17 @@ class SimView(Protocol):
         ...
 
     @property
+    def namespace(self) -> str:
+        """The schedule's own ``memory://`` store name (``memory://<namespace>``)."""
+        ...
+
+    @property
     def block_timeout(self) -> float:
         """Real seconds a real-database statement may stall before the others go on."""
+        ...
+
+    def published(self, queue: str) -> list[str]:
+        """The ids published to the schedule's queue ``queue``, in order, repeats included."""
         ...
 
     def iter_holders(self) -> Iterator[tuple[str, Sequence[TaskView]]]:

@@ -50,7 +50,7 @@ _ids = itertools.count(1)
 _CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
 _running_loop = asyncio._get_running_loop
 #: points after which a process holds something another process recovers once it expires
-_TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive"})
+_TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
 
 
 class Violation(Exception):
@@ -437,12 +437,53 @@ class Simulation:
         return client
 
     def queue(self, name: str = "jobs", **options: Any) -> Any:
-        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store."""
+        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store.
+        Every message published to that queue, by any client, is noted in
+        :meth:`published`."""
         from ..queue_async import AsyncQueue
 
         client = AsyncQueue(f"memory://{self.namespace}", name, **options)
         self.clients.append(client)
+        self._journal(name)
         return client
+
+    def outbox(self, table: str = "jobfence_outbox", **options: Any) -> Any:
+        """An ``AsyncOutbox`` whose table ``table`` lives in this schedule's own ``memory://``
+        store, as a simulated table's inbox markers live in its database: ``await
+        outbox.add(tx, ...)`` on a simulated transaction (``sim.table(...).transaction()``)
+        adds the rows when ``tx`` commits, none if it rolls back or its process dies first;
+        on a simulated table, at once. ``jobfence.AsyncRelay(outbox, to)`` relays them, its
+        claims, sends and settlements at the points ``outbox.claim``, ``outbox.publish`` and
+        ``outbox.settle``; the rows' leases run on virtual time. ``options``: those of
+        ``AsyncOutbox`` (``retention``)."""
+        from .._core.url import parse_url
+        from ..backends.memory.outbox import AsyncMemoryOutboxBackend
+        from ..outbox_async import AsyncOutbox
+
+        backend = AsyncMemoryOutboxBackend(parse_url(f"memory://{self.namespace}"), table=table)
+        client = AsyncOutbox(backend, **options)
+        self.clients.append(client)
+        return client
+
+    def published(self, queue: str = "jobs") -> list[str]:
+        """The id of every message published to the queue ``queue`` of this schedule's
+        ``memory://`` store (``sim.queue(queue)``, or any client of that URL and name, a
+        relay's included) since :meth:`queue` or this method was first called for it, in
+        publish order, an id published twice listed twice; acked messages included. No
+        point: for checks (:func:`~jobfence.testing.published_once` reads it)."""
+        return list(self._journal(queue))
+
+    def _journal(self, queue: str) -> list[str]:
+        from .._core.url import parse_url
+        from .._core.validate import check_queue_name
+        from ..backends.memory.queue import get_queue_store
+
+        store = get_queue_store(
+            parse_url(f"memory://{self.namespace}"), check_queue_name(queue, argument="queue")
+        )
+        if store.journal is None:
+            store.journal = []
+        return store.journal
 
     async def effect(self, kind: str, key: Any) -> None:
         """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point

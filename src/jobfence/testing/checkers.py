@@ -24,6 +24,7 @@ __all__ = [
     "fencing_monotonic",
     "no_lost_update",
     "once_per_slot",
+    "published_once",
     "single_holder",
 ]
 
@@ -92,6 +93,50 @@ def exactly_once(effects: str | list[Any], expected: Iterable[Any] | None = None
             f"expected must be None or a list of keys, got {expected!r}", argument="expected"
         )
     return _ExactlyOnce(effects, expected)
+
+
+class _PublishedOnce(Checker):
+    name = "published_once"
+
+    def __init__(self, queue: str, expected: list[Any] | None) -> None:
+        self._queue = queue
+        self._expected = expected
+
+    def step(self, sim: SimView) -> str | None:
+        dupes = _dupes(sim.published(self._queue))
+        if dupes:
+            return (
+                f"message {', '.join(map(repr, dupes))} published to queue {self._queue!r} "
+                "more than once"
+            )
+        return None
+
+    def end(self, sim: SimView) -> str | None:
+        problem = self.step(sim)
+        if problem or self._expected is None:
+            return problem
+        done = set(sim.published(self._queue))
+        missing = [msg_id for msg_id in self._expected if msg_id not in done]
+        if missing:
+            return f"no message {', '.join(map(repr, missing))} in queue {self._queue!r}"
+        return None
+
+
+def published_once(queue: str = "jobs", expected: Iterable[Any] | None = None) -> Checker:
+    """No message id published twice to the schedule's queue ``queue`` (``sim.queue(queue)``,
+    by any publisher, a relay's included) at any step; at the end, each id of ``expected``
+    (if given) was published. It reads :meth:`Simulation.published
+    <jobfence.testing.Simulation.published>`, acked messages included."""
+    if not isinstance(queue, str) or not queue:
+        raise ConfigurationError(
+            f"queue must be a queue's name (a non-empty str), got {queue!r}", argument="queue"
+        )
+    if expected is not None and (isinstance(expected, (str, bytes)) or not _iterable(expected)):
+        raise ConfigurationError(
+            f"expected must be None or a list of message ids, got {expected!r}",
+            argument="expected",
+        )
+    return _PublishedOnce(queue, list(expected) if expected is not None else None)
 
 
 class _NoLostUpdate(Checker):

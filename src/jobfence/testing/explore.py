@@ -234,8 +234,8 @@ class _Runner:
         ):
             raise ConfigurationError(
                 "checks must be a list of jobfence.testing checkers (exactly_once(...), "
-                "once_per_slot(...), no_lost_update(), single_holder(), at_most_holders(n), "
-                f"fencing_monotonic()), got {checks!r}",
+                "once_per_slot(...), published_once(...), no_lost_update(), single_holder(), "
+                f"at_most_holders(n), fencing_monotonic()), got {checks!r}",
                 argument="checks",
             )
         self.checks = list(checks)
@@ -393,20 +393,22 @@ class _NotAScenario(Exception):
 
 
 def _memory_stores() -> dict[Any, set[str]]:
-    """The ``memory://`` stores (locks, inbox, queue) that exist now, by backend module."""
-    from ..backends.memory import inbox, locks, queue
+    """The ``memory://`` stores (locks, inbox, queue, outbox) that exist now, by backend
+    module."""
+    from ..backends.memory import inbox, locks, outbox, queue
 
     out: dict[Any, set[str]] = {}
-    for module in (locks, inbox, queue):
+    for module in (locks, inbox, queue, outbox):
         with module._stores_mutex:
             out[module] = set(module._stores)
     return out
 
 
 def _drop_new_stores(before: dict[Any, set[str]]) -> None:
-    """Forget the ``memory://`` stores created during a schedule (``sim.locks()``... and a
-    job's own clients alike): the next schedule starts from the same state, so each one
-    replays alone, and thousands of schedules keep none of them."""
+    """Forget the ``memory://`` stores created during a schedule (``sim.locks()``,
+    ``sim.outbox()``, the outbox rows a simulated transaction committed... and a job's own
+    clients alike): the next schedule starts from the same state, so each one replays
+    alone, and thousands of schedules keep none of them."""
     for module, keys in before.items():
         with module._stores_mutex:
             for key in [key for key in module._stores if key not in keys]:

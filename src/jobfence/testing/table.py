@@ -43,6 +43,7 @@ from ..errors import ConfigurationError, ConflictError, StaleToken, StaleVersion
 from .faults import Fault, InjectedFault
 
 if TYPE_CHECKING:
+    from ..backends.memory.outbox import MemoryOutboxStore
     from ._base import SimView
 
 __all__ = ["SimTable", "SimTransaction", "Write"]
@@ -103,6 +104,9 @@ class _Transaction:
     ) -> tuple[bool, str | None]:
         return await self._of._claim_in(table, key, fingerprint)
 
+    async def outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
+        await self._of._outbox_add(table, row)
+
 
 class _Base:
     """What a table and a transaction share: the verbs."""
@@ -160,6 +164,15 @@ class _Base:
         """``claim_in`` here: mark ``key`` in the inbox table ``table``; (first, the
         fingerprint stored if not first)."""
         raise NotImplementedError
+
+    async def _outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
+        """``AsyncOutbox.add`` here: add ``row`` to the outbox table ``table``, visible to
+        the relays once it commits."""
+        raise ConfigurationError(
+            "an outbox row can be added to an in-memory simulated table or its transaction "
+            "(sim.table(name) without url=); a real-database table keeps no outbox",
+            argument="conn",
+        )
 
 
 class _Table(_Base):
@@ -381,6 +394,17 @@ class SimTable(_Table):
         self._markers[name] = fingerprint
         return True, None
 
+    async def _outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
+        self.outbox_store(table).add([row])  # no transaction: committed at once
+
+    def outbox_store(self, table: str = "jobfence_outbox") -> MemoryOutboxStore:
+        """The ``memory://`` outbox store of the outbox table ``table`` in this table's
+        database: the schedule's own store, the one ``sim.outbox(table=...)`` relays from."""
+        from .._core.url import parse_url
+        from ..backends.memory.outbox import get_outbox_store
+
+        return get_outbox_store(parse_url(f"memory://{self.sim.namespace}"), table)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SimTransaction]:
         """A transaction: its writes are applied together at ``db.commit`` when the block
@@ -404,6 +428,8 @@ class SimTransaction(_Base):
         #: the inbox markers and fences this transaction made, applied at its commit
         self._markers: dict[tuple[str, str], str | None] = {}
         self._fences: dict[tuple[str, str], int] = {}
+        #: the outbox rows it added, by outbox table, visible to the relays at its commit
+        self._outbox: dict[str, list[Mapping[str, Any]]] = {}
         #: its ``async with`` block is over
         self._ended = False
 
@@ -456,8 +482,11 @@ class SimTransaction(_Base):
         changes, self._changes = self._changes, []
         markers, self._markers = self._markers, {}
         fences, self._fences = self._fences, {}
+        outbox, self._outbox = self._outbox, {}
         if changes or markers or fences:
             table._apply(table._who(), changes, markers, fences)
+        for name, rows in outbox.items():  # with the writes, in the same step: atomic
+            table.outbox_store(name).add(rows)
         if fault is not None:
             raise InjectedFault(fault)
 
@@ -477,3 +506,6 @@ class SimTransaction(_Base):
                 return False, seen[name]
         self._markers[name] = fingerprint
         return True, None
+
+    async def _outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
+        self._outbox.setdefault(table, []).append(dict(row))

@@ -1,4 +1,4 @@
-"""``memory://``: in-process locks, inbox and queues, for tests and the testing toolkit.
+"""``memory://``: in-process locks, inbox, queues and outbox, for tests and the testing toolkit.
 
 It passes the same conformance suites as the server backends. ``memory://name`` selects a
 separate store, and so does each lock ``namespace`` and inbox ``table``; sync and async clients
@@ -14,10 +14,13 @@ __all__ = [
     "TABLE_LIMIT",
     "AsyncMemoryInboxBackend",
     "AsyncMemoryLockBackend",
+    "AsyncMemoryOutboxBackend",
     "AsyncMemoryQueueBackend",
     "MemoryInboxBackend",
     "MemoryInboxStore",
     "MemoryLockBackend",
+    "MemoryOutboxBackend",
+    "MemoryOutboxStore",
     "MemoryQueueBackend",
     "MemoryQueueStore",
     "MemoryStore",
@@ -41,6 +44,9 @@ _LAZY = {
     "MemoryQueueBackend": "queue",
     "AsyncMemoryQueueBackend": "queue",
     "MemoryQueueStore": "queue",
+    "MemoryOutboxBackend": "outbox",
+    "AsyncMemoryOutboxBackend": "outbox",
+    "MemoryOutboxStore": "outbox",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

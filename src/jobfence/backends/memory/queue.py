@@ -60,6 +60,10 @@ class MemoryQueueStore:
         #: flight and is delivered again when its visibility passes (the testing toolkit's
         #: ``lost_ack`` fault)
         self.lose_acks: set[str] = set()
+        #: when a list: the id of every message published, in publish order, repeats
+        #: included (the testing toolkit turns it on for a schedule's queues, whose checks
+        #: tell a message published twice)
+        self.journal: list[str] | None = None
 
     # -- waiting -----------------------------------------------------------------------
     def add_waker(self, wake: Callable[[], None]) -> int:
@@ -86,6 +90,8 @@ class MemoryQueueStore:
             for msg_id, body, headers in messages:
                 seq = next(self._seq)
                 self.messages[seq] = _Message(seq, msg_id, body, dict(headers), now, now + delay)
+                if self.journal is not None:
+                    self.journal.append(msg_id)
         self._wake_all()
 
     def receive(
