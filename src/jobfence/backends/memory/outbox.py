@@ -114,6 +114,8 @@ class MemoryOutboxStore:
     ids: dict[str, int] = field(default_factory=dict)  # id -> seq, while the row is kept
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _wakers: dict[int, Callable[[], None]] = field(default_factory=dict)
+    #: counts the wake-ups: a relay that saw another value before it waits returns at once
+    version: int = 0
 
     # -- adding (a committed transaction) ------------------------------------------------
     def add(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -157,6 +159,7 @@ class MemoryOutboxStore:
 
     def _wake_all(self) -> None:
         with self.mutex:
+            self.version += 1
             wakers = list(self._wakers.values())
         for wake in wakers:
             try:
@@ -409,10 +412,13 @@ class AsyncMemoryOutboxBackend(AsyncOutboxBackend):
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
         self.table, self.store = _open_store(url, table, options)
         self._url = url
+        #: the store's wake-up count when this relay last looked (its claim, its wait)
+        self._seen = self.store.version
 
     async def claim(
         self, relay: str, limit: int, lease: float, queues: Sequence[str] | None = None
     ) -> list[OutboxRow]:
+        self._seen = self.store.version  # rows added from here on wake the next wait()
         return self.store.claim(relay, limit, lease, queues)
 
     async def published(self, relay: str, seqs: Sequence[int], retention: float) -> int:
@@ -438,9 +444,13 @@ class AsyncMemoryOutboxBackend(AsyncOutboxBackend):
 
         ticket = self.store.add_waker(wake)
         try:
-            await get_clock().wait_async(event, max(timeout, 0.0))
+            if self.store.version == self._seen:  # nothing added since this relay looked
+                await get_clock().wait_async(event, max(timeout, 0.0))
+            else:
+                event.set()
         finally:
             self.store.remove_waker(ticket)
+            self._seen = self.store.version
         return event.is_set()
 
     async def entries(
@@ -477,10 +487,12 @@ class MemoryOutboxBackend(OutboxBackend):
     def __init__(self, url: BackendURL, *, table: str = DEFAULT_TABLE, **options: Any) -> None:
         self.table, self.store = _open_store(url, table, options)
         self._url = url
+        self._seen = self.store.version
 
     def claim(
         self, relay: str, limit: int, lease: float, queues: Sequence[str] | None = None
     ) -> list[OutboxRow]:
+        self._seen = self.store.version
         return self.store.claim(relay, limit, lease, queues)
 
     def published(self, relay: str, seqs: Sequence[int], retention: float) -> int:
@@ -500,9 +512,13 @@ class MemoryOutboxBackend(OutboxBackend):
         event = threading.Event()
         ticket = self.store.add_waker(event.set)
         try:
-            get_clock().wait(event, max(timeout, 0.0))
+            if self.store.version == self._seen:
+                get_clock().wait(event, max(timeout, 0.0))
+            else:
+                event.set()
         finally:
             self.store.remove_waker(ticket)
+            self._seen = self.store.version
         return event.is_set()
 
     def entries(
