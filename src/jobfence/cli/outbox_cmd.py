@@ -29,7 +29,7 @@ from rich.text import Text
 
 from .._core.clock import get_clock
 from .._core.url import mask_url
-from .._core.validate import MAX_LISTING
+from .._core.validate import MAX_LISTING, check_queue_name
 from ..errors import ConfigurationError, JobfenceError, SchemaMissing
 from ._common import URL_ENV, client, console, load_object, user
 
@@ -244,6 +244,8 @@ def list_rows(
     as_json: bool,
 ) -> None:
     """The outbox's rows in insertion order: id, queue, key, state, attempts, age."""
+    if queue is not None:
+        _queue_names((queue,), "--queue")
     with client(url, lambda u: _open(u, table)) as outbox:
         entries = _checked(
             lambda: outbox.entries(state=state, queue=queue, limit=limit, after=after), "--queue"
@@ -262,6 +264,28 @@ def _checked(call: Callable[[], Any], option: str) -> Any:
         return call()
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint=option) from exc
+
+
+def _queue_names(names: tuple[str, ...], option: str) -> list[str]:
+    """The queue names given with ``option``, checked (a usage error naming it)."""
+    checked: list[str] = []
+    for name in names:
+        try:
+            checked.append(check_queue_name(name, argument=option))
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from exc
+    return checked
+
+
+def check_queue_url(url: str, option: str) -> str:
+    """``url`` if a queue backend serves its scheme; a usage error naming ``option``."""
+    from ..backends.registry import backend_for, parse_backend_url
+
+    def check() -> str:
+        backend_for(parse_backend_url(url, argument=option).scheme, "queue", argument=option)
+        return url
+
+    return str(_checked(check, option))
 
 
 @outbox_group.command("show")
@@ -329,6 +353,8 @@ def stats(url: str | None, table: str, as_json: bool) -> None:
 def dead(url: str | None, queue: str | None, limit: int, table: str, as_json: bool) -> None:
     """The dead rows (a relay gave up on them after --max-attempts failures) with their
     attempts and last error. Put them back with ``jobfence outbox retry``."""
+    if queue is not None:
+        _queue_names((queue,), "--queue")
     with client(url, lambda u: _open(u, table)) as outbox:
         entries = _checked(
             lambda: outbox.entries(state="dead", queue=queue, limit=limit), "--queue"
@@ -563,7 +589,8 @@ def relay_command(
         raise click.UsageError(f"give the OUTBOX_URL, or set {URL_ENV}")
     if (to is None) == (target_spec is None):
         raise click.UsageError("give where the rows go: --to URL or --target MODULE:OBJ (one)")
-    destination: Any = to
+    destination: Any = to if to is None else check_queue_url(to, "--to")
+    relayed = _queue_names(queues, "--queue")
     shown_to = "" if to is None else mask_url(to)
     if target_spec is not None:
         destination = load_object(target_spec, "--target")
@@ -581,7 +608,7 @@ def relay_command(
         relay = make_relay(
             outbox,
             destination,
-            queues=list(queues) or None,
+            queues=relayed or None,
             batch=batch,
             lease=lease,
             max_attempts=max_attempts,
@@ -621,10 +648,12 @@ def relay_beside(
     """Start a relay of ``outbox_url`` (its rows of ``queues``) publishing to the queues at
     ``to``, in a thread of its own (its signals are the caller's); return the function that
     stops it, waits for it, closes it and returns its stats."""
+    queues = _queue_names(tuple(queues), "--relay-queue")
     try:
         outbox = _open(outbox_url, table)
     except ConfigurationError as exc:
-        raise click.BadParameter(str(exc), param_hint="--relay") from exc
+        option = "--outbox-table" if exc.argument == "table" else "--relay"
+        raise click.BadParameter(str(exc), param_hint=option) from exc
     except JobfenceError as exc:
         raise click.ClickException(str(exc)) from exc
     try:
