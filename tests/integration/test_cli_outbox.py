@@ -398,8 +398,9 @@ def test_outbox_admin_commands_show_and_act_on_the_rows(
     with caplog.at_level(logging.WARNING, logger="jobfence.cli"):
         code, out, _ = _run("outbox", "retry", where.url, "r-dead", *tb)
     assert code == 0 and f"retried 1 dead row of {where.table}" in out
-    [record] = [r for r in caplog.records if "retried by" in r.getMessage()]
-    assert "'r-dead'" in record.getMessage() and where.table in record.getMessage()
+    [record] = [r for r in caplog.records if "dead row(s) 'r-dead' retried" in r.getMessage()]
+    assert "retried by" in record.getMessage() and where.table in record.getMessage()
+    assert record.levelno == logging.WARNING
     with where.outbox() as outbox:
         stats_now = outbox.stats()
         [revived] = [e for e in outbox.entries(state="pending") if e.id == "r-dead"]

@@ -387,10 +387,10 @@ def retry(url: str | None, ids: tuple[str, ...], every: bool, table: str, as_jso
         count = outbox.retry_dead(wanted)
         where, shown = outbox.table, mask_url(outbox.url)
     log.warning(
-        "%s dead row(s) of outbox %s at %s retried by %s@%s (pid %d): %d made pending",
-        "all" if wanted is None else ", ".join(repr(i) for i in wanted),
+        "outbox %s at %s: %s retried by %s@%s (pid %d): %d made pending",
         where,
         shown,
+        "every dead row" if wanted is None else "dead row(s) " + ", ".join(map(repr, wanted)),
         user(),
         socket.gethostname(),
         os.getpid(),

@@ -180,10 +180,10 @@ class OutboxSource:
         with self._acting():
             count = int(self._client().retry_dead(wanted))
         log.warning(
-            "%s dead row(s) of outbox %s at %s retried from the dashboard by %s: %d made pending",
-            "all" if wanted is None else ", ".join(repr(i) for i in wanted),
+            "outbox %s at %s: %s retried from the dashboard by %s: %d made pending",
             self.table,
             self.masked,
+            "every dead row" if wanted is None else "dead row(s) " + ", ".join(map(repr, wanted)),
             who(),
             count,
         )
