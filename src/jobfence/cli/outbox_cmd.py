@@ -72,6 +72,7 @@ RELAY_OPTIONS = {
     "to": "--to",
     "table": "--table",
     "url": "OUTBOX_URL",
+    "outbox": "OUTBOX_URL",
 }
 
 
@@ -556,7 +557,12 @@ def _stopped_by_signals(stop: Callable[[], None]) -> Iterator[None]:
     show_default=True,
     help="Longest wait between two looks at an idle outbox, in seconds.",
 )
-@click.option("--name", default=None, help="The relay's name in the logs (default: host:pid).")
+@click.option(
+    "--name",
+    default=None,
+    help="The first part of the relay's owner id (name:pid:uuid), shown as claimed_by "
+    "(default: the host name).",
+)
 @_TABLE
 @click.option(
     "--log-level",
@@ -658,7 +664,16 @@ def relay_beside(
         raise click.ClickException(str(exc)) from exc
     try:
         relay = make_relay(
-            outbox, to, queues=queues, param_hints={"url": "--relay", "queues": "--relay-queue"}
+            outbox,
+            to,
+            queues=queues,
+            handle_signals=False,  # the worker's: its finish() stops the relay
+            param_hints={
+                "url": "--relay",
+                "outbox": "--relay",
+                "queues": "--relay-queue",
+                "to": "--queue",
+            },
         )
         _check_table(outbox)
     except BaseException:
