@@ -430,15 +430,30 @@ def test_outbox_admin_commands_show_and_act_on_the_rows(
         assert outbox.stats().published == 0
 
 
-def test_a_missing_table_says_how_to_install_it(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'empty.db'}"
-    for args in (("outbox", "stats", url), ("relay", url, "--to", REDIS_URL)):
-        code, out, err = _run(*args, "--table", "nosuch_outbox")
-        assert code == 1 and "install" in err, (args, out, err)
+def test_install_creates_the_table_that_add_needs(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    url = f"sqlite:///{path}"
+
+    def add() -> str:
+        conn = sqlite3.connect(path)
+        try:
+            with jobfence.Outbox(url, table="new_outbox") as outbox:
+                added = outbox.add(conn, queue="emails", body={"n": 1}, id="n-1")
+            conn.commit()
+        finally:
+            conn.close()
+        return added
+
+    with pytest.raises(jobfence.SchemaMissing) as caught:  # add never creates the table
+        add()
+    assert "install" in str(caught.value)
     code, out, _ = _run("outbox", "install", url, "--table", "new_outbox")
-    assert code == 0 and "new_outbox" in out
+    assert (code, out) == (0, "outbox table new_outbox is installed\n")
+    assert add() == "n-1"
     code, out, _ = _run("outbox", "stats", url, "--table", "new_outbox", "--json")
-    assert code == 0 and json.loads(out)["pending"] == 0
+    assert code == 0 and json.loads(out)["pending"] == 1
+    code, out, _ = _run("outbox", "install", url, "--table", "new_outbox")  # idempotent
+    assert code == 0
 
 
 def test_bad_options_name_the_option(tmp_path: Path) -> None:

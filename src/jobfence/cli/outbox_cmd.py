@@ -472,11 +472,12 @@ def _stats_line(stats: Any) -> str:
 
 
 def _check_table(outbox: Any) -> None:
-    """Fail at start when the outbox's table is missing (the relay would wait for it
-    forever); a database that is down is only a warning: the relay retries it."""
+    """Read the outbox once before the relay starts (which creates its table when missing):
+    a table the relay cannot use (of another schema version, say) stops the command with its
+    message; a database that is down is only a warning: the relay retries it."""
     try:
         outbox.stats()
-    except SchemaMissing as exc:
+    except (SchemaMissing, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
     except JobfenceError as exc:
         relay_log.warning("the outbox does not answer yet (the relay retries it): %s", exc)
