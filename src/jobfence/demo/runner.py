@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from .._core.url import mask_url
 from ..errors import ConfigurationError
-from . import duplicates, inventory
+from . import dualwrite, duplicates, inventory
 from ._db import dialect_of
 
 #: ``progress(step, done, total)``: ``step`` names the run ("inventory naive", ...)
@@ -28,10 +28,12 @@ Progress = Callable[[str, int, int], None]
 class DemoConfig:
     """What ``jobfence demo`` runs. ``db``/``queue``/``locks``: backend URLs, ``None`` for a
     SQLite file in ``keep`` (or a temporary directory); ``locks=""`` runs the guarded
-    inventory jobs without a lease (the versioned update alone keeps them exact)."""
+    inventory jobs without a lease (the versioned update alone keeps them exact);
+    ``orders``: the orders each app of the dual-write scenario commits."""
 
     jobs: int = 600
     messages: int = 400
+    orders: int = 200
     workers: int = 3
     db: str | None = None
     queue: str | None = None
@@ -40,7 +42,7 @@ class DemoConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        for argument in ("jobs", "messages", "workers"):
+        for argument in ("jobs", "messages", "orders", "workers"):
             value = getattr(self, argument)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(
@@ -103,9 +105,10 @@ def _inventory_run(
 
 
 def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: None) -> DemoResult:
-    """Run the inventory and the duplicates scenario, each naive then guarded, in worker
-    processes; return the numbers counted from the databases, and the anomalies of each
-    mode (``anomalies["guarded"] == 0`` when jobfence kept every effect exact)."""
+    """Run the inventory and the duplicates scenario, each naive then guarded, and the
+    dual-write scenario (two naive apps and the outbox, side by side), in worker processes;
+    return the numbers counted from the databases, and the anomalies of each mode
+    (``anomalies["guarded"] == 0`` when jobfence kept every effect exact)."""
     started = time.perf_counter()
     directory = config.keep or tempfile.mkdtemp(prefix="jobfence-demo-")
     os.makedirs(directory, exist_ok=True)
@@ -161,10 +164,25 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
             dup["published"] = dup["guarded"].pop("published")
             dup["naive"].pop("published")
             result["duplicates"] = dup
+
+            dualwrite.setup(db, ns)
+            modes = dualwrite.run(
+                db=db,
+                queue_url=queue_url,
+                ns=ns,
+                orders=config.orders,
+                seed=config.seed,
+                log=log,
+                progress=_step_progress(
+                    progress, "dual write", len(dualwrite.MODES) * config.orders
+                ),
+            )
+            result["dual_write"] = {"orders": config.orders, **modes}
     finally:
         if on_server and not config.keep:
             inventory.drop(db, ns)
             duplicates.drop(db, ns)
+            dualwrite.drop(db, ns)
         if not config.keep:
             shutil.rmtree(directory, ignore_errors=True)
     result["anomalies"] = {mode: anomalies(result, mode) for mode in ("naive", "guarded")}
@@ -181,8 +199,11 @@ def _step_progress(progress: Progress, step: str, total: int) -> Callable[[int],
 
 def anomalies(result: DemoResult, mode: str) -> int:
     """Lost updates + jobs not applied exactly once + a wrong stock (counted once) + duplicate
-    and missing effects, of ``mode``'s runs."""
+    and missing effects + lost and phantom jobs (the dual write: both naive apps for
+    ``"naive"``, the outbox for ``"guarded"``), of ``mode``'s runs."""
     inv, dup = result["inventory"][mode], result["duplicates"][mode]
+    dual = result["dual_write"]
+    dual_modes = dualwrite.NAIVE_MODES if mode == "naive" else ("outbox",)
     return int(
         inv["lost_updates"]
         + abs(inv["writes"] - result["inventory"]["jobs"])
@@ -190,4 +211,6 @@ def anomalies(result: DemoResult, mode: str) -> int:
         + (inv["stock_off_by"] != 0)
         + dup["duplicate_effects"]
         + dup["missing_effects"]
+        + sum(dual[m]["lost"] + dual[m]["phantom"] for m in dual_modes)
+        + sum(abs(dual[m]["job_rows"] - dual[m]["jobs"]) for m in dual_modes if m == "outbox")
     )
