@@ -325,9 +325,8 @@ def test_a_broker_that_is_down_gives_the_rows_back_without_an_attempt(
 
     broker = RabbitmqBroker(url="amqp://guest:guest@127.0.0.1:1/%2F")  # nothing listens
     ids = scenario.add_orders("ship")
-    with pytest.raises(BackendError, match="the broker cannot be reached") as raised:
+    with pytest.raises(BackendError, match="the broker cannot be reached"):
         relay_once(scenario, outbox_targets.dramatiq(broker, queue_name="q"), max_attempts=1)
-    assert jobfence.is_transient(raised.value)
     entries = scenario.outbox.entries()
     assert sorted(e.id for e in entries) == sorted(ids.values())
     assert {(e.state, e.attempts) for e in entries} == {("pending", 0)}

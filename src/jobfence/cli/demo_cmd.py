@@ -155,7 +155,7 @@ def _verdict(result: dict[str, Any]) -> list[str]:
 @click.option(
     "--orders",
     type=click.IntRange(1, 100_000),
-    default=200,
+    default=100,
     show_default=True,
     help="Orders each dual-write app commits (a job enqueued for each).",
 )

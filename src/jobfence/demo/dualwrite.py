@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import IO, Any
@@ -56,7 +57,7 @@ KILLS = 4
 #: an app lives this long (seconds, drawn uniformly) after it is ready before it is killed
 KILL_AFTER = (0.05, 0.3)
 #: the app's work between its two writes (building the order's confirmation, say)
-WORK = 0.002
+WORK = 0.004
 CONCURRENCY = 4
 CLAIM_TTL = 3.0
 
@@ -138,7 +139,7 @@ def _app_main(config: dict[str, Any]) -> None:
     queue = Queue(config["queue_url"], config["queue_name"])
     outbox = _outbox(db, ns) if mode == "outbox" else None
     committed = _committed(conn, t["orders"], mode)
-    print("ready", flush=True)  # the runner's kill clock starts here
+    print("ready", flush=True)  # the runner's kill clock starts here (see _App)
     insert = f"INSERT INTO {t['orders']} (mode, order_id) VALUES (?, ?)"
     n = 0
     while committed < config["orders"]:
@@ -262,8 +263,13 @@ def counts(db: str, ns: str, mode: str) -> dict[str, int]:
 
 
 class _App:
-    """One mode's app process, killed :data:`KILLS` times at random moments and restarted, in
-    a thread of the runner."""
+    """One mode's app, killed :data:`KILLS` times at random moments and restarted, driven
+    from a thread of the runner.
+
+    The app processes are forked by a launcher process (``_launcher_main``) that has imported
+    jobfence once, so that a restart costs a ``fork()``, not an interpreter start; each app
+    opens its own connections after the fork. The runner SIGKILLs the app process itself
+    (the launcher reports its pid), never the launcher."""
 
     def __init__(self, config: dict[str, Any], seed: int, log: IO[bytes]) -> None:
         self.config = config
@@ -271,44 +277,71 @@ class _App:
         self.log = log
         self.kills = 0
         self.error: BaseException | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.launcher: subprocess.Popen[str] | None = None
+        self.pid: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _start(self, incarnation: int) -> subprocess.Popen[bytes]:
-        config = {**self.config, "incarnation": f"{incarnation}{uuid.uuid4().hex[:4]}"}
-        return subprocess.Popen(
-            [sys.executable, "-m", "jobfence.demo.dualwrite", json.dumps(config)],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-        )
+    def _line(self, expected: str) -> str:
+        assert self.launcher is not None and self.launcher.stdout is not None
+        line = self.launcher.stdout.readline().strip()
+        if not line.startswith(expected):
+            raise RuntimeError(
+                f"the {self.config['mode']} app launcher said {line!r}, not {expected!r}..."
+            )
+        return line[len(expected) :].strip()
 
     def _run(self) -> None:
         try:
+            self.launcher = launcher = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys, json; from jobfence.demo.dualwrite import _launcher_main; "
+                    "_launcher_main(json.loads(sys.argv[1]))",
+                    json.dumps(self.config),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                text=True,
+            )
+            assert launcher.stdin is not None
             for incarnation in range(KILLS + 1):
-                proc = self.proc = self._start(incarnation)
-                assert proc.stdout is not None
-                ready = proc.stdout.readline()
-                if incarnation == KILLS or not ready:
-                    break
-                time.sleep(self.rng.uniform(*KILL_AFTER))
-                if proc.poll() is not None:  # finished before its kill: the run is over
-                    break
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
-                self.kills += 1
-            code = self.proc.wait(300) if self.proc else 0
-            if code != 0:
-                raise RuntimeError(f"a {self.config['mode']} app exited with status {code}")
+                launcher.stdin.write(f"{incarnation}{uuid.uuid4().hex[:4]}\n")
+                launcher.stdin.flush()
+                self.pid = int(self._line("pid"))
+                self._line("ready")
+                if incarnation < KILLS:
+                    time.sleep(self.rng.uniform(*KILL_AFTER))
+                    try:
+                        os.kill(self.pid, signal.SIGKILL)
+                    except ProcessLookupError:  # pragma: no cover - it had just exited
+                        pass
+                code = int(self._line("exit"))
+                self.pid = None
+                if code == -signal.SIGKILL:
+                    self.kills += 1
+                    continue
+                if code != 0:
+                    raise RuntimeError(f"a {self.config['mode']} app exited with status {code}")
+                break  # all its orders are committed
+            launcher.stdin.close()
+            launcher.wait(30)
         except BaseException as exc:  # reported by the runner
             self.error = exc
-        finally:
-            if self.proc is not None and self.proc.stdout is not None:
-                self.proc.stdout.close()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher = self.launcher
+        if launcher is not None and launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(30)
+        if launcher is not None and launcher.stdout is not None:
+            launcher.stdout.close()
 
 
 class _Relay:
@@ -433,5 +466,29 @@ def run(
     }
 
 
-if __name__ == "__main__":
-    _app_main(json.loads(sys.argv[1]))
+def _launcher_main(config: dict[str, Any]) -> None:
+    """The app launcher: for each line on stdin (an incarnation name), fork an app process
+    that commits orders (:func:`_app_main`), and report on stdout ``pid N``, the app's
+    ``ready`` and ``exit CODE`` (``-9``: it was SIGKILLed)."""
+    from ..outbox import Outbox  # imported here once, not in every app process
+
+    del Outbox
+    for line in sys.stdin:
+        incarnation = line.strip()
+        if not incarnation:
+            continue
+        pid = os.fork()
+        if pid == 0:  # the app process
+            code = 0
+            try:
+                _app_main({**config, "incarnation": incarnation})
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        print(f"pid {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)

@@ -33,7 +33,7 @@ class DemoConfig:
 
     jobs: int = 600
     messages: int = 400
-    orders: int = 200
+    orders: int = 100
     workers: int = 3
     db: str | None = None
     queue: str | None = None
