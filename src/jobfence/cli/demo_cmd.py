@@ -86,8 +86,7 @@ def _dual_table(result: dict[str, Any]) -> Table:
     kills = sum(dual[mode]["kills"] for mode in ("commit_then_publish", "publish_then_commit"))
     kills += dual["outbox"]["kills"]
     table = Table(
-        title=f"dual write: each app commits {orders} orders and enqueues a job for each, "
-        f"SIGKILLed at random ({kills} kills in all)"
+        title=f"dual write: {orders} orders per app, a job for each, apps SIGKILLed {kills}x"
     )
     for column, justify in (
         ("measure", "left"),
@@ -108,8 +107,8 @@ def _dual_table(result: dict[str, Any]) -> Table:
 
     table.add_row("orders committed", str(orders), *(str(dual[m]["orders"]) for m in modes))
     row("jobs run", "jobs", orders)
-    row("lost jobs (order, no job)", "lost", 0)
-    row("phantom jobs (job, no order)", "phantom", 0)
+    row("lost jobs", "lost", 0)  # a committed order without its job
+    row("phantom jobs", "phantom", 0)  # a job whose order never committed
     return table
 
 
