@@ -45,6 +45,7 @@ from typing import IO, Any
 from .._core.sqlconn import adapt
 from ..guard import guarded as _guarded
 from ..inbox import Inbox
+from ..outbox import Outbox
 from ..queue import Queue
 from ._db import connect, drop_tables, set_up_file
 
@@ -71,9 +72,7 @@ def tables(ns: str) -> dict[str, str]:
     }
 
 
-def _outbox(db: str, ns: str) -> Any:
-    from ..outbox import Outbox
-
+def _outbox(db: str, ns: str) -> Outbox:
     return Outbox(db, table=tables(ns)["outbox"])
 
 
@@ -470,9 +469,6 @@ def _launcher_main(config: dict[str, Any]) -> None:
     """The app launcher: for each line on stdin (an incarnation name), fork an app process
     that commits orders (:func:`_app_main`), and report on stdout ``pid N``, the app's
     ``ready`` and ``exit CODE`` (``-9``: it was SIGKILLed)."""
-    from ..outbox import Outbox  # imported here once, not in every app process
-
-    del Outbox
     for line in sys.stdin:
         incarnation = line.strip()
         if not incarnation:
