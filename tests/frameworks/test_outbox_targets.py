@@ -296,6 +296,31 @@ def test_arq_target_runs_each_committed_row_once(scenario: Scenario) -> None:
     scenario.assert_once(ids, headers=False)
 
 
+async def test_an_async_relay_sends_with_a_blocking_framework_target(scenario: Scenario) -> None:
+    from rq import Queue as RQQueue
+
+    conn = redis.Redis.from_url(REDIS_URL)
+    task = "tests.frameworks._outbox_rq.ship"
+    ids = scenario.add_orders(task)
+    outbox = jobfence.AsyncOutbox(POSTGRES_URL, table=scenario.outbox.table)
+    relay = jobfence.AsyncRelay(outbox, outbox_targets.rq(conn, scenario.schema))
+    try:
+        assert await relay.run_once() == 3  # RQ's blocking calls, in a thread
+    finally:
+        await relay.close()
+        await outbox.close()
+    queue = RQQueue(scenario.schema, connection=conn)
+    try:
+        assert sorted(queue.job_ids) == sorted(ids.values())
+        for order, job_id in ids.items():
+            job = queue.fetch_job(job_id)
+            assert job is not None
+            assert (job.func_name, job.args, job.kwargs) == (task, (), {"order_id": order})
+            assert job.meta["headers"] == {"trace": f"t{order}"}
+    finally:
+        conn.close()
+
+
 def test_a_row_that_is_not_a_task_body_is_dead_alone(scenario: Scenario) -> None:
     conn = redis.Redis.from_url(REDIS_URL)
     task = "tests.frameworks._outbox_rq.ship"
@@ -316,6 +341,18 @@ def test_a_row_that_is_not_a_task_body_is_dead_alone(scenario: Scenario) -> None
         assert dead.last_error is not None and "is not a task body" in dead.last_error
     finally:
         conn.close()
+
+
+def test_a_celery_row_may_not_overwrite_celerys_own_headers() -> None:
+    import celery
+
+    app = celery.Celery("jf_headers", broker="redis://127.0.0.1:1/0")  # never reached
+    row = OutboxRow(1, "r1", "t", None, b'{"args":[]}', {"id": "other", "trace": "x"}, 0, 0.0)
+    with pytest.raises(jobfence.ConfigurationError, match=r"headers \['id'\]") as caught:
+        outbox_targets.celery(app).send([row])
+    assert caught.value.argument == "headers"
+    with pytest.raises(jobfence.ConfigurationError, match="is not a task body"):
+        outbox_targets.celery(app).send([OutboxRow(1, "r2", "t", None, b"[1]", {}, 0, 0.0)])
 
 
 def test_a_broker_that_is_down_gives_the_rows_back_without_an_attempt(
