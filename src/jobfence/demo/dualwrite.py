@@ -54,9 +54,9 @@ NAIVE_MODES = MODES[:2]
 #: about one order in this many is declined: its transaction rolls back
 DECLINE_EVERY = 8
 #: how many times each app process is killed with SIGKILL
-KILLS = 4
+KILLS = 8
 #: an app lives this long (seconds, drawn uniformly) after it is ready before it is killed
-KILL_AFTER = (0.05, 0.3)
+KILL_AFTER = (0.02, 0.2)
 #: the app's work between its two writes (building the order's confirmation, say)
 WORK = 0.004
 CONCURRENCY = 4
@@ -138,7 +138,7 @@ def _app_main(config: dict[str, Any]) -> None:
     queue = Queue(config["queue_url"], config["queue_name"])
     outbox = _outbox(db, ns) if mode == "outbox" else None
     committed = _committed(conn, t["orders"], mode)
-    print("ready", flush=True)  # the runner's kill clock starts here (see _App)
+    print("ready", os.getpid(), flush=True)  # the runner's kill clock starts here (_App)
     insert = f"INSERT INTO {t['orders']} (mode, order_id) VALUES (?, ?)"
     n = 0
     while committed < config["orders"]:
@@ -268,7 +268,7 @@ class _App:
     The app processes are forked by a launcher process (``_launcher_main``) that has imported
     jobfence once, so that a restart costs a ``fork()``, not an interpreter start; each app
     opens its own connections after the fork. The runner SIGKILLs the app process itself
-    (the launcher reports its pid), never the launcher."""
+    (it reports its pid when it is ready), never the launcher."""
 
     def __init__(self, config: dict[str, Any], seed: int, log: IO[bytes]) -> None:
         self.config = config
@@ -280,14 +280,13 @@ class _App:
         self.pid: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _line(self, expected: str) -> str:
+    def _line(self) -> tuple[str, int]:
+        """The launcher's next report: ``("ready", app pid)`` or ``("exit", status)``."""
         assert self.launcher is not None and self.launcher.stdout is not None
-        line = self.launcher.stdout.readline().strip()
-        if not line.startswith(expected):
-            raise RuntimeError(
-                f"the {self.config['mode']} app launcher said {line!r}, not {expected!r}..."
-            )
-        return line[len(expected) :].strip()
+        line = self.launcher.stdout.readline().split()
+        if len(line) != 2 or line[0] not in ("ready", "exit"):
+            raise RuntimeError(f"the {self.config['mode']} app launcher said {line!r}")
+        return line[0], int(line[1])
 
     def _run(self) -> None:
         try:
@@ -308,16 +307,20 @@ class _App:
             for incarnation in range(KILLS + 1):
                 launcher.stdin.write(f"{incarnation}{uuid.uuid4().hex[:4]}\n")
                 launcher.stdin.flush()
-                self.pid = int(self._line("pid"))
-                self._line("ready")
-                if incarnation < KILLS:
-                    time.sleep(self.rng.uniform(*KILL_AFTER))
-                    try:
-                        os.kill(self.pid, signal.SIGKILL)
-                    except ProcessLookupError:  # pragma: no cover - it had just exited
-                        pass
-                code = int(self._line("exit"))
+                kind, value = self._line()
+                if kind == "ready":
+                    self.pid = value
+                    if incarnation < KILLS:
+                        time.sleep(self.rng.uniform(*KILL_AFTER))
+                        try:
+                            os.kill(value, signal.SIGKILL)
+                        except ProcessLookupError:  # pragma: no cover - it had just exited
+                            pass
+                    kind, value = self._line()
                 self.pid = None
+                if kind != "exit":
+                    raise RuntimeError(f"the {self.config['mode']} app launcher said {kind}")
+                code = value
                 if code == -signal.SIGKILL:
                     self.kills += 1
                     continue
@@ -467,8 +470,8 @@ def run(
 
 def _launcher_main(config: dict[str, Any]) -> None:
     """The app launcher: for each line on stdin (an incarnation name), fork an app process
-    that commits orders (:func:`_app_main`), and report on stdout ``pid N``, the app's
-    ``ready`` and ``exit CODE`` (``-9``: it was SIGKILLed)."""
+    that commits orders (:func:`_app_main`); the app reports ``ready PID`` on stdout once it
+    is connected, the launcher ``exit STATUS`` when it ended (``-9``: it was SIGKILLed)."""
     for line in sys.stdin:
         incarnation = line.strip()
         if not incarnation:
@@ -485,6 +488,5 @@ def _launcher_main(config: dict[str, Any]) -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        print(f"pid {pid}", flush=True)
         _, status = os.waitpid(pid, 0)
         print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
