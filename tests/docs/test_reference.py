@@ -32,6 +32,7 @@ MODULES = [
             "arq",
             "sqlalchemy",
             "schedule_targets",
+            "outbox_targets",
             "celery_beat",
         )
     ),
@@ -52,8 +53,12 @@ NOT_CONSTRUCTED = {
         "AsyncMessage",
         "ClaimInfo",
         "ClaimState",
+        "OutboxRow",
+        "OutboxEntry",
+        "OutboxStats",
         "LockHolder",
         "WorkerStats",
+        "RelayStats",
     },
     "jobfence.testing": {
         "SimTask",
