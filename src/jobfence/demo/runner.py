@@ -165,6 +165,7 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
             dup["naive"].pop("published")
             result["duplicates"] = dup
 
+            dual_started = time.perf_counter()
             dualwrite.setup(db, ns)
             modes = dualwrite.run(
                 db=db,
@@ -177,7 +178,11 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
                     progress, "dual write", len(dualwrite.MODES) * config.orders
                 ),
             )
-            result["dual_write"] = {"orders": config.orders, **modes}
+            result["dual_write"] = {
+                "orders": config.orders,
+                **modes,
+                "seconds": round(time.perf_counter() - dual_started, 1),
+            }
     finally:
         if on_server and not config.keep:
             inventory.drop(db, ns)
