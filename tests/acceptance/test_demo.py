@@ -46,7 +46,8 @@ def test_demo_on_sqlite_prints_what_the_databases_hold_and_guarded_is_exact(
 ) -> None:
     keep = tmp_path / "kept"
     proc = _demo(
-        *("--jobs", "90", "--messages", "60", "--orders", "40", "--workers", "2"),
+        # 60 orders: at 4 ms of work each, no app is done before its first kill (<= 0.2 s)
+        *("--jobs", "90", "--messages", "60", "--orders", "60", "--workers", "2"),
         *("--keep", str(keep)),
         cwd=tmp_path,
     )
@@ -109,13 +110,13 @@ def test_demo_on_sqlite_prints_what_the_databases_hold_and_guarded_is_exact(
         counted = {mode: _dual_counts(conn, ns, mode) for mode in DUAL_MODES}
     for mode in DUAL_MODES:
         assert {k: dual[mode][k] for k in counted[mode]} == counted[mode], mode
-        assert counted[mode]["orders"] == 40, mode  # each app committed its 40 orders
+        assert counted[mode]["orders"] == 60, mode  # each app committed its 60 orders
         assert dual[mode]["kills"] >= 1, mode  # ... and was SIGKILLed on the way
     naive_anomalies = sum(
         counted[m]["lost"] + counted[m]["phantom"] for m in DUAL_MODES if m != "outbox"
     )
     assert naive_anomalies >= 1, counted
-    assert counted["outbox"] == {"orders": 40, "jobs": 40, "job_rows": 40, "lost": 0, "phantom": 0}
+    assert counted["outbox"] == {"orders": 60, "jobs": 60, "job_rows": 60, "lost": 0, "phantom": 0}
 
 
 DUAL_MODES = ("commit_then_publish", "publish_then_commit", "outbox")
