@@ -46,7 +46,7 @@ def test_demo_on_sqlite_prints_what_the_databases_hold_and_guarded_is_exact(
 ) -> None:
     keep = tmp_path / "kept"
     proc = _demo(
-        # 60 orders: at 4 ms of work each, no app is done before its first kill (<= 0.2 s)
+        # 60 orders: at 10 ms of work each, no app is done before its first kill (<= 0.2 s)
         *("--jobs", "90", "--messages", "60", "--orders", "60", "--workers", "2"),
         *("--keep", str(keep)),
         cwd=tmp_path,

@@ -29,6 +29,7 @@ The worker's handler reads its configuration from the environment: ``JOBFENCE_DE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -58,7 +59,7 @@ KILLS = 8
 #: an app lives this long (seconds, drawn uniformly) after it is ready before it is killed
 KILL_AFTER = (0.02, 0.2)
 #: the app's work between its two writes (building the order's confirmation, say)
-WORK = 0.004
+WORK = 0.01
 CONCURRENCY = 4
 CLAIM_TTL = 3.0
 
@@ -288,9 +289,11 @@ class _App:
             raise RuntimeError(f"the {self.config['mode']} app launcher said {line!r}")
         return line[0], int(line[1])
 
-    def _run(self) -> None:
-        try:
-            self.launcher = launcher = subprocess.Popen(
+    def start_launcher(self) -> None:
+        """Start the launcher (it imports jobfence: best done early, while something else
+        runs)."""
+        if self.launcher is None:
+            self.launcher = subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
@@ -303,6 +306,12 @@ class _App:
                 stderr=self.log,
                 text=True,
             )
+
+    def _run(self) -> None:
+        try:
+            self.start_launcher()
+            launcher = self.launcher
+            assert launcher is not None
             assert launcher.stdin is not None
             for incarnation in range(KILLS + 1):
                 launcher.stdin.write(f"{incarnation}{uuid.uuid4().hex[:4]}\n")
@@ -393,24 +402,22 @@ def _worker(db: str, ns: str, queue_url: str, name: str, log: IO[bytes]) -> subp
     )
 
 
-def run(
-    *,
-    db: str,
-    queue_url: str,
-    ns: str,
-    orders: int,
-    seed: int,
-    log: IO[bytes],
-    progress: Callable[[int], None] = lambda done: None,
-    timeout: float = 300.0,
-) -> dict[str, dict[str, int]]:
-    """Run the three apps side by side (each killed :data:`KILLS` times), the relay and the
-    worker until every committed job is run; return :func:`counts` of each mode, with the
-    number of ``kills``."""
+@dataclasses.dataclass
+class Prepared:
+    """The processes of :func:`run` started ahead: the apps' launchers and the worker (each
+    imports jobfence: best done while something else runs)."""
+
+    apps: list[_App]
+    worker: subprocess.Popen[bytes]
+
+
+def prepare(
+    *, db: str, queue_url: str, ns: str, orders: int, seed: int, log: IO[bytes]
+) -> Prepared:
+    """Start the processes of :func:`run` now: the runner calls this before the other
+    scenarios, so that their start costs none of this one's time. Give the result to
+    :func:`run` (with the same arguments), or to :func:`discard`."""
     name = f"{ns}-orders"
-    queue = Queue(queue_url, name)
-    worker = _worker(db, ns, queue_url, name, log)
-    relay = _Relay(db, ns, queue)
     apps = [
         _App(
             {
@@ -426,6 +433,54 @@ def run(
         )
         for mode in MODES
     ]
+    for app in apps:
+        app.start_launcher()
+    return Prepared(apps, _worker(db, ns, queue_url, name, log))
+
+
+def discard(prepared: Prepared) -> None:
+    """Stop what :func:`prepare` started (if :func:`run` did not run)."""
+    for app in prepared.apps:
+        app.stop()
+    _stop_worker(prepared.worker)
+
+
+def _stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(10)
+
+
+def run(
+    *,
+    db: str,
+    queue_url: str,
+    ns: str,
+    orders: int,
+    seed: int,
+    log: IO[bytes],
+    progress: Callable[[int], None] = lambda done: None,
+    timeout: float = 300.0,
+    prepared: Prepared | None = None,
+) -> dict[str, dict[str, int]]:
+    """Run the three apps side by side (each killed :data:`KILLS` times), the relay and the
+    worker until every committed job is run; return :func:`counts` of each mode, with the
+    number of ``kills``. ``prepared``: from :func:`prepare` with the same arguments
+    (default: prepared now)."""
+    name = f"{ns}-orders"
+    if prepared is None:
+        prepared = prepare(db=db, queue_url=queue_url, ns=ns, orders=orders, seed=seed, log=log)
+    apps, worker = prepared.apps, prepared.worker
+    try:
+        queue = Queue(queue_url, name)
+        relay = _Relay(db, ns, queue)
+    except BaseException:
+        discard(prepared)
+        raise
     deadline = time.monotonic() + timeout
     try:
         relay.thread.start()
@@ -453,13 +508,7 @@ def run(
         for app in apps:
             app.stop()
         relay.stop()
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(10)
+        _stop_worker(worker)
         queue.drop()
         queue.close()
     return {
@@ -472,6 +521,11 @@ def _launcher_main(config: dict[str, Any]) -> None:
     """The app launcher: for each line on stdin (an incarnation name), fork an app process
     that commits orders (:func:`_app_main`); the app reports ``ready PID`` on stdout once it
     is connected, the launcher ``exit STATUS`` when it ended (``-9``: it was SIGKILLed)."""
+    # import what the apps use (the backends are imported on first use) and close it again,
+    # so that an app starts warm, with connections of its own
+    Queue(config["queue_url"], config["queue_name"]).close()
+    _outbox(config["db"], config["ns"]).close()
+    connect(config["db"]).close()
     for line in sys.stdin:
         incarnation = line.strip()
         if not incarnation:

@@ -132,57 +132,70 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
     }
     try:
         with open(os.path.join(directory, "workers.log"), "wb") as log:
-            inventory.setup(db, ns)
-            inv: dict[str, Any] = {
-                "jobs": config.jobs,
-                "expected_stock": inventory.expected_stock(config.jobs),
-            }
-            for mode in inventory.MODES:
-                counts = _inventory_run(config, db, locks, ns, mode, log, progress)
-                counts["stock_off_by"] = counts["stock"] - inv["expected_stock"]
-                counts["jobs_not_applied"] = config.jobs - counts["jobs_applied"]
-                inv[mode] = counts
-            result["inventory"] = inv
+            # the dual-write scenario's processes start now, warm by the time it runs
+            prepared: dualwrite.Prepared | None = dualwrite.prepare(
+                db=db, queue_url=queue_url, ns=ns, orders=config.orders, seed=config.seed, log=log
+            )
+            try:
+                inventory.setup(db, ns)
+                inv: dict[str, Any] = {
+                    "jobs": config.jobs,
+                    "expected_stock": inventory.expected_stock(config.jobs),
+                }
+                for mode in inventory.MODES:
+                    counts = _inventory_run(config, db, locks, ns, mode, log, progress)
+                    counts["stock_off_by"] = counts["stock"] - inv["expected_stock"]
+                    counts["jobs_not_applied"] = config.jobs - counts["jobs_applied"]
+                    inv[mode] = counts
+                result["inventory"] = inv
 
-            duplicates.setup(db, ns)
-            dup: dict[str, Any] = {"messages": config.messages, "expected_effects": config.messages}
-            for mode in ("naive", "guarded"):
-                step = f"duplicates {mode}"
-                counts = duplicates.run(
+                duplicates.setup(db, ns)
+                dup: dict[str, Any] = {
+                    "messages": config.messages,
+                    "expected_effects": config.messages,
+                }
+                for mode in ("naive", "guarded"):
+                    step = f"duplicates {mode}"
+                    counts = duplicates.run(
+                        db=db,
+                        queue_url=queue_url,
+                        ns=ns,
+                        mode=mode,
+                        messages=config.messages,
+                        workers=config.workers,
+                        log=log,
+                        progress=_step_progress(progress, step, config.messages),
+                    )
+                    counts["duplicate_effects"] = counts["effects"] - counts["distinct"]
+                    counts["missing_effects"] = config.messages - counts["distinct"]
+                    dup[mode] = counts
+                dup["published"] = dup["guarded"].pop("published")
+                dup["naive"].pop("published")
+                result["duplicates"] = dup
+
+                dual_started = time.perf_counter()
+                dualwrite.setup(db, ns)
+                modes = dualwrite.run(
                     db=db,
                     queue_url=queue_url,
                     ns=ns,
-                    mode=mode,
-                    messages=config.messages,
-                    workers=config.workers,
+                    orders=config.orders,
+                    seed=config.seed,
                     log=log,
-                    progress=_step_progress(progress, step, config.messages),
+                    progress=_step_progress(
+                        progress, "dual write", len(dualwrite.MODES) * config.orders
+                    ),
+                    prepared=prepared,
                 )
-                counts["duplicate_effects"] = counts["effects"] - counts["distinct"]
-                counts["missing_effects"] = config.messages - counts["distinct"]
-                dup[mode] = counts
-            dup["published"] = dup["guarded"].pop("published")
-            dup["naive"].pop("published")
-            result["duplicates"] = dup
-
-            dual_started = time.perf_counter()
-            dualwrite.setup(db, ns)
-            modes = dualwrite.run(
-                db=db,
-                queue_url=queue_url,
-                ns=ns,
-                orders=config.orders,
-                seed=config.seed,
-                log=log,
-                progress=_step_progress(
-                    progress, "dual write", len(dualwrite.MODES) * config.orders
-                ),
-            )
-            result["dual_write"] = {
-                "orders": config.orders,
-                **modes,
-                "seconds": round(time.perf_counter() - dual_started, 1),
-            }
+                prepared = None  # run() stopped its processes
+                result["dual_write"] = {
+                    "orders": config.orders,
+                    **modes,
+                    "seconds": round(time.perf_counter() - dual_started, 1),
+                }
+            finally:
+                if prepared is not None:
+                    dualwrite.discard(prepared)
     finally:
         if on_server and not config.keep:
             inventory.drop(db, ns)
