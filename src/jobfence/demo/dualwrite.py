@@ -1,11 +1,13 @@
 """The dual-write scenario: an app commits orders and enqueues a job for each, and is killed.
 
-Three app processes (``python -m jobfence.demo.dualwrite``) run side by side, one per mode,
-each committing ``orders`` orders (one row each in an orders table) and putting one job on a
-:class:`jobfence.Queue` for each order. About one order in :data:`DECLINE_EVERY` is declined
-mid-way: its transaction rolls back. The runner SIGKILLs every app :data:`KILLS` times at
-random moments and starts it again (a new process goes on with new orders, as a web server
-does after a crash: the request that died is gone). The modes:
+Three app processes run side by side, one per mode, each committing ``orders`` orders (one
+row each in an orders table) and putting one job on a :class:`jobfence.Queue` for each order,
+with :data:`WORK` seconds of the app's own work between its two writes. About one order in
+:data:`DECLINE_EVERY` is declined mid-way: its transaction rolls back. The runner SIGKILLs
+every app :data:`KILLS` times, a random moment after it is ready, and starts it again (a new
+process goes on with new orders, as a web server does after a crash: the request that died is
+gone). Each app process is forked by a launcher process of its mode, so a restart costs a
+``fork()``. The modes:
 
 * ``commit_then_publish`` (naive) -- commit the order, then publish its job. Killed between
   the two: the order is committed and its job is never sent (a *lost* job).
