@@ -31,7 +31,7 @@ import pytest
 import jobfence
 from jobfence.backends.base import OutboxRow
 from jobfence.integrations.outbox_targets import queues as queues_target
-from jobfence.testing import hooked
+from jobfence.testing import ManualClock, hooked
 from tests.integration._outbox_env import OUTBOX_KINDS, QUEUE_KINDS, OutboxSide, QueueSide
 from tests.reliability._redis_server import RedisServer, wait_until
 from tests.unit.test_telemetry import Otel, otel
@@ -730,3 +730,49 @@ def test_published_rows_are_kept_for_retention_then_purged(sqlite_outbox: Outbox
             wait_until(lambda: not sqlite_outbox.entries(outbox), 30, "the rows purged")
         finally:
             runner.stop()
+
+
+# -- polling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_polling_relay_backs_its_pauses_off_and_loops_on_full_batches(
+    flavour: str, tmp_path: Path
+) -> None:
+    """On MariaDB (no server wake-up) an idle relay pauses 10 ms, then twice as long each
+    time up to ``poll``; rows bring it back to 10 ms; full batches follow each other with no
+    pause. The pauses are read off a manual clock (each one the time the test moves on)."""
+    claims: list[int] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.claim":
+            claims.append(len(claims))
+
+    with outbox_of("mysql", tmp_path) as side, ManualClock() as clock, hooked(hook):
+
+        def pauses() -> list[float]:
+            return [w for w in list(clock.waits) if w != 50.0]  # not the lease keeper's
+
+        def step() -> None:  # let the relay's pause end
+            assert clock.wait_for_waiters(1, 30), "the relay did not pause"
+            deadline = clock.next_deadline
+            assert deadline is not None
+            clock.set(deadline)
+
+        runner = RunningRelay(flavour, side, lambda rows: None, batch=5, poll=0.16, lease=100)
+        try:
+            for _ in range(5):
+                step()
+            wait_until(lambda: len(pauses()) >= 6, 30, "six pauses")
+            before = len(claims)
+            with side.open() as outbox:
+                side.add(outbox, [{"queue": "q", **b} for b in _bodies(12)])
+            step()
+            wait_until(lambda: len(pauses()) >= 7, 30, "a pause after the rows")
+            assert runner.relay.stats.published == 12
+            claims_for_rows = len(claims) - before
+            step()
+            wait_until(lambda: len(pauses()) >= 8, 30, "an idle pause again")
+        finally:
+            clock.set(clock.monotonic() + 100)  # wake whatever waits, so that stop() is seen
+            runner.stop()
+    assert pauses()[:8] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.16, 0.01, 0.01]
+    assert claims_for_rows == 3  # 5 + 5 + 2: the full batches were claimed at once
