@@ -210,7 +210,7 @@ def _make_handler() -> Callable[[Any], None]:
 
     @_guarded(inbox=inbox, claim_ttl=CLAIM_TTL)
     def run(message: Any) -> None:
-        body = message.value() if callable(getattr(message, "value", None)) else message.body
+        body = message.body  # decoded: {"mode": ..., "order": ...}
         conn = _worker_conn(db)
         try:
             if inbox.claim_in(conn):
