@@ -149,6 +149,10 @@ _CLASS_TABLE: dict[tuple[str, str], _Result] = {
     ("psycopg_pool", "PoolClosed"): NEVER,
     ("psycopg_pool", "PoolTimeout"): TRANSIENT,
     ("psycopg_pool", "TooManyRequests"): TRANSIENT,
+    # task-framework brokers (the outbox relay's framework targets): cannot reach the broker
+    ("kombu", "OperationalError"): TRANSIENT,  # Celery: connection refused/lost after retries
+    ("dramatiq", "BrokerConnectionError"): TRANSIENT,  # ConnectionFailed, ConnectionClosed
+    ("pika", "AMQPConnectionError"): TRANSIENT,
     # builtins: ConnectionRefusedError, ConnectionResetError, BrokenPipeError, ...
     ("builtins", "ConnectionError"): TRANSIENT,
 }

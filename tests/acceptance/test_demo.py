@@ -1,6 +1,7 @@
 """``jobfence demo`` in a subprocess, as a new user runs it: no server URL, no JOBFENCE_URL.
 Its ``--json`` numbers are checked against the SQLite databases it leaves (``--keep``), and
-its guarded runs must be exact."""
+its guarded runs must be exact: in the dual-write scenario, the naive apps lose or invent at
+least one job and the outbox app neither, counted from the orders and jobs tables."""
 
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def test_demo_on_sqlite_prints_what_the_databases_hold_and_guarded_is_exact(
 ) -> None:
     keep = tmp_path / "kept"
     proc = _demo(
-        "--jobs", "90", "--messages", "60", "--workers", "2", "--keep", str(keep), cwd=tmp_path
+        # 60 orders: at 10 ms of work each, no app is done before its first kill (<= 0.2 s)
+        *("--jobs", "90", "--messages", "60", "--orders", "60", "--workers", "2"),
+        *("--keep", str(keep)),
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -100,6 +104,37 @@ def test_demo_on_sqlite_prints_what_the_databases_hold_and_guarded_is_exact(
     assert dup["published"] == 60 + 15
     assert dup["naive"]["duplicate_effects"] >= 15
     assert result["anomalies"]["naive"] > 0
+    # dual write, counted from the database: orders committed, jobs run, lost, phantom
+    dual = result["dual_write"]
+    with sqlite3.connect(keep / "demo.db") as conn:
+        counted = {mode: _dual_counts(conn, ns, mode) for mode in DUAL_MODES}
+    for mode in DUAL_MODES:
+        assert {k: dual[mode][k] for k in counted[mode]} == counted[mode], mode
+        assert counted[mode]["orders"] == 60, mode  # each app committed its 60 orders
+        assert dual[mode]["kills"] >= 1, mode  # ... and was SIGKILLed on the way
+    naive_anomalies = sum(
+        counted[m]["lost"] + counted[m]["phantom"] for m in DUAL_MODES if m != "outbox"
+    )
+    assert naive_anomalies >= 1, counted
+    assert counted["outbox"] == {"orders": 60, "jobs": 60, "job_rows": 60, "lost": 0, "phantom": 0}
+
+
+DUAL_MODES = ("commit_then_publish", "publish_then_commit", "outbox")
+
+
+def _dual_counts(conn: sqlite3.Connection, ns: str, mode: str) -> dict[str, int]:
+    """The dual-write scenario's numbers, straight from its two tables."""
+    select = "SELECT order_id FROM {} WHERE mode = ?"
+    orders = {r[0] for r in conn.execute(select.format(f"{ns}_orders"), (mode,))}
+    job_rows = [r[0] for r in conn.execute(select.format(f"{ns}_jobs"), (mode,))]
+    jobs = set(job_rows)
+    return {
+        "orders": len(orders),
+        "jobs": len(jobs),
+        "job_rows": len(job_rows),
+        "lost": len(orders - jobs),
+        "phantom": len(jobs - orders),
+    }
 
 
 def test_demo_on_postgresql_leaves_no_tables_and_guarded_is_exact(tmp_path: Path) -> None:
@@ -108,6 +143,8 @@ def test_demo_on_postgresql_leaves_no_tables_and_guarded_is_exact(tmp_path: Path
         "60",
         "--messages",
         "40",
+        "--orders",
+        "30",
         "--workers",
         "2",
         "--db",
@@ -124,6 +161,8 @@ def test_demo_on_postgresql_leaves_no_tables_and_guarded_is_exact(tmp_path: Path
     assert result["inventory"]["guarded"]["stock"] == result["inventory"]["expected_stock"]
     assert result["duplicates"]["guarded"]["effects"] == 40
     assert result["duplicates"]["naive"]["duplicate_effects"] >= 10
+    outbox = result["dual_write"]["outbox"]
+    assert (outbox["orders"], outbox["jobs"], outbox["lost"], outbox["phantom"]) == (30, 30, 0, 0)
     with psycopg.connect(POSTGRES_URL) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_tables WHERE tablename LIKE %s",

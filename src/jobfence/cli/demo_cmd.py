@@ -1,5 +1,6 @@
-"""``jobfence demo``: the lost-update and the duplicate-effect bugs, naive and guarded, run by
-real worker processes on embedded SQLite files (or the backends given), in a table."""
+"""``jobfence demo``: the lost-update, the duplicate-effect and the dual-write bugs, naive and
+guarded, run by real worker processes on embedded SQLite files (or the backends given), in
+tables."""
 
 from __future__ import annotations
 
@@ -79,11 +80,46 @@ def _table(result: dict[str, Any]) -> Table:
     return table
 
 
+def _dual_table(result: dict[str, Any]) -> Table:
+    dual = result["dual_write"]
+    orders = dual["orders"]
+    kills = sum(dual[mode]["kills"] for mode in ("commit_then_publish", "publish_then_commit"))
+    kills += dual["outbox"]["kills"]
+    table = Table(
+        title=f"dual write: {orders} orders per app, a job for each, apps SIGKILLed {kills}x"
+    )
+    for column, justify in (
+        ("measure", "left"),
+        ("expected", "right"),
+        ("naive\ncommit, then publish", "right"),
+        ("naive\npublish, then commit", "right"),
+        ("outbox", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    modes = ("commit_then_publish", "publish_then_commit", "outbox")
+
+    def row(measure: str, field: str, expected: int) -> None:
+        cells = [
+            f"[green]{dual[m][field]}" if dual[m][field] == expected else f"[red]{dual[m][field]}"
+            for m in modes
+        ]
+        table.add_row(measure, str(expected), *cells)
+
+    table.add_row("orders committed", str(orders), *(str(dual[m]["orders"]) for m in modes))
+    row("jobs run", "jobs", orders)
+    row("lost jobs", "lost", 0)  # a committed order without its job
+    row("phantom jobs", "phantom", 0)  # a job whose order never committed
+    return table
+
+
 def _verdict(result: dict[str, Any]) -> list[str]:
     naive, guarded = result["anomalies"]["naive"], result["anomalies"]["guarded"]
     lines = []
     if naive:
-        lines.append(f"naive: {naive} anomalies (lost updates, repeated writes and effects).")
+        lines.append(
+            f"naive: {naive} anomalies (lost updates, repeated writes and effects, "
+            "lost and phantom jobs)."
+        )
     else:
         lines.append(
             "naive: no anomaly this time -- the races are real but timing-dependent; "
@@ -92,7 +128,10 @@ def _verdict(result: dict[str, Any]) -> list[str]:
     if guarded:
         lines.append(f"[red]guarded: {guarded} anomalies -- this is a bug in jobfence.")
     else:
-        lines.append("[green]guarded: exact -- every job applied once, every effect once.")
+        lines.append(
+            "[green]guarded: exact -- every job applied once, every effect once, "
+            "one job per committed order."
+        )
     lines.append(f"({result['seconds']} s)")
     return lines
 
@@ -111,6 +150,13 @@ def _verdict(result: dict[str, Any]) -> list[str]:
     default=400,
     show_default=True,
     help="Distinct queue messages (a quarter of them published twice).",
+)
+@click.option(
+    "--orders",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="Orders each dual-write app commits (a job enqueued for each).",
 )
 @click.option(
     "--workers",
@@ -148,6 +194,7 @@ def _verdict(result: dict[str, Any]) -> list[str]:
 def demo(
     jobs: int,
     messages: int,
+    orders: int,
     workers: int,
     as_json: bool,
     db: str | None,
@@ -156,14 +203,17 @@ def demo(
     keep: str | None,
     seed: int,
 ) -> None:
-    """See the two bugs and their fix: the same jobs run naive, then guarded.
+    """See the bugs and their fix: the same jobs run naive, then guarded.
 
     inventory: concurrent jobs deduct stock with injected failures (some commits are
     applied but reported failed); the naive job retries its write blindly, the guarded one
     re-runs its whole unit with claim_in + versioned_update. duplicates: messages on an
     at-least-once queue, some published twice, jobfence worker processes, one killed with
     SIGKILL mid-run; the naive handler just writes, the guarded one uses guarded +
-    claim_in. With no URL everything runs on SQLite files in a temporary directory.
+    claim_in. dual write: three apps commit orders and enqueue a job for each, SIGKILLed
+    at random: commit then publish (jobs lost), publish then commit (jobs for orders that
+    never committed), and Outbox.add in the order's transaction with a relay (exact). With
+    no URL everything runs on SQLite files in a temporary directory.
 
     Exit status 1 if the guarded runs show any anomaly, else 0.
     """
@@ -174,6 +224,7 @@ def demo(
         config = DemoConfig(
             jobs=jobs,
             messages=messages,
+            orders=orders,
             workers=workers,
             db=db,
             queue=queue_url,
@@ -214,6 +265,7 @@ def demo(
     else:
         out = Console()
         out.print(_table(result))
+        out.print(_dual_table(result))
         for line in _verdict(result):
             out.print(line)
     raise SystemExit(1 if result["anomalies"]["guarded"] else 0)

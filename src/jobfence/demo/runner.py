@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from .._core.url import mask_url
 from ..errors import ConfigurationError
-from . import duplicates, inventory
+from . import dualwrite, duplicates, inventory
 from ._db import dialect_of
 
 #: ``progress(step, done, total)``: ``step`` names the run ("inventory naive", ...)
@@ -28,10 +28,12 @@ Progress = Callable[[str, int, int], None]
 class DemoConfig:
     """What ``jobfence demo`` runs. ``db``/``queue``/``locks``: backend URLs, ``None`` for a
     SQLite file in ``keep`` (or a temporary directory); ``locks=""`` runs the guarded
-    inventory jobs without a lease (the versioned update alone keeps them exact)."""
+    inventory jobs without a lease (the versioned update alone keeps them exact);
+    ``orders``: the orders each app of the dual-write scenario commits."""
 
     jobs: int = 600
     messages: int = 400
+    orders: int = 100
     workers: int = 3
     db: str | None = None
     queue: str | None = None
@@ -40,7 +42,7 @@ class DemoConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        for argument in ("jobs", "messages", "workers"):
+        for argument in ("jobs", "messages", "orders", "workers"):
             value = getattr(self, argument)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(
@@ -103,9 +105,10 @@ def _inventory_run(
 
 
 def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: None) -> DemoResult:
-    """Run the inventory and the duplicates scenario, each naive then guarded, in worker
-    processes; return the numbers counted from the databases, and the anomalies of each
-    mode (``anomalies["guarded"] == 0`` when jobfence kept every effect exact)."""
+    """Run the inventory and the duplicates scenario, each naive then guarded, and the
+    dual-write scenario (two naive apps and the outbox, side by side), in worker processes;
+    return the numbers counted from the databases, and the anomalies of each mode
+    (``anomalies["guarded"] == 0`` when jobfence kept every effect exact)."""
     started = time.perf_counter()
     directory = config.keep or tempfile.mkdtemp(prefix="jobfence-demo-")
     os.makedirs(directory, exist_ok=True)
@@ -129,42 +132,75 @@ def run_demo(config: DemoConfig, progress: Progress = lambda step, done, total: 
     }
     try:
         with open(os.path.join(directory, "workers.log"), "wb") as log:
-            inventory.setup(db, ns)
-            inv: dict[str, Any] = {
-                "jobs": config.jobs,
-                "expected_stock": inventory.expected_stock(config.jobs),
-            }
-            for mode in inventory.MODES:
-                counts = _inventory_run(config, db, locks, ns, mode, log, progress)
-                counts["stock_off_by"] = counts["stock"] - inv["expected_stock"]
-                counts["jobs_not_applied"] = config.jobs - counts["jobs_applied"]
-                inv[mode] = counts
-            result["inventory"] = inv
+            # the dual-write scenario's processes start now, warm by the time it runs
+            prepared: dualwrite.Prepared | None = dualwrite.prepare(
+                db=db, queue_url=queue_url, ns=ns, orders=config.orders, seed=config.seed, log=log
+            )
+            try:
+                inventory.setup(db, ns)
+                inv: dict[str, Any] = {
+                    "jobs": config.jobs,
+                    "expected_stock": inventory.expected_stock(config.jobs),
+                }
+                for mode in inventory.MODES:
+                    counts = _inventory_run(config, db, locks, ns, mode, log, progress)
+                    counts["stock_off_by"] = counts["stock"] - inv["expected_stock"]
+                    counts["jobs_not_applied"] = config.jobs - counts["jobs_applied"]
+                    inv[mode] = counts
+                result["inventory"] = inv
 
-            duplicates.setup(db, ns)
-            dup: dict[str, Any] = {"messages": config.messages, "expected_effects": config.messages}
-            for mode in ("naive", "guarded"):
-                step = f"duplicates {mode}"
-                counts = duplicates.run(
+                duplicates.setup(db, ns)
+                dup: dict[str, Any] = {
+                    "messages": config.messages,
+                    "expected_effects": config.messages,
+                }
+                for mode in ("naive", "guarded"):
+                    step = f"duplicates {mode}"
+                    counts = duplicates.run(
+                        db=db,
+                        queue_url=queue_url,
+                        ns=ns,
+                        mode=mode,
+                        messages=config.messages,
+                        workers=config.workers,
+                        log=log,
+                        progress=_step_progress(progress, step, config.messages),
+                    )
+                    counts["duplicate_effects"] = counts["effects"] - counts["distinct"]
+                    counts["missing_effects"] = config.messages - counts["distinct"]
+                    dup[mode] = counts
+                dup["published"] = dup["guarded"].pop("published")
+                dup["naive"].pop("published")
+                result["duplicates"] = dup
+
+                dual_started = time.perf_counter()
+                dualwrite.setup(db, ns)
+                modes = dualwrite.run(
                     db=db,
                     queue_url=queue_url,
                     ns=ns,
-                    mode=mode,
-                    messages=config.messages,
-                    workers=config.workers,
+                    orders=config.orders,
+                    seed=config.seed,
                     log=log,
-                    progress=_step_progress(progress, step, config.messages),
+                    progress=_step_progress(
+                        progress, "dual write", len(dualwrite.MODES) * config.orders
+                    ),
+                    prepared=prepared,
                 )
-                counts["duplicate_effects"] = counts["effects"] - counts["distinct"]
-                counts["missing_effects"] = config.messages - counts["distinct"]
-                dup[mode] = counts
-            dup["published"] = dup["guarded"].pop("published")
-            dup["naive"].pop("published")
-            result["duplicates"] = dup
+                prepared = None  # run() stopped its processes
+                result["dual_write"] = {
+                    "orders": config.orders,
+                    **modes,
+                    "seconds": round(time.perf_counter() - dual_started, 1),
+                }
+            finally:
+                if prepared is not None:
+                    dualwrite.discard(prepared)
     finally:
         if on_server and not config.keep:
             inventory.drop(db, ns)
             duplicates.drop(db, ns)
+            dualwrite.drop(db, ns)
         if not config.keep:
             shutil.rmtree(directory, ignore_errors=True)
     result["anomalies"] = {mode: anomalies(result, mode) for mode in ("naive", "guarded")}
@@ -181,8 +217,11 @@ def _step_progress(progress: Progress, step: str, total: int) -> Callable[[int],
 
 def anomalies(result: DemoResult, mode: str) -> int:
     """Lost updates + jobs not applied exactly once + a wrong stock (counted once) + duplicate
-    and missing effects, of ``mode``'s runs."""
+    and missing effects + lost and phantom jobs (the dual write: both naive apps for
+    ``"naive"``, the outbox for ``"guarded"``), of ``mode``'s runs."""
     inv, dup = result["inventory"][mode], result["duplicates"][mode]
+    dual = result["dual_write"]
+    dual_modes = dualwrite.NAIVE_MODES if mode == "naive" else ("outbox",)
     return int(
         inv["lost_updates"]
         + abs(inv["writes"] - result["inventory"]["jobs"])
@@ -190,4 +229,6 @@ def anomalies(result: DemoResult, mode: str) -> int:
         + (inv["stock_off_by"] != 0)
         + dup["duplicate_effects"]
         + dup["missing_effects"]
+        + sum(dual[m]["lost"] + dual[m]["phantom"] for m in dual_modes)
+        + sum(abs(dual[m]["job_rows"] - dual[m]["jobs"]) for m in dual_modes if m == "outbox")
     )
