@@ -394,10 +394,15 @@ class AsyncRelay:
         total = 0
         await self._purge_if_due()
         while True:
+            down: BaseException | None = None
             try:
                 claimed, published = await self._one_batch()
-            except _Down as down:
-                raise down.cause from None
+            except _Down as exc:
+                down = exc.cause
+            if down is not None:
+                # raised outside the handler: the destination's error keeps its own cause
+                # (a BackendError's driver error, which is_transient() reads)
+                raise down
             total += published
             if claimed < self.batch or self._stopping:
                 return total

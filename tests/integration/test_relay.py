@@ -776,3 +776,28 @@ def test_a_polling_relay_backs_its_pauses_off_and_loops_on_full_batches(
             runner.stop()
     assert pauses()[:8] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.16, 0.01, 0.01]
     assert claims_for_rows == 3  # 5 + 5 + 2: the full batches were claimed at once
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_run_once_raises_the_destinations_own_error_with_its_cause(
+    flavour: str, sqlite_outbox: OutboxSide
+) -> None:
+    """A destination that is down makes ``run_once`` raise its error as it was raised, its
+    driver error still its ``__cause__``, so ``jobfence.is_transient`` still tells an outage;
+    the rows are given back with no attempt counted."""
+    driver_error = ConnectionRefusedError("the broker refused the connection")
+
+    def down(rows: list[OutboxRow]) -> None:
+        raise jobfence.BackendError(
+            "broker unreachable", backend="test", operation="publish"
+        ) from driver_error
+
+    with sqlite_outbox.open() as outbox:
+        sqlite_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(2)])
+        with pytest.raises(jobfence.BackendError) as raised:
+            run_relay(flavour, sqlite_outbox, down)
+        assert raised.value.__cause__ is driver_error
+        assert jobfence.is_transient(raised.value)
+        entries = sqlite_outbox.entries(outbox)
+        assert [e.state for e in entries] == ["pending", "pending"]
+        assert [e.attempts for e in entries] == [0, 0]
