@@ -15,7 +15,8 @@
 * ``python -m tests.reliability._outbox_app relay ARGS...`` -- ``jobfence relay ARGS...``
   (the command line, when this jobfence has it; else a ``jobfence.Relay`` run with the same
   few options), with the I/O hook pausing ``JF_SETTLE_HOLD`` seconds at every
-  ``outbox.settle`` (after a batch was published, before it is marked published): a relay
+  ``outbox.settle`` of the verb ``published`` (after a batch was sent, before it is marked
+  published; meanwhile the file ``settling-<pid>`` exists in ``JF_GATE_DIR``): a relay
   that is killed while it holds its rows has sent them, so the next relay sends them again.
 * ``handle`` -- the worker's handler (``jobfence worker tests.reliability._outbox_app:handle``):
   it records each delivery in ``<ns>_deliveries`` (committed at once), then, ``guarded`` by
@@ -182,12 +183,18 @@ def orders_main() -> None:
 # -- a relay ---------------------------------------------------------------------------------
 
 
-def _hold_settles(seconds: float) -> None:
+def _hold_settles(seconds: float, flag: Path) -> None:
+    """Install the I/O hook that makes this relay slow to mark its batches published: while
+    it waits, the file ``flag`` exists (the test kills the relay there)."""
     from jobfence.testing import set_hook
 
     def hook(point: str, **info: Any) -> None:
-        if point == "outbox.settle":
-            time.sleep(seconds)  # a slow relay: its batch sent, not yet marked published
+        if point == "outbox.settle" and info.get("verb") == "published":
+            flag.touch()
+            try:
+                time.sleep(seconds)  # a slow relay: its batch sent, not yet marked published
+            finally:
+                flag.unlink(missing_ok=True)
 
     set_hook(hook)
 
@@ -195,7 +202,7 @@ def _hold_settles(seconds: float) -> None:
 def relay_main(args: list[str]) -> None:
     hold = float(os.environ.get("JF_SETTLE_HOLD", "0"))
     if hold:
-        _hold_settles(hold)
+        _hold_settles(hold, Path(os.environ["JF_GATE_DIR"]) / f"settling-{os.getpid()}")
     try:
         from jobfence.cli.outbox_cmd import relay_command
     except ImportError:  # no ``jobfence relay`` command: the Relay itself, same options

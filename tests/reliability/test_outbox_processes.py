@@ -10,11 +10,13 @@ one ``jobfence worker`` (concurrency 1) applies each order in ONE PostgreSQL tra
 The run, in three thirds of the orders (the app waits at each third until the test lets it
 go on):
 
-1. relay A is slow to mark its batches published (0.3 s after sending each one): the test
-   SIGSTOPs it until it holds claimed rows (``outbox.entries(state="claimed")`` shows rows
-   claimed by its pid), then SIGKILLs it. Those rows were claimed and possibly already sent;
-   relay B must take them over when their lease (2 s) runs out. **takeover** = from the kill
-   until every one of them is published, by B;
+1. relay A is slow to mark its batches published (it waits 0.3 s after sending each one,
+   its I/O hook at ``outbox.settle``, and says so with a file): the test SIGSTOPs it while
+   it waits there and holds claimed rows (``outbox.entries(state="claimed")`` shows rows
+   claimed by its pid), then SIGKILLs it. Those rows were sent and not marked published;
+   relay B must take them over when their lease (2 s) runs out and send them again: the
+   worker gets each of them twice. **takeover** = from the kill until every one of them is
+   published, by B;
 2. the second third is committed, then the queue's broker goes down for 3 s while the last
    third is committed: Redis (AOF, ``appendfsync always``) and PostgreSQL (a disposable
    server, ``pg_ctl -m immediate``) are killed and started again on their data; RabbitMQ
@@ -50,8 +52,10 @@ each case's figures to that file as a JSON line.
 The composition test runs the parts with their defaults (concurrency, max deliveries,
 batch, relay lease): ``jobfence worker --relay`` (the relay in the worker's process), a
 queue on Redis, the guarded handler. The worker is SIGKILLed while handlers of it work and
-a new one started; then Redis is killed while the new one works and started again on its
-files. Nothing is applied twice, every committed order is applied, and no message that never
+its relay holds claimed rows (found with SIGSTOP, as above), and a new one is started (its
+relay takes the rows over after the default 30 s lease); then Redis is killed while the new
+one works and started again on its files. Nothing is applied twice, every committed order is
+applied, the killed relay's rows are published by the new one, and no message that never
 reached a handler is dead-lettered. Only the visibility and the claim ttl are short (2 s).
 """
 
@@ -511,11 +515,16 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
         _wait_for("the app's first third", lambda: run.gate_reached(first_gate), procs=live)
         held: list[Any] = []
 
+        settling = run.gates / f"settling-{relay_a.pid}"
+
         def holding() -> bool:
+            """Relay A, stopped, has sent a batch and holds its rows: kill it there."""
+            if not settling.exists():
+                return False
             os.kill(relay_a.pid, signal.SIGSTOP)
             rows = [e for e in outbox.entries(state="claimed", limit=1000) if
                     owned_by(e, relay_a.pid)]  # fmt: skip
-            if rows:
+            if rows and settling.exists():
                 os.kill(relay_a.pid, signal.SIGKILL)
                 held.extend(rows)
                 return True
@@ -602,6 +611,10 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
     assert {n: c for n, c in applied.items() if c > 1} == {}, "applied twice"
     assert sorted(applied) == expected
     assert not [n for n in applied if is_rolled_back(SEED, n)]
+    # relay A had sent the rows it held when it was killed, relay B sent them again: the
+    # worker got them twice and the inbox absorbed the second copies
+    delivered = deliveries(run.ns)
+    assert len(delivered) - len(rows) >= len(held), (len(delivered), len(rows), len(held))
     # the outbox: exactly the committed orders, all published, nothing dead or left
     assert sorted(e.id for e in entries) == sorted(f"order:{n}" for n in expected)
     assert {e.state for e in entries} == {"published"}, Counter(e.state for e in entries)
@@ -617,7 +630,6 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
         assert sorted(row[2] for row in rows if row[1] == key) == list(
             range(sum(1 for row in rows if row[1] == key))
         ), key
-    delivered = deliveries(run.ns)
     by_relay = Counter("b" if owned_by(e, relay_b.pid) else "a" for e in entries)
     report(
         {
@@ -674,12 +686,28 @@ def test_composition_worker_with_relay_through_a_killed_worker_and_a_restarted_s
     app = run.spawn("app", ["-m", APP, "orders"], JF_ORDERS=str(COMPOSE_ORDERS), JF_PACE="0.005")
 
     # the worker dies while handlers of it work (their deliveries recorded, no effect yet)
-    def in_the_middle() -> bool:
-        applied = {row[0] for row in ledger(run.ns)}
-        return any(d[2] == victim.pid and d[0] not in applied for d in deliveries(run.ns))
+    # and, with the relay in its process, while that relay holds claimed rows
+    outbox = jobfence.Outbox(run.url, table=run.table)
+    relay_inside = worker_has_relay()
+    held: list[Any] = []
 
-    _wait_for("handlers of the first worker at work", in_the_middle, procs=[victim])
-    victim.send_signal(signal.SIGKILL)
+    def in_the_middle() -> bool:
+        os.kill(victim.pid, signal.SIGSTOP)
+        applied = {row[0] for row in ledger(run.ns)}
+        working = any(d[2] == victim.pid and d[0] not in applied for d in deliveries(run.ns))
+        holding = [e for e in outbox.entries(state="claimed") if owned_by(e, victim.pid)]
+        if working and (holding or not relay_inside):
+            os.kill(victim.pid, signal.SIGKILL)
+            held.extend(holding)
+            return True
+        os.kill(victim.pid, signal.SIGCONT)
+        return False
+
+    try:
+        _wait_for("the first worker in the middle of its work", in_the_middle, procs=[victim])
+    finally:
+        outbox.close()
+    killed_at = time.monotonic()
     victim.wait(10)
     survivor = run.worker("worker-2", *worker_args, **short)
     # the queue's server dies while the new worker works, and comes back on its files
@@ -699,6 +727,7 @@ def test_composition_worker_with_relay_through_a_killed_worker_and_a_restarted_s
         timeout=150,
         procs=[survivor],
     )
+    applied_at = time.monotonic()
     queue = jobfence.Queue(run.broker.url, run.broker.queue)
     try:
         _wait_for("the queue to drain", lambda: _queue_drained(queue), procs=[survivor])
@@ -716,7 +745,11 @@ def test_composition_worker_with_relay_through_a_killed_worker_and_a_restarted_s
     assert never_ran == [], never_ran
     with jobfence.Outbox(run.url, table=run.table) as outbox:
         stats = outbox.stats()
+        republished = [e for e in all_entries(outbox, "published") if e.id in {h.id for h in held}]
     assert (stats.pending, stats.claimed, stats.dead) == (0, 0, 0), stats
+    # the killed worker's relay's rows were published by the new worker's relay
+    assert len(republished) == len(held)
+    assert not [e for e in republished if owned_by(e, victim.pid)], republished
     delivered = deliveries(run.ns)
     report(
         {
@@ -726,6 +759,8 @@ def test_composition_worker_with_relay_through_a_killed_worker_and_a_restarted_s
             "deliveries": len(delivered),
             "duplicates_absorbed": len(delivered) - len(rows),
             "killed_worker_deliveries": sum(1 for d in delivered if d[2] == victim.pid),
+            "killed_worker_relay_rows": len(held),
+            "all_applied_s": round(applied_at - killed_at, 1),
             "dead_letters": len(dead_letters),
         }
     )
