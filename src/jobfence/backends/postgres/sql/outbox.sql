@@ -107,9 +107,15 @@ LISTEN {table};
 
 -- name: claim_lock
 -- The first statement of a claim's transaction. Params: :lock, a 64-bit hash of the table's
--- name. Claims of one table run one at a time: the claim that follows, a fresh statement,
--- sees every claim committed before it.
-SELECT pg_advisory_xact_lock(CAST(:lock AS bigint));
+-- name; :idle_ms, the longest the transaction may wait for its client, in milliseconds (the
+-- request timeout). Claims of one table run one at a time: the claim that follows, a fresh
+-- statement, sees every claim committed before it. A relay frozen inside its claim (a
+-- stopped process, a paused VM) would hold the lock, and stop every relay of the table, for
+-- as long as its connection lives: the server ends such a session after :idle_ms instead
+-- (idle_in_transaction_session_timeout, for this transaction only), which rolls the claim
+-- back and frees the lock.
+SELECT set_config('idle_in_transaction_session_timeout', CAST(:idle_ms AS text), true),
+       pg_advisory_xact_lock(CAST(:lock AS bigint));
 
 -- name: claim
 -- The second statement of a claim's transaction (after claim_lock). Params: :relay, :limit,
