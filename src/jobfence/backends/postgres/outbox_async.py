@@ -213,7 +213,7 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
             return []
         params = {
             "lock": self._lock,
-            "idle_ms": max(1, int(self.timeouts.request * 1000)),
+            "idle_ms": str(max(1, int(self.timeouts.request * 1000))),
             "relay": relay,
             "limit": int(limit),
             "lease": float(lease),
