@@ -801,9 +801,7 @@ def claim_lock_held(database: str, table: str) -> bool:
 @pytest.mark.parametrize(
     "run",
     [pytest.param(("postgres", "redis"), id="postgres"),
-     pytest.param(("mysql", "redis"), id="mysql", marks=pytest.mark.xfail(strict=True, reason=(
-         "known bug: the MySQL/MariaDB claim holds GET_LOCK on a session that lives as long "
-         "as the frozen relay's connection; no server-side limit frees it")))],
+     pytest.param(("mysql", "redis"), id="mysql")],
     indirect=True,
 )  # fmt: skip
 def test_a_relay_frozen_inside_its_claim_does_not_stop_the_other_relays(run: Run) -> None:
