@@ -3,7 +3,8 @@ health of backends and takes a probe lease; ``worker`` runs a handler on a queue
 publishes and inspects messages; ``locks`` lists, shows and breaks the locks held; ``inbox``
 lists, shows and purges the inbox's records; ``dashboard`` serves a local web page of them;
 ``scheduler`` runs a scheduler's loop and ``schedule`` lists, shows, pauses, resumes and triggers
-its schedules."""
+its schedules; ``relay`` publishes the transactional outbox's rows and ``outbox`` lists, shows,
+retries and purges them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .dashboard_cmd import dashboard
 from .demo_cmd import demo
 from .inbox_cmd import inbox_group
 from .locks_cmd import locks_group
+from .outbox_cmd import outbox_group, relay_command
 from .queue_cmd import queue_group
 from .redis_cmd import redis_group
 from .schedule_cmd import schedule_group, scheduler_command
@@ -95,6 +97,8 @@ cli.add_command(dashboard)
 cli.add_command(redis_group)
 cli.add_command(scheduler_command)
 cli.add_command(schedule_group)
+cli.add_command(relay_command)
+cli.add_command(outbox_group)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""``jobfence dashboard URL...``: a local web page of the locks, inbox claims and queues, and
-of the schedules of the schedulers named with ``--scheduler``."""
+"""``jobfence dashboard URL...``: a local web page of the locks, inbox claims and queues, of
+the schedules of the schedulers named with ``--scheduler`` and of the transactional outboxes
+named with ``--outbox``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from .._core.inbox_support import DEFAULT_TABLE
 from ..dashboard import Dashboard, DashboardConfig, make_server
 from ..errors import ConfigurationError, JobfenceError
 from ._common import NAMESPACE_ENV, URL_ENV
+from .outbox_cmd import DEFAULT_TABLE as OUTBOX_TABLE
+from .outbox_cmd import TABLE_ENV as OUTBOX_TABLE_ENV
 from .schedule_cmd import load_scheduler
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -65,11 +68,26 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     "like `jobfence schedule list MODULE:OBJ` does.",
 )
 @click.option(
+    "--outbox",
+    "outboxes",
+    multiple=True,
+    metavar="URL",
+    help="A database whose transactional outbox to show (repeatable): counts by state, the "
+    "oldest unpublished row's age, unpublished rows by queue, dead rows.",
+)
+@click.option(
+    "--outbox-table",
+    envvar=OUTBOX_TABLE_ENV,
+    default=OUTBOX_TABLE,
+    show_default=True,
+    help=f"The outboxes' table (or {OUTBOX_TABLE_ENV}).",
+)
+@click.option(
     "--allow-actions",
     is_flag=True,
     help="Show and accept the actions: break a lock, forget or purge inbox records, requeue "
-    "dead letters, pause, resume and trigger schedules. Without it the dashboard is "
-    "read-only.",
+    "dead letters, pause, resume and trigger schedules, retry dead outbox rows. Without it "
+    "the dashboard is read-only.",
 )
 @click.option(
     "--host",
@@ -94,16 +112,19 @@ def dashboard(
     lock_prefix: str,
     limit: int,
     schedulers: tuple[str, ...],
+    outboxes: tuple[str, ...],
+    outbox_table: str,
     allow_actions: bool,
     host: str,
     port: int,
 ) -> None:
-    """Serve a web page of the locks, inbox claims and queues at each backend URL, and of
-    the schedules of each --scheduler.
+    """Serve a web page of the locks, inbox claims and queues at each backend URL, of the
+    schedules of each --scheduler and of the transactional outbox at each --outbox URL.
 
     URL is a backend (redis://, postgresql://, mysql://, sqlite:///..., amqp://); several may
-    be given, or JOBFENCE_URL is used. The page refreshes every 2 seconds; a backend that is
-    down shows its error while the others go on. It binds 127.0.0.1 unless --host says
+    be given, or JOBFENCE_URL is used (none is needed with --outbox). The page refreshes
+    every 2 seconds; a backend that is down shows its error while the others go on. It binds
+    127.0.0.1 unless --host says
     otherwise and is read-only unless --allow-actions is given; every action is logged at
     WARNING on the jobfence.cli logger. The page has no login: bound to an address other
     machines can reach, it warns on stderr (loudly with --allow-actions). Stops on Ctrl-C or
@@ -111,9 +132,10 @@ def dashboard(
     """
     if not urls:
         env = os.environ.get(URL_ENV)
-        if not env:
+        if env:
+            urls = (env,)
+        elif not outboxes:
             raise click.UsageError(f"give at least one backend URL, or set {URL_ENV}")
-        urls = (env,)
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     loaded = {spec: load_scheduler(spec, "--scheduler") for spec in dict.fromkeys(schedulers)}
     try:
@@ -126,6 +148,8 @@ def dashboard(
                 inbox_table=inbox_table,
                 lock_prefix=lock_prefix,
                 limit=limit,
+                outboxes=tuple(dict.fromkeys(outboxes)),
+                outbox_table=outbox_table,
             ),
             loaded,
         )
@@ -145,8 +169,8 @@ def dashboard(
         click.secho(
             f"{rule}\n"
             f"WARNING: anyone who can reach port {server.port} can break locks, forget inbox\n"
-            "records, requeue dead letters and pause or trigger schedules: the dashboard has\n"
-            "no login.\n"
+            "records, requeue dead letters, pause or trigger schedules and retry dead outbox\n"
+            "rows: the dashboard has no login.\n"
             f"{rule}",
             err=True,
             fg="red",

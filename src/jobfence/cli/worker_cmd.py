@@ -19,6 +19,9 @@ from ..queue import Queue
 from ..queue_async import AsyncQueue
 from ..worker import AsyncWorker, Worker, WorkerStats
 from ._common import load_object
+from .outbox_cmd import DEFAULT_TABLE as OUTBOX_TABLE
+from .outbox_cmd import TABLE_ENV as OUTBOX_TABLE_ENV
+from .outbox_cmd import relay_beside
 from .schedule_cmd import load_scheduler, run_beside
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -83,6 +86,29 @@ def _status(name: str, url: str, stats: WorkerStats, concurrency: int) -> Table:
     default=None,
     help="Also run the schedules of this Scheduler / AsyncScheduler object, in this process.",
 )
+@click.option(
+    "--relay",
+    "relay_url",
+    metavar="OUTBOX_URL",
+    default=None,
+    help="Also run a relay of the transactional outbox at OUTBOX_URL, in this process, "
+    "publishing its rows to this worker's queue URL.",
+)
+@click.option(
+    "--relay-queue",
+    "relay_queues",
+    multiple=True,
+    metavar="NAME",
+    help="With --relay: relay the rows of this queue (repeatable; default: the worker's "
+    "--name only).",
+)
+@click.option(
+    "--outbox-table",
+    envvar=OUTBOX_TABLE_ENV,
+    default=OUTBOX_TABLE,
+    show_default=True,
+    help=f"With --relay: the outbox's table (or {OUTBOX_TABLE_ENV}).",
+)
 def worker(
     handler: str,
     url: str,
@@ -94,6 +120,9 @@ def worker(
     log_level: str,
     live: bool | None,
     scheduler_spec: str | None,
+    relay_url: str | None,
+    relay_queues: tuple[str, ...],
+    outbox_table: str,
 ) -> None:
     """Run HANDLER (module:function) on the queue NAME at --queue URL until SIGTERM/SIGINT.
 
@@ -104,10 +133,15 @@ def worker(
     redelivered after the holder's expiry without using up a delivery.
 
     With --scheduler MODULE:OBJ the scheduler's loop runs beside the worker (in a thread of
-    its own) and stops when the worker does.
+    its own) and stops when the worker does. With --relay OUTBOX_URL a relay of the
+    transactional outbox runs beside it the same way, publishing the outbox's rows of the
+    queue NAME (or of each --relay-queue) to --queue URL; it finishes its batch in hand and
+    stops after the worker.
     """
     fn = load_handler(handler)
     scheduler = None if scheduler_spec is None else load_scheduler(scheduler_spec, "--scheduler")
+    if relay_queues and relay_url is None:
+        raise click.UsageError("--relay-queue goes with --relay OUTBOX_URL")
     console = Console(stderr=True)
     if live is None:
         live = console.is_terminal
@@ -146,13 +180,48 @@ def worker(
             queue.close()
 
     shown = url if "@" not in url else url.split("@", 1)[1]
-    finish = None if scheduler is None else run_beside(scheduler)
+    finishers: list[Any] = []
+    try:
+        if relay_url is not None:
+            finishers.append(
+                relay_beside(relay_url, url, list(relay_queues) or [name], table=outbox_table)
+            )
+        if scheduler is not None:
+            finishers.append(run_beside(scheduler))
+    except BaseException:
+        _close_runner(is_async, aqueue if is_async else queue)
+        for finish in reversed(finishers):
+            finish()
+        raise
     try:
         stats = _run_shown(run, live, console, name, shown, runner, concurrency)
     finally:
-        if finish is not None:
-            finish()
+        _finish_all(finishers)
     logging.getLogger("jobfence.worker").info("final stats: %s", stats)
+
+
+def _close_runner(is_async: bool, client: Any) -> None:
+    """Close the queue client of a worker that will not run."""
+    try:
+        if is_async:
+            asyncio.run(client.close())
+        else:
+            client.close()
+    except JobfenceError:
+        pass
+
+
+def _finish_all(finishers: list[Any]) -> None:
+    """Stop what runs beside the worker, the last started first; every one is stopped even
+    when one of them failed (the first failure is raised after)."""
+    failure: BaseException | None = None
+    for finish in reversed(finishers):
+        try:
+            finish()
+        except BaseException as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def _run_shown(

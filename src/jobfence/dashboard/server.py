@@ -5,7 +5,9 @@ the package, nothing from elsewhere: it works offline), ``GET /api/state`` what 
 The actions are ``POST /api/locks/break``, ``/api/inbox/forget``, ``/api/inbox/purge`` and
 ``/api/queues/requeue`` with a JSON body naming the target (its ``id`` in the state) and the
 object, and ``POST /api/schedules/pause``, ``/resume`` and ``/trigger`` with a JSON body naming
-the scheduler (its ``id`` in the state's ``schedulers``) and the schedule (``name``).
+the scheduler (its ``id`` in the state's ``schedulers``) and the schedule (``name``), and
+``POST /api/outbox/retry`` with a JSON body naming the outbox (its ``id`` in the state's
+``outboxes``) and the dead rows' ``ids`` (``null``: every dead row).
 
 Defences, as the server is reachable by any page the operator's browser opens:
 
@@ -131,16 +133,16 @@ class DashboardServer(ThreadingHTTPServer):
             return (
                 f"the dashboard listens on {bound} with --allow-actions, and the page has no "
                 "login: anyone who can reach this port can break locks, forget inbox records "
-                "(their work runs again), requeue dead letters and pause, resume or trigger "
-                "the schedules shown. Bind 127.0.0.1 (the "
+                "(their work runs again), requeue dead letters, retry dead outbox rows and "
+                "pause, resume or trigger the schedules shown. Bind 127.0.0.1 (the "
                 "default) and reach it through an SSH tunnel, or put an authenticating proxy "
                 "in front of it."
             )
         return (
             f"the dashboard listens on {bound}, and the page has no login: anyone who can "
             "reach this port sees the lock names and holders, the inbox keys, the dead "
-            "letters' message ids and errors and the schedules' records (read-only: no "
-            "actions)."
+            "letters' message ids and errors, the schedules' records and the outbox's dead "
+            "rows (read-only: no actions)."
         )
 
     def host_allowed(self, value: str | None) -> bool:
@@ -189,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         "/api/schedules/pause": "_pause",
         "/api/schedules/resume": "_resume",
         "/api/schedules/trigger": "_trigger",
+        "/api/outbox/retry": "_outbox_retry",
     }
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -338,6 +341,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _trigger(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._scheduler(body).trigger(self._text(body, "name"))
+
+    def _outbox_retry(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.server.dashboard.outbox(body.get("outbox")).retry(body.get("ids"))
 
     def _requeue(self, body: dict[str, Any]) -> dict[str, Any]:
         target = self._target(body)

@@ -30,6 +30,7 @@ from ..locks import Locks
 from ..queue import Queue
 from ..scheduler import Scheduler
 from ..scheduler_async import AsyncScheduler
+from .outbox import OutboxSource
 from .schedules import SchedulerSource, who
 
 __all__ = ["Dashboard", "DashboardConfig", "Target", "masked_error"]
@@ -51,7 +52,8 @@ class DashboardConfig:
     """What the dashboard looks at: the backend ``urls``; the lock ``namespace`` and the
     names starting with ``lock_prefix``; the ``queues`` by name, and (``discover_queues``)
     the queues that hold messages where the backend can list them (not RabbitMQ); the inbox
-    ``inbox_table``; at most ``limit`` rows per listing."""
+    ``inbox_table``; at most ``limit`` rows per listing; the transactional outboxes whose
+    table ``outbox_table`` lives at each of the ``outboxes`` URLs."""
 
     urls: tuple[str, ...]
     namespace: str = "jobfence"
@@ -60,9 +62,11 @@ class DashboardConfig:
     lock_prefix: str = ""
     limit: int = 100
     discover_queues: bool = True
+    outboxes: tuple[str, ...] = ()
+    outbox_table: str = "jobfence_outbox"
 
     def __post_init__(self) -> None:
-        if not self.urls:
+        if not self.urls and not self.outboxes:
             raise ConfigurationError("give at least one backend URL", argument="urls")
         check_listing(self.lock_prefix, self.limit)
         for name in self.queues:
@@ -422,6 +426,10 @@ class Dashboard:
     ) -> None:
         self.config = config
         self.targets = [Target(i, url, config) for i, url in enumerate(config.urls)]
+        self.outboxes = [
+            OutboxSource(i, url, config.outbox_table, ANSWER_TIMEOUT)
+            for i, url in enumerate(dict.fromkeys(config.outboxes))
+        ]
         self.schedulers: list[SchedulerSource] = []
         try:
             for i, (label, scheduler) in enumerate((schedulers or {}).items()):
@@ -430,10 +438,10 @@ class Dashboard:
             for made in self.schedulers:  # the loops started for the ones before
                 made.stop_loop()
             raise
-        # one worker per URL and per scheduler: each has at most one gathering running
-        # (its ``pending``)
+        # one worker per URL, per scheduler and per outbox: each has at most one gathering
+        # running (its ``pending``)
         self._pool = ThreadPoolExecutor(
-            max_workers=len(self.targets) + len(self.schedulers),
+            max_workers=max(1, len(self.targets) + len(self.schedulers) + len(self.outboxes)),
             thread_name_prefix="jobfence-dashboard",
         )
         self._submitting = threading.Lock()
@@ -444,6 +452,8 @@ class Dashboard:
         try:
             for target in self.targets:
                 target.check()
+            for outbox in self.outboxes:
+                outbox.check()
         except BaseException:
             self.close()
             raise
@@ -461,10 +471,22 @@ class Dashboard:
             )
         return self.schedulers[_index(index, len(self.schedulers), "scheduler")]
 
+    def outbox(self, index: object) -> OutboxSource:
+        """The outbox numbered ``index`` (as ``"id"`` in the state's ``"outboxes"``)."""
+        if not self.outboxes:
+            raise ConfigurationError(
+                "the dashboard shows no outbox (start it with --outbox URL)", argument="outbox"
+            )
+        return self.outboxes[_index(index, len(self.outboxes), "outbox")]
+
     def mask(self, exc: BaseException, *, typed: bool = True) -> str:
         """The text of ``exc`` (:func:`masked_error`) with every URL the dashboard knows
         masked."""
-        urls = [*self.config.urls, *(s.url for s in self.schedulers if s.url)]
+        urls = [
+            *self.config.urls,
+            *self.config.outboxes,
+            *(s.url for s in self.schedulers if s.url),
+        ]
         return masked_error(exc, urls, typed=typed)
 
     def state(self) -> dict[str, Any]:
@@ -472,7 +494,11 @@ class Dashboard:
         the answer by its own time only, not the sum, and one that does not answer within
         ANSWER_TIMEOUT is reported as such (its gathering goes on; the next call waits for
         it rather than start another)."""
-        sources: list[Target | SchedulerSource] = [*self.targets, *self.schedulers]
+        sources: list[Target | SchedulerSource | OutboxSource] = [
+            *self.targets,
+            *self.schedulers,
+            *self.outboxes,
+        ]
         with self._submitting:
             futures = []
             for source in sources:
@@ -487,10 +513,12 @@ class Dashboard:
             future.result() if future.done() else source.not_answering(ANSWER_TIMEOUT)
             for source, future in zip(sources, futures, strict=True)
         ]
+        first_outbox = len(self.targets) + len(self.schedulers)
         return {
             "generated_at": time.time(),
             "targets": states[: len(self.targets)],
-            "schedulers": states[len(self.targets) :],
+            "schedulers": states[len(self.targets) : first_outbox],
+            "outboxes": states[first_outbox:],
         }
 
     def close(self) -> None:
@@ -499,6 +527,8 @@ class Dashboard:
             target.close()
         for source in self.schedulers:
             source.close()
+        for outbox in self.outboxes:
+            outbox.close()
 
 
 def _index(index: object, count: int, argument: str) -> int:

@@ -1,6 +1,6 @@
 // The jobfence dashboard page: polls /api/state every 2 s, counts time left down between
-// polls, shows the schedules of the schedulers it was given, and (when the server allows
-// actions) asks for a confirmation before each action.
+// polls, shows the schedules of the schedulers and the outboxes it was given, and (when the
+// server allows actions) asks for a confirmation before each action.
 // Every value from the server is put in the page as text, never as HTML.
 "use strict";
 
@@ -78,7 +78,8 @@ function nextCell(key, schedule, fetchedAt) {
 // The state without what changes at every poll (time left), to re-render only on change.
 function signature(state) {
   return JSON.stringify(state, (key, value) =>
-    key === "expires_in" || key === "generated_at" || key === "age" || key === "next_in"
+    key === "expires_in" || key === "generated_at" || key === "age" || key === "next_in" ||
+    key === "oldest_pending"
       ? undefined
       : value,
   );
@@ -528,6 +529,107 @@ function schedulerArticle(source, fetchedAt) {
   );
 }
 
+// -- outboxes -------------------------------------------------------------------------------
+
+function ageText(seconds) {
+  return seconds === null || seconds === undefined ? "nothing waiting" : formatLeft(seconds * 1000);
+}
+
+// The oldest unpublished row's age changes at every poll: set in place, not re-rendered.
+function updateOutboxAges(state) {
+  for (const source of state.outboxes || []) {
+    const cell = document.querySelector(`article[data-outbox="${source.id}"] .oldest-pending`);
+    if (cell && source.status === "ok") cell.textContent = ageText(source.oldest_pending);
+  }
+}
+
+function outboxRetry(source, ids, question) {
+  return act(question, "/api/outbox/retry", { outbox: source.id, ids }, (r) =>
+    `retried ${r.retried} dead row(s)`,
+  );
+}
+
+function outboxPanel(source) {
+  const section = el("section", { class: "panel outbox" }, el("h3", null, "outbox"));
+  if (source.status === "error") {
+    section.append(errorLine(source));
+    return section;
+  }
+  const counts = source.counts;
+  section.append(
+    table(
+      ["pending", "claimed", "published", "dead", "oldest unpublished"],
+      [
+        el(
+          "tr",
+          null,
+          el("td", { class: "num pending" }, show(counts.pending)),
+          el("td", { class: "num claimed" }, show(counts.claimed)),
+          el("td", { class: "num published" }, show(counts.published)),
+          el("td", { class: "num dead" }, show(counts.dead)),
+          el("td", { class: "num oldest-pending" }, ageText(source.oldest_pending)),
+        ),
+      ],
+      { class: "counts" },
+    ),
+  );
+  if (source.queues.length) {
+    const rows = source.queues.map((queue) =>
+      el(
+        "tr",
+        { "data-outbox-queue": queue.name },
+        el("td", { class: "name" }, queue.name),
+        el("td", { class: "num pending" }, show(queue.pending)),
+        el("td", { class: "num claimed" }, show(queue.claimed)),
+      ),
+    );
+    section.append(
+      el("h4", null, "unpublished rows by queue" + (source.queues_truncated ? " (first rows)" : "")),
+      table(["queue", "pending", "claimed"], rows, { class: "outbox-queues counts" }),
+    );
+  }
+  if (!source.dead.length) return section;
+  const headers = ["dead row", "queue", "key", "attempts", "error"];
+  if (ACTIONS) headers.push("");
+  const rows = source.dead.map((dead) => {
+    const row = el(
+      "tr",
+      { "data-outbox-dead": dead.id },
+      el("td", { class: "name" }, dead.id),
+      el("td", { class: "name queue" }, dead.queue),
+      el("td", { class: "name key" }, dead.key === null ? "" : dead.key),
+      el("td", { class: "num attempts" }, show(dead.attempts)),
+      el("td", { class: "error-text" }, dead.error || ""),
+    );
+    if (ACTIONS) {
+      const question =
+        `Retry dead row ${dead.id} (queue ${dead.queue}, ${show(dead.attempts)} attempts) ` +
+        `of outbox ${source.table} at ${source.url}?`;
+      row.append(el("td", null, button("Retry", () => outboxRetry(source, [dead.id], question))));
+    }
+    return row;
+  });
+  section.append(
+    el("h4", null, source.dead_truncated ? `newest ${source.dead.length} dead rows` : "dead rows"),
+    table(headers, rows, { class: "outbox-dead" }),
+  );
+  if (ACTIONS) {
+    const question =
+      `Retry all ${show(counts.dead)} dead rows of outbox ${source.table} at ${source.url}?`;
+    section.append(button("Retry all dead", () => outboxRetry(source, null, question)));
+  }
+  return section;
+}
+
+function outboxArticle(source) {
+  return el(
+    "article",
+    { class: "outbox", "data-outbox": String(source.id) },
+    el("h2", null, `outbox ${source.table}`, el("span", { class: "muted" }, ` ${source.url}`)),
+    outboxPanel(source),
+  );
+}
+
 function render(state, fetchedAt) {
   countdowns = [];
   const main = document.getElementById("targets");
@@ -542,7 +644,8 @@ function render(state, fetchedAt) {
       ...target.queues.map((queue) => queuePanel(target, queue)),
     ),
   );
-  main.replaceChildren(...sections, ...schedulers);
+  const outboxes = (state.outboxes || []).map((o) => outboxArticle(o));
+  main.replaceChildren(...sections, ...schedulers, ...outboxes);
 }
 
 async function refresh() {
@@ -563,6 +666,7 @@ async function refresh() {
       lastSignature = sig;
     } else {
       updateDeadlines(state, fetchedAt);
+      updateOutboxAges(state);
     }
     tick();
     failure.hidden = true;
