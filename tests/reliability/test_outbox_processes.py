@@ -10,13 +10,13 @@ one ``jobfence worker`` (concurrency 1) applies each order in ONE PostgreSQL tra
 The run, in three thirds of the orders (the app waits at each third until the test lets it
 go on):
 
-1. relay A is slow to mark its batches published (it waits 0.3 s after sending each one,
-   its I/O hook at ``outbox.settle``, and says so with a file): the test SIGSTOPs it while
-   it waits there and holds claimed rows (``outbox.entries(state="claimed")`` shows rows
-   claimed by its pid), then SIGKILLs it. Those rows were sent and not marked published;
-   relay B must take them over when their lease (2 s) runs out and send them again: the
-   worker gets each of them twice. **takeover** = from the kill until every one of them is
-   published, by B;
+1. both relays are slow to mark their batches published (each waits 0.3 s after sending a
+   batch, its I/O hook at ``outbox.settle``, and says so with a file): the test SIGSTOPs a
+   relay while it waits there and holds claimed rows (``outbox.entries(state="claimed")``
+   shows rows claimed by its pid), then SIGKILLs it. Those rows were sent and not marked
+   published; the other relay must take them over when their lease (2 s) runs out and send
+   them again: the worker gets each of them twice. **takeover** = from the kill until every
+   one of them is published, by the other relay;
 2. the second third is committed, then the queue's broker goes down for 3 s while the last
    third is being committed (the rows committed meanwhile wait in the outbox): Redis (AOF,
    ``appendfsync always``) and PostgreSQL (a disposable server, ``pg_ctl -m immediate``) are
@@ -27,7 +27,7 @@ go on):
    the broker was away; **catch-up** = from its return until every row committed before it
    is published (the relays back off while it is down: 0.1 s doubling up to 10 s);
 3. the test waits until the outbox is empty, the ledger holds every committed order and the
-   queue is drained, then stops the worker and relay B with SIGTERM (both exit 0).
+   queue is drained, then stops the worker and the relay left with SIGTERM (both exit 0).
 
 The checker, from the databases:
 
@@ -93,7 +93,7 @@ KEYS = 20
 SEED = 20261204
 #: the relays' lease (s): how long a killed relay's rows wait for the other one
 LEASE = 2.0
-#: how long relay A waits after sending each batch before marking it published (s)
+#: how long a relay waits after sending each batch before marking it published (s)
 SETTLE_HOLD = 0.3
 #: the worker's visibility (s): how soon an unacked delivery comes back
 VISIBILITY = 3.0
@@ -507,35 +507,38 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
     first_gate, second_gate = ORDERS // 3, 2 * ORDERS // 3
     outbox = jobfence.Outbox(run.url, table=run.table)
     worker = run.worker("worker", "--concurrency", "1", "--visibility", str(VISIBILITY))
-    relay_a = run.relay("relay-a", "--lease", str(LEASE), JF_SETTLE_HOLD=str(SETTLE_HOLD))
-    relay_b = run.relay("relay-b", "--lease", str(LEASE))
+    relays = [
+        run.relay(name, "--lease", str(LEASE), JF_SETTLE_HOLD=str(SETTLE_HOLD))
+        for name in ("relay-1", "relay-2")
+    ]
     app = run.spawn("app", ["-m", APP, "orders"], JF_GATES=f"{first_gate},{second_gate}")
-    live = [worker, relay_a, relay_b]
+    live = [worker, *relays]
     try:
-        # 1. relay A holds claimed rows: kill it there
+        # 1. a relay holds claimed rows it has sent: kill it there
         _wait_for("the app's first third", lambda: run.gate_reached(first_gate), procs=live)
         held: list[Any] = []
 
-        settling = run.gates / f"settling-{relay_a.pid}"
+        def holding() -> Any:
+            """A relay, stopped, has sent a batch and holds its rows: kill it there."""
+            for relay in relays:
+                settling = run.gates / f"settling-{relay.pid}"
+                if not settling.exists():
+                    continue
+                os.kill(relay.pid, signal.SIGSTOP)
+                rows = [e for e in outbox.entries(state="claimed", limit=1000) if
+                        owned_by(e, relay.pid)]  # fmt: skip
+                if rows and settling.exists():
+                    os.kill(relay.pid, signal.SIGKILL)
+                    held.extend(rows)
+                    return relay
+                os.kill(relay.pid, signal.SIGCONT)
+            return None
 
-        def holding() -> bool:
-            """Relay A, stopped, has sent a batch and holds its rows: kill it there."""
-            if not settling.exists():
-                return False
-            os.kill(relay_a.pid, signal.SIGSTOP)
-            rows = [e for e in outbox.entries(state="claimed", limit=1000) if
-                    owned_by(e, relay_a.pid)]  # fmt: skip
-            if rows and settling.exists():
-                os.kill(relay_a.pid, signal.SIGKILL)
-                held.extend(rows)
-                return True
-            os.kill(relay_a.pid, signal.SIGCONT)
-            return False
-
-        _wait_for("relay A to hold claimed rows", holding, procs=live)
+        killed = _wait_for("a relay holding rows it has sent", holding, procs=live)
         killed_at = time.monotonic()
-        relay_a.wait(10)
-        live.remove(relay_a)
+        killed.wait(10)
+        live.remove(killed)
+        (survivor,) = [relay for relay in relays if relay is not killed]
         run.open_gate(first_gate)
         held_ids = {e.id for e in held}
         low, high = min(e.seq for e in held), max(e.seq for e in held)
@@ -548,9 +551,9 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
             ]
             return done if len(done) == len(held_ids) else None
 
-        republished = _wait_for("relay B to publish relay A's rows", taken_over, procs=live)
+        republished = _wait_for("the other relay to publish those rows", taken_over, procs=live)
         takeover = time.monotonic() - killed_at
-        assert all(owned_by(e, relay_b.pid) for e in republished), republished
+        assert all(owned_by(e, survivor.pid) for e in republished), republished
 
         # 2. the broker goes away while the last third is committed
         _wait_for("the app's second third", lambda: run.gate_reached(second_gate), procs=live)
@@ -604,7 +607,7 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
         entries = all_entries(outbox)
     finally:
         outbox.close()
-    logs = {name: run.log(name) for name in ("worker", "relay-a", "relay-b", "app")}
+    logs = {name: run.log(name) for name in ("worker", "relay-1", "relay-2", "app")}
     assert codes == [0, 0], logs
 
     # the app committed exactly what the rule keeps
@@ -615,8 +618,8 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
     assert {n: c for n, c in applied.items() if c > 1} == {}, "applied twice"
     assert sorted(applied) == expected
     assert not [n for n in applied if is_rolled_back(SEED, n)]
-    # relay A had sent the rows it held when it was killed, relay B sent them again: the
-    # worker got them twice and the inbox absorbed the second copies
+    # the killed relay had sent the rows it held, the other one sent them again: the worker
+    # got them twice and the inbox absorbed the second copies
     delivered = deliveries(run.ns)
     assert len(delivered) - len(rows) >= len(held), (len(delivered), len(rows), len(held))
     # the outbox: exactly the committed orders, all published, nothing dead or left
@@ -634,7 +637,7 @@ def test_every_committed_order_runs_once_in_key_order_through_a_killed_relay_and
         assert sorted(row[2] for row in rows if row[1] == key) == list(
             range(sum(1 for row in rows if row[1] == key))
         ), key
-    by_relay = Counter("b" if owned_by(e, relay_b.pid) else "a" for e in entries)
+    by_relay = Counter("survivor" if owned_by(e, survivor.pid) else "killed" for e in entries)
     report(
         {
             "case": f"{run.database}-outbox x {run.broker.name}-queue",
