@@ -303,6 +303,43 @@ def test_worker_with_relay_handles_the_rows_the_application_commits(
         assert left.id == "e-1"  # the worker's relay takes its own queue's rows only
 
 
+def test_an_async_worker_with_relay_stops_its_relay_with_it(tmp_path: Path) -> None:
+    where = Where("sqlite", tmp_path)
+    with where.outbox() as outbox:
+        outbox.install()
+    out_file = tmp_path / "handled.txt"
+    name = f"{where.namespace}-slow"
+    err = tmp_path / "worker.err"
+    worker = _jobfence(
+        "worker",
+        "tests.acceptance._cli_handlers:slow",  # an async def: the worker runs asyncio
+        "--queue",
+        REDIS_URL,
+        "--name",
+        name,
+        "--no-live",
+        "--relay",
+        where.url,
+        "--outbox-table",
+        where.table,
+        env=_env(JF_OUT=str(out_file)),
+        stderr=err,
+    )
+    try:
+        [msg_id] = where.add(name, [{"seconds": 0}])
+        _wait_for(
+            lambda: out_file.exists() and f"finished {msg_id}" in out_file.read_text(),
+            "the async handler to finish the row",
+        )
+    finally:
+        _stop(worker)
+        delete_redis_keys(f"*{where.namespace}*")
+    log = err.read_text()
+    assert worker.returncode == 0, log
+    assert "relay stopped: published 1, failed 0, dead 0" in log
+    assert out_file.read_text().splitlines() == [f"started {msg_id}", f"finished {msg_id}"]
+
+
 # -- jobfence outbox -------------------------------------------------------------------------
 
 

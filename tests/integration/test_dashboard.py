@@ -156,6 +156,7 @@ def test_read_only_refuses_every_action(namespace: str, tmp_path: Path) -> None:
                 ("/api/schedules/pause", {"scheduler": 0, "name": "beat"}),
                 ("/api/schedules/resume", {"scheduler": 0, "name": "beat"}),
                 ("/api/schedules/trigger", {"scheduler": 0, "name": "beat"}),
+                ("/api/outbox/retry", {"outbox": 0, "ids": None}),
             ):
                 status, answer = board.request(path, body=body, headers=JSON)
                 assert status == 403 and "--allow-actions" in answer["error"], path
