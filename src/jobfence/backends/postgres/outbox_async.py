@@ -218,6 +218,7 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
             await self._ensure_listener()
         params = {
             "lock": self._lock,
+            "idle_ms": str(max(1, int(self.timeouts.request * 1000))),
             "relay": relay,
             "limit": int(limit),
             "lease": float(lease),
