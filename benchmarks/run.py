@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits;
+replicas, etcd, limits, scheduler, outbox;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -41,6 +41,7 @@ import bench_guarded
 import bench_inbox
 import bench_leases
 import bench_mysql_locks
+import bench_outbox
 import bench_redis_locks
 import bench_redis_replicas
 import bench_scheduler
@@ -63,6 +64,7 @@ SECTIONS = (
     "etcd",
     "limits",
     "scheduler",
+    "outbox",
 )
 
 
@@ -79,6 +81,9 @@ class Sizes:
     messages: int
     worker_rounds: int
     leases: int
+    outbox_rows: int
+    outbox_latency_rows: int
+    relay_rounds: int
 
     def ops_line(self) -> str:
         return (
@@ -86,12 +91,15 @@ class Sizes:
             f"per lock variant, {self.inbox_ops} claims per inbox case, {self.guarded_ops} "
             f"guarded calls per case; contended: {self.seconds:g} s per case with "
             f"{' and '.join(map(str, self.processes))} processes; worker: {self.messages} "
-            f"messages per case, {self.worker_rounds} rounds; {self.leases} live leases"
+            f"messages per case, {self.worker_rounds} rounds; {self.leases} live leases; "
+            f"outbox: {self.inbox_ops} transactions per add case, relays: "
+            f"{self.relay_rounds} rounds of {self.outbox_latency_rows} rows for latency and "
+            f"{self.outbox_rows} rows drained"
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 5)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 20, 1)
 
 
 @dataclass
@@ -787,6 +795,121 @@ def section_scheduler(rep: Report, sz: Sizes) -> None:
     rep.table(bench_scheduler.HEADER, bench_scheduler.rows(cases))
 
 
+# -- 12. transactional outbox ---------------------------------------------------------------------
+RELAY_HEADER = (
+    "case",
+    "rows/s median",
+    "rows/s slowest round",
+    "p50 ms",
+    "p95 ms",
+    "relay CPU µs/row",
+    "anchor",
+    "rate ratio (per round)",
+    "p50 ratio (per round)",
+)
+
+
+def _spread_cell(overall: float, values: list[float]) -> str:
+    """``1.19x (1.08-1.31)``: a ratio of the medians, then its lowest and highest per round."""
+    text = f"{overall:.2f}x"
+    if len(values) > 1:
+        text += f" ({min(values):.2f}-{max(values):.2f})"
+    return text
+
+
+def section_outbox(rep: Report, sz: Sizes) -> None:
+    rep.add("## 12. Transactional outbox", "")
+    rep.add(
+        "**add**: one caller transaction inserts an order row and adds one outbox row, then "
+        "commits; `Outbox.add(conn, queue=..., body=...)` against the same transaction with "
+        "a hand-written bare `INSERT` into an equivalent outbox table: the same columns, "
+        f"{bench_outbox.BARE_INDEXES}; the user's side also makes the id (uuid4) and encodes "
+        "the body as JSON. Same driver and connection for both (psycopg sync and async, "
+        "PyMySQL, `sqlite3` in WAL with `synchronous=FULL`); µs per transaction."
+    )
+    rows: list[tuple[str, ...]] = []
+    added = []
+    for backend in bench_outbox.ADD_MEASURES:
+        m = bench_outbox.ADD_MEASURES[backend](sz.inbox_ops, sz.rounds)
+        added.append(m)
+        names = {label: f"{m.backend}: {label}" for label in m.timings}
+        anchors = {label: bench_outbox.ADD_ANCHORS[label] for label in m.timings}
+        rows.extend(_stats_rows(m.timings, anchors, names))
+    rep.table(US_HEADER, rows)
+    for m in added:
+        for case, anchor in m.pairs:
+            what = "`AsyncOutbox.add`" if case == bench_outbox.ADD_JF_ASYNC else "`Outbox.add`"
+            _ratio_target(
+                rep,
+                f"{m.backend}{' async' if 'async' in case else ''}: {what} ≤ 1.1x the "
+                "hand-written INSERT in the same transaction",
+                m.timings,
+                case,
+                anchor,
+                1.1,
+            )
+    relay_rounds = min(sz.rounds, sz.relay_rounds)
+    rep.add(
+        "",
+        "**relay**: rows committed in the database published to a Redis Streams queue, by "
+        "`jobfence.Relay(outbox, Queue(redis_url, name))` with its defaults (one process), "
+        "against a hand-written relay loop in a process of its own: `BEGIN; SELECT ... WHERE "
+        "published_at IS NULL ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED` (SQLite: `BEGIN "
+        "IMMEDIATE`, no `SKIP LOCKED`), one `XADD` per row in one redis-py pipeline, `UPDATE "
+        "... SET published_at`, `COMMIT`, and a sleep of "
+        f"{bench_outbox.HAND_SLEEP * 1000:g} ms after a claim that found nothing. Latency: a "
+        f"producer commits one row every {bench_outbox.GAP * 1000:g} ms "
+        f"({sz.outbox_latency_rows} rows per round) while the relay runs; a row's latency "
+        "runs from right after its `COMMIT` returned to when a consumer thread blocked in "
+        "`XREAD BLOCK` on the stream received it (one clock, the producer's process). "
+        f"Throughput: {sz.outbox_rows} rows committed in one transaction while the relay "
+        "waits, rows/s until the consumer has received the last; relay CPU is the relay "
+        f"process' user + system time per row while draining. {relay_rounds} interleaved "
+        "round(s), one fresh relay process per case and round, warmed up with "
+        f"{bench_outbox.WARMUP_ROWS} rows; medians of the rounds.",
+    )
+    relayed = []
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in ("postgres", "mysql", "sqlite"):
+            r = bench_outbox.measure_relay(
+                backend, sz.outbox_rows, sz.outbox_latency_rows, relay_rounds, tmp
+            )
+            relayed.append(r)
+            for case in (bench_outbox.RELAY_HAND, bench_outbox.RELAY_JF):
+                jf = case == bench_outbox.RELAY_JF
+                rows.append(
+                    (
+                        f"{r.backend}: {case}",
+                        f"{r.median(case, 'rate'):.0f}",
+                        f"{r.spread(case, 'rate')[0]:.0f}",
+                        f"{r.median(case, 'p50_ms'):.2f}",
+                        f"{r.median(case, 'p95_ms'):.2f}",
+                        f"{r.median(case, 'cpu_us'):.0f}",
+                        f"{r.backend}: {bench_outbox.RELAY_HAND}" if jf else "(anchor)",
+                        _spread_cell(r.ratio("rate"), r.ratios("rate")) if jf else "1.00x",
+                        _spread_cell(r.ratio("p50_ms"), r.ratios("p50_ms")) if jf else "1.00x",
+                    )
+                )
+    rep.table(RELAY_HEADER, rows)
+    for r in relayed:
+        rates, p50s = r.ratios("rate"), r.ratios("p50_ms")
+        rate, p50 = r.ratio("rate"), r.ratio("p50_ms")
+        rep.target(
+            f"{r.backend}: jobfence `Relay` rate ≥ 0.8x the hand-written relay",
+            rate >= 0.8,
+            f"{rate:.2f}x; per round {min(rates):.2f}x-{max(rates):.2f}x, at least 0.80x in "
+            f"{sum(x >= 0.8 for x in rates)} of {len(rates)} rounds",
+        )
+        rep.target(
+            f"{r.backend}: jobfence `Relay` p50 commit→publish latency ≤ 2x the hand-written "
+            "relay's",
+            p50 <= 2.0,
+            f"{p50:.2f}x; per round {min(p50s):.2f}x-{max(p50s):.2f}x, within 2x in "
+            f"{sum(x <= 2.0 for x in p50s)} of {len(p50s)} rounds",
+        )
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -799,6 +922,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "etcd": section_etcd,
     "limits": section_limits,
     "scheduler": section_scheduler,
+    "outbox": section_outbox,
 }
 
 

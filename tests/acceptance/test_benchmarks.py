@@ -142,6 +142,36 @@ SECTION_ROWS = {
         "PostgreSQL: jobfence limit=3",
         "PostgreSQL: jobfence plain lock",
     ],
+    "## 12. Transactional outbox": [
+        *(
+            f"{db}: {case}"
+            for db, cases in (
+                (
+                    "PostgreSQL (psycopg)",
+                    (
+                        "hand-written INSERT in the transaction",
+                        "Outbox.add in the transaction",
+                        "async: hand-written INSERT in the transaction",
+                        "async: AsyncOutbox.add in the transaction",
+                    ),
+                ),
+                (
+                    "MariaDB (PyMySQL)",
+                    ("hand-written INSERT in the transaction", "Outbox.add in the transaction"),
+                ),
+                (
+                    "SQLite (sqlite3, WAL)",
+                    ("hand-written INSERT in the transaction", "Outbox.add in the transaction"),
+                ),
+            )
+            for case in cases
+        ),
+        *(
+            f"{db} → Redis Streams: {case}"
+            for db in ("PostgreSQL (psycopg)", "MariaDB (PyMySQL)", "SQLite (sqlite3, WAL)")
+            for case in ("hand-written relay loop", "jobfence Relay (defaults)")
+        ),
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick)
@@ -183,6 +213,23 @@ TARGETS = [
             "jobfence AsyncWorker, no-op ≥ 0.70x hand-written loop",
             "jobfence AsyncWorker, guarded ≥ 0.70x hand-written loop + idempotency mark",
             "≤ 5 backend round trips per guarded message",
+        )
+    ),
+    *(
+        f"{db}: `{cls}` ≤ 1.1x the hand-written INSERT in the same transaction"
+        for db, cls in (
+            ("PostgreSQL (psycopg)", "Outbox.add"),
+            ("PostgreSQL (psycopg) async", "AsyncOutbox.add"),
+            ("MariaDB (PyMySQL)", "Outbox.add"),
+            ("SQLite (sqlite3, WAL)", "Outbox.add"),
+        )
+    ),
+    *(
+        f"{db} → Redis Streams: jobfence `Relay` {what}"
+        for db in ("PostgreSQL (psycopg)", "MariaDB (PyMySQL)", "SQLite (sqlite3, WAL)")
+        for what in (
+            "rate ≥ 0.8x the hand-written relay",
+            "p50 commit→publish latency ≤ 2x the hand-written relay's",
         )
     ),
     *(
