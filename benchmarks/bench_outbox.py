@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -198,7 +198,7 @@ class AddMeasured:
     backend: str
     timings: dict[str, Stats]
     pairs: list[tuple[str, str]]  # (jobfence case, its anchor)
-    statements: dict[str, Any] = field(default_factory=dict)
+    trips: float = 0.0  # round trips (SQLite: statements) of one add on the caller's connection
 
 
 def _sync_pair(
@@ -271,11 +271,16 @@ def measure_add_postgres(ops: int, rounds: int) -> AddMeasured:
 
     try:
         stats = uncontended_stats(build, lambda ns: None, rounds, ops, max(20, ops // 10))
+        conn = psycopg.connect(POSTGRES_URL)
+        try:
+            trips = _pg_trips(conn, lambda: outbox.add(conn, queue=QUEUE, body=_body(0)))
+        finally:
+            conn.close()
         return AddMeasured(
             "PostgreSQL (psycopg)",
             stats,
             [(ADD_JF, ADD_HAND), (ADD_JF_ASYNC, ADD_HAND_ASYNC)],
-            {"rows": _pg_count(admin, table, bare)},
+            trips,
         )
     finally:
         outbox.drop()
@@ -291,10 +296,55 @@ def _async_close_sync(conn: Any) -> Callable[[], Any]:
     return close
 
 
-def _pg_count(admin: Any, table: str, bare: str) -> str:
-    jf = admin.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-    hand = admin.execute(f"SELECT count(*) FROM {bare}").fetchone()[0]
-    return f"{jf} jobfence, {hand} hand-written"
+def _pg_trips(conn: Any, add: Callable[[], Any], n: int = 20) -> float:
+    """Round trips of one ``add()`` on psycopg connection ``conn`` inside an open
+    transaction, from libpq's protocol trace (one ``Sync`` per request/response exchange)."""
+    for _ in range(6):  # the transaction is open, the statement prepared: not counted
+        add()
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        for _ in range(n):
+            add()
+        conn.pgconn.untrace()
+        trace.seek(0)
+        syncs = sum(1 for line in trace if "\tF\t" in line and "Sync" in line)
+    conn.rollback()
+    return syncs / n
+
+
+def _mysql_trips(conn: Any, add: Callable[[], Any], n: int = 20) -> float:
+    """Commands PyMySQL sends for one ``add()`` (each one round trip)."""
+    add()
+    count = 0
+    original = conn._execute_command
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        nonlocal count
+        count += 1
+        return original(*args, **kw)
+
+    conn._execute_command = counting
+    try:
+        for _ in range(n):
+            add()
+    finally:
+        conn._execute_command = original
+    conn.rollback()
+    return count / n
+
+
+def _sqlite_statements(conn: Any, add: Callable[[], Any], n: int = 20) -> float:
+    """Statements ``sqlite3`` runs for one ``add()`` (its trace callback)."""
+    add()  # the transaction is open: its BEGIN is not counted
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        for _ in range(n):
+            add()
+    finally:
+        conn.set_trace_callback(None)
+    conn.rollback()
+    return len(seen) / n
 
 
 def measure_add_mysql(ops: int, rounds: int) -> AddMeasured:
@@ -322,7 +372,8 @@ def measure_add_mysql(ops: int, rounds: int) -> AddMeasured:
 
     try:
         stats = uncontended_stats(build, lambda ns: None, rounds, ops, max(20, ops // 10))
-        return AddMeasured("MariaDB (PyMySQL)", stats, [(ADD_JF, ADD_HAND)])
+        trips = _mysql_trips(conn, lambda: outbox.add(conn, queue=QUEUE, body=_body(0)))
+        return AddMeasured("MariaDB (PyMySQL)", stats, [(ADD_JF, ADD_HAND)], trips)
     finally:
         cur.close()
         conn.close()
@@ -358,7 +409,8 @@ def measure_add_sqlite(ops: int, rounds: int) -> AddMeasured:
 
     try:
         stats = uncontended_stats(build, lambda ns: None, rounds, ops, max(20, ops // 10))
-        return AddMeasured("SQLite (sqlite3, WAL)", stats, [(ADD_JF, ADD_HAND)])
+        trips = _sqlite_statements(conn, lambda: outbox.add(conn, queue=QUEUE, body=_body(0)))
+        return AddMeasured("SQLite (sqlite3, WAL)", stats, [(ADD_JF, ADD_HAND)], trips)
     finally:
         conn.close()
         outbox.close()
@@ -806,7 +858,7 @@ def relay_child(config: dict[str, Any]) -> None:
 
 # -- printing -----------------------------------------------------------------------------------
 def print_add(m: AddMeasured) -> None:
-    print(f"\n== add: {m.backend}")
+    print(f"\n== add: {m.backend} ({m.trips:g} round trips per add)")
     for label, st in m.timings.items():
         anchor = ADD_ANCHORS.get(label, "")
         ratio = ""

@@ -836,6 +836,13 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
         anchors = {label: bench_outbox.ADD_ANCHORS[label] for label in m.timings}
         rows.extend(_stats_rows(m.timings, anchors, names))
     rep.table(US_HEADER, rows)
+    rep.add(
+        "Round trips of one `add` on the caller's connection (counted: libpq's trace, "
+        "PyMySQL's commands, SQLite's statements): "
+        + ", ".join(f"{m.backend} {m.trips:g}" for m in added)
+        + ".",
+        "",
+    )
     for m in added:
         for case, anchor in m.pairs:
             what = "`AsyncOutbox.add`" if case == bench_outbox.ADD_JF_ASYNC else "`Outbox.add`"
