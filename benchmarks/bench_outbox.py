@@ -100,6 +100,7 @@ class Dialect:
     param: str  # the driver's placeholder
     orders_ddl: str
     bare_ddl: str
+    relay_index: str
 
     def insert_order(self, orders: str) -> str:
         p = self.param
@@ -108,31 +109,35 @@ class Dialect:
     def insert_bare(self, bare: str) -> str:
         p = self.param
         return (
-            f"INSERT INTO {bare} (id, queue, msg_key, body, headers) "
+            f"INSERT INTO {bare} (id, queue, ordering_key, body, headers) "
             f"VALUES ({p}, {p}, {p}, {p}, {p})"
         )
 
 
-#: PostgreSQL: the hand-written outbox table, with the columns jobfence's table has
+#: the hand-written outbox tables: the columns of jobfence's table (same types), a primary key
+#: numbering the rows and a unique index on the message id; the hand-written relay's table
+#: also gets ``relay_index``, the index its claim reads (jobfence's table has one like it)
 PG = Dialect(
     "postgres",
     "%s",
     "CREATE TABLE {t} (id bigserial PRIMARY KEY, customer text NOT NULL, total bigint NOT NULL)",
     """CREATE TABLE {t} (
-        seq bigserial PRIMARY KEY,
-        id text NOT NULL UNIQUE,
-        queue text NOT NULL,
-        msg_key text,
-        body bytea NOT NULL,
-        headers text NOT NULL DEFAULT '{{}}',
-        attempts integer NOT NULL DEFAULT 0,
-        created_at timestamptz NOT NULL DEFAULT now(),
-        available_at timestamptz NOT NULL DEFAULT now(),
-        claimed_by text,
+        seq           bigserial PRIMARY KEY,
+        id            text NOT NULL UNIQUE,
+        queue         text NOT NULL,
+        ordering_key  text,
+        body          bytea NOT NULL,
+        headers       text,
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        available_at  timestamptz NOT NULL DEFAULT now(),
+        attempts      integer NOT NULL DEFAULT 0,
+        claimed_by    text,
         claimed_until timestamptz,
-        published_at timestamptz,
-        last_error text
+        published_at  timestamptz,
+        dead          boolean NOT NULL DEFAULT false,
+        last_error    text
     )""",
+    "CREATE INDEX {t}_pending ON {t} (seq) WHERE published_at IS NULL",
 )
 MYSQL = Dialect(
     "mysql",
@@ -140,47 +145,56 @@ MYSQL = Dialect(
     "CREATE TABLE {t} (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer VARCHAR(64) NOT NULL, "
     "total BIGINT NOT NULL) ENGINE=InnoDB",
     """CREATE TABLE {t} (
-        seq BIGINT AUTO_INCREMENT PRIMARY KEY,
-        id VARCHAR(255) NOT NULL,
-        queue VARCHAR(128) NOT NULL,
-        msg_key VARBINARY(1024),
-        body LONGBLOB NOT NULL,
-        headers TEXT NOT NULL,
-        attempts INT NOT NULL DEFAULT 0,
-        created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-        available_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-        claimed_by VARCHAR(255),
-        claimed_until DATETIME(6),
-        published_at DATETIME(6),
-        last_error TEXT,
-        UNIQUE KEY (id)
-    ) ENGINE=InnoDB""",
+        seq           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        id            VARBINARY(1024) NOT NULL,
+        queue         VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        ordering_key  VARBINARY(1024) NULL,
+        body          LONGBLOB NOT NULL,
+        headers       LONGTEXT NULL,
+        created_at    DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        available_at  DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        attempts      INT NOT NULL DEFAULT 0,
+        claimed_by    VARCHAR(255) NULL,
+        claimed_until DATETIME(6) NULL,
+        published_at  DATETIME(6) NULL,
+        dead          TINYINT(1) NOT NULL DEFAULT 0,
+        last_error    LONGTEXT NULL,
+        UNIQUE KEY id_idx (id)
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    "CREATE INDEX {t}_pending ON {t} (published_at, seq)",
 )
 SQLITE = Dialect(
     "sqlite",
     "?",
     "CREATE TABLE {t} (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total INTEGER NOT NULL)",
     """CREATE TABLE {t} (
-        seq INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        queue TEXT NOT NULL,
-        msg_key TEXT,
-        body BLOB NOT NULL,
-        headers TEXT NOT NULL DEFAULT '{{}}',
-        attempts INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
-        available_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
-        claimed_by TEXT,
+        seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+        id            TEXT NOT NULL UNIQUE,
+        queue         TEXT NOT NULL,
+        ordering_key  TEXT,
+        body          BLOB NOT NULL,
+        headers       TEXT,
+        created_at    REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+        available_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        claimed_by    TEXT,
         claimed_until REAL,
-        published_at REAL,
-        last_error TEXT
+        published_at  REAL,
+        dead          INTEGER NOT NULL DEFAULT 0,
+        last_error    TEXT
     )""",
+    "CREATE INDEX {t}_pending ON {t} (seq) WHERE published_at IS NULL",
 )
 DIALECTS = {"postgres": PG, "mysql": MYSQL, "sqlite": SQLITE}
 
 BARE_INDEXES = (
-    "a bigint primary key numbering the rows (`seq`) and a unique index on the message id; "
-    "the relay's claim reads the primary key in order"
+    "a primary key numbering the rows (`seq`, as jobfence's) and a unique index on the "
+    "message id (jobfence's table also has a partial index of the rows to publish, which an "
+    "`add` writes too, and two more that it does not)"
+)
+RELAY_INDEXES = (
+    "the hand-written table also has the index its claim reads (PostgreSQL and SQLite "
+    "`(seq) WHERE published_at IS NULL`, MariaDB `(published_at, seq)`), as jobfence's has"
 )
 
 
@@ -215,7 +229,7 @@ def _sync_pair(
     def hand(n: int) -> None:
         for i in laps(n):
             execute(order_sql, ("c-42", 1999))
-            execute(bare_sql, (uuid.uuid4().hex, QUEUE, None, _encode(_body(i)), "{}"))
+            execute(bare_sql, (uuid.uuid4().hex, QUEUE, None, _encode(_body(i)), None))
             commit()
 
     def jf(n: int) -> None:
@@ -255,7 +269,7 @@ def measure_add_postgres(ops: int, rounds: int) -> AddMeasured:
             for i in laps(n):
                 await aconn.execute(order_sql, ("c-42", 1999))
                 await aconn.execute(
-                    bare_sql, (uuid.uuid4().hex, QUEUE, None, _encode(_body(i)), "{}")
+                    bare_sql, (uuid.uuid4().hex, QUEUE, None, _encode(_body(i)), None)
                 )
                 await aconn.commit()
 
@@ -610,7 +624,7 @@ def _relay_round(
             mid = str(outbox.add(conn, queue=QUEUE, body=_body(i)))
         else:
             mid = uuid.uuid4().hex
-            _execute(conn, bare_sql, (mid, QUEUE, None, _encode(_body(i)), "{}"))
+            _execute(conn, bare_sql, (mid, QUEUE, None, _encode(_body(i)), None))
         conn.commit()
         return mid
 
@@ -632,15 +646,19 @@ def _relay_round(
             lat = sorted((a - committed[i]) * 1e3 for i, a in zip(ids, arrived, strict=True))
             # throughput: ``rows`` rows committed at once
             bodies = [_body(i) for i in range(rows)]
-            if jf:
-                ids = [str(x) for x in outbox.add_many(conn, queue=QUEUE, bodies=bodies)]
+            if jf:  # add_many takes up to 10,000 rows per statement: 1,000 per statement
+                ids = [
+                    str(x)
+                    for at in range(0, rows, 1000)
+                    for x in outbox.add_many(conn, queue=QUEUE, bodies=bodies[at : at + 1000])
+                ]
             else:
                 ids = [uuid.uuid4().hex for _ in bodies]
                 _executemany(
                     conn,
                     bare_sql,
                     [
-                        (mid, QUEUE, None, _encode(b), "{}")
+                        (mid, QUEUE, None, _encode(b), None)
                         for mid, b in zip(ids, bodies, strict=True)
                     ],
                 )
@@ -674,7 +692,10 @@ def _reset(setup: RelaySetup) -> None:
     conn = setup.connect()
     try:
         for t in (setup.table, setup.bare, setup.orders):
-            _execute(conn, f"DELETE FROM {t}")
+            if setup.backend == "sqlite":
+                _execute(conn, f"DELETE FROM {t}")
+            else:  # a table as fresh as the other case's, without dead rows to skip
+                _execute(conn, f"TRUNCATE TABLE {t}")
         conn.commit()
     finally:
         conn.close()
@@ -727,6 +748,7 @@ def measure_relay(
     conn = connect()
     _execute(conn, d.orders_ddl.format(t=orders))
     _execute(conn, d.bare_ddl.format(t=bare))
+    _execute(conn, d.relay_index.format(t=bare))
     conn.commit()
     conn.close()
     outbox = jobfence.Outbox(url, table=table)
@@ -813,7 +835,7 @@ def hand_relay(config: dict[str, Any], stopping: threading.Event) -> None:
         if rows:
             pipe = r.pipeline(transaction=False)
             for _seq, mid, _queue, body, headers in rows:
-                pipe.xadd(stream, {"i": mid, "b": bytes(body), "h": headers})
+                pipe.xadd(stream, {"i": mid, "b": bytes(body), "h": headers or "{}"})
             pipe.execute()
             seqs = [row[0] for row in rows]
             if backend == "postgres":
