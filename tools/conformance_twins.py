@@ -37,6 +37,7 @@ TWINS: dict[str, str] = {
     f"{SPECS}/test_inbox_conformance.py": f"{SPECS}/test_inbox_conformance_sync.py",
     f"{SPECS}/test_queue_conformance.py": f"{SPECS}/test_queue_conformance_sync.py",
     f"{SPECS}/test_schedule_conformance.py": f"{SPECS}/test_schedule_conformance_sync.py",
+    f"{SPECS}/test_outbox_conformance.py": f"{SPECS}/test_outbox_conformance_sync.py",
 }
 
 HEADER = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._core.renewable import Renewable
 from ._core.schedule_info import Fire, ScheduleInfo, Slot
-from .backends.base import ClaimInfo, ClaimState, LockHolder
+from .backends.base import ClaimInfo, ClaimState, LockHolder, OutboxEntry, OutboxRow, OutboxStats
 from .conflicts import is_commit_outcome_unknown, is_conflict, is_transient
 from .errors import (
     BackendError,
@@ -42,6 +42,8 @@ from .inbox import Claim, Inbox
 from .inbox_async import AsyncClaim, AsyncInbox
 from .locks import Lease, Locks
 from .locks_async import AsyncLease, AsyncLocks
+from .outbox import Outbox
+from .outbox_async import AsyncOutbox
 from .queue import Message, Queue
 from .queue_async import AsyncMessage, AsyncQueue
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
@@ -59,6 +61,7 @@ __all__ = [
     "AsyncLease",
     "AsyncLocks",
     "AsyncMessage",
+    "AsyncOutbox",
     "AsyncQueue",
     "AsyncScheduler",
     "AsyncWorker",
@@ -87,6 +90,10 @@ __all__ = [
     "MessageLost",
     "NotNow",
     "NotReplicated",
+    "Outbox",
+    "OutboxEntry",
+    "OutboxRow",
+    "OutboxStats",
     "Queue",
     "QueueError",
     "Renewable",

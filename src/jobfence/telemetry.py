@@ -34,6 +34,7 @@ name                                    type         unit    attributes
 ``jobfence.schedule.misses``            counter      1       schedule
 ``jobfence.schedule.skips``             counter      1       schedule
 ``jobfence.schedule.lag``               histogram    s       schedule
+``jobfence.outbox.added``               counter      1       backend, queue
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -100,6 +101,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "s",
         "Time from a schedule slot's due time to the start of its target",
     ),
+    "jobfence.outbox.added": (
+        "counter",
+        "1",
+        "Rows added to an outbox in the caller's transaction (counted when the statement ran)",
+    ),
 }
 
 
@@ -150,6 +156,7 @@ class _Instruments:
         self.schedule_misses = made["jobfence.schedule.misses"]
         self.schedule_skips = made["jobfence.schedule.skips"]
         self.schedule_lag = made["jobfence.schedule.lag"]
+        self.outbox_added = made["jobfence.outbox.added"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -257,6 +264,14 @@ def inbox_claim(backend: str, outcome: str) -> None:
     i = _inst or _load()
     if i.on:
         i.inbox_claims.add(1, {"backend": backend, "outcome": outcome})
+
+
+def outbox_added(backend: str, queue: str, n: int) -> None:
+    """``n`` rows for ``queue`` were added to an outbox (in a transaction that may still roll
+    back)."""
+    i = _inst or _load()
+    if i.on and n:
+        i.outbox_added.add(n, {"backend": backend, "queue": queue})
 
 
 def retry(cause: str) -> None:

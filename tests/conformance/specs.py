@@ -9,10 +9,11 @@ Isolation: every test gets a fresh namespace (:func:`new_namespace`). The lock s
 as ``namespace=`` (SQL tables ``<namespace>_*``, Redis keys ``<namespace>:*``); the inbox suite
 uses the table :func:`inbox_table` ``(namespace)`` (SQL table ``<namespace>_inbox``, Redis keys
 ``<namespace>_inbox:*``). So a spec's ``cleanup(url, namespace)`` removes whatever a test left,
-of either part: the SQL tables whose names start with the namespace (and their rows in
-``jobfence_inbox_schema``), or the Redis keys that start with it. The queue suite names each
-test's queue after its namespace and drops that queue afterwards (the SQL queue backends keep
-every queue in one table, isolated by name).
+of any part: the SQL tables whose names start with the namespace (and their rows in
+``jobfence_inbox_schema`` and ``jobfence_outbox_schema``), or the Redis keys that start with
+it. The queue suite names each test's queue after its namespace and drops that queue
+afterwards (the SQL queue backends keep every queue in one table, isolated by name). The
+outbox suite uses the table :func:`outbox_table` ``(namespace)`` (``<namespace>_outbox``).
 
 ``test_specs.py`` fails unless every part of every registered backend
 (``jobfence.backends.registered()``) is run through that part's suite by some spec.
@@ -46,6 +47,7 @@ FLAVOURS = ["sync", "async"]
 LOCKS = "locks"
 INBOX = "inbox"
 QUEUE = "queue"
+OUTBOX = "outbox"
 
 #: part (as in ``BackendInfo.parts``) -> the conformance suite that checks it, by file name in
 #: this directory
@@ -53,10 +55,13 @@ SUITES: dict[str, str] = {
     LOCKS: "test_lock_conformance.py",
     INBOX: "test_inbox_conformance.py",
     QUEUE: "test_queue_conformance.py",
+    OUTBOX: "test_outbox_conformance.py",
 }
 
 #: the table that holds the inbox schema versions, one row per inbox table (SQL backends)
 INBOX_SCHEMA_TABLE = "jobfence_inbox_schema"
+#: the tables that hold schema versions, one row per table of that kind (SQL backends)
+SCHEMA_TABLES = (INBOX_SCHEMA_TABLE, "jobfence_outbox_schema")
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,11 @@ def inbox_table(namespace: str) -> str:
     return f"{namespace}_inbox"
 
 
+def outbox_table(namespace: str) -> str:
+    """The outbox table of a test whose namespace is ``namespace``."""
+    return f"{namespace}_outbox"
+
+
 def specs_for(part: str) -> list[Spec]:
     """The specs the suite of ``part`` runs, in :data:`SPECS` order."""
     return [s for s in SPECS if s.runs(part)]
@@ -158,10 +168,9 @@ def _postgres_cleanup(url: str, namespace: str) -> None:
         ).fetchall()
         for (table,) in rows:
             conn.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
-        if conn.execute("SELECT to_regclass(%s)", (INBOX_SCHEMA_TABLE,)).fetchone() != (None,):
-            conn.execute(
-                f"DELETE FROM {INBOX_SCHEMA_TABLE} WHERE table_name LIKE %s", (namespace + "%",)
-            )
+        for schema in SCHEMA_TABLES:
+            if conn.execute("SELECT to_regclass(%s)", (schema,)).fetchone() != (None,):
+                conn.execute(f"DELETE FROM {schema} WHERE table_name LIKE %s", (namespace + "%",))
 
 
 def _mysql_cleanup(url: str, namespace: str) -> None:
@@ -177,16 +186,16 @@ def _mysql_cleanup(url: str, namespace: str) -> None:
             )
             for (table,) in cur.fetchall():
                 cur.execute(f"DROP TABLE IF EXISTS `{table}`")
-            cur.execute(
-                "SELECT 1 FROM information_schema.tables "
-                "WHERE table_schema = DATABASE() AND table_name = %s",
-                (INBOX_SCHEMA_TABLE,),
-            )
-            if cur.fetchone():
+            for schema in SCHEMA_TABLES:
                 cur.execute(
-                    f"DELETE FROM {INBOX_SCHEMA_TABLE} WHERE table_name LIKE %s",
-                    (namespace + "%",),
+                    "SELECT 1 FROM information_schema.tables "
+                    "WHERE table_schema = DATABASE() AND table_name = %s",
+                    (schema,),
                 )
+                if cur.fetchone():
+                    cur.execute(
+                        f"DELETE FROM {schema} WHERE table_name LIKE %s", (namespace + "%",)
+                    )
         conn.commit()
     finally:
         conn.close()
@@ -198,6 +207,8 @@ def _with_option(url: str, option: str) -> str:
 
 BOTH = frozenset({LOCKS, INBOX})
 ALL = frozenset({LOCKS, INBOX, QUEUE})
+#: the SQL servers also hold outbox tables
+SQL_ALL = ALL | {OUTBOX}
 
 SPECS: list[Spec] = [
     Spec(
@@ -208,9 +219,9 @@ SPECS: list[Spec] = [
         _no_cleanup,
         cross_process=False,
     ),
-    Spec("sqlite", "sqlite", ALL, lambda tmp: f"sqlite:///{tmp / 'jobfence.db'}", _no_cleanup),
+    Spec("sqlite", "sqlite", SQL_ALL, lambda tmp: f"sqlite:///{tmp / 'jobfence.db'}", _no_cleanup),
     Spec("redis", "redis", ALL, lambda tmp: REDIS_URL, _redis_cleanup),
-    Spec("postgres", "postgres", ALL, lambda tmp: POSTGRES_URL, _postgres_cleanup),
+    Spec("postgres", "postgres", SQL_ALL, lambda tmp: POSTGRES_URL, _postgres_cleanup),
     Spec(
         "postgres-session",
         "postgres",
@@ -221,7 +232,7 @@ SPECS: list[Spec] = [
         queue_follows_connection=True,
         note="mode=session changes how locks are held; the inbox does not read it",
     ),
-    Spec("mysql", "mysql", BOTH, lambda tmp: MYSQL_URL, _mysql_cleanup, fifo=False),
+    Spec("mysql", "mysql", BOTH | {OUTBOX}, lambda tmp: MYSQL_URL, _mysql_cleanup, fifo=False),
     # a one-member etcd of this worker's own, started on first use (tests/etcd_cluster.py)
     Spec("etcd", "etcd", BOTH, lambda tmp: etcd_url(), delete_etcd_prefix, min_claim_ttl=2.0),
     Spec(

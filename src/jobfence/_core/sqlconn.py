@@ -175,6 +175,10 @@ class SQLDialect:
     #: the longest lock namespace and inbox ``table`` (see ``check_namespace``)
     namespace_limit = 63
     table_limit = 63
+    #: the longest outbox ``table`` (its index names are made from it)
+    outbox_table_limit = 63
+    #: the ``{slot}`` placeholders of ``sql/outbox.sql`` the backend fills per call
+    outbox_slots: tuple[str, ...] = ()
     #: a failed statement aborts the caller's whole transaction (PostgreSQL)
     failure_aborts_transaction = False
     #: appended to ``versioned_update``'s re-read of a row that did not match, so that it
@@ -230,6 +234,23 @@ class SQLDialect:
         """``sql/inbox.sql`` for the inbox table ``table`` (validated)."""
         return load_sql(
             self.package, "inbox.sql", names={"table": table}, quote=self.inbox_quote, style=style
+        )
+
+    def outbox_table(self, name: str) -> str:
+        """An outbox table name (validated) as the server names the table."""
+        return name
+
+    def outbox_queries(self, table: str, *, style: str = "named") -> Queries:
+        """``sql/outbox.sql`` for the outbox table ``table`` (validated): ``add`` runs on the
+        caller's connection (``Outbox.add``), ``schema`` there too (``Outbox.install(conn)``),
+        the rest on the outbox backend's own connections."""
+        return load_sql(
+            self.package,
+            "outbox.sql",
+            names={"table": self.outbox_table(table)},
+            quote=self.quote,
+            slots=self.outbox_slots,
+            style=style,
         )
 
     def db_key(self, key: str) -> str:

@@ -1,4 +1,5 @@
-"""The transaction protocol of ``fence``, ``versioned_update`` and ``Inbox.claim_in``.
+"""The transaction protocol of ``fence``, ``versioned_update``, ``Inbox.claim_in`` and
+``Outbox.add``.
 
 These functions run their statement on the caller's connection, inside the caller's
 transaction (:mod:`jobfence._core.sqlconn` adapts the drivers). An object that is not a
@@ -12,8 +13,8 @@ what their statement does, with the same semantics: the work belongs to its tran
 and a claim reports whether this transaction is the first to apply the key. ``retry_unit``
 asks it whether it is an open transaction, as it asks a driver's connection.
 
-Only the async functions (``fence_async``, ``versioned_update_async``, ``AsyncInbox.claim_in``)
-look for it: the simulated tables are async.
+Only the async functions (``fence_async``, ``versioned_update_async``, ``AsyncInbox.claim_in``,
+``AsyncOutbox.add``) look for it: the simulated tables are async.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class AsyncTransaction(Protocol):
     ) -> tuple[bool, str | None]:
         """Mark ``key`` applied in the inbox table ``table``: ``(True, None)`` if this
         transaction is the first to apply it, else ``(False, the fingerprint stored)``."""
+        ...
+
+    async def outbox_add(self, table: str, row: dict[str, Any]) -> None:
+        """Add ``row`` to the outbox table ``table`` in this transaction (it becomes
+        claimable when the transaction commits; an id already there is not added again).
+        ``row`` holds ``id``, ``queue``, ``key`` (or None), ``body`` (the encoded body,
+        bytes), ``headers`` (a dict of str) and ``delay`` (seconds)."""
         ...
 
 

@@ -8,10 +8,13 @@ scheme             backend                                        parts         
 =================  =============================================  =================  ============
 ``memory://``      in-process (tests, the testing toolkit)        locks inbox queue  --
 ``sqlite:///p``    SQLite file, cross-process on one host         locks inbox queue  ``[sqlite]``
+                                                                  outbox
 ``redis://``       Redis (``rediss://`` for TLS; queue: Streams;  locks inbox queue  ``[redis]``
                    ``redis+sentinel://`` through Sentinel)
 ``postgresql://``  PostgreSQL (also ``postgres://``)              locks inbox queue  ``[postgres]``
+                                                                  outbox
 ``mysql://``       MySQL 8 / MariaDB 10.6+ (also ``mariadb://``)  locks inbox        ``[mysql]``
+                                                                  outbox
 ``amqp://``        RabbitMQ (``amqps://`` for TLS)                queue              ``[rabbitmq]``
 ``etcd://``        etcd 3.4+ (``etcds://`` for TLS; several       locks inbox        ``[etcd]``
                    members: ``etcd://h1:2379,h2:2379``)
@@ -81,6 +84,7 @@ __all__ = [
     "open_backend",
     "open_inbox_backend",
     "open_lock_backend",
+    "open_outbox_backend",
     "open_queue_backend",
     "parse_backend_url",
     "registered",
@@ -167,6 +171,12 @@ def open_lock_backend(url: object, *, asynchronous: bool, **options: Any) -> Any
 def open_inbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
     """Create the inbox backend for ``url`` (a str); ``options`` go to its constructor."""
     return open_backend(url, "inbox", asynchronous=asynchronous, **options)
+
+
+def open_outbox_backend(url: object, *, asynchronous: bool, **options: Any) -> Any:
+    """Create the outbox backend for ``url`` (the relay's side of an outbox table);
+    ``options`` go to its constructor."""
+    return open_backend(url, "outbox", asynchronous=asynchronous, **options)
 
 
 def open_queue_backend(url: object, name: str, *, asynchronous: bool, **options: Any) -> Any:

@@ -46,7 +46,7 @@ __all__ = [
 Client = Any
 
 #: the public class of each part, for messages
-_CLASSES = {"locks": "Locks", "inbox": "Inbox", "queue": "Queue"}
+_CLASSES = {"locks": "Locks", "inbox": "Inbox", "queue": "Queue", "outbox": "Outbox"}
 #: the scheme of the backend serving each kind of client; a SQLAlchemy engine's is the name
 #: of its SQLAlchemy dialect, which is a scheme of the backend that serves it
 _SCHEMES = {"redis": "redis", "psycopg_pool": "postgresql", "factory": "postgresql"}

@@ -34,7 +34,7 @@ __all__ = [
 log = logging.getLogger("jobfence.backends")
 
 #: the parts a backend package may provide
-PARTS = ("locks", "inbox", "queue")
+PARTS = ("locks", "inbox", "queue", "outbox")
 ENTRY_POINT_GROUP = "jobfence.backends"
 
 
@@ -95,7 +95,12 @@ def _builtin(
     parts: tuple[str, ...] = ("locks", "inbox", "queue"),
     **kw: Any,
 ) -> BackendInfo:
-    suffix = {"locks": "LockBackend", "inbox": "InboxBackend", "queue": "QueueBackend"}
+    suffix = {
+        "locks": "LockBackend",
+        "inbox": "InboxBackend",
+        "queue": "QueueBackend",
+        "outbox": "OutboxBackend",
+    }
     return BackendInfo(
         name=name,
         schemes=schemes,
@@ -112,7 +117,13 @@ BACKENDS: dict[str, BackendInfo] = {
     for info in (
         _builtin("memory", ("memory",), "Memory", None, twins=False, description="in-process"),
         _builtin(
-            "sqlite", ("sqlite",), "SQLite", "sqlite", description="SQLite file", dialect="sqlite"
+            "sqlite",
+            ("sqlite",),
+            "SQLite",
+            "sqlite",
+            parts=("locks", "inbox", "queue", "outbox"),
+            description="SQLite file",
+            dialect="sqlite",
         ),
         _builtin(
             "redis",
@@ -127,6 +138,7 @@ BACKENDS: dict[str, BackendInfo] = {
             ("postgresql", "postgres"),
             "Postgres",
             "postgres",
+            parts=("locks", "inbox", "queue", "outbox"),
             description="PostgreSQL",
             dialect="postgresql",
         ),
@@ -135,7 +147,7 @@ BACKENDS: dict[str, BackendInfo] = {
             ("mysql", "mariadb"),
             "MySQL",
             "mysql",
-            parts=("locks", "inbox"),
+            parts=("locks", "inbox", "outbox"),
             description="MySQL / MariaDB",
             dialect="mysql",
         ),
@@ -230,7 +242,7 @@ def backend_for(scheme: str, part: str | None = None, *, argument: str = "url") 
     return info
 
 
-_PART_WORD = {"locks": "lock", "inbox": "inbox", "queue": "queue"}
+_PART_WORD = {"locks": "lock", "inbox": "inbox", "queue": "queue", "outbox": "outbox"}
 
 # Views by part, kept for callers of the earlier per-part tables: scheme -> backend.
 LOCK_BACKENDS: Mapping[str, BackendInfo] = {

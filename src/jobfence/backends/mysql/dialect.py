@@ -38,6 +38,9 @@ class MySQLDialect(SQLDialect):
     package = "jobfence.backends.mysql"
     namespace_limit = NAMESPACE_LIMIT
     table_limit = TABLE_LIMIT
+    outbox_table_limit = TABLE_LIMIT
+    #: the seq numbers a statement works on, filled in by the outbox backend (no arrays)
+    outbox_slots = ("seqs",)
     quote_char = "`"
     # under REPEATABLE READ a plain read shows the transaction's snapshot
     locking_read = " FOR UPDATE"

@@ -19,6 +19,7 @@ __all__ = [
     "IDENTIFIER_LIMIT",
     "LOCK_TABLES",
     "NAMESPACE_LIMIT",
+    "OUTBOX_TABLE_LIMIT",
     "QUEUE_TABLE_LIMIT",
     "TABLE_LIMIT",
 ]
@@ -31,6 +32,8 @@ LOCK_TABLES = ("_locks", "_lock_tokens", "_lock_queue", "_schema")
 NAMESPACE_LIMIT = IDENTIFIER_LIMIT - max(len(suffix) for suffix in LOCK_TABLES)
 #: the inbox ``table`` is a table name of its own
 TABLE_LIMIT = IDENTIFIER_LIMIT
+#: the outbox ``table`` names its indexes ``{table}_published`` too: 63 - 10 = 53
+OUTBOX_TABLE_LIMIT = IDENTIFIER_LIMIT - len("_published")
 #: the queue ``table`` names its index ``{table}_next`` too: 63 - len("_next") = 58
 QUEUE_TABLE_LIMIT = IDENTIFIER_LIMIT - len("_next")
 
@@ -41,6 +44,7 @@ class PostgresDialect(SQLDialect):
     package = "jobfence.backends.postgres"
     namespace_limit = NAMESPACE_LIMIT
     table_limit = TABLE_LIMIT
+    outbox_table_limit = OUTBOX_TABLE_LIMIT
     quote_char = '"'
     failure_aborts_transaction = True
     drivers = {True: (("psycopg", "AsyncConnection"),), False: (("psycopg", "Connection"),)}
@@ -59,6 +63,11 @@ class PostgresDialect(SQLDialect):
         # to lower case; quoting the lower-case name finds the same table (and allows names
         # that are keywords).
         return self.quote(name.lower())
+
+    def outbox_table(self, name: str) -> str:
+        # one spelling, the one PostgreSQL gives the unquoted name: it is also the name of
+        # the LISTEN/NOTIFY channel the outbox's statements write inside quotes
+        return name.lower()
 
     def db_key(self, key: str) -> str:
         return pg_text(key)  # text cannot hold NUL

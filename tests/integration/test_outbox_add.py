@@ -1,0 +1,183 @@
+"""``Outbox.add`` beyond the conformance suite: on Django's connection (a subprocess per vendor,
+Django's settings being process-wide), through the I/O hook, in telemetry, and an outbox
+used across ``fork()``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobfence
+from jobfence import BackendError, ConfigurationError
+from jobfence._core.hooks import set_hook
+from tests.servers import MYSQL_URL, POSTGRES_URL
+from tests.unit.test_telemetry import Otel, otel
+
+__all__ = ["otel"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_DJANGO_SCRIPT = r"""
+import json, os, sys
+import django
+from django.conf import settings
+
+vendor, name, table = sys.argv[1], sys.argv[2], sys.argv[3]
+if vendor == "postgresql":
+    db = {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": "postgres",
+          "HOST": "127.0.0.1", "PORT": "5432"}
+elif vendor == "mysql":
+    import pymysql
+    pymysql.version_info = (2, 2, 1, "final", 0)
+    pymysql.install_as_MySQLdb()
+    db = {"ENGINE": "django.db.backends.mysql", "NAME": name, "USER": "root",
+          "HOST": "127.0.0.1", "PORT": "3306"}
+else:
+    db = {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+settings.configure(DATABASES={"default": db}, USE_TZ=True)
+django.setup()
+from django.db import connection, transaction
+
+import jobfence
+
+url = {"postgresql": "postgresql://postgres@127.0.0.1:5432/" + name,
+       "mysql": "mysql://root@127.0.0.1:3306/" + name,
+       "sqlite": "sqlite:///" + name}[vendor]
+outbox = jobfence.Outbox(url, table=table)
+with transaction.atomic():
+    outbox.install(connection)
+with transaction.atomic():
+    kept = outbox.add(connection, queue="orders", body={"via": "django"}, key="k")
+try:
+    with transaction.atomic():
+        outbox.add(connection, queue="orders", body={"via": "rolled back"}, id="gone")
+        raise RuntimeError("roll back")
+except RuntimeError:
+    pass
+rows = outbox.backend.claim("relay", 10, 30.0)
+print(json.dumps({"kept": kept, "claimed": [[r.id, json.loads(r.body), r.key] for r in rows]}))
+outbox.drop()
+outbox.close()
+"""
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "mysql", "sqlite"])
+def test_add_on_a_django_connection_commits_and_rolls_back_with_atomic(
+    vendor: str, tmp_path: Path
+) -> None:
+    name = {
+        "postgresql": POSTGRES_URL.rsplit("/", 1)[1],
+        "mysql": MYSQL_URL.rsplit("/", 1)[1],
+        "sqlite": str(tmp_path / "django.db"),
+    }[vendor]
+    table = f"t{uuid.uuid4().hex[:12]}_outbox"
+    done = subprocess.run(
+        [sys.executable, "-c", _DJANGO_SCRIPT, vendor, name, table],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["claimed"] == [[out["kept"], {"via": "django"}, "k"]]
+
+
+@pytest.fixture
+def sqlite_outbox(tmp_path: Path) -> Iterator[tuple[jobfence.Outbox, sqlite3.Connection]]:
+    path = tmp_path / "outbox.db"
+    outbox = jobfence.Outbox(f"sqlite:///{path}")
+    outbox.install()
+    conn = sqlite3.connect(path)
+    try:
+        yield outbox, conn
+    finally:
+        conn.close()
+        outbox.close()
+
+
+def test_add_calls_the_hook_at_outbox_add_and_wraps_what_it_raises(
+    sqlite_outbox: tuple[jobfence.Outbox, sqlite3.Connection],
+) -> None:
+    outbox, conn = sqlite_outbox
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def hook(point: str, **info: Any) -> None:
+        seen.append((point, info))
+        if point == "outbox.add" and info["queue"] == "broken":
+            raise ConnectionResetError("injected")
+
+    set_hook(hook)
+    try:
+        ids = outbox.add_many(conn, queue="orders", bodies=[1, 2], ids=["a", "b"])
+        with pytest.raises(BackendError) as info:
+            outbox.add(conn, queue="broken", body=3)
+    finally:
+        set_hook(None)
+    conn.commit()
+    assert ("outbox.add", {"queue": "orders", "ids": ids, "backend": "sqlite"}) in seen
+    assert info.value.operation == "outbox.add"
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    assert [e.id for e in outbox.entries()] == ["a", "b"]  # the faulted add wrote nothing
+
+
+def test_add_counts_rows_in_telemetry(
+    otel: Otel, sqlite_outbox: tuple[jobfence.Outbox, sqlite3.Connection]
+) -> None:
+    outbox, conn = sqlite_outbox
+    outbox.add_many(conn, queue="orders", bodies=[1, 2, 3])
+    outbox.add(conn, queue="emails", body=4)
+    conn.commit()
+    points = otel.points("jobfence.outbox.added")
+    assert points[frozenset({("backend", "sqlite"), ("queue", "orders")})].value == 3
+    assert points[frozenset({("backend", "sqlite"), ("queue", "emails")})].value == 1
+
+
+def test_a_postgres_table_name_too_long_for_its_indexes_is_refused() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        jobfence.Outbox(POSTGRES_URL, table="t" * 54)
+    assert info.value.argument == "table"
+    jobfence.Outbox(POSTGRES_URL, table="t" * 53).close()
+
+
+def _child_stats(outbox: jobfence.Outbox, queue: Any) -> None:
+    try:
+        stats = outbox.stats()
+        queue.put(("ok", stats.pending))
+    except BaseException as exc:  # reported to the parent, which asserts
+        queue.put(("error", repr(exc)))
+
+
+def test_an_outbox_used_in_a_forked_child_opens_its_own_connections() -> None:
+    table = f"t{uuid.uuid4().hex[:12]}_outbox"
+    outbox = jobfence.Outbox(POSTGRES_URL, table=table)
+    try:
+        outbox.install()
+        with psycopg.connect(POSTGRES_URL) as conn:
+            outbox.add(conn, queue="orders", body=1)
+        assert outbox.stats().pending == 1  # the parent's pool holds a connection now
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_child_stats, args=(outbox, results))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        assert results.get(timeout=10) == ("ok", 1)
+        # the parent's connections were left alone by the child
+        assert outbox.stats().pending == 1
+        assert len(outbox.backend.claim("relay", 10, 30.0)) == 1
+    finally:
+        outbox.drop()
+        outbox.close()
