@@ -447,6 +447,7 @@ class RelayRound:
     p95_ms: float
     rate: float  # rows/s
     cpu_us: float  # the relay process' CPU per row while draining
+    pickup_ms: float  # from the commit of the rows to drain to the first of them received
 
 
 @dataclass
@@ -631,7 +632,7 @@ def _relay_round(
     try:
         with _relay_process(case, setup) as proc:
             warm = []
-            for i in range(WARMUP_ROWS):
+            for i in range(min(WARMUP_ROWS, latency_rows)):
                 warm.append(commit_one(i))
                 time.sleep(GAP)
             consumer.wait_for(warm, 30)
@@ -666,16 +667,20 @@ def _relay_round(
             conn.commit()
             started = time.perf_counter()
             arrived = consumer.wait_for(ids, 300)
-            finished = max(arrived)
             cpu = _cpu_seconds(proc.pid) - cpu_before
     finally:
         consumer.stop()
         conn.close()
+    first, last = min(arrived), max(arrived)
+    # the drain rate: from the first rows received to the last (the rows that came with the
+    # first are not counted); how long the relay took to notice the commit is ``pickup``
+    after_first = sum(1 for a in arrived if a > first)
     return RelayRound(
         p50_ms=lat[len(lat) // 2],
         p95_ms=lat[min(len(lat) - 1, int(len(lat) * 0.95))],
-        rate=rows / (finished - started),
+        rate=after_first / (last - first) if last > first else float("nan"),
         cpu_us=cpu / rows * 1e6,
+        pickup_ms=(first - started) * 1e3,
     )
 
 
@@ -863,10 +868,32 @@ def jobfence_relay(config: dict[str, Any]) -> None:
     outbox = jobfence.Outbox(config["url"], table=config["table"])
     queue = jobfence.Queue(REDIS_URL, QUEUE, namespace=config["namespace"])
     relay = jobfence.Relay(outbox, queue)
+    timeline = os.environ.get("BENCH_OUTBOX_TIMELINE")  # a file: where the relay's time went
+    points: list[tuple[float, float, str]] = []
+    if timeline:  # (start, end, verb) of every call the relay makes to its backends
+
+        def timed(obj: Any, name: str, label: str) -> None:
+            fn = getattr(obj, name)
+
+            def call(*args: Any, **kw: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    points.append((started, time.perf_counter(), label))
+
+            setattr(obj, name, call)
+
+        for verb in ("claim", "published", "wait", "extend", "purge", "release"):
+            timed(relay.backend, verb, verb)
+        timed(queue.backend, "publish", "publish")
     print("ready", flush=True)
     relay.run()
     queue.close()
     outbox.close()
+    if timeline:
+        with open(timeline, "a") as f:
+            f.write(json.dumps(points) + "\n")
 
 
 def relay_child(config: dict[str, Any]) -> None:
@@ -899,7 +926,8 @@ def print_relay(m: RelayMeasured) -> None:
         print(
             f"  {case:<28} {m.median(case, 'rate'):8.0f} rows/s ({lo:.0f}-{hi:.0f})  "
             f"p50 {m.median(case, 'p50_ms'):6.2f} ms  p95 {m.median(case, 'p95_ms'):6.2f} ms  "
-            f"cpu {m.median(case, 'cpu_us'):6.0f} µs/row"
+            f"cpu {m.median(case, 'cpu_us'):6.0f} µs/row  "
+            f"first rows after {m.median(case, 'pickup_ms'):5.0f} ms"
         )
     rates, p50s = m.ratios("rate"), m.ratios("p50_ms")
     print(

@@ -98,8 +98,8 @@ class Sizes:
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 5)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 20, 1)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1)
 
 
 @dataclass
@@ -803,6 +803,7 @@ RELAY_HEADER = (
     "p50 ms",
     "p95 ms",
     "relay CPU µs/row",
+    "first rows after (ms)",
     "anchor",
     "rate ratio (per round)",
     "p50 ratio (per round)",
@@ -870,10 +871,13 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
         "runs from right after its `COMMIT` returned to when a consumer thread blocked in "
         "`XREAD BLOCK` on the stream received it (one clock, the producer's process). "
         f"Throughput: {sz.outbox_rows} rows committed in one transaction while the relay "
-        "waits, rows/s until the consumer has received the last; relay CPU is the relay "
-        f"process' user + system time per row while draining. {relay_rounds} interleaved "
+        "waits; the rate runs from the first of them the consumer received to the last (the "
+        "time the relay took to notice the commit is shown apart: first rows after); relay "
+        "CPU is the relay process' user + system time per row from that commit to the last "
+        f"row. {relay_rounds} interleaved "
         "round(s), one fresh relay process per case and round, warmed up with "
-        f"{bench_outbox.WARMUP_ROWS} rows; medians of the rounds.",
+        f"{min(bench_outbox.WARMUP_ROWS, sz.outbox_latency_rows)} rows committed one by one; "
+        "medians of the rounds.",
     )
     relayed = []
     rows = []
@@ -893,6 +897,7 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
                         f"{r.median(case, 'p50_ms'):.2f}",
                         f"{r.median(case, 'p95_ms'):.2f}",
                         f"{r.median(case, 'cpu_us'):.0f}",
+                        f"{r.median(case, 'pickup_ms'):.0f}",
                         f"{r.backend}: {bench_outbox.RELAY_HAND}" if jf else "(anchor)",
                         _spread_cell(r.ratio("rate"), r.ratios("rate")) if jf else "1.00x",
                         _spread_cell(r.ratio("p50_ms"), r.ratios("p50_ms")) if jf else "1.00x",
