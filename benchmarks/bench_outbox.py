@@ -830,18 +830,26 @@ def hand_relay(config: dict[str, Any], stopping: threading.Event) -> None:
     else:
         conn = sqlite3.connect(config["url"].removeprefix("sqlite:///"), isolation_level=None)
         conn.execute("PRAGMA synchronous=FULL")
+    timeline = os.environ.get("BENCH_OUTBOX_TIMELINE")
+    points: list[tuple[float, float, str]] = []
+    clock = time.perf_counter
     print("ready", flush=True)
     while not stopping.is_set():
+        t0 = clock()
         cur = conn.cursor()
         if backend == "sqlite":
             cur.execute("BEGIN IMMEDIATE")
         cur.execute(claim)
         rows = cur.fetchall()
+        t1 = clock()
+        points.append((t0, t1, "claim"))
         if rows:
             pipe = r.pipeline(transaction=False)
             for _seq, mid, _queue, body, headers in rows:
                 pipe.xadd(stream, {"i": mid, "b": bytes(body), "h": headers or "{}"})
             pipe.execute()
+            t1, t0 = clock(), t1
+            points.append((t0, t1, "publish"))
             seqs = [row[0] for row in rows]
             if backend == "postgres":
                 cur.execute(_MARK[backend].format(t=table), (seqs,))
@@ -853,10 +861,14 @@ def hand_relay(config: dict[str, Any], stopping: threading.Event) -> None:
         else:
             conn.commit()
         cur.close()
+        points.append((t1, clock(), "published" if rows else "commit"))
         if not rows:
             time.sleep(HAND_SLEEP)
     conn.close()
     r.close()
+    if timeline:
+        with open(timeline, "a") as f:
+            f.write(json.dumps(points) + "\n")
 
 
 def _placeholder(backend: str) -> str:
