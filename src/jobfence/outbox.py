@@ -290,17 +290,16 @@ class Outbox:
         table = check_namespace(
             self.table, limit=dialect.outbox_table_limit, backend=sc.dialect, argument="table"
         )
+        # a key or headers that are None are left out: a missing member reads as NULL on
+        # every server (a JSON null may not, in MySQL's JSON_TABLE)
+        common: dict[str, Any] = {"queue": queue, "delay": delay}
+        common["delay_us"] = round(delay * 1_000_000)
+        if key is not None:
+            common["key"] = key
+        if head is not None:
+            common["headers"] = head
         rows = [
-            {
-                "id": id_,
-                "queue": queue,
-                "key": key,
-                "body": text,
-                "headers": head,
-                "delay": delay,
-                "delay_us": round(delay * 1_000_000),
-            }
-            for id_, text in zip(id_list, texts, strict=True)
+            {"id": id_, **common, "body": text} for id_, text in zip(id_list, texts, strict=True)
         ]
         statement = dialect.outbox_queries(table)["add"]
         params = {"rows": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}

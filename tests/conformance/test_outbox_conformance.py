@@ -74,6 +74,18 @@ async def _claim_until(
         await flow_async.sleep(0.05)
 
 
+async def _until_state(outbox: jobfence.AsyncOutbox, seq: int, state: str) -> None:
+    """Wait until the row ``seq`` is in ``state`` by the database's clock (a lease running
+    out), at most 10 seconds."""
+    deadline = time.monotonic() + 10
+    while True:
+        states = {e.seq: e.state for e in await outbox.entries()}
+        if states.get(seq) == state:
+            return
+        assert time.monotonic() < deadline, f"row {seq} is {states.get(seq)}, not {state}"
+        await flow_async.sleep(0.05)
+
+
 # -- adding in the caller's transaction ------------------------------------------------------
 
 
@@ -100,7 +112,7 @@ async def test_a_committed_add_is_claimable_with_what_was_added(
     first = rows[0]
     # the body is encoded as Queue's default serializer encodes it
     assert first.body == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-    assert json.loads(first.body) == body
+    assert json.loads(first.body) == body and first.value() == body
     assert first.headers == {"tenant": "acme"} and rows[1].headers == {}
     assert first.attempts == 0
     assert abs(first.created_at - time.time()) < 60  # seconds since the epoch
@@ -435,7 +447,7 @@ async def test_a_relay_past_its_lease_may_still_mark_published_what_nobody_took(
     backend = outbox.backend
     await _add_committed(oenv_async, outbox, [1])
     (row,) = await backend.claim(RELAY_A, 10, 0.3)
-    await flow_async.sleep(0.5)
+    await _until_state(outbox, row.seq, "pending")  # its hold ran out, by the server's clock
     assert await backend.extend(RELAY_A, [row.seq], 30.0) == 0  # a run-out hold never extends
     assert await backend.published(RELAY_A, [row.seq], 600.0) == 1  # it was sent
     assert await backend.claim(RELAY_B, 10, 30.0) == []
@@ -540,8 +552,15 @@ async def test_purge_deletes_published_rows_past_their_retention(
     assert await outbox.purge(retention=600.0) == 0
     (published, _) = await outbox.entries(state="published")
     assert published.published_at is not None and published.claimed_until is None
-    await flow_async.sleep(0.3)
-    assert await outbox.purge(retention=0.2) == 2
+    published_at = time.monotonic()
+    deadline = published_at + 10
+    purged = 0
+    while purged < 2 and time.monotonic() < deadline:
+        purged += await outbox.purge(retention=0.2)
+        if purged < 2:
+            await flow_async.sleep(0.05)
+    assert purged == 2
+    assert time.monotonic() - published_at >= 0.15  # not before their retention passed
     assert [e.id for e in await outbox.entries()] == [ids[2]]  # the held row is kept
     assert await outbox.purge(retention=0) == 0
     # retention 0 at publish time: deleted at once

@@ -181,3 +181,46 @@ def test_an_outbox_used_in_a_forked_child_opens_its_own_connections() -> None:
     finally:
         outbox.drop()
         outbox.close()
+
+
+def test_the_url_defaults_as_for_queue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JOBFENCE_URL", raising=False)
+    outbox = jobfence.Outbox()
+    assert outbox.url == "sqlite:///jobfence.db" and outbox.backend.kind == "sqlite"
+    outbox.close()
+    monkeypatch.setenv("JOBFENCE_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    outbox = jobfence.Outbox()
+    try:
+        outbox.install()
+        assert (tmp_path / "env.db").exists()
+    finally:
+        outbox.close()
+
+
+def test_a_callers_pool_or_engine_serves_the_outbox(tmp_path: Path) -> None:
+    import psycopg_pool
+    import sqlalchemy as sa
+
+    table = f"t{uuid.uuid4().hex[:12]}_outbox"
+    with psycopg_pool.ConnectionPool(POSTGRES_URL, min_size=1, max_size=4, open=True) as pool:
+        outbox = jobfence.Outbox(pool, table=table)
+        try:
+            outbox.install()
+            with psycopg.connect(POSTGRES_URL) as conn:
+                added = outbox.add(conn, queue="orders", body=1)
+            assert [r.id for r in outbox.backend.claim("relay", 10, 30.0)] == [added]
+        finally:
+            outbox.drop()
+            outbox.close()
+        assert not pool.closed  # the caller's pool is left open
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'engine.db'}")
+    outbox = jobfence.Outbox(engine)
+    try:
+        outbox.install()
+        with engine.begin() as conn:
+            added = outbox.add(conn, queue="orders", body=2)
+        assert [r.id for r in outbox.backend.claim("relay", 10, 30.0)] == [added]
+    finally:
+        outbox.close()
+        engine.dispose()

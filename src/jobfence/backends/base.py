@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -828,6 +829,10 @@ class OutboxRow:
     headers: dict[str, str]
     attempts: int
     created_at: float
+
+    def value(self) -> Any:
+        """The body decoded from its JSON (what was passed to ``Outbox.add`` as ``body``)."""
+        return json.loads(self.body)
 
 
 @dataclass(frozen=True)

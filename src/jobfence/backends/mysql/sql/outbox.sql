@@ -57,11 +57,11 @@ INSERT INTO jobfence_outbox_schema (table_name, version) VALUES ('{table}', 1)
 SELECT version FROM jobfence_outbox_schema WHERE table_name = '{table}';
 
 -- name: add
--- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of
--- objects {"id", "queue", "key" (or null), "body" (the body's JSON text), "headers" (JSON
--- text or null), "delay_us" (microseconds)}, in the order the rows get their seq. An id
--- already in the table is skipped: the no-op update of ON DUPLICATE KEY changes nothing
--- (and, unlike INSERT IGNORE, hides no other error and raises no warning).
+-- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of objects
+-- {"id", "queue", "key" (absent: none), "body" (the body's JSON text), "headers" (JSON text;
+-- absent: none), "delay_us" (microseconds)}, in the order the rows get their seq. An id already
+-- in the table is skipped: the no-op update of ON DUPLICATE KEY changes nothing (and, unlike
+-- INSERT IGNORE, hides no other error and raises no warning).
 INSERT INTO {table} (id, queue, ordering_key, body, headers, created_at, available_at)
 SELECT r.id, r.queue, r.ordering_key, CAST(r.body AS BINARY), r.headers,
        UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL r.delay_us MICROSECOND

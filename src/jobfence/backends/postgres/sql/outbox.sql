@@ -81,12 +81,12 @@ $jobfence$;
 SELECT version FROM jobfence_outbox_schema WHERE table_name = '{table}';
 
 -- name: add
--- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of
--- objects {"id", "queue", "key" (or null), "body" (the body's JSON text), "headers" (JSON
--- text or null), "delay" (seconds)}, in the order the rows get their seq. An id already in
--- the table is skipped (ON CONFLICT DO NOTHING). The same statement notifies the relays
--- LISTENing on the channel '{table}'; PostgreSQL delivers the notification when (and only
--- if) the caller's transaction commits. -> one row: (rows inserted).
+-- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of objects
+-- {"id", "queue", "key" (absent: none), "body" (the body's JSON text), "headers" (JSON text;
+-- absent: none), "delay" (seconds)}, in the order the rows get their seq. An id already in the
+-- table is skipped (ON CONFLICT DO NOTHING). The same statement notifies the relays LISTENing
+-- on the channel '{table}'; PostgreSQL delivers the notification when (and only if) the
+-- caller's transaction commits. -> one row: (rows inserted).
 WITH clock AS (
     SELECT clock_timestamp() AS now
 ), ins AS (
@@ -146,6 +146,10 @@ UPDATE {table} AS t
        claimed_until = clock.now + CAST(:lease AS double precision) * interval '1 second'
   FROM picked, clock
  WHERE t.seq = picked.seq
+   -- checked again on the row as it is when the UPDATE locks it (a relay whose hold ran out
+   -- may have marked it published meanwhile)
+   AND t.published_at IS NULL AND NOT t.dead
+   AND (t.claimed_until IS NULL OR t.claimed_until <= clock.now)
 RETURNING t.seq, t.id, t.queue, t.ordering_key, t.body, t.headers, t.attempts,
           CAST(extract(epoch FROM t.created_at) AS double precision);
 
@@ -253,7 +257,8 @@ SELECT count(*), pg_notify('{table}', '') FROM revived;
 -- Params: :retention (seconds). Deletes the rows published more than :retention ago.
 DELETE FROM {table}
  WHERE published_at IS NOT NULL
-   AND published_at <= clock_timestamp() - CAST(:retention AS double precision) * interval '1 second';
+   AND published_at <= clock_timestamp()
+                       - CAST(:retention AS double precision) * interval '1 second';
 
 -- name: drop
 DROP TABLE IF EXISTS {table};

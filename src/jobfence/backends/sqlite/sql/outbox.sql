@@ -55,11 +55,10 @@ INSERT INTO jobfence_outbox_schema (table_name, version) VALUES ('{table}', 1)
 SELECT version FROM jobfence_outbox_schema WHERE table_name = '{table}';
 
 -- name: add
--- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of
--- objects {"id", "queue", "key" (or null), "body" (the body's JSON text), "headers" (JSON
--- text or null), "delay" (seconds)}, in the order the rows get their seq. An id already in
--- the table is skipped (OR IGNORE; every other constraint is checked before the statement
--- runs).
+-- Runs inside the CALLER's transaction; ONE statement. Params: :rows, a JSON array of objects
+-- {"id", "queue", "key" (absent: none), "body" (the body's JSON text), "headers" (JSON text;
+-- absent: none), "delay" (seconds)}, in the order the rows get their seq. An id already in the
+-- table is skipped (OR IGNORE; every other constraint is checked before the statement runs).
 INSERT OR IGNORE INTO {table} (id, queue, ordering_key, body, headers, created_at, available_at)
 SELECT json_extract(r.value, '$.id'), json_extract(r.value, '$.queue'),
        json_extract(r.value, '$.key'), CAST(json_extract(r.value, '$.body') AS BLOB),
