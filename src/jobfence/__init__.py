@@ -46,6 +46,8 @@ from .outbox import Outbox
 from .outbox_async import AsyncOutbox
 from .queue import Message, Queue
 from .queue_async import AsyncMessage, AsyncQueue
+from .relay import Relay
+from .relay_async import AsyncRelay, RelayStats
 from .retry import RetryPolicy, UnprotectedRetryWarning, retry_unit, retrying
 from .scheduler import Scheduler
 from .scheduler_async import AsyncScheduler
@@ -63,6 +65,7 @@ __all__ = [
     "AsyncMessage",
     "AsyncOutbox",
     "AsyncQueue",
+    "AsyncRelay",
     "AsyncScheduler",
     "AsyncWorker",
     "BackendError",
@@ -96,6 +99,8 @@ __all__ = [
     "OutboxStats",
     "Queue",
     "QueueError",
+    "Relay",
+    "RelayStats",
     "Renewable",
     "RetryPolicy",
     "ScheduleInfo",

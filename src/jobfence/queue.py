@@ -550,17 +550,26 @@ class Queue:
         head = _check_headers(headers)
         delay = _check_delay(delay)
         batch = [(i, self._encode(b), dict(head)) for i, b in zip(id_list, bodies, strict=True)]
-        if batch:
-            self._io(
-                "queue.publish",
-                lambda: hook(
-                    "queue.publish", queue=self.name, ids=id_list, backend=self.backend.kind
-                ),
-                self.backend.publish,
-                batch,
-                delay,
-            )
+        self._publish_encoded(batch, delay)
         return id_list
+
+    def _publish_encoded(
+        self, batch: Sequence[tuple[str, bytes, dict[str, str]]], delay: float = 0.0
+    ) -> None:
+        """Internal (``publish_many``, and the outbox relay, whose rows hold bodies encoded
+        already): append ``batch`` -- ``(id, encoded body, headers)`` per message, each with
+        headers of its own -- in one round trip where the backend can, announced at
+        ``queue.publish``. Nothing is checked or encoded again here: the caller did it."""
+        if not batch:
+            return
+        ids = [message[0] for message in batch]
+        self._io(
+            "queue.publish",
+            lambda: hook("queue.publish", queue=self.name, ids=ids, backend=self.backend.kind),
+            self.backend.publish,
+            batch,
+            delay,
+        )
 
     def receive(
         self,

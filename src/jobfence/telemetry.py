@@ -35,6 +35,10 @@ name                                    type         unit    attributes
 ``jobfence.schedule.skips``             counter      1       schedule
 ``jobfence.schedule.lag``               histogram    s       schedule
 ``jobfence.outbox.added``               counter      1       backend, queue
+``jobfence.outbox.published``           counter      1       backend, queue
+``jobfence.outbox.failed``              counter      1       backend, queue
+``jobfence.outbox.dead``                counter      1       backend, queue
+``jobfence.outbox.lag``                 histogram    s       backend, queue
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -106,6 +110,18 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "1",
         "Rows added to an outbox in the caller's transaction (counted when the statement ran)",
     ),
+    "jobfence.outbox.published": ("counter", "1", "Outbox rows a relay published"),
+    "jobfence.outbox.failed": (
+        "counter",
+        "1",
+        "Failed publishes of outbox rows that were left for a retry",
+    ),
+    "jobfence.outbox.dead": ("counter", "1", "Outbox rows given up after max_attempts"),
+    "jobfence.outbox.lag": (
+        "histogram",
+        "s",
+        "Time from an outbox row's created_at to its publish",
+    ),
 }
 
 
@@ -157,6 +173,10 @@ class _Instruments:
         self.schedule_skips = made["jobfence.schedule.skips"]
         self.schedule_lag = made["jobfence.schedule.lag"]
         self.outbox_added = made["jobfence.outbox.added"]
+        self.outbox_published = made["jobfence.outbox.published"]
+        self.outbox_failed = made["jobfence.outbox.failed"]
+        self.outbox_dead = made["jobfence.outbox.dead"]
+        self.outbox_lag = made["jobfence.outbox.lag"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -313,6 +333,31 @@ def schedule_skip(schedule: str) -> None:
     i = _inst or _load()
     if i.on:
         i.schedule_skips.add(1, {"schedule": schedule})
+
+
+def outbox_published(backend: str, queue: str, lags: list[float]) -> None:
+    """A relay published ``len(lags)`` rows of ``queue`` from an outbox on ``backend``;
+    ``lags``: each row's seconds from its ``created_at`` to the publish."""
+    i = _inst or _load()
+    if i.on and lags:
+        attributes = {"backend": backend, "queue": queue}
+        i.outbox_published.add(len(lags), attributes)
+        for lag in lags:
+            i.outbox_lag.record(lag, attributes)
+
+
+def outbox_failed(backend: str, queue: str) -> None:
+    """A publish of a row of ``queue`` failed; the row is retried later."""
+    i = _inst or _load()
+    if i.on:
+        i.outbox_failed.add(1, {"backend": backend, "queue": queue})
+
+
+def outbox_dead(backend: str, queue: str) -> None:
+    """A row of ``queue`` failed ``max_attempts`` times: it is dead."""
+    i = _inst or _load()
+    if i.on:
+        i.outbox_dead.add(1, {"backend": backend, "queue": queue})
 
 
 @contextlib.contextmanager

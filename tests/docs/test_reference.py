@@ -32,6 +32,7 @@ MODULES = [
             "arq",
             "sqlalchemy",
             "schedule_targets",
+            "outbox_targets",
             "celery_beat",
         )
     ),
@@ -57,6 +58,7 @@ NOT_CONSTRUCTED = {
         "OutboxStats",
         "LockHolder",
         "WorkerStats",
+        "RelayStats",
     },
     "jobfence.testing": {
         "SimTask",

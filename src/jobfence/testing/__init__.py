@@ -183,6 +183,22 @@ _POINT_LIST = (
         "Queue.stats/dead_letters/requeue_dead/purge/install/drop (operation names which)",
         ("queue", "operation", "backend"),
     ),
+    HookPoint(
+        "outbox.claim",
+        "a relay holds the next batch of committed outbox rows (one claim statement)",
+        ("relay", "table", "backend"),
+    ),
+    HookPoint(
+        "outbox.publish",
+        "a relay sends rows to their target (one batch call; ids in seq order)",
+        ("relay", "ids", "target"),
+    ),
+    HookPoint(
+        "outbox.settle",
+        "a relay settles rows it holds (verb: published, failed, release, extend) or purges "
+        "published ones (verb purge, seqs empty)",
+        ("relay", "verb", "seqs", "backend"),
+    ),
     HookPoint("sleep", "a sleep through the clock (retry backoff, polling waits)", ("seconds",)),
 )
 
