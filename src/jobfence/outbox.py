@@ -187,20 +187,22 @@ class Outbox:
             raise ConfigurationError("this Outbox is closed", argument="self")
 
     def _call(self, operation: str, fn: Callable[..., T], *args: Any) -> T:
-        """The I/O hook at ``operation``, then ``fn(*args)`` on the backend; driver errors
-        (and faults a hook injects, which stand for them) wrapped in :class:`BackendError`."""
+        """The I/O hook at ``outbox.manage`` (``operation``: ``install``, ``entries``,
+        ``stats``, ``retry_dead``, ``purge``, ``drop``), then ``fn(*args)`` on the backend;
+        driver errors (and faults a hook injects, which stand for them) wrapped in
+        :class:`BackendError` whose operation is ``outbox.<operation>``."""
         try:
             if get_hook() is not None:
-                hook(operation, key=None, backend=self.backend.kind)
+                hook("outbox.manage", operation=operation, backend=self.backend.kind)
             return fn(*args)
         except (JobfenceError, NotImplementedError):
             raise
         except Exception as exc:
             raise BackendError(
-                f"{self.backend.kind} outbox ({self.url}): {operation} failed: "
+                f"{self.backend.kind} outbox ({self.url}): outbox.{operation} failed: "
                 f"{type(exc).__name__}: {exc}",
                 backend=self.backend.kind,
-                operation=operation,
+                operation=f"outbox.{operation}",
             ) from exc
 
     # -- adding, in the caller's transaction ---------------------------------------------
@@ -337,7 +339,7 @@ class Outbox:
         """
         self._check_open()
         if conn is None:
-            self._call("outbox.install", self.backend.install)
+            self._call("install", self.backend.install)
             return
         sc = adapt(conn, argument="conn", operation="outbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -345,7 +347,7 @@ class Outbox:
             self.table, limit=dialect.outbox_table_limit, backend=sc.dialect, argument="table"
         )
         try:
-            hook("outbox.install", key=None, backend=sc.dialect)
+            hook("outbox.manage", operation="install", backend=sc.dialect)
             with warnings.catch_warnings():  # a MySQL driver warns "table already exists"
                 warnings.filterwarnings("ignore", message=".*already exists")
                 for statement in dialect.outbox_queries(table).statements("schema"):
@@ -387,13 +389,13 @@ class Outbox:
                 f"after must be None or a seq number (an int >= 0), got {after!r}",
                 argument="after",
             )
-        return self._call("outbox.entries", self.backend.entries, checked, queue, limit, after)
+        return self._call("entries", self.backend.entries, checked, queue, limit, after)
 
     def stats(self) -> OutboxStats:
         """How many rows are pending, claimed, published (retained) and dead, and the age of
         the oldest row still to publish."""
         self._check_open()
-        return self._call("outbox.stats", self.backend.stats)
+        return self._call("stats", self.backend.stats)
 
     def retry_dead(self, ids: Iterable[str] | None = None) -> int:
         """Make the dead rows ``ids`` (every dead row when None) pending again, their
@@ -406,7 +408,7 @@ class Outbox:
                     "ids must be an iterable of ids, not one str", argument="ids"
                 )
             id_list = [_check_id(i, "ids") for i in ids]
-        return self._call("outbox.retry_dead", self.backend.retry_dead, id_list)
+        return self._call("retry_dead", self.backend.retry_dead, id_list)
 
     def purge(self, retention: float | None = None) -> int:
         """Delete the rows published more than ``retention`` seconds ago (default: the
@@ -417,11 +419,11 @@ class Outbox:
             if retention is None
             else option_seconds(retention, "retention", 0.0, _MAX_RETENTION)
         )
-        return self._call("outbox.purge", self.backend.purge, keep)
+        return self._call("purge", self.backend.purge, keep)
 
     def drop(self) -> None:
         """Drop the outbox table (tests, uninstall)."""
-        self._call("outbox.drop", self.backend.drop)
+        self._call("drop", self.backend.drop)
 
     def close(self) -> None:
         """Close the backend's connections (a caller's pool or engine is left open)."""

@@ -189,20 +189,22 @@ class AsyncOutbox:
             raise ConfigurationError("this Outbox is closed", argument="self")
 
     async def _call(self, operation: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """The I/O hook at ``operation``, then ``fn(*args)`` on the backend; driver errors
-        (and faults a hook injects, which stand for them) wrapped in :class:`BackendError`."""
+        """The I/O hook at ``outbox.manage`` (``operation``: ``install``, ``entries``,
+        ``stats``, ``retry_dead``, ``purge``, ``drop``), then ``fn(*args)`` on the backend;
+        driver errors (and faults a hook injects, which stand for them) wrapped in
+        :class:`BackendError` whose operation is ``outbox.<operation>``."""
         try:
             if get_hook() is not None:
-                await ahook(operation, key=None, backend=self.backend.kind)
+                await ahook("outbox.manage", operation=operation, backend=self.backend.kind)
             return await fn(*args)
         except (JobfenceError, NotImplementedError):
             raise
         except Exception as exc:
             raise BackendError(
-                f"{self.backend.kind} outbox ({self.url}): {operation} failed: "
+                f"{self.backend.kind} outbox ({self.url}): outbox.{operation} failed: "
                 f"{type(exc).__name__}: {exc}",
                 backend=self.backend.kind,
-                operation=operation,
+                operation=f"outbox.{operation}",
             ) from exc
 
     # -- adding, in the caller's transaction ---------------------------------------------
@@ -385,7 +387,7 @@ class AsyncOutbox:
         """
         self._check_open()
         if conn is None:
-            await self._call("outbox.install", self.backend.install)
+            await self._call("install", self.backend.install)
             return
         sc = adapt_async(conn, argument="conn", operation="outbox.install")
         dialect = sql_dialect(sc.dialect)
@@ -393,7 +395,7 @@ class AsyncOutbox:
             self.table, limit=dialect.outbox_table_limit, backend=sc.dialect, argument="table"
         )
         try:
-            await ahook("outbox.install", key=None, backend=sc.dialect)
+            await ahook("outbox.manage", operation="install", backend=sc.dialect)
             with warnings.catch_warnings():  # a MySQL driver warns "table already exists"
                 warnings.filterwarnings("ignore", message=".*already exists")
                 for statement in dialect.outbox_queries(table).statements("schema"):
@@ -435,15 +437,13 @@ class AsyncOutbox:
                 f"after must be None or a seq number (an int >= 0), got {after!r}",
                 argument="after",
             )
-        return await self._call(
-            "outbox.entries", self.backend.entries, checked, queue, limit, after
-        )
+        return await self._call("entries", self.backend.entries, checked, queue, limit, after)
 
     async def stats(self) -> OutboxStats:
         """How many rows are pending, claimed, published (retained) and dead, and the age of
         the oldest row still to publish."""
         self._check_open()
-        return await self._call("outbox.stats", self.backend.stats)
+        return await self._call("stats", self.backend.stats)
 
     async def retry_dead(self, ids: Iterable[str] | None = None) -> int:
         """Make the dead rows ``ids`` (every dead row when None) pending again, their
@@ -456,7 +456,7 @@ class AsyncOutbox:
                     "ids must be an iterable of ids, not one str", argument="ids"
                 )
             id_list = [_check_id(i, "ids") for i in ids]
-        return await self._call("outbox.retry_dead", self.backend.retry_dead, id_list)
+        return await self._call("retry_dead", self.backend.retry_dead, id_list)
 
     async def purge(self, retention: float | None = None) -> int:
         """Delete the rows published more than ``retention`` seconds ago (default: the
@@ -467,11 +467,11 @@ class AsyncOutbox:
             if retention is None
             else option_seconds(retention, "retention", 0.0, _MAX_RETENTION)
         )
-        return await self._call("outbox.purge", self.backend.purge, keep)
+        return await self._call("purge", self.backend.purge, keep)
 
     async def drop(self) -> None:
         """Drop the outbox table (tests, uninstall)."""
-        await self._call("outbox.drop", self.backend.drop)
+        await self._call("drop", self.backend.drop)
 
     async def close(self) -> None:
         """Close the backend's connections (a caller's pool or engine is left open)."""

@@ -167,9 +167,9 @@ class Relay:
     """Publish the rows of ``outbox`` to ``to``; see the module documentation.
 
     ``outbox``: an :class:`~jobfence.AsyncOutbox` (``Relay``: an :class:`~jobfence.Outbox`),
-    or its URL (then the relay opens it and closes it). ``to``: a queue URL, a queue, an
-    outbox target, a callable ``send(rows)``, or a dict of those by queue name
-    (:mod:`jobfence.integrations.outbox_targets`). ``queues``: claim only the rows of these
+    its URL (then the relay opens it and closes it), or an outbox backend. ``to``: a queue
+    URL, a queue, an outbox target, a callable ``send(rows)``, or a dict of those by queue
+    name (:mod:`jobfence.integrations.outbox_targets`). ``queues``: claim only the rows of these
     queue names (default: all of them, or those ``to`` implies: a queue's name, a dict's
     keys). ``batch``: the most rows one claim holds (1 to 10000). ``lease``: seconds a claim
     holds its rows (extended while they are sent). ``max_attempts``: failed sends of a row
@@ -308,7 +308,7 @@ class Relay:
                 self.owner,
                 getattr(self.outbox, "url", "?"),
                 self.backend.table,
-                ", ".join(t.name for t in self._routes.owned) or "the given queue",
+                self._routes.describe(),
                 self.queues or "all",
             )
             if self.backend.capabilities.server_wakeup:

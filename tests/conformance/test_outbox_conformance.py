@@ -636,6 +636,19 @@ async def test_wait_returns_when_an_add_commits_and_not_on_rollback(
     assert await flow_async.result(waiter, 10) is False
 
 
+async def test_a_relays_first_wait_hears_of_rows_committed_after_its_first_claim(
+    oenv_async: AsyncOutboxEnv,
+) -> None:
+    outbox = await _installed(oenv_async)
+    relay = oenv_async.outbox().backend  # a fresh backend, as a starting relay has
+    if not relay.capabilities.server_wakeup:
+        return  # it polls (see the test above)
+    assert await relay.claim(RELAY_A, 10, 30.0) == []
+    await _add_committed(oenv_async, outbox, [{"n": 1}])  # between the claim and the wait
+    assert await relay.wait(30.0) is True
+    assert len(await relay.claim(RELAY_A, 10, 30.0)) == 1
+
+
 # -- every driver ----------------------------------------------------------------------------
 
 if ASYNC:

@@ -623,4 +623,17 @@ def test_wait_returns_when_an_add_commits_and_not_on_rollback(
     assert flow.result(waiter, 10) is False
 
 
+def test_a_relays_first_wait_hears_of_rows_committed_after_its_first_claim(
+    oenv: OutboxEnv,
+) -> None:
+    outbox = _installed(oenv)
+    relay = oenv.outbox().backend  # a fresh backend, as a starting relay has
+    if not relay.capabilities.server_wakeup:
+        return  # it polls (see the test above)
+    assert relay.claim(RELAY_A, 10, 30.0) == []
+    _add_committed(oenv, outbox, [{"n": 1}])  # between the claim and the wait
+    assert relay.wait(30.0) is True
+    assert len(relay.claim(RELAY_A, 10, 30.0)) == 1
+
+
 # -- every driver ----------------------------------------------------------------------------

@@ -118,14 +118,21 @@ def test_add_calls_the_hook_at_outbox_add_and_wraps_what_it_raises(
         seen.append((point, info))
         if point == "outbox.add" and info["queue"] == "broken":
             raise ConnectionResetError("injected")
+        if point == "outbox.manage" and info["operation"] == "purge":
+            raise TimeoutError("injected")
 
     set_hook(hook)
     try:
         ids = outbox.add_many(conn, queue="orders", bodies=[1, 2], ids=["a", "b"])
         with pytest.raises(BackendError) as info:
             outbox.add(conn, queue="broken", body=3)
+        outbox.stats()
+        with pytest.raises(BackendError) as purged:
+            outbox.purge()
     finally:
         set_hook(None)
+    assert ("outbox.manage", {"operation": "stats", "backend": "sqlite"}) in seen
+    assert purged.value.operation == "outbox.purge"
     conn.commit()
     assert ("outbox.add", {"queue": "orders", "ids": ids, "backend": "sqlite"}) in seen
     assert info.value.operation == "outbox.add"

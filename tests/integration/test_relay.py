@@ -31,7 +31,7 @@ import pytest
 import jobfence
 from jobfence.backends.base import OutboxRow
 from jobfence.integrations.outbox_targets import queues as queues_target
-from jobfence.testing import hooked
+from jobfence.testing import ManualClock, hooked
 from tests.integration._outbox_env import OUTBOX_KINDS, QUEUE_KINDS, OutboxSide, QueueSide
 from tests.reliability._redis_server import RedisServer, wait_until
 from tests.unit.test_telemetry import Otel, otel
@@ -196,8 +196,9 @@ def test_committed_rows_reach_the_queue_once_rolled_back_rows_never(
 def test_routes_callables_and_a_queue_object(
     flavour: str, sqlite_outbox: OutboxSide, tmp_path: Path
 ) -> None:
-    """A dict of routes: a queue URL, a callable (plain or async) and a Queue object each get
-    their queue's rows, in seq order; unrouted queues are not claimed."""
+    """A dict of routes: a queue URL, a callable (``async def`` under the blocking relay, a
+    plain one under the asyncio relay) and a Queue object each get their queue's rows, in
+    seq order; unrouted queues are not claimed."""
     dest = QueueSide("sqlite", tmp_path)
     seen: list[OutboxRow] = []
 
@@ -216,7 +217,9 @@ def test_routes_callables_and_a_queue_object(
             + [{"queue": "unrouted", "body": 0}],
         )
     with jobfence.Queue(dest.url, "c") as c_queue:
-        to = {"a": dest.url, "b": plain if flavour == "sync" else coro, "c": c_queue}
+        # across flavours: a blocking Relay runs the async def on an event loop of its own,
+        # an AsyncRelay runs the plain function in a thread
+        to = {"a": dest.url, "b": coro if flavour == "sync" else plain, "c": c_queue}
         published, _ = run_relay(flavour, sqlite_outbox, to)
         assert published == 8
     assert [m.body for m in dest.receive("a", 3)] == [0, 1, 2]
@@ -666,3 +669,110 @@ def test_metrics_and_hook_points(otel: Otel, sqlite_outbox: OutboxSide) -> None:
     published, stats = run_relay("sync", sqlite_outbox, send, max_attempts=1)
     assert published == 0 and stats.dead == 1
     assert otel.value("jobfence.outbox.dead", backend="sqlite", queue="q") == 1
+
+
+# -- lease and retention -------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_slow_send_keeps_its_rows(flavour: str, pg_outbox: OutboxSide) -> None:
+    """A batch whose send takes longer than its lease (1 s) keeps its rows: the relay
+    extends the lease every half lease, so a second relay running meanwhile never sends
+    them, and every row is published once."""
+    sent: list[tuple[str, str]] = []
+    verbs: list[str] = []
+    first = threading.Event()
+
+    def slow(rows: list[OutboxRow]) -> None:
+        if not first.is_set():
+            first.set()
+            time.sleep(1.8)  # a broker that takes long to answer
+        sent.extend(("slow", r.id) for r in rows)
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.settle":
+            verbs.append(info["verb"])
+
+    with pg_outbox.open() as outbox:
+        ids = pg_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(5)])
+    with hooked(hook):
+        slow_relay = RunningRelay(flavour, pg_outbox, slow, lease=1.0, poll=0.05)
+        try:
+            assert first.wait(30)
+            other = RunningRelay(
+                flavour,
+                pg_outbox,
+                lambda rows: sent.extend(("other", r.id) for r in rows),
+                lease=1.0,
+                poll=0.05,
+            )
+            try:
+                wait_until(lambda: len(sent) >= 5, 30, "the slow batch published")
+            finally:
+                other_stats = other.stop()
+        finally:
+            slow_stats = slow_relay.stop()
+    assert sent == [("slow", i) for i in ids]
+    assert slow_stats.published == 5 and other_stats.published == 0
+    assert verbs.count("extend") >= 2
+
+
+def test_published_rows_are_kept_for_retention_then_purged(sqlite_outbox: OutboxSide) -> None:
+    """``retention=0`` deletes rows as they are published; a retention of 2 s keeps them for
+    the admin views until a purge of the relay (every second here) finds them older."""
+    with sqlite_outbox.open() as outbox:
+        sqlite_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(3)])
+        assert run_relay("sync", sqlite_outbox, lambda rows: None, retention=0)[0] == 3
+        assert sqlite_outbox.entries(outbox) == []
+        sqlite_outbox.add(outbox, [{"queue": "q", **b} for b in _bodies(3)])
+        runner = RunningRelay("sync", sqlite_outbox, lambda rows: None, retention=2, poll=0.05)
+        try:
+            wait_until(lambda: runner.relay.stats.published == 3, 30, "3 rows published")
+            assert len(sqlite_outbox.entries(outbox, "published")) == 3
+            wait_until(lambda: not sqlite_outbox.entries(outbox), 30, "the rows purged")
+        finally:
+            runner.stop()
+
+
+# -- polling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_polling_relay_backs_its_pauses_off_and_loops_on_full_batches(
+    flavour: str, tmp_path: Path
+) -> None:
+    """On MariaDB (no server wake-up) an idle relay pauses 10 ms, then twice as long each
+    time up to ``poll``; rows bring it back to 10 ms; full batches follow each other with no
+    pause. The pauses are read off a manual clock (each one the time the test moves on)."""
+    claims: list[int] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.claim":
+            claims.append(len(claims))
+
+    with outbox_of("mysql", tmp_path) as side, ManualClock() as clock, hooked(hook):
+
+        def pauses() -> list[float]:
+            return [w for w in list(clock.waits) if w != 50.0]  # not the lease keeper's
+
+        def step() -> None:  # let the relay's pause end
+            assert clock.wait_for_waiters(1, 30), "the relay did not pause"
+            deadline = clock.next_deadline
+            assert deadline is not None
+            clock.set(deadline)
+
+        runner = RunningRelay(flavour, side, lambda rows: None, batch=5, poll=0.16, lease=100)
+        try:
+            for _ in range(5):
+                step()
+            wait_until(lambda: len(pauses()) >= 6, 30, "six pauses")
+            before = len(claims)
+            with side.open() as outbox:
+                side.add(outbox, [{"queue": "q", **b} for b in _bodies(12)])
+            step()
+            wait_until(lambda: len(pauses()) >= 7, 30, "a pause after the rows")
+            assert runner.relay.stats.published == 12
+            claims_for_rows = len(claims) - before
+            step()
+            wait_until(lambda: len(pauses()) >= 8, 30, "an idle pause again")
+        finally:
+            clock.set(clock.monotonic() + 100)  # wake whatever waits, so that stop() is seen
+            runner.stop()
+    assert pauses()[:8] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.16, 0.01, 0.01]
+    assert claims_for_rows == 3  # 5 + 5 + 2: the full batches were claimed at once

@@ -287,6 +287,12 @@ class Routes:
         self.queues = queues
         self.owned = owned
 
+    def describe(self) -> str:
+        """The targets, for a log line: ``name`` of each, or ``queue -> name`` per route."""
+        if self.default is not None:
+            return self.default.name
+        return ", ".join(f"{queue} -> {target.name}" for queue, target in self.routes.items())
+
     def target_for(self, queue: str) -> OutboxTarget:
         target = self.routes.get(queue, self.default)
         if target is None:  # not claimed: the claim is limited to the routes' queues

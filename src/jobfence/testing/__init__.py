@@ -184,6 +184,16 @@ _POINT_LIST = (
         ("queue", "operation", "backend"),
     ),
     HookPoint(
+        "outbox.add",
+        "Outbox.add(_many)(conn): the rows' INSERT in the caller's transaction",
+        ("queue", "ids", "backend"),
+    ),
+    HookPoint(
+        "outbox.manage",
+        "Outbox.install/entries/stats/retry_dead/purge/drop (operation names which)",
+        ("operation", "backend"),
+    ),
+    HookPoint(
         "outbox.claim",
         "a relay holds the next batch of committed outbox rows (one claim statement)",
         ("relay", "table", "backend"),

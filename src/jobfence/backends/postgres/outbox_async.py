@@ -208,9 +208,14 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
     async def claim(
         self, relay: str, limit: int, lease: float, queues: Sequence[str] | None = None
     ) -> list[OutboxRow]:
-        """The advisory lock of the table, then the claiming statement, in ONE transaction."""
+        """The advisory lock of the table, then the claiming statement, in ONE transaction.
+        The first claim also starts the LISTEN connection of :meth:`wait`."""
         if limit <= 0 or (queues is not None and not queues):
             return []
+        if not self._listening():
+            # LISTEN before the first look, so that the relay's first wait() also hears of
+            # the rows committed after this claim
+            await self._ensure_listener()
         params = {
             "lock": self._lock,
             "relay": relay,

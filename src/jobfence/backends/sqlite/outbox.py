@@ -182,6 +182,10 @@ class SQLiteOutboxBackend(OutboxBackend):
         """ONE ``UPDATE ... RETURNING`` in a ``BEGIN IMMEDIATE`` transaction."""
         if limit <= 0 or (queues is not None and not queues):
             return []
+        if self._version is None:
+            # note the file's version before the first look, so that the relay's first
+            # wait() also sees the rows committed after this claim
+            self._note_version()
         params = {
             "relay": relay,
             "limit": int(limit),
@@ -230,16 +234,13 @@ class SQLiteOutboxBackend(OutboxBackend):
     def wait(self, timeout: float) -> bool:
         """Until another connection commits a change to the file -- True -- or ``timeout``
         seconds pass -- False: ``PRAGMA data_version`` read every ``WAIT_TICK`` seconds on a
-        connection of its own. A change committed since the previous call returns at once
-        (the first call only notes the number)."""
+        connection of its own. A change committed since the previous call (or since the
+        first claim) returns at once."""
         clock = get_clock()
         deadline = clock.monotonic() + max(0.0, timeout)
-        if self._watch is None:
-            self._watch = self._connect()
-        watch = self._watch
         while not self._closed:
-            version = run_on(watch, _data_version)
-            seen, self._version = self._version, version
+            seen = self._version
+            version = self._note_version()
             if seen is not None and version != seen:
                 return True
             left = deadline - clock.monotonic()
@@ -247,6 +248,14 @@ class SQLiteOutboxBackend(OutboxBackend):
                 return False
             clock.sleep(min(WAIT_TICK, left))
         return False
+
+    def _note_version(self) -> int:
+        """Read ``PRAGMA data_version`` on the waiting connection (opened on first use) and
+        keep it as the last number seen."""
+        if self._watch is None:
+            self._watch = self._connect()
+        self._version = version = run_on(self._watch, _data_version)
+        return version
 
     # -- admin views ---------------------------------------------------------------------
     def entries(

@@ -185,6 +185,10 @@ class AsyncSQLiteOutboxBackend(AsyncOutboxBackend):
         """ONE ``UPDATE ... RETURNING`` in a ``BEGIN IMMEDIATE`` transaction."""
         if limit <= 0 or (queues is not None and not queues):
             return []
+        if self._version is None:
+            # note the file's version before the first look, so that the relay's first
+            # wait() also sees the rows committed after this claim
+            await self._note_version()
         params = {
             "relay": relay,
             "limit": int(limit),
@@ -233,16 +237,13 @@ class AsyncSQLiteOutboxBackend(AsyncOutboxBackend):
     async def wait(self, timeout: float) -> bool:
         """Until another connection commits a change to the file -- True -- or ``timeout``
         seconds pass -- False: ``PRAGMA data_version`` read every ``WAIT_TICK`` seconds on a
-        connection of its own. A change committed since the previous call returns at once
-        (the first call only notes the number)."""
+        connection of its own. A change committed since the previous call (or since the
+        first claim) returns at once."""
         clock = get_clock()
         deadline = clock.monotonic() + max(0.0, timeout)
-        if self._watch is None:
-            self._watch = await self._connect()
-        watch = self._watch
         while not self._closed:
-            version = await run_on(watch, _data_version)
-            seen, self._version = self._version, version
+            seen = self._version
+            version = await self._note_version()
             if seen is not None and version != seen:
                 return True
             left = deadline - clock.monotonic()
@@ -250,6 +251,14 @@ class AsyncSQLiteOutboxBackend(AsyncOutboxBackend):
                 return False
             await clock.asleep(min(WAIT_TICK, left))
         return False
+
+    async def _note_version(self) -> int:
+        """Read ``PRAGMA data_version`` on the waiting connection (opened on first use) and
+        keep it as the last number seen."""
+        if self._watch is None:
+            self._watch = await self._connect()
+        self._version = version = await run_on(self._watch, _data_version)
+        return version
 
     # -- admin views ---------------------------------------------------------------------
     async def entries(

@@ -43,8 +43,9 @@ CREATE TABLE IF NOT EXISTS {table} (
     UNIQUE KEY id_idx (id),
     -- the claim reads the rows still to publish in seq order
     KEY pending_idx (published_at, dead, seq),
-    -- the key-order test: "an earlier row of this key still to publish"
-    KEY key_idx (ordering_key, seq)
+    -- the key-order test: "an earlier row of this key still to publish" (a range of this
+    -- index: the key, published_at NULL, dead 0, seq below the row's)
+    KEY key_idx (ordering_key, published_at, dead, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 CREATE TABLE IF NOT EXISTS jobfence_outbox_schema (
     table_name VARCHAR(64) NOT NULL PRIMARY KEY,

@@ -108,8 +108,15 @@ LISTEN {table};
 -- name: claim_lock
 -- The first statement of a claim's transaction. Params: :lock, a 64-bit hash of the table's
 -- name. Claims of one table run one at a time: the claim that follows, a fresh statement,
--- sees every claim committed before it.
-SELECT pg_advisory_xact_lock(CAST(:lock AS bigint));
+-- sees every claim committed before it. For the rest of this transaction only (set_config
+-- with is_local), the planner is asked not to sort and not to use bitmap scans: the claim
+-- then walks the rows still to publish in seq order through {table}_pending and stops at
+-- :limit, testing the key order of those rows only. Without it, a table whose statistics
+-- are not gathered yet (a burst of adds) gets a plan that tests every row to publish and
+-- sorts them: measured 153 ms instead of 10 ms for a claim of 100 out of 5,000 rows.
+SELECT pg_advisory_xact_lock(CAST(:lock AS bigint)),
+       set_config('enable_sort', 'off', true),
+       set_config('enable_bitmapscan', 'off', true);
 
 -- name: claim
 -- The second statement of a claim's transaction (after claim_lock). Params: :relay, :limit,

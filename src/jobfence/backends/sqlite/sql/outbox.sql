@@ -40,7 +40,7 @@ CREATE INDEX IF NOT EXISTS {table}_pending ON {table} (seq)
     WHERE published_at IS NULL AND dead = 0;
 -- the key-order test: "an earlier row of this key still to publish"
 CREATE INDEX IF NOT EXISTS {table}_key ON {table} (ordering_key, seq)
-    WHERE ordering_key IS NOT NULL;
+    WHERE ordering_key IS NOT NULL AND published_at IS NULL AND dead = 0;
 -- purge: the published rows past their retention
 CREATE INDEX IF NOT EXISTS {table}_published ON {table} (published_at)
     WHERE published_at IS NOT NULL;
