@@ -568,9 +568,10 @@ def _executemany(conn: Any, sql: str, params: list[tuple[Any, ...]]) -> None:
         cur.close()
 
 
-@contextmanager
-def _relay_process(case: str, setup: RelaySetup) -> Iterator[subprocess.Popen[str]]:
-    """The relay of ``case`` running in a process of its own until the block ends."""
+def _spawn_relay(case: str, setup: RelaySetup) -> subprocess.Popen[str]:
+    """A process for the relay of ``case``, parked: it imports what it needs and connects,
+    then waits for a line on its stdin before it runs (so the start-up of every round's relay
+    is paid at once, before anything is measured)."""
     config = {
         "case": case,
         "backend": setup.backend,
@@ -583,33 +584,54 @@ def _relay_process(case: str, setup: RelaySetup) -> Iterator[subprocess.Popen[st
     path = os.pathsep.join(
         p for p in (os.path.join(os.path.dirname(HERE), "src"), os.environ.get("PYTHONPATH")) if p
     )
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--relay-child", json.dumps(config)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": path},
     )
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then wait for the process to end (kill it after 30 s)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.stdout is not None
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+@contextmanager
+def _relay_process(case: str, proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """The parked relay process ``proc`` of ``case`` running until the block ends."""
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         line = proc.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"{case} relay did not start: {line!r} (exit {proc.poll()})")
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _stop(proc)
 
 
 def _relay_round(
-    case: str, setup: RelaySetup, outbox: Any, rows: int, latency_rows: int
+    case: str,
+    setup: RelaySetup,
+    outbox: Any,
+    rows: int,
+    latency_rows: int,
+    parked: subprocess.Popen[str],
 ) -> RelayRound:
-    """Start the relay of ``case``, warm it up, measure latency then throughput, stop it."""
+    """Start the relay of ``case`` (its ``parked`` process), warm it up, measure latency then
+    throughput, stop it."""
     d = setup.dialect
     conn = setup.connect()
     order_sql = d.insert_order(setup.orders)
@@ -630,7 +652,7 @@ def _relay_round(
         return mid
 
     try:
-        with _relay_process(case, setup) as proc:
+        with _relay_process(case, parked) as proc:
             warm = []
             for i in range(min(WARMUP_ROWS, latency_rows)):
                 warm.append(commit_one(i))
@@ -775,13 +797,16 @@ def measure_relay(
             shutil.rmtree(folder, ignore_errors=True)
 
     results: dict[str, list[RelayRound]] = {RELAY_HAND: [], RELAY_JF: []}
+    order = [RELAY_HAND, RELAY_JF]
+    plan = [case for r in range(rounds) for case in order[r % 2 :] + order[: r % 2]]
+    parked = [_spawn_relay(case, setup) for case in plan]
     try:
-        order = [RELAY_HAND, RELAY_JF]
-        for r in range(rounds):
-            for case in order[r % 2 :] + order[: r % 2]:
-                _reset(setup)
-                results[case].append(_relay_round(case, setup, outbox, rows, latency_rows))
+        for case, proc in zip(plan, parked, strict=True):
+            _reset(setup)
+            results[case].append(_relay_round(case, setup, outbox, rows, latency_rows, proc))
     finally:
+        for proc in parked:
+            _stop(proc)
         cleanup()
     return RelayMeasured(label, results, rows, latency_rows)
 
@@ -833,7 +858,7 @@ def hand_relay(config: dict[str, Any], stopping: threading.Event) -> None:
     timeline = os.environ.get("BENCH_OUTBOX_TIMELINE")
     points: list[tuple[float, float, str]] = []
     clock = time.perf_counter
-    print("ready", flush=True)
+    _wait_for_go()
     while not stopping.is_set():
         t0 = clock()
         cur = conn.cursor()
@@ -871,6 +896,12 @@ def hand_relay(config: dict[str, Any], stopping: threading.Event) -> None:
             f.write(json.dumps(points) + "\n")
 
 
+def _wait_for_go() -> None:
+    """Parked (imported, connected) until the parent writes a line: then say ``ready``."""
+    sys.stdin.readline()
+    print("ready", flush=True)
+
+
 def _placeholder(backend: str) -> str:
     return "?" if backend == "sqlite" else "%s"
 
@@ -899,7 +930,7 @@ def jobfence_relay(config: dict[str, Any]) -> None:
         for verb in ("claim", "published", "wait", "extend", "purge", "release"):
             timed(relay.backend, verb, verb)
         timed(queue.backend, "publish", "publish")
-    print("ready", flush=True)
+    _wait_for_go()
     relay.run()
     queue.close()
     outbox.close()

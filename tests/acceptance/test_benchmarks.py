@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_TESTING = ROOT / "benchmarks" / "bench_testing.py"
 
@@ -249,6 +251,8 @@ def _is_number(cell: str) -> bool:
     return True
 
 
+# the run itself may take run_script's 240 s (every section, on a shared machine)
+@pytest.mark.timeout(300)
 def test_run_quick_writes_every_section_row_and_target(tmp_path: Path) -> None:
     out = tmp_path / "B.md"
     result = run_script(RUN, "--quick", "--output", str(out))
