@@ -65,7 +65,7 @@ OPTIONS = ("table", "busy_timeout", "pool_size")
 DEFAULT_POOL_SIZE = 2
 DEFAULT_BUSY_TIMEOUT = 30.0
 #: how often a waiting :meth:`AsyncSQLiteOutboxBackend.wait` reads ``PRAGMA data_version``
-WAIT_TICK = 0.05
+WAIT_TICK = 0.005
 
 
 def _data_version(raw: sqlite3.Connection) -> int:
