@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits;
+replicas, etcd, limits, scheduler, idempotency;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the scripts, a
 import _harness as h
 import bench_etcd_locks
 import bench_guarded
+import bench_idempotency
 import bench_inbox
 import bench_leases
 import bench_mysql_locks
@@ -63,6 +64,7 @@ SECTIONS = (
     "etcd",
     "limits",
     "scheduler",
+    "idempotency",
 )
 
 
@@ -787,6 +789,35 @@ def section_scheduler(rep: Report, sz: Sizes) -> None:
     rep.table(bench_scheduler.HEADER, bench_scheduler.rows(cases))
 
 
+# -- 12. Idempotency-Key ----------------------------------------------------------------------
+def section_idempotency(rep: Report, sz: Sizes) -> None:
+    rep.add("## 12. Idempotency-Key: a FastAPI POST per request", "")
+    rep.add(
+        "A FastAPI `POST /orders` (a pydantic body, a JSON answer) called in-process through "
+        "ASGI (no socket, no HTTP client: the middleware's cost is not drowned by the "
+        "network), a fresh `Idempotency-Key` per request (the view runs), and the same key "
+        "again (the stored response is replayed). Anchor: the app without middleware. (b) is "
+        'the hand-written kind (`@app.middleware("http")`: `GET`, `SET NX EX`, the view, '
+        "`SET`), which has no fingerprint, no caller scope, no release of a failed request "
+        "and stores errors; (c) and (d) are jobfence's `IdempotencyKeyMiddleware` on an "
+        "`AsyncInbox` (claim, run, store: two round trips; PostgreSQL commits each). No "
+        "target: the figures are the price per request, and the ratio of (c) to (b) is "
+        "below the table."
+    )
+    m = bench_idempotency.measure(sz.inbox_ops, sz.rounds)
+    for case, seen in m.statuses.items():
+        if seen != {201}:
+            raise RuntimeError(f"{case}: answered {sorted(seen)}, not only 201")
+    anchors = {case: bench_idempotency.ANCHORS.get(case, "") for case in m.timings}
+    rep.table(US_HEADER, _stats_rows(m.timings, anchors))
+    for ours, theirs in (
+        (bench_idempotency.JF_REDIS, bench_idempotency.NAIVE),
+        (bench_idempotency.JF_REDIS_REPLAY, bench_idempotency.NAIVE_REPLAY),
+    ):
+        rep.add(f"- {ours} / {theirs}: {_ratio_cell(m.timings, ours, theirs)}")
+    rep.add("")
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -799,6 +830,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "etcd": section_etcd,
     "limits": section_limits,
     "scheduler": section_scheduler,
+    "idempotency": section_idempotency,
 }
 
 
@@ -879,6 +911,8 @@ LIBRARIES = (
     ("celery (anchor)", "celery"),
     ("celery-redbeat (anchor)", "celery-redbeat"),
     ("APScheduler (anchor)", "apscheduler"),
+    ("FastAPI", "fastapi"),
+    ("Starlette", "starlette"),
 )
 
 

@@ -187,6 +187,12 @@ class Claim:
         #: record expires (UTC)
         self.expires_at: datetime | None = record.expires_at
         self.fingerprint = record.fingerprint
+        #: True once a :meth:`AsyncInbox.claim_in` without a key, run while this claim was the
+        #: current one (:func:`jobfence.current_claim`), found the key already applied: an
+        #: earlier attempt's transaction committed the effect, but that attempt never completed
+        #: the claim (it crashed after its commit). The work must not be done again, and its
+        #: result was never stored.
+        self.applied_before = False
         self._raw_result = record.result
         self._result: Any = _MISSING
         self._mine = owner if record.mine else None
@@ -699,9 +705,11 @@ class Inbox:
     ) -> bool:
         """Mark ``key`` applied INSIDE the caller's open transaction on ``conn``.
 
-        Without ``key``: the key of the :func:`jobfence.guarded` call running here, else the
-        id of the message a :class:`~jobfence.Worker` handler processes here (the same on
-        every redelivery); elsewhere ``ConfigurationError``.
+        Without ``key``: the key of the current claim (:func:`jobfence.current_claim`: a
+        :func:`jobfence.guarded` call's, or an HTTP request's under the Idempotency-Key
+        middleware), else the id of the message a :class:`~jobfence.Worker` handler processes
+        here (the same on every redelivery); elsewhere ``ConfigurationError``. When it finds
+        the current claim's key already applied, it sets that claim's ``applied_before``.
 
         Returns True iff this transaction is the first to apply ``key`` (the marker row was
         inserted, or a key held by :meth:`claim` was marked applied): do the effect in the
@@ -714,10 +722,19 @@ class Inbox:
         PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy Connection / Session).
         """
         self._check_open()
+        claim = None
         if key is None:
             claim = current_claim_var.get()
             key = claim.key if claim is not None else default_key()
-        key = check_name(key, argument="key")
+        first = self._claim_in(conn, check_name(key, argument="key"), fingerprint)
+        if not first and claim is not None and hasattr(claim, "applied_before"):
+            # tell the claim's holder (e.g. the Idempotency-Key middleware) that the effect
+            # was committed by an earlier attempt of the same key
+            claim.applied_before = True
+        return first
+
+    def _claim_in(self, conn: Any, key: str, fingerprint: str | None) -> bool:
+        """:meth:`claim_in` of a checked ``key``."""
         fingerprint = check_fingerprint(fingerprint)
         sc = adapt(conn, argument="conn", operation="inbox.claim_in")
         dialect = sql_dialect(sc.dialect)

@@ -230,11 +230,14 @@ class AsyncOutbox:
         seconds before a relay may publish it. An ``id`` already in the outbox (pending,
         dead, or published and still retained) is not added again. Never creates the table:
         :class:`SchemaMissing` says to run :meth:`install` first. On PostgreSQL the same
-        statement wakes the relays (delivered at commit).
+        statement wakes the relays (delivered at commit), and a statement that failed
+        leaves the caller's transaction aborted: roll it back.
 
         ``conn``: a PostgreSQL, MySQL/MariaDB or SQLite connection (psycopg, asyncpg,
         PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy Connection / Session, Django
-        connection), in the flavour of this outbox.
+        connection), in the flavour of this outbox (``AsyncOutbox``: the asyncio ones). An
+        ``AsyncOutbox`` also takes a simulated table or transaction of
+        :mod:`jobfence.testing` (an object with ``__jobfence_transaction__``).
         """
         ids = await self._add(
             conn, queue, [body], None if id is None else [id], key, headers, delay

@@ -39,6 +39,8 @@ name                                    type         unit    attributes
 ``jobfence.outbox.failed``              counter      1       backend, queue
 ``jobfence.outbox.dead``                counter      1       backend, queue
 ``jobfence.outbox.lag``                 histogram    s       backend, queue
+``jobfence.http.idempotency``           counter      1       outcome (new/replayed/conflict/
+                                                             mismatch/invalid)
 ======================================  ===========  ======  ==============================
 
 Spans: ``jobfence.guarded`` around every call of a :func:`jobfence.guarded` function, with
@@ -122,6 +124,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "s",
         "Time from an outbox row's created_at to its publish",
     ),
+    "jobfence.http.idempotency": (
+        "counter",
+        "1",
+        "HTTP requests carrying an Idempotency-Key (or missing a required one), by outcome",
+    ),
 }
 
 
@@ -177,6 +184,7 @@ class _Instruments:
         self.outbox_failed = made["jobfence.outbox.failed"]
         self.outbox_dead = made["jobfence.outbox.dead"]
         self.outbox_lag = made["jobfence.outbox.lag"]
+        self.http_idempotency = made["jobfence.http.idempotency"]
         #: With the global providers and no SDK installed yet, the API hands out proxy
         #: instruments that drop every measurement until an SDK is set (then they forward to
         #: it). The lock cycle checks this one's backing instrument to skip even reading the
@@ -292,6 +300,15 @@ def outbox_added(backend: str, queue: str, n: int) -> None:
     i = _inst or _load()
     if i.on and n:
         i.outbox_added.add(n, {"backend": backend, "queue": queue})
+
+
+def http_idempotency(outcome: str) -> None:
+    """A request with an Idempotency-Key was answered: ``outcome`` is ``new`` (the view ran),
+    ``replayed``, ``conflict`` (in flight: 409), ``mismatch`` (key reuse: 422) or ``invalid``
+    (a bad, missing or duplicated key, or a body over ``max_body``)."""
+    i = _inst or _load()
+    if i.on:
+        i.http_idempotency.add(1, {"outcome": outcome})
 
 
 def retry(cause: str) -> None:

@@ -142,6 +142,14 @@ SECTION_ROWS = {
         "PostgreSQL: jobfence limit=3",
         "PostgreSQL: jobfence plain lock",
     ],
+    "## 12. Idempotency-Key: a FastAPI POST per request": [
+        "(a) FastAPI POST, no middleware",
+        "(b) hand-written Redis SET NX middleware",
+        "(c) jobfence IdempotencyKeyMiddleware, Redis",
+        "(d) jobfence IdempotencyKeyMiddleware, PostgreSQL",
+        "(b) hand-written, replay of a stored response",
+        "(c) jobfence Redis, replay of a stored response",
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick)

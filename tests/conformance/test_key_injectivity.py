@@ -91,11 +91,15 @@ def test_an_inbox_key_shaped_like_a_lock_key_is_an_inbox_key(spec: Spec, tmp_pat
 
 
 _PIECES = [":", "_", "{", "}", "%", "%7B", "lock", "q", "\x00", "ü", "名"]
-_names = st.lists(
-    st.one_of(st.sampled_from(_PIECES), st.text(alphabet="ab:_{}", max_size=2)),
-    min_size=1,
-    max_size=6,
-).map("".join).filter(bool)
+_names = (
+    st.lists(
+        st.one_of(st.sampled_from(_PIECES), st.text(alphabet="ab:_{}", max_size=2)),
+        min_size=1,
+        max_size=6,
+    )
+    .map("".join)
+    .filter(bool)
+)
 
 
 @pytest.fixture(params=spec_params(LOCKS))

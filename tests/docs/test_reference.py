@@ -34,6 +34,9 @@ MODULES = [
             "schedule_targets",
             "outbox_targets",
             "celery_beat",
+            "http",
+            "asgi",
+            "flask",
         )
     ),
     "jobfence.integrations.django",

@@ -231,3 +231,75 @@ def test_a_callers_pool_or_engine_serves_the_outbox(tmp_path: Path) -> None:
     finally:
         outbox.close()
         engine.dispose()
+
+
+class _Transaction:
+    """A transaction of its own (the protocol of ``jobfence._core.transaction``), recording
+    what ``AsyncOutbox.add`` asks of it."""
+
+    dialect = "simulated"
+    in_transaction = True
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+
+    async def outbox_add(self, table: str, row: dict[str, Any]) -> None:
+        self.rows.append((table, row))
+
+
+class _Table:
+    def __init__(self) -> None:
+        self.tx = _Transaction()
+
+    def __jobfence_transaction__(self) -> _Transaction:
+        return self.tx
+
+
+async def test_async_add_hands_its_rows_to_an_object_that_is_a_transaction(
+    tmp_path: Path,
+) -> None:
+    # the outbox's own database is never opened: the rows go to the transaction
+    outbox = jobfence.AsyncOutbox(f"sqlite:///{tmp_path / 'own.db'}", table="sim_outbox")
+    db = _Table()
+    seen: list[tuple[str, dict[str, Any]]] = []
+    set_hook(lambda point, **info: seen.append((point, info)))
+    try:
+        one = await outbox.add(db, queue="orders", body={"n": 1}, key="k", headers={"h": "v"})
+        two = await outbox.add_many(db, queue="emails", bodies=["x"], ids=["id-x"], delay=2.5)
+    finally:
+        set_hook(None)
+        await outbox.close()
+    assert db.tx.rows == [
+        (
+            "sim_outbox",
+            {
+                "id": one,
+                "queue": "orders",
+                "key": "k",
+                "body": b'{"n":1}',
+                "headers": {"h": "v"},
+                "delay": 0.0,
+            },
+        ),
+        (
+            "sim_outbox",
+            {
+                "id": "id-x",
+                "queue": "emails",
+                "key": None,
+                "body": b'"x"',
+                "headers": {},
+                "delay": 2.5,
+            },
+        ),
+    ]
+    assert two == ["id-x"]
+    assert ("outbox.add", {"queue": "orders", "ids": [one], "backend": "simulated"}) in seen
+    assert not (tmp_path / "own.db").exists()
+    other = jobfence.AsyncOutbox(f"sqlite:///{tmp_path / 'own.db'}")
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            await other.add(db, queue="", body=1)
+        assert info.value.argument == "queue"
+    finally:
+        await other.close()

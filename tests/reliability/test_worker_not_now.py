@@ -1,4 +1,4 @@
-""""Not now" is not a failure, end to end, with DEFAULT settings on every server queue.
+""" "Not now" is not a failure, end to end, with DEFAULT settings on every server queue.
 
 Real ``jobfence worker`` processes run a guarded handler (an inbox claim keyed on the message
 id, ``claim_in`` with the effect, all at their defaults: worker ``max_deliveries`` 5 and

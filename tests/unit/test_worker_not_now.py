@@ -1,4 +1,4 @@
-""""Not now" is not a failure: the worker defers a refused message (``NotNow``: another worker
+""" "Not now" is not a failure: the worker defers a refused message (``NotNow``: another worker
 holds its claim or lease, or this one lost them) without using up a delivery, after the
 holder's known expiry; only handler failures count toward ``max_deliveries``, and a dead
 letter says the last real failure. A claim whose release failed is taken over at once by a

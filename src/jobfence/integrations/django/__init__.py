@@ -31,10 +31,12 @@ from ...backends import registered, sql_dialect
 from ...errors import ConfigurationError
 from ...fencing import DEFAULT_TABLE as _FENCING_DEFAULT_TABLE
 from ...inbox import Inbox
+from .idempotency import IdempotencyKeyMiddleware
 
 __all__ = [
     "DEFAULT_FENCE_TABLE",
     "DEFAULT_INBOX_TABLE",
+    "IdempotencyKeyMiddleware",
     "close_broken_connections",
     "database_url",
     "fence_table",
