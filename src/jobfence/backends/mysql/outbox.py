@@ -26,6 +26,7 @@ is closed, never reused).
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -281,13 +282,15 @@ class MySQLOutboxBackend(OutboxBackend):
         self, cur: Any, relay: str, lease: float, pick: dict[str, Any]
     ) -> list[OutboxRow]:
         wait = max(0.0, self.timeouts.request / 2)
-        rows, _ = self._on(cur, self._sql["claim_lock"], {"wait": wait})
-        if not rows or rows[0][0] != 1:
-            raise TimeoutError(
-                f"the claim lock of the outbox table {self.table!r} was held by another "
-                f"relay's claim for {wait:g} s"
-            )
+        idle = max(1, math.ceil(self.timeouts.request))
+        self._on(cur, self._sql["claim_session"], {"idle": idle})
         try:
+            rows, _ = self._on(cur, self._sql["claim_lock"], {"wait": wait})
+            if not rows or rows[0][0] != 1:
+                raise TimeoutError(
+                    f"the claim lock of the outbox table {self.table!r} was held by another "
+                    f"relay's claim for {wait:g} s"
+                )
             picked, _ = self._on(cur, self._sql["claim_pick"], pick)
             if not picked:
                 return []

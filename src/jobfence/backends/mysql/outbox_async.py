@@ -24,6 +24,7 @@ is closed, never reused).
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
@@ -287,13 +288,15 @@ class AsyncMySQLOutboxBackend(AsyncOutboxBackend):
         self, cur: Any, relay: str, lease: float, pick: dict[str, Any]
     ) -> list[OutboxRow]:
         wait = max(0.0, self.timeouts.request / 2)
-        rows, _ = await self._on(cur, self._sql["claim_lock"], {"wait": wait})
-        if not rows or rows[0][0] != 1:
-            raise TimeoutError(
-                f"the claim lock of the outbox table {self.table!r} was held by another "
-                f"relay's claim for {wait:g} s"
-            )
+        idle = max(1, math.ceil(self.timeouts.request))
+        await self._on(cur, self._sql["claim_session"], {"idle": idle})
         try:
+            rows, _ = await self._on(cur, self._sql["claim_lock"], {"wait": wait})
+            if not rows or rows[0][0] != 1:
+                raise TimeoutError(
+                    f"the claim lock of the outbox table {self.table!r} was held by another "
+                    f"relay's claim for {wait:g} s"
+                )
             picked, _ = await self._on(cur, self._sql["claim_pick"], pick)
             if not picked:
                 return []

@@ -77,6 +77,14 @@ SELECT r.id, r.queue, r.ordering_key, CAST(r.body AS BINARY), r.headers,
  ORDER BY r.n
 ON DUPLICATE KEY UPDATE id = {table}.id;
 
+-- name: claim_session
+-- Before claim_lock. Params: :idle (whole seconds, the request timeout). GET_LOCK belongs to
+-- the session: a relay frozen inside its claim (a stopped process, a paused VM) would hold it,
+-- and stop every relay of the table, for as long as its connection lives. While it claims,
+-- the session is closed by the server after :idle seconds without a command instead, which
+-- frees the lock; claim_unlock puts the server's default back.
+SET SESSION wait_timeout = :idle;
+
 -- name: claim_lock
 -- Params: :wait (seconds). The lock's name: 'jobfence_outbox:' and the SHA-1 of
 -- "<database>.<table>" (56 characters; GET_LOCK names are server-wide). -> 1: held; 0: timed
@@ -85,7 +93,10 @@ SELECT GET_LOCK(CONCAT('jobfence_outbox:', SHA1(CONCAT(COALESCE(DATABASE(), ''),
                 :wait);
 
 -- name: claim_unlock
-DO RELEASE_LOCK(CONCAT('jobfence_outbox:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}'))));
+-- After a claim (held or not): release the lock, and give the session back the server's
+-- wait_timeout (see claim_session).
+SET SESSION wait_timeout = DEFAULT, @jobfence_outbox_unlocked =
+    RELEASE_LOCK(CONCAT('jobfence_outbox:', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.{table}'))));
 
 -- name: claim_pick
 -- Params: :limit, :every (1: any queue), :queues (a JSON array of the queue names to claim
