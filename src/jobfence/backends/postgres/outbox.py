@@ -224,9 +224,15 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         }
         for attempt in range(2):
             try:
-                with self._pool.connection() as conn, conn.transaction():
+                # BEGIN and COMMIT are statements of their own under the timeout too (not
+                # psycopg's transaction block, whose BEGIN/COMMIT wait for as long as a
+                # stalled link hangs); a claim that fails leaves its connection inside the
+                # transaction: the pool closes it, which rolls the claim back
+                with self._pool.connection() as conn:
+                    self._execute(conn, "BEGIN")
                     self._execute(conn, self._sql["claim_lock"], params)
                     rows, _ = self._execute(conn, self._sql["claim"], params)
+                    self._execute(conn, "COMMIT")
                 break
             except psycopg.errors.UndefinedTable:
                 if attempt:
