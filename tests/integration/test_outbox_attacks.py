@@ -147,3 +147,80 @@ def test_a_claim_on_a_stalled_link_times_out_and_the_relay_recovers(
             finally:
                 proxy.resume()
                 runner.stop()
+
+
+# -- a relay frozen inside its claim ---------------------------------------------------------
+FROZEN_CLAIMER = r"""
+import os, signal, sys
+import jobfence
+
+outbox = jobfence.Outbox(sys.argv[1], table=sys.argv[2], timeout=2)
+backend = outbox.backend
+real_on = backend._on
+
+
+def on(cur, sql, params=None, *args):
+    result = real_on(cur, sql, params, *args)
+    if sql == backend._sql["claim_lock"]:
+        print("locked", result[0][0][0], flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen here, holding the claim lock
+    return result
+
+
+backend._on = on
+backend.claim("frozen-relay", 10, 30.0)
+"""
+
+
+def test_a_mysql_relay_frozen_inside_its_claim_does_not_stop_the_others(tmp_path: Path) -> None:
+    """A relay process stops (SIGSTOP: a paused VM, a stuck host) right after it took the
+    table's claim lock (GET_LOCK, held by its session while the process is frozen but its
+    connection alive). The other relays' claims time out against the lock only until the
+    server closes the frozen session (its wait_timeout is the request timeout while it
+    claims): then they publish what is committed, without waiting for the frozen process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with outbox_of("mysql", tmp_path) as side:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(jobfence.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+        )
+        frozen = subprocess.Popen(
+            [sys.executable, "-c", FROZEN_CLAIMER, side.url, side.table],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert frozen.stdout is not None
+            assert frozen.stdout.readline().split() == ["locked", "1"]
+            with side.open() as outbox:
+                ids = side.add(outbox, [{"queue": "q", "body": i} for i in range(3)])
+            sink = Sink()
+            with jobfence.Outbox(side.url, table=side.table, timeout=2) as outbox:
+                with jobfence.Relay(outbox, sink) as relay:
+                    deadline = threading.Event()
+                    timer = threading.Timer(30.0, deadline.set)
+                    timer.start()
+                    errors: list[str] = []
+                    try:
+                        while not sink.wait_for(ids, 0) and not deadline.is_set():
+                            try:
+                                relay.run_once()
+                            except jobfence.JobfenceError as exc:
+                                errors.append(type(exc).__name__)
+                                deadline.wait(0.2)
+                    finally:
+                        timer.cancel()
+                    assert sink.wait_for(ids, 0), (
+                        f"the frozen relay's claim lock stopped the other relay ({errors[-3:]})"
+                    )
+                    assert errors, "the other relay never met the frozen relay's lock"
+            assert frozen.poll() is None, "the frozen relay is still there, only stopped"
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+            frozen.kill()
+            frozen.wait(10)
