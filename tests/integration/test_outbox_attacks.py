@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,26 @@ class RelayThread:
             raise self.error
 
 
+def wrap_wait(backend: Any, waiting: threading.Event) -> None:
+    """Set ``waiting`` when the relay next waits for rows on ``backend`` after an empty
+    claim (the relay's own first waits are slices of at most 0.5 s)."""
+    real_wait = backend.wait
+    if asyncio.iscoroutinefunction(real_wait):
+
+        async def wait_async(timeout: float) -> bool:
+            waiting.set()
+            return bool(await real_wait(timeout))
+
+        backend.wait = wait_async
+    else:
+
+        def wait(timeout: float) -> bool:
+            waiting.set()
+            return bool(real_wait(timeout))
+
+        backend.wait = wait
+
+
 # -- the relay's own database link ---------------------------------------------------------
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_a_claim_on_a_stalled_link_times_out_and_the_relay_recovers(
@@ -147,6 +168,58 @@ def test_a_claim_on_a_stalled_link_times_out_and_the_relay_recovers(
             finally:
                 proxy.resume()
                 runner.stop()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_relay_whose_listen_connection_was_lost_hears_rows_committed_meanwhile(
+    flavour: str, tmp_path: Path
+) -> None:
+    """The relay's connections to PostgreSQL are reset and refused for a moment (a server
+    restart, a failover): its LISTEN connection is lost and cannot be opened again at once
+    (it is tried again a few seconds later). A row committed while nobody listens is not
+    announced to anyone: when the LISTEN connection comes back, the relay must look at the
+    table again, not wait for the next notification (poll=30: the safety net is 150 s)."""
+    sink = Sink()
+    listen_failed = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "LISTEN connection failed" in record.getMessage():
+                listen_failed.set()
+
+    seen = Seen()
+    logger = logging.getLogger("jobfence.backends.postgres")
+    logger.addHandler(seen)
+    try:
+        with outbox_of("postgres", tmp_path) as side, FaultProxy(PG_PORT) as proxy:
+            runner = RelayThread(
+                flavour, proxy.url_for(side.url, PG_PORT), side.table, sink, poll=30.0
+            )
+            try:
+                with side.open() as outbox:
+                    first = side.add(outbox, [{"queue": "q", "body": 0}])
+                    assert sink.wait_for(first, 20), "the relay does not publish"
+                    while outbox.stats().published < 1:  # settled: nothing in flight
+                        threading.Event().wait(0.05)
+                    proxy.refuse(True)
+                    proxy.reset()  # the LISTEN connection and the pooled ones are lost
+                    assert listen_failed.wait(20), "the relay did not try to LISTEN again"
+                    waiting = threading.Event()
+                    wrap_wait(runner.relay.backend, waiting)
+                    proxy.refuse(False)
+                    assert waiting.wait(20), "the relay did not claim again"
+                    # committed while the LISTEN connection is still down (tried again
+                    # seconds later): announced to nobody
+                    meanwhile = side.add(outbox, [{"queue": "q", "body": 1}])
+                    assert sink.wait_for(meanwhile, 20), (
+                        "a row committed while the LISTEN connection was down waits for the "
+                        "poll interval"
+                    )
+                    assert outbox.stats().dead == 0
+            finally:
+                runner.stop()
+    finally:
+        logger.removeHandler(seen)
 
 
 # -- a relay frozen inside its claim ---------------------------------------------------------
@@ -200,25 +273,27 @@ def test_a_mysql_relay_frozen_inside_its_claim_does_not_stop_the_others(tmp_path
             with side.open() as outbox:
                 ids = side.add(outbox, [{"queue": "q", "body": i} for i in range(3)])
             sink = Sink()
-            with jobfence.Outbox(side.url, table=side.table, timeout=2) as outbox:
-                with jobfence.Relay(outbox, sink) as relay:
-                    deadline = threading.Event()
-                    timer = threading.Timer(30.0, deadline.set)
-                    timer.start()
-                    errors: list[str] = []
-                    try:
-                        while not sink.wait_for(ids, 0) and not deadline.is_set():
-                            try:
-                                relay.run_once()
-                            except jobfence.JobfenceError as exc:
-                                errors.append(type(exc).__name__)
-                                deadline.wait(0.2)
-                    finally:
-                        timer.cancel()
-                    assert sink.wait_for(ids, 0), (
-                        f"the frozen relay's claim lock stopped the other relay ({errors[-3:]})"
-                    )
-                    assert errors, "the other relay never met the frozen relay's lock"
+            with (
+                jobfence.Outbox(side.url, table=side.table, timeout=2) as outbox,
+                jobfence.Relay(outbox, sink) as relay,
+            ):
+                deadline = threading.Event()
+                timer = threading.Timer(30.0, deadline.set)
+                timer.start()
+                errors: list[str] = []
+                try:
+                    while not sink.wait_for(ids, 0) and not deadline.is_set():
+                        try:
+                            relay.run_once()
+                        except jobfence.JobfenceError as exc:
+                            errors.append(type(exc).__name__)
+                            deadline.wait(0.2)
+                finally:
+                    timer.cancel()
+                assert sink.wait_for(ids, 0), (
+                    f"the frozen relay's claim lock stopped the other relay ({errors[-3:]})"
+                )
+                assert errors, "the other relay never met the frozen relay's lock"
             assert frozen.poll() is None, "the frozen relay is still there, only stopped"
         finally:
             os.kill(frozen.pid, signal.SIGCONT)

@@ -134,6 +134,9 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         self._mutex = threading.Lock()  # guards _waiters and _noted (never held across I/O)
         #: a notification arrived since the last wait() returned
         self._noted = False
+        #: the LISTEN connection was lost: rows committed until it is back are announced to
+        #: nobody, so the wait() that opens it again returns True (look at the table now)
+        self._relisten = False
         self._reset_listener()
 
     @property
@@ -216,6 +219,8 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
             # LISTEN before the first look, so that the relay's first wait() also hears of
             # the rows committed after this claim
             await self._ensure_listener()
+            if self._listening():
+                self._relisten = False  # this claim looks after the LISTEN
         params = {
             "lock": self._lock,
             "relay": relay,
@@ -282,10 +287,16 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         """Until a transaction that added rows (or revived dead ones) commits -- True -- or
         ``timeout`` seconds pass -- False. The LISTEN connection is opened by the first call;
         a notification that arrived since the previous call returns at once. While the
-        listener is down, this sleeps ``timeout`` (the relay polls)."""
+        listener is down, this sleeps ``timeout`` (the relay polls); the call that opens it
+        again after it was lost returns True at once, since the rows committed meanwhile
+        were announced to nobody."""
         await self._ensure_listener()
         event = acompat.Event()
         with self._mutex:
+            if self._relisten and self._listening():
+                self._relisten = False  # kept until the LISTEN connection is back
+                self._noted = False
+                return True
             if self._noted:
                 self._noted = False
                 return True
@@ -310,6 +321,8 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         every waiting :meth:`wait`, or the next one."""
         with self._mutex:
             self._noted = True
+            if payload is None:  # the listener stopped: see _relisten
+                self._relisten = True
             events = list(self._waiters)
         for event in events:
             event.set()
