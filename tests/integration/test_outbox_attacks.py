@@ -299,3 +299,60 @@ def test_a_mysql_relay_frozen_inside_its_claim_does_not_stop_the_others(tmp_path
             os.kill(frozen.pid, signal.SIGCONT)
             frozen.kill()
             frozen.wait(10)
+
+
+# -- connections in autocommit mode ------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_add_on_an_autocommit_connection_commits_the_row_on_its_own(
+    kind: str, tmp_path: Path
+) -> None:
+    """``add`` never begins a transaction: on a connection in autocommit mode (sqlite3
+    ``isolation_level=None``, psycopg ``autocommit=True``) with no transaction open, its
+    statement commits at once, by itself -- a relay may publish it before the caller's
+    other writes, and a later rollback does not take it back (documented)."""
+    import sqlite3
+
+    import psycopg
+
+    with outbox_of(kind, tmp_path) as side, side.open() as outbox:
+        conn: Any = (
+            psycopg.connect(POSTGRES_URL, autocommit=True)
+            if kind == "postgres"
+            else sqlite3.connect(side.path, isolation_level=None)
+        )
+        try:
+            msg = outbox.add(conn, queue="q", body={"n": 1})
+            conn.rollback()
+        finally:
+            conn.close()
+        assert [e.id for e in outbox.entries(state="pending")] == [msg]
+
+
+# -- per-key order and dead rows ----------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["postgres", "mysql", "sqlite"])
+def test_retry_dead_of_a_row_whose_later_key_rows_were_published(kind: str, tmp_path: Path) -> None:
+    """A dead row no longer holds its key back: the key's later rows go out. Revived by
+    ``retry_dead``, it is published after them (out of the key's order, documented), and a
+    row of the key added after the revival waits for it (it is the earlier row again)."""
+    sent: list[str] = []
+    failing = {"k-1"}
+
+    def send(rows: list[OutboxRow]) -> None:
+        for row in rows:
+            if row.id in failing:
+                raise ValueError(f"rejected {row.id}")
+            sent.append(row.id)
+
+    with outbox_of(kind, tmp_path) as side, side.open() as outbox:
+        side.add(outbox, [{"queue": "q", "body": i, "id": f"k-{i}", "key": "K"} for i in (1, 2, 3)])
+        with jobfence.Relay(outbox, send, max_attempts=1) as relay:
+            relay.run_once()
+            relay.run_once()
+            assert sent == ["k-2", "k-3"]  # k-1 is dead, its key went on
+            assert [e.id for e in outbox.entries(state="dead")] == ["k-1"]
+            failing.clear()
+            assert outbox.retry_dead(["k-1"]) == 1
+            side.add(outbox, [{"queue": "q", "body": 4, "id": "k-4", "key": "K"}])
+            relay.run_once()
+            relay.run_once()
+        assert sent == ["k-2", "k-3", "k-1", "k-4"]
