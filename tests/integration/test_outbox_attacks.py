@@ -356,3 +356,49 @@ def test_retry_dead_of_a_row_whose_later_key_rows_were_published(kind: str, tmp_
             relay.run_once()
             relay.run_once()
         assert sent == ["k-2", "k-3", "k-1", "k-4"]
+
+
+# -- SQLite: the application's long write transactions --------------------------------------
+def test_sqlite_a_relay_locked_out_by_a_long_transaction_backs_off_and_fails_no_row(
+    tmp_path: Path,
+) -> None:
+    """The application holds SQLite's write lock (a long transaction adding orders) while
+    the relay claims: each claim waits at most ``busy_timeout``, fails as an unreachable
+    outbox (backing off, not in a loop), and no row is marked failed or dead for a lock the
+    relay could not get; once the transaction commits, its rows are published."""
+    import sqlite3
+
+    sink = Sink()
+    claims = threading.Semaphore(0)
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.claim":
+            claims.release()
+
+    with outbox_of("sqlite", tmp_path) as side, hooked(hook):
+        app = sqlite3.connect(side.path, timeout=30, isolation_level=None)
+        try:
+            with side.open() as outbox:
+                app.execute("BEGIN IMMEDIATE")
+                ids = [outbox.add(app, queue="q", body=i) for i in range(3)]
+                with (
+                    jobfence.Outbox(side.url, table=side.table, busy_timeout=0.2) as own,
+                    jobfence.Relay(own, sink, poll=0.05) as relay,
+                ):
+                    thread = threading.Thread(target=relay.run, daemon=True)
+                    thread.start()
+                    try:
+                        for _ in range(4):  # it claims again and again: each claim ends
+                            assert claims.acquire(timeout=20), "a claim never ended"
+                        assert relay.stats.last_error is not None
+                        assert "locked" in relay.stats.last_error
+                        app.execute("COMMIT")
+                        assert sink.wait_for(ids, 20)
+                    finally:
+                        relay.stop()
+                        thread.join(30)
+                    assert relay.stats.failed == 0 and relay.stats.dead == 0
+                stats = outbox.stats()
+                assert stats.dead == 0 and stats.published == 3
+        finally:
+            app.close()
