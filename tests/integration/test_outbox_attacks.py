@@ -402,3 +402,53 @@ def test_sqlite_a_relay_locked_out_by_a_long_transaction_backs_off_and_fails_no_
                 assert stats.dead == 0 and stats.published == 3
         finally:
             app.close()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_relay_rides_out_a_postgres_restart(flavour: str) -> None:
+    """PostgreSQL (a disposable server) goes down under a running relay and comes back: the
+    relay backs off while it is down (a few claims, not a loop), loses and dead-letters
+    nothing, holds nothing, and publishes the rows committed after the restart without
+    waiting for its poll safety net (poll=30: 150 s)."""
+    import psycopg
+
+    from tests.reliability._pg_server import PostgresServer
+
+    sink = Sink()
+    failed_claims = threading.Semaphore(0)
+    down = threading.Event()
+    claims_while_down: list[int] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "outbox.claim" and down.is_set():
+            claims_while_down.append(1)
+            failed_claims.release()
+
+    def add(url: str, outbox: jobfence.Outbox, n: int) -> list[str]:
+        with psycopg.connect(url) as conn, conn.transaction():
+            return outbox.add_many(conn, queue="q", bodies=list(range(n)))
+
+    with PostgresServer() as pg, hooked(hook):
+        with jobfence.Outbox(pg.url, table="jfo_restart") as outbox:
+            outbox.install()
+            runner = RelayThread(flavour, pg.url, "jfo_restart", sink, poll=30.0)
+            try:
+                before = add(pg.url, outbox, 3)
+                assert sink.wait_for(before, 20)
+                down.set()
+                pg.crash()
+                for _ in range(3):
+                    assert failed_claims.acquire(timeout=30), "the relay stopped claiming"
+                pg.start_again()
+                down.clear()
+                after = add(pg.url, outbox, 3)
+                assert sink.wait_for(after, 30), "rows committed after the restart wait"
+                later = add(pg.url, outbox, 3)
+                assert sink.wait_for(later, 30), "rows committed after the restart wait"
+            finally:
+                runner.stop()
+        with jobfence.Outbox(pg.url, table="jfo_restart") as fresh:  # pooled ones are stale
+            stats = fresh.stats()
+        assert stats.dead == 0 and stats.pending == 0 and stats.claimed == 0
+        assert stats.published == 9
+        assert len(claims_while_down) < 30  # backed off
