@@ -452,3 +452,23 @@ def test_a_relay_rides_out_a_postgres_restart(flavour: str) -> None:
         assert stats.dead == 0 and stats.pending == 0 and stats.claimed == 0
         assert stats.published == 9
         assert len(claims_while_down) < 30  # backed off
+
+
+def test_settling_after_a_postgres_restart_uses_a_new_connection() -> None:
+    """A relay claimed rows (its pool keeps the connection), then PostgreSQL restarts while
+    the rows are sent: marking them published must not fail on the pooled connection the
+    server closed (the rows would be held until their lease and sent again)."""
+    import psycopg
+
+    from tests.reliability._pg_server import PostgresServer
+
+    with PostgresServer() as pg, jobfence.Outbox(pg.url, table="jfo_settle") as outbox:
+        outbox.install()
+        with psycopg.connect(pg.url) as conn, conn.transaction():
+            outbox.add_many(conn, queue="q", bodies=[1, 2, 3])
+        backend = outbox.backend
+        rows = backend.claim("relay-a", 10, 30.0)
+        assert len(rows) == 3
+        pg.restart()
+        assert backend.published("relay-a", [r.seq for r in rows], 600.0) == 3
+        assert outbox.stats().published == 3

@@ -164,17 +164,28 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         self, section: str, params: dict[str, Any] | None = None
     ) -> tuple[list[tuple[Any, ...]], int]:
         """The statement of ``section`` on a pooled connection: (rows, rowcount). A missing
-        table (first use, or dropped meanwhile) is created and the statement run again."""
+        table (first use, or dropped meanwhile) is created and the statement run again. A
+        connection found broken by the statement (an idle pooled one the server closed: a
+        restart, a failover) is replaced and the statement run once more on a new one: else
+        the first ``published`` after a restart would fail, and its rows be sent again
+        after their lease. Every verb run here may run twice (each is guarded by the row's
+        state and holder)."""
         sql = self._sql[section]
-        for attempt in range(2):
+        installed = reconnected = False
+        while True:
+            conn = None
             try:
                 with self._pool.connection() as conn:
                     return self._execute(conn, sql, params)
             except psycopg.errors.UndefinedTable:
-                if attempt:
+                if installed:
                     raise
-            self.install()
-        raise AssertionError("unreachable")  # pragma: no cover
+                installed = True
+                self.install()
+            except psycopg.OperationalError:
+                if reconnected or conn is None or not conn.broken:
+                    raise
+                reconnected = True
 
     # -- schema --------------------------------------------------------------------------
     def install(self) -> None:
