@@ -472,3 +472,68 @@ def test_settling_after_a_postgres_restart_uses_a_new_connection() -> None:
         pg.restart()
         assert backend.published("relay-a", [r.seq for r in rows], 600.0) == 3
         assert outbox.stats().published == 3
+
+
+# -- hostile input to add ----------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["postgres", "mysql", "sqlite"])
+def test_hostile_rows_round_trip_and_bad_ones_are_refused_before_any_write(
+    kind: str, tmp_path: Path
+) -> None:
+    """What ``add`` accepts reaches the relay unchanged (a 10 MB body, NUL and lone
+    surrogates in header names and values, 1024-byte ids and keys of 4-byte characters);
+    what it cannot store (non-str header values, bodies JSON cannot encode, NUL or lone
+    surrogates in an id, key or queue, 1025-byte ids) is refused with ConfigurationError
+    naming the argument, before anything is written."""
+    rows: list[OutboxRow] = []
+    big = "x" * 10_000_000
+    with outbox_of(kind, tmp_path) as side, side.open() as outbox:
+        conn = side.connect()
+        try:
+            bad: list[tuple[str, dict[str, Any]]] = [
+                ("headers", {"headers": {"a": 1}}),
+                ("headers", {"headers": {"a": b"x"}}),
+                ("body", {"body": {1, 2}}),
+                ("body", {"body": float("nan")}),
+                ("body", {"body": "\ud800"}),
+                ("id", {"id": "a\0b"}),
+                ("id", {"id": "\udc80"}),
+                ("id", {"id": "x" * 1025}),
+                ("key", {"key": "k\0"}),
+                ("key", {"key": "\ud800"}),
+                ("queue", {"queue": "q\0"}),
+            ]
+            for argument, kw in bad:
+                with pytest.raises(jobfence.ConfigurationError) as err:
+                    outbox.add(conn, **{"queue": "q", "body": 1, **kw})
+                assert err.value.argument == argument
+            ids = [
+                outbox.add(conn, queue="q", body=big),
+                outbox.add(conn, queue="q", body=1, headers={"a\0": "x\0y", "s": "\ud800"}),
+                outbox.add(conn, queue="q", body=2, id="\U0001f600" * 256, key="\U0001f600" * 256),
+            ]
+            conn.commit()
+        finally:
+            conn.close()
+        with jobfence.Relay(outbox, rows.extend) as relay:
+            assert relay.run_once() == 3
+    assert [r.id for r in rows] == ids
+    assert rows[0].value() == big
+    assert rows[1].headers == {"a\0": "x\0y", "s": "\ud800"}
+    assert rows[2].key == "\U0001f600" * 256
+
+
+def test_add_in_an_aborted_postgres_transaction_raises_a_jobfence_error(tmp_path: Path) -> None:
+    """An ``add`` on a connection whose transaction already failed raises BackendError
+    (naming the operation, the driver's error kept) and writes nothing."""
+    import psycopg
+
+    with outbox_of("postgres", tmp_path) as side, side.open() as outbox:
+        with psycopg.connect(POSTGRES_URL) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1/0")
+            with pytest.raises(jobfence.BackendError) as err:
+                outbox.add(conn, queue="q", body=1)
+            assert err.value.operation == "outbox.add"
+            assert isinstance(err.value.__cause__, psycopg.errors.InFailedSqlTransaction)
+            conn.rollback()
+        assert outbox.stats().pending == 0
