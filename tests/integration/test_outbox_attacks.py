@@ -537,3 +537,23 @@ def test_add_in_an_aborted_postgres_transaction_raises_a_jobfence_error(tmp_path
             assert isinstance(err.value.__cause__, psycopg.errors.InFailedSqlTransaction)
             conn.rollback()
         assert outbox.stats().pending == 0
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+def test_settling_after_the_link_was_reset_uses_a_new_connection(kind: str, tmp_path: Path) -> None:
+    """The relay's connections are reset (a failover, a proxy restart) after it claimed rows:
+    marking them published must not fail on the pooled connection that is gone (the rows
+    would be held until their lease and sent again)."""
+    with outbox_of(kind, tmp_path) as side:
+        with side.open() as outbox:
+            side.add(outbox, [{"queue": "q", "body": i} for i in range(3)])
+        port = urlsplit(side.url).port or (5432 if kind == "postgres" else 3306)
+        with (
+            FaultProxy(port) as proxy,
+            jobfence.Outbox(proxy.url_for(side.url, port), table=side.table, timeout=2) as ob,
+        ):
+            rows = ob.backend.claim("relay-a", 10, 30.0)
+            assert len(rows) == 3
+            proxy.reset()
+            assert ob.backend.published("relay-a", [r.seq for r in rows], 600.0) == 3
+            assert ob.stats().published == 3
