@@ -229,7 +229,9 @@ class Outbox:
         dead, or published and still retained) is not added again. Never creates the table:
         :class:`SchemaMissing` says to run :meth:`install` first. On PostgreSQL the same
         statement wakes the relays (delivered at commit), and a statement that failed
-        leaves the caller's transaction aborted: roll it back.
+        leaves the caller's transaction aborted: roll it back. ``add`` never begins a
+        transaction: on a connection in autocommit mode with no transaction open, the row
+        commits at once on its own, apart from the caller's other writes.
 
         ``conn``: a PostgreSQL, MySQL/MariaDB or SQLite connection (psycopg, asyncpg,
         PyMySQL, aiomysql, sqlite3, aiosqlite, SQLAlchemy Connection / Session, Django
@@ -410,7 +412,9 @@ class Outbox:
 
     def retry_dead(self, ids: Iterable[str] | None = None) -> int:
         """Make the dead rows ``ids`` (every dead row when None) pending again, their
-        attempts reset; returns how many."""
+        attempts reset; returns how many. A revived row with a ``key`` is published after
+        the later rows of its key that went out while it was dead (out of the key's order),
+        and before the rows of its key that are still waiting."""
         self._check_open()
         id_list: Sequence[str] | None = None
         if ids is not None:

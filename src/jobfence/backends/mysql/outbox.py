@@ -51,7 +51,7 @@ from .._sql.outbox_rows import (
     stats_from_row,
 )
 from ..base import OutboxBackend, OutboxCapabilities, OutboxEntry, OutboxRow, OutboxStats
-from .common import STYLE, is_timeout
+from .common import STYLE, is_disconnect, is_timeout
 from .connect import connect
 from .dialect import DIALECT
 
@@ -212,17 +212,26 @@ class MySQLOutboxBackend(OutboxBackend):
         self, section: str, params: Mapping[str, Any], seqs: Sequence[int] = ()
     ) -> tuple[list[Any], int]:
         """The statement of ``section`` on a pooled connection: (rows, rowcount). A missing
-        table (first use, or dropped meanwhile) is created and the statement run again."""
+        table (first use, or dropped meanwhile) is created and the statement run again. A
+        connection found gone by the statement (an idle pooled one the server closed: a
+        restart, a failover, its wait_timeout) is dropped and the statement run once more
+        on a new one: else the first ``published`` after a restart would fail, and its rows
+        be sent again after their lease. Every verb run here may run twice (each is guarded
+        by the row's state and holder)."""
         sql = self._statement(section, seqs)
-        for attempt in range(2):
+        installed = reconnected = False
+        while True:
             try:
                 with self._pool.connection() as conn, conn.cursor() as cur:
                     return self._on(cur, sql, params)
             except Exception as exc:
-                if attempt or not is_undefined_table(exc):
+                if is_undefined_table(exc) and not installed:
+                    installed = True
+                    self.install()
+                elif is_disconnect(exc) and not reconnected:
+                    reconnected = True
+                else:
                     raise
-            self.install()
-        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- schema --------------------------------------------------------------------------
     def install(self) -> None:

@@ -132,6 +132,9 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         self._mutex = threading.Lock()  # guards _waiters and _noted (never held across I/O)
         #: a notification arrived since the last wait() returned
         self._noted = False
+        #: the LISTEN connection was lost: rows committed until it is back are announced to
+        #: nobody, so the wait() that opens it again returns True (look at the table now)
+        self._relisten = False
         self._reset_listener()
 
     @property
@@ -161,17 +164,28 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         self, section: str, params: dict[str, Any] | None = None
     ) -> tuple[list[tuple[Any, ...]], int]:
         """The statement of ``section`` on a pooled connection: (rows, rowcount). A missing
-        table (first use, or dropped meanwhile) is created and the statement run again."""
+        table (first use, or dropped meanwhile) is created and the statement run again. A
+        connection found broken by the statement (an idle pooled one the server closed: a
+        restart, a failover) is replaced and the statement run once more on a new one: else
+        the first ``published`` after a restart would fail, and its rows be sent again
+        after their lease. Every verb run here may run twice (each is guarded by the row's
+        state and holder)."""
         sql = self._sql[section]
-        for attempt in range(2):
+        installed = reconnected = False
+        while True:
+            conn = None
             try:
                 with self._pool.connection() as conn:
                     return self._execute(conn, sql, params)
             except psycopg.errors.UndefinedTable:
-                if attempt:
+                if installed:
                     raise
-            self.install()
-        raise AssertionError("unreachable")  # pragma: no cover
+                installed = True
+                self.install()
+            except psycopg.OperationalError:
+                if reconnected or conn is None or not conn.broken:
+                    raise
+                reconnected = True
 
     # -- schema --------------------------------------------------------------------------
     def install(self) -> None:
@@ -214,6 +228,8 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
             # LISTEN before the first look, so that the relay's first wait() also hears of
             # the rows committed after this claim
             self._ensure_listener()
+            if self._listening():
+                self._relisten = False  # this claim looks after the LISTEN
         params = {
             "lock": self._lock,
             "idle_ms": str(max(1, int(self.timeouts.request * 1000))),
@@ -225,9 +241,15 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         }
         for attempt in range(2):
             try:
-                with self._pool.connection() as conn, conn.transaction():
+                # BEGIN and COMMIT are statements of their own under the timeout too (not
+                # psycopg's transaction block, whose BEGIN/COMMIT wait for as long as a
+                # stalled link hangs); a claim that fails leaves its connection inside the
+                # transaction: the pool closes it, which rolls the claim back
+                with self._pool.connection() as conn:
+                    self._execute(conn, "BEGIN")
                     self._execute(conn, self._sql["claim_lock"], params)
                     rows, _ = self._execute(conn, self._sql["claim"], params)
+                    self._execute(conn, "COMMIT")
                 break
             except psycopg.errors.UndefinedTable:
                 if attempt:
@@ -273,10 +295,16 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         """Until a transaction that added rows (or revived dead ones) commits -- True -- or
         ``timeout`` seconds pass -- False. The LISTEN connection is opened by the first call;
         a notification that arrived since the previous call returns at once. While the
-        listener is down, this sleeps ``timeout`` (the relay polls)."""
+        listener is down, this sleeps ``timeout`` (the relay polls); the call that opens it
+        again after it was lost returns True at once, since the rows committed meanwhile
+        were announced to nobody."""
         self._ensure_listener()
         event = compat.Event()
         with self._mutex:
+            if self._relisten and self._listening():
+                self._relisten = False  # kept until the LISTEN connection is back
+                self._noted = False
+                return True
             if self._noted:
                 self._noted = False
                 return True
@@ -301,6 +329,8 @@ class PostgresOutboxBackend(Listener, OutboxBackend):
         every waiting :meth:`wait`, or the next one."""
         with self._mutex:
             self._noted = True
+            if payload is None:  # the listener stopped: see _relisten
+                self._relisten = True
             events = list(self._waiters)
         for event in events:
             event.set()

@@ -134,6 +134,9 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         self._mutex = threading.Lock()  # guards _waiters and _noted (never held across I/O)
         #: a notification arrived since the last wait() returned
         self._noted = False
+        #: the LISTEN connection was lost: rows committed until it is back are announced to
+        #: nobody, so the wait() that opens it again returns True (look at the table now)
+        self._relisten = False
         self._reset_listener()
 
     @property
@@ -163,17 +166,28 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         self, section: str, params: dict[str, Any] | None = None
     ) -> tuple[list[tuple[Any, ...]], int]:
         """The statement of ``section`` on a pooled connection: (rows, rowcount). A missing
-        table (first use, or dropped meanwhile) is created and the statement run again."""
+        table (first use, or dropped meanwhile) is created and the statement run again. A
+        connection found broken by the statement (an idle pooled one the server closed: a
+        restart, a failover) is replaced and the statement run once more on a new one: else
+        the first ``published`` after a restart would fail, and its rows be sent again
+        after their lease. Every verb run here may run twice (each is guarded by the row's
+        state and holder)."""
         sql = self._sql[section]
-        for attempt in range(2):
+        installed = reconnected = False
+        while True:
+            conn = None
             try:
                 async with self._pool.connection() as conn:
                     return await self._execute(conn, sql, params)
             except psycopg.errors.UndefinedTable:
-                if attempt:
+                if installed:
                     raise
-            await self.install()
-        raise AssertionError("unreachable")  # pragma: no cover
+                installed = True
+                await self.install()
+            except psycopg.OperationalError:
+                if reconnected or conn is None or not conn.broken:
+                    raise
+                reconnected = True
 
     # -- schema --------------------------------------------------------------------------
     async def install(self) -> None:
@@ -216,6 +230,8 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
             # LISTEN before the first look, so that the relay's first wait() also hears of
             # the rows committed after this claim
             await self._ensure_listener()
+            if self._listening():
+                self._relisten = False  # this claim looks after the LISTEN
         params = {
             "lock": self._lock,
             "idle_ms": str(max(1, int(self.timeouts.request * 1000))),
@@ -227,9 +243,15 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         }
         for attempt in range(2):
             try:
-                async with self._pool.connection() as conn, conn.transaction():
+                # BEGIN and COMMIT are statements of their own under the timeout too (not
+                # psycopg's transaction block, whose BEGIN/COMMIT wait for as long as a
+                # stalled link hangs); a claim that fails leaves its connection inside the
+                # transaction: the pool closes it, which rolls the claim back
+                async with self._pool.connection() as conn:
+                    await self._execute(conn, "BEGIN")
                     await self._execute(conn, self._sql["claim_lock"], params)
                     rows, _ = await self._execute(conn, self._sql["claim"], params)
+                    await self._execute(conn, "COMMIT")
                 break
             except psycopg.errors.UndefinedTable:
                 if attempt:
@@ -277,10 +299,16 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         """Until a transaction that added rows (or revived dead ones) commits -- True -- or
         ``timeout`` seconds pass -- False. The LISTEN connection is opened by the first call;
         a notification that arrived since the previous call returns at once. While the
-        listener is down, this sleeps ``timeout`` (the relay polls)."""
+        listener is down, this sleeps ``timeout`` (the relay polls); the call that opens it
+        again after it was lost returns True at once, since the rows committed meanwhile
+        were announced to nobody."""
         await self._ensure_listener()
         event = acompat.Event()
         with self._mutex:
+            if self._relisten and self._listening():
+                self._relisten = False  # kept until the LISTEN connection is back
+                self._noted = False
+                return True
             if self._noted:
                 self._noted = False
                 return True
@@ -305,6 +333,8 @@ class AsyncPostgresOutboxBackend(AsyncListener, AsyncOutboxBackend):
         every waiting :meth:`wait`, or the next one."""
         with self._mutex:
             self._noted = True
+            if payload is None:  # the listener stopped: see _relisten
+                self._relisten = True
             events = list(self._waiters)
         for event in events:
             event.set()
