@@ -10,8 +10,7 @@ SQLite's clock (the host's), in seconds since the epoch. Each verb runs whole th
 ``run_on`` (``connect_async.py``): in ``AsyncOutbox``, one hop to aiosqlite's thread.
 
 Waking: :meth:`wait` reads ``PRAGMA data_version`` on a connection of its own every
-``WAIT_TICK`` seconds (5 ms), up to ``WAIT_TICK_MAX`` (50 ms) once the file has been quiet
-for a second; the number changes when another connection commits a change to the
+``WAIT_TICK`` seconds; the number changes when another connection commits a change to the
 file -- an ``Outbox.add`` of any process, once its transaction commits (not when it rolls
 back).
 
@@ -60,18 +59,13 @@ from .dialect import DIALECT
 if ASYNC:
     import sqlite3
 
-__all__ = ["WAIT_TICK", "WAIT_TICK_MAX", "AsyncSQLiteOutboxBackend"]
+__all__ = ["WAIT_TICK", "AsyncSQLiteOutboxBackend"]
 
 OPTIONS = ("table", "busy_timeout", "pool_size")
 DEFAULT_POOL_SIZE = 2
 DEFAULT_BUSY_TIMEOUT = 30.0
 #: how often a waiting :meth:`AsyncSQLiteOutboxBackend.wait` reads ``PRAGMA data_version``
-#: while the file changes (seconds): one cheap pragma on an open connection
 WAIT_TICK = 0.005
-#: the longest tick: the tick grows with the time since the last change seen (a twentieth
-#: of it), so that an idle relay reads the pragma 20 times a second, a busy one 200 times
-#: (measured: an idle relay used 0.26 % of a core at 50 ms, 1.6 % at a steady 5 ms)
-WAIT_TICK_MAX = 0.05
 
 
 def _data_version(raw: sqlite3.Connection) -> int:
@@ -121,8 +115,6 @@ class AsyncSQLiteOutboxBackend(AsyncOutboxBackend):
         #: the connection :meth:`wait` reads ``data_version`` on, and the last number read
         self._watch: aiosqlite.Connection | None = None
         self._version: int | None = None
-        #: when wait() last saw the number change (the clock's monotonic seconds)
-        self._changed_at = 0.0
 
     async def _connect(self) -> aiosqlite.Connection:
         return await open_wal(self.path, self.busy_timeout)
@@ -244,24 +236,20 @@ class AsyncSQLiteOutboxBackend(AsyncOutboxBackend):
     # -- waiting -------------------------------------------------------------------------
     async def wait(self, timeout: float) -> bool:
         """Until another connection commits a change to the file -- True -- or ``timeout``
-        seconds pass -- False: ``PRAGMA data_version`` read on a connection of its own every
-        ``WAIT_TICK`` seconds while the file changes, up to ``WAIT_TICK_MAX`` once it is
-        quiet. A change committed since the previous call (or since the first claim) returns
-        at once."""
+        seconds pass -- False: ``PRAGMA data_version`` read every ``WAIT_TICK`` seconds on a
+        connection of its own. A change committed since the previous call (or since the
+        first claim) returns at once."""
         clock = get_clock()
         deadline = clock.monotonic() + max(0.0, timeout)
         while not self._closed:
             seen = self._version
             version = await self._note_version()
-            now = clock.monotonic()
             if seen is not None and version != seen:
-                self._changed_at = now
                 return True
-            left = deadline - now
+            left = deadline - clock.monotonic()
             if left <= 0:
                 return False
-            tick = min(WAIT_TICK_MAX, max(WAIT_TICK, (now - self._changed_at) / 20))
-            await clock.asleep(min(tick, left))
+            await clock.asleep(min(WAIT_TICK, left))
         return False
 
     async def _note_version(self) -> int:
