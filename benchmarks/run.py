@@ -275,8 +275,8 @@ WHY_NOT = (
     (
         "p50 commit→publish latency",
         "after a claim that was not full the relay waits for the server's wake-up "
-        "(PostgreSQL `LISTEN`, SQLite's `data_version` read every 5 ms while the file "
-        "changes, 50 ms once it is quiet) or, polling (MariaDB), claims again at once and "
+        "(PostgreSQL `LISTEN`, SQLite's `data_version` read every 5 ms) or, polling "
+        "(MariaDB), claims again at once and "
         "pauses only after an empty claim; what remains is the wake-up's own delay and the "
         f"claim's two writes per row ({PERF}#transactional-outbox)",
     ),
