@@ -242,9 +242,9 @@ WHY_NOT = (
         "add` ≤ 1.1x the hand-written INSERT",
         "`add` is one statement like the bare `INSERT`; what it adds: on PostgreSQL the "
         "`pg_notify` that wakes the relays, delivered by the commit (a bare `INSERT` + "
-        "`NOTIFY` alone is 1.13x the bare `INSERT`); on MariaDB the statement's server time "
-        "(348 µs against 169 µs, `SHOW PROFILE`: 308 µs in `Creating sort index`, the "
-        "`ORDER BY r.n` over `JSON_TABLE`, even for one row); and jobfence's Python around the "
+        "`NOTIFY` alone is 1.13x the bare `INSERT`); on MariaDB a single-row add is an "
+        "`INSERT ... VALUES` now (the `JSON_TABLE` form sorted on the server, 308 µs, even for "
+        "one row: 1.24x before, 1.16x after); and jobfence's Python around the "
         "statement (checks, the JSON rows parameter, the connection adapter, the hook): "
         "40-80 µs of client CPU per add (PostgreSQL 228 against 149 µs, SQLite 62 against "
         "20 µs). The rest of each transaction is the commit's flush, whose round-to-round "
@@ -252,18 +252,17 @@ WHY_NOT = (
     ),
     (
         "PostgreSQL (psycopg) → Redis Streams: jobfence `Relay` rate",
-        "the claim: psycopg prepares it after five runs, and PostgreSQL then keeps a generic "
-        "plan made while the outbox was nearly empty, which joins the 100 picked rows to "
-        "every pending row (a nested loop over the pending index: 340-560 ms per claim "
-        "with 10,000 pending rows, against 12 ms with the update written as `WHERE t.seq = "
-        "ANY(ARRAY(SELECT seq FROM picked))`, which drains 14x faster); each row is also "
-        "written twice (held, then published: two commits per batch against one) "
+        "each row is written twice (held, then published: two commits per batch against "
+        "one); the claim's update takes the picked rows as one array (`t.seq = "
+        "ANY(ARRAY(...))`), which keeps the generic plan of the prepared claim on the key "
+        "(a join there was a nested loop over every pending row: 340-560 ms per claim) "
         f"({PERF}#transactional-outbox)",
     ),
     (
         "MariaDB (PyMySQL) → Redis Streams: jobfence `Relay` rate",
         "the claim is `GET_LOCK`, a `SELECT`, an `UPDATE` of the 100 rows that writes the "
-        "hold, and `RELEASE_LOCK` (18-22 ms per batch here against 2 ms for the "
+        "hold, and `RELEASE_LOCK` (about 5 ms per batch on an idle machine, 3 ms of it the "
+        "`UPDATE` and its commit, against 2 ms for the "
         "hand-written `SELECT ... FOR UPDATE SKIP LOCKED`), and marking them published is a "
         "second `UPDATE`: each row is written twice where the hand-written loop writes it "
         f"once ({PERF}#transactional-outbox)",
@@ -275,12 +274,11 @@ WHY_NOT = (
     ),
     (
         "p50 commit→publish latency",
-        "after every claim that was not full the relay pauses 10 ms before it claims or "
-        "waits again (PostgreSQL too, which has `LISTEN`): a row committed in that pause waits "
-        "for it; the hand-written loop sleeps only after an empty claim. Without the pause "
-        "(measured): PostgreSQL 2.41x → 0.89x, MariaDB 3.67x → 1.46x; SQLite's wake-up reads "
-        f"`data_version` every 50 ms, so there the pause is the lesser wait "
-        f"({PERF}#transactional-outbox)",
+        "after a claim that was not full the relay waits for the server's wake-up "
+        "(PostgreSQL `LISTEN`, SQLite's `data_version` read every 5 ms) or, polling "
+        "(MariaDB), claims again at once and "
+        "pauses only after an empty claim; what remains is the wake-up's own delay and the "
+        f"claim's two writes per row ({PERF}#transactional-outbox)",
     ),
 )
 

@@ -316,8 +316,16 @@ class AsyncOutbox:
         rows = [
             {"id": id_, **common, "body": text} for id_, text in zip(id_list, texts, strict=True)
         ]
-        statement = dialect.outbox_queries(table)["add"]
-        params = {"rows": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
+        queries = dialect.outbox_queries(table)
+        params: dict[str, Any]
+        if len(rows) == 1 and "add_one" in queries:
+            # one row, where the server has a plain INSERT ... VALUES for it (MySQL: the
+            # JSON form sorts on the server even for one row)
+            statement = queries["add_one"]
+            params = {"key": None, "headers": None, **rows[0]}
+        else:
+            statement = queries["add"]
+            params = {"rows": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
         try:
             await ahook("outbox.add", queue=queue, ids=id_list, backend=sc.dialect)
             await sc.execute(statement, params)

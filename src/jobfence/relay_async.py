@@ -21,9 +21,9 @@ and sends them on (a jobfence queue, a framework's broker, a callable: see
   key behind it are given back, uncounted, and wait for it;
 * **waking up**: where the outbox's server can say that rows were committed (PostgreSQL
   ``LISTEN/NOTIFY``, SQLite's ``data_version``) the relay waits for that, and claims again at
-  least every ``poll * 5`` seconds (delayed and retried rows); elsewhere it polls: 10 ms
-  after a batch, doubling up to ``poll`` seconds while the outbox is empty. A full batch is
-  followed by the next claim at once;
+  least every ``poll * 5`` seconds (delayed and retried rows); elsewhere it polls: a claim
+  that found rows is followed by the next claim at once, an empty one by a pause of 10 ms,
+  doubling up to ``poll`` seconds while the outbox stays empty;
 * **the lease** of a batch is extended every ``lease / 2`` seconds while it is being sent;
   a relay that dies or stalls past its lease loses its rows to the next claim. A stalled
   relay that wakes up may then send rows another relay sent already: the one case of a
@@ -77,7 +77,7 @@ log = logging.getLogger("jobfence.relay")
 
 T = TypeVar("T")
 
-#: the pause after a batch that was not full (seconds); also the first pause while empty
+#: the first pause of a polling relay after an empty claim (seconds), doubling up to poll
 FIRST_POLL = 0.01
 #: the backoff while the destination or the outbox is down: first pause and longest (s)
 BACKOFF_FIRST = 0.1
@@ -373,8 +373,12 @@ class AsyncRelay:
                 if claimed >= self.batch:
                     idle = FIRST_POLL
                 elif claimed:
+                    # a batch that was not full: the outbox was drained. A waking backend's
+                    # wait hears of the rows committed since the claim; a polling relay
+                    # claims again at once and pauses only after an empty claim
                     idle = FIRST_POLL
-                    await self._pause(FIRST_POLL)
+                    if self.backend.capabilities.server_wakeup:
+                        await self._wait_for_rows(self.poll * 5)
                 elif self.backend.capabilities.server_wakeup:
                     await self._wait_for_rows(self.poll * 5)
                 else:

@@ -738,8 +738,9 @@ def test_a_polling_relay_backs_its_pauses_off_and_loops_on_full_batches(
     flavour: str, tmp_path: Path
 ) -> None:
     """On MariaDB (no server wake-up) an idle relay pauses 10 ms, then twice as long each
-    time up to ``poll``; rows bring it back to 10 ms; full batches follow each other with no
-    pause. The pauses are read off a manual clock (each one the time the test moves on)."""
+    time up to ``poll``; a claim that found rows (full or not) is followed by the next claim
+    with no pause, and only the empty claim after it pauses, 10 ms again, then doubling. The
+    pauses are read off a manual clock (each one the time the test moves on)."""
     claims: list[int] = []
 
     def hook(point: str, **info: Any) -> None:
@@ -774,8 +775,10 @@ def test_a_polling_relay_backs_its_pauses_off_and_loops_on_full_batches(
         finally:
             clock.set(clock.monotonic() + 100)  # wake whatever waits, so that stop() is seen
             runner.stop()
-    assert pauses()[:8] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.16, 0.01, 0.01]
-    assert claims_for_rows == 3  # 5 + 5 + 2: the full batches were claimed at once
+    assert pauses()[:8] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.16, 0.01, 0.02]
+    # 5 + 5 + 2 + an empty claim, all before the first pause after the rows: the full
+    # batches and the batch of 2 were each followed by the next claim at once
+    assert claims_for_rows == 4
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

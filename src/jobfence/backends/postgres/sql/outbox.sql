@@ -158,8 +158,11 @@ WITH clock AS MATERIALIZED (
 UPDATE {table} AS t
    SET claimed_by = :relay,
        claimed_until = clock.now + CAST(:lease AS double precision) * interval '1 second'
-  FROM picked, clock
- WHERE t.seq = picked.seq
+  FROM clock
+ -- the seqs as one array, not a join: a join with picked gets, in the generic plan a
+ -- prepared claim uses after a few runs, a nested loop over every row still to publish
+ -- (measured 340-560 ms per claim with 10,000 rows to publish; the array: 2-12 ms)
+ WHERE t.seq = ANY(ARRAY(SELECT picked.seq FROM picked))
    -- checked again on the row as it is when the UPDATE locks it (a relay whose hold ran out
    -- may have marked it published meanwhile)
    AND t.published_at IS NULL AND NOT t.dead
