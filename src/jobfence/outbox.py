@@ -311,8 +311,8 @@ class Outbox:
         queries = dialect.outbox_queries(table)
         params: dict[str, Any]
         if len(rows) == 1 and "add_one" in queries:
-            # one row, where the server has a plain INSERT ... VALUES for it (MySQL: the
-            # JSON form sorts on the server even for one row)
+            # one row: a plain INSERT ... VALUES (no JSON array to encode and parse; on
+            # MySQL the JSON form also sorts on the server, even for one row)
             statement = queries["add_one"]
             params = {"key": None, "headers": None, **rows[0]}
         else:

@@ -102,6 +102,21 @@ WITH clock AS (
 )
 SELECT count(*), pg_notify('{table}', '') FROM ins;
 
+-- name: add_one
+-- ``add`` for ONE row, in the caller's transaction; the same row, the same skip of an id
+-- already in the table and the same notification, without the JSON array: its parameters go
+-- straight into the row (nothing to encode twice on the client, nothing to parse on the
+-- server). Params: :id, :queue, :key (NULL: none), :body (the body's JSON text), :headers
+-- (JSON text; NULL: none), :delay (seconds). -> one row: (rows inserted).
+WITH ins AS (
+    INSERT INTO {table} (id, queue, ordering_key, body, headers, created_at, available_at)
+    VALUES (:id, :queue, :key, convert_to(:body, 'UTF8'), :headers, statement_timestamp(),
+            statement_timestamp() + CAST(:delay AS double precision) * interval '1 second')
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*), pg_notify('{table}', '') FROM ins;
+
 -- name: listen
 LISTEN {table};
 

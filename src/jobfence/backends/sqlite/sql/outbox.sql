@@ -68,6 +68,16 @@ SELECT json_extract(r.value, '$.id'), json_extract(r.value, '$.queue'),
   FROM json_each(:rows) AS r
  ORDER BY r.key;
 
+-- name: add_one
+-- ``add`` for ONE row, in the caller's transaction; the same row and the same skip of an id
+-- already in the table, without the JSON array (nothing to encode twice, nothing to parse).
+-- Params: :id, :queue, :key (NULL: none), :body (the body's JSON text), :headers (JSON text;
+-- NULL: none), :delay (seconds).
+INSERT OR IGNORE INTO {table} (id, queue, ordering_key, body, headers, created_at, available_at)
+VALUES (:id, :queue, :key, CAST(:body AS BLOB), :headers,
+        (julianday('now') - 2440587.5) * 86400.0,
+        (julianday('now') - 2440587.5) * 86400.0 + :delay);
+
 -- name: claim
 -- ONE statement, in a BEGIN IMMEDIATE transaction. Params: :relay, :limit, :lease
 -- (seconds), :every (1: any queue), :queues (a JSON array of the queue names to claim when
