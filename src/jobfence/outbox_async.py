@@ -158,6 +158,9 @@ class AsyncOutbox:
             self.backend = open_outbox_backend(url, asynchronous=True, table=table, **options)
             self.url = describe_target(url)
         self.table: str = self.backend.table
+        #: the statements of ``add`` by the SQL dialect of the caller's connection (the
+        #: table name checked against that server's limit once, not on every add)
+        self._add_queries: dict[str, Any] = {}
         self._closed = False
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
@@ -301,10 +304,13 @@ class AsyncOutbox:
             if tx is not None:  # a jobfence.testing simulated table or transaction
                 return await self._add_in_transaction(tx, queue, id_list, texts, key, head, delay)
         sc = adapt_async(conn, argument="conn", operation="outbox.add")
-        dialect = sql_dialect(sc.dialect)
-        table = check_namespace(
-            self.table, limit=dialect.outbox_table_limit, backend=sc.dialect, argument="table"
-        )
+        queries = self._add_queries.get(sc.dialect)
+        if queries is None:
+            dialect = sql_dialect(sc.dialect)
+            table = check_namespace(
+                self.table, limit=dialect.outbox_table_limit, backend=sc.dialect, argument="table"
+            )
+            queries = self._add_queries[sc.dialect] = dialect.outbox_queries(table)
         # a key or headers that are None are left out: a missing member reads as NULL on
         # every server (a JSON null may not, in MySQL's JSON_TABLE)
         common: dict[str, Any] = {"queue": queue, "delay": delay}
@@ -316,7 +322,6 @@ class AsyncOutbox:
         rows = [
             {"id": id_, **common, "body": text} for id_, text in zip(id_list, texts, strict=True)
         ]
-        queries = dialect.outbox_queries(table)
         params: dict[str, Any]
         if len(rows) == 1 and "add_one" in queries:
             # one row: a plain INSERT ... VALUES (no JSON array to encode and parse; on
