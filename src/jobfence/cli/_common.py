@@ -17,7 +17,16 @@ from rich.console import Console
 
 from ..errors import ConfigurationError, JobfenceError
 
-__all__ = ["NAMESPACE_ENV", "URL_ENV", "client", "console", "load_object", "url_and", "user"]
+__all__ = [
+    "NAMESPACE_ENV",
+    "URL_ENV",
+    "client",
+    "console",
+    "duration_text",
+    "load_object",
+    "url_and",
+    "user",
+]
 
 C = TypeVar("C")
 
@@ -97,3 +106,21 @@ def client(url: str | None, make: Callable[[str], C]) -> Iterator[C]:
             closer()
         except JobfenceError:
             pass
+
+
+def duration_text(seconds: float | None) -> str:
+    """``12.5s``, ``3m 20s``, ``5h 2m``, ``6d 23h``; negative with a ``-``; "" if unknown."""
+    if seconds is None:
+        return ""
+    sign, left = ("-" if seconds < 0 else ""), abs(seconds)
+    if left < 60:
+        return f"{sign}{left:.1f}s"
+    whole = int(left)
+    for unit, size, minor, minor_size in (
+        ("d", 86400, "h", 3600),
+        ("h", 3600, "m", 60),
+        ("m", 60, "s", 1),
+    ):
+        if whole >= size:
+            return f"{sign}{whole // size}{unit} {whole % size // minor_size}{minor}"
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -21,29 +21,11 @@ from .._core.inbox_support import DEFAULT_TABLE
 from .._core.validate import MAX_LISTING
 from ..backends.base import ClaimInfo, ClaimState
 from ..inbox import Inbox
-from ._common import URL_ENV, client, console, url_and, user
+from ._common import URL_ENV, client, console, duration_text, url_and, user
 
 log = logging.getLogger("jobfence.cli")
 
 TABLE_ENV = "JOBFENCE_INBOX_TABLE"
-
-
-def _duration(seconds: float | None) -> str:
-    """``12.5s``, ``3m 20s``, ``5h 2m``, ``6d 23h``; negative with a ``-``; "" if unknown."""
-    if seconds is None:
-        return ""
-    sign, left = ("-" if seconds < 0 else ""), abs(seconds)
-    if left < 60:
-        return f"{sign}{left:.1f}s"
-    whole = int(left)
-    for unit, size, minor, minor_size in (
-        ("d", 86400, "h", 3600),
-        ("h", 3600, "m", 60),
-        ("m", 60, "s", 1),
-    ):
-        if whole >= size:
-            return f"{sign}{whole // size}{unit} {whole % size // minor_size}{minor}"
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _as_dict(info: ClaimInfo) -> dict[str, Any]:
@@ -68,12 +50,12 @@ def _describe(info: ClaimInfo) -> str:
     if info.fingerprint is not None:
         parts.append(f"fingerprint {info.fingerprint}")
     if info.claimed_at is not None:
-        parts.append(f"claimed at {info.claimed_at.isoformat()} ({_duration(info.age)} ago)")
+        parts.append(f"claimed at {info.claimed_at.isoformat()} ({duration_text(info.age)} ago)")
     what = "deadline" if info.state is ClaimState.IN_PROGRESS else "retention ends"
     if info.expires_in >= 0:
-        parts.append(f"{what} in {_duration(info.expires_in)}")
+        parts.append(f"{what} in {duration_text(info.expires_in)}")
     else:
-        parts.append(f"{what} passed {_duration(-info.expires_in)} ago")
+        parts.append(f"{what} passed {duration_text(-info.expires_in)} ago")
     return ", ".join(parts)
 
 
@@ -157,8 +139,8 @@ def list_records(
             info.state.value + (" (stuck)" if info.stuck else ""),
             str(info.attempt),
             Text(info.owner or ""),
-            _duration(info.age),
-            _duration(info.expires_in),
+            duration_text(info.age),
+            duration_text(info.expires_in),
         )
     console().print(grid)
 

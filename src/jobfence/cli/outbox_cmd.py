@@ -31,7 +31,7 @@ from .._core.clock import get_clock
 from .._core.url import mask_url
 from .._core.validate import MAX_LISTING, check_queue_name
 from ..errors import ConfigurationError, JobfenceError, SchemaMissing
-from ._common import URL_ENV, client, console, load_object, user
+from ._common import URL_ENV, client, console, duration_text, load_object, user
 
 if TYPE_CHECKING:
     from ..backends.base import OutboxEntry, OutboxStats
@@ -83,24 +83,6 @@ def _iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
-
-
-def _age(seconds: float | None) -> str:
-    """``12.5s``, ``3m 20s``, ``5h 2m``, ``6d 23h``; "" when unknown."""
-    if seconds is None:
-        return ""
-    sign, left = ("-" if seconds < 0 else ""), abs(seconds)
-    if left < 60:
-        return f"{sign}{left:.1f}s"
-    whole = int(left)
-    for unit, size, minor, minor_size in (
-        ("d", 86400, "h", 3600),
-        ("h", 3600, "m", 60),
-        ("m", 60, "s", 1),
-    ):
-        if whole >= size:
-            return f"{sign}{whole // size}{unit} {whole % size // minor_size}{minor}"
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _body(raw: bytes) -> Any:
@@ -174,7 +156,7 @@ def _rows_table(title: str, entries: list[OutboxEntry], *, errors: bool) -> Tabl
             Text(entry.key or ""),
             entry.state,
             str(entry.attempts),
-            _age(now - entry.created_at),
+            duration_text(now - entry.created_at),
             Text(last),
         )
     return grid
@@ -334,7 +316,7 @@ def stats(url: str | None, table: str, as_json: bool) -> None:
         grid.add_column(column, justify="right")
     grid.add_row(
         *(str(counts[k]) for k in ("pending", "claimed", "published", "dead")),
-        _age(counts["oldest_pending"]) or "-",
+        duration_text(counts["oldest_pending"]) or "-",
     )
     console().print(grid)
 
