@@ -263,10 +263,9 @@ class Relay:
         """Ask :meth:`run` to return once the batch in hand is sent and settled. Safe from
         any thread and from a signal handler."""
         self._stopping = True
-        event = self._stop_event
-        if event is None:
+        if self._stop_event is None:
             return
-        event.set()
+        self._stop_event.set()
 
     def _on_signal(self, sig: int) -> None:
         if self._stopping:

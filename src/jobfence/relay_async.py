@@ -273,24 +273,12 @@ class AsyncRelay:
         """Ask :meth:`run` to return once the batch in hand is sent and settled. Safe from
         any thread and from a signal handler."""
         self._stopping = True
-        event = self._stop_event
-        if event is None:
+        if self._stop_event is None:
             return
-        if ASYNC:
-            loop = self._loop
-            try:
-                here = asyncio.get_running_loop()
-            except RuntimeError:
-                here = None
-            if loop is None or loop is here:
-                event.set()
-            else:  # from another thread
-                try:
-                    loop.call_soon_threadsafe(event.set)
-                except RuntimeError:  # its loop is closed: run() has returned
-                    pass
+        if ASYNC:  # from any thread or a signal handler, onto run()'s loop
+            acompat.set_event(self._stop_event, self._loop)
         else:
-            event.set()
+            self._stop_event.set()
 
     def _on_signal(self, sig: int) -> None:
         if self._stopping:

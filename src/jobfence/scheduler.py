@@ -992,10 +992,9 @@ class Scheduler:
         """Ask :meth:`run` to return after its current pass (targets running are awaited).
         Safe to call from a signal handler or another thread."""
         self._stopping = True
-        event = self._stop_event
-        if event is None:
+        if self._stop_event is None:
             return
-        event.set()
+        self._stop_event.set()
 
     # -- operations --------------------------------------------------------------------------
     def names(self) -> list[str]:

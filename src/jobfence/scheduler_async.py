@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import telemetry
-from ._core import forks
+from ._core import acompat, forks
 from ._core import slots as slotmath
 from ._core.clock import get_clock
 from ._core.flavour import ASYNC
@@ -1046,24 +1046,12 @@ class AsyncScheduler:
         """Ask :meth:`run` to return after its current pass (targets running are awaited).
         Safe to call from a signal handler or another thread."""
         self._stopping = True
-        event = self._stop_event
-        if event is None:
+        if self._stop_event is None:
             return
-        if ASYNC:
-            loop = self._loop
-            try:
-                here = asyncio.get_running_loop()
-            except RuntimeError:
-                here = None
-            if loop is None or loop is here:
-                event.set()
-            else:  # from another thread (a signal handler, a worker's shutdown)
-                try:
-                    loop.call_soon_threadsafe(event.set)
-                except RuntimeError:  # its loop is closed: run() has returned
-                    pass
+        if ASYNC:  # from any thread or a signal handler, onto run()'s loop
+            acompat.set_event(self._stop_event, self._loop)
         else:
-            event.set()
+            self._stop_event.set()
 
     # -- operations --------------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -23,6 +23,7 @@ __all__ = [
     "join",
     "raise_if_cancelling",
     "run_callbacks",
+    "set_event",
     "spawn",
     "start",
     "wait_all",
@@ -33,6 +34,23 @@ __all__ = [
 Event = asyncio.Event
 Lock = asyncio.Lock
 Worker = asyncio.Task
+
+
+def set_event(event: asyncio.Event, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Set ``event``, which belongs to ``loop`` (None: not known yet), from any thread or a
+    signal handler: on ``loop`` itself directly, from elsewhere through
+    ``call_soon_threadsafe``; a loop that is closed already has nobody waiting."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if loop is None or loop is here:
+        event.set()
+        return
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:  # its loop is closed: whoever waited has returned
+        pass
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
