@@ -265,6 +265,8 @@ class Simulation:
         self.impaired = False
         #: some process's clock is skewed (:meth:`skew`): the clock looks up the caller's
         self.skewed = False
+        #: tasks wait in :attr:`deferred` (in spawn order) for real I/O to answer
+        self._io_deferred = False
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -630,6 +632,22 @@ class Simulation:
             self.run_checks()
         if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
             self.deferred.append(task)
+            return False
+        if not self.deferred:
+            self._io_deferred = False
+        if self._io_deferred or (self.external > 0 and not any(s.stalled for s in self.statements)):
+            # a real statement is in flight: decide once it answered (when the loop is
+            # idle), never while it runs; the tasks that reach their points meanwhile do so
+            # in an order real timing chose, so they queue in spawn order
+            self._io_deferred = True
+            order = {t: i for i, t in enumerate(self.tasks)}
+            rank = (order.get(task, len(order)), task.name)
+            at = len(self.deferred)
+            for i, other in enumerate(self.deferred):
+                if (order.get(other, len(order)), other.name) > rank:
+                    at = i
+                    break
+            self.deferred.insert(at, task)
             return False
         if self.impaired or self.sleeping:
             others = [t for t in self.parked if self.runnable(t)]
