@@ -20,7 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, overload
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 from .._core.clock import Clock
 from .._core.hooks import hook
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from .table_real import RealTable
 
 __all__ = ["SimClock", "SimTask", "Simulation", "Violation", "point"]
+
+C = TypeVar("C")
 
 #: the simulation running now (one at a time per process); the hook routes points here
 _current: Simulation | None = None
@@ -421,6 +423,13 @@ class Simulation:
             table = RealTable(self, name, rows or {}, fenced, url)
         self.tables.append(table)
         return table
+
+    def attach(self, conn: C) -> C:
+        """Make the statements of your own connection ``conn`` points until the schedule
+        ends, and return it (see :mod:`jobfence.testing.connections`)."""
+        from .connections import attach
+
+        return attach(self, conn)
 
     def locks(self, **options: Any) -> Any:
         """An ``AsyncLocks`` on this schedule's own ``memory://`` store."""

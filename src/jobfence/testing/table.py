@@ -43,12 +43,14 @@ from __future__ import annotations
 import contextvars
 import copy
 import sys
+import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import ConfigurationError, ConflictError, StaleToken, StaleVersion
+from ._base import _Crashed, _Statement
 from .faults import Fault, InjectedFault
 
 if TYPE_CHECKING:
@@ -88,6 +90,72 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
         raise RuntimeError("a blocking verb of a simulated table suspended")  # pragma: no cover
     finally:
         _BLOCKING.reset(token)
+
+
+@contextmanager
+def blocking_io(sim: Any) -> Iterator[_Statement]:
+    """The block of a blocking statement of a thread task. The thread runs it alone (the
+    loop waits for a running thread); if it has not answered within ``sim.block_timeout``
+    real seconds (it waits for a lock a parked task holds, say), the thread gives way as an
+    async statement does (:meth:`~jobfence.testing.Simulation.stalled_io`): it stops
+    counting as running, so the scheduler lets another task go, and once the answer comes
+    it waits at a point until the scheduler lets it go on. The order of events then depends
+    on real timing. Anywhere else (the scenario's own code), the block just runs."""
+    task = sim.current()
+    loop = getattr(sim, "loop", None)
+    go = getattr(task, "go", None)
+    if (
+        task is None
+        or not getattr(task, "thread", False)
+        or go is None
+        or loop is None
+        or sim.stopping
+    ):
+        yield _Statement()
+        return
+    statement = _Statement()
+    lock = threading.Lock()
+    state = {"done": False, "gave": False}
+
+    def give_way() -> None:  # on the loop's thread
+        with sim._cv:
+            sim.running_threads -= 1
+            sim.external -= 1
+        statement.stalled = True
+        sim.statements.append(statement)
+
+    def watchdog() -> None:
+        with lock:
+            if state["done"]:
+                return
+            state["gave"] = True
+        loop.call_soon_threadsafe(give_way)
+
+    timer = threading.Timer(sim.block_timeout, watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield statement
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        if state["gave"]:
+            go.clear()
+
+            def repark() -> None:  # on the loop's thread, after give_way
+                if statement in sim.statements:
+                    sim.statements.remove(statement)
+                if not statement.stalled:  # the loop counted it again meanwhile
+                    with sim._cv:
+                        sim.external -= 1
+                task.parked_at = "db.answer"
+                sim.parked.append(task)
+
+            loop.call_soon_threadsafe(repark)
+            go.wait()
+            if sim.stopping:
+                raise _Crashed
 
 
 def blocking_point(sim: SimView, point: str, info: dict[str, Any]) -> Fault | None:

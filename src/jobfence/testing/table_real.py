@@ -62,7 +62,7 @@ import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
@@ -71,7 +71,7 @@ from ..backends import parse_backend_url, registered, sql_dialect
 from ..errors import ConfigurationError, StaleToken
 from ._base import _Statement
 from .faults import InjectedFault
-from .table import _Base, _check_values, _Table, blocking
+from .table import _Base, _check_values, _Table, blocking, blocking_io
 
 if TYPE_CHECKING:
     from ._base import SimView, TaskView
@@ -553,7 +553,7 @@ class RealTable(_Table):
         """The block of one statement: ``sim.real_io()`` on the loop; in the blocking view a
         statement blocks its thread, which the loop waits for anyway."""
         if blocking():
-            return nullcontext(_Statement())
+            return blocking_io(self.sim)
         return self.sim.real_io()
 
     async def _connection(self, task: TaskView | None, io: _Statement) -> _Conn:
