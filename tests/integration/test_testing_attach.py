@@ -24,11 +24,16 @@ import pytest
 
 import jobfence
 from jobfence import ConflictError
-from jobfence.testing import Report, Simulation, explore, replay
+from jobfence.testing import InjectedFault, Report, Simulation, explore, faults, replay
+from jobfence.testing.connections import statement_point, table_named
 from tests.servers import POSTGRES_URL, mysql_params
 
-#: real seconds a statement may wait (for a lock a parked task holds) before others go on
+#: real seconds a statement may wait (for a lock a parked task holds) before others go on:
+#: short where jobfence's call makes the second task wait for the first (the fixed jobs),
+#: the default for the naive jobs, whose reports are compared run to run, so that a
+#: statement slowed down by a loaded machine is still waited for
 BLOCK = 0.3
+NAIVE_BLOCK = 1.0
 
 
 # -- the databases ----------------------------------------------------------------------
@@ -183,7 +188,60 @@ class AioSQLite(AsyncFlavour):
         return list(await conn.execute_fetchall(self.sql(text), params))
 
 
-FLAVOURS = [Psycopg, PsycopgAsync, PyMySQL, AioMySQL, SQLite3, AioSQLite]
+def _named(text: str, params: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    """``%s`` placeholders as SQLAlchemy's ``:p0, :p1...``."""
+    parts = text.split("%s")
+    out = parts[0] + "".join(f":p{i}{part}" for i, part in enumerate(parts[1:]))
+    return out, {f"p{i}": v for i, v in enumerate(params)}
+
+
+class SAEngine(Flavour):
+    """A SQLAlchemy Connection of a psycopg engine (no pool: one connection per task)."""
+
+    name, dialect = "sqlalchemy", "postgresql"
+
+    def connect(self) -> Any:
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import NullPool
+
+        url = self.where["dsn"].replace("postgresql://", "postgresql+psycopg://")
+        return create_engine(url, poolclass=NullPool).connect()
+
+    def begin(self, conn: Any) -> None:
+        pass  # autobegin
+
+    def run(self, conn: Any, text: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        from sqlalchemy import text as sql_text
+
+        sql, named = _named(self.sql(text), params)
+        result = conn.execute(sql_text(sql), named)
+        return [tuple(r) for r in result] if result.returns_rows else []
+
+
+class SAAsyncEngine(AsyncFlavour):
+    """A SQLAlchemy AsyncConnection of a psycopg (async) engine, the engine attached."""
+
+    name, dialect = "sqlalchemy-async", "postgresql"
+
+    async def aconnect(self) -> Any:
+        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy.pool import NullPool
+
+        url = self.where["dsn"].replace("postgresql://", "postgresql+psycopg://")
+        return create_async_engine(url, poolclass=NullPool)  # attached, then connected
+
+    async def abegin(self, conn: Any) -> None:
+        pass  # autobegin
+
+    async def arun(self, conn: Any, text: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        from sqlalchemy import text as sql_text
+
+        sql, named = _named(self.sql(text), params)
+        result = await conn.execute(sql_text(sql), named)
+        return [tuple(r) for r in result] if result.returns_rows else []
+
+
+FLAVOURS = [Psycopg, PsycopgAsync, PyMySQL, AioMySQL, SQLite3, AioSQLite, SAEngine, SAAsyncEngine]
 
 
 @pytest.fixture
@@ -383,6 +441,42 @@ async def deposit_async(flavour: AsyncFlavour, conn: Any, safe: bool) -> None:
         raise
 
 
+def set_owner_sync(flavour: Flavour, conn: Any, token: int, safe: bool) -> None:
+    """The holder of lease ``token`` writes the account (fenced, or not)."""
+    tx = safe or flavour.naive_tx
+    try:
+        if tx:
+            flavour.begin(conn)
+        if safe:
+            jobfence.fence(conn, "account:1", token, table=flavour.fences)
+        flavour.run(conn, "UPDATE {accounts} SET balance = {p} WHERE id = 1", (token,))
+        if tx:
+            flavour.commit(conn)
+    except Exception as exc:
+        if tx:
+            flavour.rollback(conn)
+        error = _conflict(flavour, exc)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+async def set_owner_async(flavour: AsyncFlavour, conn: Any, token: int, safe: bool) -> None:
+    tx = safe or flavour.naive_tx
+    try:
+        if tx:
+            await flavour.abegin(conn)
+        if safe:
+            await jobfence.fence_async(conn, "account:1", token, table=flavour.fences)
+        await flavour.arun(conn, "UPDATE {accounts} SET balance = {p} WHERE id = 1", (token,))
+        if tx:
+            await flavour.acommit(conn)
+    except Exception:
+        if tx:
+            await flavour.arollback(conn)
+        raise
+
+
 Scenario = Callable[[Simulation], Any]
 
 
@@ -392,15 +486,17 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
     where = flavour.where
 
     async def scenario(sim: Simulation) -> None:
-        sim.block_timeout = BLOCK
+        sim.block_timeout = BLOCK if safe else NAIVE_BLOCK
         _reset(where)
         tasks = []
         if isinstance(flavour, AsyncFlavour):
             conns = [await _attach_async(sim, flavour) for _ in range(2)]
             ainbox = jobfence.AsyncInbox("memory://attach", table=flavour.inbox)
-            for conn in conns:
+            for token, conn in enumerate(conns, 1):
                 if job == "charge":
                     tasks.append(sim.spawn(charge_async, flavour, conn, ainbox, safe))
+                elif job == "fence":
+                    tasks.append(sim.spawn(set_owner_async, flavour, conn, token, safe))
                 else:
                     tasks.append(sim.spawn(deposit_async, flavour, conn, safe))
             await sim.join()
@@ -410,9 +506,11 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
         else:
             conns = [sim.attach(flavour.connect()) for _ in range(2)]
             inbox = jobfence.Inbox("memory://attach", table=flavour.inbox)
-            for conn in conns:
+            for token, conn in enumerate(conns, 1):
                 if job == "charge":
                     tasks.append(sim.spawn(charge_sync, flavour, conn, inbox, safe))
+                elif job == "fence":
+                    tasks.append(sim.spawn(set_owner_sync, flavour, conn, token, safe))
                 else:
                     tasks.append(sim.spawn(deposit_sync, flavour, conn, safe))
             await sim.join()
@@ -423,6 +521,10 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
         if job == "charge":
             n = len(_outside(where, f"SELECT msg FROM {flavour.charges}"))
             sim.check(n == 1, f"the effect was applied {n} times")
+        elif job == "fence":
+            ((owner,),) = _outside(where, f"SELECT balance FROM {flavour.accounts}")
+            newest = max(token for token, t in enumerate(tasks, 1) if t.error is None)
+            sim.check(owner == newest, f"token {owner} wrote after token {newest}")
         else:
             ((balance,),) = _outside(where, f"SELECT balance FROM {flavour.accounts}")
             done = sum(1 for t in tasks if t.error is None)
@@ -435,6 +537,8 @@ async def _attach_async(sim: Simulation, flavour: AsyncFlavour) -> Any:
     made = await flavour.aconnect()
     if flavour.name == "aiosqlite":  # aiosqlite answers from a thread: attach, then open
         return await sim.attach(made)
+    if flavour.name == "sqlalchemy-async":  # the engine attached: its connections too
+        return await sim.attach(made).connect()
     return sim.attach(made)
 
 
@@ -454,8 +558,8 @@ def _prove(flavour: Flavour, job: str, schedules: int) -> None:
     first = reports[0]
     assert not first.ok, f"{flavour.name}: the naive {job} passed {first.schedules} schedules"
     failure = first.failures[0]
-    expected = "applied 2 times" if job == "charge" else "balance 10"
-    assert expected in failure.message
+    expected = {"charge": "applied 2 times", "deposit": "balance 10", "fence": "after token 2"}
+    assert expected[job] in failure.message
     # three identical runs: identical reports and identical schedules
     assert _summary(reports[1]) == _summary(first) == _summary(reports[2])
     assert naive_picks[1] == naive_picks[0] == naive_picks[2]
@@ -490,3 +594,317 @@ def test_versioned_update_on_an_attached_connection_loses_no_update(
     flavour_cls: type[Flavour], where: dict[str, Any]
 ) -> None:
     _prove(flavour_cls(where), "deposit", 12)
+
+
+@flavours()
+def test_fence_on_an_attached_connection_keeps_an_older_holder_out(
+    flavour_cls: type[Flavour], where: dict[str, Any]
+) -> None:
+    _prove(flavour_cls(where), "fence", 12)
+
+
+# -- the points' semantics ----------------------------------------------------------------
+pg_only = pytest.mark.parametrize("where", ["postgresql"], indirect=True)
+
+
+@pg_only
+def test_a_transient_fault_raises_before_the_statement(where: dict[str, Any]) -> None:
+    async def scenario(sim: Simulation) -> None:
+        _reset(where)
+        aconn = sim.attach(await psycopg.AsyncConnection.connect(where["dsn"]))
+        conn = sim.attach(psycopg.connect(where["dsn"]))
+
+        async def in_async() -> None:
+            await aconn.execute("INSERT INTO charges (msg) VALUES ('async')")
+            await aconn.commit()
+
+        def in_thread() -> None:
+            conn.execute("INSERT INTO charges (msg) VALUES ('thread')")
+            conn.commit()
+
+        first = sim.spawn(in_async)
+        second = sim.spawn(in_thread)
+        await sim.join()
+        await aconn.close()
+        conn.close()
+        sim.check(isinstance(first.error, InjectedFault), f"async: {first.error!r}")
+        sim.check(isinstance(second.error, InjectedFault), f"thread: {second.error!r}")
+        sim.check(not _outside(where, "SELECT msg FROM charges"), "a statement ran")
+
+    report = explore(
+        scenario,
+        schedules=1,
+        strategy="fifo",
+        faults=[faults.transient("db.write", nth=1), faults.transient("db.write", nth=2)],
+    )
+    assert report.ok, report
+
+
+@pg_only
+def test_commit_unknown_commits_then_raises(where: dict[str, Any]) -> None:
+    async def scenario(sim: Simulation) -> None:
+        _reset(where)
+        aconn = sim.attach(await psycopg.AsyncConnection.connect(where["dsn"]))
+        conn = sim.attach(psycopg.connect(where["dsn"]))
+
+        async def in_async() -> None:
+            async with aconn.transaction():
+                await aconn.execute("INSERT INTO charges (msg) VALUES ('async')")
+
+        def in_thread() -> None:
+            conn.execute("INSERT INTO charges (msg) VALUES ('thread')")
+            conn.commit()
+
+        first = sim.spawn(in_async)
+        second = sim.spawn(in_thread)
+        await sim.join()
+        await aconn.close()
+        conn.close()
+        sim.check(isinstance(first.error, InjectedFault), f"async: {first.error!r}")
+        sim.check(isinstance(second.error, InjectedFault), f"thread: {second.error!r}")
+        rows = sorted(r[0] for r in _outside(where, "SELECT msg FROM charges"))
+        sim.check(rows == ["async", "thread"], f"committed: {rows}")
+
+    report = explore(
+        scenario,
+        schedules=1,
+        strategy="fifo",
+        faults=[
+            faults.commit_unknown("db.commit", nth=1),
+            faults.commit_unknown("db.commit", nth=2),
+        ],
+    )
+    assert report.ok, report
+
+
+@pg_only
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_a_crashed_process_connection_is_closed_and_the_server_rolls_back(
+    where: dict[str, Any], kind: str
+) -> None:
+    closed: list[bool] = []
+
+    async def scenario(sim: Simulation) -> None:
+        _reset(where)
+        if kind == "async":
+            dead = sim.attach(await psycopg.AsyncConnection.connect(where["dsn"]))
+            alive = sim.attach(await psycopg.AsyncConnection.connect(where["dsn"]))
+
+            async def holder() -> None:  # crashes at its commit, the row locked
+                await dead.execute("UPDATE accounts SET balance = 5 WHERE id = 1")
+                await dead.commit()
+
+            async def other() -> None:
+                await sim.sleep(1)
+                await alive.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+                await alive.commit()
+
+            sim.spawn(holder)
+            task = sim.spawn(other)
+        else:
+            dead = sim.attach(psycopg.connect(where["dsn"]))
+            alive = sim.attach(psycopg.connect(where["dsn"]))
+
+            def holder_sync() -> None:
+                dead.execute("UPDATE accounts SET balance = 5 WHERE id = 1")
+                dead.commit()
+
+            def other_sync() -> None:
+                jobfence.testing.get_clock().sleep(1)
+                alive.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+                alive.commit()
+
+            sim.spawn(holder_sync)
+            task = sim.spawn(other_sync)
+        await sim.join()
+        closed.append(dead.closed)
+        sim.check(task.error is None, f"{task.error!r}")
+        ((balance,),) = _outside(where, "SELECT balance FROM accounts")
+        sim.check(balance == 1, f"balance {balance}: the crashed write was not rolled back")
+        if kind == "async":
+            await alive.close()
+        else:
+            alive.close()
+
+    report = explore(scenario, schedules=1, faults=[faults.crash("db.commit", nth=1)])
+    assert report.ok, report
+    assert closed == [True]
+
+
+@pg_only
+def test_the_scenarios_own_statements_are_inert_and_the_connection_is_restored(
+    where: dict[str, Any],
+) -> None:
+    kept: list[Any] = []
+    points: list[Any] = []
+
+    async def scenario(sim: Simulation) -> None:
+        _reset(where)
+        conn = psycopg.connect(where["dsn"])
+        kept.append(conn)
+        assert sim.attach(conn) is conn
+        assert sim.attach(conn) is conn  # again: nothing changes
+        conn.execute("INSERT INTO charges (msg) VALUES ('setup')")  # the scenario's own
+        conn.commit()
+        points.append(dict(sim.hits))
+
+        def job() -> None:
+            conn.execute("SELECT msg FROM charges")
+            conn.commit()
+
+        sim.spawn(job)
+        await sim.join()
+        points.append(dict(sim.hits))
+
+    report = explore(scenario, schedules=2)
+    assert report.ok, report
+    assert points[0] == {} and points[1] == {"db.read": 1, "db.commit": 1}
+    for conn in kept:  # as it was: usable, no points, its own classes
+        assert type(conn) is psycopg.Connection
+        assert conn.cursor_factory is psycopg.Cursor
+        assert conn.execute("SELECT count(*) FROM charges").fetchone() == (1,)
+        conn.close()
+
+
+@pg_only
+def test_a_blocking_connection_in_an_async_task_is_refused(where: dict[str, Any]) -> None:
+    async def scenario(sim: Simulation) -> None:
+        conn = sim.attach(psycopg.connect(where["dsn"]))
+
+        async def job() -> None:
+            conn.execute("SELECT 1")
+
+        sim.spawn(job)
+        await sim.join()
+        conn.close()
+
+    report = explore(scenario, schedules=1)
+    assert [f.check for f in report.failures] == ["exception"]
+    assert "for thread tasks" in report.failures[0].message
+
+
+def test_attach_refuses_what_it_cannot_instrument() -> None:
+    async def scenario(sim: Simulation) -> None:
+        with pytest.raises(jobfence.ConfigurationError, match="supported: psycopg"):
+            sim.attach(object())
+
+    assert explore(scenario, schedules=1).ok
+
+
+@pytest.mark.parametrize(
+    ("sql", "point", "table"),
+    [
+        ("SELECT a FROM public.orders o JOIN items i ON 1=1", "db.read", "orders"),
+        ('  -- note\n  select * from "Orders" for update', "db.read", "Orders"),
+        (
+            "INSERT INTO jobfence_inbox (key) VALUES (%s) ON CONFLICT DO NOTHING",
+            "db.write",
+            "jobfence_inbox",
+        ),
+        ("UPDATE `acc` SET v = v + 1", "db.write", "acc"),
+        ("DELETE FROM t WHERE id = 1", "db.write", "t"),
+        ("WITH x AS (SELECT 1) UPDATE t SET a = 1", "db.write", "t"),
+        ("WITH x AS (SELECT 1 FROM s) SELECT * FROM x", "db.read", "s"),
+        ("COMMIT", "db.commit", None),
+        ("BEGIN IMMEDIATE", None, None),
+        ("ROLLBACK", None, None),
+        ("SAVEPOINT a", None, None),
+        ("CREATE TABLE IF NOT EXISTS n (id int)", "db.write", "n"),
+        ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", None, None),
+        (b"SELECT 1", "db.read", None),
+    ],
+)
+def test_statement_points_and_tables(sql: Any, point: str | None, table: str | None) -> None:
+    assert statement_point(sql) == point
+    assert table_named(sql) == table
+
+
+DJANGO_SCRIPT = r"""
+import json, sys
+import django
+from django.conf import settings
+
+schema = sys.argv[1]
+settings.configure(
+    DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": "test", "USER": "postgres",
+        "HOST": "127.0.0.1", "PORT": "5432",
+        "OPTIONS": {"options": f"-c search_path={schema}"},
+    }},
+    USE_TZ=True,
+)
+django.setup()
+from django.db import connection, transaction
+
+import psycopg
+
+import jobfence
+from jobfence.testing import Simulation, explore, replay
+
+inbox = jobfence.Inbox("memory://django", table="inbox")
+
+
+def handle(sim, safe):
+    conn = sim.attach(connection)  # this thread's connection
+    try:
+        with transaction.atomic():
+            with conn.cursor() as cur:
+                if safe:
+                    first = inbox.claim_in(conn, "m1")
+                else:
+                    cur.execute("SELECT msg FROM charges WHERE msg = 'm1'")
+                    first = not cur.fetchall()
+                if first:
+                    cur.execute("INSERT INTO charges (msg) VALUES ('m1')")
+    finally:
+        conn.close()
+
+
+def make(safe):
+    async def scenario(sim: Simulation) -> None:
+        sim.block_timeout = 0.3
+        # the scenario is async: its own look goes through psycopg
+        dsn = f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("DELETE FROM charges")
+            admin.execute("DELETE FROM inbox")
+        sim.spawn(handle, sim, safe)
+        sim.spawn(handle, sim, safe)
+        await sim.join()
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            (n,) = admin.execute("SELECT count(*) FROM charges").fetchone()
+        sim.check(n == 1, f"the effect was applied {n} times")
+    return scenario
+
+
+naive = explore(make(False), schedules=12, seed=1)
+again = replay(make(False), naive.failures[0].tape) if naive.failures else None
+safe = explore(make(True), schedules=12, seed=1)
+print(json.dumps({
+    "naive": [f.message for f in naive.failures],
+    "replayed": [f.message for f in again.failures] if again else None,
+    "safe": [f.message for f in safe.failures],
+    "safe_schedules": safe.schedules,
+}))
+"""
+
+
+@pg_only
+def test_a_django_connection_attached_in_each_thread(where: dict[str, Any]) -> None:
+    import json
+    import subprocess
+    import sys
+
+    schema = where["dsn"].rsplit("%3D", 1)[1]
+    done = subprocess.run(
+        [sys.executable, "-c", DJANGO_SCRIPT, schema],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["naive"] == ["the effect was applied 2 times"]
+    assert out["replayed"] == out["naive"]
+    assert out["safe"] == [] and out["safe_schedules"] == 12

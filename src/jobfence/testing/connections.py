@@ -137,9 +137,9 @@ class _Registry:
         statement runs); ``in_loop``: on the loop's thread, where async connections can be
         closed too."""
         for att in self.attached:
-            for conn, owner in list(att.owners.items()):
+            for key, (conn, owner) in list(att.owners.items()):
                 if owner.crashed:
-                    del att.owners[conn]
+                    del att.owners[key]
                     try:
                         att.kill(conn, in_loop)
                     except Exception:  # closing what is broken already
@@ -172,9 +172,12 @@ class _Attached:
         self.conn = conn
         self.undo = undo
         self.live = True
-        #: per connection (an engine has several), the process of the task that ran the
-        #: last statement on it
-        self.owners: dict[Any, Any] = {}
+        #: its statements are points (False: only real I/O, for a driver connection under
+        #: an attached SQLAlchemy engine, whose points the engine makes)
+        self.points = True
+        #: per connection (an engine has several; by id): the connection and the process
+        #: of the task that ran the last statement on it
+        self.owners: dict[int, tuple[Any, Any]] = {}
 
     def kill(self, conn: Any, in_loop: bool) -> None:
         """Close ``conn`` at once: its owner crashed. ``in_loop``: on the loop's thread."""
@@ -190,7 +193,8 @@ class _Attached:
         self.registry.reap(in_loop=in_loop)
         task = self.sim.current()
         if task is not None and task.process is not self.sim.main:
-            self.owners[self.conn if conn is None else conn] = task.process
+            conn = self.conn if conn is None else conn
+            self.owners[id(conn)] = (conn, task.process)
 
     def point(self, sql: Any, point: str | None = None, conn: Any = None) -> Fault | None:
         """A statement of a blocking connection (``conn``, for an engine) is about to run:
@@ -615,7 +619,9 @@ async def _aiosqlite_execute(self: Any, fn: Any, *args: Any, **kwargs: Any) -> A
         return await super(type(self), self)._execute(fn, *args, **kwargs)
     name = getattr(fn, "__name__", "")
     fault = None
-    if name in _AIOSQLITE_SQL and args:
+    if not att.points:
+        pass
+    elif name in _AIOSQLITE_SQL and args:
         fault = await att.apoint(args[0])
     elif name == "commit":
         fault = await att.apoint("COMMIT", "db.commit")
@@ -768,6 +774,17 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
     def engine_connect(conn: Any) -> None:
         live_conns.add(conn)
 
+    def connect(dbapi_connection: Any, record: Any) -> None:
+        # aiosqlite answers from its thread: every call of the driver's own connection
+        # under the engine is real I/O to wait for (its points are the engine's)
+        raw = getattr(dbapi_connection, "driver_connection", None)
+        if att.live and _kind(raw) == "aiosqlite" and _of(raw) is None:
+            inner = _aiosqlite(registry, raw)
+            inner.points = False
+            registry.attached.append(inner)
+
+    if is_async:
+        listeners["connect"] = connect
     for name, fn in listeners.items():
         event.listen(engine, name, fn)
     event.listen(engine, "engine_connect", engine_connect)
@@ -808,8 +825,7 @@ class _EngineAttached(_Attached):
 
 
 # -- Django ----------------------------------------------------------------------------------
-def _django(registry: _Registry, conn: Any) -> _Attached:
-    wrapper = conn._connections[conn._alias] if type(conn).__name__ == "ConnectionProxy" else conn
+def _django(registry: _Registry, wrapper: Any) -> _Attached:
 
     def execute(run: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
         if not att.live:
@@ -840,17 +856,16 @@ def _django(registry: _Registry, conn: Any) -> _Attached:
         if execute in wrapper.execute_wrappers:
             wrapper.execute_wrappers.remove(execute)
         wrapper.__dict__.pop("commit", None)
+        wrapper.__dict__.pop("_jobfence_attached", None)
 
-    att = _DjangoAttached(registry, conn, undo)
-    att.wrapper = wrapper
+    att = _DjangoAttached(registry, wrapper, undo)
+    wrapper._jobfence_attached = att
     return att
 
 
 class _DjangoAttached(_Attached):
-    wrapper: Any = None
-
     def kill(self, conn: Any, in_loop: bool) -> None:
-        raw = self.wrapper.connection
+        raw = conn.connection  # the driver's connection of the Django wrapper
         if raw is not None:
             _terminate(raw, in_loop)
 
@@ -904,9 +919,12 @@ def attach(sim: Simulation, conn: C) -> C:
             argument="conn",
         )
     registry = _registry(sim)
-    if any(att.conn is conn and att.live for att in registry.attached):
+    target: Any = conn
+    if kind == "django" and type(conn).__name__ == "ConnectionProxy":
+        target = conn._connections[conn._alias]  # type: ignore[attr-defined]  # this thread's
+    if any(att.conn is target and att.live for att in registry.attached):
         return conn
-    if getattr(conn, "_jobfence_attached", None) is not None:
+    if getattr(target, "_jobfence_attached", None) is not None:
         raise ConfigurationError(
             "conn: this connection is attached to another schedule still running",
             argument="conn",
@@ -921,7 +939,7 @@ def attach(sim: Simulation, conn: C) -> C:
     elif kind == "sqlite3":
         att = _sqlite3(registry, conn)  # type: ignore[arg-type]
     elif kind == "django":
-        att = _django(registry, conn)
+        att = _django(registry, target)
     else:
         att = _sqlalchemy(registry, conn, kind)
     registry.attached.append(att)
