@@ -132,6 +132,7 @@ def start(fn: Callable[[], Any], tracked: set[Any], name: str) -> concurrent.fut
 
     def never_run() -> None:  # a controlled thread that was never let run
         future.cancel()
+        future.set_running_or_notify_cancel()  # wakes concurrent.futures.wait() callers
         tracked.discard(future)
 
     spawn(run, name, abandon=never_run)

@@ -768,10 +768,7 @@ class Simulation:
         self.parked.remove(task)
         task.parked_at = None
         if task.thread:
-            self.running_threads += 1
-            self.external += 1
-            assert task.go is not None
-            task.go.set()
+            self._thread_release(task)
             return
         waiter, task.waiter = task.waiter, None
         if waiter is not None and not waiter.done():
@@ -975,6 +972,16 @@ class Simulation:
             self.loop.call_at(until, self.noop)  # so that time gets there
         if chosen is not None:
             self._release(chosen)
+
+    def _thread_release(self, task: SimTask) -> None:
+        """(loop thread) Let the parked or waiting thread task ``task`` go. It counts as
+        running from now on (the loop waits for it to stop again), and is woken by the
+        loop's next callback: after whoever chose it (an async task at its point) parked, so
+        that it sees the same candidates in every run."""
+        self.running_threads += 1
+        self.external += 1
+        assert task.go is not None
+        self.loop.call_soon(task.go.set)
 
     def _thread_point(self, task: SimTask, point: str, fault: Fault | None) -> None:
         """(in the thread of ``task``) A thread task reached ``point``: it goes on, or parks
