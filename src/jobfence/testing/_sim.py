@@ -2,8 +2,10 @@
 
 A :class:`Simulation` (the ``sim`` a scenario receives) owns the tasks of one run. Every
 task is an asyncio task on a :class:`~jobfence.testing._loop.SimLoop` (or a thread, for a
-plain function) and runs only between two *points*: the jobfence hook points (every backend
-operation and sleep), the points of simulated tables, and ``await testing.point(name)``. At
+plain function, and for the threads jobfence starts in a task: a sync client's renewer) and
+runs only between two *points*: the jobfence hook points (every backend operation and
+sleep), the points of simulated tables, and ``testing.point(name)`` (awaited in async
+code). At
 a point the strategy decides who goes on; everything between two points runs alone, so a
 schedule is a sequence of decisions (the *tape*) and replays exactly.
 """

@@ -505,3 +505,31 @@ def test_a_schedule_ending_with_threads_alive_tears_them_down() -> None:
         assert not report.ok, how
         assert report.failures[0].check in ("check", "budget"), report
         assert _no_new_threads(before) == [], how
+
+
+def test_a_sync_relay_s_lease_keeper_is_a_background_task() -> None:
+    """Relay.run_once holds its batch with a keeper thread while it sends: a task of the
+    relay's process, extending the rows' lease every lease/2 of virtual time."""
+    seen: list[tuple[str, str, float]] = []
+    out: dict[str, Any] = {}
+
+    def relay_job(outbox: jobfence.Outbox) -> None:
+        def send(rows: list[Any]) -> None:
+            testing.get_clock().sleep(40)  # longer than the lease: only the keeper holds it
+            out.setdefault("sent", []).extend(row.id for row in rows)
+
+        relay = jobfence.Relay(outbox, send, lease=30, handle_signals=False)
+        out["relayed"] = relay.run_once()
+
+    async def scenario(sim: Simulation) -> None:
+        _recording(sim, seen)
+        outbox = sim.outbox(sync=True)
+        row = {"queue": "orders", "key": None, "body": b"{}", "headers": {}, "delay": 0.0}
+        outbox.backend.store.add([{**row, "id": "a"}, {**row, "id": "b"}])  # type: ignore[attr-defined]
+        sim.spawn(relay_job, outbox)
+        await sim.join()
+
+    assert testing.explore(scenario, schedules=1, faults=None).ok
+    assert out == {"relayed": 2, "sent": ["a", "b"]}
+    kept = [at for task, point, at in seen if task == "t1.1" and point == "outbox.settle"]
+    assert kept == [15.0, 30.0]  # extended at lease/2 and lease, while send() slept
