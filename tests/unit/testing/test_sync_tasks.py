@@ -7,6 +7,7 @@ import asyncio
 import gc
 import inspect
 import itertools
+import sys
 import threading
 import warnings
 from typing import Any
@@ -448,19 +449,28 @@ def test_repeated_explores_of_a_sync_scenario_are_identical() -> None:
     assert any("t1.1" in picks and "t2.1" in picks for picks, _, _ in runs)
 
 
-def test_a_failing_seed_of_a_sync_scenario_replays_identically_100_times() -> None:
+def test_a_failing_seed_of_a_sync_scenario_replays_identically_100_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     runs: list[Any] = []
     report = testing.explore(_stale_holder(runs), schedules=60, seed=11, faults="auto")
     failure = report.failures[0]
-    first = None
+    explore_module = sys.modules["jobfence.testing.explore"]
+    by_seed, by_tape = set(), set()
     for _ in range(100):
-        runs.clear()
-        again = failure.replay()
-        seen = (runs[-1], again.failures[0].check, again.failures[0].message)
-        if first is None:
-            first = seen
-        assert seen == first
-    assert first is not None and "lost update" in first[2]
+        runs.clear()  # the seed alone, as ``pytest --jobfence-seed=N`` runs it
+        monkeypatch.setattr(explore_module, "_REPLAY_SEED", failure.seed)
+        again = testing.explore(
+            _stale_holder(runs), schedules=60, seed=11, faults="auto", shrink=False
+        ).failures[0]
+        monkeypatch.setattr(explore_module, "_REPLAY_SEED", None)
+        by_seed.add((runs[-1], again.index, again.message, str(again.original)))
+        runs.clear()  # and its shrunk tape
+        replayed = failure.replay().failures[0]
+        by_tape.add((runs[-1], replayed.message, str(replayed.tape)))
+    assert len(by_seed) == 1 and len(by_tape) == 1
+    [(_, index, message, _)] = by_seed
+    assert index == failure.index and "lost update" in message
 
 
 # -- the end of a schedule ------------------------------------------------------------------
