@@ -44,8 +44,9 @@ class Flavour:
     dialect = ""
     is_async = False
     mark = "%s"
-    #: the naive job runs in a transaction (SQLite: each statement commits on its own)
-    naive_tx = True
+    #: the naive jobs run without a transaction, on a connection in autocommit mode: no
+    #: statement of theirs waits for a lock, so no real timing enters their schedules
+    naive_tx = False
 
     def __init__(self, where: dict[str, Any]) -> None:
         self.where = where
@@ -58,7 +59,7 @@ class Flavour:
         return text.format(p=self.mark, charges=self.charges, accounts=self.accounts)
 
     # blocking flavours
-    def connect(self) -> Any:
+    def connect(self, autocommit: bool) -> Any:
         raise NotImplementedError
 
     def run(self, conn: Any, text: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -85,7 +86,7 @@ class Flavour:
 class AsyncFlavour(Flavour):
     is_async = True
 
-    async def aconnect(self) -> Any:
+    async def aconnect(self, autocommit: bool) -> Any:
         raise NotImplementedError
 
     async def arun(self, conn: Any, text: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -112,8 +113,8 @@ class AsyncFlavour(Flavour):
 class Psycopg(Flavour):
     name, dialect = "psycopg", "postgresql"
 
-    def connect(self) -> Any:
-        return psycopg.connect(self.where["dsn"])
+    def connect(self, autocommit: bool) -> Any:
+        return psycopg.connect(self.where["dsn"], autocommit=autocommit)
 
     def begin(self, conn: Any) -> None:
         pass  # psycopg begins at the first statement
@@ -126,8 +127,8 @@ class Psycopg(Flavour):
 class PsycopgAsync(AsyncFlavour):
     name, dialect = "psycopg-async", "postgresql"
 
-    async def aconnect(self) -> Any:
-        return await psycopg.AsyncConnection.connect(self.where["dsn"])
+    async def aconnect(self, autocommit: bool) -> Any:
+        return await psycopg.AsyncConnection.connect(self.where["dsn"], autocommit=autocommit)
 
     async def abegin(self, conn: Any) -> None:
         pass
@@ -140,28 +141,28 @@ class PsycopgAsync(AsyncFlavour):
 class PyMySQL(Flavour):
     name, dialect = "pymysql", "mysql"
 
-    def connect(self) -> Any:
-        return pymysql.connect(**mysql_params(), autocommit=False)
+    def connect(self, autocommit: bool) -> Any:
+        return pymysql.connect(**mysql_params(), autocommit=autocommit)
 
 
 class AioMySQL(AsyncFlavour):
     name, dialect = "aiomysql", "mysql"
 
-    async def aconnect(self) -> Any:
+    async def aconnect(self, autocommit: bool) -> Any:
         import aiomysql
 
         params = mysql_params()
         params["db"] = params.pop("database")
-        return await aiomysql.connect(**params, autocommit=False)
+        return await aiomysql.connect(**params, autocommit=autocommit)
 
     async def aclose(self, conn: Any) -> None:
         conn.close()
 
 
 class SQLite3(Flavour):
-    name, dialect, mark, naive_tx = "sqlite3", "sqlite", "?", False
+    name, dialect, mark = "sqlite3", "sqlite", "?"
 
-    def connect(self) -> Any:
+    def connect(self, autocommit: bool) -> Any:
         # no busy wait: a write the other connection's lock stops fails at once (a
         # blocked thread would hold up every other task)
         return sqlite3.connect(
@@ -173,9 +174,9 @@ class SQLite3(Flavour):
 
 
 class AioSQLite(AsyncFlavour):
-    name, dialect, mark, naive_tx = "aiosqlite", "sqlite", "?", False
+    name, dialect, mark = "aiosqlite", "sqlite", "?"
 
-    async def aconnect(self) -> Any:  # not opened yet: attach it, then await it
+    async def aconnect(self, autocommit: bool) -> Any:  # not opened: attach, then await it
         import aiosqlite
 
         return aiosqlite.connect(self.where["path"], isolation_level=None)
@@ -200,12 +201,13 @@ class SAEngine(Flavour):
 
     name, dialect = "sqlalchemy", "postgresql"
 
-    def connect(self) -> Any:
+    def connect(self, autocommit: bool) -> Any:
         from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
         url = self.where["dsn"].replace("postgresql://", "postgresql+psycopg://")
-        return create_engine(url, poolclass=NullPool).connect()
+        level = "AUTOCOMMIT" if autocommit else "READ COMMITTED"
+        return create_engine(url, poolclass=NullPool, isolation_level=level).connect()
 
     def begin(self, conn: Any) -> None:
         pass  # autobegin
@@ -223,12 +225,14 @@ class SAAsyncEngine(AsyncFlavour):
 
     name, dialect = "sqlalchemy-async", "postgresql"
 
-    async def aconnect(self) -> Any:
+    async def aconnect(self, autocommit: bool) -> Any:
         from sqlalchemy.ext.asyncio import create_async_engine
         from sqlalchemy.pool import NullPool
 
         url = self.where["dsn"].replace("postgresql://", "postgresql+psycopg://")
-        return create_async_engine(url, poolclass=NullPool)  # attached, then connected
+        level = "AUTOCOMMIT" if autocommit else "READ COMMITTED"
+        # attached, then connected
+        return create_async_engine(url, poolclass=NullPool, isolation_level=level)
 
     async def abegin(self, conn: Any) -> None:
         pass  # autobegin
@@ -395,8 +399,10 @@ async def charge_async(
 
 
 def deposit_sync(flavour: Flavour, conn: Any, safe: bool) -> None:
-    """Add 10 to the balance (read, then write back; or versioned_update)."""
-    tx = flavour.naive_tx
+    """Add 10 to the balance (read, then write back; or versioned_update, in a transaction
+    but on SQLite, where a read then a write in one transaction fails when another wrote
+    meanwhile: "database is locked")."""
+    tx = safe and flavour.dialect != "sqlite"
     try:
         if tx:
             flavour.begin(conn)
@@ -418,7 +424,7 @@ def deposit_sync(flavour: Flavour, conn: Any, safe: bool) -> None:
 
 
 async def deposit_async(flavour: AsyncFlavour, conn: Any, safe: bool) -> None:
-    tx = flavour.naive_tx
+    tx = safe and flavour.dialect != "sqlite"
     try:
         if tx:
             await flavour.abegin(conn)
@@ -490,7 +496,7 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
         _reset(where)
         tasks = []
         if isinstance(flavour, AsyncFlavour):
-            conns = [await _attach_async(sim, flavour) for _ in range(2)]
+            conns = [await _attach_async(sim, flavour, not safe) for _ in range(2)]
             ainbox = jobfence.AsyncInbox("memory://attach", table=flavour.inbox)
             for token, conn in enumerate(conns, 1):
                 if job == "charge":
@@ -504,7 +510,7 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
                 await flavour.aclose(conn)
             await ainbox.close()
         else:
-            conns = [sim.attach(flavour.connect()) for _ in range(2)]
+            conns = [sim.attach(flavour.connect(not safe)) for _ in range(2)]
             inbox = jobfence.Inbox("memory://attach", table=flavour.inbox)
             for token, conn in enumerate(conns, 1):
                 if job == "charge":
@@ -533,8 +539,8 @@ def scenario_of(flavour: Flavour, job: str, safe: bool, picks: list[Any]) -> Sce
     return scenario
 
 
-async def _attach_async(sim: Simulation, flavour: AsyncFlavour) -> Any:
-    made = await flavour.aconnect()
+async def _attach_async(sim: Simulation, flavour: AsyncFlavour, autocommit: bool) -> Any:
+    made = await flavour.aconnect(autocommit)
     if flavour.name == "aiosqlite":  # aiosqlite answers from a thread: attach, then open
         return await sim.attach(made)
     if flavour.name == "sqlalchemy-async":  # the engine attached: its connections too

@@ -117,10 +117,18 @@ def blocking_io(sim: Any) -> Iterator[_Statement]:
     lock = threading.Lock()
     state = {"done": False, "gave": False}
 
-    def give_way() -> None:  # on the loop's thread
-        with sim._cv:
-            sim.running_threads -= 1
-            sim.external -= 1
+    def post(fn: Any) -> bool:
+        try:
+            loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed: the schedule ended
+            return False
+        return True
+
+    def give_way() -> None:  # on the loop's thread: the thread runs no more
+        if sim.stopping:
+            return
+        sim.running_threads -= 1
+        sim.external -= 1
         statement.stalled = True
         sim.statements.append(statement)
 
@@ -129,7 +137,7 @@ def blocking_io(sim: Any) -> Iterator[_Statement]:
             if state["done"]:
                 return
             state["gave"] = True
-        loop.call_soon_threadsafe(give_way)
+        post(give_way)
 
     timer = threading.Timer(sim.block_timeout, watchdog)
     timer.daemon = True
@@ -141,19 +149,20 @@ def blocking_io(sim: Any) -> Iterator[_Statement]:
             state["done"] = True
         timer.cancel()
         if state["gave"]:
-            go.clear()
+            go.clear()  # before it is a candidate: a release from now on is not lost
 
             def repark() -> None:  # on the loop's thread, after give_way
+                if sim.stopping:
+                    return
                 if statement in sim.statements:
                     sim.statements.remove(statement)
                 if not statement.stalled:  # the loop counted it again meanwhile
-                    with sim._cv:
-                        sim.external -= 1
+                    sim.external -= 1
                 task.parked_at = "db.answer"
                 sim.parked.append(task)
 
-            loop.call_soon_threadsafe(repark)
-            go.wait()
+            if post(repark) and not sim.stopping:
+                go.wait()
             if sim.stopping:
                 raise _Crashed
 

@@ -24,6 +24,11 @@ back what it left open, as it would when a process dies.
 
 ``get()`` and ``rows()`` query the committed rows on a connection of the table's own.
 
+The blocking view, ``table.sync``, for thread tasks, runs the same statements on blocking
+connections of the thread task's own (``sqlite3``, psycopg's ``Connection``). A thread's
+statement that waits for a lock a parked task holds gives way after ``sim.block_timeout``
+as an async one does (:func:`~jobfence.testing.table.blocking_io`).
+
 ``fence_async``, ``versioned_update_async`` and ``claim_in`` on the table or one of its
 transactions run their statement there, on the task's connection: a fence and an inbox
 marker are rows of the table whose ``id`` starts with ``#`` (no key's JSON text does), left
