@@ -39,7 +39,7 @@ from ._base import _Budget, _Deadlock, _Stop
 from ._loop import SimLoop
 from ._sim import Hit, SimClock, Simulation, Violation
 from .checkers import Checker
-from .faults import Auto, Fault, InjectedFault, parse, plannable_target
+from .faults import Auto, Fault, _nameable, parse
 from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy
 
 __all__ = ["Failure", "Report", "Tape", "explore", "replay"]
@@ -235,7 +235,7 @@ def _singles(trail: Sequence[Hit], kinds: tuple[str, ...]) -> list[Fault]:
     out: list[Fault] = []
     seen: set[tuple[str, str | None, int]] = set()
     for hit in trail:
-        if plannable_target(hit.target):
+        if _nameable(hit.target):
             at: tuple[str, str | None, int] = (hit.point, hit.target, hit.tnth)
         else:
             at = (hit.point, None, hit.nth)

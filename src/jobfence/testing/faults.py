@@ -101,7 +101,7 @@ def target_of(point: str, info: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def plannable_target(target: str | None) -> bool:
+def _nameable(target: str | None) -> bool:
     """Whether a fault can name ``target`` (a hit's target with one of ``[]()|`` cannot: its
     fault is written without a target)."""
     return target is not None and bool(target) and not any(c in target for c in _NOT_IN_TARGET)
@@ -153,7 +153,7 @@ class Fault:
                 argument="point",
             )
         if self.target is not None and (
-            not isinstance(self.target, str) or not plannable_target(self.target)
+            not isinstance(self.target, str) or not _nameable(self.target)
         ):
             raise ConfigurationError(
                 "target must be None (every hit of the point) or a non-empty str without any "
