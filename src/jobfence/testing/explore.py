@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._core.clock import set_clock
@@ -717,8 +717,7 @@ def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> _Outcome:
     shrunk schedule, with its tape cut after its last deviation."""
     want = outcome.signature
     if not outcome.tape.faults and outcome.deviations == 0:  # FIFO all along: nothing to run
-        outcome.tape = Tape((), ())
-        return outcome
+        return replace(outcome, tape=Tape((), ()))
 
     def same(attempt: _Outcome, kept: int, limit: int) -> bool:
         return attempt.failed and attempt.signature == want and kept <= limit

@@ -92,6 +92,19 @@ def test_the_tape_ends_at_its_last_deviation_and_fifo_goes_on_after_it() -> None
     assert [entry.split(".")[0] for entry in log[::2]] == [first, *rest]
 
 
+def test_a_failure_under_fifo_has_an_empty_tape_and_keeps_its_original() -> None:
+    log: list[str] = []
+
+    async def scenario(sim: Simulation) -> None:
+        await _three_in_order(log)(sim)
+        sim.check(False, "always")
+
+    failure = testing.explore(scenario, schedules=5).failures[0]
+    assert (failure.index, failure.message, str(failure.tape)) == (0, "always", "-")
+    assert len(failure.original.picks) > 0 and failure.original.picks[0] == "t1"
+    assert f"before shrinking: {len(failure.original.picks)} picks" in str(failure)
+
+
 def test_an_unknown_pick_and_an_exhausted_tape_are_fifo() -> None:
     log: list[str] = []
     assert testing.replay(_three_in_order(log), "nobody nobody").ok
