@@ -147,12 +147,16 @@ def test_pause_past_ttl_at_the_data_table_not_the_lock_table() -> None:
     assert paused == [50.0]
 
 
-def test_a_point_of_your_own_is_aimed_at_by_its_target() -> None:
+@pytest.mark.parametrize("announce", ["point", "hook"])
+def test_a_point_of_your_own_is_aimed_at_by_its_target(announce: str) -> None:
     charged: list[str] = []
 
     async def job(sim: Simulation, card: str) -> None:
         try:
-            await ahook("charge", target=card)  # what testing.point(name, target=) announces
+            if announce == "point":
+                await testing.point("charge", target=card)
+            else:  # what testing.point(name, target=) announces: info {"target": ...}
+                await ahook("charge", target=card)
             charged.append(card)
         except testing.InjectedFault:
             pass
@@ -188,3 +192,23 @@ def test_auto_faults_are_planned_with_their_target() -> None:
         ["commit_unknown(db.write[locks]#1)"],
     )
     assert "[" in str(failure.tape) and testing.replay(scenario, str(failure.tape)).failures
+
+
+def test_a_thread_task_is_aimed_at_by_its_target() -> None:
+    charged: list[str] = []
+
+    def job(card: str) -> None:  # a plain function: a thread task, blocking at its points
+        try:
+            testing.point("charge", target=card)
+            charged.append(card)
+        except testing.InjectedFault:
+            pass
+
+    async def scenario(sim: Simulation) -> None:
+        for card in ("a", "b", "a"):
+            sim.spawn(job, card)
+        await sim.join()
+
+    fault = faults.transient("charge", nth=2, target="a")
+    assert testing.explore(scenario, schedules=1, faults=[fault]).ok
+    assert charged == ["a", "b"]
