@@ -171,11 +171,12 @@ def blocking_point(sim: SimView, point: str, info: dict[str, Any]) -> Fault | No
     """Reach ``point`` in blocking code: ``sim.on_point`` blocks a thread task until the
     scheduler lets it go on (a ``transient`` fault raises there); the ``commit_unknown``
     fault planned for this hit, if any, is returned (the caller does the work, then raises
-    :class:`InjectedFault`). ConfigurationError from an async task (its points are gates it
-    must await: it uses the table itself)."""
+    :class:`InjectedFault`): the one the hit recorded in the schedule's trail.
+    ConfigurationError from an async task (its points are gates it must await: it uses the
+    table itself or an async connection)."""
     task = sim.current()
-    hits: dict[str, int] | None = getattr(sim, "hits", None)
-    nth = (hits.get(point, 0) + 1) if hits is not None else 0
+    trail: list[Any] | None = getattr(sim, "trail", None)
+    before = len(trail) if trail is not None else 0
     gate = sim.on_point(point, info)
     if gate is not None:
         if hasattr(gate, "close"):
@@ -186,18 +187,13 @@ def blocking_point(sim: SimView, point: str, info: dict[str, Any]) -> Fault | No
             "task uses the table itself (await table.read(...)) or an async connection",
             argument="table",
         )
-    if task is None or not getattr(task, "thread", False) or getattr(sim, "stopping", False):
+    if task is None or not getattr(task, "thread", False) or trail is None:
         return None
-    target = info.get("table")
-    for fault in getattr(sim, "faults", ()):
-        if (
-            fault.kind == "commit_unknown"
-            and fault.point == point
-            and fault.nth == nth
-            and fault.task in (None, task.name)
-            and getattr(fault, "target", None) in (None, target)
-        ):
-            return fault  # type: ignore[no-any-return]
+    # the hit appended to the trail right at the point (before the thread waited there)
+    for hit in trail[before : before + 1]:
+        fault = getattr(hit, "fault", None)
+        if getattr(hit, "task", None) is task and fault is not None:
+            return fault if fault.kind == "commit_unknown" else None  # type: ignore[no-any-return]
     return None
 
 
