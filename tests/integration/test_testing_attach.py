@@ -914,3 +914,37 @@ def test_a_django_connection_attached_in_each_thread(where: dict[str, Any]) -> N
     assert out["naive"] == ["the effect was applied 2 times"]
     assert out["replayed"] == out["naive"]
     assert out["safe"] == [] and out["safe_schedules"] == 12
+
+
+@pg_only
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_a_fault_aimed_at_a_table_hits_its_statements_only(
+    where: dict[str, Any], kind: str
+) -> None:
+    async def scenario(sim: Simulation) -> None:
+        _reset(where)
+        if kind == "async":
+            conn = sim.attach(await psycopg.AsyncConnection.connect(where["dsn"], autocommit=True))
+
+            async def job() -> None:
+                await conn.execute("INSERT INTO charges (msg) VALUES ('kept')")
+                await conn.execute("UPDATE accounts SET balance = 7 WHERE id = 1")
+
+            task = sim.spawn(job)
+        else:
+            conn = sim.attach(psycopg.connect(where["dsn"], autocommit=True))
+
+            def job_sync() -> None:
+                conn.execute("INSERT INTO charges (msg) VALUES ('kept')")
+                conn.execute("UPDATE accounts SET balance = 7 WHERE id = 1")
+
+            task = sim.spawn(job_sync)
+        await sim.join()
+        sim.check(isinstance(task.error, InjectedFault), f"{task.error!r}")
+        sim.check(_outside(where, "SELECT msg FROM charges") == [("kept",)], "charges")
+        sim.check(_outside(where, "SELECT balance FROM accounts") == [(0,)], "accounts")
+
+    report = explore(
+        scenario, schedules=1, faults=[faults.transient("db.write", target="accounts")]
+    )
+    assert report.ok, report
