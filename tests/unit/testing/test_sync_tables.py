@@ -151,3 +151,26 @@ def test_the_flavours_do_not_mix() -> None:
     assert [f.check for f in report.failures] == ["exception"]
     assert isinstance(report.failures[0].error, ConfigurationError)
     assert "for thread tasks" in str(report.failures[0].error)
+
+
+def test_outbox_add_on_the_views_transaction_adds_the_rows_at_its_commit() -> None:
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("orders", {1: {"state": "new"}})
+        outbox = sim.outbox(sync=True)
+
+        def place(fail: bool) -> None:
+            with db.sync.transaction() as tx:
+                tx.write(1, state="placed")
+                outbox.add(tx, queue="mail", body={"order": 1})
+                if fail:  # an expected outcome of a job (a jobfence error): rolls back
+                    raise jobfence.ConflictError("rolled back")
+
+        failed = sim.spawn(place, True)
+        sim.spawn(place, False)
+        await sim.join()
+        rows = outbox.backend.entries(None, None, 10)
+        sim.check(len(rows) == 1, f"rows: {rows}")  # the failed transaction added none
+        sim.check(isinstance(failed.error, jobfence.ConflictError), f"{failed.error!r}")
+
+    report = explore(scenario, schedules=20)
+    assert report.ok, report
