@@ -799,7 +799,7 @@ def over_limit(
     schedules: int = 300,
     seed: int = 0,
     strategy: str = "random",
-    faults: Any = "auto",
+    faults: Any = None,
     checks: Sequence[Checker] = (),
 ) -> Report:
     """``workers`` jobs (default ``limit + 1``) run ``fn(ctx)`` at once; each uses the
@@ -807,7 +807,10 @@ def over_limit(
     ``async with ctx.using(lease):``. At no step may more than ``limit`` valid users be inside
     (``at_most_holders``; a worker whose lease is lost or past its ttl does not count).
 
-    ``ctx`` is a :class:`LimitContext`. ``faults``: ``"auto"`` by default.
+    ``ctx`` is a :class:`LimitContext`. ``faults``: none by default: workers that all look
+    before any takes its place need no fault; ``faults="auto"`` adds pauses past the
+    permits' ttl and crashes, which a permit of ``locks`` survives (a paused worker's
+    permit is lost, and it no longer counts).
     """
     fn = _check_fn(fn)
     limit = _check_count(limit, "limit", 1)
