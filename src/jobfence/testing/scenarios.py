@@ -50,6 +50,7 @@ import functools
 import inspect
 import itertools
 import math
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ class Context:
                 f"tx) or None for an external effect, got {tx!r}",
                 argument="tx",
             )
-        counter = _counters.setdefault(self.sim.id, itertools.count(1))
+        counter = _counters.setdefault(self.sim, itertools.count(1))
         await tx.write((_EFFECT_ROW, kind, key, next(counter)), effect=kind)
 
     async def point(self, name: str) -> None:
@@ -140,8 +141,8 @@ class Context:
         await self.sim.sleep(seconds)
 
 
-#: the effect-row counter of each simulation (by its id), so that two effects never share a row
-_counters: dict[int, itertools.count[int]] = {}
+#: the effect-row counter of each simulation, so that two effects never share a row
+_counters: weakref.WeakKeyDictionary[Simulation, itertools.count[int]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -396,14 +397,8 @@ def _explore(
             argument="checks",
         )
 
-    async def run(sim: Simulation) -> None:
-        try:
-            await scenario(sim)
-        finally:
-            _counters.pop(sim.id, None)
-
     return explore(
-        run, schedules=schedules, seed=seed, strategy=strategy, faults=faults, checks=checks
+        scenario, schedules=schedules, seed=seed, strategy=strategy, faults=faults, checks=checks
     )
 
 
@@ -429,6 +424,9 @@ def lost_update(
     ``rows``, default ``{"counter": {"value": 0}}``), ``key`` (the first row's key),
     ``inbox``, ``locks``. ``faults``: by default a transient failure at each point, tried one
     and two at a time (a retry that re-sends a stale value is the classic lost update).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
@@ -520,6 +518,9 @@ def duplicate_delivery(
     hidden from the others for :data:`CONSUMER_VISIBILITY` seconds. ``ctx`` is a
     :class:`MessageContext`. ``faults``: ``"auto"`` by default, every fault at every point
     (a crash or a pause between the effect and the ack delivers it once more).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     return _messages(
         fn,
@@ -547,6 +548,10 @@ def lost_ack(
     calling ``fn(message, ctx)``; its ack is lost on the way (``lost_ack``), so the queue
     delivers it again once its visibility passes: each effect must happen once
     (``exactly_once``). The consumers and ``ctx`` are those of :func:`duplicate_delivery`.
+    ``faults``: by default a lost ack at each ack, one and two at a time.
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     return _messages(
         fn,
@@ -614,9 +619,10 @@ def paused_holder(
 ) -> Report:
     """``workers`` jobs run ``fn(ctx)`` at once: each takes the lock ``ctx.key``
     (``"report"``) from ``ctx.locks`` and writes the row ``ctx.key`` of ``ctx.table`` while
-    holding it. A job's process stops past its lease's ttl (``pause_past_ttl``, by default at
-    every point after it took the lock), another job takes the lock over and writes, then the
-    first one wakes up and writes too: the writes must never go back to an older holder
+    holding it. A job's process stops past its lease's ttl (``pause_past_ttl``: the default
+    ``faults`` try it at every point after the job took the lock), another job takes the
+    lock over and writes, then the first one wakes up and writes too: the writes must never
+    go back to an older holder
     (``stale_write``: the writes' fencing tokens, given with ``token=`` or else those of the
     leases their writers held, never go down).
 
@@ -624,6 +630,9 @@ def paused_holder(
     ``{"content": None}``, not fenced by itself: ``write(..., token=)`` is not checked by the
     table, ``jobfence.fence_async(tx, ...)`` in the write's transaction is how a job refuses
     a stale token).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
@@ -658,12 +667,16 @@ def commit_unknown(
     """``workers`` jobs, one per order (``ctx.order``: ``"order-1"``, ``"order-2"``...), run
     ``fn(ctx)``, which applies the order in a transaction of ``ctx.table`` and records its
     effect (``await ctx.effect("charge", ctx.order, tx=tx)``). A commit is applied but
-    reported failed (``commit_unknown``); a job that fails is delivered again, up to
+    reported failed (``commit_unknown``, at each commit, one and two at a time: the default
+    ``faults``); a job that fails is delivered again, up to
     ``deliveries`` times in all, as a queue would: each order's effect must be committed once
     (``exactly_once``).
 
     ``ctx`` is an :class:`OrderContext` (``table`` is ``"accounts"`` holding ``rows``, default
     ``{"account": {"balance": 100}}``; ``key`` its first row's key; ``inbox``, ``locks``).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
@@ -709,6 +722,9 @@ def check_then_act(
     ``ctx`` is a :class:`TableContext` (``table`` is ``"users"``, empty; ``inbox``,
     ``locks``). ``faults``: none by default: two jobs that both look before either acts
     need no fault.
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
@@ -751,6 +767,9 @@ def slot_fired_twice(
     ``ctx`` is a :class:`PodContext` (``schedule``, ``locks``, ``inbox``, ``fire``). A tick
     that fails (an injected fault, a jobfence error) is skipped. ``faults``: none by default:
     the clocks' skew makes the race.
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     pods = _check_count(pods, "pods", 1, 26)
@@ -811,6 +830,9 @@ def over_limit(
     before any takes its place need no fault; ``faults="auto"`` adds pauses past the
     permits' ttl and crashes, which a permit of ``locks`` survives (a paused worker's
     permit is lost, and it no longer counts).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     limit = _check_count(limit, "limit", 1)
@@ -849,6 +871,9 @@ def dual_write(
     ``ctx`` is an :class:`OrderContext` (``table``, ``order``, ``queue``, ``outbox``,
     ``inbox``, ``locks``). ``faults``: ``"auto"`` by default (a commit applied but reported
     failed, a transient failure of the publish...).
+
+    ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
+    your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     fn = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)

@@ -4,6 +4,8 @@ failure) and passes jobfence's version; bad arguments name themselves."""
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -419,3 +421,12 @@ def test_a_fault_list_replaces_the_default() -> None:
     assert report.ok  # no ack lost, nothing delivered twice
     report = scenarios.lost_ack(charge_naive, faults=[faults.lost_ack()], schedules=20)
     assert report.failures[0].tape.faults == (faults.lost_ack(),)
+
+
+def test_every_scenario_explains_each_of_its_parameters() -> None:
+    for name in IDS:
+        run = getattr(scenarios, name)
+        doc = inspect.getdoc(run) or ""
+        params = inspect.signature(run).parameters
+        missing = [p for p in params if not re.search(rf"``{p}\b", doc)]
+        assert not missing, f"{name}: {missing}"
