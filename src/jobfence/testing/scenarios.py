@@ -127,7 +127,7 @@ class Context:
                 argument="tx",
             )
         counter = _counters.setdefault(self.sim, itertools.count(1))
-        await tx.write((_EFFECT_ROW, kind, key, next(counter)), effect=kind)
+        await tx.write((_EFFECT_ROW, kind, _hashable(key), next(counter)), effect=kind)
 
     async def point(self, name: str) -> None:
         """A point of your own (``await testing.point(name)``): a place where the schedule

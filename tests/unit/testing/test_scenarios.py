@@ -430,3 +430,13 @@ def test_every_scenario_explains_each_of_its_parameters() -> None:
         params = inspect.signature(run).parameters
         missing = [p for p in params if not re.search(rf"``{p}\b", doc)]
         assert not missing, f"{name}: {missing}"
+
+
+def test_an_effect_key_need_not_be_hashable() -> None:
+    async def twice(ctx: TableContext) -> None:
+        await ctx.effect("sent", ["a", 1])
+        async with ctx.table.transaction() as tx:
+            await ctx.effect("sent", ["a", 1], tx=tx)
+
+    report = scenarios.check_then_act(twice, workers=1, schedules=1)
+    assert report.failures[0].message == "sent applied more than once for \"['a', 1]\""
