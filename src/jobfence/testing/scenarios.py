@@ -51,8 +51,7 @@ import inspect
 import itertools
 import math
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -65,7 +64,7 @@ from .faults import InjectedFault
 
 if TYPE_CHECKING:
     from ._base import SimView
-    from ._sim import Simulation
+    from ._sim import SimTask, Simulation
     from .table import SimTable
 
 __all__ = [
@@ -110,35 +109,87 @@ class Context:
     sim: Simulation
     worker: str
 
-    async def effect(self, kind: str, key: Any, *, tx: Any = None) -> None:
+    def effect(self, kind: str, key: Any, *, tx: Any = None) -> Awaitable[None]:
         """Record an effect of ``kind`` for ``key`` (``"charge"``, ``"order-1"``), a point
         named ``effect.<kind>``. Without ``tx`` it is an external effect, done at once and
         never undone (a payment provider's charge, an e-mail). With ``tx``, a transaction of
         ``ctx.table`` (``async with ctx.table.transaction() as tx``), it is a row that ``tx``
         writes (a ``db.write`` point): it counts only if ``tx`` commits, as a change your job
-        makes in its own database does."""
-        if tx is None:
-            await self.sim.effect(kind, key)
-            return
-        if not callable(getattr(tx, "write", None)) or not hasattr(tx, "table"):
+        makes in its own database does. ``await`` it in an ``async def``; in a plain function
+        (a thread task) call it without ``await``: it is done when it returns."""
+        _check_point_name(kind, "kind")
+        if tx is not None and (not callable(getattr(tx, "write", None))):
             raise ConfigurationError(
                 "tx must be a transaction of ctx.table (async with ctx.table.transaction() as "
                 f"tx) or None for an external effect, got {tx!r}",
                 argument="tx",
             )
+        if not _in_thread(self.sim):
+            return self._effect(kind, key, tx)
+        if tx is None:
+            self.sim.on_point(f"effect.{kind}", {"key": key})  # blocks until let go
+            self.sim.effects.setdefault(kind, []).append(key)
+        else:
+            tx.write(self._effect_row(kind, key), effect=kind)
+        return _DONE
+
+    async def _effect(self, kind: str, key: Any, tx: Any) -> None:
+        if tx is None:
+            await self.sim.effect(kind, key)
+        else:
+            await tx.write(self._effect_row(kind, key), effect=kind)
+
+    def _effect_row(self, kind: str, key: Any) -> tuple[str, str, Any, int]:
         counter = _counters.setdefault(self.sim, itertools.count(1))
-        await tx.write((_EFFECT_ROW, kind, _hashable(key), next(counter)), effect=kind)
+        return (_EFFECT_ROW, kind, _hashable(key), next(counter))
 
-    async def point(self, name: str) -> None:
-        """A point of your own (``await testing.point(name)``): a place where the schedule
-        may switch tasks or inject a fault."""
-        from ._sim import point
+    def point(self, name: str) -> Awaitable[None]:
+        """A point of your own (``testing.point(name)``): a place where the schedule may
+        switch tasks or inject a fault. ``await`` it in an ``async def``; in a plain
+        function call it without ``await``."""
+        from . import _sim
 
-        await point(name)
+        return _sim.point(name)
 
-    async def sleep(self, seconds: float) -> None:
-        """Sleep in virtual time (a ``sleep`` point)."""
-        await self.sim.sleep(seconds)
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """Sleep ``seconds`` of virtual time (a ``sleep`` point). ``await`` it in an ``async
+        def``; in a plain function call it without ``await``."""
+        if not _in_thread(self.sim):
+            return self.sim.sleep(seconds)
+        from .._core.clock import get_clock
+
+        get_clock().sleep(seconds)
+        return _DONE
+
+
+class _Done:
+    """An awaitable already done: what a context's verb returns in a thread task."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that never yields
+
+    def __repr__(self) -> str:
+        return "<done>"
+
+
+_DONE = _Done()
+
+
+def _in_thread(sim: Simulation) -> bool:
+    """The caller is a thread task (a plain function) of ``sim``."""
+    task = sim.current()
+    return task is not None and task.thread
+
+
+def _check_point_name(name: object, argument: str) -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in "#()"):
+        raise ConfigurationError(
+            f"{argument} must be a non-empty str without any of #(), got {name!r}",
+            argument=argument,
+        )
 
 
 #: the effect-row counter of each simulation, so that two effects never share a row
@@ -189,10 +240,10 @@ class PodContext(Context):
     locks: Any = field(repr=False, default=None)
     inbox: Any = field(repr=False, default=None)
 
-    async def fire(self, slot: str) -> None:
+    def fire(self, slot: str) -> Awaitable[None]:
         """The schedule's job runs for ``slot`` (the effect ``("fire", (schedule, slot))``
-        that ``once_per_slot`` counts)."""
-        await self.effect("fire", (self.schedule, slot))
+        that ``once_per_slot`` counts); ``await`` it as :meth:`Context.effect`."""
+        return self.effect("fire", (self.schedule, slot))
 
 
 @dataclass
@@ -207,13 +258,48 @@ class LimitContext(Context):
     locks: Any = field(repr=False, default=None)
     table: SimTable = field(repr=False, default=None)  # type: ignore[assignment]
 
-    @asynccontextmanager
-    async def using(self, lease: Any = None) -> AsyncIterator[None]:
+    def using(self, lease: Any = None) -> _Using:
         """Mark the block that uses the limited resource (``sim.critical(name, lease=)``):
         ``at_most_holders(limit)`` counts the workers inside. With a lease (a permit of
-        ``locks.acquire(name, limit=)``), the worker counts only while it is valid."""
-        async with self.sim.critical(self.name, lease=lease):
-            yield
+        ``locks.acquire(name, limit=)``), the worker counts only while it is valid. ``async
+        with ctx.using(lease):`` in an ``async def``, ``with ctx.using(lease):`` in a plain
+        function."""
+        return _Using(self.sim, self.name, lease)
+
+
+class _Using:
+    """``ctx.using(lease)``: the critical section of :meth:`LimitContext.using`, entered
+    with ``async with`` (through ``sim.critical``) or ``with`` (a thread task)."""
+
+    def __init__(self, sim: Simulation, name: str, lease: Any) -> None:
+        self._sim = sim
+        self._name = name
+        self._lease = lease
+        self._async: Any = None
+        self._entry: tuple[SimTask, Any] | None = None
+
+    async def __aenter__(self) -> None:
+        self._async = self._sim.critical(self._name, lease=self._lease)
+        await self._async.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._async.__aexit__(*exc)
+
+    def __enter__(self) -> None:
+        # sim.critical is an async context manager: a thread task enters the same sections
+        task = self._sim.current()
+        if task is None or not task.thread:
+            raise ConfigurationError(
+                "with ctx.using(...) is for plain functions; use async with in an async def",
+                argument="lease",
+            )
+        self._entry = (task, self._lease)
+        self._sim.sections.setdefault(self._name, []).append(self._entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._entry is not None:
+            self._sim.sections[self._name].remove(self._entry)
+            self._entry = None
 
 
 # -- checkers -------------------------------------------------------------------------------
@@ -334,17 +420,82 @@ def _hashable(key: Any) -> Any:
 # -- running the user's function ------------------------------------------------------------
 
 
-def _check_fn(fn: object) -> Callable[..., Awaitable[Any]]:
+@dataclass(frozen=True)
+class _Fn:
+    """The user's function and how it runs: an async task, or (``sync``) a thread task."""
+
+    fn: Callable[..., Any]
+    sync: bool
+
+    def spawn(self, sim: Simulation, *args: Any, name: str) -> Any:
+        """Start ``fn(*args)`` as the task ``name``."""
+        if self.sync:
+            return sim.spawn(_call_sync, self.fn, *args, name=name)
+        return sim.spawn(_call_async(self.fn, *args), name=name)
+
+
+async def _call_async(fn: Callable[..., Any], *args: Any) -> Any:
+    return await fn(*args)
+
+
+def _call_sync(fn: Callable[..., Any], *args: Any) -> Any:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()  # never run: no "never awaited" warning on top of the error
+        raise ConfigurationError(
+            f"fn returned {type(result).__name__}: a plain function runs in a thread task and "
+            "is not awaited; write a function returning an awaitable with async def",
+            argument="fn",
+        )
+    return result
+
+
+def _sync_supported() -> bool:
+    """Thread tasks get blocking clients (``sim.locks(sync=True)``...) and tables a
+    blocking view (``table.sync``) in this version of the simulator."""
+    from ._sim import Simulation
+    from .table import SimTable
+
+    return "sync" in inspect.signature(Simulation.locks).parameters and hasattr(SimTable, "sync")
+
+
+def _check_fn(fn: object) -> _Fn:
     target = fn.func if isinstance(fn, functools.partial) else fn
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
         getattr(target, "__call__", None)  # noqa: B004  # an object with an async __call__
     ):
-        return fn  # type: ignore[return-value]
-    raise ConfigurationError(
-        "fn must be an async function (async def) taking the scenario's arguments, got "
-        f"{fn!r}; a lambda returning a coroutine is a plain function: write it with async def",
-        argument="fn",
-    )
+        return _Fn(fn, sync=False)  # type: ignore[arg-type]
+    if not callable(fn):
+        raise ConfigurationError(
+            f"fn must be an async function or a plain function, got {fn!r}", argument="fn"
+        )
+    if not _sync_supported():
+        raise ConfigurationError(
+            f"fn must be an async function (async def), got {fn!r}: a plain function would "
+            "run in a thread task with blocking clients, which this simulator does not give",
+            argument="fn",
+        )
+    return _Fn(fn, sync=True)
+
+
+def _client(sim: Simulation, kind: str, sync: bool, *args: Any) -> Any:
+    """``sim.locks()``, ``sim.inbox()``, ``sim.queue(name)``, ``sim.outbox()``: the async
+    client, or the blocking one for thread tasks."""
+    make = getattr(sim, kind)
+    return make(*args, sync=True) if sync else make(*args)
+
+
+def _view(table: SimTable, sync: bool) -> Any:
+    """The table as the user's function sees it: itself, or its blocking view."""
+    return table.sync if sync else table  # type: ignore[attr-defined]
+
+
+def _guard(exc: Exception) -> None:
+    """Re-raise ``exc`` unless a job may end with it under faults (see :func:`_expected`)."""
+    if not _expected(exc):
+        raise exc
 
 
 def _check_count(value: object, name: str, low: int, high: int = 1000) -> int:
@@ -428,16 +579,17 @@ def lost_update(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
     start = _check_rows(rows if rows is not None else {"counter": {"value": 0}})
 
     async def scenario(sim: Simulation) -> None:
         table = sim.table("counters", start)
-        inbox, locks = sim.inbox(), sim.locks()
+        view = _view(table, job.sync)
+        inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
         for i in range(1, workers + 1):
-            ctx = TableContext(sim, f"w{i}", table, next(iter(start)), inbox, locks)
-            sim.spawn(fn, ctx, name=ctx.worker)
+            ctx = TableContext(sim, f"w{i}", view, next(iter(start)), inbox, locks)
+            job.spawn(sim, ctx, name=ctx.worker)
         sim.watch(no_lost_update(table))
 
     return _explore(
@@ -445,7 +597,7 @@ def lost_update(
     )
 
 
-async def _consume(fn: Callable[..., Awaitable[Any]], ctx: MessageContext, queue: Any) -> None:
+async def _consume(fn: Callable[..., Any], ctx: MessageContext, queue: Any) -> None:
     """A consumer: receive, handle, ack; a handler that fails gives the message back (it is
     delivered again); stops once no message came for a minute."""
     while batch := await queue.receive(visibility=CONSUMER_VISIBILITY, wait=_CONSUMER_WAIT):
@@ -453,19 +605,35 @@ async def _consume(fn: Callable[..., Awaitable[Any]], ctx: MessageContext, queue
         try:
             await fn(message, ctx)
         except Exception as exc:
-            if not _expected(exc):
-                raise
+            _guard(exc)
             try:
                 await message.nack(delay=_RETRY_DELAY)
             except Exception as again:
-                if not _expected(again):
-                    raise
+                _guard(again)
             continue
         try:
             await message.ack()
         except Exception as exc:  # the delivery was lost meanwhile (a stopped consumer)
-            if not _expected(exc):
-                raise
+            _guard(exc)
+
+
+def _consume_sync(fn: Callable[..., Any], ctx: MessageContext, queue: Any) -> None:
+    """:func:`_consume` in a thread task, with the blocking queue."""
+    while batch := queue.receive(visibility=CONSUMER_VISIBILITY, wait=_CONSUMER_WAIT):
+        message = batch[0]
+        try:
+            _call_sync(fn, message, ctx)
+        except Exception as exc:
+            _guard(exc)
+            try:
+                message.nack(delay=_RETRY_DELAY)
+            except Exception as again:
+                _guard(again)
+            continue
+        try:
+            message.ack()
+        except Exception as exc:
+            _guard(exc)
 
 
 def _messages(
@@ -479,17 +647,23 @@ def _messages(
     faults: Any,
     checks: Sequence[Checker],
 ) -> Report:
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
-        queue, inbox, locks = sim.queue("payments"), sim.inbox(), sim.locks()
-        table = sim.table("payments")
+        publisher = sim.queue("payments")
         for _ in range(copies):
-            await queue.publish({"order": "order-1", "amount": 42}, id="order-1")
+            await publisher.publish({"order": "order-1", "amount": 42}, id="order-1")
+        queue = _client(sim, "queue", job.sync, "payments")
+        inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
+        table = sim.table("payments")
+        view = _view(table, job.sync)
         for i in range(1, workers + 1):
-            ctx = MessageContext(sim, f"w{i}", table, inbox, locks)
-            sim.spawn(_consume, fn, ctx, queue, name=ctx.worker)
+            ctx = MessageContext(sim, f"w{i}", view, inbox, locks)
+            if job.sync:
+                sim.spawn(_consume_sync, job.fn, ctx, queue, name=ctx.worker)
+            else:
+                sim.spawn(_consume(job.fn, ctx, queue), name=ctx.worker)
         sim.watch(_Effects(table))
 
     return _explore(
@@ -589,6 +763,16 @@ class _RecordingLocks:
         return _RecordedAcquire(self, self._locks.acquire(name, **options))
 
 
+class _RecordingSyncLocks(_RecordingLocks):
+    """The blocking ``Locks`` noting the leases (``acquire`` returns the lease itself)."""
+
+    def try_acquire(self, name: str, **options: Any) -> Any:  # type: ignore[override]
+        return self._note(self._locks.try_acquire(name, **options))
+
+    def acquire(self, name: str, **options: Any) -> Any:  # type: ignore[override]
+        return self._note(self._locks.acquire(name, **options))
+
+
 class _RecordedAcquire:
     """``locks.acquire(...)``, awaited or used as ``async with``, noting the lease."""
 
@@ -634,17 +818,18 @@ def paused_holder(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
+    recording = _RecordingSyncLocks if job.sync else _RecordingLocks
 
     async def scenario(sim: Simulation) -> None:
         table = sim.table("reports", {"report": {"content": None}})
         holding: dict[str, tuple[str, int]] = {}
-        locks = _RecordingLocks(sim, sim.locks(), holding)
-        inbox = sim.inbox()
+        locks = recording(sim, _client(sim, "locks", job.sync), holding)
+        inbox = _client(sim, "inbox", job.sync)
         for i in range(1, workers + 1):
-            ctx = TableContext(sim, f"w{i}", table, "report", inbox, locks)
-            sim.spawn(fn, ctx, name=ctx.worker)
+            ctx = TableContext(sim, f"w{i}", _view(table, job.sync), "report", inbox, locks)
+            job.spawn(sim, ctx, name=ctx.worker)
         sim.watch(_StaleWrite(table, holding))
 
     return _explore(
@@ -678,26 +863,42 @@ def commit_unknown(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
     deliveries = _check_count(deliveries, "deliveries", 1, 100)
     start = _check_rows(rows if rows is not None else {"account": {"balance": 100}})
 
-    async def job(ctx: OrderContext) -> None:
+    async def delivered(ctx: OrderContext) -> None:
         for attempt in range(deliveries):
             try:
-                await fn(ctx)
+                await job.fn(ctx)
                 return
             except Exception as exc:
-                if not _expected(exc) or attempt == deliveries - 1:
+                if attempt == deliveries - 1:
                     raise
+                _guard(exc)
+
+    def delivered_sync(ctx: OrderContext) -> None:
+        for attempt in range(deliveries):
+            try:
+                _call_sync(job.fn, ctx)
+                return
+            except Exception as exc:
+                if attempt == deliveries - 1:
+                    raise
+                _guard(exc)
 
     async def scenario(sim: Simulation) -> None:
         table = sim.table("accounts", start)
-        inbox, locks = sim.inbox(), sim.locks()
+        view = _view(table, job.sync)
+        inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
+        key = next(iter(start))
         for i in range(1, workers + 1):
-            ctx = OrderContext(sim, f"w{i}", table, next(iter(start)), inbox, locks, f"order-{i}")
-            sim.spawn(job, ctx, name=ctx.worker)
+            ctx = OrderContext(sim, f"w{i}", view, key, inbox, locks, f"order-{i}")
+            if job.sync:
+                sim.spawn(delivered_sync, ctx, name=ctx.worker)
+            else:
+                sim.spawn(delivered(ctx), name=ctx.worker)
         sim.watch(_Effects(table))
 
     return _explore(
@@ -726,15 +927,16 @@ def check_then_act(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
         table = sim.table("users")
-        inbox, locks = sim.inbox(), sim.locks()
+        view = _view(table, job.sync)
+        inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
         for i in range(1, workers + 1):
-            ctx = TableContext(sim, f"w{i}", table, "user-1", inbox, locks)
-            sim.spawn(fn, ctx, name=ctx.worker)
+            ctx = TableContext(sim, f"w{i}", view, "user-1", inbox, locks)
+            job.spawn(sim, ctx, name=ctx.worker)
         sim.watch(_Effects(table))
 
     return _explore(
@@ -771,7 +973,7 @@ def slot_fired_twice(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     pods = _check_count(pods, "pods", 1, 26)
     slots = _check_count(slots, "slots", 1, 60)
     if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew):
@@ -779,28 +981,37 @@ def slot_fired_twice(
             f"skew must be a finite number of seconds (negative: behind), got {skew!r}",
             argument="skew",
         )
+    from .._core.clock import get_clock
     from ._sim import EPOCH
 
     expected = [("report", _minute(EPOCH + 60 * m)) for m in range(1, slots + 1)]
 
     async def pod(ctx: PodContext) -> None:
-        from .._core.clock import get_clock
-
         for _ in range(slots):
             now = get_clock().time()
             await ctx.sleep((now // 60 + 1) * 60 - now)
-            slot = _minute(get_clock().time())
             try:
-                await fn(slot, ctx)
+                await job.fn(_minute(get_clock().time()), ctx)
             except Exception as exc:
-                if not _expected(exc):
-                    raise
+                _guard(exc)
+
+    def pod_sync(ctx: PodContext) -> None:
+        for _ in range(slots):
+            now = get_clock().time()
+            get_clock().sleep((now // 60 + 1) * 60 - now)
+            try:
+                _call_sync(job.fn, _minute(get_clock().time()), ctx)
+            except Exception as exc:
+                _guard(exc)
 
     async def scenario(sim: Simulation) -> None:
-        locks, inbox = sim.locks(), sim.inbox()
+        locks, inbox = _client(sim, "locks", job.sync), _client(sim, "inbox", job.sync)
         for i in range(pods):
             ctx = PodContext(sim, f"pod-{chr(ord('a') + i)}", "report", locks, inbox)
-            task = sim.spawn(pod, ctx, name=ctx.worker)
+            if job.sync:
+                task = sim.spawn(pod_sync, ctx, name=ctx.worker)
+            else:
+                task = sim.spawn(pod(ctx), name=ctx.worker)
             if i == 1 and skew:
                 sim.skew(task, skew)
         sim.watch(once_per_slot("fire", expected=expected))
@@ -834,16 +1045,16 @@ def over_limit(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     limit = _check_count(limit, "limit", 1)
     workers = _check_count(workers if workers is not None else limit + 1, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
-        locks = sim.locks()
-        table = sim.table("limits", {"api": {"used": 0}})
+        locks = _client(sim, "locks", job.sync)
+        table = _view(sim.table("limits", {"api": {"used": 0}}), job.sync)
         for i in range(1, workers + 1):
             ctx = LimitContext(sim, f"w{i}", "api", limit, locks, table)
-            sim.spawn(fn, ctx, name=ctx.worker)
+            job.spawn(sim, ctx, name=ctx.worker)
         sim.watch(at_most_holders(limit, "api"))
 
     return _explore(
@@ -875,18 +1086,22 @@ def dual_write(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    fn = _check_fn(fn)
+    job = _check_fn(fn)
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
         from ..relay_async import AsyncRelay
 
         table = sim.table("orders")
-        queue, outbox, inbox, locks = sim.queue("orders"), sim.outbox(), sim.inbox(), sim.locks()
+        view = _view(table, job.sync)
+        queue, outbox = sim.queue("orders"), sim.outbox()  # the relay's, async
+        clients = [_client(sim, kind, job.sync) for kind in ("inbox", "locks", "outbox")]
+        inbox, locks, theirs = clients
+        mine = _client(sim, "queue", job.sync, "orders")
         for i in range(1, workers + 1):
             order = f"order-{i}"
-            ctx = OrderContext(sim, f"w{i}", table, order, inbox, locks, order, queue, outbox)
-            sim.spawn(fn, ctx, name=ctx.worker)
+            ctx = OrderContext(sim, f"w{i}", view, order, inbox, locks, order, mine, theirs)
+            job.spawn(sim, ctx, name=ctx.worker)
         sim.watch(_Announced(table, "orders"))
         await sim.join()
         relay = AsyncRelay(outbox, queue, handle_signals=False)
