@@ -301,7 +301,9 @@ def test_a_guarded_handler_with_an_external_effect_loses_to_a_pause_before_compl
     # the window the inbox leaves: the effect done, the result not stored, the claim expired
     failure = scenarios.duplicate_delivery(charge_guarded, schedules=100).failures[0]
     assert failure.check == "exactly_once"
-    assert [str(f) for f in failure.tape.faults] == ["pause_past_ttl(inbox.complete#1)"]
+    assert [(f.kind, f.point) for f in failure.tape.faults] == [
+        ("pause_past_ttl", "inbox.complete")
+    ]
 
 
 def test_publish_then_commit_announces_an_order_never_saved() -> None:
