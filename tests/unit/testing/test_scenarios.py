@@ -278,7 +278,7 @@ IDS = [case[0] for case in CASES]
 def test_the_naive_version_fails_and_its_tape_replays(
     name: str, run: Run, naive: Any, fixed: Any, check: str, message: str
 ) -> None:
-    report = run(naive, schedules=100)
+    report = run(naive)  # stops at the first failure
     assert not report.ok, name
     failure = report.failures[0]
     assert failure.check == check
@@ -299,7 +299,7 @@ def test_the_jobfence_version_passes(
 
 def test_a_guarded_handler_with_an_external_effect_loses_to_a_pause_before_complete() -> None:
     # the window the inbox leaves: the effect done, the result not stored, the claim expired
-    failure = scenarios.duplicate_delivery(charge_guarded, schedules=100).failures[0]
+    failure = scenarios.duplicate_delivery(charge_guarded).failures[0]
     assert failure.check == "exactly_once"
     assert [(f.kind, f.point) for f in failure.tape.faults] == [
         ("pause_past_ttl", "inbox.complete")
@@ -307,7 +307,7 @@ def test_a_guarded_handler_with_an_external_effect_loses_to_a_pause_before_compl
 
 
 def test_publish_then_commit_announces_an_order_never_saved() -> None:
-    failure = scenarios.dual_write(publish_then_commit, schedules=100).failures[0]
+    failure = scenarios.dual_write(publish_then_commit).failures[0]
     assert failure.check == "published_once"
     assert failure.message.endswith("published, its order never saved")
 
