@@ -461,23 +461,38 @@ def _sync_supported() -> bool:
     return "sync" in inspect.signature(Simulation.locks).parameters and hasattr(SimTable, "sync")
 
 
-def _check_fn(fn: object) -> _Fn:
+def _check_fn(fn: object, call: str = "fn(ctx)") -> _Fn:
+    """``fn`` as the scenario will call it (``call``: ``"fn(ctx)"``, ``"fn(message, ctx)"``):
+    an async function, or a plain one where thread tasks get blocking clients, taking that
+    many positional arguments."""
     target = fn.func if isinstance(fn, functools.partial) else fn
-    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)  # noqa: B004  # an object with an async __call__
-    ):
-        return _Fn(fn, sync=False)  # type: ignore[arg-type]
     if not callable(fn):
         raise ConfigurationError(
-            f"fn must be an async function or a plain function, got {fn!r}", argument="fn"
+            f"fn must be an async function called as {call}, got {fn!r}", argument="fn"
         )
-    if not _sync_supported():
+    sync = not (
+        inspect.iscoroutinefunction(target)
+        or inspect.iscoroutinefunction(getattr(target, "__call__", None))  # noqa: B004
+    )
+    if sync and not _sync_supported():
         raise ConfigurationError(
-            f"fn must be an async function (async def), got {fn!r}: a plain function would "
-            "run in a thread task with blocking clients, which this simulator does not give",
+            f"fn must be an async function (async def) called as {call}, got {fn!r}: a plain "
+            "function would run in a thread task with blocking clients, which this simulator "
+            "does not give",
             argument="fn",
         )
-    return _Fn(fn, sync=True)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or a C callable: it will tell when called
+        return _Fn(fn, sync)  # type: ignore[arg-type]
+    try:
+        signature.bind(*call[3:-1].split(", "))
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"fn is called as {call}; {getattr(fn, '__qualname__', fn)!r} cannot be: {exc}",
+            argument="fn",
+        ) from None
+    return _Fn(fn, sync)  # type: ignore[arg-type]
 
 
 def _client(sim: Simulation, kind: str, sync: bool, *args: Any) -> Any:
@@ -647,7 +662,7 @@ def _messages(
     faults: Any,
     checks: Sequence[Checker],
 ) -> Report:
-    job = _check_fn(fn)
+    job = _check_fn(fn, "fn(message, ctx)")
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
@@ -973,7 +988,7 @@ def slot_fired_twice(
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
-    job = _check_fn(fn)
+    job = _check_fn(fn, "fn(slot, ctx)")
     pods = _check_count(pods, "pods", 1, 26)
     slots = _check_count(slots, "slots", 1, 60)
     if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew):

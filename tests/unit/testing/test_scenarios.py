@@ -4,6 +4,7 @@ failure) and passes jobfence's version; bad arguments name themselves."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -439,3 +440,31 @@ def test_an_effect_key_need_not_be_hashable() -> None:
 
     report = scenarios.check_then_act(twice, workers=1, schedules=1)
     assert report.failures[0].message == "sent applied more than once for \"['a', 1]\""
+
+
+def test_a_function_taking_the_wrong_arguments_is_refused_before_any_schedule() -> None:
+    async def handle(ctx: Any) -> None:
+        pass
+
+    with pytest.raises(jobfence.ConfigurationError) as exc:
+        scenarios.duplicate_delivery(handle)
+    assert exc.value.argument == "fn"
+    assert "fn is called as fn(message, ctx)" in str(exc.value)
+    with pytest.raises(jobfence.ConfigurationError) as exc:
+        scenarios.lost_update(charge_naive)
+    assert "fn is called as fn(ctx)" in str(exc.value)
+    with pytest.raises(jobfence.ConfigurationError) as exc:
+        scenarios.slot_fired_twice(add_naive)
+    assert "fn is called as fn(slot, ctx)" in str(exc.value)
+    # keywords with defaults, *args, a partial and an object with an async __call__ are fine
+
+    async def flexible(*args: Any, retries: int = 3) -> None:
+        pass
+
+    class Handler:
+        async def __call__(self, message: Any, ctx: Any) -> None:
+            await ctx.effect("charge", message.id)
+
+    scenarios.check_then_act(flexible, schedules=2).assert_ok()
+    scenarios.lost_ack(functools.partial(flexible, retries=1), schedules=2).assert_ok()
+    assert scenarios.lost_ack(Handler()).failures[0].check == "exactly_once"
