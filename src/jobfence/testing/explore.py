@@ -336,11 +336,7 @@ class _Runner:
 
     def _teardown(self, sim: Simulation, stores: dict[Any, set[str]]) -> None:
         loop = self.loop
-        sim.stopping = True
-        for task in list(sim.parked) + list(sim.sleeping):
-            if task.thread and task.go is not None:
-                task.process.crashed = True
-                task.go.set()
+        sim.stop_threads()  # the schedule ends: its thread tasks stop, none outlives it
         if sim.clients:
             loop.run_until_complete(sim.close_clients())
         main = self._main_task
