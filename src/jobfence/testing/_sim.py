@@ -23,14 +23,14 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, cast, overload
 
 from .._core import compat
 from .._core.clock import Clock
 from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
-from .faults import DEFAULT_PAUSE, Fault, InjectedFault
+from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
 from .strategies import Strategy
 
 if TYPE_CHECKING:
@@ -63,6 +63,22 @@ _CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks",
 _running_loop = asyncio._get_running_loop
 #: points after which a process holds something another process recovers once it expires
 _TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
+
+
+class Hit(NamedTuple):
+    """One hit of a point in :attr:`Simulation.trail`: the ``point``, its ``nth`` hit over
+    every target, its ``target`` (:func:`~jobfence.testing.faults.target_of`) and ``tnth``, its
+    hit among those at that target; whether the ``task``'s process ``holds`` a lease, claim or
+    delivery there; the ``fault`` injected at it, if any. ``faults="auto"`` plans its faults
+    from schedule 0's trail; a failure reports the faults injected from its own."""
+
+    point: str
+    nth: int
+    target: str | None
+    tnth: int
+    holds: bool
+    task: SimTask
+    fault: Fault | None
 
 
 class Violation(Exception):
@@ -264,7 +280,8 @@ class Simulation:
         self.thread_tasks: list[SimTask] = []  # every thread task, background ones too
         self._blocking_clients: list[Any] = []  # sim.locks(sync=True)...
         self.hits: dict[str, int] = {}
-        self.trail: list[tuple[str, int, str]] = []  # (point, nth, task) when recording
+        self.target_hits: dict[tuple[str, str | None], int] = {}  # by (point, target)
+        self.trail: list[Hit] = []  # every hit when recording, else the faulted ones
         self.picks: list[str] = []
         self.deviations = 0
         self.steps = 0
@@ -651,16 +668,25 @@ class Simulation:
                 f"the schedule's tasks reached more than max_steps={self.max_steps} points"
             )
         nth = self.hits[point] = self.hits.get(point, 0) + 1
-        if self.record:
-            self.trail.append((point, nth, "+" if task.process.holds else ""))
-            if point in _TAKES:
-                task.process.holds = True
         fault = None
-        if self._by_hit:  # a schedule without faults skips the look-up
-            for f in self._by_hit.get((point, nth), ()):
-                if f.task is None or task.name == f.task:
+        if self._by_hit or self.record:  # a schedule without faults skips the look-up
+            # a targeted fault counts the hits of its point at its target only
+            target = target_of(point, info)
+            at = (point, target)
+            tnth = self.target_hits[at] = self.target_hits.get(at, 0) + 1
+            for f in (
+                *self._by_hit.get((point, nth), ()),
+                *(self._by_hit.get((point, tnth), ()) if tnth != nth else ()),
+            ):
+                if (
+                    f.nth == nth if f.target is None else f.target == target and f.nth == tnth
+                ) and (f.task is None or task.name == f.task):
                     fault = f
                     break
+            if self.record or fault is not None:  # every hit, or the ones a fault hit
+                self.trail.append(Hit(point, nth, target, tnth, task.process.holds, task, fault))
+            if self.record and point in _TAKES:
+                task.process.holds = True
             if fault is not None and fault.kind == "lost_ack":
                 self._lose_ack(info)
                 fault = None
