@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from .._core import compat
 from .._core.clock import Clock
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from .table_real import RealTable
 
 __all__ = ["SimClock", "SimTask", "Simulation", "Violation", "point"]
+
+C = TypeVar("C")
 
 #: the simulation running now (one at a time per process); the hook routes points here
 _current: Simulation | None = None
@@ -303,6 +305,8 @@ class Simulation:
         self.impaired = False
         #: some process's clock is skewed (:meth:`skew`): the clock looks up the caller's
         self.skewed = False
+        #: tasks wait in :attr:`deferred` (in spawn order) for real I/O to answer
+        self._io_deferred = False
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -457,6 +461,13 @@ class Simulation:
             table = RealTable(self, name, rows or {}, fenced, url)
         self.tables.append(table)
         return table
+
+    def attach(self, conn: C) -> C:
+        """Make the statements of your own connection ``conn`` points until the schedule
+        ends, and return it (see :mod:`jobfence.testing.connections`)."""
+        from .connections import attach
+
+        return attach(self, conn)
 
     @overload
     def locks(self, *, sync: Literal[False] = False, **options: Any) -> AsyncLocks: ...
@@ -750,6 +761,22 @@ class Simulation:
             self.run_checks()
         if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
             self.deferred.append(task)
+            return False
+        if not self.deferred:
+            self._io_deferred = False
+        if self._io_deferred or (self.external > 0 and not any(s.stalled for s in self.statements)):
+            # a real statement is in flight: decide once it answered (when the loop is
+            # idle), never while it runs; the tasks that reach their points meanwhile do so
+            # in an order real timing chose, so they queue in spawn order
+            self._io_deferred = True
+            order = {t: i for i, t in enumerate(self.tasks)}
+            rank = (order.get(task, len(order)), task.name)
+            at = len(self.deferred)
+            for i, other in enumerate(self.deferred):
+                if (order.get(other, len(order)), other.name) > rank:
+                    at = i
+                    break
+            self.deferred.insert(at, task)
             return False
         if self.impaired or self.sleeping:
             others = [t for t in self.parked if self.runnable(t)]
