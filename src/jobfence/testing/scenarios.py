@@ -36,6 +36,11 @@ e-mail, a fire). ``await ctx.effect(kind, key, tx=tx)`` records an effect that i
 transaction of ``ctx.table`` (a row your job writes, a balance it changes): it counts only
 if ``tx`` commits.
 
+A plain function (``def``) runs in the same scenarios as thread tasks, with the blocking
+flavour of each: ``ctx.table`` is the table's blocking view (``table.sync``), the clients
+are jobfence's ``Locks``, ``Inbox``, ``Queue`` and ``Outbox``, and the context's verbs are
+called without ``await`` (``ctx.effect(...)``, ``with ctx.using(lease):``).
+
 Every scenario takes the options of :func:`~jobfence.testing.explore` that matter here:
 ``schedules``, ``seed``, ``strategy``, ``faults`` (each scenario's default is the faults that
 make its race: ``"auto"`` or a restriction of it) and ``checks`` (invariants of your own, on
@@ -202,7 +207,8 @@ class TableContext(Context):
     (:class:`~jobfence.testing.SimTable`, ``read/write/update/transaction()``, which
     ``jobfence.versioned_update_async``, ``fence_async`` and ``inbox.claim_in`` take as a
     connection); ``key``: the row the race is about; ``inbox`` and ``locks``: jobfence's
-    ``AsyncInbox`` and ``AsyncLocks`` on the schedule's ``memory://`` store."""
+    ``AsyncInbox`` and ``AsyncLocks`` on the schedule's ``memory://`` store. For a plain
+    function: the table's blocking view (``table.sync``), ``Inbox`` and ``Locks``."""
 
     table: SimTable = field(repr=False, default=None)  # type: ignore[assignment]
     key: Any = None
@@ -213,7 +219,8 @@ class TableContext(Context):
 @dataclass
 class MessageContext(Context):
     """For a message handler ``fn(message, ctx)``: ``table`` (a simulated table
-    ``"payments"``, empty), ``inbox`` (an ``AsyncInbox``), ``locks`` (an ``AsyncLocks``)."""
+    ``"payments"``, empty), ``inbox`` (an ``AsyncInbox``), ``locks`` (an ``AsyncLocks``);
+    their blocking flavours for a plain function, which receives a ``Message``."""
 
     table: SimTable = field(repr=False, default=None)  # type: ignore[assignment]
     inbox: Any = field(repr=False, default=None)
@@ -452,35 +459,20 @@ def _call_sync(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-def _sync_supported() -> bool:
-    """Thread tasks get blocking clients (``sim.locks(sync=True)``...) and tables a
-    blocking view (``table.sync``) in this version of the simulator."""
-    from ._sim import Simulation
-    from .table import SimTable
-
-    return "sync" in inspect.signature(Simulation.locks).parameters and hasattr(SimTable, "sync")
-
-
 def _check_fn(fn: object, call: str = "fn(ctx)") -> _Fn:
     """``fn`` as the scenario will call it (``call``: ``"fn(ctx)"``, ``"fn(message, ctx)"``):
-    an async function, or a plain one where thread tasks get blocking clients, taking that
-    many positional arguments."""
+    an async function (an async task), or a plain one (a thread task with blocking clients),
+    taking that many positional arguments."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     if not callable(fn):
         raise ConfigurationError(
-            f"fn must be an async function called as {call}, got {fn!r}", argument="fn"
+            f"fn must be a function (async def or def) called as {call}, got {fn!r}",
+            argument="fn",
         )
     sync = not (
         inspect.iscoroutinefunction(target)
         or inspect.iscoroutinefunction(getattr(target, "__call__", None))  # noqa: B004
     )
-    if sync and not _sync_supported():
-        raise ConfigurationError(
-            f"fn must be an async function (async def) called as {call}, got {fn!r}: a plain "
-            "function would run in a thread task with blocking clients, which this simulator "
-            "does not give",
-            argument="fn",
-        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or a C callable: it will tell when called

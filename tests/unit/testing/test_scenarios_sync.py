@@ -22,10 +22,6 @@ from jobfence.testing.scenarios import (
     TableContext,
 )
 
-pytestmark = pytest.mark.skipif(
-    not scenarios._sync_supported(), reason="this simulator gives thread tasks no blocking clients"
-)
-
 
 def add_naive(ctx: TableContext) -> None:
     row = ctx.table.read(ctx.key)
@@ -258,3 +254,13 @@ def test_using_with_and_async_with_are_each_for_their_kind_of_task() -> None:
 
     scenarios.over_limit(async_with_plain_with, workers=1, schedules=1).assert_ok()
     assert errors == ["lease"]
+
+
+def test_a_plain_function_taking_the_wrong_arguments_is_refused() -> None:
+    def handle(ctx: Any) -> None:
+        pass
+
+    with pytest.raises(jobfence.ConfigurationError) as exc:
+        scenarios.lost_ack(handle)
+    assert exc.value.argument == "fn"
+    assert "fn is called as fn(message, ctx)" in str(exc.value)
