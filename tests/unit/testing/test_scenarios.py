@@ -468,3 +468,13 @@ def test_a_function_taking_the_wrong_arguments_is_refused_before_any_schedule() 
     scenarios.check_then_act(flexible, schedules=2).assert_ok()
     scenarios.lost_ack(functools.partial(flexible, retries=1), schedules=2).assert_ok()
     assert scenarios.lost_ack(Handler()).failures[0].check == "exactly_once"
+
+
+def test_an_order_announced_both_ways_is_published_twice() -> None:
+    async def both(ctx: OrderContext) -> None:
+        await with_outbox(ctx)
+        await ctx.queue.publish({"order": ctx.order}, id=ctx.order)  # and the relay sends it
+
+    failure = scenarios.dual_write(both, faults=None, schedules=5).failures[0]
+    assert failure.check == "published_once"
+    assert failure.message == "message 'order-1' published to queue 'orders' more than once"
