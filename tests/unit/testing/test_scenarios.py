@@ -477,4 +477,5 @@ def test_an_order_announced_both_ways_is_published_twice() -> None:
 
     failure = scenarios.dual_write(both, faults=None, schedules=5).failures[0]
     assert failure.check == "published_once"
-    assert failure.message == "message 'order-1' published to queue 'orders' more than once"
+    assert failure.message.startswith("message 'order-1'")
+    assert failure.message.endswith("published to queue 'orders' more than once")
