@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -146,7 +147,11 @@ class _Registry:
                         pass
 
     async def close(self) -> None:
-        """The schedule ended: every connection as it was."""
+        """The schedule ended: every connection as it was, but those whose last user's
+        process crashed, closed (on the loop's thread, the schedule's threads stopped): a
+        crash at the schedule's last statement has no later statement to close them, and the
+        server would keep their transactions open, rows locked."""
+        self.reap(in_loop=True)
         for att in reversed(self.attached):
             att.restore()
         self.attached.clear()
@@ -664,6 +669,35 @@ def _aiosqlite(registry: _Registry, conn: Any) -> _Attached:
 
 
 # -- sqlite3 ---------------------------------------------------------------------------------
+class _SqliteAttached(_Attached):
+    """An attached ``sqlite3`` connection. Its points are taken inside sqlite3's trace
+    callback, in the middle of the statement: a task stopped there (its process crashed)
+    holds the connection until it unwinds, when the schedule ends. Closing the connection
+    meanwhile would wait for the statement forever (from another thread) or free it under
+    the statement (from the callback itself: a segmentation fault), so such a connection is
+    only interrupted, and closed when the schedule ends, once no statement runs on it."""
+
+    def __init__(self, registry: _Registry, conn: Any, undo: Callable[[], None]) -> None:
+        super().__init__(registry, conn, undo)
+        #: the threads inside the trace callback of this connection now
+        self.inside: set[int] = set()
+        #: its process crashed while a statement ran on it: close it at the schedule's end
+        self.doomed = False
+
+    def kill(self, conn: Any, in_loop: bool) -> None:
+        if self.inside:
+            self.doomed = True
+            conn.interrupt()  # safe from any thread: the statement fails once it goes on
+            return
+        _terminate(conn, in_loop)
+
+    def restore(self) -> None:
+        live = self.live
+        super().restore()
+        if live and self.doomed and not self.inside:
+            _terminate(self.conn, True)
+
+
 def _sqlite3(registry: _Registry, conn: sqlite3.Connection) -> _Attached:
     def undo() -> None:
         try:
@@ -671,17 +705,21 @@ def _sqlite3(registry: _Registry, conn: sqlite3.Connection) -> _Attached:
         except sqlite3.ProgrammingError:  # closed
             pass
 
-    att = _Attached(registry, conn, undo)
+    att = _SqliteAttached(registry, conn, undo)
 
     def trace(sql: str) -> None:
         # runs as the statement starts; an exception raised here is dropped by sqlite3,
         # so a transient fault interrupts the statement instead
+        me = threading.get_ident()
+        att.inside.add(me)
         try:
             att.point(sql)
         except InjectedFault:
             conn.interrupt()
         except BaseException:  # a crashed task unwinding: do not let the statement run
             conn.interrupt()
+        finally:
+            att.inside.discard(me)
 
     conn.set_trace_callback(trace)
     return att
@@ -911,6 +949,12 @@ SUPPORTED = (
 def attach(sim: AttachView, conn: C) -> C:
     """Instrument ``conn`` for the rest of ``sim``'s schedule and return it (see the module
     docs). Attaching it again in the same schedule changes nothing."""
+    if sim.stopping:
+        raise ConfigurationError(
+            "conn: this schedule is over (or ending): attach a connection while its scenario "
+            "runs, with the sim the scenario received",
+            argument="conn",
+        )
     kind = _kind(conn)
     if kind is None:
         raise ConfigurationError(
