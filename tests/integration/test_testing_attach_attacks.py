@@ -205,3 +205,96 @@ def test_sqlite3_a_crashed_process_inside_a_statement_does_not_hang_the_schedule
     check = sqlite3.connect(path)
     assert check.execute("SELECT v FROM t WHERE id = 1").fetchall() == [(0,)]
     check.close()
+
+
+# -- a task waiting for a row lock of a process that crashes or pauses -----------------------
+def _bounded(run: Any, seconds: float = 120.0) -> Any:
+    """``run()`` in a thread of its own: its result, or a failed test if it hangs."""
+    out: list[Any] = []
+    done = threading.Event()
+
+    def body() -> None:
+        try:
+            out.append(run())
+        finally:
+            done.set()
+
+    threading.Thread(target=body, daemon=True).start()
+    assert done.wait(seconds), "the exploration never ended"
+    return out[0]
+
+
+def _row_lock_race(dsn: str, kind: str, expected: int) -> Any:
+    """Two tasks add 1 to the same row, each in a transaction: the first one's commit is
+    where the fault hits, the other's UPDATE waits for its row lock meanwhile."""
+
+    async def scenario(sim: Simulation) -> None:
+        sim.block_timeout = 0.2
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("UPDATE accounts SET balance = 0")
+        conns: list[Any] = []
+        if kind == "async":
+            for _ in range(2):
+                conns.append(sim.attach(await psycopg.AsyncConnection.connect(dsn)))
+
+            async def job(conn: Any) -> None:
+                async with conn.transaction():
+                    await conn.execute("UPDATE accounts SET balance = balance + 1")
+
+            for conn in conns:
+                sim.spawn(job, conn)
+        else:
+            for _ in range(2):
+                conns.append(sim.attach(psycopg.connect(dsn)))
+
+            def sync_job(conn: Any) -> None:
+                with conn.transaction():
+                    conn.execute("UPDATE accounts SET balance = balance + 1")
+
+            for conn in conns:
+                sim.spawn(sync_job, conn)
+        await sim.join()
+        with psycopg.connect(dsn) as check:
+            row = check.execute("SELECT balance FROM accounts").fetchone()
+        sim.check(row == (expected,), f"balance {row}")
+        for conn in conns:
+            if kind == "async":
+                await conn.close()
+            else:
+                conn.close()
+
+    return scenario
+
+
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_a_crash_holding_a_row_lock_frees_it_for_a_statement_waiting_already(
+    pg: tuple[str, str], kind: str
+) -> None:
+    """The other task's UPDATE passed its point (and waits for the row) before the holder
+    crashed at its commit: the crashed process's connection must close at the crash, not at
+    the next statement's point, which never comes (the UPDATE waited forever)."""
+    dsn, app = pg
+    scenario = _row_lock_race(dsn, kind, expected=1)
+    report = _bounded(
+        lambda: explore(scenario, schedules=4, faults=[faults.crash("db.commit", nth=1)])
+    )
+    assert report.ok, report
+    assert _sessions(app) == []
+
+
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_a_statement_waiting_for_a_paused_holder_lets_virtual_time_pass(
+    pg: tuple[str, str], kind: str
+) -> None:
+    """The holder pauses 300 virtual seconds at its commit, the other task's UPDATE waits
+    for its row lock: the waiting statement's socket must stop counting as I/O once it
+    stalled, else each turn of the loop waits block_timeout real seconds and the pause
+    takes minutes of wall time (a schedule that never seems to end)."""
+    dsn, app = pg
+    scenario = _row_lock_race(dsn, kind, expected=2)
+    report = _bounded(
+        lambda: explore(scenario, schedules=2, faults=[faults.pause_past_ttl("db.commit")]),
+        seconds=90,
+    )
+    assert report.ok, report
+    assert _sessions(app) == []

@@ -875,13 +875,20 @@ class Simulation:
         pass
 
     def crash(self, proc: _Process) -> None:
-        """``proc`` died: its tasks never run again and count as done (with no result)."""
+        """``proc`` died: its tasks never run again and count as done (with no result); the
+        attached connections it used last close now (on the loop's thread), as a dead
+        process's do, so the server rolls back its transaction and frees its row locks even
+        for a statement of another task that waits for them already."""
         proc.crashed = True
         for task in self.tasks:
             if task.process is proc and not task.done:
                 task.done = True
                 if task.finished is not None and not task.finished.done():
                     task.finished.set_result(None)
+        for client in self.clients:
+            reap = getattr(client, "reap_crashed", None)
+            if reap is not None:
+                reap()
 
     def run_checks(self) -> None:
         for checker in self.checkers:

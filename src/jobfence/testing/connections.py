@@ -146,6 +146,11 @@ class _Registry:
                     except Exception:  # closing what is broken already
                         pass
 
+    def reap_crashed(self) -> None:
+        """A process crashed (:meth:`Simulation.crash`, on the loop's thread): close its
+        connections at once."""
+        self.reap(in_loop=True)
+
     async def close(self) -> None:
         """The schedule ended: every connection as it was, but those whose last user's
         process crashed, closed (on the loop's thread, the schedule's threads stopped): a
@@ -234,11 +239,24 @@ class _Attached:
             return _NoIO()
         return blocking_io(self.sim)
 
-    def io(self) -> Any:
-        """The block of an async statement: ``sim.real_io()`` while attached."""
+    @contextmanager
+    def io(self, conn: Any = None) -> Iterator[None]:
+        """The block of an async statement on ``conn`` (default: the attached connection):
+        ``sim.real_io()`` while attached, with the socket the driver waits on, so that the
+        loop stops counting that socket as I/O to wait for once the statement stalls (it
+        waits for a lock a parked or paused task holds); else every turn of the loop would
+        wait ``block_timeout`` real seconds for it, and a pause of 300 virtual seconds would
+        take minutes of wall time."""
         if not self.live or self.sim.stopping:
-            return _NoIO()
-        return self.sim.real_io()
+            yield
+            return
+        with self.sim.real_io() as statement:
+            statement.fd = _fileno(self.driver_connection(conn))
+            yield
+
+    def driver_connection(self, conn: Any) -> Any:
+        """The driver's connection a statement on ``conn`` runs on."""
+        return self.conn if conn is None else conn
 
 
 class _NoIO:
@@ -267,6 +285,22 @@ def _terminate(raw: Any, in_loop: bool) -> None:
             raw.interrupt()
     else:  # PyMySQL, aiomysql (a sync close), anything with close()
         raw.close()
+
+
+def _fileno(raw: Any) -> int | None:
+    """The socket an async driver's connection waits on in the loop's selector, if any
+    (aiosqlite answers from a thread: none)."""
+    module = type(raw).__module__.split(".")[0]
+    try:
+        if module == "psycopg":
+            return int(raw.pgconn.socket)
+        if module == "aiomysql":
+            return int(raw._writer.transport.get_extra_info("socket").fileno())
+        if module == "asyncpg":
+            return int(raw._transport.get_extra_info("socket").fileno())
+    except Exception:  # closed, or not connected yet
+        return None
+    return None
 
 
 def _of(obj: Any) -> _Attached | None:
@@ -748,7 +782,7 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
             from sqlalchemy.util import await_only
 
             fault = await_only(att.apoint(sql, point, conn))
-            with att.io():
+            with att.io(conn):
                 result = work()
         else:
             fault = att.point(sql, point, conn)
@@ -847,6 +881,12 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
 
 class _EngineAttached(_Attached):
     """An attached SQLAlchemy engine or connection: its owners are its connections."""
+
+    def driver_connection(self, conn: Any) -> Any:
+        try:
+            return conn.connection.driver_connection
+        except Exception:  # closed or invalidated
+            return None
 
     def kill(self, conn: Any, in_loop: bool) -> None:
         try:
