@@ -317,9 +317,15 @@ class Simulation:
         self._spawned += 1
         label = name if name is not None else f"t{self._spawned}"
         problem = None
-        if not isinstance(label, str) or not label or any(c in label for c in " #@()+,|"):
+        if (
+            not isinstance(label, str)
+            or not label
+            or label == "-"  # a tape's placeholder pick (the FIFO choice)
+            or any(c in label for c in " #@()+,|")
+        ):
             problem = (
-                f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}"
+                "name must be a non-empty str other than '-', without spaces or any of "
+                f"#@()+,|, got {label!r}"
             )
         elif any(t.name == label for t in self.tasks):
             problem = f"a task named {label!r} exists already"

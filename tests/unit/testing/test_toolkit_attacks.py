@@ -1,0 +1,85 @@
+"""The race-testing toolkit under hostile input: printed faults and tapes that must read back
+as what ran, task names a tape cannot tell apart from its placeholders."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jobfence import ConfigurationError
+from jobfence.testing import Simulation, Tape, explore, faults, replay
+from jobfence.testing.faults import Fault, parse
+
+
+@pytest.mark.parametrize("seconds", [1234567.0, 0.1234567, 3600.5, 1e-7, 86399.999])
+def test_a_pause_reads_back_with_the_seconds_it_was_given(seconds: float) -> None:
+    """``str(fault)`` is what a failure prints and ``testing.replay`` reads back: a pause of
+    1234567 s printed as ``1.23457e+06s`` replayed a pause of 1234570 s."""
+    fault = faults.pause_past_ttl("lock.renew", seconds=seconds, task="t1")
+    assert parse(str(fault)) == fault
+    tape = Tape(("t2", "t1"), (fault, faults.crash("db.write", 2)))
+    assert Tape.parse(str(tape)) == tape
+
+
+@pytest.mark.parametrize("seconds", [math.inf, -math.inf, math.nan])
+def test_a_pause_of_no_finite_length_is_refused(seconds: float) -> None:
+    """An endless pause cannot be printed as a tape that reads back (``+infs``): refused,
+    naming the argument (a process that never goes on is a ``crash``)."""
+    with pytest.raises(ConfigurationError, match="seconds") as caught:
+        faults.pause_past_ttl("lock.renew", seconds=seconds)
+    assert caught.value.argument == "seconds"
+
+
+def test_a_placeholder_pick_keeps_its_place_in_a_parsed_tape() -> None:
+    """``-`` in a tape's picks takes the FIFO choice at its decision: reading the tape back
+    dropped it, so every later pick moved one decision earlier."""
+    tape = Tape.parse("- t2 | transient(db.write#1)")
+    assert tape.picks == ("-", "t2")
+    assert str(tape) == "- t2 | transient(db.write#1)"
+    assert Tape.parse("-") == Tape(())
+    assert Tape.parse("- | crash(x#1)") == Tape((), (Fault("crash", "x"),))
+
+
+def test_the_placeholder_pick_follows_its_decision_in_a_replay() -> None:
+    """Three tasks reach a point each: the tape ``- t3`` keeps FIFO at the first decision
+    and picks t3 at the second; read as ``t3`` it picked t3 at the first."""
+    orders: list[list[str]] = []
+
+    async def scenario(sim: Simulation) -> None:
+        order: list[str] = []
+        orders.append(order)
+
+        async def job(name: str) -> None:
+            await sim.effect("step", name)
+            order.append(name)
+
+        for name in ("t1", "t2", "t3"):
+            sim.spawn(job, name, name=name)
+        await sim.join()
+
+    fifo = replay(scenario, "")
+    assert fifo.ok, fifo
+    placeholder = replay(scenario, "- t3")
+    assert placeholder.ok, placeholder
+    direct = replay(scenario, "t3")
+    assert direct.ok, direct
+    assert orders[1] != orders[2], orders
+    assert orders[1][0] == orders[0][0]
+
+
+def test_a_task_cannot_be_named_like_the_placeholder_pick() -> None:
+    """A task named ``-`` would be taken for the FIFO placeholder in a printed tape."""
+    errors: list[BaseException] = []
+
+    async def scenario(sim: Simulation) -> None:
+        async def job() -> None:
+            pass
+
+        try:
+            sim.spawn(job, name="-")
+        except ConfigurationError as exc:
+            errors.append(exc)
+
+    assert explore(scenario, schedules=1).ok
+    assert len(errors) == 1 and errors[0].argument == "name"  # type: ignore[attr-defined]
