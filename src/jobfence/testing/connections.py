@@ -36,11 +36,13 @@ connection (``django.db.connection`` or ``connections[alias]``).
   parked task holds: then it gives way after ``sim.block_timeout``).
 * The scenario's own statements (outside spawned tasks: setup and checks) are no points:
   they run as they would without the simulation.
-* The connection a crashed process used last is closed before the next statement on any
-  attached connection, so the server rolls back what that process left open, as it does
-  when a process dies. Use another connection for the scenario's own checks.
+* The connection a crashed process used last is closed at the crash (a ``sqlite3`` one,
+  stopped inside its statement, is interrupted then and closed when the schedule ends), so
+  the server rolls back what that process left open, as it does when a process dies. Use
+  another connection for the scenario's own checks.
 * When the schedule ends, the connection is as it was before ``attach`` (usable again;
-  closed if its process crashed).
+  closed if its process crashed). ``attach`` on the ``sim`` of a schedule that is over
+  raises :class:`~jobfence.ConfigurationError`.
 
 How: psycopg, PyMySQL, aiomysql and aiosqlite connections get a subclass of their class
 for the schedule (``type(conn)`` is a subclass, which every check of the driver's class
