@@ -76,7 +76,7 @@ __all__ = ["attach", "statement_point", "table_named"]
 C = TypeVar("C")
 
 _COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)+", re.S)
-_READS = frozenset({"SELECT", "SHOW", "VALUES", "EXPLAIN", "PRAGMA", "DESCRIBE", "DESC"})
+_READS = frozenset({"SELECT", "SHOW", "VALUES", "EXPLAIN", "PRAGMA", "DESCRIBE", "DESC", "TABLE"})
 _CONTROL = frozenset({"BEGIN", "START", "ROLLBACK", "SAVEPOINT", "RELEASE", "ABORT"})
 _COMMITS = frozenset({"COMMIT", "END"})
 _WRITES_IN_WITH = re.compile(r"\b(?:INSERT|UPDATE|DELETE|MERGE)\b", re.I)
@@ -100,7 +100,8 @@ def _text(sql: Any) -> str:
 def statement_point(sql: Any) -> str | None:
     """The point of a statement: ``db.read``, ``db.write``, ``db.commit``, or ``None`` for
     transaction control (``BEGIN``, ``ROLLBACK``, ``SAVEPOINT``...)."""
-    text = _COMMENTS.sub(" ", _text(sql)).strip()
+    # a parenthesised query, "(SELECT ...) UNION (SELECT ...)", reads as its first word
+    text = _COMMENTS.sub(" ", _text(sql)).strip().lstrip("( \t\r\n")
     word = re.match(r"[A-Za-z]+", text)
     first = word.group(0).upper() if word else ""
     if first in _COMMITS:
@@ -120,7 +121,8 @@ def table_named(sql: Any) -> str | None:
     """The first table ``sql`` names (after ``FROM``, ``INTO``, ``UPDATE``, ``JOIN`` or
     ``TABLE``), unquoted and without its schema; ``None`` if it names none."""
     for found in _TABLE.finditer(_COMMENTS.sub(" ", _text(sql))):
-        last = re.split(r"\s*\.\s*", found.group(1))[-1]
+        # the last name of schema.table, a quoted one whole ("a.b" is one name)
+        last = re.findall(_NAME, found.group(1))[-1]
         name = last.strip('`"[]')
         if name.upper() not in _KEYWORDS:
             return name

@@ -83,3 +83,26 @@ def test_a_task_cannot_be_named_like_the_placeholder_pick() -> None:
 
     assert explore(scenario, schedules=1).ok
     assert len(errors) == 1 and errors[0].argument == "name"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("sql", "point", "table"),
+    [
+        ("(SELECT a FROM t) UNION (SELECT a FROM u)", "db.read", "t"),
+        ("  ( select 1 )", "db.read", None),
+        ("/* q */ (WITH x AS (SELECT 1) SELECT * FROM x)", "db.read", "x"),
+        ("TABLE orders", "db.read", "orders"),
+        ('DELETE FROM "s"."a.b" WHERE id = 1', "db.write", "a.b"),
+        ("INSERT INTO `shop`.`orders` VALUES (1)", "db.write", "orders"),
+    ],
+)
+def test_a_parenthesised_or_quoted_statement_gets_its_point_and_table(
+    sql: str, point: str, table: str | None
+) -> None:
+    """A parenthesised query (SQLAlchemy writes unions so) was a ``db.write``, where
+    ``faults="auto"`` then tried ``commit_unknown`` on a read; ``TABLE t`` is a read too;
+    a quoted table name holding a dot was cut at the dot."""
+    from jobfence.testing.connections import statement_point, table_named
+
+    assert statement_point(sql) == point
+    assert table_named(sql) == table
