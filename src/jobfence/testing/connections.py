@@ -122,7 +122,7 @@ def table_named(sql: Any) -> str | None:
     ``TABLE``), unquoted and without its schema; ``None`` if it names none."""
     for found in _TABLE.finditer(_COMMENTS.sub(" ", _text(sql))):
         # the last name of schema.table, a quoted one whole ("a.b" is one name)
-        last = re.findall(_NAME, found.group(1))[-1]
+        last: str = re.findall(_NAME, found.group(1))[-1]
         name = last.strip('`"[]')
         if name.upper() not in _KEYWORDS:
             return name
