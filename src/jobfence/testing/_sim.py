@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import itertools
 import math
@@ -349,8 +350,16 @@ class Simulation:
         elif inspect.iscoroutinefunction(job):
             coro = job(*args, **kwargs)
         elif callable(job):
+            inner = job.func if isinstance(job, functools.partial) else job
+            if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+                self.tasks.remove(task)
+                raise ConfigurationError(
+                    f"job must be a coroutine, an async function or a function, got the "
+                    f"generator function {job!r}: calling it runs none of its code",
+                    argument="job",
+                )
             task.thread = True
-            self._start_thread(task, job, args, kwargs)
+            self._start_thread(task, _no_coroutine(job), args, kwargs)
             return task
         else:
             raise ConfigurationError(
@@ -1314,6 +1323,31 @@ def _check_point_name(name: object, argument: str) -> None:
             f"{argument} must be a non-empty str without any of #(), got {name!r}",
             argument=argument,
         )
+
+
+def _no_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a thread task runs it: a ConfigurationError (the job's failure) if it
+    returns an awaitable or a generator, which nothing would run (``lambda: job()`` with
+    ``job`` an ``async def``: the job would never run, yet the schedule would pass)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        if isinstance(result, _Passed):  # testing.point(...) called as a job: done already
+            return None
+        if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+            close = getattr(result, "close", None)
+            if close is not None and not inspect.isasyncgen(result):
+                close()  # never run: no "never awaited" warning on top of the error
+            raise ConfigurationError(
+                f"job returned a {type(result).__name__}, which nothing runs: a plain "
+                "function given to sim.spawn runs in a thread task and is not awaited; give "
+                "spawn the async function itself (sim.spawn(job, *args)) for an async task",
+                argument="job",
+            )
+        return result
+
+    return run
 
 
 class _Passed:

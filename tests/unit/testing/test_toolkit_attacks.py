@@ -4,11 +4,13 @@ as what ran, task names a tape cannot tell apart from its placeholders."""
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from jobfence import ConfigurationError
-from jobfence.testing import Simulation, Tape, explore, faults, replay
+from jobfence.testing import Simulation, Tape, explore, faults, replay, scenarios
 from jobfence.testing.faults import Fault, parse
 
 
@@ -106,3 +108,57 @@ def test_a_parenthesised_or_quoted_statement_gets_its_point_and_table(
 
     assert statement_point(sql) == point
     assert table_named(sql) == table
+
+
+# -- functions that would run no code ----------------------------------------------------------
+async def _agen_job(ctx: object) -> AsyncIterator[int]:
+    yield 1
+    raise AssertionError("never reached: the scenario passed without running it")
+
+
+def _gen_job(ctx: object) -> Iterator[int]:
+    yield 1
+
+
+@pytest.mark.parametrize("fn", [_agen_job, _gen_job])
+def test_a_scenario_refuses_a_generator_function_that_would_run_no_code(fn: Any) -> None:
+    """An ``async def`` with ``yield`` is no coroutine function: it ran as a thread task,
+    whose call made a generator and returned, and the scenario passed without the job's
+    body ever running."""
+    with pytest.raises(ConfigurationError, match="generator") as caught:
+        scenarios.lost_update(fn, schedules=2)
+    assert caught.value.argument == "fn"
+
+
+@pytest.mark.parametrize("fn", [_agen_job, _gen_job])
+def test_spawn_refuses_a_generator_function(fn: Any) -> None:
+    errors: list[ConfigurationError] = []
+
+    async def scenario(sim: Simulation) -> None:
+        try:
+            sim.spawn(fn, None)
+        except ConfigurationError as exc:
+            errors.append(exc)
+
+    assert explore(scenario, schedules=1).ok
+    assert len(errors) == 1 and errors[0].argument == "job", errors
+
+
+def test_a_thread_task_returning_a_coroutine_fails_the_schedule() -> None:
+    """``sim.spawn(lambda: job())`` with ``job`` an ``async def``: the lambda runs in a
+    thread, returns the coroutine, and nothing awaits it; the job never ran, yet the schedule
+    passed (a "never awaited" warning at best)."""
+    ran: list[bool] = []
+
+    async def job() -> None:
+        ran.append(True)
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(lambda: job())
+        await sim.join()
+
+    report = explore(scenario, schedules=1)
+    assert not ran
+    assert [f.check for f in report.failures] == ["exception"], report
+    assert "ConfigurationError" in report.failures[0].message
+    assert "coroutine" in report.failures[0].message
