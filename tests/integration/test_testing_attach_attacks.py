@@ -17,7 +17,7 @@ import pymysql
 import pytest
 
 import jobfence
-from jobfence.testing import Simulation, explore, faults, get_clock
+from jobfence.testing import InjectedFault, Simulation, explore, faults, get_clock
 from tests.servers import POSTGRES_URL, mysql_params
 
 
@@ -298,3 +298,77 @@ def test_a_statement_waiting_for_a_paused_holder_lets_virtual_time_pass(
     )
     assert report.ok, report
     assert _sessions(app) == []
+
+
+# -- a SQLAlchemy engine and one of its connections, both attached ---------------------------
+@pytest.mark.parametrize("first", ["engine", "connection"])
+def test_an_engine_and_its_connection_attached_make_one_point_per_statement(
+    tmp_path: Path, first: str
+) -> None:
+    """Each attachment wrapped the dialect's commit once more: one commit was two
+    ``db.commit`` points (two decisions, two hits a fault counts)."""
+    sa = pytest.importorskip("sqlalchemy")
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'sa.db'}")
+    with engine.begin() as setup:
+        setup.execute(sa.text("CREATE TABLE t (id INTEGER)"))
+    hits: list[dict[str, int]] = []
+
+    async def scenario(sim: Simulation) -> None:
+        if first == "engine":
+            assert sim.attach(engine) is engine
+            conn = engine.connect()
+            assert sim.attach(conn) is conn
+        else:
+            conn = engine.connect()
+            assert sim.attach(conn) is conn
+            assert sim.attach(engine) is engine
+
+        def job() -> None:
+            conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+            conn.commit()
+
+        sim.spawn(job)
+        await sim.join()
+        hits.append(dict(sim.hits))
+        conn.close()
+
+    report = explore(scenario, schedules=1, faults=[faults.transient("db.commit", nth=2)])
+    assert report.ok, report
+    assert hits == [{"db.write": 1, "db.commit": 1}]
+    with engine.connect() as check:
+        assert check.execute(sa.text("SELECT count(*) FROM t")).scalar() == 1
+    engine.dispose()
+
+
+def test_a_connection_opened_before_its_engine_was_attached_commits_at_a_point(
+    tmp_path: Path,
+) -> None:
+    """The engine's commit found its connection among those opened while attached only: a
+    connection the scenario opened first committed with no ``db.commit`` point (no decision
+    there, and a fault aimed at it never hit)."""
+    sa = pytest.importorskip("sqlalchemy")
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'sa.db'}")
+    with engine.begin() as setup:
+        setup.execute(sa.text("CREATE TABLE t (id INTEGER)"))
+    errors: list[BaseException | None] = []
+    hits: list[dict[str, int]] = []
+
+    async def scenario(sim: Simulation) -> None:
+        conn = engine.connect()  # before the engine is attached
+        sim.attach(engine)
+
+        def job() -> None:
+            conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+            conn.commit()
+
+        task = sim.spawn(job)
+        await sim.join()
+        errors.append(task.error)
+        hits.append(dict(sim.hits))
+        conn.close()
+
+    report = explore(scenario, schedules=1, faults=[faults.transient("db.commit")])
+    assert report.ok, report
+    assert isinstance(errors[0], InjectedFault), errors  # the fault hit the commit
+    assert hits == [{"db.write": 1, "db.commit": 1}]
+    engine.dispose()

@@ -782,6 +782,9 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
         return only is None or conn is only
 
     def run(conn: Any, sql: str, work: Callable[[], Any], point: str | None = None) -> Any:
+        # a connection opened before the engine was attached never went through
+        # engine_connect: its statements make it known, for do_commit to find it
+        live_conns.add(conn)
         if is_async:
             from sqlalchemy.util import await_only
 
@@ -878,13 +881,28 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
             dialect.__dict__.pop("do_commit", None)
 
     att = _EngineAttached(registry, target, undo)
+    att.engine, att.only = engine, only
     if only is not None:
         live_conns.add(only)
     return att
 
 
+def _sa_engine(target: Any, kind: str) -> tuple[Any, Any]:
+    """(the sync engine, the sync connection or ``None`` for a whole engine) of a SQLAlchemy
+    target of ``kind``."""
+    if kind in ("sa-aengine", "sa-aconn"):
+        target = target.sync_engine if kind == "sa-aengine" else target.sync_connection
+    if kind in ("sa-engine", "sa-aengine"):
+        return target, None
+    return target.engine, target
+
+
 class _EngineAttached(_Attached):
     """An attached SQLAlchemy engine or connection: its owners are its connections."""
+
+    #: the sync engine, and the one connection attached (``None``: the whole engine)
+    engine: Any = None
+    only: Any = None
 
     def driver_connection(self, conn: Any) -> Any:
         try:
@@ -1029,6 +1047,19 @@ def attach(sim: AttachView, conn: C) -> C:
     elif kind == "django":
         att = _django(registry, target)
     else:
+        engine, only = _sa_engine(conn, kind)
+        for other in list(registry.attached):
+            if (
+                not isinstance(other, _EngineAttached)
+                or not other.live
+                or other.engine is not engine
+            ):
+                continue
+            if other.only is None or other.only is only:
+                return conn  # its statements are points already: once each
+            if only is None:  # the whole engine now: its connection's attachment goes
+                other.restore()
+                registry.attached.remove(other)
         att = _sqlalchemy(registry, conn, kind)
     registry.attached.append(att)
     return conn
