@@ -233,12 +233,19 @@ def parse(text: str) -> Fault:
             argument="fault",
         )
     seconds = match["seconds"]
+    try:
+        pause = float(seconds) if seconds is not None else None
+    except ValueError:
+        raise ConfigurationError(
+            f"a fault's seconds are written +<number>s, e.g. '+12.5s'; got {text!r}",
+            argument="fault",
+        ) from None
     return Fault(
         match["kind"],
         match["point"],
         int(match["nth"]),
         match["task"],
-        float(seconds) if seconds is not None else None,
+        pause,
         match["target"],
     )
 

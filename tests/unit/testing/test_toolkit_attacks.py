@@ -4,6 +4,7 @@ as what ran, task names a tape cannot tell apart from its placeholders."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -162,3 +163,53 @@ def test_a_thread_task_returning_a_coroutine_fails_the_schedule() -> None:
     assert [f.check for f in report.failures] == ["exception"], report
     assert "ConfigurationError" in report.failures[0].message
     assert "coroutine" in report.failures[0].message
+
+
+# -- a thread task that blocks outside the simulation -----------------------------------------
+def test_a_thread_task_blocked_outside_the_simulation_fails_its_schedule() -> None:
+    """A plain function waiting for something the simulation does not know (a real
+    ``threading.Event``, a lock, ``queue.get``) never reaches a point: the loop waited for it
+    forever and ``explore`` never returned. It fails the schedule after
+    ``sim.thread_timeout`` real seconds, naming the task."""
+    never = threading.Event()
+    out: list[Any] = []
+    done = threading.Event()
+
+    async def scenario(sim: Simulation) -> None:
+        sim.thread_timeout = 0.3
+
+        def stuck() -> None:
+            never.wait()
+
+        sim.spawn(stuck, name="stuck")
+        await sim.join()
+
+    def run() -> None:
+        try:
+            out.append(explore(scenario, schedules=1))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        assert done.wait(60), "explore never returned"
+    finally:
+        never.set()  # the blocked thread ends
+    report = out[0]
+    assert [f.check for f in report.failures] == ["budget"], report
+    assert "stuck" in report.failures[0].message
+    assert "outside the simulation" in report.failures[0].message
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["pause_past_ttl(x#1+1..2s)", "pause_past_ttl(x#1+-s)", "pause_past_ttl(x#1+e+s)"],
+)
+def test_a_fault_with_unreadable_seconds_is_a_configuration_error(text: str) -> None:
+    """A hand-edited tape's pause: a ``ValueError`` from ``float()`` escaped ``parse``
+    (and ``testing.replay``), where every other malformed fault is a ConfigurationError."""
+    with pytest.raises(ConfigurationError, match="seconds") as caught:
+        parse(text)
+    assert caught.value.argument == "fault"
+    with pytest.raises(ConfigurationError):
+        Tape.parse(f"t1 | {text}")
