@@ -372,3 +372,54 @@ def test_a_connection_opened_before_its_engine_was_attached_commits_at_a_point(
     assert isinstance(errors[0], InjectedFault), errors  # the fault hit the commit
     assert hits == [{"db.write": 1, "db.commit": 1}]
     engine.dispose()
+
+
+# -- a schedule that ends while a task is mid-transaction ------------------------------------
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_a_task_stopped_mid_transaction_by_a_failed_check_leaves_no_open_transaction(
+    pg: tuple[str, str], kind: str
+) -> None:
+    """A check fails while another task holds a row lock in an open transaction: the
+    schedule ends there, and the stopped task never commits nor rolls back. Its connection
+    (async: restored, left idle in transaction) kept the row locked after ``explore``, so
+    the next schedule's setup waited for it."""
+    dsn, app = pg
+    kept: list[Any] = []
+
+    async def scenario(sim: Simulation) -> None:
+        if kind == "async":
+            aconn = sim.attach(await psycopg.AsyncConnection.connect(dsn))
+            kept.append(aconn)
+
+            async def holder() -> None:
+                await aconn.execute("UPDATE accounts SET balance = 5 WHERE id = 1")
+                await sim.sleep(10)
+                await aconn.commit()
+
+            sim.spawn(holder)
+        else:
+            conn = sim.attach(psycopg.connect(dsn))
+            kept.append(conn)
+
+            def sync_holder() -> None:
+                conn.execute("UPDATE accounts SET balance = 5 WHERE id = 1")
+                get_clock().sleep(10)
+                conn.commit()
+
+            sim.spawn(sync_holder)
+
+        async def checker() -> None:
+            await sim.sleep(1)
+            sim.check(False, "stop here")
+
+        sim.spawn(checker)
+        await sim.join()
+
+    report = explore(scenario, schedules=1)
+    assert [(f.check, f.message) for f in report.failures] == [("check", "stop here")]
+    assert kept[0].closed
+    assert _sessions(app) == [], "the stopped task's transaction outlived the schedule"
+    with psycopg.connect(dsn) as check:
+        check.execute("SET lock_timeout = '2s'")
+        check.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        assert check.execute("SELECT balance FROM accounts").fetchone() == (1,)

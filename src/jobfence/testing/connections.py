@@ -137,13 +137,14 @@ class _Registry:
         self.sim = sim
         self.attached: list[_Attached] = []
 
-    def reap(self, *, in_loop: bool) -> None:
+    def reap(self, *, in_loop: bool, unfinished: frozenset[int] = frozenset()) -> None:
         """Close the connections whose last user's process crashed (before any other
-        statement runs); ``in_loop``: on the loop's thread, where async connections can be
+        statement runs), or is among ``unfinished`` (ids of processes the schedule's end
+        stopped mid-job); ``in_loop``: on the loop's thread, where async connections can be
         closed too."""
         for att in self.attached:
             for key, (conn, owner) in list(att.owners.items()):
-                if owner.crashed:
+                if owner.crashed or id(owner) in unfinished:
                     del att.owners[key]
                     try:
                         att.kill(conn, in_loop)
@@ -157,10 +158,14 @@ class _Registry:
 
     async def close(self) -> None:
         """The schedule ended: every connection as it was, but those whose last user's
-        process crashed, closed (on the loop's thread, the schedule's threads stopped): a
-        crash at the schedule's last statement has no later statement to close them, and the
-        server would keep their transactions open, rows locked."""
-        self.reap(in_loop=True)
+        process crashed or was stopped mid-job, closed (on the loop's thread, the schedule's
+        threads stopped), as a dead process's are: the server would keep their transactions
+        open, rows locked, after ``explore`` returned."""
+        # a task the schedule's end stopped mid-job (a check failed, a budget ran out) is
+        # cancelled after this: its connection may hold a transaction it never ends
+        tasks = getattr(self.sim, "tasks", ())
+        stopped = frozenset(id(t.process) for t in tasks if not t.done)
+        self.reap(in_loop=True, unfinished=stopped)
         for att in reversed(self.attached):
             att.restore()
         self.attached.clear()
