@@ -59,6 +59,8 @@ GOAL_SECONDS = 1.0  # wall time until the first failure
 STRATEGIES = ("random", "pct", "fifo")
 LOCK_ROUNDS = 3
 LOCK_LABEL = f"2 tasks x {LOCK_ROUNDS} rounds of sim.locks() try_acquire + point + release"
+PAUSE = 300.0  # virtual seconds the first holder stops for: 10 ttls of 30 s
+LEASE_LABEL = f"2 tasks: acquire (ttl 30, renewed) + fenced write, holder paused {PAUSE:g} s"
 
 
 def label(tasks: int, points: int) -> str:
@@ -141,6 +143,37 @@ def with_locks(probe: Probe) -> Scenario:
         probe.end(sim)
 
     return scenario
+
+
+def with_leases(probe: Probe) -> Scenario:
+    """2 tasks, each with its own ``sim.locks()`` client: take the lease (ttl 30, renewed in
+    the background by the client's renewer), write the row with the lease's fencing token
+    to a ``fenced=True`` table, give it back. Run with a ``pause_past_ttl`` fault of
+    ``PAUSE`` virtual seconds on the first holder after it took the lease (its renewer stops
+    with it), so the other one takes over and the paused one's write is refused: long
+    stretches of virtual time, with renewers and a waiting acquire in them."""
+
+    async def job(locks: Any, db: testing.SimTable) -> None:
+        lease = await locks.acquire("job", ttl=30)
+        await testing.point("work")  # where the fault pauses the first holder
+        try:
+            await db.write("row", token=lease.token, n=1)
+        except jobfence.StaleToken:
+            pass  # paused past its ttl: the other holder wrote with a newer token
+        await lease.release()
+
+    async def scenario(sim: testing.Simulation) -> None:
+        probe.begin()
+        db = sim.table("t", {"row": {"n": 0}}, fenced=True)
+        for _ in range(2):
+            sim.spawn(job, sim.locks(), db)
+        await sim.join()
+        probe.end(sim)
+
+    return scenario
+
+
+LEASE_FAULTS = [testing.faults.pause_past_ttl("work", seconds=PAUSE)]
 
 
 async def _retrying(sim: testing.Simulation, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -234,6 +267,7 @@ class Case:
     probe: Probe
     scenario: Scenario
     rates: list[float]
+    faults: Any = None
 
 
 def cases() -> list[Case]:
@@ -246,12 +280,16 @@ def cases() -> list[Case]:
                 out.append(Case(label(tasks, points), strategy, probe, scenario, []))
     probe = Probe()
     out.append(Case(LOCK_LABEL, "random", probe, with_locks(probe), []))
+    probe = Probe()
+    out.append(Case(LEASE_LABEL, "random", probe, with_leases(probe), [], LEASE_FAULTS))
     return out
 
 
 def rate(case: Case, schedules: int) -> float:
     """Schedules per second of one ``explore`` run (its own wall time)."""
-    report = testing.explore(case.scenario, schedules=schedules, strategy=case.strategy)
+    report = testing.explore(
+        case.scenario, schedules=schedules, strategy=case.strategy, faults=case.faults
+    )
     if not report.ok:  # a broken benchmark scenario, not a figure
         raise RuntimeError(f"{case.name} ({case.strategy}) failed: {report}")
     return report.schedules / report.seconds
@@ -304,7 +342,7 @@ def split_cost(all_cases: list[Case]) -> tuple[float, float]:
     (µs per schedule, µs per point)."""
     xs, ys = [], []
     for case in all_cases:
-        if case.strategy == "random" and case.name != LOCK_LABEL:
+        if case.strategy == "random" and case.name not in (LOCK_LABEL, LEASE_LABEL):
             xs.append(case.probe.points_each)
             ys.append(1e6 / statistics.median(case.rates))
     mx, my = statistics.fmean(xs), statistics.fmean(ys)

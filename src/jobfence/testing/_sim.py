@@ -111,6 +111,11 @@ class SimClock(Clock):
     :meth:`time` is the schedule's true wall-clock time plus the skew of the calling task's
     process (:meth:`Simulation.skew`); :meth:`monotonic` is never skewed."""
 
+    #: an async renewer with no lease to look after waits until it is woken (a lease added,
+    #: the client closed) instead of ticking every ``IDLE_WAIT``: here nothing else can make
+    #: one due, and idle ticks would be steps through every long virtual pause
+    idle_unbounded = True
+
     def __init__(self, loop: SimLoop) -> None:
         self._loop = loop
 
