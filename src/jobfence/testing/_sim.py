@@ -17,6 +17,7 @@ import itertools
 import math
 import sys
 import threading
+import types
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +50,35 @@ _ids = itertools.count(1)
 # simulation asks it at every point
 _CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
 _running_loop = asyncio._get_running_loop
+#: ``_swap_current_task(loop, task)``: make ``task`` what ``asyncio.current_task()`` answers
+#: on ``loop``, returning the one it answered before (CPython 3.12+ has it; on 3.11 the dict
+#: of current tasks is written directly)
+_swap_current: Callable[[Any, Any], Any] | None = getattr(asyncio.tasks, "_swap_current_task", None)
+if _swap_current is None and _CURRENT_TASKS is not None:
+    _current_tasks: dict[Any, Any] = _CURRENT_TASKS
+
+    def _swap_current(loop: Any, task: Any) -> Any:
+        previous = _current_tasks.get(loop)
+        _current_tasks[loop] = task
+        return previous
+
+
+#: the scheduler steps the coroutines of spawned tasks itself at their points (see
+#: ``Simulation._slice``): it needs ``create_task(context=)`` (3.11), a way to set the current
+#: task, and to see a cancellation requested of a task while it runs (``Task._must_cancel``)
+_DIRECT = (
+    sys.version_info >= (3, 11)
+    and _swap_current is not None
+    and hasattr(asyncio.Task, "_must_cancel")
+)
+#: what a gate yields to the scheduler's stepping when its task parks (instead of a future)
+_SWITCH = object()
+#: what a driven task's driver is told to do (``SimTask.command``): resume at the gate, wait
+#: for an asyncio future (or a bare yield), or end with a result or an exception
+_GO, _AWAIT, _DONE, _FAILED = range(4)
+_PARKED = (-1, None)
+#: what a driver returns for a job whose end another driver concluded
+_CONCLUDED = object()
 #: points after which a process holds something another process recovers once it expires
 _TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
 
@@ -98,6 +128,15 @@ class SimTask:
     wait_until: float | None = None
     atask: asyncio.Task[Any] | None = field(default=None, repr=False)
     finished: asyncio.Future[Any] | None = field(default=None, repr=False)
+    # direct stepping (async tasks spawned on CPython 3.11+): the job's coroutine and its
+    # context, stepped by whichever task's driver runs; ``park``, the future its own driver
+    # waits on while the coroutine is parked or stepped by another driver; ``command``, what
+    # that driver does once woken
+    driven: bool = False
+    coro: Any = field(default=None, repr=False)
+    ctx: contextvars.Context | None = field(default=None, repr=False)
+    park: asyncio.Future[None] | None = field(default=None, repr=False)
+    command: tuple[int, Any] | None = field(default=None, repr=False)
 
 
 #: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
@@ -175,12 +214,17 @@ class _Gate:
         if proc.crashed or proc.paused_until is not None or not sim.go_on(task, fault is not None):
             cancelled = False
             while True:
-                fut: asyncio.Future[None] = sim.loop.create_future()
-                task.waiter = fut
                 task.parked_at = self.point
                 sim.parked.append(task)
                 try:
-                    yield from fut.__await__()
+                    if task.driven:
+                        # to the scheduler stepping this coroutine: it goes on with the task
+                        # go_on chose (``sim._next``), or leaves the decision to the loop
+                        yield _SWITCH
+                    else:
+                        fut: asyncio.Future[None] = sim.loop.create_future()
+                        task.waiter = fut
+                        yield from fut.__await__()
                     break
                 except asyncio.CancelledError:
                     # cancelled where it waits (by another task, a timeout, its lease found
@@ -270,6 +314,10 @@ class Simulation:
         self.impaired = False
         #: some process's clock is skewed (:meth:`skew`): the clock looks up the caller's
         self.skewed = False
+        #: the task a decision at a driven task's point chose, for :meth:`_slice` to step next
+        self._next: SimTask | None = None
+        #: the task whose asyncio task runs the current :meth:`_slice` (None outside one)
+        self._owner: SimTask | None = None
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -316,7 +364,16 @@ class Simulation:
             )
         ctx = contextvars.copy_context()
         ctx.run(_PROCESS.set, proc)
-        atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
+        if _DIRECT:
+            task.driven = True
+            task.coro = coro
+            task.ctx = ctx
+            atask = self.loop.create_task(
+                self._run_async(task, self._drive(task)),
+                context=ctx,  # type: ignore[call-arg]  # 3.11+
+            )
+        else:
+            atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
         task.atask = atask
         self._by_atask[atask] = task
         return task
@@ -633,7 +690,12 @@ class Simulation:
         and, when the decision could be made now, the chosen task is let go."""
         if self.checkers:
             self.run_checks()
-        if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
+        owner = self._owner
+        if self.loop._ready or (  # type: ignore[attr-defined]  # others first reach their points
+            owner is not None and owner.atask._must_cancel  # type: ignore[union-attr]
+        ):
+            # (a task cancelled while its driver steps others is told at its point first, as
+            # one whose wake-up is ready)
             self.deferred.append(task)
             return False
         if self.impaired or self.sleeping:
@@ -647,7 +709,12 @@ class Simulation:
         chosen = self._pick(candidates)
         if chosen is task:
             return True
-        self._release(chosen)
+        if task.driven and chosen.driven:  # the stepping switches to it: no loop round
+            self.parked.remove(chosen)
+            chosen.parked_at = None
+            self._next = chosen
+        else:
+            self._release(chosen)
         return False
 
     def _has_timers(self) -> bool:
@@ -686,9 +753,21 @@ class Simulation:
             assert task.go is not None
             task.go.set()
             return
+        if task.driven:
+            self._signal(task, (_GO, None))
+            return
         waiter, task.waiter = task.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _signal(self, task: SimTask, command: tuple[int, Any]) -> None:
+        """Tell the driver of ``task`` (waiting on its ``park`` future) what to do next."""
+        task.command = command
+        park = task.park
+        if park is None:
+            park = task.park = self.loop.create_future()
+        if not park.done():
+            park.set_result(None)
 
     @contextmanager
     def real_io(self) -> Iterator[_Statement]:
@@ -885,9 +964,124 @@ class Simulation:
                 into.append(task)
 
     # -- running ----------------------------------------------------------------------------
+    @types.coroutine
+    def _drive(self, task: SimTask) -> Generator[Any, Any, Any]:
+        """What the asyncio task of a driven ``task`` awaits: it steps the job's coroutine
+        (and, through :meth:`_slice`, those of the tasks the decisions at its points choose),
+        yields to asyncio whatever the job awaits there (a future, a bare yield), and while
+        the job is parked, waits on ``task.park`` until it is let go or handed what the job
+        yielded while another driver stepped it."""
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            kind, payload = self._slice(task, value, error)
+            value = error = None
+            while kind == _PARKED[0]:
+                park = task.park
+                if park is None:
+                    park = task.park = self.loop.create_future()
+                try:
+                    yield from park.__await__()
+                except BaseException as exc:  # cancelled (a timeout, teardown, another task)
+                    error = exc
+                task.park = None
+                command, task.command = task.command, None
+                if command is None:  # cancelled while parked: the gate hears of it
+                    kind = _GO
+                    break
+                kind, payload = command
+                if error is not None:
+                    if kind == _AWAIT:
+                        if isinstance(payload, asyncio.Future):
+                            payload.cancel()
+                        kind = _GO  # the job hears of it where it awaited
+                    elif kind == _GO:
+                        pass
+                    else:
+                        error = None  # it ended meanwhile: nothing left to cancel
+            if kind == _DONE:
+                return payload
+            if kind == _FAILED:
+                raise payload
+            if kind == _AWAIT:
+                try:
+                    value = yield payload
+                except BaseException as exc:
+                    error = exc
+
+    def _slice(
+        self, owner: SimTask, value: Any, error: BaseException | None
+    ) -> tuple[int, Any]:
+        """Step ``owner``'s coroutine (sending ``value`` or throwing ``error``) and, each
+        time it parks at a point where the decision chose another driven task, that task's
+        coroutine, in its own context and as asyncio's current task: a switch between tasks
+        at a point costs no loop round. Ends when the task stepped last waits for something
+        of asyncio's (handed to its own driver), ends, or parks with no decision made now
+        (the loop makes it once everything ready ran). Returns what ``owner``'s driver does:
+        ``_PARKED`` (wait on its park future), or its own coroutine's ``(_AWAIT, what)``,
+        ``(_DONE, result)``, ``(_FAILED, exception)``."""
+        cur = owner
+        loop = self.loop
+        self._owner = owner
+        try:
+            while True:
+                coro = cur.coro
+                try:
+                    if cur is owner:
+                        yielded = coro.throw(error) if error is not None else coro.send(value)
+                    else:
+                        previous = _swap_current(loop, cur.atask)  # type: ignore[misc]
+                        try:
+                            ctx = cur.ctx
+                            assert ctx is not None
+                            if error is not None:
+                                yielded = ctx.run(coro.throw, error)
+                            else:
+                                yielded = ctx.run(coro.send, value)
+                        finally:
+                            _swap_current(loop, previous)  # type: ignore[misc]
+                except StopIteration as stop:
+                    outcome: tuple[int, Any] = (_DONE, stop.value)
+                except BaseException as exc:
+                    outcome = (_FAILED, exc)
+                else:
+                    if yielded is _SWITCH:
+                        chosen = self._next
+                        if chosen is None:
+                            return _PARKED
+                        self._next = None
+                        cur, value, error = chosen, None, None
+                        continue
+                    outcome = (_AWAIT, yielded)
+                if cur is owner:
+                    return outcome
+                if outcome[0] == _AWAIT:
+                    self._signal(cur, outcome)  # its own driver waits for it
+                    return _PARKED
+                try:  # ended here, now, as it would in its own asyncio task
+                    self._conclude(cur, *outcome)
+                except _Stop:  # a check at its end failed
+                    loop.stop()
+                self._signal(cur, (_DONE, _CONCLUDED))  # its driver only returns
+                return _PARKED
+        finally:
+            self._owner = None
+
     async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
         try:
-            task.result = await coro
+            result = await coro
+        except BaseException as exc:
+            self._conclude(task, _FAILED, exc)
+        else:
+            if result is not _CONCLUDED:  # a driven job that ended while another stepped it
+                self._conclude(task, _DONE, result)
+
+    def _conclude(self, task: SimTask, kind: int, payload: Any) -> None:
+        """``task``'s job ended: with its result (``_DONE``) or an exception (``_FAILED``)."""
+        try:
+            if kind == _FAILED:
+                raise payload
+            task.result = payload
         except _Crashed:
             pass
         except _Stop:
