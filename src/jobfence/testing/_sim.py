@@ -308,6 +308,9 @@ class Simulation:
         self.tables: list[_Table] = []
         self.clients: list[Any] = []
         self._spawned = 0
+        self._names: set[str] = set()
+        #: the joins waiting: (the tasks each waits for, the future that wakes it)
+        self._joins: list[tuple[list[SimTask], asyncio.Future[None]]] = []
         self._cv = threading.Condition()
         self.main = _Process("main")
         #: some process was paused or crashed: candidates need filtering
@@ -316,8 +319,13 @@ class Simulation:
         self.skewed = False
         #: the task a decision at a driven task's point chose, for :meth:`_slice` to step next
         self._next: SimTask | None = None
+        #: the loop's queue of ready callbacks (one deque for the loop's life)
+        self._ready: Any = loop._ready  # type: ignore[attr-defined]
         #: the task whose asyncio task runs the current :meth:`_slice` (None outside one)
         self._owner: SimTask | None = None
+        #: the driven task whose coroutine :meth:`_slice` steps right now (what
+        #: :meth:`current` answers on the loop's thread without looking it up)
+        self._stepping: SimTask | None = None
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -328,11 +336,13 @@ class Simulation:
         self._spawned += 1
         label = name if name is not None else f"t{self._spawned}"
         problem = None
-        if not isinstance(label, str) or not label or any(c in label for c in " #@()+,|"):
+        if name is not None and (
+            not isinstance(label, str) or not label or any(c in label for c in " #@()+,|")
+        ):
             problem = (
                 f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}"
             )
-        elif any(t.name == label for t in self.tasks):
+        elif label in self._names:
             problem = f"a task named {label!r} exists already"
         if problem is not None:
             if inspect.iscoroutine(job):
@@ -341,6 +351,7 @@ class Simulation:
         proc = _Process(label)
         task = SimTask(label, proc)
         self.tasks.append(task)
+        self._names.add(label)
         task.finished = self.loop.create_future()
         if inspect.iscoroutine(job):
             if args or kwargs:
@@ -369,7 +380,7 @@ class Simulation:
             task.coro = coro
             task.ctx = ctx
             atask = self.loop.create_task(
-                self._run_async(task, self._drive(task)),
+                self._run_async(task, self._drive(task)),  # type: ignore[arg-type]
                 context=ctx,  # type: ignore[call-arg]  # 3.11+
             )
         else:
@@ -383,13 +394,16 @@ class Simulation:
         by other tasks too) are done; return their results (an exception a job ended with is
         its result here, see :attr:`SimTask.error`). A crashed task counts as done."""
         chosen = list(tasks) if tasks else self.tasks
-        while True:
-            waiting = [
-                t.finished for t in chosen if t.finished is not None and not t.finished.done()
-            ]
-            if not waiting:
-                break
-            await asyncio.shield(waiting[0])
+        while any(not t.done for t in chosen):
+            # one wake-up once they all are (see _wake_joins), not one per task; a future of
+            # its own, so that cancelling the join cancels none of the tasks
+            waiter = self.loop.create_future()
+            entry = (chosen, waiter)
+            self._joins.append(entry)
+            try:
+                await waiter
+            finally:
+                self._joins.remove(entry)
         return [t.error if t.error is not None else t.result for t in list(chosen)]
 
     async def sleep(self, seconds: float) -> None:
@@ -590,6 +604,8 @@ class Simulation:
         """The simulated task running now (``None`` outside one)."""
         if _running_loop() is not self.loop:
             atask = None
+        elif self._stepping is not None:
+            return self._stepping
         elif _CURRENT_TASKS is not None:
             atask = _CURRENT_TASKS.get(self.loop)
         else:  # an asyncio without the dict: the public, slower way
@@ -610,9 +626,11 @@ class Simulation:
             if task is not None and task.process.crashed:
                 raise _Crashed
             return None
-        task = self.current()
-        if task is None or task.process is self.main:
-            return None  # the scenario's own setup and checks: not a job, never faulted
+        task = self._stepping  # a driven task being stepped: no look-up
+        if task is None or _running_loop() is not self.loop:
+            task = self.current()
+            if task is None or task.process is self.main:
+                return None  # the scenario's own setup and checks: not a job, never faulted
         self.points += 1
         if self.points > self.max_steps:  # a lone task looping over points decides nothing
             self._over_budget(
@@ -691,7 +709,7 @@ class Simulation:
         if self.checkers:
             self.run_checks()
         owner = self._owner
-        if self.loop._ready or (  # type: ignore[attr-defined]  # others first reach their points
+        if self._ready or (  # others first reach their points
             owner is not None and owner.atask._must_cancel  # type: ignore[union-attr]
         ):
             # (a task cancelled while its driver steps others is told at its point first, as
@@ -822,6 +840,14 @@ class Simulation:
                 task.done = True
                 if task.finished is not None and not task.finished.done():
                     task.finished.set_result(None)
+        if self._joins:
+            self._wake_joins()
+
+    def _wake_joins(self) -> None:
+        """Wake each :meth:`join` whose tasks are all done now."""
+        for chosen, waiter in self._joins:
+            if not waiter.done() and all(t.done for t in chosen):
+                waiter.set_result(None)
 
     def run_checks(self) -> None:
         for checker in self.checkers:
@@ -1009,9 +1035,7 @@ class Simulation:
                 except BaseException as exc:
                     error = exc
 
-    def _slice(
-        self, owner: SimTask, value: Any, error: BaseException | None
-    ) -> tuple[int, Any]:
+    def _slice(self, owner: SimTask, value: Any, error: BaseException | None) -> tuple[int, Any]:
         """Step ``owner``'s coroutine (sending ``value`` or throwing ``error``) and, each
         time it parks at a point where the decision chose another driven task, that task's
         coroutine, in its own context and as asyncio's current task: a switch between tasks
@@ -1026,6 +1050,7 @@ class Simulation:
         try:
             while True:
                 coro = cur.coro
+                self._stepping = cur
                 try:
                     if cur is owner:
                         yielded = coro.throw(error) if error is not None else coro.send(value)
@@ -1045,6 +1070,7 @@ class Simulation:
                 except BaseException as exc:
                     outcome = (_FAILED, exc)
                 else:
+                    self._stepping = None
                     if yielded is _SWITCH:
                         chosen = self._next
                         if chosen is None:
@@ -1053,19 +1079,23 @@ class Simulation:
                         cur, value, error = chosen, None, None
                         continue
                     outcome = (_AWAIT, yielded)
+                self._stepping = None
                 if cur is owner:
                     return outcome
                 if outcome[0] == _AWAIT:
                     self._signal(cur, outcome)  # its own driver waits for it
                     return _PARKED
-                try:  # ended here, now, as it would in its own asyncio task
+                self._stepping = cur  # its end is its own, as in its own asyncio task
+                try:
                     self._conclude(cur, *outcome)
                 except _Stop:  # a check at its end failed
                     loop.stop()
+                finally:
+                    self._stepping = None
                 self._signal(cur, (_DONE, _CONCLUDED))  # its driver only returns
                 return _PARKED
         finally:
-            self._owner = None
+            self._owner = self._stepping = None
 
     async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
         try:
@@ -1100,6 +1130,8 @@ class Simulation:
         task.done = True
         if task.finished is not None and not task.finished.done():
             task.finished.set_result(None)
+        if self._joins:
+            self._wake_joins()
         error = task.error
         # a ConfigurationError ending a job says its code is wrong: a failure, as any bug
         misuse = isinstance(error, ConfigurationError) and not self.stopping
@@ -1161,12 +1193,20 @@ def _expected(error: BaseException) -> bool:
     return False
 
 
+#: point names found good already (a point is reached thousands of times per explore)
+_GOOD_NAMES: set[str] = set()
+
+
 def _check_point_name(name: object, argument: str) -> None:
-    if not isinstance(name, str) or not name or any(c in name for c in "#()"):
+    if type(name) is str and name in _GOOD_NAMES:
+        return
+    if not isinstance(name, str) or not name or "#" in name or "(" in name or ")" in name:
         raise ConfigurationError(
             f"{argument} must be a non-empty str without any of #(), got {name!r}",
             argument=argument,
         )
+    if type(name) is str and len(_GOOD_NAMES) < 10_000:
+        _GOOD_NAMES.add(name)
 
 
 async def point(name: str) -> None:
