@@ -709,11 +709,15 @@ class Simulation:
         if self.checkers:
             self.run_checks()
         owner = self._owner
-        if self._ready or (  # others first reach their points
-            owner is not None and owner.atask._must_cancel  # type: ignore[union-attr]
+        if (
+            self._ready  # others first reach their points
+            # a real statement in flight (not stalled): its answer first, whenever it comes,
+            # so that the decision does not depend on the server's timing
+            or self.external
+            # a task cancelled while its driver steps others hears of it at its point first,
+            # as one whose wake-up is ready
+            or (owner is not None and owner.atask._must_cancel)  # type: ignore[union-attr]
         ):
-            # (a task cancelled while its driver steps others is told at its point first, as
-            # one whose wake-up is ready)
             self.deferred.append(task)
             return False
         if self.impaired or self.sleeping:
