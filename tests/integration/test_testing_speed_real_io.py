@@ -74,7 +74,7 @@ def test_a_decision_waits_for_the_answer_of_a_statement_in_flight(table: str) ->
     runs: list[Any] = []
     assert testing.explore(_scenario(table, runs), schedules=1).ok
     # FIFO: t2 waited at its point for t1's answer, so t1's row is first
-    [(picks, rows)] = runs
+    [(_picks, rows)] = runs
     assert rows == ("t1", "t2")
 
 
