@@ -172,6 +172,15 @@ class SimClock(Clock):
         task = sim.current()
         return now if task is None else now + task.process.skew
 
+    async def wait_async(self, event: asyncio.Event, timeout: float) -> bool:
+        if event.is_set():
+            return True
+        if timeout <= 0:
+            return False
+        if type(event) is asyncio.Event and _running_loop() is self._loop:
+            return await _wait_event(self._loop, event, timeout)
+        return await super().wait_async(event, timeout)
+
     def sleep(self, seconds: float) -> None:
         hook("sleep", seconds=seconds)
         sim = _current
@@ -187,6 +196,31 @@ class SimClock(Clock):
             return event.is_set()
         sim.thread_wait(event, timeout)
         return event.is_set()
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _wait_event(loop: SimLoop, event: asyncio.Event, timeout: float) -> bool:
+    """:meth:`SimClock.wait_async` for a plain ``asyncio.Event``: one future among the
+    event's waiters and one timer, instead of a task and ``asyncio.wait`` per wait (the
+    renewers' pauses and the ``memory://`` backends' waits for a release go through here,
+    dozens of times per schedule)."""
+    waiters = event._waiters  # type: ignore[attr-defined]
+    fut: asyncio.Future[None] = loop.create_future()
+    waiters.append(fut)
+    timer = loop.call_at(loop.vtime + timeout, _expire, fut)
+    try:
+        await fut
+    finally:
+        timer.cancel()
+        try:
+            waiters.remove(fut)
+        except ValueError:
+            pass
+    return event.is_set()
 
 
 class _Gate:
