@@ -58,8 +58,11 @@ _get_ident = threading.get_ident
 #: on ``loop``, returning the one it answered before (CPython 3.12+ has it; on 3.11 the dict
 #: of current tasks is written directly)
 _swap_current: Callable[[Any, Any], Any] | None = getattr(asyncio.tasks, "_swap_current_task", None)
+#: on 3.11, the dict itself: the scheduler writes it inline at every switch
+_SWAP_DICT: dict[Any, Any] | None = None
 if _swap_current is None and _CURRENT_TASKS is not None:
     _current_tasks: dict[Any, Any] = _CURRENT_TASKS
+    _SWAP_DICT = _CURRENT_TASKS
 
     def _swap_current(loop: Any, task: Any) -> Any:
         previous = _current_tasks.get(loop)
@@ -1088,6 +1091,7 @@ class Simulation:
         ``(_DONE, result)``, ``(_FAILED, exception)``."""
         cur = owner
         loop = self.loop
+        current_tasks = _SWAP_DICT
         self._owner = owner
         try:
             while True:
@@ -1097,16 +1101,24 @@ class Simulation:
                     if cur is owner:
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
-                        previous = _swap_current(loop, cur.atask)  # type: ignore[misc]
+                        ctx = cur.ctx
+                        assert ctx is not None
+                        # asyncio's current task is cur's while its code runs, then owner's
+                        # again (the task whose step this is)
+                        if current_tasks is not None:
+                            current_tasks[loop] = cur.atask
+                        else:
+                            _swap_current(loop, cur.atask)  # type: ignore[misc]
                         try:
-                            ctx = cur.ctx
-                            assert ctx is not None
                             if error is not None:
                                 yielded = ctx.run(coro.throw, error)
                             else:
                                 yielded = ctx.run(coro.send, value)
                         finally:
-                            _swap_current(loop, previous)  # type: ignore[misc]
+                            if current_tasks is not None:
+                                current_tasks[loop] = owner.atask
+                            else:
+                                _swap_current(loop, owner.atask)  # type: ignore[misc]
                 except StopIteration as stop:
                     outcome: tuple[int, Any] = (_DONE, stop.value)
                 except BaseException as exc:
