@@ -36,6 +36,7 @@ from typing import Any
 from . import telemetry
 from ._core.hooks import hook
 from ._core.sqlconn import SqlConn, SQLDialect, adapt, check_ident, is_undefined_table
+from ._core.transaction import own_transaction
 from ._core.validate import check_name
 from ._guard_spec import current_lease_var
 from .backends import sql_dialect
@@ -134,6 +135,14 @@ def fence(
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
+    tx = own_transaction(conn)
+    if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+        hook("fence.check", resource=resource, token=token)
+        recorded = tx.fence(resource, token, table)
+        if recorded > token:
+            telemetry.fence_rejection(tx.dialect)
+            raise StaleToken(resource, token, recorded)
+        return
     sc = adapt(conn, operation="fence")
     dialect = sql_dialect(sc.dialect)
     dialect.check_resource(resource)

@@ -35,13 +35,11 @@ from . import telemetry
 from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident, is_undefined_table
+from ._core.transaction import own_transaction_async
 from ._core.validate import check_name
 from ._guard_spec import current_lease_var
 from .backends import sql_dialect
 from .errors import ConfigurationError, SchemaMissing, StaleToken
-
-if ASYNC:
-    from ._core.transaction import transaction_of
 
 __all__ = ["DEFAULT_TABLE", "fence_async", "install_async"]
 
@@ -139,15 +137,14 @@ async def fence_async(
     check_name(resource, argument="resource")
     _check_token(token)
     check_ident(table, "table")
-    if ASYNC:
-        tx = transaction_of(conn)
-        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
-            await ahook("fence.check", resource=resource, token=token)
-            recorded = await tx.fence(resource, token, table)
-            if recorded > token:
-                telemetry.fence_rejection(tx.dialect)
-                raise StaleToken(resource, token, recorded)
-            return
+    tx = own_transaction_async(conn)
+    if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+        await ahook("fence.check", resource=resource, token=token)
+        recorded = await tx.fence(resource, token, table)
+        if recorded > token:
+            telemetry.fence_rejection(tx.dialect)
+            raise StaleToken(resource, token, recorded)
+        return
     sc = adapt_async(conn, operation="fence")
     dialect = sql_dialect(sc.dialect)
     dialect.check_resource(resource)

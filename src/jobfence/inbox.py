@@ -44,6 +44,7 @@ from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
 from ._core.renewer import Renewer
 from ._core.sqlconn import adapt, is_undefined_table
+from ._core.transaction import Transaction, own_transaction
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
@@ -736,6 +737,9 @@ class Inbox:
     def _claim_in(self, conn: Any, key: str, fingerprint: str | None) -> bool:
         """:meth:`claim_in` of a checked ``key``."""
         fingerprint = check_fingerprint(fingerprint)
+        tx = own_transaction(conn)
+        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+            return self._claim_in_transaction(tx, key, fingerprint)
         sc = adapt(conn, argument="conn", operation="inbox.claim_in")
         dialect = sql_dialect(sc.dialect)
         table = check_namespace(
@@ -785,6 +789,36 @@ class Inbox:
                 backend=sc.dialect,
                 operation="inbox.claim_in",
             ) from exc
+
+    def _claim_in_transaction(self, tx: Transaction, key: str, fingerprint: str | None) -> bool:
+        """:meth:`claim_in` on an object that is a transaction of its own (see
+        ``jobfence._core.transaction``): the same hook point, protection and outcomes."""
+        try:
+            hook("inbox.claim_in", key=key, backend=tx.dialect)
+            first, stored = tx.claim_in(self.table, key, fingerprint, self.retention)
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{tx.dialect} transaction: inbox.claim_in of {key!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                backend=tx.dialect,
+                operation="inbox.claim_in",
+            ) from exc
+        # a repeat of this unit's commit is detectable now, as after the statement
+        mark_protected()
+        if first:
+            telemetry.inbox_claim(tx.dialect, "new")
+            return True
+        if fingerprint is not None and stored is not None and stored != fingerprint:
+            telemetry.inbox_claim(tx.dialect, "mismatch")
+            raise FingerprintMismatch(
+                f"idempotency key {key!r} was applied with fingerprint {stored!r}, "
+                f"not {fingerprint!r}: the key was reused for another payload",
+                key=key,
+            )
+        telemetry.inbox_claim(tx.dialect, "duplicate")
+        return False
 
     def install(self, conn: Any = None) -> None:
         """Create the inbox table (idempotent, versioned).

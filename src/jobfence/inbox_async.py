@@ -43,6 +43,7 @@ from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
 from ._core.renewer_async import AsyncRenewer
 from ._core.sqlconn import adapt_async, is_undefined_table
+from ._core.transaction import AsyncTransaction, own_transaction_async
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
@@ -69,7 +70,6 @@ if ASYNC:
     import asyncio
 
     from ._core.groupcommit import GroupCommit
-    from ._core.transaction import transaction_of
 
 __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
 
@@ -817,10 +817,9 @@ class AsyncInbox:
     async def _claim_in(self, conn: Any, key: str, fingerprint: str | None) -> bool:
         """:meth:`claim_in` of a checked ``key``."""
         fingerprint = check_fingerprint(fingerprint)
-        if ASYNC:
-            tx = transaction_of(conn)
-            if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
-                return await self._claim_in_transaction(tx, key, fingerprint)
+        tx = own_transaction_async(conn)
+        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+            return await self._claim_in_transaction(tx, key, fingerprint)
         sc = adapt_async(conn, argument="conn", operation="inbox.claim_in")
         dialect = sql_dialect(sc.dialect)
         table = check_namespace(
@@ -871,37 +870,37 @@ class AsyncInbox:
                 operation="inbox.claim_in",
             ) from exc
 
-    if ASYNC:
-
-        async def _claim_in_transaction(self, tx: Any, key: str, fingerprint: str | None) -> bool:
-            """:meth:`claim_in` on an object that is a transaction of its own (see
-            ``jobfence._core.transaction``): the same hook point, protection and outcomes."""
-            try:
-                await ahook("inbox.claim_in", key=key, backend=tx.dialect)
-                first, stored = await tx.claim_in(self.table, key, fingerprint, self.retention)
-            except JobfenceError:
-                raise
-            except Exception as exc:
-                raise BackendError(
-                    f"{tx.dialect} transaction: inbox.claim_in of {key!r} failed: "
-                    f"{type(exc).__name__}: {exc}",
-                    backend=tx.dialect,
-                    operation="inbox.claim_in",
-                ) from exc
-            # a repeat of this unit's commit is detectable now, as after the statement
-            mark_protected()
-            if first:
-                telemetry.inbox_claim(tx.dialect, "new")
-                return True
-            if fingerprint is not None and stored is not None and stored != fingerprint:
-                telemetry.inbox_claim(tx.dialect, "mismatch")
-                raise FingerprintMismatch(
-                    f"idempotency key {key!r} was applied with fingerprint {stored!r}, "
-                    f"not {fingerprint!r}: the key was reused for another payload",
-                    key=key,
-                )
-            telemetry.inbox_claim(tx.dialect, "duplicate")
-            return False
+    async def _claim_in_transaction(
+        self, tx: AsyncTransaction, key: str, fingerprint: str | None
+    ) -> bool:
+        """:meth:`claim_in` on an object that is a transaction of its own (see
+        ``jobfence._core.transaction``): the same hook point, protection and outcomes."""
+        try:
+            await ahook("inbox.claim_in", key=key, backend=tx.dialect)
+            first, stored = await tx.claim_in(self.table, key, fingerprint, self.retention)
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{tx.dialect} transaction: inbox.claim_in of {key!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                backend=tx.dialect,
+                operation="inbox.claim_in",
+            ) from exc
+        # a repeat of this unit's commit is detectable now, as after the statement
+        mark_protected()
+        if first:
+            telemetry.inbox_claim(tx.dialect, "new")
+            return True
+        if fingerprint is not None and stored is not None and stored != fingerprint:
+            telemetry.inbox_claim(tx.dialect, "mismatch")
+            raise FingerprintMismatch(
+                f"idempotency key {key!r} was applied with fingerprint {stored!r}, "
+                f"not {fingerprint!r}: the key was reused for another payload",
+                key=key,
+            )
+        telemetry.inbox_claim(tx.dialect, "duplicate")
+        return False
 
     async def install(self, conn: Any = None) -> None:
         """Create the inbox table (idempotent, versioned).

@@ -28,6 +28,7 @@ from ._core import forks
 from ._core.hooks import get_hook, hook
 from ._core.options import option_seconds
 from ._core.sqlconn import adapt, is_undefined_table
+from ._core.transaction import own_transaction
 from ._core.url import parse_url
 from ._core.validate import MAX_LISTING, check_name, check_namespace, check_queue_name
 from .backends import open_outbox_backend, sql_dialect
@@ -295,6 +296,9 @@ class Outbox:
         texts = [_encode_body(body) for body in bodies]
         if not texts:
             return []
+        tx = own_transaction(conn)
+        if tx is not None:  # a jobfence.testing simulated table or transaction
+            return self._add_in_transaction(tx, queue, id_list, texts, key, head, delay)
         sc = adapt(conn, argument="conn", operation="outbox.add")
         queries = self._add_queries.get(sc.dialect)
         if queries is None:
@@ -345,6 +349,44 @@ class Outbox:
             ) from exc
         telemetry.outbox_added(sc.dialect, queue, len(rows))
         return id_list
+
+    def _add_in_transaction(
+        self,
+        tx: Any,
+        queue: str,
+        ids: list[str],
+        texts: list[str],
+        key: str | None,
+        headers: str | None,
+        delay: float,
+    ) -> list[str]:
+        """:meth:`add` on an object that is a transaction of its own (see
+        ``jobfence._core.transaction``): ``tx.outbox_add(table, row)`` per row, with the
+        same hook point and telemetry."""
+        head = None if headers is None else json.loads(headers)
+        try:
+            hook("outbox.add", queue=queue, ids=ids, backend=tx.dialect)
+            for id_, text in zip(ids, texts, strict=True):
+                row = {
+                    "id": id_,
+                    "queue": queue,
+                    "key": key,
+                    "body": text.encode("utf-8"),
+                    "headers": dict(head or {}),
+                    "delay": delay,
+                }
+                tx.outbox_add(self.table, row)
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{tx.dialect} transaction: outbox.add for queue {queue!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                backend=tx.dialect,
+                operation="outbox.add",
+            ) from exc
+        telemetry.outbox_added(tx.dialect, queue, len(ids))
+        return ids
 
     # -- schema --------------------------------------------------------------------------
     def install(self, conn: Any = None) -> None:

@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 
 from . import telemetry
 from ._core import forks
-from ._core.flavour import ASYNC
 from ._core.hooks import ahook, get_hook
 from ._core.options import option_seconds
 from ._core.sqlconn import adapt_async, is_undefined_table
+from ._core.transaction import own_transaction_async
 from ._core.url import parse_url
 from ._core.validate import MAX_LISTING, check_name, check_namespace, check_queue_name
 from .backends import open_outbox_backend, sql_dialect
@@ -39,9 +39,6 @@ from .backends.base import (
 from .backends.clients import Client, describe_target
 from .errors import BackendError, ConfigurationError, JobfenceError, SchemaMissing
 from .queue_async import _check_delay, _check_headers
-
-if ASYNC:
-    from ._core.transaction import transaction_of
 
 __all__ = ["DEFAULT_OUTBOX_URL", "DEFAULT_RETENTION", "AsyncOutbox"]
 
@@ -299,10 +296,9 @@ class AsyncOutbox:
         texts = [_encode_body(body) for body in bodies]
         if not texts:
             return []
-        if ASYNC:
-            tx = transaction_of(conn)
-            if tx is not None:  # a jobfence.testing simulated table or transaction
-                return await self._add_in_transaction(tx, queue, id_list, texts, key, head, delay)
+        tx = own_transaction_async(conn)
+        if tx is not None:  # a jobfence.testing simulated table or transaction
+            return await self._add_in_transaction(tx, queue, id_list, texts, key, head, delay)
         sc = adapt_async(conn, argument="conn", operation="outbox.add")
         queries = self._add_queries.get(sc.dialect)
         if queries is None:
@@ -354,45 +350,43 @@ class AsyncOutbox:
         telemetry.outbox_added(sc.dialect, queue, len(rows))
         return id_list
 
-    if ASYNC:
-
-        async def _add_in_transaction(
-            self,
-            tx: Any,
-            queue: str,
-            ids: list[str],
-            texts: list[str],
-            key: str | None,
-            headers: str | None,
-            delay: float,
-        ) -> list[str]:
-            """:meth:`add` on an object that is a transaction of its own (see
-            ``jobfence._core.transaction``): ``tx.outbox_add(table, row)`` per row, with the
-            same hook point and telemetry."""
-            head = None if headers is None else json.loads(headers)
-            try:
-                await ahook("outbox.add", queue=queue, ids=ids, backend=tx.dialect)
-                for id_, text in zip(ids, texts, strict=True):
-                    row = {
-                        "id": id_,
-                        "queue": queue,
-                        "key": key,
-                        "body": text.encode("utf-8"),
-                        "headers": dict(head or {}),
-                        "delay": delay,
-                    }
-                    await tx.outbox_add(self.table, row)
-            except JobfenceError:
-                raise
-            except Exception as exc:
-                raise BackendError(
-                    f"{tx.dialect} transaction: outbox.add for queue {queue!r} failed: "
-                    f"{type(exc).__name__}: {exc}",
-                    backend=tx.dialect,
-                    operation="outbox.add",
-                ) from exc
-            telemetry.outbox_added(tx.dialect, queue, len(ids))
-            return ids
+    async def _add_in_transaction(
+        self,
+        tx: Any,
+        queue: str,
+        ids: list[str],
+        texts: list[str],
+        key: str | None,
+        headers: str | None,
+        delay: float,
+    ) -> list[str]:
+        """:meth:`add` on an object that is a transaction of its own (see
+        ``jobfence._core.transaction``): ``tx.outbox_add(table, row)`` per row, with the
+        same hook point and telemetry."""
+        head = None if headers is None else json.loads(headers)
+        try:
+            await ahook("outbox.add", queue=queue, ids=ids, backend=tx.dialect)
+            for id_, text in zip(ids, texts, strict=True):
+                row = {
+                    "id": id_,
+                    "queue": queue,
+                    "key": key,
+                    "body": text.encode("utf-8"),
+                    "headers": dict(head or {}),
+                    "delay": delay,
+                }
+                await tx.outbox_add(self.table, row)
+        except JobfenceError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"{tx.dialect} transaction: outbox.add for queue {queue!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                backend=tx.dialect,
+                operation="outbox.add",
+            ) from exc
+        telemetry.outbox_added(tx.dialect, queue, len(ids))
+        return ids
 
     # -- schema --------------------------------------------------------------------------
     async def install(self, conn: Any = None) -> None:

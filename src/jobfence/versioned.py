@@ -28,6 +28,7 @@ from typing import Any
 
 from ._core.hooks import hook
 from ._core.sqlconn import SqlConn, SQLDialect, adapt, check_ident
+from ._core.transaction import own_transaction
 from .backends import sql_dialect
 from .errors import ConfigurationError, StaleVersion
 
@@ -92,6 +93,10 @@ def versioned_update(
             raise ConfigurationError(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
+    tx = own_transaction(conn)
+    if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+        hook("versioned.update", table=table, key=keys, version=expected)
+        return tx.versioned_update(table, keys, expected, sets, version_column)
     sc = adapt(conn, operation="versioned_update")
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote

@@ -24,14 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._core.flavour import ASYNC
 from ._core.hooks import ahook
 from ._core.sqlconn import AsyncSqlConn, SQLDialect, adapt_async, check_ident
+from ._core.transaction import own_transaction_async
 from .backends import sql_dialect
 from .errors import ConfigurationError, StaleVersion
-
-if ASYNC:
-    from ._core.transaction import transaction_of
 
 __all__ = ["versioned_update_async"]
 
@@ -94,11 +91,10 @@ async def versioned_update_async(
             raise ConfigurationError(
                 f"key column {col!r} is None: SQL '= NULL' never matches a row", argument="key"
             )
-    if ASYNC:
-        tx = transaction_of(conn)
-        if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
-            await ahook("versioned.update", table=table, key=keys, version=expected)
-            return await tx.versioned_update(table, keys, expected, sets, version_column)
+    tx = own_transaction_async(conn)
+    if tx is not None:  # e.g. a jobfence.testing simulated table or transaction
+        await ahook("versioned.update", table=table, key=keys, version=expected)
+        return await tx.versioned_update(table, keys, expected, sets, version_column)
     sc = adapt_async(conn, operation="versioned_update")
     dialect = sql_dialect(sc.dialect)
     quote = dialect.quote

@@ -8,19 +8,21 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "BlockWatch",
     "BoundedCaller",
     "Event",
     "Lock",
+    "Spawner",
     "Worker",
     "call_bounded",
     "current_worker",
     "join",
     "raise_if_cancelling",
     "run_callbacks",
+    "set_spawner",
     "spawn",
     "start",
     "wait_all",
@@ -33,6 +35,53 @@ Lock = threading.Lock
 Worker = threading.Thread
 
 
+class Spawner(Protocol):
+    """Who runs jobfence's background threads while one is installed (:func:`set_spawner`).
+
+    The simulation of ``jobfence.testing`` installs one for the duration of a schedule, so
+    that the threads a simulated thread task starts (a sync client's renewer, a give-back in
+    the background, the ``on_lost`` callbacks) are tasks of the simulation too, run at its
+    points and wait in its virtual time, instead of running beside it on real time. Without
+    one (production, ordinary tests), every function here is a plain thread operation and
+    pays a single ``is None`` test for the seam.
+    """
+
+    def spawn(
+        self, fn: Callable[[], Any], name: str, abandon: Callable[[], None] | None
+    ) -> threading.Thread | None:
+        """Start ``fn`` as a controlled thread named after ``name`` and return its thread;
+        ``None`` to let a plain daemon thread run it (a caller the spawner does not
+        control). ``abandon()``, if given, is called instead of ``fn`` when the thread is
+        never let run (its process died first, or the simulation ended)."""
+        ...
+
+    def controls(self) -> bool:
+        """Whether the calling thread is one the spawner controls: its waits go through
+        :meth:`wait`, its calls bounded in time run in it (:class:`BoundedCaller`)."""
+        ...
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """Wait (a controlled caller only) until ``event`` is set or ``timeout`` seconds of
+        the spawner's time pass; return whether it is set."""
+        ...
+
+    def join(self, worker: threading.Thread, timeout: float) -> bool:
+        """Wait for ``worker`` to finish if it is a controlled thread (True: handled, the
+        caller need not join it itself); False for a plain thread."""
+        ...
+
+
+#: the spawner installed now (``None``: plain threads); see :class:`Spawner`
+_spawner: Spawner | None = None
+
+
+def set_spawner(spawner: Spawner | None) -> Spawner | None:
+    """Install ``spawner`` (``None``: plain threads again); return the previous one."""
+    global _spawner
+    old, _spawner = _spawner, spawner
+    return old
+
+
 def wait_event(event: threading.Event, timeout: float | None) -> bool:
     """Wait until ``event`` is set or ``timeout`` seconds pass; return whether it is set."""
     if event.is_set():
@@ -42,8 +91,17 @@ def wait_event(event: threading.Event, timeout: float | None) -> bool:
     return event.wait(timeout)
 
 
-def spawn(fn: Callable[[], Any], name: str) -> threading.Thread:
-    """Run ``fn`` in the background: a daemon thread."""
+def spawn(
+    fn: Callable[[], Any], name: str, *, abandon: Callable[[], None] | None = None
+) -> threading.Thread:
+    """Run ``fn`` in the background: a daemon thread (a controlled one while a
+    :class:`Spawner` is installed and controls the caller; ``abandon`` is then called instead
+    of ``fn`` if that thread never runs)."""
+    spawner = _spawner
+    if spawner is not None:
+        controlled = spawner.spawn(fn, name, abandon)
+        if controlled is not None:
+            return controlled
     thread = threading.Thread(target=fn, name=name, daemon=True)
     thread.start()
     return thread
@@ -52,6 +110,9 @@ def spawn(fn: Callable[[], Any], name: str) -> threading.Thread:
 def join(worker: threading.Thread | None, timeout: float) -> None:
     """Wait (at most ``timeout`` s) for a background thread to finish."""
     if worker is not None and worker.is_alive() and worker is not threading.current_thread():
+        spawner = _spawner
+        if spawner is not None and spawner.join(worker, timeout):
+            return
         worker.join(timeout)
 
 
@@ -69,20 +130,53 @@ def start(fn: Callable[[], Any], tracked: set[Any], name: str) -> concurrent.fut
         finally:
             tracked.discard(future)
 
-    spawn(run, name)
+    def never_run() -> None:  # a controlled thread that was never let run
+        future.cancel()
+        future.set_running_or_notify_cancel()  # wakes concurrent.futures.wait() callers
+        tracked.discard(future)
+
+    spawn(run, name, abandon=never_run)
     return future
 
 
 def wait_done(future: concurrent.futures.Future[Any], timeout: float) -> bool:
     """Wait (at most ``timeout`` s) for ``future`` to finish; return whether it has."""
-    concurrent.futures.wait([future], timeout=max(0.0, timeout))
+    spawner = _spawner
+    if spawner is not None and spawner.controls():
+        _controlled_wait(spawner, [future], timeout)
+    else:
+        concurrent.futures.wait([future], timeout=max(0.0, timeout))
     return future.done()
 
 
 def wait_all(tracked: set[Any], timeout: float) -> None:
     """Wait (at most ``timeout`` s) for the background calls in ``tracked`` to finish."""
     if tracked:
-        concurrent.futures.wait(set(tracked), timeout=timeout)
+        spawner = _spawner
+        if spawner is not None and spawner.controls():
+            _controlled_wait(spawner, list(tracked), timeout)
+        else:
+            concurrent.futures.wait(set(tracked), timeout=timeout)
+
+
+def _controlled_wait(
+    spawner: Spawner, futures: list[concurrent.futures.Future[Any]], timeout: float
+) -> None:
+    """Wait through ``spawner`` until every one of ``futures`` is done (or ``timeout``)."""
+    left = [len(futures)]
+    mutex = threading.Lock()
+    all_done = threading.Event()
+
+    def one_done(_: concurrent.futures.Future[Any]) -> None:
+        with mutex:
+            left[0] -= 1
+            if left[0] <= 0:
+                all_done.set()
+
+    for future in futures:
+        future.add_done_callback(one_done)  # at once if it is done already
+    if not all_done.is_set():
+        spawner.wait(all_done, max(0.0, timeout))
 
 
 class _Call:
@@ -124,6 +218,13 @@ class BoundedCaller:
         """Call ``fn()`` on a worker and wait at most ``timeout`` seconds for its answer;
         raise ``TimeoutError`` after that (a call already running goes on; a queued one is
         dropped)."""
+        spawner = _spawner
+        if spawner is not None and spawner.controls():
+            # a controlled (simulated) thread: the call runs in it, so its points are its
+            # own and it takes virtual time; there is no real hang to bound
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
+            return fn()
         job = _Call(fn)
         with self._cond:
             if self._closed:

@@ -53,7 +53,7 @@ from .checkers import (
 from .clock import ManualClock
 from .explore import Failure, Report, Tape, explore, replay
 from .faults import Fault, InjectedFault
-from .table import SimTable, SimTransaction, Write
+from .table import SimTable, SimTransaction, SyncTable, SyncTransaction, Write
 
 __all__ = [
     "POINTS",
@@ -71,6 +71,8 @@ __all__ = [
     "SimTask",
     "SimTransaction",
     "Simulation",
+    "SyncTable",
+    "SyncTransaction",
     "Tape",
     "Violation",
     "Write",

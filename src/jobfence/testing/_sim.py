@@ -2,8 +2,10 @@
 
 A :class:`Simulation` (the ``sim`` a scenario receives) owns the tasks of one run. Every
 task is an asyncio task on a :class:`~jobfence.testing._loop.SimLoop` (or a thread, for a
-plain function) and runs only between two *points*: the jobfence hook points (every backend
-operation and sleep), the points of simulated tables, and ``await testing.point(name)``. At
+plain function, and for the threads jobfence starts in a task: a sync client's renewer) and
+runs only between two *points*: the jobfence hook points (every backend operation and
+sleep), the points of simulated tables, and ``testing.point(name)`` (awaited in async
+code). At
 a point the strategy decides who goes on; everything between two points runs alone, so a
 schedule is a sequence of decisions (the *tape*) and replays exactly.
 """
@@ -17,26 +19,38 @@ import itertools
 import math
 import sys
 import threading
+import time
 import types
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypeVar, cast, overload
 
+from .._core import compat
 from .._core.clock import Clock
 from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
-from .faults import DEFAULT_PAUSE, Fault, InjectedFault
+from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
 from .strategies import Strategy
 
 if TYPE_CHECKING:
+    from ..inbox import Inbox
+    from ..inbox_async import AsyncInbox
+    from ..locks import Locks
+    from ..locks_async import AsyncLocks
+    from ..outbox import Outbox
+    from ..outbox_async import AsyncOutbox
+    from ..queue import Queue
+    from ..queue_async import AsyncQueue
     from ._loop import SimLoop
     from .checkers import Checker
     from .table import SimTable, _Table
     from .table_real import RealTable
 
 __all__ = ["SimClock", "SimTask", "Simulation", "Violation", "point"]
+
+C = TypeVar("C")
 
 #: the simulation running now (one at a time per process); the hook routes points here
 _current: Simulation | None = None
@@ -88,6 +102,22 @@ _PARKED = (-1, None)
 _CONCLUDED = object()
 #: points after which a process holds something another process recovers once it expires
 _TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
+
+
+class Hit(NamedTuple):
+    """One hit of a point in :attr:`Simulation.trail`: the ``point``, its ``nth`` hit over
+    every target, its ``target`` (:func:`~jobfence.testing.faults.target_of`) and ``tnth``, its
+    hit among those at that target; whether the ``task``'s process ``holds`` a lease, claim or
+    delivery there; the ``fault`` injected at it, if any. ``faults="auto"`` plans its faults
+    from schedule 0's trail; a failure reports the faults injected from its own."""
+
+    point: str
+    nth: int
+    target: str | None
+    tnth: int
+    holds: bool
+    task: SimTask
+    fault: Fault | None
 
 
 class Violation(Exception):
@@ -144,6 +174,9 @@ class SimTask:
     ctx: contextvars.Context | None = field(default=None, repr=False)
     park: asyncio.Future[None] | None = field(default=None, repr=False)
     command: tuple[int, Any] | None = field(default=None, repr=False)
+    # a thread task: its thread, and an event set once it runs no more simulated code
+    os_thread: threading.Thread | None = field(default=None, repr=False)
+    ended: threading.Event | None = field(default=None, repr=False)
 
 
 #: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
@@ -189,6 +222,8 @@ class SimClock(Clock):
         return await super().wait_async(event, timeout)
 
     def sleep(self, seconds: float) -> None:
+        """A blocking sleep (a ``sleep`` point): a thread task waits ``seconds`` of virtual
+        time, the others run meanwhile."""
         hook("sleep", seconds=seconds)
         sim = _current
         if sim is None:
@@ -196,6 +231,8 @@ class SimClock(Clock):
         sim.thread_wait(None, seconds)
 
     def wait(self, event: threading.Event, timeout: float) -> bool:
+        """A blocking wait for ``event``: a thread task waits at most ``timeout`` seconds of
+        virtual time (no point: waking is the scheduler's decision)."""
         if event.is_set():
             return True
         sim = _current
@@ -332,8 +369,11 @@ class Simulation:
         #: running ones, so they come first among the candidates (the FIFO choice)
         self.deferred: list[SimTask] = []
         self.sleeping: list[SimTask] = []  # thread tasks waiting in virtual time
+        self.thread_tasks: list[SimTask] = []  # every thread task, background ones too
+        self._blocking_clients: list[Any] = []  # sim.locks(sync=True)...
         self.hits: dict[str, int] = {}
-        self.trail: list[tuple[str, int, str]] = []  # (point, nth, task) when recording
+        self.target_hits: dict[tuple[str, str | None], int] = {}  # by (point, target)
+        self.trail: list[Hit] = []  # every hit when recording, else the faulted ones
         self.picks: list[str] = []
         self.deviations = 0
         self.steps = 0
@@ -367,6 +407,8 @@ class Simulation:
         #: the driven task whose coroutine :meth:`_slice` steps right now (what
         #: :meth:`current` answers on the loop's thread without looking it up)
         self._stepping: SimTask | None = None
+        #: tasks wait in :attr:`deferred` (in spawn order) for real I/O to answer
+        self._io_deferred = False
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -537,34 +579,103 @@ class Simulation:
         self.tables.append(table)
         return table
 
-    def locks(self, **options: Any) -> Any:
-        """An ``AsyncLocks`` on this schedule's own ``memory://`` store."""
-        from ..locks_async import AsyncLocks
+    def attach(self, conn: C) -> C:
+        """Make the statements of your own connection ``conn`` points until the schedule
+        ends, and return it (see :mod:`jobfence.testing.connections`)."""
+        from .connections import attach
 
-        client = AsyncLocks(f"memory://{self.namespace}", **options)
+        return attach(self, conn)
+
+    @overload
+    def locks(self, *, sync: Literal[False] = False, **options: Any) -> AsyncLocks: ...
+
+    @overload
+    def locks(self, *, sync: Literal[True], **options: Any) -> Locks: ...
+
+    def locks(self, *, sync: bool = False, **options: Any) -> AsyncLocks | Locks:
+        """An ``AsyncLocks`` on this schedule's own ``memory://`` store; with ``sync=True``
+        the blocking ``Locks`` on it, for thread tasks (its renewer is a background task of
+        the task whose lease it renews). Closed when the schedule ends."""
+        url = f"memory://{self.namespace}"
+        client: AsyncLocks | Locks
+        if _sync_flag(sync):
+            from ..locks import Locks
+
+            client = Locks(url, **options)
+            self._blocking_clients.append(client)
+        else:
+            from ..locks_async import AsyncLocks
+
+            client = AsyncLocks(url, **options)
         self.clients.append(client)
         return client
 
-    def inbox(self, **options: Any) -> Any:
-        """An ``AsyncInbox`` on this schedule's own ``memory://`` store."""
-        from ..inbox_async import AsyncInbox
+    @overload
+    def inbox(self, *, sync: Literal[False] = False, **options: Any) -> AsyncInbox: ...
 
-        client = AsyncInbox(f"memory://{self.namespace}", **options)
+    @overload
+    def inbox(self, *, sync: Literal[True], **options: Any) -> Inbox: ...
+
+    def inbox(self, *, sync: bool = False, **options: Any) -> AsyncInbox | Inbox:
+        """An ``AsyncInbox`` on this schedule's own ``memory://`` store; with ``sync=True``
+        the blocking ``Inbox``, for thread tasks. Closed when the schedule ends."""
+        url = f"memory://{self.namespace}"
+        client: AsyncInbox | Inbox
+        if _sync_flag(sync):
+            from ..inbox import Inbox
+
+            client = Inbox(url, **options)
+            self._blocking_clients.append(client)
+        else:
+            from ..inbox_async import AsyncInbox
+
+            client = AsyncInbox(url, **options)
         self.clients.append(client)
         return client
 
-    def queue(self, name: str = "jobs", **options: Any) -> Any:
-        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store.
-        Every message published to that queue, by any client, is noted in
-        :meth:`published`."""
-        from ..queue_async import AsyncQueue
+    @overload
+    def queue(
+        self, name: str = "jobs", *, sync: Literal[False] = False, **options: Any
+    ) -> AsyncQueue: ...
 
-        client = AsyncQueue(f"memory://{self.namespace}", name, **options)
+    @overload
+    def queue(self, name: str = "jobs", *, sync: Literal[True], **options: Any) -> Queue: ...
+
+    def queue(
+        self, name: str = "jobs", *, sync: bool = False, **options: Any
+    ) -> AsyncQueue | Queue:
+        """An ``AsyncQueue`` named ``name`` on this schedule's own ``memory://`` store (with
+        ``sync=True`` the blocking ``Queue``, for thread tasks). Every message published to
+        that queue, by any client, is noted in :meth:`published`. Closed when the schedule
+        ends."""
+        url = f"memory://{self.namespace}"
+        client: AsyncQueue | Queue
+        if _sync_flag(sync):
+            from ..queue import Queue
+
+            client = Queue(url, name, **options)
+            self._blocking_clients.append(client)
+        else:
+            from ..queue_async import AsyncQueue
+
+            client = AsyncQueue(url, name, **options)
         self.clients.append(client)
         self._journal(name)
         return client
 
-    def outbox(self, table: str = "jobfence_outbox", **options: Any) -> Any:
+    @overload
+    def outbox(
+        self, table: str = "jobfence_outbox", *, sync: Literal[False] = False, **options: Any
+    ) -> AsyncOutbox: ...
+
+    @overload
+    def outbox(
+        self, table: str = "jobfence_outbox", *, sync: Literal[True], **options: Any
+    ) -> Outbox: ...
+
+    def outbox(
+        self, table: str = "jobfence_outbox", *, sync: bool = False, **options: Any
+    ) -> AsyncOutbox | Outbox:
         """An ``AsyncOutbox`` whose table ``table`` lives in this schedule's own ``memory://``
         store, as a simulated table's inbox markers live in its database: ``await
         outbox.add(tx, ...)`` on a simulated transaction (``sim.table(...).transaction()``)
@@ -572,13 +683,24 @@ class Simulation:
         on a simulated table, at once. ``jobfence.AsyncRelay(outbox, to)`` relays them, its
         claims, sends and settlements at the points ``outbox.claim``, ``outbox.publish`` and
         ``outbox.settle``; the rows' leases run on virtual time. ``options``: those of
-        ``AsyncOutbox`` (``retention``)."""
+        ``AsyncOutbox`` (``retention``). With ``sync=True``: the blocking ``Outbox`` on the
+        same store (for thread tasks; ``jobfence.Relay(outbox, to)`` relays its rows).
+        Closed when the schedule ends."""
         from .._core.url import parse_url
-        from ..backends.memory.outbox import AsyncMemoryOutboxBackend
-        from ..outbox_async import AsyncOutbox
 
-        backend = AsyncMemoryOutboxBackend(parse_url(f"memory://{self.namespace}"), table=table)
-        client = AsyncOutbox(backend, **options)
+        url = parse_url(f"memory://{self.namespace}")
+        client: AsyncOutbox | Outbox
+        if _sync_flag(sync):
+            from ..backends.memory.outbox import MemoryOutboxBackend
+            from ..outbox import Outbox
+
+            client = Outbox(MemoryOutboxBackend(url, table=table), **options)
+            self._blocking_clients.append(client)
+        else:
+            from ..backends.memory.outbox import AsyncMemoryOutboxBackend
+            from ..outbox_async import AsyncOutbox
+
+            client = AsyncOutbox(AsyncMemoryOutboxBackend(url, table=table), **options)
         self.clients.append(client)
         return client
 
@@ -678,16 +800,25 @@ class Simulation:
                 f"the schedule's tasks reached more than max_steps={self.max_steps} points"
             )
         nth = self.hits[point] = self.hits.get(point, 0) + 1
-        if self.record:
-            self.trail.append((point, nth, "+" if task.process.holds else ""))
-            if point in _TAKES:
-                task.process.holds = True
         fault = None
-        if self._by_hit:  # a schedule without faults skips the look-up
-            for f in self._by_hit.get((point, nth), ()):
-                if f.task is None or task.name == f.task:
+        if self._by_hit or self.record:  # a schedule without faults skips the look-up
+            # a targeted fault counts the hits of its point at its target only
+            target = target_of(point, info)
+            at = (point, target)
+            tnth = self.target_hits[at] = self.target_hits.get(at, 0) + 1
+            for f in (
+                *self._by_hit.get((point, nth), ()),
+                *(self._by_hit.get((point, tnth), ()) if tnth != nth else ()),
+            ):
+                if (
+                    f.nth == nth if f.target is None else f.target == target and f.nth == tnth
+                ) and (f.task is None or task.name == f.task):
                     fault = f
                     break
+            if self.record or fault is not None:  # every hit, or the ones a fault hit
+                self.trail.append(Hit(point, nth, target, tnth, task.process.holds, task, fault))
+            if self.record and point in _TAKES:
+                task.process.holds = True
             if fault is not None and fault.kind == "lost_ack":
                 self._lose_ack(info)
                 fault = None
@@ -752,14 +883,27 @@ class Simulation:
         owner = self._owner
         if (
             self._ready  # others first reach their points
-            # a real statement in flight (not stalled): its answer first, whenever it comes,
-            # so that the decision does not depend on the server's timing
-            or self.external
             # a task cancelled while its driver steps others hears of it at its point first,
             # as one whose wake-up is ready
             or (owner is not None and owner.atask._must_cancel)  # type: ignore[union-attr]
         ):
             self.deferred.append(task)
+            return False
+        if not self.deferred:
+            self._io_deferred = False
+        if self._io_deferred or (self.external > 0 and not any(s.stalled for s in self.statements)):
+            # a real statement is in flight: decide once it answered (when the loop is
+            # idle), never while it runs; the tasks that reach their points meanwhile do so
+            # in an order real timing chose, so they queue in spawn order
+            self._io_deferred = True
+            order = {t: i for i, t in enumerate(self.tasks)}
+            rank = (order.get(task, len(order)), task.name)
+            at = len(self.deferred)
+            for i, other in enumerate(self.deferred):
+                if (order.get(other, len(order)), other.name) > rank:
+                    at = i
+                    break
+            self.deferred.insert(at, task)
             return False
         if self.impaired or self.sleeping:
             others = [t for t in self.parked if self.runnable(t)]
@@ -811,10 +955,7 @@ class Simulation:
         self.parked.remove(task)
         task.parked_at = None
         if task.thread:
-            self.running_threads += 1
-            self.external += 1
-            assert task.go is not None
-            task.go.set()
+            self._thread_release(task)
             return
         if task.driven:
             self._signal(task, (_GO, None))
@@ -907,132 +1048,291 @@ class Simulation:
             self.failure = error
         return error
 
-    # -- threads (plain functions) ----------------------------------------------------------
+    # -- threads (plain functions, and the threads jobfence starts in tasks) ---------------
+    #
+    # A thread task runs only while the scheduler lets it: it waits on its ``go`` event
+    # everywhere else. The loop thread owns the scheduling state while no thread task runs;
+    # the one thread task that runs owns it until it stops (parks at a point, waits, or
+    # ends), and then hands over by posting one callback to the loop (``_thread_stopped``,
+    # ``_thread_ended``): the counters of running threads, a crash's effects, a timer and
+    # the release of the task it chose change there, on the loop thread, in one step. So
+    # exactly one of them runs at any time, and a schedule of thread tasks replays exactly.
+
     def _start_thread(
-        self, task: SimTask, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        task: SimTask,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        abandon: Callable[[], None] | None = None,
+        ctx: contextvars.Context | None = None,
     ) -> None:
-        task.go = threading.Event()
-        ctx = contextvars.copy_context()
-        ctx.run(_PROCESS.set, task.process)
-        loop = self.loop
+        """Run ``fn(*args, **kwargs)`` as the thread task ``task``, parked at ``start``
+        until the scheduler lets it go; ``abandon()`` runs instead of ``fn`` if it is never
+        let go (its process crashed first, or the schedule ended)."""
+        go = task.go = threading.Event()
+        ended = task.ended = threading.Event()
+        if ctx is None:
+            ctx = contextvars.copy_context()
+            ctx.run(_PROCESS.set, task.process)
+        run_in = ctx
 
         def body() -> None:
-            self._by_thread[threading.get_ident()] = task
-            task.go.wait()  # type: ignore[union-attr]
+            ident = threading.get_ident()
+            self._by_thread[ident] = task
+            stop = False
             try:
-                task.result = ctx.run(fn, *args, **kwargs)
+                go.wait()
+                if self.stopping or task.process.crashed:
+                    if abandon is not None:
+                        abandon()
+                else:
+                    task.result = run_in.run(fn, *args, **kwargs)
             except _Crashed:
                 pass
+            except _Stop:  # a check failed (or a budget ran out) at one of its points
+                stop = True
             except BaseException as exc:
                 task.error = exc
             finally:
+                if self._by_thread.get(ident) is task:
+                    del self._by_thread[ident]  # its id may be another thread's later
                 task.done = True
-                with self._cv:
-                    self.running_threads -= 1
-                    self.external -= 1
-                try:
-                    loop.call_soon_threadsafe(self._thread_done, task)
-                except RuntimeError:  # the loop is closed: the schedule ended
-                    pass
+                ended.set()
+                self._post(self._thread_ended, task, stop)
 
+        thread = threading.Thread(target=body, name=f"jobfence-sim-{task.name}", daemon=True)
+        task.os_thread = thread
         task.parked_at = "start"
         self.parked.append(task)
-        threading.Thread(target=body, name=f"jobfence-sim-{task.name}", daemon=True).start()
+        self.thread_tasks.append(task)
+        thread.start()
+        if self.stopping:  # started while the schedule ends: it never runs
+            go.set()
 
-    def _thread_done(self, task: SimTask) -> None:
+    def _spawn_background(
+        self, fn: Callable[[], Any], abandon: Callable[[], None] | None
+    ) -> threading.Thread | None:
+        """A thread jobfence starts (``_core.compat.spawn``: a sync client's renewer, a
+        give-back, ``on_lost`` callbacks): from a task, a background thread task of the
+        task's process (``t1.1``...), paused and crashed with it; ``None`` (a plain thread)
+        from the scenario itself or from a thread that is no task."""
+        parent = self.current()
+        if parent is None or parent.process is self.main:
+            return None
+        proc = parent.process
+        proc.background += 1
+        task = SimTask(f"{proc.name}.{proc.background}", proc, thread=True)
+        # a new thread starts with an empty context, as it does outside a simulation
+        self._start_thread(task, fn, (), {}, abandon=abandon, ctx=contextvars.Context())
+        return task.os_thread
+
+    def _join_thread(self, worker: threading.Thread, timeout: float) -> bool:
+        """``_core.compat.join`` of ``worker``: False if it is no thread task. A thread task
+        waits for it in virtual time; anyone else does not wait (a real wait would hold up
+        the tasks, or wait for what only the scheduler makes happen): the thread ends once
+        it runs (a renewer whose client closed) or when the schedule ends."""
+        task = next((t for t in self.thread_tasks if t.os_thread is worker), None)
+        if task is None or task.ended is None:
+            return False
+        if not task.ended.is_set() and threading.get_ident() in self._by_thread:
+            self.thread_wait(task.ended, timeout)
+        if task.ended.is_set():
+            worker.join(max(timeout, 0.0))  # past its last simulated step: it is exiting
+        return True
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Have the loop thread call ``fn(*args)`` (from a thread task)."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the schedule ended
+            pass
+
+    def _thread_ended(self, task: SimTask, stop: bool) -> None:
+        """(loop thread) A thread task's function returned or raised."""
+        if self.stopping:  # unwound at the end of the schedule: nothing left to decide
+            return
+        self.running_threads -= 1
+        self.external -= 1
         self._finish(task)
+        if stop:
+            self.loop.stop()  # a check failed: the schedule ends here
+
+    def _thread_stopped(
+        self,
+        task: SimTask,
+        chosen: SimTask | None,
+        crashed: _Process | None,
+        until: float | None,
+    ) -> None:
+        """(loop thread) The running thread task ``task`` parked or waits: it runs no more;
+        its process ``crashed``, a timer at ``until`` (its pause's or wait's end), and the
+        task it chose (if any) goes on."""
+        if self.stopping:
+            return
+        self.running_threads -= 1
+        self.external -= 1
+        if crashed is not None:
+            self.crash(crashed)
+        if until is not None and math.isfinite(until):
+            self.loop.call_at(until, self.noop)  # so that time gets there
+        if chosen is not None:
+            self._release(chosen)
+
+    def _thread_release(self, task: SimTask) -> None:
+        """(loop thread) Let the parked or waiting thread task ``task`` go. It counts as
+        running from now on (the loop waits for it to stop again), and is woken by the
+        loop's next callback: after whoever chose it (an async task at its point) parked, so
+        that it sees the same candidates in every run."""
+        self.running_threads += 1
+        self.external += 1
+        assert task.go is not None
+        self.loop.call_soon(task.go.set)
 
     def _thread_point(self, task: SimTask, point: str, fault: Fault | None) -> None:
+        """(in the thread of ``task``) A thread task reached ``point``: it goes on, or parks
+        until the scheduler lets it go; then the ``fault`` there, if any, takes effect."""
         proc = task.process
+        crashed = None
+        until = None
         if fault is not None:
             self.impaired = True
-        if fault is not None and fault.kind == "crash":
-            proc.crashed = True
-            self.loop.call_soon_threadsafe(self.crash, proc)
-        elif fault is not None and fault.kind == "pause_past_ttl":
-            until = self.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
-            proc.paused_until = until
-            self.loop.call_soon_threadsafe(self.loop.call_at, until, self.noop)
-        forced = fault is not None
-        if proc.crashed or proc.paused_until is not None or not self._thread_go_on(task, forced):
-            self._thread_park(task, point)
+            if fault.kind == "crash":
+                proc.crashed = True
+                crashed = proc
+            elif fault.kind == "pause_past_ttl":
+                until = self.loop.vtime + (fault.seconds or DEFAULT_PAUSE)
+                proc.paused_until = until
+        if proc.crashed or proc.paused_until is not None:
+            self._thread_park(task, point, None, crashed, until)
+        else:
+            chosen = self._thread_choose(task, fault is not None)
+            if chosen is not task:
+                self._thread_park(task, point, chosen, None, None)
         if proc.crashed:
             raise _Crashed
         if fault is not None and fault.kind == "transient":
             raise InjectedFault(fault)
 
-    def _thread_go_on(self, task: SimTask, forced: bool) -> bool:
-        if self.checkers:  # every other task waits while a thread task runs
+    def _thread_choose(self, task: SimTask, forced: bool) -> SimTask | None:
+        """The decision at a thread task's point, made in its thread (every other task
+        waits): ``task`` itself, another task, or ``None`` (it parks and the loop decides,
+        after time moved: ``forced`` by a fault, as an async task is)."""
+        if self.checkers:
             self.run_checks()
         others = [t for t in self.parked if self.runnable(t)]
+        self._wake_threads(others)
         if not others:
-            return not forced
+            return task if not forced or not self._has_timers() else None
         candidates = [*others, task] if forced else [task, *others]
-        chosen = self._pick(candidates)
-        if chosen is task:
-            return True
-        if chosen.thread:
-            self.parked.remove(chosen)
-            chosen.parked_at = None
-            self.running_threads += 1
-            self.external += 1
-            assert chosen.go is not None
-            chosen.go.set()
-        else:
-            self.loop.call_soon_threadsafe(self._release, chosen)
-        return False
+        return self._pick(candidates)
 
-    def _thread_park(self, task: SimTask, point: str) -> None:
+    def _thread_park(
+        self,
+        task: SimTask,
+        point: str,
+        chosen: SimTask | None,
+        crashed: _Process | None,
+        until: float | None,
+    ) -> None:
         assert task.go is not None
-        task.go.clear()
+        task.go.clear()  # before it is a candidate: a release from now on is not lost
         task.parked_at = point
         self.parked.append(task)
-        self._thread_yield(task)
+        self._post(self._thread_stopped, task, chosen, crashed, until)
+        self._thread_sleep(task)
 
-    def _thread_yield(self, task: SimTask) -> None:
-        """A thread task stops running (parked or waiting): wake the loop, which waits for
-        that, and wait until the scheduler lets it go again."""
+    def _thread_sleep(self, task: SimTask) -> None:
+        """Wait until the scheduler lets ``task`` go (or the schedule ends: ``_Crashed``)."""
         assert task.go is not None
-        with self._cv:
-            self.running_threads -= 1
-            self.external -= 1
-        self.loop.call_soon_threadsafe(self.noop)
-        task.go.wait()
+        if not self.stopping:
+            task.go.wait()
         if self.stopping:
             raise _Crashed
 
     def thread_wait(self, event: threading.Event | None, timeout: float) -> None:
-        """A thread task waits in virtual time for ``event`` (or just sleeps)."""
+        """A thread waits for ``event`` (``None``: it sleeps) at most ``timeout`` virtual
+        seconds. A thread task stops running meanwhile (the scheduler wakes it once the
+        time passed or the event is set, at a decision); another thread waits on its own."""
         task = self._by_thread.get(threading.get_ident())
-        if task is None:  # a thread of jobfence's own (a sync renewer): not controlled
-            done = threading.Event()
-            self.loop.call_soon_threadsafe(
-                lambda: self.loop.call_at(self.loop.vtime + max(timeout, 0), done.set)
-            )
-            while not done.is_set() and not (event is not None and event.is_set()):
-                done.wait(0.01)
+        if task is None:
+            self._outside_wait(event, timeout)
             return
-        task.wait_event = event
-        task.wait_until = self.loop.vtime + max(timeout, 0)
-        self.loop.call_soon_threadsafe(self.loop.call_at, task.wait_until, self.noop)
+        if self.stopping:
+            raise _Crashed
         assert task.go is not None
         task.go.clear()
+        task.wait_event = event
+        task.wait_until = self.loop.vtime + max(timeout, 0.0)
         self.sleeping.append(task)
-        self._thread_yield(task)
+        self._post(self._thread_stopped, task, None, None, task.wait_until)
+        self._thread_sleep(task)
+
+    def _outside_wait(self, event: threading.Event | None, timeout: float) -> None:
+        """A wait of a thread that is no task: one the scenario itself started (the renewer
+        of a sync client it uses), or a clean-up as the schedule ends. It waits for virtual
+        time to pass on its own, beside the tasks (not in the schedule's order)."""
+        if _running_loop() is self.loop and not self.stopping:
+            raise ConfigurationError(
+                "a blocking wait on the simulation's event loop would stop every task: use "
+                "the async clients (sim.locks()...) in async code, the sync ones "
+                "(sim.locks(sync=True)...) in plain functions given to sim.spawn",
+                argument="sync",
+            )
+        if self.stopping or not self.loop.is_running():
+            # nothing moves virtual time any more: a short real wait, the caller looks again
+            pause = min(max(timeout, 0.0), 0.01)
+            if event is not None:
+                event.wait(pause)
+            else:
+                time.sleep(pause)
+            return
+        done = threading.Event()
+        due = self.loop.vtime + max(timeout, 0.0)
+        if math.isfinite(due):
+            self._post(self._timer_for, due, done)
+        while not done.is_set() and not (event is not None and event.is_set()):
+            if self.stopping:
+                return
+            done.wait(0.01)
+
+    def _timer_for(self, due: float, done: threading.Event) -> None:
+        self.loop.call_at(due, done.set)
 
     def _wake_threads(self, into: list[SimTask]) -> None:
-        """Thread tasks whose virtual wait is over (time or event) become candidates."""
+        """Thread tasks whose virtual wait is over (time or event) become candidates,
+        unless their process is paused or crashed: those wait on until it goes on."""
         if not self.sleeping:
             return
         now = self.loop.vtime
         for task in list(self.sleeping):
             due = task.wait_until is not None and now >= task.wait_until
-            if due or (task.wait_event is not None and task.wait_event.is_set()):
+            woken = due or (task.wait_event is not None and task.wait_event.is_set())
+            if woken and self.runnable(task):
                 self.sleeping.remove(task)
                 task.wait_event = task.wait_until = None
                 task.parked_at = "wait"
                 self.parked.append(task)
                 into.append(task)
+
+    def stop_threads(self, timeout: float = 5.0) -> None:
+        """The schedule ends: every thread task still alive stops as a crashed process's
+        does (``_Crashed`` where it waits or at its next point; one never let go does not
+        run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
+        of the schedule outlives it."""
+        self.stopping = True
+        for task in list(self.thread_tasks):
+            if task.ended is not None and not task.ended.is_set():
+                task.process.crashed = True
+                assert task.go is not None
+                task.go.set()
+        deadline = time.monotonic() + timeout
+        me = threading.current_thread()
+        for task in list(self.thread_tasks):
+            thread = task.os_thread
+            if thread is not None and thread is not me:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- running ----------------------------------------------------------------------------
     @types.coroutine
@@ -1207,11 +1507,32 @@ class Simulation:
             yield name, holders
 
     async def close_clients(self) -> None:
+        blocking = self._blocking_clients
+        if blocking:
+            self._close_blocking(blocking)
         for client in reversed(self.clients):
+            if any(client is b for b in blocking):
+                continue
             try:
                 await client.close()
             except Exception:  # a crashed task's client: nothing left to give back
                 pass
+
+    def _close_blocking(self, clients: list[Any], timeout: float = 10.0) -> None:
+        """Close the blocking clients of ``sim.locks(sync=True)``... as the schedule ends
+        (after :meth:`stop_threads`): in a thread of their own, off the loop thread (a close
+        may wait, which would block the loop), joined at most ``timeout`` real seconds."""
+
+        def close_all() -> None:
+            for client in reversed(clients):
+                try:
+                    client.close()
+                except Exception:  # a crashed task's client: nothing left to give back
+                    pass
+
+        closer = threading.Thread(target=close_all, name="jobfence-sim-close", daemon=True)
+        closer.start()
+        closer.join(timeout)
 
 
 def verdict(checker: Checker, sim: Simulation, *, end: bool) -> str | None:
@@ -1247,6 +1568,15 @@ def _expected(error: BaseException) -> bool:
     return False
 
 
+def _sync_flag(sync: object) -> bool:
+    if not isinstance(sync, bool):
+        raise ConfigurationError(
+            f"sync must be True (a blocking client) or False (asyncio), got {sync!r}",
+            argument="sync",
+        )
+    return sync
+
+
 #: point names found good already (a point is reached thousands of times per explore)
 _GOOD_NAMES: set[str] = set()
 
@@ -1263,22 +1593,83 @@ def _check_point_name(name: object, argument: str) -> None:
         _GOOD_NAMES.add(name)
 
 
-async def point(name: str) -> None:
+class _Passed:
+    """What :func:`point` returns where there is nothing to wait for (outside a
+    simulation, or in a thread task, which waited at the point already): an awaitable that
+    is done, so ``await point(...)`` and ``point(...)`` both work, and never a coroutine
+    (nothing to forget to await, no "never awaited" warning)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that finishes at once
+
+    def __repr__(self) -> str:
+        return "<jobfence.testing.point: passed>"
+
+
+_PASSED = _Passed()
+
+
+def point(name: str, *, target: Any = None) -> Awaitable[None]:
     """A point in your own code: a place where the simulation may switch tasks or inject
-    a fault (``await testing.point("db.write")``): ``name`` is the point's name, the one a
-    fault targets. Outside a simulation it does nothing."""
+    a fault. ``name`` is the point's name, the one a fault targets; ``target`` (optional)
+    says what the point acts on (a table, a key...), passed to the hook as
+    ``info["target"]`` so that a fault can be aimed at it.
+
+    In an async task, ``await testing.point("charge")``: the task waits there for the
+    scheduler's decision. In a thread task (a plain function given to ``sim.spawn``), call
+    it without ``await``, ``testing.point("charge")``: it blocks there until the scheduler
+    lets the task go. A fault at the point takes effect in both (``transient`` raises
+    :class:`~jobfence.testing.InjectedFault`, ``pause_past_ttl`` and ``crash`` stop or kill
+    the task's process). Outside a simulation it does nothing, in either form. Returns an
+    awaitable, already done except in an async task of a simulation."""
     _check_point_name(name, "name")
     sim = _current
     if sim is None:
-        return
-    gate = sim.on_point(name, {})
-    if gate is not None:
-        await gate
+        return _PASSED
+    gate = sim.on_point(name, {} if target is None else {"target": target})
+    return _PASSED if gate is None else cast("Awaitable[None]", gate)
+
+
+class _Spawner:
+    """The ``_core.compat.Spawner`` a schedule installs: the threads jobfence starts from a
+    task become thread tasks of the simulation running now (see
+    :meth:`Simulation._spawn_background`)."""
+
+    __slots__ = ()
+
+    def spawn(
+        self, fn: Callable[[], Any], name: str, abandon: Callable[[], None] | None
+    ) -> threading.Thread | None:
+        sim = _current
+        return None if sim is None else sim._spawn_background(fn, abandon)
+
+    def controls(self) -> bool:
+        sim = _current
+        return sim is not None and threading.get_ident() in sim._by_thread
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        sim = _current
+        if sim is not None and not event.is_set():
+            sim.thread_wait(event, timeout)
+        return event.is_set()
+
+    def join(self, worker: threading.Thread, timeout: float) -> bool:
+        sim = _current
+        return sim is not None and sim._join_thread(worker, timeout)
+
+
+_SPAWNER = _Spawner()
 
 
 def install(sim: Simulation | None) -> None:
+    """Make ``sim`` the simulation the hook points and jobfence's threads go to (``None``:
+    none)."""
     global _current
     _current = sim
+    compat.set_spawner(None if sim is None else _SPAWNER)
 
 
 route = _route

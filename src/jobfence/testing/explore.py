@@ -1,17 +1,20 @@
 """Run a scenario under many schedules and faults; report, replay and shrink failures.
 
 ``explore(scenario, schedules=1000, seed=0, faults="auto")`` runs ``scenario(sim)`` once per
-schedule. Schedule ``i`` has the seed ``seed + i``; it is fully determined by it (its faults
-and, for the random strategies, the generator of its picks), so ``pytest
---jobfence-seed=N`` re-runs exactly schedule ``N - seed`` of every ``explore`` in the test.
-Schedule 0 is always FIFO without faults (it also records the points the scenario hits).
+schedule. Schedule ``i`` (its *index*, from 0) has the *seed* ``seed + i``; it is fully
+determined by it (its faults and, for the random strategies, the generator of its picks). A
+failure prints both; ``pytest --jobfence-seed=N`` always takes the seed, never the index: it
+re-runs exactly schedule ``N - seed`` of every ``explore`` in the test whose seeds include
+``N`` (after schedule 0), and leaves an ``explore`` whose seeds do not include ``N`` as it is.
+Schedule 0 is always FIFO without the automatic faults (it also records the points the
+scenario hits).
 
 With ``faults="auto"`` the next schedules try, on FIFO, every single fault at every hit of
 every point schedule 0 hit (in the order it hit them: a ``transient`` failure, then
 ``commit_unknown`` at table writes and commits, ``lost_ack`` at acks, ``pause_past_ttl``,
 ``crash``), then every pair of them; the rest go round that plan again under the chosen
-``strategy``. The first failure is shrunk (fewest faults, then fewest deviations from FIFO)
-and reported with its seed and tape.
+``strategy``. The first failure is shrunk (fewest faults, then fewest deviations from FIFO,
+never a longer tape, always the same check and message) and reported with its seed and tape.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import contextvars
 import inspect
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._core.clock import set_clock
@@ -33,9 +37,9 @@ from ..errors import ConfigurationError
 from . import _sim
 from ._base import _Budget, _Deadlock, _Stop
 from ._loop import SimLoop
-from ._sim import SimClock, Simulation, Violation
+from ._sim import Hit, SimClock, Simulation, Violation
 from .checkers import Checker
-from .faults import Auto, Fault, parse
+from .faults import Auto, Fault, _nameable, parse
 from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy
 
 __all__ = ["Failure", "Report", "Tape", "explore", "replay"]
@@ -44,9 +48,10 @@ Scenario = Callable[[Simulation], Awaitable[Any]]
 STRATEGIES = ("random", "pct", "fifo", "exhaustive")
 
 _LOG = logging.getLogger("jobfence")
-#: set by ``pytest --jobfence-seed=N``: run only that schedule
+#: run only the schedule of this seed (when set, it wins over ``pytest --jobfence-seed=N``,
+#: which the ``jobfence_pytest`` plugin module keeps until an explore reads it)
 _REPLAY_SEED: int | None = None
-#: set by ``pytest --jobfence-schedules=N``: every explore runs N schedules
+#: every explore runs N schedules (when set, it wins over ``pytest --jobfence-schedules=N``)
 _SCHEDULES: int | None = None
 #: the random module is seeded with this at the start of every schedule (and restored after)
 _RANDOM_SEED = 0
@@ -54,8 +59,14 @@ _RANDOM_SEED = 0
 
 @dataclass(frozen=True)
 class Tape:
-    """What a schedule did: the task picked at each decision and the faults injected.
-    ``str(tape)`` is ``"t1 t2 t1 | transient(db.write#1)"``; :meth:`parse` reads it back."""
+    """What a schedule did: the task picked at each decision with more than one candidate,
+    and the faults injected. ``str(tape)`` is ``"t1 t2 t1 | transient(db.write[orders]#1)"``;
+    :meth:`parse` reads it back (tapes written before faults had targets too).
+
+    Replaying a tape follows its picks one decision after the other; a pick that names no
+    candidate at its decision (``-`` or a task that is not ready there) takes the FIFO
+    choice, and once the picks run out every further decision is the FIFO choice. So a
+    tape's trailing FIFO picks can be left out: a shrunk tape ends at its last deviation."""
 
     picks: tuple[str, ...]
     faults: tuple[Fault, ...] = ()
@@ -76,9 +87,11 @@ class Tape:
 
 @dataclass
 class Failure:
-    """A failed schedule: its ``seed`` and ``index``, what failed (``check`` is the
-    checker's name, or ``"exception"``, ``"deadlock"``, ``"budget"``), the ``message``,
-    the job's ``error`` if one raised, the shrunk ``tape`` and the ``original`` one."""
+    """A failed schedule: its ``seed`` (what ``pytest --jobfence-seed=`` takes) and
+    ``index`` (its position in its ``explore``: ``seed - explore's seed``), what failed
+    (``check`` is the checker's name, or ``"exception"``, ``"deadlock"``, ``"budget"``), the
+    ``message``, the job's ``error`` if one raised, the shrunk ``tape`` and the ``original``
+    one, and what the injected faults did to their jobs (``injected``)."""
 
     seed: int
     index: int
@@ -89,6 +102,10 @@ class Failure:
     deviations: int
     error: BaseException | None = None
     _rerun: Callable[[Tape], Report] | None = field(default=None, repr=False)
+    #: what each injected fault did to its job, e.g. ``"t2 crashed at crash(lock.acquire#2)
+    #: (injected)"`` or ``"t1 got transient(db.write#1) (injected) and ended in
+    #: InjectedFault(...)"``: a job a fault killed or failed is reported as such
+    injected: tuple[str, ...] = ()
 
     def replay(self) -> Report:
         """Run the scenario once more following :attr:`tape` (a one-schedule report)."""
@@ -98,10 +115,13 @@ class Failure:
 
     def __str__(self) -> str:
         faults = ", ".join(map(str, self.tape.faults)) or "none"
-        where = f"schedule {self.index} (seed {self.seed})" if self.seed >= 0 else "the replay"
+        # both numbers; --jobfence-seed takes the seed
+        where = f"schedule {self.index} (seed {self.seed}) " if self.seed >= 0 else "the replay "
         seed = f"pytest --jobfence-seed={self.seed}, or " if self.seed >= 0 else ""
+        injected = "".join(f"  {line}\n" for line in self.injected)
         return (
-            f"{where} failed: {self.check}: {self.message}\n"
+            f"{where}failed: {self.check}: {self.message}\n"
+            f"{injected}"
             f"  faults: {faults}\n"
             f"  tape:   {self.tape}   ({self.deviations} deviation(s) from FIFO; before "
             f"shrinking: {len(self.original.picks)} picks, {len(self.original.faults)} faults)\n"
@@ -151,18 +171,43 @@ class _Outcome:
     error: BaseException | None
     tape: Tape
     deviations: int
-    trail: list[tuple[str, int, str]]
+    trail: list[Hit]
     steps: int
+    injected: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.injected = _injected(self.trail)
 
     @property
-    def signature(self) -> str:
+    def signature(self) -> tuple[str, ...]:
         """What a shrunk schedule must fail with to count as the same failure: the same
-        checker, the same ``sim.check`` message, or an exception of the same type."""
+        check with the same message; for an exception, one of the same type and message
+        (the task that raised it may differ)."""
         if self.check == "exception" and self.error is not None:
-            return f"exception: {type(self.error).__qualname__}"
-        if self.check == "check":
-            return f"check: {self.message}"
-        return self.check
+            return (self.check, type(self.error).__qualname__, str(self.error))
+        return (self.check, self.message)
+
+
+def _injected(trail: Sequence[Hit]) -> tuple[str, ...]:
+    """One line per fault injected in a schedule, saying what it did to the job that hit it
+    (the trail of a schedule holds every hit a fault was injected at)."""
+    lines: list[str] = []
+    for hit in trail:
+        fault = hit.fault
+        if fault is None:
+            continue
+        task = hit.task
+        if fault.kind == "crash":
+            lines.append(f"{task.name} crashed at {fault} (injected)")
+        elif fault.kind == "pause_past_ttl":
+            lines.append(f"{task.name} was paused at {fault} (injected)")
+        elif fault.kind == "lost_ack":
+            lines.append(f"{task.name}'s ack was lost at {fault} (injected)")
+        elif task.error is not None:
+            lines.append(f"{task.name} got {fault} (injected) and ended in {task.error!r}")
+        else:
+            lines.append(f"{task.name} got {fault} (injected) and went on")
+    return tuple(lines)
 
 
 def _kinds(point: str, holds: bool) -> tuple[str, ...]:
@@ -183,18 +228,31 @@ def _kinds(point: str, holds: bool) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _singles(trail: Sequence[tuple[str, int, str]], kinds: tuple[str, ...]) -> list[Fault]:
+def _singles(trail: Sequence[Hit], kinds: tuple[str, ...]) -> list[Fault]:
+    """The single faults worth trying at the hits of ``trail``, in the order of the hits:
+    aimed at the hit's target (its ``tnth`` hit there) when it has one a fault can name,
+    else at the point's ``nth`` hit."""
     out: list[Fault] = []
-    seen: set[tuple[str, int]] = set()
-    for point, nth, holds in trail:
-        if holds == "-" or (point, nth) in seen:
+    seen: set[tuple[str, str | None, int]] = set()
+    for hit in trail:
+        if _nameable(hit.target):
+            at: tuple[str, str | None, int] = (hit.point, hit.target, hit.tnth)
+        else:
+            at = (hit.point, None, hit.nth)
+        if at in seen:
             continue
-        seen.add((point, nth))
-        out.extend(Fault(kind, point, nth) for kind in _kinds(point, holds == "+") if kind in kinds)
+        seen.add(at)
+        for kind in _kinds(hit.point, hit.holds):
+            if kind not in kinds:
+                continue
+            try:
+                out.append(Fault(kind, hit.point, at[2], target=at[1]))
+            except ConfigurationError:  # a point of the scenario's own no fault can name
+                break
     return out
 
 
-def _plan(trail: Sequence[tuple[str, int, str]], limit: int, spec: Auto) -> list[tuple[Fault, ...]]:
+def _plan(trail: Sequence[Hit], limit: int, spec: Auto) -> list[tuple[Fault, ...]]:
     singles = _singles(trail, spec.kinds)
     plan: list[tuple[Fault, ...]] = [(f,) for f in singles]
     for j in range(len(singles) if spec.depth > 1 else 0):
@@ -202,7 +260,7 @@ def _plan(trail: Sequence[tuple[str, int, str]], limit: int, spec: Auto) -> list
             break
         for i in range(j):
             a, b = singles[i], singles[j]
-            if (a.point, a.nth) != (b.point, b.nth):
+            if (a.point, a.target, a.nth) != (b.point, b.target, b.nth):
                 plan.append((a, b))
     return plan[:limit]
 
@@ -369,11 +427,7 @@ class _Runner:
 
     def _teardown(self, sim: Simulation, stores: dict[Any, set[str]]) -> None:
         loop = self.loop
-        sim.stopping = True
-        for task in list(sim.parked) + list(sim.sleeping):
-            if task.thread and task.go is not None:
-                task.process.crashed = True
-                task.go.set()
+        sim.stop_threads()  # the schedule ends: its thread tasks stop, none outlives it
         if sim.clients:
             loop.run_until_complete(sim.close_clients())
         main = self._main_task
@@ -520,15 +574,19 @@ def explore(
     error (a :class:`~jobfence.ConfigurationError` counts), the scenario raising any, a
     deadlock, or more than ``max_steps`` decisions (or points reached) / ``max_time``
     virtual seconds: it is reported with its seed and tape, never raised. ``seed``: schedule
-    ``i`` runs with seed ``seed + i`` (a failure reports its seed; ``pytest --jobfence-seed=N``
-    replays it). ``stop_on_failure`` (default ``True``): stop at the first failing schedule,
-    else run them all and report every failure. ``shrink`` (default ``True``): reduce a
-    failure to the fewest faults and the fewest deviations from FIFO that still fail, before
-    reporting it.
+    ``i`` (its index) runs with seed ``seed + i``; a failure reports both, and ``pytest
+    --jobfence-seed=N`` takes the seed (never the index): it runs schedule 0 and then only
+    the schedule of seed ``N``, in an explore whose seeds include ``N``.
+    ``stop_on_failure`` (default ``True``): stop at the first failing schedule, else run them
+    all and report every failure. ``shrink`` (default ``True``): reduce a failure to the
+    fewest faults and the fewest deviations from FIFO that still fail with the same check and
+    message (an exception: the same type and message), never lengthening its tape, before
+    reporting it; its tape then ends at its last deviation from FIFO.
     """
     schedules = _check_int(schedules, "schedules", 1)
-    if _SCHEDULES:
-        schedules = _SCHEDULES
+    replay_seed, forced_schedules = _pytest_options()
+    if forced_schedules:
+        schedules = forced_schedules
     seed = _check_int(seed, "seed", 0)
     depth = _check_int(depth, "depth", 1)
     if depth > 3:
@@ -548,8 +606,8 @@ def explore(
     ran = 0
     exhausted = False
     only = None
-    if _REPLAY_SEED is not None and seed <= _REPLAY_SEED < seed + schedules:
-        only = _REPLAY_SEED - seed
+    if replay_seed is not None and seed <= replay_seed < seed + schedules:
+        only = replay_seed - seed  # the seed's index in this explore
 
     def record(index: int, outcome: _Outcome, faults_used: tuple[Fault, ...]) -> bool:
         if not outcome.failed:
@@ -568,6 +626,7 @@ def explore(
                 lambda t: replay(
                     scenario, t, checks=checks, max_steps=max_steps, max_time=max_time
                 ),
+                injected=shrunk.injected,
             )
         )
         return stop_on_failure
@@ -633,23 +692,90 @@ def _report(
     return Report(ran, failures, time.perf_counter() - started, seed, strategy, mode, exhausted)
 
 
+def _pytest_options() -> tuple[int | None, int | None]:
+    """(the seed to replay, the schedules to run) that this module's overrides or ``pytest
+    --jobfence-seed`` / ``--jobfence-schedules`` ask for, if any. The plugin module keeps the
+    options; it is looked up, never imported: outside pytest it is not there."""
+    seed, schedules = _REPLAY_SEED, _SCHEDULES
+    plugin = sys.modules.get("jobfence_pytest")
+    if plugin is not None:
+        if seed is None:
+            seed = getattr(plugin, "replay_seed", None)
+        if schedules is None:
+            schedules = getattr(plugin, "schedules", None)
+    return seed, schedules or None
+
+
+class _Trimming(TapeStrategy):
+    """A tape strategy that notes its last decision away from FIFO: the picks after it are
+    FIFO picks, which a tape can leave out (past its end every decision is FIFO)."""
+
+    def __init__(self, picks: Sequence[str | None]) -> None:
+        super().__init__(picks)
+        self.last = -1
+        self._calls = 0
+
+    def begin(self) -> None:
+        super().begin()
+        self.last, self._calls = -1, 0
+
+    def choose(self, candidates: Sequence[Any], step: int) -> int:
+        i = super().choose(candidates, step)
+        if i:
+            self.last = self._calls
+        self._calls += 1
+        return i
+
+
+def _run_tape(
+    runner: _Runner, picks: Sequence[str | None], faults: tuple[Fault, ...]
+) -> tuple[_Outcome, int]:
+    """Run a tape: its outcome, and how many of the picks it made to keep (up to its last
+    deviation from FIFO: the picks after it are FIFO picks a tape can leave out)."""
+    strategy = _Trimming(picks)
+    outcome = runner.run(strategy, faults)
+    return outcome, strategy.last + 1
+
+
 def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> _Outcome:
     """Fewest faults first, then fewest deviations from FIFO, keeping the same failure
-    (:attr:`_Outcome.signature`); the outcome of the shrunk schedule."""
-    best = outcome
+    (:attr:`_Outcome.signature`: the same check and message). A tape is counted up to its
+    last deviation from FIFO (the FIFO picks after it can be left out), and a step is taken
+    only if its tape is no longer than the one before (the first: the original tape, all of
+    its picks), so the shrunk tape is never longer than the original. The outcome of the
+    shrunk schedule, with its tape cut after its last deviation."""
     want = outcome.signature
-    runs = 0
+    if not outcome.tape.faults and outcome.deviations == 0:  # FIFO all along: nothing to run
+        return replace(outcome, tape=Tape((), ()))
+
+    def same(attempt: _Outcome, kept: int, limit: int) -> bool:
+        return attempt.failed and attempt.signature == want and kept <= limit
+
+    best, keep = _run_tape(runner, outcome.tape.picks, outcome.tape.faults)
+    runs = 1
+    limit = len(outcome.tape.picks)
+    if not same(best, keep, limit):  # the tape does not replay its own failure: keep it
+        return outcome
     faults = list(best.tape.faults)
     i = 0
     while i < len(faults) and runs < budget:
         trial = tuple(faults[:i] + faults[i + 1 :])
-        attempt = runner.run(TapeStrategy(best.tape.picks), trial)
+        attempt, kept = _run_tape(runner, best.tape.picks, trial)
         runs += 1
-        if attempt.failed and attempt.signature == want:
+        if same(attempt, kept, limit):
             faults = list(trial)
-            best = attempt
+            best, keep, limit = attempt, kept, kept
         else:
             i += 1
+    limit = keep
+    for k in range(keep):  # the shortest start of the tape that fails the same, then FIFO
+        if runs >= budget:
+            break
+        attempt, kept = _run_tape(runner, best.tape.picks[:k], best.tape.faults)
+        runs += 1
+        if same(attempt, kept, limit) and attempt.deviations <= best.deviations:
+            best, keep, limit = attempt, kept, kept
+            break
     changed = best.deviations > 0  # else there is no deviation to take back
     while changed and runs < budget:
         changed = False
@@ -658,16 +784,13 @@ def _shrink(runner: _Runner, outcome: _Outcome, budget: int = 200) -> _Outcome:
             if runs >= budget:
                 break
             trial_picks = [*picks[:j], None, *picks[j + 1 :]]
-            attempt = runner.run(TapeStrategy(trial_picks), best.tape.faults)
+            attempt, kept = _run_tape(runner, trial_picks, best.tape.faults)
             runs += 1
-            if (
-                attempt.failed
-                and attempt.signature == want
-                and attempt.deviations < best.deviations
-            ):
-                best = attempt
+            if same(attempt, kept, limit) and attempt.deviations < best.deviations:
+                best, keep, limit = attempt, kept, kept
                 changed = True
                 break
+    best.tape = Tape(best.tape.picks[:keep], best.tape.faults)
     return best
 
 
@@ -680,7 +803,10 @@ def replay(
     max_time: float = 86_400.0,
 ) -> Report:
     """Run ``scenario`` once, following ``tape`` (a :class:`Tape` or its ``str``), with
-    ``checks``, ``max_steps`` and ``max_time`` as in :func:`explore`."""
+    ``checks``, ``max_steps`` and ``max_time`` as in :func:`explore`. Once the tape's picks
+    run out, every decision is the FIFO choice (a pick naming no candidate is one too). A
+    failure's ``tape`` is the one that ran, up to its last deviation from FIFO: replaying a
+    shrunk tape reports that same tape."""
     if isinstance(tape, str):
         tape = Tape.parse(tape)
     if not isinstance(tape, Tape):
@@ -690,7 +816,8 @@ def replay(
     runner = _Runner(scenario, checks, max_steps, max_time, quiet=False)
     started = time.perf_counter()
     try:
-        outcome = runner.run(TapeStrategy(tape.picks), tape.faults)
+        outcome, keep = _run_tape(runner, tape.picks, tape.faults)
+        outcome.tape = Tape(outcome.tape.picks[:keep], outcome.tape.faults)
     finally:
         runner.close()
     failures = []
@@ -708,6 +835,7 @@ def replay(
                 lambda t: replay(
                     scenario, t, checks=checks, max_steps=max_steps, max_time=max_time
                 ),
+                injected=outcome.injected,
             )
         )
     return _report(1, failures, started, -1, "tape", "fixed", False)

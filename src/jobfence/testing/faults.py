@@ -12,6 +12,16 @@ a point of a simulated table such as ``"db.write"``, or a name the scenario pass
     faults.pause_past_ttl("effect.charge")   # the process stops there past every lease
     faults.crash("inbox.complete")           # the process dies there (SIGKILL)
 
+    # only the hits of that point at that target: the first write to the table "orders"
+    faults.transient("db.write", target="orders")
+    faults.pause_past_ttl("lock.renew", target="job:1")  # only job:1's renewals
+
+A hit's target (:func:`target_of`) is the table of a ``db.*`` or ``versioned.update`` point,
+the lock's name at ``lock.*``, the inbox key at ``inbox.*``, the queue at ``queue.*``, the
+resource at ``fence.check``, the outbox table or relay at ``outbox.*``, and the ``target=``
+given to ``testing.point``. With a target, ``nth`` counts only the hits of the point at that
+target; without one, every hit of the point.
+
 ``faults="auto"`` (in :func:`jobfence.testing.explore`) builds them by itself from the points
 the scenario actually hits.
 """
@@ -19,8 +29,9 @@ the scenario actually hits.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigurationError
 
@@ -35,6 +46,7 @@ __all__ = [
     "lost_ack",
     "parse",
     "pause_past_ttl",
+    "target_of",
     "transient",
 ]
 
@@ -48,6 +60,51 @@ _ONLY_AT = {"commit_unknown": ("db.write", "db.commit"), "lost_ack": ("queue.ack
 #: how long ``pause_past_ttl`` stops a process unless told (virtual seconds): ten times
 #: jobfence's default ttl, claim ttl and visibility (30 s); pass ``seconds=`` for longer ones
 DEFAULT_PAUSE = 300.0
+
+#: characters a target cannot hold: they delimit it in ``kind(point[target]#nth)`` and in a
+#: tape's text (a hit whose target has one is planned by ``faults="auto"`` without a target)
+_NOT_IN_TARGET = "[]()|"
+
+#: the keyword of the hook info that names a jobfence point's target, by the point's family
+_TARGET_KEY = {
+    "db": ("table",),
+    "lock": ("name", "names"),
+    "inbox": ("key", "keys"),
+    "queue": ("queue",),
+    "outbox": ("table", "relay"),
+    "fence": ("resource",),
+    "versioned": ("table",),
+}
+
+
+def target_of(point: str, info: Mapping[str, Any]) -> str | None:
+    """The target of one hit of ``point`` whose hook info is ``info``: what a fault's
+    ``target=`` is compared with. The table at ``db.*`` and ``versioned.update``, the lock's
+    name at ``lock.*``, the inbox key at ``inbox.*``, the queue at ``queue.*``, the resource
+    at ``fence.check``, the outbox table (``outbox.claim``) or the relay (``outbox.publish``,
+    ``outbox.settle``) at ``outbox.*``, and ``info["target"]`` at a point of your own
+    (``testing.point(name, target=...)``) or where the keyword above is missing. A renewal
+    round (``lock.renew``, ``inbox.renew``) has the name it renews when it renews only one.
+    ``None`` when there is none (``sleep``, a renewal of several, an ``outbox.add``...).
+    A target that is not a ``str`` is given as its ``str()``."""
+    value: Any = None
+    for keyword in _TARGET_KEY.get(point.partition(".")[0], ()):
+        value = info.get(keyword)
+        if value is not None:
+            break
+    else:
+        value = info.get("target")
+    if isinstance(value, (list, tuple)):  # a renewal round of several names: no one target
+        value = value[0] if len(value) == 1 else None
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _nameable(target: str | None) -> bool:
+    """Whether a fault can name ``target`` (a hit's target with one of ``[]()|`` cannot: its
+    fault is written without a target)."""
+    return target is not None and bool(target) and not any(c in target for c in _NOT_IN_TARGET)
 
 
 class InjectedFault(ConnectionResetError):
@@ -70,23 +127,39 @@ class InjectedFault(ConnectionResetError):
 class Fault:
     """One fault: its ``kind`` (see :data:`KINDS`), the ``point`` and which hit of it
     (``nth``, from 1, counted over all tasks), optionally only in the task named ``task``,
-    and for ``pause_past_ttl`` how many virtual ``seconds`` the process stops."""
+    for ``pause_past_ttl`` how many virtual ``seconds`` the process stops, and optionally
+    the ``target`` (:func:`target_of`): then ``nth`` counts only the hits of ``point`` at
+    that target (the first write to the table ``orders``, not the first write)."""
 
     kind: str
     point: str
     nth: int = 1
     task: str | None = None
     seconds: float | None = None
+    target: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigurationError(
                 f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}", argument="kind"
             )
-        if not isinstance(self.point, str) or not self.point or any(c in self.point for c in "#()"):
+        if (
+            not isinstance(self.point, str)
+            or not self.point
+            or any(c in self.point for c in "#()[]")
+        ):
             raise ConfigurationError(
-                f"point must be a non-empty point name without any of #(), got {self.point!r}",
+                f"point must be a non-empty point name without any of #()[], got {self.point!r}",
                 argument="point",
+            )
+        if self.target is not None and (
+            not isinstance(self.target, str) or not _nameable(self.target)
+        ):
+            raise ConfigurationError(
+                "target must be None (every hit of the point) or a non-empty str without any "
+                f"of {_NOT_IN_TARGET} (a table, lock name, inbox key, queue, resource or the "
+                f"target= of testing.point), got {self.target!r}",
+                argument="target",
             )
         if self.task is not None and (
             not isinstance(self.task, str)
@@ -131,23 +204,27 @@ class Fault:
             extra += f"@{self.task}"
         if self.seconds is not None:
             extra += f"+{self.seconds:g}s"
-        return f"{self.kind}({self.point}#{self.nth}{extra})"
+        target = f"[{self.target}]" if self.target is not None else ""
+        return f"{self.kind}({self.point}{target}#{self.nth}{extra})"
 
 
 _PATTERN = re.compile(
-    r"^(?P<kind>\w+)\((?P<point>[^#()]+)#(?P<nth>\d+)(?:@(?P<task>[^+)]+))?"
-    r"(?:\+(?P<seconds>[0-9.e+-]+)s)?\)$"
+    r"^(?P<kind>\w+)\((?P<point>[^#()\[\]]+)(?:\[(?P<target>[^\[\]()|]+)\])?#(?P<nth>\d+)"
+    r"(?:@(?P<task>[^+)]+))?(?:\+(?P<seconds>[0-9.e+-]+)s)?\)$"
 )
 
 
 def parse(text: str) -> Fault:
     """The :class:`Fault` that ``text`` writes as ``str(fault)`` does, e.g.
-    ``"transient(db.write#1)"`` or ``"pause_past_ttl(lock.renew#2@t1+600s)"`` (a tape's fault
-    part); a :class:`~jobfence.ConfigurationError` if ``text`` is not one."""
+    ``"transient(db.write#1)"``, ``"transient(db.write[orders]#1)"`` or
+    ``"pause_past_ttl(lock.renew#2@t1+600s)"`` (a tape's fault part; ``[target]`` is
+    optional, as in the tapes written before targets existed); a
+    :class:`~jobfence.ConfigurationError` if ``text`` is not one."""
     match = _PATTERN.match(text.strip())
     if match is None:
         raise ConfigurationError(
-            f"a fault is written kind(point#nth), e.g. 'transient(db.write#1)'; got {text!r}",
+            "a fault is written kind(point#nth) or kind(point[target]#nth), e.g. "
+            f"'transient(db.write#1)' or 'transient(db.write[orders]#1)'; got {text!r}",
             argument="fault",
         )
     seconds = match["seconds"]
@@ -157,52 +234,69 @@ def parse(text: str) -> Fault:
         int(match["nth"]),
         match["task"],
         float(seconds) if seconds is not None else None,
+        match["target"],
     )
 
 
-def transient(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
+def transient(
+    point: str, nth: int = 1, *, task: str | None = None, target: str | None = None
+) -> Fault:
     """The ``nth`` hit of ``point`` fails with :class:`InjectedFault` before doing anything (at a
     jobfence point: as a :class:`~jobfence.BackendError` caused by it). ``task``: only hits by
     the task of that name (``t1``, ``t1.1`` or the ``name=`` given to ``spawn``) count; ``None``
-    (the default) counts every task."""
-    return Fault("transient", point, nth, task)
+    (the default) counts every task. ``target``: only hits of ``point`` at that target count
+    (:func:`target_of`: ``target="orders"`` is the ``nth`` write to the table ``orders``)."""
+    return Fault("transient", point, nth, task, target=target)
 
 
-def commit_unknown(point: str = "db.commit", nth: int = 1, *, task: str | None = None) -> Fault:
+def commit_unknown(
+    point: str = "db.commit", nth: int = 1, *, task: str | None = None, target: str | None = None
+) -> Fault:
     """The ``nth`` commit (or auto-committed write) of a simulated table is applied, then raises
     :class:`InjectedFault`: the caller cannot tell it happened. At ``db.commit`` the error is a
     commit outcome unknown, as production's; at ``db.write`` it is what a statement in
     autocommit mode gives, a transient error only. ``point``: ``db.commit`` (the default) or
     ``db.write``. ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the
-    ``name=`` given to ``spawn``) count; ``None`` (the default) counts every task."""
-    return Fault("commit_unknown", point, nth, task)
+    ``name=`` given to ``spawn``) count; ``None`` (the default) counts every task.
+    ``target``: only commits or writes of that table count."""
+    return Fault("commit_unknown", point, nth, task, target=target)
 
 
-def lost_ack(nth: int = 1, *, point: str = "queue.ack", task: str | None = None) -> Fault:
+def lost_ack(
+    nth: int = 1, *, point: str = "queue.ack", task: str | None = None, target: str | None = None
+) -> Fault:
     """The ``nth`` ack of a simulated queue is answered as done but never arrives: the message is
     delivered again once its visibility passes. ``point``: the ack's point (``queue.ack``).
     ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to
-    ``spawn``) count; ``None`` (the default) counts every task."""
-    return Fault("lost_ack", point, nth, task)
+    ``spawn``) count; ``None`` (the default) counts every task. ``target``: only acks of
+    that queue count."""
+    return Fault("lost_ack", point, nth, task, target=target)
 
 
 def pause_past_ttl(
-    point: str, nth: int = 1, *, seconds: float | None = None, task: str | None = None
+    point: str,
+    nth: int = 1,
+    *,
+    seconds: float | None = None,
+    task: str | None = None,
+    target: str | None = None,
 ) -> Fault:
     """The process of the task hitting ``point`` the ``nth`` time stops there (a GC pause, SIGSTOP)
     for ``seconds`` of virtual time (default :data:`DEFAULT_PAUSE`, 300 s: past leases of
     jobfence's default 30 s); its renewers stop with it. Every other task goes on meanwhile.
     ``task``: only hits by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to
-    ``spawn``) count; ``None`` (the default) counts every task."""
-    return Fault("pause_past_ttl", point, nth, task, seconds)
+    ``spawn``) count; ``None`` (the default) counts every task. ``target``: only hits of
+    ``point`` at that target count (:func:`target_of`)."""
+    return Fault("pause_past_ttl", point, nth, task, seconds, target)
 
 
-def crash(point: str, nth: int = 1, *, task: str | None = None) -> Fault:
+def crash(point: str, nth: int = 1, *, task: str | None = None, target: str | None = None) -> Fault:
     """The process of the task hitting ``point`` the ``nth`` time dies there (SIGKILL): none of its
     tasks runs again and nothing of it is cleaned up; what it held expires. ``task``: only hits
     by the task of that name (``t1``, ``t1.1`` or the ``name=`` given to ``spawn``) count;
-    ``None`` (the default) counts every task."""
-    return Fault("crash", point, nth, task)
+    ``None`` (the default) counts every task. ``target``: only hits of ``point`` at that
+    target count (:func:`target_of`)."""
+    return Fault("crash", point, nth, task, target=target)
 
 
 @dataclass(frozen=True)

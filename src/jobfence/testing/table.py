@@ -29,24 +29,172 @@ which is how :func:`~jobfence.testing.no_lost_update` tells a lost update.
 ``sim.table(name, rows, url="sqlite:///..." or "postgresql://...")`` keeps the rows in a
 real database instead, with the same verbs, points and history
 (:mod:`jobfence.testing.table_real`).
+
+Thread tasks (a plain function given to ``sim.spawn``) use the blocking view of a table,
+``db.sync`` (:class:`SyncTable`): the same verbs without ``await`` (``db.sync.read(key)``,
+``with db.sync.transaction() as tx:``), the same points, faults and history, and the sync
+``jobfence.fence``, ``jobfence.versioned_update``, ``Inbox.claim_in`` and ``Outbox.add``
+take it or its transactions as they take a connection. At a point the thread waits until the
+scheduler lets it go on.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import sys
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import ConfigurationError, ConflictError, StaleToken, StaleVersion
+from ._base import _Crashed, _Statement
 from .faults import Fault, InjectedFault
 
 if TYPE_CHECKING:
     from ..backends.memory.outbox import MemoryOutboxStore
     from ._base import SimView
 
-__all__ = ["SimTable", "SimTransaction", "Write"]
+__all__ = ["SimTable", "SimTransaction", "SyncTable", "SyncTransaction", "Write"]
+
+T = TypeVar("T")
+B = TypeVar("B", bound="_Base")
+
+#: set while a verb of a blocking view runs: the points block the thread (no gate to
+#: await), and a table in a real database uses its blocking connections
+_BLOCKING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jobfence_sim_blocking", default=False
+)
+
+
+def blocking() -> bool:
+    """Whether the code running now is a verb of a blocking view (:class:`SyncTable`)."""
+    return _BLOCKING.get()
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end in this thread, as a blocking verb: a verb of a simulated
+    table suspends only at a point's gate, and a point of a thread task (or of the
+    scenario's own code) blocks instead of returning one, so the coroutine never suspends.
+    The statements of a real-database table run on its blocking connections meanwhile."""
+    token = _BLOCKING.set(True)
+    try:
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        coro.close()
+        raise RuntimeError("a blocking verb of a simulated table suspended")  # pragma: no cover
+    finally:
+        _BLOCKING.reset(token)
+
+
+@contextmanager
+def blocking_io(sim: Any) -> Iterator[_Statement]:
+    """The block of a blocking statement of a thread task. The thread runs it alone (the
+    loop waits for a running thread); if it has not answered within ``sim.block_timeout``
+    real seconds (it waits for a lock a parked task holds, say), the thread gives way as an
+    async statement does (:meth:`~jobfence.testing.Simulation.stalled_io`): it stops
+    counting as running, so the scheduler lets another task go, and once the answer comes
+    it waits at a point until the scheduler lets it go on. The order of events then depends
+    on real timing. Anywhere else (the scenario's own code), the block just runs."""
+    task = sim.current()
+    loop = getattr(sim, "loop", None)
+    go = getattr(task, "go", None)
+    if (
+        task is None
+        or not getattr(task, "thread", False)
+        or go is None
+        or loop is None
+        or sim.stopping
+    ):
+        yield _Statement()
+        return
+    statement = _Statement()
+    lock = threading.Lock()
+    state = {"done": False, "gave": False}
+
+    def post(fn: Any) -> bool:
+        try:
+            loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed: the schedule ended
+            return False
+        return True
+
+    def give_way() -> None:  # on the loop's thread: the thread runs no more
+        if sim.stopping:
+            return
+        sim.running_threads -= 1
+        sim.external -= 1
+        statement.stalled = True
+        sim.statements.append(statement)
+
+    def watchdog() -> None:
+        with lock:
+            if state["done"]:
+                return
+            state["gave"] = True
+        post(give_way)
+
+    timer = threading.Timer(sim.block_timeout, watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield statement
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        if state["gave"]:
+            go.clear()  # before it is a candidate: a release from now on is not lost
+
+            def repark() -> None:  # on the loop's thread, after give_way
+                if sim.stopping:
+                    return
+                if statement in sim.statements:
+                    sim.statements.remove(statement)
+                if not statement.stalled:  # the loop counted it again meanwhile
+                    sim.external -= 1
+                task.parked_at = "db.answer"
+                sim.parked.append(task)
+
+            if post(repark) and not sim.stopping:
+                go.wait()
+            if sim.stopping:
+                raise _Crashed
+
+
+def blocking_point(sim: SimView, point: str, info: dict[str, Any]) -> Fault | None:
+    """Reach ``point`` in blocking code: ``sim.on_point`` blocks a thread task until the
+    scheduler lets it go on (a ``transient`` fault raises there); the ``commit_unknown``
+    fault planned for this hit, if any, is returned (the caller does the work, then raises
+    :class:`InjectedFault`): the one the hit recorded in the schedule's trail.
+    ConfigurationError from an async task (its points are gates it must await: it uses the
+    table itself or an async connection)."""
+    task = sim.current()
+    trail: list[Any] | None = getattr(sim, "trail", None)
+    before = len(trail) if trail is not None else 0
+    gate = sim.on_point(point, info)
+    if gate is not None:
+        if hasattr(gate, "close"):
+            gate.close()
+        raise ConfigurationError(
+            "the blocking view of a simulated table (table.sync) and an attached blocking "
+            "connection are for thread tasks (a plain function given to sim.spawn): an async "
+            "task uses the table itself (await table.read(...)) or an async connection",
+            argument="table",
+        )
+    if task is None or not getattr(task, "thread", False) or trail is None:
+        return None
+    # the hit appended to the trail right at the point (before the thread waited there)
+    for hit in trail[before : before + 1]:
+        fault = getattr(hit, "fault", None)
+        if getattr(hit, "task", None) is task and fault is not None:
+            return fault if fault.kind == "commit_unknown" else None  # type: ignore[no-any-return]
+    return None
 
 
 @dataclass(frozen=True)
@@ -208,10 +356,20 @@ class _Table(_Base):
             out[key] = stored
         return out
 
+    @property
+    def sync(self) -> SyncTable:
+        """The blocking view of the table, for thread tasks: ``db.sync.read(key)``,
+        ``db.sync.write(key, **values)``, ``with db.sync.transaction() as tx:`` (see
+        :class:`SyncTable`)."""
+        return SyncTable(self)
+
     def get(self, key: Any) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def rows(self) -> dict[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def transaction(self) -> Any:
         raise NotImplementedError
 
     def lost_updates(self) -> list[Write]:
@@ -250,6 +408,8 @@ class _Table(_Base):
 
     # -- the points ------------------------------------------------------------------
     async def _point(self, point: str, key: Any) -> Fault | None:
+        if _BLOCKING.get():
+            return blocking_point(self.sim, point, {"table": self.name, "key": key})
         gate = self.sim.on_point(point, {"table": self.name, "key": key})
         if gate is None:
             return None
@@ -509,3 +669,116 @@ class SimTransaction(_Base):
 
     async def _outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
         self._outbox.setdefault(table, []).append(dict(row))
+
+
+# -- the blocking views ------------------------------------------------------------------
+class _BlockingTransaction:
+    """What the sync ``fence``, ``versioned_update``, ``Inbox.claim_in`` and ``Outbox.add``
+    see of a blocking view (the ``Transaction`` of ``jobfence._core.transaction``)."""
+
+    __slots__ = ("_tx",)
+    blocking = True
+
+    def __init__(self, of: _Base) -> None:
+        self._tx = _Transaction(of)
+
+    @property
+    def dialect(self) -> str:
+        return self._tx.dialect
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._tx.in_transaction
+
+    def versioned_update(
+        self,
+        table: str,
+        key: dict[str, Any],
+        version: int,
+        values: dict[str, Any],
+        version_column: str,
+    ) -> int:
+        return drive(self._tx.versioned_update(table, key, version, values, version_column))
+
+    def fence(self, resource: str, token: int, table: str) -> int:
+        return drive(self._tx.fence(resource, token, table))
+
+    def claim_in(
+        self, table: str, key: str, fingerprint: str | None, retention: float
+    ) -> tuple[bool, str | None]:
+        return drive(self._tx.claim_in(table, key, fingerprint, retention))
+
+    def outbox_add(self, table: str, row: Mapping[str, Any]) -> None:
+        drive(self._tx.outbox_add(table, row))
+
+
+class _View(Generic[B]):
+    """The blocking verbs over a table or a transaction."""
+
+    __slots__ = ("_of",)
+
+    def __init__(self, of: B) -> None:
+        self._of = of
+
+    def read(self, key: Any) -> dict[str, Any] | None:
+        """The row (a copy) or ``None``; point ``db.read``."""
+        return drive(self._of.read(key))
+
+    def write(self, key: Any, *, token: int | None = None, **values: Any) -> int:
+        """Set ``values`` on the row; the new version; point ``db.write``."""
+        return drive(self._of.write(key, token=token, **values))
+
+    def update(self, key: Any, version: int, *, token: int | None = None, **values: Any) -> int:
+        """Set ``values`` only if the row is still at ``version`` (else
+        :class:`~jobfence.StaleVersion`); the new version; point ``db.write``."""
+        return drive(self._of.update(key, version, token=token, **values))
+
+    def __jobfence_transaction__(self) -> _BlockingTransaction:
+        return _BlockingTransaction(self._of)
+
+
+class SyncTable(_View["_Table"]):
+    """The blocking view of a simulated table (``db.sync``; ``of`` is the table), for thread
+    tasks: the verbs of :class:`SimTable` / :class:`~jobfence.testing.table_real.RealTable`
+    without ``await``, with the same points, faults and history. ``jobfence.fence``,
+    ``jobfence.versioned_update``, ``Inbox.claim_in`` and ``Outbox.add`` accept it (each call
+    committed at once) and its transactions."""
+
+    __slots__ = ()
+
+    @property
+    def table(self) -> _Table:
+        """The table this is a view of."""
+        return self._of
+
+    def get(self, key: Any) -> dict[str, Any] | None:
+        """The committed row, or ``None``; no point (for checks)."""
+        return self._of.get(key)
+
+    def rows(self) -> dict[Any, dict[str, Any]]:
+        """Every committed row; no point (for checks)."""
+        return self._of.rows()
+
+    @contextmanager
+    def transaction(self) -> Iterator[SyncTransaction]:
+        """A transaction (a ``with`` block): its writes commit at ``db.commit`` when the
+        block ends, or roll back if it raises."""
+        block = self._of.transaction()
+        tx = drive(block.__aenter__())
+        try:
+            yield SyncTransaction(tx)
+        except BaseException:
+            if not drive(block.__aexit__(*sys.exc_info())):
+                raise
+        else:
+            drive(block.__aexit__(None, None, None))
+
+    def __repr__(self) -> str:
+        return f"{self._of!r}.sync"
+
+
+class SyncTransaction(_View["_Base"]):
+    """The blocking verbs of one transaction of a :class:`SyncTable` (``of`` is the
+    transaction of the table's ``transaction()`` block; reads see its own writes)."""
+
+    __slots__ = ()

@@ -24,6 +24,11 @@ back what it left open, as it would when a process dies.
 
 ``get()`` and ``rows()`` query the committed rows on a connection of the table's own.
 
+The blocking view, ``table.sync``, for thread tasks, runs the same statements on blocking
+connections of the thread task's own (``sqlite3``, psycopg's ``Connection``). A thread's
+statement that waits for a lock a parked task holds gives way after ``sim.block_timeout``
+as an async one does (:func:`~jobfence.testing.table.blocking_io`).
+
 ``fence_async``, ``versioned_update_async`` and ``claim_in`` on the table or one of its
 transactions run their statement there, on the task's connection: a fence and an inbox
 marker are rows of the table whose ``id`` starts with ``#`` (no key's JSON text does), left
@@ -62,18 +67,19 @@ import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.sqlconn import check_ident
 from .._core.url import mask_url
 from ..backends import parse_backend_url, registered, sql_dialect
 from ..errors import ConfigurationError, StaleToken
+from ._base import _Statement
 from .faults import InjectedFault
-from .table import _Base, _check_values, _Table
+from .table import _Base, _check_values, _Table, blocking, blocking_io
 
 if TYPE_CHECKING:
-    from ._base import SimView, TaskView, _Statement
+    from ._base import SimView, TaskView
 
 __all__ = ["LOCK_WAIT", "RealTable", "RealTransaction"]
 
@@ -88,13 +94,15 @@ T = TypeVar("T")
 
 
 class _Conn:
-    """A task's connection: ``open_tx`` while a transaction of the task uses it,
-    ``running`` while a round trip is in flight on it, for the statement ``io``."""
+    """A task's connection (of ``driver``, a blocking one for the blocking view):
+    ``open_tx`` while a transaction of the task uses it, ``running`` while a round trip is
+    in flight on it, for the statement ``io``."""
 
-    __slots__ = ("io", "open_tx", "raw", "running")
+    __slots__ = ("driver", "io", "open_tx", "raw", "running")
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, driver: _Driver) -> None:
         self.raw = raw
+        self.driver = driver
         self.open_tx = False
         self.running = False
         self.io: _Statement | None = None
@@ -109,6 +117,12 @@ class _Driver:
     begin_alone = "BEGIN"
     #: appended to the read of a row about to be written
     lock_row = ""
+    #: its connections are the driver's blocking ones (for the blocking view, ``table.sync``)
+    blocking = False
+
+    def blocking_twin(self) -> _Driver:
+        """The same database through the driver's blocking connections."""
+        raise NotImplementedError
 
     def admin(self) -> Any:
         raise NotImplementedError
@@ -204,6 +218,9 @@ class _SQLite(_Driver):
     def qualified(self, name: str, uid: str) -> str:
         return f'"{name}_jfsim_{uid}"'
 
+    def blocking_twin(self) -> _Driver:
+        return _SQLiteBlocking(self.path)
+
     async def connect(self) -> Any:
         pending = self.aiosqlite.connect(
             self.path, timeout=LOCK_WAIT, isolation_level=None, check_same_thread=False
@@ -238,6 +255,37 @@ class _SQLite(_Driver):
         thread = getattr(conn, "_thread", None)
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
+
+
+class _SQLiteBlocking(_SQLite):
+    """SQLite through ``sqlite3`` for the blocking view: its "coroutines" never suspend."""
+
+    blocking = True
+
+    def __init__(self, path: str) -> None:  # no aiosqlite needed
+        self.path = path
+
+    async def connect(self) -> Any:
+        import sqlite3
+
+        conn = sqlite3.connect(
+            self.path, timeout=LOCK_WAIT, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA synchronous=OFF")
+        return conn
+
+    async def run(self, conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return list(conn.execute(sql, params).fetchall())
+
+    async def rollback(self, conn: Any) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+    async def interrupt(self, admin: Any, conn: Any) -> None:
+        conn.interrupt()
+
+    async def close(self, conn: Any) -> None:
+        conn.close()
 
 
 class _Postgres(_Driver):
@@ -284,6 +332,11 @@ class _Postgres(_Driver):
     def qualified(self, name: str, uid: str) -> str:
         return f'"jfsim_{uid}"."{name}"'
 
+    def blocking_twin(self) -> _Driver:
+        twin = _PostgresBlocking.__new__(_PostgresBlocking)
+        twin.psycopg, twin.url, twin.kwargs = self.psycopg, self.url, self.kwargs
+        return twin
+
     async def connect(self) -> Any:
         return await self.psycopg.AsyncConnection.connect(self.url, **self.kwargs)
 
@@ -315,6 +368,36 @@ class _Postgres(_Driver):
 
     async def close(self, conn: Any) -> None:
         await conn.close()
+
+
+class _PostgresBlocking(_Postgres):
+    """PostgreSQL through psycopg's blocking ``Connection`` for the blocking view."""
+
+    blocking = True
+
+    async def connect(self) -> Any:
+        return self.psycopg.connect(self.url, **self.kwargs)
+
+    def fileno(self, conn: Any) -> int | None:
+        return None  # not waited for on the loop: the thread blocks
+
+    async def run(self, conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    async def commit(self, conn: Any) -> None:
+        cursor = conn.execute("COMMIT")
+        if cursor.statusmessage != "COMMIT":
+            raise self.psycopg.errors.InFailedSqlTransaction(
+                "the transaction had failed: COMMIT rolled it back"
+            )
+
+    async def rollback(self, conn: Any) -> None:
+        if conn.info.transaction_status != self.psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+
+    async def close(self, conn: Any) -> None:
+        conn.close()
 
 
 def _driver(url: object) -> tuple[_Driver, str]:
@@ -387,6 +470,7 @@ class RealTable(_Table):
         )
         self.dialect = self._driver.dialect
         self._conns: dict[TaskView | None, list[_Conn]] = {}
+        self._blocking_driver: _Driver | None = None
         self._closed = False
         self._admin = self._driver.admin()
         try:
@@ -470,24 +554,44 @@ class RealTable(_Table):
         return out
 
     # -- connections -----------------------------------------------------------------------
+    def _io(self) -> AbstractContextManager[_Statement]:
+        """The block of one statement: ``sim.real_io()`` on the loop; in the blocking view a
+        statement blocks its thread, which the loop waits for anyway."""
+        if blocking():
+            return blocking_io(self.sim)
+        return self.sim.real_io()
+
     async def _connection(self, task: TaskView | None, io: _Statement) -> _Conn:
         """A connection of ``task`` no transaction of it holds (opened if needed), for the
-        statement ``io`` (``sim.real_io()``)."""
+        statement ``io`` (``sim.real_io()``): a blocking one in the blocking view."""
+        flavour = blocking()
         conns = self._conns
         for owner in [t for t in conns if t is not None and t.process.crashed]:
-            for conn in conns.pop(owner):  # the process died: so did its connections
-                await self._discard(conn, None)
+            # the process died: so did its connections (those of the other flavour wait for
+            # a statement of that flavour, which can close them)
+            for conn in [c for c in conns[owner] if c.driver.blocking or not flavour]:
+                await self._discard(conn, owner)
+            if not conns[owner]:
+                del conns[owner]
         mine = conns.get(task)
         if mine is None:
             mine = conns[task] = []
         for conn in mine:
+            if conn.driver.blocking != flavour:
+                continue
             if conn.running:  # a statement of it was cut off: its state is unknown
                 await self._discard(conn, task)
                 return await self._connection(task, io)
             if not conn.open_tx:
                 self._serve(conn, io)
                 return conn
-        conn = _Conn(await self._driver.connect())
+        if flavour:
+            if self._blocking_driver is None:
+                self._blocking_driver = self._driver.blocking_twin()
+            driver = self._blocking_driver
+        else:
+            driver = self._driver
+        conn = _Conn(await driver.connect(), driver)
         mine.append(conn)
         self._serve(conn, io)
         return conn
@@ -495,7 +599,7 @@ class RealTable(_Table):
     def _serve(self, conn: _Conn, io: _Statement) -> None:
         """``conn`` runs the statement ``io`` (whose socket it is, for the loop)."""
         conn.io = io
-        io.fd = self._driver.fileno(conn.raw)
+        io.fd = conn.driver.fileno(conn.raw)
 
     def _answered(self, conn: _Conn) -> None:
         conn.running = False
@@ -506,7 +610,7 @@ class RealTable(_Table):
         """Run one statement on ``conn``; ``conn.running`` stays set if it is cut off."""
         conn.running = True
         try:
-            rows = await self._driver.run(conn.raw, sql, params)
+            rows = await conn.driver.run(conn.raw, sql, params)
         except Exception:  # the database answered with an error
             self._answered(conn)
             raise
@@ -516,7 +620,7 @@ class RealTable(_Table):
     async def _commit(self, conn: _Conn) -> None:
         conn.running = True
         try:
-            await self._driver.commit(conn.raw)
+            await conn.driver.commit(conn.raw)
         except Exception:
             self._answered(conn)
             raise
@@ -529,8 +633,8 @@ class RealTable(_Table):
             mine.remove(conn)
         try:
             if conn.running:
-                await self._driver.interrupt(self._admin, conn.raw)
-            await self._driver.close(conn.raw)
+                await conn.driver.interrupt(self._admin, conn.raw)
+            await conn.driver.close(conn.raw)
         except Exception:  # closing what is broken already
             pass
 
@@ -541,7 +645,7 @@ class RealTable(_Table):
         if not conn.running:
             conn.running = True
             try:
-                await self._driver.rollback(conn.raw)
+                await conn.driver.rollback(conn.raw)
                 conn.running = False
                 return
             except Exception:
@@ -607,9 +711,9 @@ class RealTable(_Table):
     ) -> int:
         """A write outside a transaction: a transaction of its own, recorded once committed."""
         task = self.sim.current()
-        with self.sim.real_io() as io:
+        with self._io() as io:
             conn = await self._connection(task, io)
-            await self._run(conn, self._driver.begin_alone)
+            await self._run(conn, conn.driver.begin_alone)
             try:
                 over, new = await self._change(conn, key, values, expected, token)
                 await self._commit(conn)
@@ -642,9 +746,9 @@ class RealTable(_Table):
     async def _statement_alone(self, work: Callable[[_Conn], Awaitable[T]]) -> T:
         """``work`` in a transaction of its own, committed (as a write outside one is)."""
         task = self.sim.current()
-        with self.sim.real_io() as io:
+        with self._io() as io:
             conn = await self._connection(task, io)
-            await self._run(conn, self._driver.begin_alone)
+            await self._run(conn, conn.driver.begin_alone)
             try:
                 result = await work(conn)
                 await self._commit(conn)
@@ -667,7 +771,7 @@ class RealTable(_Table):
         if fault is not None:
             raise InjectedFault(fault)
         task = self.sim.current()
-        with self.sim.real_io() as io:
+        with self._io() as io:
             conn = await self._connection(task, io)
             found = await self._run(conn, self._select, (self._key(key),))
         return self._seen(task.name if task is not None else "main", key, found)
@@ -725,7 +829,7 @@ class RealTransaction(_Base):
         fault = await table._point("db.read", key)
         if fault is not None:
             raise InjectedFault(fault)
-        with table.sim.real_io() as io:
+        with table._io() as io:
             conn = await self._begin(io)
             found = await table._run(conn, table._select, (table._key(key),))
         row = table._seen(self._who, key, found)
@@ -741,7 +845,7 @@ class RealTransaction(_Base):
         fault = await table._point("db.write", key)
         if fault is not None:
             raise InjectedFault(fault)
-        with table.sim.real_io() as io:
+        with table._io() as io:
             conn = await self._begin(io)
             over, new = await table._change(conn, key, values, expected, token)
         self._before.setdefault(key, over)
@@ -752,14 +856,14 @@ class RealTransaction(_Base):
         return await self._write(key, values, None, token)
 
     async def _fence(self, resource: str, token: int, table: str) -> int:
-        with self.table.sim.real_io() as io:
+        with self.table._io() as io:
             conn = await self._begin(io)
             return await self.table._fence_on(conn, resource, token, table)
 
     async def _claim_in(
         self, table: str, key: str, fingerprint: str | None
     ) -> tuple[bool, str | None]:
-        with self.table.sim.real_io() as io:
+        with self.table._io() as io:
             conn = await self._begin(io)
             return await self.table._claim_on(conn, table, key, fingerprint)
 
@@ -778,7 +882,7 @@ class RealTransaction(_Base):
         self._before = {}
         if self._open and self._conn is not None:
             conn = self._conn
-            with table.sim.real_io() as io:
+            with table._io() as io:
                 table._serve(conn, io)
                 await table._commit(conn)
             self._open = False
@@ -795,6 +899,6 @@ class RealTransaction(_Base):
             return
         self._open = False
         table = self.table
-        with table.sim.real_io() as io:
+        with table._io() as io:
             table._serve(conn, io)
             await table._finish(conn, self._task)

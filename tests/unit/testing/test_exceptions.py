@@ -42,7 +42,7 @@ def test_a_jobfence_call_the_job_gets_wrong_is_a_failure_with_its_seed() -> None
 
     report = testing.explore(scenario, schedules=50, seed=40, faults="auto")
     (failure,) = report.failures
-    assert failure.seed == 41 and str(failure.tape) == "- | transient(db.write#1)"
+    assert failure.seed == 41 and str(failure.tape) == "- | transient(db.write[t]#1)"
     assert failure.message.startswith("t1 raised ConfigurationError(")
     error = _assert_replays(failure)
     assert isinstance(error, ConfigurationError) and error.argument == "conn"
