@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from .._core.clock import Clock, get_clock, set_clock
 from .._core.hooks import HookFn, get_hook, set_hook
-from . import faults, strategies
+from . import faults, scenarios, strategies
 from ._sim import SimClock, SimTask, Simulation, Violation, point
 from .checkers import (
     Checker,
@@ -90,6 +90,7 @@ __all__ = [
     "point",
     "published_once",
     "replay",
+    "scenarios",
     "set_clock",
     "set_hook",
     "single_holder",

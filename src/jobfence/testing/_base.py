@@ -111,6 +111,21 @@ class SimView(Protocol):
         ...
 
 
+class AttachView(SimView, Protocol):
+    """What an attached connection (:mod:`jobfence.testing.connections`) reads of the
+    simulation on top of :class:`SimView`: the scenario's own process (never scheduled), whether
+    the schedule is ending, and the clients closed when it ends (where its attachments go)."""
+
+    @property
+    def main(self) -> ProcessView: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def clients(self) -> list[Any]: ...
+
+
 class LoopDriver(Protocol):
     """What the scheduling loop reads of the simulation that drives it."""
 

@@ -66,7 +66,7 @@ from .faults import Fault, InjectedFault
 from .table import blocking_io, blocking_point
 
 if TYPE_CHECKING:
-    from ._sim import Simulation
+    from ._base import AttachView
 
 __all__ = ["attach", "statement_point", "table_named"]
 
@@ -128,7 +128,7 @@ def table_named(sql: Any) -> str | None:
 class _Registry:
     """The attachments of one schedule: closed (restored) with the schedule's clients."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: AttachView) -> None:
         self.sim = sim
         self.attached: list[_Attached] = []
 
@@ -155,7 +155,7 @@ class _Registry:
 _REGISTRIES: weakref.WeakKeyDictionary[Any, _Registry] = weakref.WeakKeyDictionary()
 
 
-def _registry(sim: Simulation) -> _Registry:
+def _registry(sim: AttachView) -> _Registry:
     found = _REGISTRIES.get(sim)
     if found is None:
         found = _REGISTRIES[sim] = _Registry(sim)
@@ -908,7 +908,7 @@ SUPPORTED = (
 )
 
 
-def attach(sim: Simulation, conn: C) -> C:
+def attach(sim: AttachView, conn: C) -> C:
     """Instrument ``conn`` for the rest of ``sim``'s schedule and return it (see the module
     docs). Attaching it again in the same schedule changes nothing."""
     kind = _kind(conn)
