@@ -303,6 +303,39 @@ class _Runner:
         self._in_session = False
         self._main_task: asyncio.Task[Any] | None = None
         self.loop = SimLoop()
+        from ..backends.memory import inbox, locks, outbox, queue
+
+        #: the ``memory://`` backends whose stores a schedule may create, and what
+        #: :meth:`_stores` found in them (with their sizes then)
+        self._store_modules: tuple[Any, ...] = (locks, inbox, queue, outbox)
+        self._store_keys: dict[Any, set[str]] = {}
+        self._store_sizes: list[int] | None = None
+
+    def _stores(self) -> dict[Any, set[str]]:
+        """The ``memory://`` stores that exist now, by backend module: as the last schedule
+        left them (its new ones dropped) unless their number changed since, so a schedule
+        pays a snapshot only when something outside the schedules created or removed one."""
+        sizes = [len(module._stores) for module in self._store_modules]
+        if sizes != self._store_sizes:
+            self._store_keys = _memory_stores()
+            self._store_sizes = [len(keys) for keys in self._store_keys.values()]
+        return self._store_keys
+
+    def _drop_stores(self, before: dict[Any, set[str]]) -> None:
+        """Drop the ``memory://`` stores the schedule created (see :func:`_drop_new_stores`),
+        finding them with a set difference rather than a loop over every store."""
+        sizes: list[int] | None = []
+        for module, keys in before.items():
+            stores = module._stores
+            if len(stores) != len(keys) or stores.keys() != keys:
+                with module._stores_mutex:
+                    for key in stores.keys() - keys:
+                        del stores[key]
+            if sizes is not None and len(stores) == len(keys):
+                sizes.append(len(stores))
+            else:
+                sizes = None  # a store that existed before was removed: look again
+        self._store_sizes = sizes
 
     def close(self) -> None:
         self.loop.close()
@@ -340,7 +373,7 @@ class _Runner:
         loop.vtime = 0.0
         loop.sim = sim
         with self.session():
-            stores = _memory_stores()
+            stores = self._stores()
             _sim.install(sim)
             # what jobs draw from the random module (retry_unit's jitter: how long a backoff
             # sleeps, so which task wakes first) is the same in every run of a schedule
@@ -417,7 +450,7 @@ class _Runner:
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
-        _drop_new_stores(stores)
+        self._drop_stores(stores)
 
     def _outcome(self, sim: Simulation, error: BaseException | None) -> _Outcome:
         failure = sim.failure
