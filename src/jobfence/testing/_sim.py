@@ -22,7 +22,7 @@ import threading
 import time
 import types
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypeVar, cast, overload
 
@@ -724,33 +724,36 @@ class Simulation:
             store.journal = []
         return store.journal
 
-    async def effect(self, kind: str, key: Any) -> None:
+    def effect(self, kind: str, key: Any) -> Awaitable[None]:
         """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point
-        named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them."""
+        named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them.
+
+        ``await sim.effect(...)`` in an async task; in a thread task (a plain function) call
+        it without ``await``: it blocks at the point, then records the effect. A fault at the
+        point (``transient``) raises before anything is recorded."""
         _check_point_name(kind, "kind")
         gate = self.on_point(f"effect.{kind}", {"key": key})
         if gate is not None:
-            await gate
+            return self._effect_after(gate, kind, key)
+        self.effects.setdefault(kind, []).append(key)
+        return _PASSED
+
+    async def _effect_after(self, gate: Awaitable[Any], kind: str, key: Any) -> None:
+        await gate
         self.effects.setdefault(kind, []).append(key)
 
-    @asynccontextmanager
-    async def critical(self, name: str, lease: Any = None) -> Any:
+    def critical(self, name: str, lease: Any = None) -> _Section:
         """Mark the block as the critical section ``name``, for
-        :func:`~jobfence.testing.single_holder`. With a jobfence ``lease``, the task counts
-        as a holder only while the lease is neither lost nor past its ttl."""
+        :func:`~jobfence.testing.single_holder` (``async with sim.critical(...)`` in an async
+        task, ``with`` in a thread task). With a jobfence ``lease``, the task counts as a
+        holder only while the lease is neither lost nor past its ttl."""
         task = self.current()
         if task is None or task.process is self.main:
             raise ConfigurationError(
                 "sim.critical() marks a section of a spawned task; call it inside one",
                 argument="name",
             )
-        entry = (task, lease)
-        holders = self.sections.setdefault(name, [])
-        holders.append(entry)
-        try:
-            yield
-        finally:
-            holders.remove(entry)
+        return _Section(self.sections.setdefault(name, []), (task, lease))
 
     def check(self, condition: object, message: str = "check failed") -> None:
         """Fail the schedule with ``message`` unless ``condition`` is true."""
@@ -1610,6 +1613,29 @@ class _Passed:
 
 
 _PASSED = _Passed()
+
+
+class _Section:
+    """The block of :meth:`Simulation.critical`: a holder of the section while it runs,
+    entered with ``with`` (thread tasks) or ``async with`` (async tasks)."""
+
+    __slots__ = ("entry", "holders")
+
+    def __init__(self, holders: list[tuple[SimTask, Any]], entry: tuple[SimTask, Any]) -> None:
+        self.holders = holders
+        self.entry = entry
+
+    def __enter__(self) -> None:
+        self.holders.append(self.entry)
+
+    def __exit__(self, *exc: object) -> None:
+        self.holders.remove(self.entry)
+
+    async def __aenter__(self) -> None:
+        self.holders.append(self.entry)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.holders.remove(self.entry)
 
 
 def point(name: str, *, target: Any = None) -> Awaitable[None]:

@@ -69,7 +69,7 @@ from .faults import InjectedFault
 
 if TYPE_CHECKING:
     from ._base import SimView
-    from ._sim import SimTask, Simulation
+    from ._sim import Simulation
     from .table import SimTable
 
 __all__ = [
@@ -129,20 +129,15 @@ class Context:
                 f"tx) or None for an external effect, got {tx!r}",
                 argument="tx",
             )
-        if not _in_thread(self.sim):
-            return self._effect(kind, key, tx)
         if tx is None:
-            self.sim.on_point(f"effect.{kind}", {"key": key})  # blocks until let go
-            self.sim.effects.setdefault(kind, []).append(key)
-        else:
-            tx.write(self._effect_row(kind, key), effect=kind)
+            return self.sim.effect(kind, key)  # awaitable, or done already in a thread task
+        if not _in_thread(self.sim):
+            return self._effect_in(kind, key, tx)
+        tx.write(self._effect_row(kind, key), effect=kind)
         return _DONE
 
-    async def _effect(self, kind: str, key: Any, tx: Any) -> None:
-        if tx is None:
-            await self.sim.effect(kind, key)
-        else:
-            await tx.write(self._effect_row(kind, key), effect=kind)
+    async def _effect_in(self, kind: str, key: Any, tx: Any) -> None:
+        await tx.write(self._effect_row(kind, key), effect=kind)
 
     def _effect_row(self, kind: str, key: Any) -> tuple[str, str, Any, int]:
         counter = _counters.setdefault(self.sim, itertools.count(1))
@@ -275,38 +270,34 @@ class LimitContext(Context):
 
 
 class _Using:
-    """``ctx.using(lease)``: the critical section of :meth:`LimitContext.using`, entered
-    with ``async with`` (through ``sim.critical``) or ``with`` (a thread task)."""
+    """``ctx.using(lease)``: the critical section of :meth:`LimitContext.using`
+    (``sim.critical``), entered with ``async with`` or ``with`` (a thread task)."""
 
     def __init__(self, sim: Simulation, name: str, lease: Any) -> None:
         self._sim = sim
         self._name = name
         self._lease = lease
-        self._async: Any = None
-        self._entry: tuple[SimTask, Any] | None = None
+        self._section: Any = None
 
     async def __aenter__(self) -> None:
-        self._async = self._sim.critical(self._name, lease=self._lease)
-        await self._async.__aenter__()
+        self._section = self._sim.critical(self._name, lease=self._lease)
+        await self._section.__aenter__()
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._async.__aexit__(*exc)
+        await self._section.__aexit__(*exc)
 
     def __enter__(self) -> None:
-        # sim.critical is an async context manager: a thread task enters the same sections
         task = self._sim.current()
         if task is None or not task.thread:
             raise ConfigurationError(
                 "with ctx.using(...) is for plain functions; use async with in an async def",
                 argument="lease",
             )
-        self._entry = (task, self._lease)
-        self._sim.sections.setdefault(self._name, []).append(self._entry)
+        self._section = self._sim.critical(self._name, lease=self._lease)
+        self._section.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        if self._entry is not None:
-            self._sim.sections[self._name].remove(self._entry)
-            self._entry = None
+        self._section.__exit__(*exc)
 
 
 # -- checkers -------------------------------------------------------------------------------

@@ -751,6 +751,11 @@ class SyncTable(_View["_Table"]):
         """The table this is a view of."""
         return self._of
 
+    @property
+    def name(self) -> str:
+        """The table's name (what ``versioned_update`` is given as its table)."""
+        return self._of.name
+
     def get(self, key: Any) -> dict[str, Any] | None:
         """The committed row, or ``None``; no point (for checks)."""
         return self._of.get(key)
