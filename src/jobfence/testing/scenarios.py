@@ -47,6 +47,14 @@ make its race: ``"auto"`` or a restriction of it) and ``checks`` (invariants of 
 top of the scenario's). Bad arguments raise :class:`~jobfence.ConfigurationError` naming the
 argument. A failure is reported with its seed and tape like any exploration's, and
 ``failure.replay()`` runs it again.
+
+Every scenario with a table (all but :func:`slot_fired_twice`, which has none, and
+:func:`dual_write`, whose outbox rows live in memory) takes ``url``: ``None`` keeps the table
+in memory; ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"`` keeps its
+rows in that database (``sim.table(..., url=url)``, created and dropped by each schedule),
+so the race runs on the database's own transactions and locks. A job ending with a conflict
+of the database (SQLite's ``database is locked`` when two transactions overlap) ends with a
+:class:`~jobfence.ConflictError` raised from it: an outcome of the schedule, not a bug.
 """
 
 from __future__ import annotations
@@ -775,10 +783,10 @@ def duplicate_delivery(
     consumers, each calling ``fn(message, ctx)`` for what it receives, at once or one after
     the other: each effect must happen once (``exactly_once``).
 
-    A consumer acks a message once ``fn`` returns; when ``fn`` fails (with an injected fault
-    or a jobfence error) it gives the message back, and it is delivered again 5 s later. A
-    delivery is
-    hidden from the others for :data:`CONSUMER_VISIBILITY` seconds. ``ctx`` is a
+    A consumer acks a message once ``fn`` returns; when ``fn`` fails (with an injected fault,
+    a jobfence error or a conflict of the database) it gives the message back, and it is
+    delivered again 5 s later. A delivery is hidden from the others for
+    :data:`CONSUMER_VISIBILITY` seconds. ``ctx`` is a
     :class:`MessageContext`. ``faults``: ``"auto"`` by default, every fault at every point
     (a crash or a pause between the effect and the ack delivers it once more).
 
