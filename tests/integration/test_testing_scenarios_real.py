@@ -40,6 +40,13 @@ SYNC = {
 #: schedules for jobfence's version: a transaction held across a point (an inbox claim, a
 #: fence) makes the other task's statement wait for its lock, which costs real time
 FIXED_SCHEDULES = 10
+#: options of a naive run: on PostgreSQL the naive order of commit_unknown keeps its
+#: transaction (and the row's lock) open across the effect's point, so with two workers the
+#: failing schedule has a statement waiting for a parked task's lock, whose replay rests on
+#: real timing; one worker (its order delivered again) makes the same failure without it
+NAIVE_OPTIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("commit_unknown", "postgresql"): {"workers": 1},
+}
 MATRIX = [
     pytest.param(kind, name, db, id=f"{kind}-{name}-{db}")
     for kind in ("async", "plain")
@@ -70,7 +77,8 @@ def test_the_naive_version_fails_as_in_memory_and_replays_identically(
 ) -> None:
     run, naive, _fixed, check, message = _case(kind, name)
     url = _url(db, tmp_path)
-    report = run(naive, url=url)
+    options = NAIVE_OPTIONS.get((name, db), {})
+    report = run(naive, url=url, **options)
     assert not report.ok, name
     failure = report.failures[0]
     assert (failure.check, message in failure.message) == (check, True), failure.message
@@ -81,7 +89,7 @@ def test_the_naive_version_fails_as_in_memory_and_replays_identically(
             failure.message,
             failure.tape,
         )
-    assert _summary(run(naive, url=url)) == _summary(report)
+    assert _summary(run(naive, url=url, **options)) == _summary(report)
 
 
 @pytest.mark.parametrize(("kind", "name", "db"), MATRIX)
