@@ -32,7 +32,7 @@ from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
-from .strategies import Strategy
+from .strategies import Random, Strategy
 
 if TYPE_CHECKING:
     from ..inbox import Inbox
@@ -352,6 +352,8 @@ class Simulation:
     ) -> None:
         self.loop = loop
         self.strategy = strategy
+        #: the random strategy's draw, called without its choose() around it (same draws)
+        self._below: Any = strategy._below if type(strategy) is Random else None
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
         for f in faults:
@@ -392,7 +394,6 @@ class Simulation:
         self._names: set[str] = set()
         #: the joins waiting: (the tasks each waits for, the future that wakes it)
         self._joins: list[tuple[list[SimTask], asyncio.Future[None]]] = []
-        self._cv = threading.Condition()
         self.main = _Process("main")
         #: some process was paused or crashed: candidates need filtering
         self.impaired = False
@@ -794,8 +795,8 @@ class Simulation:
             task = self.current()
             if task is None or task.process is self.main:
                 return None  # the scenario's own setup and checks: not a job, never faulted
-        self.points += 1
-        if self.points > self.max_steps:  # a lone task looping over points decides nothing
+        points = self.points = self.points + 1
+        if points > self.max_steps:  # a lone task looping over points decides nothing
             self._over_budget(
                 f"the schedule's tasks reached more than max_steps={self.max_steps} points"
             )
@@ -849,12 +850,17 @@ class Simulation:
             first = [t for t in self.deferred if t in candidates]
             candidates = first + [t for t in candidates if t not in first]
             self.deferred.clear()
-        self.steps += 1
-        if self.steps > self.max_steps:
+        steps = self.steps = self.steps + 1
+        if steps > self.max_steps:
             self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
         if len(candidates) == 1:
             return candidates[0]
-        i = self.strategy.choose(candidates, len(self.picks))
+        below = self._below
+        i = (
+            below(len(candidates))
+            if below is not None
+            else self.strategy.choose(candidates, len(self.picks))
+        )
         if i:
             self.deviations += 1
         chosen = candidates[i]
@@ -1322,6 +1328,8 @@ class Simulation:
         run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
         of the schedule outlives it."""
         self.stopping = True
+        if not self.thread_tasks:  # an all-async schedule: nothing to stop or join
+            return
         for task in list(self.thread_tasks):
             if task.ended is not None and not task.ended.is_set():
                 task.process.crashed = True
@@ -1625,7 +1633,8 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     :class:`~jobfence.testing.InjectedFault`, ``pause_past_ttl`` and ``crash`` stop or kill
     the task's process). Outside a simulation it does nothing, in either form. Returns an
     awaitable, already done except in an async task of a simulation."""
-    _check_point_name(name, "name")
+    if type(name) is not str or name not in _GOOD_NAMES:  # a known name: no call
+        _check_point_name(name, "name")
     sim = _current
     if sim is None:
         return _PASSED
