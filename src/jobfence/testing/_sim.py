@@ -570,9 +570,8 @@ class Simulation:
         still ordered at the points."""
         table: SimTable | RealTable
         if url is None:
-            from .table import SimTable
-
-            table = SimTable(self, name, rows or {}, fenced)
+            sim_table = _SIM_TABLE or _load_sim_table()
+            table = sim_table(self, name, rows or {}, fenced)
         else:
             from .table_real import RealTable
 
@@ -1587,6 +1586,19 @@ def _sync_flag(sync: object) -> bool:
 
 #: point names found good already (a point is reached thousands of times per explore)
 _GOOD_NAMES: set[str] = set()
+
+
+#: SimTable, imported on first use (table.py imports this module): a schedule makes its
+#: tables without an import statement's look-ups each time
+_SIM_TABLE: type[SimTable] | None = None
+
+
+def _load_sim_table() -> type[SimTable]:
+    global _SIM_TABLE
+    from .table import SimTable
+
+    _SIM_TABLE = SimTable
+    return SimTable
 
 
 def _check_point_name(name: object, argument: str) -> None:

@@ -41,6 +41,7 @@ from ._sim import Hit, SimClock, Simulation, Violation
 from .checkers import Checker
 from .faults import Auto, Fault, _nameable, parse
 from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy
+from .table import SimTable as _SimTable
 
 __all__ = ["Failure", "Report", "Tape", "explore", "replay"]
 
@@ -456,6 +457,8 @@ class _Runner:
         loop._scheduled.clear()  # type: ignore[attr-defined]
         loop._timer_cancelled_count = 0  # type: ignore[attr-defined]
         for table in sim.tables:
+            if type(table) is _SimTable:  # in memory: nothing to close (and no getattr miss)
+                continue
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())

@@ -346,7 +346,7 @@ class _Table(_Base):
         """The starting rows, each a new dict with its version (1 unless given)."""
         out: dict[Any, dict[str, Any]] = {}
         for key, row in rows.items():
-            if not isinstance(row, Mapping):
+            if type(row) is not dict and not isinstance(row, Mapping):
                 raise ConfigurationError(
                     f"rows must map each key to a dict of columns; {key!r} -> {row!r}",
                     argument="rows",
