@@ -32,7 +32,7 @@ from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
-from .strategies import Strategy
+from .strategies import Random, Strategy
 
 if TYPE_CHECKING:
     from ..inbox import Inbox
@@ -352,6 +352,8 @@ class Simulation:
     ) -> None:
         self.loop = loop
         self.strategy = strategy
+        #: the random strategy's draw, called without its choose() around it (same draws)
+        self._below: Any = strategy._below if type(strategy) is Random else None
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
         for f in faults:
@@ -392,7 +394,6 @@ class Simulation:
         self._names: set[str] = set()
         #: the joins waiting: (the tasks each waits for, the future that wakes it)
         self._joins: list[tuple[list[SimTask], asyncio.Future[None]]] = []
-        self._cv = threading.Condition()
         self.main = _Process("main")
         #: some process was paused or crashed: candidates need filtering
         self.impaired = False
@@ -569,9 +570,8 @@ class Simulation:
         still ordered at the points."""
         table: SimTable | RealTable
         if url is None:
-            from .table import SimTable
-
-            table = SimTable(self, name, rows or {}, fenced)
+            sim_table = _SIM_TABLE or _load_sim_table()
+            table = sim_table(self, name, rows or {}, fenced)
         else:
             from .table_real import RealTable
 
@@ -797,8 +797,8 @@ class Simulation:
             task = self.current()
             if task is None or task.process is self.main:
                 return None  # the scenario's own setup and checks: not a job, never faulted
-        self.points += 1
-        if self.points > self.max_steps:  # a lone task looping over points decides nothing
+        points = self.points = self.points + 1
+        if points > self.max_steps:  # a lone task looping over points decides nothing
             self._over_budget(
                 f"the schedule's tasks reached more than max_steps={self.max_steps} points"
             )
@@ -852,12 +852,17 @@ class Simulation:
             first = [t for t in self.deferred if t in candidates]
             candidates = first + [t for t in candidates if t not in first]
             self.deferred.clear()
-        self.steps += 1
-        if self.steps > self.max_steps:
+        steps = self.steps = self.steps + 1
+        if steps > self.max_steps:
             self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
         if len(candidates) == 1:
             return candidates[0]
-        i = self.strategy.choose(candidates, len(self.picks))
+        below = self._below
+        i = (
+            below(len(candidates))
+            if below is not None
+            else self.strategy.choose(candidates, len(self.picks))
+        )
         if i:
             self.deviations += 1
         chosen = candidates[i]
@@ -1325,6 +1330,8 @@ class Simulation:
         run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
         of the schedule outlives it."""
         self.stopping = True
+        if not self.thread_tasks:  # an all-async schedule: nothing to stop or join
+            return
         for task in list(self.thread_tasks):
             if task.ended is not None and not task.ended.is_set():
                 task.process.crashed = True
@@ -1584,6 +1591,19 @@ def _sync_flag(sync: object) -> bool:
 _GOOD_NAMES: set[str] = set()
 
 
+#: SimTable, imported on first use (table.py imports this module): a schedule makes its
+#: tables without an import statement's look-ups each time
+_SIM_TABLE: type[SimTable] | None = None
+
+
+def _load_sim_table() -> type[SimTable]:
+    global _SIM_TABLE
+    from .table import SimTable
+
+    _SIM_TABLE = SimTable
+    return SimTable
+
+
 def _check_point_name(name: object, argument: str) -> None:
     if type(name) is str and name in _GOOD_NAMES:
         return
@@ -1651,7 +1671,8 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     :class:`~jobfence.testing.InjectedFault`, ``pause_past_ttl`` and ``crash`` stop or kill
     the task's process). Outside a simulation it does nothing, in either form. Returns an
     awaitable, already done except in an async task of a simulation."""
-    _check_point_name(name, "name")
+    if type(name) is not str or name not in _GOOD_NAMES:  # a known name: no call
+        _check_point_name(name, "name")
     sim = _current
     if sim is None:
         return _PASSED
