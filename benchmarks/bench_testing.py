@@ -59,6 +59,7 @@ from jobfence import testing
 Scenario = Callable[[testing.Simulation], Awaitable[None]]
 
 GOAL_RATE = 10_000  # schedules per second, 2-3 tasks x up to 20 points
+GOAL_LEASES = 2_000  # schedules per second, renewed leases and long virtual pauses
 GOAL_SCHEDULES = 50  # schedules until the first failure
 GOAL_SECONDS = 1.0  # wall time until the first failure
 STRATEGIES = ("random", "pct", "fifo")
@@ -323,7 +324,8 @@ def throughput(schedules: int, rounds: int) -> list[Case]:
     rows = []
     for case in all_cases:
         med = statistics.median(case.rates)
-        met = "met" if med >= GOAL_RATE else "below"
+        goal = GOAL_LEASES if case.name == LEASE_LABEL else GOAL_RATE
+        met = "met" if med >= goal else "below"
         rows.append(
             (
                 case.name,
@@ -332,7 +334,7 @@ def throughput(schedules: int, rounds: int) -> list[Case]:
                 f"{med:,.0f}",
                 spread(case.rates, ",.0f"),
                 f"{1e6 / med:.0f}",
-                f"{med / GOAL_RATE:.0%} ({met})",
+                f"{med / goal:.0%} of {goal:,} ({met})",
             )
         )
     markdown_table(
@@ -343,7 +345,7 @@ def throughput(schedules: int, rounds: int) -> list[Case]:
             "schedules/s",
             "min-max",
             "µs/schedule",
-            f"of the {GOAL_RATE:,}/s goal",
+            "of the goal (schedules/s)",
         ),
         rows,
     )
