@@ -84,7 +84,8 @@ class Locks:
     ``AsyncLocks``.
 
     ``namespace`` prefixes every key or row this client creates (default ``"jobfence"``);
-    ``poll_interval`` bounds a single wait for a wake-up. Other keyword options
+    ``poll_interval`` bounds a single wait for a wake-up (``memory://``, whose waits end
+    by themselves whenever anything can change, waits in one go). Other keyword options
     (``**options``) go to the backend (see its documentation).
     """
 
@@ -298,6 +299,12 @@ class Locks:
         deadline = None if timeout is None else began + timeout
         backend = self.backend
         long_waits = backend.capabilities.queue_follows_connection
+        # a backend whose wait ends by itself whenever anything can change for us may wait up
+        # to the timeout in one go -- unless the clock moves its time by a wait's whole length
+        # (an auto-advancing ManualClock), which would run past the holder's renewals
+        ends_on_change = backend.capabilities.wait_ends_on_change and not getattr(
+            clock, "auto_advance", False
+        )
         self._prepare(name, waiting=True)
         retry = WaitRetry(name, timeout, deadline)
         try:
@@ -327,9 +334,8 @@ class Locks:
                     clock.monotonic() - began,
                     timeout,
                 )
-                limit = (
-                    self.poll_interval if remaining is None else min(self.poll_interval, remaining)
-                )
+                longest = SERVER_WAIT if ends_on_change else self.poll_interval
+                limit = longest if remaining is None else min(longest, remaining)
                 token = self._call_waiting(
                     retry, started, partial(self._wait_once, name, owner, limit)
                 )

@@ -76,6 +76,9 @@ log = logging.getLogger("jobfence.locks")
 
 #: how long an idle renewer sleeps before looking again
 IDLE_WAIT = 1.0
+#: what :meth:`AsyncRenewer._tick` returns when there is nothing to look at before an
+#: ``add()`` or ``close()`` wakes the renewer (only on a clock that lets it wait unbounded)
+_UNTIL_WOKEN = float("inf")
 #: leases due within this fraction of their ttl are renewed in the same batch
 BATCH_WINDOW = 0.15
 #: a failed renewal that will be retried is logged at most this often per lease (seconds)
@@ -171,6 +174,8 @@ class Renewer:
         self._worker: Any = None
         self._caller = compat.BoundedCaller(f"{name}-call")
         self._closed = False
+        #: an idle renewer (no lease tracked) waits until woken, without ticks (see _run)
+        self._idle_unbounded = False
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
@@ -271,10 +276,13 @@ class Renewer:
             if entry.renews and self._give_back is not None:
                 self._give_back(entry.name, entry.owner)
         now = clock.monotonic()
+        entries = self._snapshot()
+        if not entries and self._idle_unbounded:
+            return _UNTIL_WOKEN  # nothing to renew, expire or give back until add()/close()
         wake_at = now + IDLE_WAIT
         due: list[_Tracked] = []
         overdue = False
-        for entry in self._snapshot():
+        for entry in entries:
             look = entry.state.look(now, BATCH_WINDOW)
             if look.expired:
                 # a renewed lease may still be on the server (a renewal may land late)

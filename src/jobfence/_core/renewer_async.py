@@ -65,6 +65,7 @@ from typing import Any
 from .. import telemetry
 from . import acompat
 from .clock import Clock, get_clock
+from .flavour import ASYNC
 from .lease_state import LeaseState
 from .renewable import Renewable
 
@@ -74,6 +75,9 @@ log = logging.getLogger("jobfence.locks")
 
 #: how long an idle renewer sleeps before looking again
 IDLE_WAIT = 1.0
+#: what :meth:`AsyncRenewer._tick` returns when there is nothing to look at before an
+#: ``add()`` or ``close()`` wakes the renewer (only on a clock that lets it wait unbounded)
+_UNTIL_WOKEN = float("inf")
 #: leases due within this fraction of their ttl are renewed in the same batch
 BATCH_WINDOW = 0.15
 #: a failed renewal that will be retried is logged at most this often per lease (seconds)
@@ -169,6 +173,8 @@ class AsyncRenewer:
         self._worker: Any = None
         self._caller = acompat.BoundedCaller(f"{name}-call")
         self._closed = False
+        #: an idle renewer (no lease tracked) waits until woken, without ticks (see _run)
+        self._idle_unbounded = False
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
@@ -239,6 +245,13 @@ class AsyncRenewer:
     # -- the worker ----------------------------------------------------------------------
     async def _run(self) -> None:
         clock = get_clock()
+        if ASYNC:
+            # A clock whose time moves only when every task waits (jobfence.testing's
+            # simulator, ``idle_unbounded``) would turn an idle renewer's IDLE_WAIT ticks into
+            # hundreds of steps through a long virtual pause: with no lease tracked, nothing
+            # can become due before an add() or close() wakes the renewer, so there it waits
+            # for that alone.
+            self._idle_unbounded = bool(getattr(clock, "idle_unbounded", False))
         while not self._closed:
             try:
                 wake_at = await self._tick(clock)
@@ -254,7 +267,13 @@ class AsyncRenewer:
             if wake_at is None:
                 continue
             self._wake_at = wake_at
-            await clock.wait_async(self._wake, max(0.0, wake_at - clock.monotonic()))
+            if ASYNC:
+                if wake_at == _UNTIL_WOKEN:
+                    await acompat.wait_event(self._wake, None)
+                else:
+                    await clock.wait_async(self._wake, max(0.0, wake_at - clock.monotonic()))
+            else:
+                await clock.wait_async(self._wake, max(0.0, wake_at - clock.monotonic()))
             self._wake_at = float("inf")
 
     def _snapshot(self) -> list[_Tracked]:
@@ -269,10 +288,13 @@ class AsyncRenewer:
             if entry.renews and self._give_back is not None:
                 self._give_back(entry.name, entry.owner)
         now = clock.monotonic()
+        entries = self._snapshot()
+        if not entries and self._idle_unbounded:
+            return _UNTIL_WOKEN  # nothing to renew, expire or give back until add()/close()
         wake_at = now + IDLE_WAIT
         due: list[_Tracked] = []
         overdue = False
-        for entry in self._snapshot():
+        for entry in entries:
             look = entry.state.look(now, BATCH_WINDOW)
             if look.expired:
                 # a renewed lease may still be on the server (a renewal may land late)

@@ -73,6 +73,12 @@ class LockCapabilities:
       lives exactly as long as its connection (the server drops it when the waiter dies), so
       one wait may last the caller's whole timeout. Other backends hear from a waiter at least
       every few poll intervals, so that a dead waiter drops out of their queue soon.
+    * ``wait_ends_on_change`` -- a wait ends by itself when anything can change for the
+      waiter (a release, a hand-off, the holder's ttl running out, the waiter leaving the
+      queue) and keeps the waiter's place while it lasts: no wake-up can be lost, so one wait
+      may last the caller's whole timeout instead of ``poll_interval`` (in-process backends,
+      whose waits a virtual clock then skips in one step; not under a clock that moves its
+      time by a wait's whole length, an auto-advancing ``ManualClock``).
     """
 
     cross_process: bool
@@ -81,6 +87,7 @@ class LockCapabilities:
     handoff: bool = False
     tokens_survive_data_loss: bool = False
     queue_follows_connection: bool = False
+    wait_ends_on_change: bool = False
 
 
 #: one lease or claim to renew: (name or key, owner, ttl seconds)

@@ -21,8 +21,9 @@ import math
 import sys
 import threading
 import time
+import types
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypeVar, cast, overload
 
@@ -32,7 +33,7 @@ from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
-from .strategies import Strategy
+from .strategies import Random, Strategy
 
 if TYPE_CHECKING:
     from ..inbox import Inbox
@@ -64,6 +65,42 @@ _ids = itertools.count(1)
 # simulation asks it at every point
 _CURRENT_TASKS: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
 _running_loop = asyncio._get_running_loop
+#: the thread asking: compared with the loop's ``_thread_id`` (set while it runs), which
+#: tells what ``_running_loop() is loop`` tells without its cost (on CPython 3.11 every
+#: ``_get_running_loop()`` calls ``getpid()``, a system call, to notice a fork)
+_get_ident = threading.get_ident
+#: ``_swap_current_task(loop, task)``: make ``task`` what ``asyncio.current_task()`` answers
+#: on ``loop``, returning the one it answered before (CPython 3.12+ has it; on 3.11 the dict
+#: of current tasks is written directly)
+_swap_current: Callable[[Any, Any], Any] | None = getattr(asyncio.tasks, "_swap_current_task", None)
+#: on 3.11, the dict itself: the scheduler writes it inline at every switch
+_SWAP_DICT: dict[Any, Any] | None = None
+if _swap_current is None and _CURRENT_TASKS is not None:
+    _current_tasks: dict[Any, Any] = _CURRENT_TASKS
+    _SWAP_DICT = _CURRENT_TASKS
+
+    def _swap_current(loop: Any, task: Any) -> Any:
+        previous = _current_tasks.get(loop)
+        _current_tasks[loop] = task
+        return previous
+
+
+#: the scheduler steps the coroutines of spawned tasks itself at their points (see
+#: ``Simulation._slice``): it needs ``create_task(context=)`` (3.11), a way to set the current
+#: task, and to see a cancellation requested of a task while it runs (``Task._must_cancel``)
+_DIRECT = (
+    sys.version_info >= (3, 11)
+    and _swap_current is not None
+    and hasattr(asyncio.Task, "_must_cancel")
+)
+#: what a gate yields to the scheduler's stepping when its task parks (instead of a future)
+_SWITCH = object()
+#: what a driven task's driver is told to do (``SimTask.command``): resume at the gate, wait
+#: for an asyncio future (or a bare yield), or end with a result or an exception
+_GO, _AWAIT, _DONE, _FAILED = range(4)
+_PARKED = (-1, None)
+#: what a driver returns for a job whose end another driver concluded
+_CONCLUDED = object()
 #: points after which a process holds something another process recovers once it expires
 _TAKES = frozenset({"lock.acquire", "inbox.claim", "queue.receive", "outbox.claim"})
 
@@ -129,6 +166,15 @@ class SimTask:
     wait_until: float | None = None
     atask: asyncio.Task[Any] | None = field(default=None, repr=False)
     finished: asyncio.Future[Any] | None = field(default=None, repr=False)
+    # direct stepping (async tasks spawned on CPython 3.11+): the job's coroutine and its
+    # context, stepped by whichever task's driver runs; ``park``, the future its own driver
+    # waits on while the coroutine is parked or stepped by another driver; ``command``, what
+    # that driver does once woken
+    driven: bool = False
+    coro: Any = field(default=None, repr=False)
+    ctx: contextvars.Context | None = field(default=None, repr=False)
+    park: asyncio.Future[None] | None = field(default=None, repr=False)
+    command: tuple[int, Any] | None = field(default=None, repr=False)
     # a thread task: its thread, and an event set once it runs no more simulated code
     os_thread: threading.Thread | None = field(default=None, repr=False)
     ended: threading.Event | None = field(default=None, repr=False)
@@ -144,6 +190,11 @@ class SimClock(Clock):
 
     :meth:`time` is the schedule's true wall-clock time plus the skew of the calling task's
     process (:meth:`Simulation.skew`); :meth:`monotonic` is never skewed."""
+
+    #: an async renewer with no lease to look after waits until it is woken (a lease added,
+    #: the client closed) instead of ticking every ``IDLE_WAIT``: here nothing else can make
+    #: one due, and idle ticks would be steps through every long virtual pause
+    idle_unbounded = True
 
     def __init__(self, loop: SimLoop) -> None:
         self._loop = loop
@@ -161,6 +212,15 @@ class SimClock(Clock):
             return now
         task = sim.current()
         return now if task is None else now + task.process.skew
+
+    async def wait_async(self, event: asyncio.Event, timeout: float) -> bool:
+        if event.is_set():
+            return True
+        if timeout <= 0:
+            return False
+        if type(event) is asyncio.Event and self._loop._thread_id == _get_ident():  # type: ignore[attr-defined]
+            return await _wait_event(self._loop, event, timeout)
+        return await super().wait_async(event, timeout)
 
     def sleep(self, seconds: float) -> None:
         """A blocking sleep (a ``sleep`` point): a thread task waits ``seconds`` of virtual
@@ -181,6 +241,31 @@ class SimClock(Clock):
             return event.is_set()
         sim.thread_wait(event, timeout)
         return event.is_set()
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _wait_event(loop: SimLoop, event: asyncio.Event, timeout: float) -> bool:
+    """:meth:`SimClock.wait_async` for a plain ``asyncio.Event``: one future among the
+    event's waiters and one timer, instead of a task and ``asyncio.wait`` per wait (the
+    renewers' pauses and the ``memory://`` backends' waits for a release go through here,
+    dozens of times per schedule)."""
+    waiters = event._waiters  # type: ignore[attr-defined]
+    fut: asyncio.Future[None] = loop.create_future()
+    waiters.append(fut)
+    timer = loop.call_at(loop.vtime + timeout, _expire, fut)
+    try:
+        await fut
+    finally:
+        timer.cancel()
+        try:
+            waiters.remove(fut)
+        except ValueError:
+            pass
+    return event.is_set()
 
 
 class _Gate:
@@ -208,12 +293,17 @@ class _Gate:
         if proc.crashed or proc.paused_until is not None or not sim.go_on(task, fault is not None):
             cancelled = False
             while True:
-                fut: asyncio.Future[None] = sim.loop.create_future()
-                task.waiter = fut
                 task.parked_at = self.point
                 sim.parked.append(task)
                 try:
-                    yield from fut.__await__()
+                    if task.driven:
+                        # to the scheduler stepping this coroutine: it goes on with the task
+                        # go_on chose (``sim._next``), or leaves the decision to the loop
+                        yield _SWITCH
+                    else:
+                        fut: asyncio.Future[None] = sim.loop.create_future()
+                        task.waiter = fut
+                        yield from fut.__await__()
                     break
                 except asyncio.CancelledError:
                     # cancelled where it waits (by another task, a timeout, its lease found
@@ -263,6 +353,8 @@ class Simulation:
     ) -> None:
         self.loop = loop
         self.strategy = strategy
+        #: the random strategy's draw, called without its choose() around it (same draws)
+        self._below: Any = strategy._below if type(strategy) is Random else None
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
         for f in faults:
@@ -300,12 +392,23 @@ class Simulation:
         self.tables: list[_Table] = []
         self.clients: list[Any] = []
         self._spawned = 0
-        self._cv = threading.Condition()
+        self._names: set[str] = set()
+        #: the joins waiting: (the tasks each waits for, the future that wakes it)
+        self._joins: list[tuple[list[SimTask], asyncio.Future[None]]] = []
         self.main = _Process("main")
         #: some process was paused or crashed: candidates need filtering
         self.impaired = False
         #: some process's clock is skewed (:meth:`skew`): the clock looks up the caller's
         self.skewed = False
+        #: the task a decision at a driven task's point chose, for :meth:`_slice` to step next
+        self._next: SimTask | None = None
+        #: the loop's queue of ready callbacks (one deque for the loop's life)
+        self._ready: Any = loop._ready  # type: ignore[attr-defined]
+        #: the task whose asyncio task runs the current :meth:`_slice` (None outside one)
+        self._owner: SimTask | None = None
+        #: the driven task whose coroutine :meth:`_slice` steps right now (what
+        #: :meth:`current` answers on the loop's thread without looking it up)
+        self._stepping: SimTask | None = None
         #: tasks wait in :attr:`deferred` (in spawn order) for real I/O to answer
         self._io_deferred = False
 
@@ -318,7 +421,7 @@ class Simulation:
         self._spawned += 1
         label = name if name is not None else f"t{self._spawned}"
         problem = None
-        if (
+        if name is not None and (
             not isinstance(label, str)
             or not label
             or label == "-"  # a tape's placeholder pick (the FIFO choice)
@@ -328,15 +431,23 @@ class Simulation:
                 "name must be a non-empty str other than '-', without spaces or any of "
                 f"#@()+,|, got {label!r}"
             )
-        elif any(t.name == label for t in self.tasks):
+        elif label in self._names:
             problem = f"a task named {label!r} exists already"
         if problem is not None:
             if inspect.iscoroutine(job):
                 job.close()  # never run: no "never awaited" warning on top of the error
             raise ConfigurationError(problem, argument="name")
+        inner = job.func if isinstance(job, functools.partial) else job
+        if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+            raise ConfigurationError(
+                "job must be a coroutine, an async function or a function, got the generator "
+                f"function {job!r}: calling it runs none of its code",
+                argument="job",
+            )
         proc = _Process(label)
         task = SimTask(label, proc)
         self.tasks.append(task)
+        self._names.add(label)
         task.finished = self.loop.create_future()
         if inspect.iscoroutine(job):
             if args or kwargs:
@@ -350,14 +461,6 @@ class Simulation:
         elif inspect.iscoroutinefunction(job):
             coro = job(*args, **kwargs)
         elif callable(job):
-            inner = job.func if isinstance(job, functools.partial) else job
-            if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
-                self.tasks.remove(task)
-                raise ConfigurationError(
-                    f"job must be a coroutine, an async function or a function, got the "
-                    f"generator function {job!r}: calling it runs none of its code",
-                    argument="job",
-                )
             task.thread = True
             self._start_thread(task, _no_coroutine(job), args, kwargs)
             return task
@@ -368,7 +471,16 @@ class Simulation:
             )
         ctx = contextvars.copy_context()
         ctx.run(_PROCESS.set, proc)
-        atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
+        if _DIRECT:
+            task.driven = True
+            task.coro = coro
+            task.ctx = ctx
+            atask = self.loop.create_task(
+                self._run_async(task, self._drive(task)),  # type: ignore[arg-type]
+                context=ctx,  # type: ignore[call-arg]  # 3.11+
+            )
+        else:
+            atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
         task.atask = atask
         self._by_atask[atask] = task
         return task
@@ -378,13 +490,16 @@ class Simulation:
         by other tasks too) are done; return their results (an exception a job ended with is
         its result here, see :attr:`SimTask.error`). A crashed task counts as done."""
         chosen = list(tasks) if tasks else self.tasks
-        while True:
-            waiting = [
-                t.finished for t in chosen if t.finished is not None and not t.finished.done()
-            ]
-            if not waiting:
-                break
-            await asyncio.shield(waiting[0])
+        while any(not t.done for t in chosen):
+            # one wake-up once they all are (see _wake_joins), not one per task; a future of
+            # its own, so that cancelling the join cancels none of the tasks
+            waiter = self.loop.create_future()
+            entry = (chosen, waiter)
+            self._joins.append(entry)
+            try:
+                await waiter
+            finally:
+                self._joins.remove(entry)
         return [t.error if t.error is not None else t.result for t in list(chosen)]
 
     async def sleep(self, seconds: float) -> None:
@@ -467,9 +582,8 @@ class Simulation:
         still ordered at the points."""
         table: SimTable | RealTable
         if url is None:
-            from .table import SimTable
-
-            table = SimTable(self, name, rows or {}, fenced)
+            sim_table = _SIM_TABLE or _load_sim_table()
+            table = sim_table(self, name, rows or {}, fenced)
         else:
             from .table_real import RealTable
 
@@ -622,33 +736,36 @@ class Simulation:
             store.journal = []
         return store.journal
 
-    async def effect(self, kind: str, key: Any) -> None:
+    def effect(self, kind: str, key: Any) -> Awaitable[None]:
         """Record an external effect (a charge, an e-mail) of ``kind`` for ``key``; a point
-        named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them."""
+        named ``effect.<kind>``. :func:`~jobfence.testing.exactly_once` reads them.
+
+        ``await sim.effect(...)`` in an async task; in a thread task (a plain function) call
+        it without ``await``: it blocks at the point, then records the effect. A fault at the
+        point (``transient``) raises before anything is recorded."""
         _check_point_name(kind, "kind")
         gate = self.on_point(f"effect.{kind}", {"key": key})
         if gate is not None:
-            await gate
+            return self._effect_after(gate, kind, key)
+        self.effects.setdefault(kind, []).append(key)
+        return _PASSED
+
+    async def _effect_after(self, gate: Awaitable[Any], kind: str, key: Any) -> None:
+        await gate
         self.effects.setdefault(kind, []).append(key)
 
-    @asynccontextmanager
-    async def critical(self, name: str, lease: Any = None) -> Any:
+    def critical(self, name: str, lease: Any = None) -> _Section:
         """Mark the block as the critical section ``name``, for
-        :func:`~jobfence.testing.single_holder`. With a jobfence ``lease``, the task counts
-        as a holder only while the lease is neither lost nor past its ttl."""
+        :func:`~jobfence.testing.single_holder` (``async with sim.critical(...)`` in an async
+        task, ``with`` in a thread task). With a jobfence ``lease``, the task counts as a
+        holder only while the lease is neither lost nor past its ttl."""
         task = self.current()
         if task is None or task.process is self.main:
             raise ConfigurationError(
                 "sim.critical() marks a section of a spawned task; call it inside one",
                 argument="name",
             )
-        entry = (task, lease)
-        holders = self.sections.setdefault(name, [])
-        holders.append(entry)
-        try:
-            yield
-        finally:
-            holders.remove(entry)
+        return _Section(self.sections.setdefault(name, []), (task, lease))
 
     def check(self, condition: object, message: str = "check failed") -> None:
         """Fail the schedule with ``message`` unless ``condition`` is true."""
@@ -663,8 +780,10 @@ class Simulation:
     # -- the points -----------------------------------------------------------------------
     def current(self) -> SimTask | None:
         """The simulated task running now (``None`` outside one)."""
-        if _running_loop() is not self.loop:
+        if self.loop._thread_id != _get_ident():  # type: ignore[attr-defined]  # not running here
             atask = None
+        elif self._stepping is not None:
+            return self._stepping
         elif _CURRENT_TASKS is not None:
             atask = _CURRENT_TASKS.get(self.loop)
         else:  # an asyncio without the dict: the public, slower way
@@ -685,11 +804,13 @@ class Simulation:
             if task is not None and task.process.crashed:
                 raise _Crashed
             return None
-        task = self.current()
-        if task is None or task.process is self.main:
-            return None  # the scenario's own setup and checks: not a job, never faulted
-        self.points += 1
-        if self.points > self.max_steps:  # a lone task looping over points decides nothing
+        task = self._stepping  # a driven task being stepped: no look-up
+        if task is None or self.loop._thread_id != _get_ident():  # type: ignore[attr-defined]
+            task = self.current()
+            if task is None or task.process is self.main:
+                return None  # the scenario's own setup and checks: not a job, never faulted
+        points = self.points = self.points + 1
+        if points > self.max_steps:  # a lone task looping over points decides nothing
             self._over_budget(
                 f"the schedule's tasks reached more than max_steps={self.max_steps} points"
             )
@@ -743,12 +864,17 @@ class Simulation:
             first = [t for t in self.deferred if t in candidates]
             candidates = first + [t for t in candidates if t not in first]
             self.deferred.clear()
-        self.steps += 1
-        if self.steps > self.max_steps:
+        steps = self.steps = self.steps + 1
+        if steps > self.max_steps:
             self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
         if len(candidates) == 1:
             return candidates[0]
-        i = self.strategy.choose(candidates, len(self.picks))
+        below = self._below
+        i = (
+            below(len(candidates))
+            if below is not None
+            else self.strategy.choose(candidates, len(self.picks))
+        )
         if i:
             self.deviations += 1
         chosen = candidates[i]
@@ -774,7 +900,13 @@ class Simulation:
         and, when the decision could be made now, the chosen task is let go."""
         if self.checkers:
             self.run_checks()
-        if self.loop._ready:  # type: ignore[attr-defined]  # others first reach their points
+        owner = self._owner
+        if (
+            self._ready  # others first reach their points
+            # a task cancelled while its driver steps others hears of it at its point first,
+            # as one whose wake-up is ready
+            or (owner is not None and owner.atask._must_cancel)  # type: ignore[union-attr]
+        ):
             self.deferred.append(task)
             return False
         if not self.deferred:
@@ -804,7 +936,12 @@ class Simulation:
         chosen = self._pick(candidates)
         if chosen is task:
             return True
-        self._release(chosen)
+        if task.driven and chosen.driven:  # the stepping switches to it: no loop round
+            self.parked.remove(chosen)
+            chosen.parked_at = None
+            self._next = chosen
+        else:
+            self._release(chosen)
         return False
 
     def _has_timers(self) -> bool:
@@ -840,9 +977,21 @@ class Simulation:
         if task.thread:
             self._thread_release(task)
             return
+        if task.driven:
+            self._signal(task, (_GO, None))
+            return
         waiter, task.waiter = task.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _signal(self, task: SimTask, command: tuple[int, Any]) -> None:
+        """Tell the driver of ``task`` (waiting on its ``park`` future) what to do next."""
+        task.command = command
+        park = task.park
+        if park is None:
+            park = task.park = self.loop.create_future()
+        if not park.done():
+            park.set_result(None)
 
     @contextmanager
     def real_io(self) -> Iterator[_Statement]:
@@ -904,6 +1053,14 @@ class Simulation:
             reap = getattr(client, "reap_crashed", None)
             if reap is not None:
                 reap()
+        if self._joins:
+            self._wake_joins()
+
+    def _wake_joins(self) -> None:
+        """Wake each :meth:`join` whose tasks are all done now."""
+        for chosen, waiter in self._joins:
+            if not waiter.done() and all(t.done for t in chosen):
+                waiter.set_result(None)
 
     def run_checks(self) -> None:
         for checker in self.checkers:
@@ -1192,6 +1349,8 @@ class Simulation:
         run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
         of the schedule outlives it."""
         self.stopping = True
+        if not self.thread_tasks:  # an all-async schedule: nothing to stop or join
+            return
         for task in list(self.thread_tasks):
             if task.ended is not None and not task.ended.is_set():
                 task.process.crashed = True
@@ -1205,9 +1364,137 @@ class Simulation:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- running ----------------------------------------------------------------------------
+    @types.coroutine
+    def _drive(self, task: SimTask) -> Generator[Any, Any, Any]:
+        """What the asyncio task of a driven ``task`` awaits: it steps the job's coroutine
+        (and, through :meth:`_slice`, those of the tasks the decisions at its points choose),
+        yields to asyncio whatever the job awaits there (a future, a bare yield), and while
+        the job is parked, waits on ``task.park`` until it is let go or handed what the job
+        yielded while another driver stepped it."""
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            kind, payload = self._slice(task, value, error)
+            value = error = None
+            while kind == _PARKED[0]:
+                park = task.park
+                if park is None:
+                    park = task.park = self.loop.create_future()
+                try:
+                    yield from park.__await__()
+                except BaseException as exc:  # cancelled (a timeout, teardown, another task)
+                    error = exc
+                task.park = None
+                command, task.command = task.command, None
+                if command is None:  # cancelled while parked: the gate hears of it
+                    kind = _GO
+                    break
+                kind, payload = command
+                if error is not None:
+                    if kind == _AWAIT:
+                        if isinstance(payload, asyncio.Future):
+                            payload.cancel()
+                        kind = _GO  # the job hears of it where it awaited
+                    elif kind == _GO:
+                        pass
+                    else:
+                        error = None  # it ended meanwhile: nothing left to cancel
+            if kind == _DONE:
+                return payload
+            if kind == _FAILED:
+                raise payload
+            if kind == _AWAIT:
+                try:
+                    value = yield payload
+                except BaseException as exc:
+                    error = exc
+
+    def _slice(self, owner: SimTask, value: Any, error: BaseException | None) -> tuple[int, Any]:
+        """Step ``owner``'s coroutine (sending ``value`` or throwing ``error``) and, each
+        time it parks at a point where the decision chose another driven task, that task's
+        coroutine, in its own context and as asyncio's current task: a switch between tasks
+        at a point costs no loop round. Ends when the task stepped last waits for something
+        of asyncio's (handed to its own driver), ends, or parks with no decision made now
+        (the loop makes it once everything ready ran). Returns what ``owner``'s driver does:
+        ``_PARKED`` (wait on its park future), or its own coroutine's ``(_AWAIT, what)``,
+        ``(_DONE, result)``, ``(_FAILED, exception)``."""
+        cur = owner
+        loop = self.loop
+        current_tasks = _SWAP_DICT
+        self._owner = owner
+        try:
+            while True:
+                coro = cur.coro
+                self._stepping = cur
+                try:
+                    if cur is owner:
+                        yielded = coro.throw(error) if error is not None else coro.send(value)
+                    else:
+                        ctx = cur.ctx
+                        assert ctx is not None
+                        # asyncio's current task is cur's while its code runs, then owner's
+                        # again (the task whose step this is)
+                        if current_tasks is not None:
+                            current_tasks[loop] = cur.atask
+                        else:
+                            _swap_current(loop, cur.atask)  # type: ignore[misc]
+                        try:
+                            if error is not None:
+                                yielded = ctx.run(coro.throw, error)
+                            else:
+                                yielded = ctx.run(coro.send, value)
+                        finally:
+                            if current_tasks is not None:
+                                current_tasks[loop] = owner.atask
+                            else:
+                                _swap_current(loop, owner.atask)  # type: ignore[misc]
+                except StopIteration as stop:
+                    outcome: tuple[int, Any] = (_DONE, stop.value)
+                except BaseException as exc:
+                    outcome = (_FAILED, exc)
+                else:
+                    self._stepping = None
+                    if yielded is _SWITCH:
+                        chosen = self._next
+                        if chosen is None:
+                            return _PARKED
+                        self._next = None
+                        cur, value, error = chosen, None, None
+                        continue
+                    outcome = (_AWAIT, yielded)
+                self._stepping = None
+                if cur is owner:
+                    return outcome
+                if outcome[0] == _AWAIT:
+                    self._signal(cur, outcome)  # its own driver waits for it
+                    return _PARKED
+                self._stepping = cur  # its end is its own, as in its own asyncio task
+                try:
+                    self._conclude(cur, *outcome)
+                except _Stop:  # a check at its end failed
+                    loop.stop()
+                finally:
+                    self._stepping = None
+                self._signal(cur, (_DONE, _CONCLUDED))  # its driver only returns
+                return _PARKED
+        finally:
+            self._owner = self._stepping = None
+
     async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
         try:
-            task.result = await coro
+            result = await coro
+        except BaseException as exc:
+            self._conclude(task, _FAILED, exc)
+        else:
+            if result is not _CONCLUDED:  # a driven job that ended while another stepped it
+                self._conclude(task, _DONE, result)
+
+    def _conclude(self, task: SimTask, kind: int, payload: Any) -> None:
+        """``task``'s job ended: with its result (``_DONE``) or an exception (``_FAILED``)."""
+        try:
+            if kind == _FAILED:
+                raise payload
+            task.result = payload
         except _Crashed:
             pass
         except _Stop:
@@ -1226,6 +1513,8 @@ class Simulation:
         task.done = True
         if task.finished is not None and not task.finished.done():
             task.finished.set_result(None)
+        if self._joins:
+            self._wake_joins()
         error = task.error
         # a ConfigurationError ending a job says its code is wrong: a failure, as any bug
         misuse = isinstance(error, ConfigurationError) and not self.stopping
@@ -1317,12 +1606,33 @@ def _sync_flag(sync: object) -> bool:
     return sync
 
 
+#: point names found good already (a point is reached thousands of times per explore)
+_GOOD_NAMES: set[str] = set()
+
+
+#: SimTable, imported on first use (table.py imports this module): a schedule makes its
+#: tables without an import statement's look-ups each time
+_SIM_TABLE: type[SimTable] | None = None
+
+
+def _load_sim_table() -> type[SimTable]:
+    global _SIM_TABLE
+    from .table import SimTable
+
+    _SIM_TABLE = SimTable
+    return SimTable
+
+
 def _check_point_name(name: object, argument: str) -> None:
-    if not isinstance(name, str) or not name or any(c in name for c in "#()"):
+    if type(name) is str and name in _GOOD_NAMES:
+        return
+    if not isinstance(name, str) or not name or "#" in name or "(" in name or ")" in name:
         raise ConfigurationError(
             f"{argument} must be a non-empty str without any of #(), got {name!r}",
             argument=argument,
         )
+    if type(name) is str and len(_GOOD_NAMES) < 10_000:
+        _GOOD_NAMES.add(name)
 
 
 def _no_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -1369,6 +1679,29 @@ class _Passed:
 _PASSED = _Passed()
 
 
+class _Section:
+    """The block of :meth:`Simulation.critical`: a holder of the section while it runs,
+    entered with ``with`` (thread tasks) or ``async with`` (async tasks)."""
+
+    __slots__ = ("entry", "holders")
+
+    def __init__(self, holders: list[tuple[SimTask, Any]], entry: tuple[SimTask, Any]) -> None:
+        self.holders = holders
+        self.entry = entry
+
+    def __enter__(self) -> None:
+        self.holders.append(self.entry)
+
+    def __exit__(self, *exc: object) -> None:
+        self.holders.remove(self.entry)
+
+    async def __aenter__(self) -> None:
+        self.holders.append(self.entry)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.holders.remove(self.entry)
+
+
 def point(name: str, *, target: Any = None) -> Awaitable[None]:
     """A point in your own code: a place where the simulation may switch tasks or inject
     a fault. ``name`` is the point's name, the one a fault targets; ``target`` (optional)
@@ -1382,7 +1715,8 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     :class:`~jobfence.testing.InjectedFault`, ``pause_past_ttl`` and ``crash`` stop or kill
     the task's process). Outside a simulation it does nothing, in either form. Returns an
     awaitable, already done except in an async task of a simulation."""
-    _check_point_name(name, "name")
+    if type(name) is not str or name not in _GOOD_NAMES:  # a known name: no call
+        _check_point_name(name, "name")
     sim = _current
     if sim is None:
         return _PASSED

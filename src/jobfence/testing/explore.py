@@ -41,6 +41,7 @@ from ._sim import Hit, SimClock, Simulation, Violation
 from .checkers import Checker
 from .faults import Auto, Fault, _nameable, parse
 from .strategies import PCT, Exhaustive, Fifo, Random, Strategy, TapeStrategy
+from .table import SimTable as _SimTable
 
 __all__ = ["Failure", "Report", "Tape", "explore", "replay"]
 
@@ -305,6 +306,39 @@ class _Runner:
         self._in_session = False
         self._main_task: asyncio.Task[Any] | None = None
         self.loop = SimLoop()
+        from ..backends.memory import inbox, locks, outbox, queue
+
+        #: the ``memory://`` backends whose stores a schedule may create, and what
+        #: :meth:`_stores` found in them (with their sizes then)
+        self._store_modules: tuple[Any, ...] = (locks, inbox, queue, outbox)
+        self._store_keys: dict[Any, set[str]] = {}
+        self._store_sizes: list[int] | None = None
+
+    def _stores(self) -> dict[Any, set[str]]:
+        """The ``memory://`` stores that exist now, by backend module: as the last schedule
+        left them (its new ones dropped) unless their number changed since, so a schedule
+        pays a snapshot only when something outside the schedules created or removed one."""
+        sizes = [len(module._stores) for module in self._store_modules]
+        if sizes != self._store_sizes:
+            self._store_keys = _memory_stores()
+            self._store_sizes = [len(keys) for keys in self._store_keys.values()]
+        return self._store_keys
+
+    def _drop_stores(self, before: dict[Any, set[str]]) -> None:
+        """Drop the ``memory://`` stores the schedule created (see :func:`_drop_new_stores`),
+        finding them with a set difference rather than a loop over every store."""
+        sizes: list[int] | None = []
+        for module, keys in before.items():
+            stores = module._stores
+            if len(stores) != len(keys) or stores.keys() != keys:
+                with module._stores_mutex:
+                    for key in stores.keys() - keys:
+                        del stores[key]
+            if sizes is not None and len(stores) == len(keys):
+                sizes.append(len(stores))
+            else:
+                sizes = None  # a store that existed before was removed: look again
+        self._store_sizes = sizes
 
     def close(self) -> None:
         self.loop.close()
@@ -341,32 +375,41 @@ class _Runner:
         strategy.begin()
         loop.vtime = 0.0
         loop.sim = sim
-        with self.session():
-            stores = _memory_stores()
-            _sim.install(sim)
-            # what jobs draw from the random module (retry_unit's jitter: how long a backoff
-            # sleeps, so which task wakes first) is the same in every run of a schedule
-            random.seed(_RANDOM_SEED)
-            error: BaseException | None = None
-            try:
-                main = contextvars.copy_context().run(loop.create_task, self._main(sim))
-                self._main_task = main
-                try:
-                    loop.run_until_complete(main)
-                except _NotAScenario as exc:
-                    raise exc.error from None  # explore's argument, not the scenario's code
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except BaseException as exc:  # a check, a deadlock, a budget, or any error
-                    error = exc  # of the scenario's own: a failure of this schedule
-            finally:
-                try:
-                    self._teardown(sim, stores)
-                finally:
-                    _sim.install(None)
-                    loop.sim = None
-                    self._main_task = None
+        if self._in_session:  # explore's loop: no context manager per schedule
+            error = self._schedule(sim)
+        else:
+            with self.session():
+                error = self._schedule(sim)
         return self._outcome(sim, error)
+
+    def _schedule(self, sim: Simulation) -> BaseException | None:
+        """Run one schedule of ``sim`` inside a session; return what ended it, if anything."""
+        loop = self.loop
+        stores = self._stores()
+        _sim.install(sim)
+        # what jobs draw from the random module (retry_unit's jitter: how long a backoff
+        # sleeps, so which task wakes first) is the same in every run of a schedule
+        random.setstate(_seeded_state())
+        error: BaseException | None = None
+        try:
+            main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+            self._main_task = main
+            try:
+                loop.run_until_complete(main)
+            except _NotAScenario as exc:
+                raise exc.error from None  # explore's argument, not the scenario's code
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # a check, a deadlock, a budget, or any error
+                error = exc  # of the scenario's own: a failure of this schedule
+        finally:
+            try:
+                self._teardown(sim, stores)
+            finally:
+                _sim.install(None)
+                loop.sim = None
+                self._main_task = None
+        return error
 
     @contextmanager
     def session(self) -> Iterator[None]:
@@ -416,10 +459,12 @@ class _Runner:
         loop._scheduled.clear()  # type: ignore[attr-defined]
         loop._timer_cancelled_count = 0  # type: ignore[attr-defined]
         for table in sim.tables:
+            if type(table) is _SimTable:  # in memory: nothing to close (and no getattr miss)
+                continue
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
-        _drop_new_stores(stores)
+        self._drop_stores(stores)
 
     def _outcome(self, sim: Simulation, error: BaseException | None) -> _Outcome:
         failure = sim.failure
@@ -446,6 +491,21 @@ class _NotAScenario(Exception):
     def __init__(self, error: ConfigurationError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+_SEEDED: tuple[int, Any] | None = None
+
+
+def _seeded_state() -> Any:
+    """The ``random`` module's state right after ``random.seed(_RANDOM_SEED)``, made once:
+    restoring it is cheaper than seeding again, and the draws are the same."""
+    global _SEEDED
+    if _SEEDED is None or _SEEDED[0] != _RANDOM_SEED:
+        saved = random.getstate()
+        random.seed(_RANDOM_SEED)
+        _SEEDED = (_RANDOM_SEED, random.getstate())
+        random.setstate(saved)
+    return _SEEDED[1]
 
 
 def _memory_stores() -> dict[Any, set[str]]:

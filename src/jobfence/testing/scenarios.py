@@ -47,6 +47,14 @@ make its race: ``"auto"`` or a restriction of it) and ``checks`` (invariants of 
 top of the scenario's). Bad arguments raise :class:`~jobfence.ConfigurationError` naming the
 argument. A failure is reported with its seed and tape like any exploration's, and
 ``failure.replay()`` runs it again.
+
+Every scenario with a table (all but :func:`slot_fired_twice`, which has none, and
+:func:`dual_write`, whose outbox rows live in memory) takes ``url``: ``None`` keeps the table
+in memory; ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"`` keeps its
+rows in that database (``sim.table(..., url=url)``, created and dropped by each schedule),
+so the race runs on the database's own transactions and locks. A job ending with a conflict
+of the database (SQLite's ``database is locked`` when two transactions overlap) ends with a
+:class:`~jobfence.ConflictError` raised from it: an outcome of the schedule, not a bug.
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, JobfenceError
+from ..errors import ConfigurationError, ConflictError, JobfenceError
 from . import faults as _faults
 from .checkers import Checker, at_most_holders, no_lost_update, once_per_slot
 from .explore import Report, explore
@@ -69,7 +77,7 @@ from .faults import InjectedFault
 
 if TYPE_CHECKING:
     from ._base import SimView
-    from ._sim import SimTask, Simulation
+    from ._sim import Simulation
     from .table import SimTable
 
 __all__ = [
@@ -129,24 +137,25 @@ class Context:
                 f"tx) or None for an external effect, got {tx!r}",
                 argument="tx",
             )
-        if not _in_thread(self.sim):
-            return self._effect(kind, key, tx)
         if tx is None:
-            self.sim.on_point(f"effect.{kind}", {"key": key})  # blocks until let go
-            self.sim.effects.setdefault(kind, []).append(key)
-        else:
-            tx.write(self._effect_row(kind, key), effect=kind)
+            return self.sim.effect(kind, key)  # awaitable, or done already in a thread task
+        if not _in_thread(self.sim):
+            return self._effect_in(kind, key, tx)
+        tx.write(self._effect_row(kind, key), effect=kind)
         return _DONE
 
-    async def _effect(self, kind: str, key: Any, tx: Any) -> None:
-        if tx is None:
-            await self.sim.effect(kind, key)
-        else:
-            await tx.write(self._effect_row(kind, key), effect=kind)
+    async def _effect_in(self, kind: str, key: Any, tx: Any) -> None:
+        await tx.write(self._effect_row(kind, key), effect=kind)
 
-    def _effect_row(self, kind: str, key: Any) -> tuple[str, str, Any, int]:
+    def _effect_row(self, kind: str, key: Any) -> Any:
         counter = _counters.setdefault(self.sim, itertools.count(1))
-        return (_EFFECT_ROW, kind, _hashable(key), next(counter))
+        real = _real_effects.get(self.sim)
+        if real is None:
+            return (_EFFECT_ROW, kind, _hashable(key), next(counter))
+        # a table in a real database keys its rows by JSON text: a str key, noted here
+        row = f"{_EFFECT_ROW}.{next(counter)}"
+        real[row] = (kind, _hashable(key))
+        return row
 
     def point(self, name: str) -> Awaitable[None]:
         """A point of your own (``testing.point(name)``): a place where the schedule may
@@ -199,6 +208,11 @@ def _check_point_name(name: object, argument: str) -> None:
 
 #: the effect-row counter of each simulation, so that two effects never share a row
 _counters: weakref.WeakKeyDictionary[Simulation, itertools.count[int]] = weakref.WeakKeyDictionary()
+#: for a simulation whose scenario table is in a real database: the str key of each effect
+#: row (a real table's keys are JSON text, so no tuple) -> its (kind, key)
+_real_effects: weakref.WeakKeyDictionary[Simulation, dict[str, tuple[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass
@@ -275,38 +289,34 @@ class LimitContext(Context):
 
 
 class _Using:
-    """``ctx.using(lease)``: the critical section of :meth:`LimitContext.using`, entered
-    with ``async with`` (through ``sim.critical``) or ``with`` (a thread task)."""
+    """``ctx.using(lease)``: the critical section of :meth:`LimitContext.using`
+    (``sim.critical``), entered with ``async with`` or ``with`` (a thread task)."""
 
     def __init__(self, sim: Simulation, name: str, lease: Any) -> None:
         self._sim = sim
         self._name = name
         self._lease = lease
-        self._async: Any = None
-        self._entry: tuple[SimTask, Any] | None = None
+        self._section: Any = None
 
     async def __aenter__(self) -> None:
-        self._async = self._sim.critical(self._name, lease=self._lease)
-        await self._async.__aenter__()
+        self._section = self._sim.critical(self._name, lease=self._lease)
+        await self._section.__aenter__()
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._async.__aexit__(*exc)
+        await self._section.__aexit__(*exc)
 
     def __enter__(self) -> None:
-        # sim.critical is an async context manager: a thread task enters the same sections
         task = self._sim.current()
         if task is None or not task.thread:
             raise ConfigurationError(
                 "with ctx.using(...) is for plain functions; use async with in an async def",
                 argument="lease",
             )
-        self._entry = (task, self._lease)
-        self._sim.sections.setdefault(self._name, []).append(self._entry)
+        self._section = self._sim.critical(self._name, lease=self._lease)
+        self._section.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        if self._entry is not None:
-            self._sim.sections[self._name].remove(self._entry)
-            self._entry = None
+        self._section.__exit__(*exc)
 
 
 # -- checkers -------------------------------------------------------------------------------
@@ -318,8 +328,10 @@ class _Effects(Checker):
 
     name = "exactly_once"
 
-    def __init__(self, table: SimTable | None) -> None:
+    def __init__(self, table: SimTable | None, sim: Simulation | None = None) -> None:
         self._table = table
+        #: the effect rows of a table in a real database (str keys), see Context._effect_row
+        self._real = _real_effects.get(sim) if sim is not None else None
 
     def step(self, sim: SimView) -> str | None:
         counts: dict[tuple[str, Any], int] = {}
@@ -331,6 +343,9 @@ class _Effects(Checker):
                 key = write.key
                 if isinstance(key, tuple) and len(key) == 4 and key[0] == _EFFECT_ROW:
                     name = (key[1], _hashable(key[2]))
+                    counts[name] = counts.get(name, 0) + 1
+                elif self._real is not None and isinstance(key, str) and key in self._real:
+                    name = self._real[key]
                     counts[name] = counts.get(name, 0) + 1
         twice: dict[str, list[Any]] = {}
         for (kind, key), count in counts.items():
@@ -442,11 +457,35 @@ class _Fn:
 
 
 async def _call_async(fn: Callable[..., Any], *args: Any) -> Any:
-    return await fn(*args)
+    try:
+        return await fn(*args)
+    except Exception as exc:
+        outcome = _outcome(exc)
+        if outcome is exc:
+            raise
+        raise outcome from exc
+
+
+def _outcome(exc: Exception) -> Exception:
+    """``exc`` as a job ends with it: a conflict of a real database (SQLite's ``database is
+    locked`` when two transactions overlap) becomes a :class:`~jobfence.ConflictError`
+    raised from it, an outcome of the schedule as a conflict of the in-memory table is, not
+    a bug of the function; anything else is itself."""
+    from ..conflicts import is_conflict
+
+    if is_conflict(exc) and not _expected_in_memory(exc):
+        return ConflictError(f"the database refused a transaction that overlapped: {exc!r}")
+    return exc
 
 
 def _call_sync(fn: Callable[..., Any], *args: Any) -> Any:
-    result = fn(*args)
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        outcome = _outcome(exc)
+        if outcome is exc:
+            raise
+        raise outcome from exc
     if inspect.isawaitable(result):
         close = getattr(result, "close", None)
         if close is not None:
@@ -506,6 +545,38 @@ def _view(table: SimTable, sync: bool) -> Any:
     return table.sync if sync else table  # type: ignore[attr-defined]
 
 
+_URL_CHOICES = (
+    "None (the table in memory), 'sqlite:///path/to/file.db' or 'postgresql://user@host:port/db'"
+)
+
+
+def _check_url(url: object) -> str | None:
+    """``url`` of a scenario's table: ``None`` (in memory) or a database that
+    ``sim.table(..., url=)`` takes (SQLite or PostgreSQL); refused before any schedule."""
+    if url is None:
+        return None
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"url must be {_URL_CHOICES}; got {url!r}", argument="url")
+    from .table_real import _driver
+
+    try:
+        _driver(url)  # the scheme and the URL's form; nothing is opened
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"url must be {_URL_CHOICES}: {exc}", argument="url") from None
+    return url
+
+
+def _table(
+    sim: Simulation, name: str, rows: dict[Any, dict[str, Any]] | None, url: str | None
+) -> Any:
+    """The scenario's table ``name``: in memory, or in the database at ``url``; its effect
+    rows then get str keys (see :meth:`Context._effect_row`)."""
+    if url is None:
+        return sim.table(name, rows)
+    _real_effects.setdefault(sim, {})
+    return sim.table(name, rows, url=url)
+
+
 def _guard(exc: Exception) -> None:
     """Re-raise ``exc`` unless a job may end with it under faults (see :func:`_expected`)."""
     if not _expected(exc):
@@ -535,8 +606,18 @@ def _check_rows(rows: object) -> dict[Any, dict[str, Any]]:
 
 
 def _expected(error: BaseException) -> bool:
-    """An injected fault or a jobfence error (or one raised from them): what a job may end
-    with under faults; anything else is a bug of the function and fails the schedule."""
+    """What a job may end with under faults and concurrency: an injected fault or a jobfence
+    error (see :func:`_expected_in_memory`), or a conflict of the database
+    (:func:`jobfence.is_conflict`: SQLite's ``database is locked`` when two transactions of
+    a table in a real database overlap); anything else is a bug of the function and fails
+    the schedule."""
+    from ..conflicts import is_conflict
+
+    return _expected_in_memory(error) or is_conflict(error)
+
+
+def _expected_in_memory(error: BaseException) -> bool:
+    """An injected fault or a jobfence error, or one raised from them (``from``)."""
     link: BaseException | None = error
     for _ in range(20):
         if link is None:
@@ -580,6 +661,7 @@ def lost_update(
     strategy: str = "random",
     faults: Any = _faults.auto(kinds=["transient"]),  # noqa: B008  # a frozen value
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs run ``fn(ctx)`` at once, each changing the same row of ``ctx.table``
     (read it, compute, write): no job may write a value computed from a version of the row
@@ -590,15 +672,20 @@ def lost_update(
     ``inbox``, ``locks``. ``faults``: by default a transient failure at each point, tried one
     and two at a time (a retry that re-sends a stale value is the classic lost update).
 
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    url = _check_url(url)
     workers = _check_count(workers, "workers", 1)
     start = _check_rows(rows if rows is not None else {"counter": {"value": 0}})
 
     async def scenario(sim: Simulation) -> None:
-        table = sim.table("counters", start)
+        table = _table(sim, "counters", start, url)
         view = _view(table, job.sync)
         inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
         for i in range(1, workers + 1):
@@ -660,8 +747,10 @@ def _messages(
     strategy: str,
     faults: Any,
     checks: Sequence[Checker],
+    url: str | None,
 ) -> Report:
     job = _check_fn(fn, "fn(message, ctx)")
+    url = _check_url(url)
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
@@ -670,7 +759,7 @@ def _messages(
             await publisher.publish({"order": "order-1", "amount": 42}, id="order-1")
         queue = _client(sim, "queue", job.sync, "payments")
         inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
-        table = sim.table("payments")
+        table = _table(sim, "payments", None, url)
         view = _view(table, job.sync)
         for i in range(1, workers + 1):
             ctx = MessageContext(sim, f"w{i}", view, inbox, locks)
@@ -678,7 +767,7 @@ def _messages(
                 sim.spawn(_consume_sync, job.fn, ctx, queue, name=ctx.worker)
             else:
                 sim.spawn(_consume(job.fn, ctx, queue), name=ctx.worker)
-        sim.watch(_Effects(table))
+        sim.watch(_Effects(table, sim))
 
     return _explore(
         scenario, schedules=schedules, seed=seed, strategy=strategy, faults=faults, checks=checks
@@ -694,18 +783,23 @@ def duplicate_delivery(
     strategy: str = "random",
     faults: Any = "auto",
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """The message ``order-1`` (body ``{"order": "order-1", "amount": 42}``) is delivered
     twice, as at-least-once queues do (its producer published it twice), to ``workers``
     consumers, each calling ``fn(message, ctx)`` for what it receives, at once or one after
     the other: each effect must happen once (``exactly_once``).
 
-    A consumer acks a message once ``fn`` returns; when ``fn`` fails (with an injected fault
-    or a jobfence error) it gives the message back, and it is delivered again 5 s later. A
-    delivery is
-    hidden from the others for :data:`CONSUMER_VISIBILITY` seconds. ``ctx`` is a
+    A consumer acks a message once ``fn`` returns; when ``fn`` fails (with an injected fault,
+    a jobfence error or a conflict of the database) it gives the message back, and it is
+    delivered again 5 s later. A delivery is hidden from the others for
+    :data:`CONSUMER_VISIBILITY` seconds. ``ctx`` is a
     :class:`MessageContext`. ``faults``: ``"auto"`` by default, every fault at every point
     (a crash or a pause between the effect and the ack delivers it once more).
+
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
 
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
@@ -719,6 +813,7 @@ def duplicate_delivery(
         strategy=strategy,
         faults=faults,
         checks=checks,
+        url=url,
     )
 
 
@@ -731,12 +826,17 @@ def lost_ack(
     strategy: str = "random",
     faults: Any = _faults.auto(kinds=["lost_ack"]),  # noqa: B008  # a frozen value
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """The message ``order-1`` is published once and consumed by ``workers`` consumers
     calling ``fn(message, ctx)``; its ack is lost on the way (``lost_ack``), so the queue
     delivers it again once its visibility passes: each effect must happen once
     (``exactly_once``). The consumers and ``ctx`` are those of :func:`duplicate_delivery`.
     ``faults``: by default a lost ack at each ack, one and two at a time.
+
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
 
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
@@ -750,6 +850,7 @@ def lost_ack(
         strategy=strategy,
         faults=faults,
         checks=checks,
+        url=url,
     )
 
 
@@ -814,6 +915,7 @@ def paused_holder(
     strategy: str = "random",
     faults: Any = _faults.auto(kinds=["pause_past_ttl"]),  # noqa: B008  # a frozen value
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs run ``fn(ctx)`` at once: each takes the lock ``ctx.key``
     (``"report"``) from ``ctx.locks`` and writes the row ``ctx.key`` of ``ctx.table`` while
@@ -829,15 +931,20 @@ def paused_holder(
     table, ``jobfence.fence_async(tx, ...)`` in the write's transaction is how a job refuses
     a stale token).
 
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    url = _check_url(url)
     workers = _check_count(workers, "workers", 1)
     recording = _RecordingSyncLocks if job.sync else _RecordingLocks
 
     async def scenario(sim: Simulation) -> None:
-        table = sim.table("reports", {"report": {"content": None}})
+        table = _table(sim, "reports", {"report": {"content": None}}, url)
         holding: dict[str, tuple[str, int]] = {}
         locks = recording(sim, _client(sim, "locks", job.sync), holding)
         inbox = _client(sim, "inbox", job.sync)
@@ -862,6 +969,7 @@ def commit_unknown(
     strategy: str = "random",
     faults: Any = _faults.auto(kinds=["commit_unknown"]),  # noqa: B008  # a frozen value
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs, one per order (``ctx.order``: ``"order-1"``, ``"order-2"``...), run
     ``fn(ctx)``, which applies the order in a transaction of ``ctx.table`` and records its
@@ -874,10 +982,15 @@ def commit_unknown(
     ``ctx`` is an :class:`OrderContext` (``table`` is ``"accounts"`` holding ``rows``, default
     ``{"account": {"balance": 100}}``; ``key`` its first row's key; ``inbox``, ``locks``).
 
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    url = _check_url(url)
     workers = _check_count(workers, "workers", 1)
     deliveries = _check_count(deliveries, "deliveries", 1, 100)
     start = _check_rows(rows if rows is not None else {"account": {"balance": 100}})
@@ -885,7 +998,7 @@ def commit_unknown(
     async def delivered(ctx: OrderContext) -> None:
         for attempt in range(deliveries):
             try:
-                await job.fn(ctx)
+                await _call_async(job.fn, ctx)
                 return
             except Exception as exc:
                 if attempt == deliveries - 1:
@@ -903,7 +1016,7 @@ def commit_unknown(
                 _guard(exc)
 
     async def scenario(sim: Simulation) -> None:
-        table = sim.table("accounts", start)
+        table = _table(sim, "accounts", start, url)
         view = _view(table, job.sync)
         inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
         key = next(iter(start))
@@ -913,7 +1026,7 @@ def commit_unknown(
                 sim.spawn(delivered_sync, ctx, name=ctx.worker)
             else:
                 sim.spawn(delivered(ctx), name=ctx.worker)
-        sim.watch(_Effects(table))
+        sim.watch(_Effects(table, sim))
 
     return _explore(
         scenario, schedules=schedules, seed=seed, strategy=strategy, faults=faults, checks=checks
@@ -929,6 +1042,7 @@ def check_then_act(
     strategy: str = "random",
     faults: Any = None,
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs run ``fn(ctx)`` at once for the same key ``ctx.key`` (``"user-1"``):
     each looks whether the thing is done and does it if not (send the welcome e-mail, create
@@ -938,20 +1052,25 @@ def check_then_act(
     ``locks``). ``faults``: none by default: two jobs that both look before either acts
     need no fault.
 
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    url = _check_url(url)
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
-        table = sim.table("users")
+        table = _table(sim, "users", None, url)
         view = _view(table, job.sync)
         inbox, locks = _client(sim, "inbox", job.sync), _client(sim, "locks", job.sync)
         for i in range(1, workers + 1):
             ctx = TableContext(sim, f"w{i}", view, "user-1", inbox, locks)
             job.spawn(sim, ctx, name=ctx.worker)
-        sim.watch(_Effects(table))
+        sim.watch(_Effects(table, sim))
 
     return _explore(
         scenario, schedules=schedules, seed=seed, strategy=strategy, faults=faults, checks=checks
@@ -1045,6 +1164,7 @@ def over_limit(
     strategy: str = "random",
     faults: Any = None,
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs (default ``limit + 1``) run ``fn(ctx)`` at once; each uses the
     resource ``ctx.name`` (``"api"``), which at most ``limit`` may use at once, inside
@@ -1056,16 +1176,21 @@ def over_limit(
     permits' ttl and crashes, which a permit of ``locks`` survives (a paused worker's
     permit is lost, and it no longer counts).
 
+    ``url``: where the table's rows live: ``None`` (the default) in memory, or a real
+    database, ``"sqlite:///path/to/file.db"`` or ``"postgresql://user@host:port/db"``
+    (``sim.table(..., url=url)``): the same race on that database's transactions and locks.
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    url = _check_url(url)
     limit = _check_count(limit, "limit", 1)
     workers = _check_count(workers if workers is not None else limit + 1, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:
         locks = _client(sim, "locks", job.sync)
-        table = _view(sim.table("limits", {"api": {"used": 0}}), job.sync)
+        table = _view(_table(sim, "limits", {"api": {"used": 0}}, url), job.sync)
         for i in range(1, workers + 1):
             ctx = LimitContext(sim, f"w{i}", "api", limit, locks, table)
             job.spawn(sim, ctx, name=ctx.worker)
@@ -1085,6 +1210,7 @@ def dual_write(
     strategy: str = "random",
     faults: Any = "auto",
     checks: Sequence[Checker] = (),
+    url: str | None = None,
 ) -> Report:
     """``workers`` jobs each place one order: ``fn(ctx)`` saves the row ``ctx.order`` in
     ``ctx.table`` (``"orders"``) and announces it as the message of id ``ctx.order`` on the
@@ -1097,10 +1223,20 @@ def dual_write(
     ``inbox``, ``locks``). ``faults``: ``"auto"`` by default (a commit applied but reported
     failed, a transient failure of the publish...).
 
+    ``url``: ``None`` only: the outbox's rows live in memory, next to the table, so the
+    table cannot be in a real database here (any other value raises
+    :class:`~jobfence.ConfigurationError`).
+
     ``schedules`` (how many to run), ``seed``, ``strategy`` and ``checks`` (invariants of
     your own, on top of the scenario's) are those of :func:`~jobfence.testing.explore`.
     """
     job = _check_fn(fn)
+    if url is not None:
+        raise ConfigurationError(
+            "url must be None for dual_write: its outbox rows live in memory, next to the "
+            f"table, which cannot be in a real database here; got {url!r}",
+            argument="url",
+        )
     workers = _check_count(workers, "workers", 1)
 
     async def scenario(sim: Simulation) -> None:

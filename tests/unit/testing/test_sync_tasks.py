@@ -543,3 +543,47 @@ def test_a_sync_relay_s_lease_keeper_is_a_background_task() -> None:
     assert out == {"relayed": 2, "sent": ["a", "b"]}
     kept = [at for task, point, at in seen if task == "t1.1" and point == "outbox.settle"]
     assert kept == [15.0, 30.0]  # extended at lease/2 and lease, while send() slept
+
+
+def test_effects_and_critical_sections_work_in_thread_tasks_as_in_async_ones() -> None:
+    """``sim.effect`` called without ``await`` in a thread task records the effect (after its
+    point: a transient fault there records nothing), and ``with sim.critical(...)`` marks a
+    thread's section, so the checkers see plain functions as they see async ones."""
+
+    def charge(sim: Simulation) -> None:
+        with sim.critical("payments"):
+            testing.point("inside")
+            sim.effect("charge", "order-1")
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(charge, sim)
+        sim.spawn(charge, sim)
+
+    report = testing.explore(
+        scenario, schedules=20, checks=[testing.single_holder(), testing.exactly_once("charge")]
+    )
+    assert not report.ok
+    assert report.failures[0].check in ("single_holder", "exactly_once"), report
+
+    seen: dict[str, Any] = {}
+
+    def faulted(sim: Simulation) -> None:
+        try:
+            sim.effect("charge", "order-1")
+        finally:
+            seen["effects"] = dict(sim.effects)
+
+    async def one(sim: Simulation) -> None:
+        sim.spawn(faulted, sim)
+
+    report = testing.explore(one, schedules=1, faults=[faults.transient("effect.charge")])
+    assert report.ok, report
+    assert seen["effects"] == {}  # the fault hit before the effect was recorded
+
+
+def test_the_blocking_view_of_a_table_has_its_name() -> None:
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("counters", {"c": {"n": 0}})
+        sim.check(db.sync.name == "counters", f"name {db.sync.name!r}")
+
+    testing.explore(scenario, schedules=1).assert_ok()

@@ -123,7 +123,14 @@ class MemoryStore:
     def prepare_wait(
         self, name: str, owner: str, timeout: float, wake: Callable[[], None]
     ) -> tuple[int | None, float]:
-        """Register ``wake``; return (token if already granted, how long to wait at most)."""
+        """Register ``wake``; return (token if already granted, how long to wait at most).
+
+        The wait ends at a hand-off, a release, a :meth:`cancel_wait` (each calls ``wake``) or
+        the holder's expiry, whichever comes first, and never past ``timeout``: nothing else
+        can change for the waiter, so a long ``timeout`` loses no wake-up (and a virtual clock
+        jumps straight to the expiry). The waiter's place in the queue lasts as long as the
+        wait. A waiter not in the queue (it lapsed) waits not at all: it queues again first.
+        """
         now = get_clock().monotonic()
         with self.mutex:
             lease = self._live(name, now)
@@ -132,9 +139,12 @@ class MemoryStore:
             if lease is None:
                 return None, 0.0
             waiter = self._waiter(name, owner)
-            if waiter is not None:
-                waiter.wakers.append(wake)
-            return None, max(0.0, min(timeout, lease.expires - now))
+            if waiter is None:
+                return None, 0.0
+            waiter.wakers.append(wake)
+            limit = max(0.0, min(timeout, lease.expires - now))
+            waiter.deadline = max(waiter.deadline, now + limit + _WAITER_SLACK)
+            return None, limit
 
     def finish_wait(self, name: str, owner: str, wake: Callable[[], None]) -> int | None:
         now = get_clock().monotonic()
@@ -152,9 +162,13 @@ class MemoryStore:
         with self.mutex:
             queue = self.queues.get(name)
             if queue is not None:
-                queue.pop(owner, None)
+                waiter = queue.pop(owner, None)
                 if not queue:
                     del self.queues[name]
+                if waiter is not None:  # a wait of this owner still going on ends now
+                    for wake in waiter.wakers:
+                        wake()
+                    waiter.wakers.clear()
             lease = self._live(name, now)
             return lease.token if lease is not None and lease.owner == owner else None
 
@@ -242,7 +256,12 @@ def _open_store(url: BackendURL, options: dict[str, Any]) -> MemoryStore:
 
 
 _CAPS = LockCapabilities(
-    cross_process=False, ttl_expiry=True, fifo=True, handoff=True, tokens_survive_data_loss=True
+    cross_process=False,
+    ttl_expiry=True,
+    fifo=True,
+    handoff=True,
+    tokens_survive_data_loss=True,
+    wait_ends_on_change=True,
 )
 
 
