@@ -336,6 +336,11 @@ class Simulation:
     """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
 
     block_timeout = 1.0
+    #: real seconds a thread task may run without reaching a point (or waiting, or a
+    #: statement giving way) before the schedule fails: it waits for something outside the
+    #: simulation (a real lock, ``threading.Event``, ``queue.get``, ``time.sleep``), which
+    #: would hold up every task, and ``explore``, for ever
+    thread_timeout = 60.0
     #: loop iterations in a row that each found something ready to run (so no decision was
     #: made and virtual time stood still) before the schedule fails: a task that loops
     #: without awaiting anything that takes time (``await asyncio.sleep(0)`` in a loop)
@@ -386,6 +391,10 @@ class Simulation:
         self.running_threads = 0
         self.stopping = False
         self.failure: BaseException | None = None
+        #: (points, decisions) when the loop last found a thread task running, and since
+        #: when (real time) it has found the same (:meth:`thread_running`)
+        self._running_mark: tuple[int, int] = (-1, -1)
+        self._running_since: float | None = None
         self.checkers: list[Checker] = []
         self.effects: dict[str, list[Any]] = {}
         self.sections: dict[str, list[tuple[SimTask, Any]]] = {}
@@ -1206,6 +1215,52 @@ class Simulation:
             self.loop.call_at(until, self.noop)  # so that time gets there
         if chosen is not None:
             self._release(chosen)
+
+    def thread_running(self) -> None:
+        """(loop thread) The loop waited once more for a running thread task: the schedule
+        fails (a budget) once no point was reached for :attr:`thread_timeout` real seconds,
+        naming the task and where its thread waits."""
+        mark = (self.points, self.steps)
+        now = time.monotonic()
+        if mark != self._running_mark or self._running_since is None:
+            self._running_mark, self._running_since = mark, now
+            return
+        if now - self._running_since <= self.thread_timeout:
+            return
+        running = [
+            t
+            for t in self.thread_tasks
+            if t.go is not None
+            and t.go.is_set()
+            and t.ended is not None
+            and not t.ended.is_set()
+            and t not in self.parked
+            and t not in self.sleeping
+        ]
+        frames = sys._current_frames()
+        where = []
+        for t in running:
+            ident = t.os_thread.ident if t.os_thread is not None else None
+            frame = frames.get(ident) if ident is not None else None
+            at = ""
+            # the caller of a threading primitive: the job's own line, not threading.py's
+            while (
+                frame is not None
+                and frame.f_back is not None
+                and (frame.f_code.co_filename == threading.__file__)
+            ):
+                frame = frame.f_back
+            if frame is not None:
+                code = frame.f_code
+                at = f" (at {code.co_filename}:{frame.f_lineno} in {code.co_name})"
+            where.append(f"{t.name}{at}")
+        who = ", ".join(where) or "a thread task"
+        self._over_budget(
+            f"{who} ran {self.thread_timeout:g} real seconds without reaching a point: it "
+            "waits for something outside the simulation (a real lock, threading.Event, "
+            "queue.get, time.sleep?); use the simulation's clients and clock "
+            "(get_clock().sleep), or raise sim.thread_timeout for slow work"
+        )
 
     def _thread_release(self, task: SimTask) -> None:
         """(loop thread) Let the parked or waiting thread task ``task`` go. It counts as
