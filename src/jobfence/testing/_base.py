@@ -145,6 +145,11 @@ class LoopDriver(Protocol):
         """A real statement did not answer within ``block_timeout``."""
         ...
 
+    def thread_running(self) -> None:
+        """A thread task runs and the loop waited for it once more: raises once it ran
+        too long without reaching a point."""
+        ...
+
     def decide(self) -> bool:
         """Let one parked task go on; whether one did."""
         ...

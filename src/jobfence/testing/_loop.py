@@ -86,6 +86,7 @@ class SimLoop(asyncio.SelectorEventLoop):
                 events = self._selector.select(limit)  # type: ignore[attr-defined]
                 self._process_events(events)  # type: ignore[attr-defined]
                 if not ready and sim is not None and sim.running_threads > 0:
+                    sim.thread_running()  # fails the schedule if it runs for too long
                     return  # a thread task runs: nobody else may until it reaches a point
                 if not ready and sim is not None and sim.external > 0:
                     sim.stalled_io()  # a statement blocks (e.g. on another task's row lock)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import itertools
 import math
@@ -335,6 +336,11 @@ class Simulation:
     """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
 
     block_timeout = 1.0
+    #: real seconds a thread task may run without reaching a point (or waiting, or a
+    #: statement giving way) before the schedule fails: it waits for something outside the
+    #: simulation (a real lock, ``threading.Event``, ``queue.get``, ``time.sleep``), which
+    #: would hold up every task, and ``explore``, for ever
+    thread_timeout = 60.0
     #: loop iterations in a row that each found something ready to run (so no decision was
     #: made and virtual time stood still) before the schedule fails: a task that loops
     #: without awaiting anything that takes time (``await asyncio.sleep(0)`` in a loop)
@@ -385,6 +391,10 @@ class Simulation:
         self.running_threads = 0
         self.stopping = False
         self.failure: BaseException | None = None
+        #: (points, decisions) when the loop last found a thread task running, and since
+        #: when (real time) it has found the same (:meth:`thread_running`)
+        self._running_mark: tuple[int, int] = (-1, -1)
+        self._running_since: float | None = None
         self.checkers: list[Checker] = []
         self.effects: dict[str, list[Any]] = {}
         self.sections: dict[str, list[tuple[SimTask, Any]]] = {}
@@ -421,10 +431,14 @@ class Simulation:
         label = name if name is not None else f"t{self._spawned}"
         problem = None
         if name is not None and (
-            not isinstance(label, str) or not label or any(c in label for c in " #@()+,|")
+            not isinstance(label, str)
+            or not label
+            or label == "-"  # a tape's placeholder pick (the FIFO choice)
+            or any(c in label for c in " #@()+,|")
         ):
             problem = (
-                f"name must be a non-empty str without spaces or any of #@()+,|, got {label!r}"
+                "name must be a non-empty str other than '-', without spaces or any of "
+                f"#@()+,|, got {label!r}"
             )
         elif label in self._names:
             problem = f"a task named {label!r} exists already"
@@ -432,6 +446,13 @@ class Simulation:
             if inspect.iscoroutine(job):
                 job.close()  # never run: no "never awaited" warning on top of the error
             raise ConfigurationError(problem, argument="name")
+        inner = job.func if isinstance(job, functools.partial) else job
+        if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+            raise ConfigurationError(
+                "job must be a coroutine, an async function or a function, got the generator "
+                f"function {job!r}: calling it runs none of its code",
+                argument="job",
+            )
         proc = _Process(label)
         task = SimTask(label, proc)
         self.tasks.append(task)
@@ -450,7 +471,7 @@ class Simulation:
             coro = job(*args, **kwargs)
         elif callable(job):
             task.thread = True
-            self._start_thread(task, job, args, kwargs)
+            self._start_thread(task, _no_coroutine(job), args, kwargs)
             return task
         else:
             raise ConfigurationError(
@@ -1027,13 +1048,20 @@ class Simulation:
         pass
 
     def crash(self, proc: _Process) -> None:
-        """``proc`` died: its tasks never run again and count as done (with no result)."""
+        """``proc`` died: its tasks never run again and count as done (with no result); the
+        attached connections it used last close now (on the loop's thread), as a dead
+        process's do, so the server rolls back its transaction and frees its row locks even
+        for a statement of another task that waits for them already."""
         proc.crashed = True
         for task in self.tasks:
             if task.process is proc and not task.done:
                 task.done = True
                 if task.finished is not None and not task.finished.done():
                     task.finished.set_result(None)
+        for client in self.clients:
+            reap = getattr(client, "reap_crashed", None)
+            if reap is not None:
+                reap()
         if self._joins:
             self._wake_joins()
 
@@ -1187,6 +1215,52 @@ class Simulation:
             self.loop.call_at(until, self.noop)  # so that time gets there
         if chosen is not None:
             self._release(chosen)
+
+    def thread_running(self) -> None:
+        """(loop thread) The loop waited once more for a running thread task: the schedule
+        fails (a budget) once no point was reached for :attr:`thread_timeout` real seconds,
+        naming the task and where its thread waits."""
+        mark = (self.points, self.steps)
+        now = time.monotonic()
+        if mark != self._running_mark or self._running_since is None:
+            self._running_mark, self._running_since = mark, now
+            return
+        if now - self._running_since <= self.thread_timeout:
+            return
+        running = [
+            t
+            for t in self.thread_tasks
+            if t.go is not None
+            and t.go.is_set()
+            and t.ended is not None
+            and not t.ended.is_set()
+            and t not in self.parked
+            and t not in self.sleeping
+        ]
+        frames = sys._current_frames()
+        where = []
+        for t in running:
+            ident = t.os_thread.ident if t.os_thread is not None else None
+            frame = frames.get(ident) if ident is not None else None
+            at = ""
+            # the caller of a threading primitive: the job's own line, not threading.py's
+            while (
+                frame is not None
+                and frame.f_back is not None
+                and (frame.f_code.co_filename == threading.__file__)
+            ):
+                frame = frame.f_back
+            if frame is not None:
+                code = frame.f_code
+                at = f" (at {code.co_filename}:{frame.f_lineno} in {code.co_name})"
+            where.append(f"{t.name}{at}")
+        who = ", ".join(where) or "a thread task"
+        self._over_budget(
+            f"{who} ran {self.thread_timeout:g} real seconds without reaching a point: it "
+            "waits for something outside the simulation (a real lock, threading.Event, "
+            "queue.get, time.sleep?); use the simulation's clients and clock "
+            "(get_clock().sleep), or raise sim.thread_timeout for slow work"
+        )
 
     def _thread_release(self, task: SimTask) -> None:
         """(loop thread) Let the parked or waiting thread task ``task`` go. It counts as
@@ -1614,6 +1688,31 @@ def _check_point_name(name: object, argument: str) -> None:
         )
     if type(name) is str and len(_GOOD_NAMES) < 10_000:
         _GOOD_NAMES.add(name)
+
+
+def _no_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a thread task runs it: a ConfigurationError (the job's failure) if it
+    returns an awaitable or a generator, which nothing would run (``lambda: job()`` with
+    ``job`` an ``async def``: the job would never run, yet the schedule would pass)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        if isinstance(result, _Passed):  # testing.point(...) called as a job: done already
+            return None
+        if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+            close = getattr(result, "close", None)
+            if close is not None and not inspect.isasyncgen(result):
+                close()  # never run: no "never awaited" warning on top of the error
+            raise ConfigurationError(
+                f"job returned a {type(result).__name__}, which nothing runs: a plain "
+                "function given to sim.spawn runs in a thread task and is not awaited; give "
+                "spawn the async function itself (sim.spawn(job, *args)) for an async task",
+                argument="job",
+            )
+        return result
+
+    return run
 
 
 class _Passed:

@@ -36,11 +36,13 @@ connection (``django.db.connection`` or ``connections[alias]``).
   parked task holds: then it gives way after ``sim.block_timeout``).
 * The scenario's own statements (outside spawned tasks: setup and checks) are no points:
   they run as they would without the simulation.
-* The connection a crashed process used last is closed before the next statement on any
-  attached connection, so the server rolls back what that process left open, as it does
-  when a process dies. Use another connection for the scenario's own checks.
+* The connection a crashed process used last is closed at the crash (a ``sqlite3`` one,
+  stopped inside its statement, is interrupted then and closed when the schedule ends), so
+  the server rolls back what that process left open, as it does when a process dies. Use
+  another connection for the scenario's own checks.
 * When the schedule ends, the connection is as it was before ``attach`` (usable again;
-  closed if its process crashed).
+  closed if its process crashed). ``attach`` on the ``sim`` of a schedule that is over
+  raises :class:`~jobfence.ConfigurationError`.
 
 How: psycopg, PyMySQL, aiomysql and aiosqlite connections get a subclass of their class
 for the schedule (``type(conn)`` is a subclass, which every check of the driver's class
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -73,7 +76,7 @@ __all__ = ["attach", "statement_point", "table_named"]
 C = TypeVar("C")
 
 _COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)+", re.S)
-_READS = frozenset({"SELECT", "SHOW", "VALUES", "EXPLAIN", "PRAGMA", "DESCRIBE", "DESC"})
+_READS = frozenset({"SELECT", "SHOW", "VALUES", "EXPLAIN", "PRAGMA", "DESCRIBE", "DESC", "TABLE"})
 _CONTROL = frozenset({"BEGIN", "START", "ROLLBACK", "SAVEPOINT", "RELEASE", "ABORT"})
 _COMMITS = frozenset({"COMMIT", "END"})
 _WRITES_IN_WITH = re.compile(r"\b(?:INSERT|UPDATE|DELETE|MERGE)\b", re.I)
@@ -97,7 +100,8 @@ def _text(sql: Any) -> str:
 def statement_point(sql: Any) -> str | None:
     """The point of a statement: ``db.read``, ``db.write``, ``db.commit``, or ``None`` for
     transaction control (``BEGIN``, ``ROLLBACK``, ``SAVEPOINT``...)."""
-    text = _COMMENTS.sub(" ", _text(sql)).strip()
+    # a parenthesised query, "(SELECT ...) UNION (SELECT ...)", reads as its first word
+    text = _COMMENTS.sub(" ", _text(sql)).strip().lstrip("( \t\r\n")
     word = re.match(r"[A-Za-z]+", text)
     first = word.group(0).upper() if word else ""
     if first in _COMMITS:
@@ -117,7 +121,8 @@ def table_named(sql: Any) -> str | None:
     """The first table ``sql`` names (after ``FROM``, ``INTO``, ``UPDATE``, ``JOIN`` or
     ``TABLE``), unquoted and without its schema; ``None`` if it names none."""
     for found in _TABLE.finditer(_COMMENTS.sub(" ", _text(sql))):
-        last = re.split(r"\s*\.\s*", found.group(1))[-1]
+        # the last name of schema.table, a quoted one whole ("a.b" is one name)
+        last: str = re.findall(_NAME, found.group(1))[-1]
         name = last.strip('`"[]')
         if name.upper() not in _KEYWORDS:
             return name
@@ -132,21 +137,35 @@ class _Registry:
         self.sim = sim
         self.attached: list[_Attached] = []
 
-    def reap(self, *, in_loop: bool) -> None:
+    def reap(self, *, in_loop: bool, unfinished: frozenset[int] = frozenset()) -> None:
         """Close the connections whose last user's process crashed (before any other
-        statement runs); ``in_loop``: on the loop's thread, where async connections can be
+        statement runs), or is among ``unfinished`` (ids of processes the schedule's end
+        stopped mid-job); ``in_loop``: on the loop's thread, where async connections can be
         closed too."""
         for att in self.attached:
             for key, (conn, owner) in list(att.owners.items()):
-                if owner.crashed:
+                if owner.crashed or id(owner) in unfinished:
                     del att.owners[key]
                     try:
                         att.kill(conn, in_loop)
                     except Exception:  # closing what is broken already
                         pass
 
+    def reap_crashed(self) -> None:
+        """A process crashed (:meth:`Simulation.crash`, on the loop's thread): close its
+        connections at once."""
+        self.reap(in_loop=True)
+
     async def close(self) -> None:
-        """The schedule ended: every connection as it was."""
+        """The schedule ended: every connection as it was, but those whose last user's
+        process crashed or was stopped mid-job, closed (on the loop's thread, the schedule's
+        threads stopped), as a dead process's are: the server would keep their transactions
+        open, rows locked, after ``explore`` returned."""
+        # a task the schedule's end stopped mid-job (a check failed, a budget ran out) is
+        # cancelled after this: its connection may hold a transaction it never ends
+        tasks = getattr(self.sim, "tasks", ())
+        stopped = frozenset(id(t.process) for t in tasks if not t.done)
+        self.reap(in_loop=True, unfinished=stopped)
         for att in reversed(self.attached):
             att.restore()
         self.attached.clear()
@@ -229,11 +248,24 @@ class _Attached:
             return _NoIO()
         return blocking_io(self.sim)
 
-    def io(self) -> Any:
-        """The block of an async statement: ``sim.real_io()`` while attached."""
+    @contextmanager
+    def io(self, conn: Any = None) -> Iterator[None]:
+        """The block of an async statement on ``conn`` (default: the attached connection):
+        ``sim.real_io()`` while attached, with the socket the driver waits on, so that the
+        loop stops counting that socket as I/O to wait for once the statement stalls (it
+        waits for a lock a parked or paused task holds); else every turn of the loop would
+        wait ``block_timeout`` real seconds for it, and a pause of 300 virtual seconds would
+        take minutes of wall time."""
         if not self.live or self.sim.stopping:
-            return _NoIO()
-        return self.sim.real_io()
+            yield
+            return
+        with self.sim.real_io() as statement:
+            statement.fd = _fileno(self.driver_connection(conn))
+            yield
+
+    def driver_connection(self, conn: Any) -> Any:
+        """The driver's connection a statement on ``conn`` runs on."""
+        return self.conn if conn is None else conn
 
 
 class _NoIO:
@@ -262,6 +294,22 @@ def _terminate(raw: Any, in_loop: bool) -> None:
             raw.interrupt()
     else:  # PyMySQL, aiomysql (a sync close), anything with close()
         raw.close()
+
+
+def _fileno(raw: Any) -> int | None:
+    """The socket an async driver's connection waits on in the loop's selector, if any
+    (aiosqlite answers from a thread: none)."""
+    module = type(raw).__module__.split(".")[0]
+    try:
+        if module == "psycopg":
+            return int(raw.pgconn.socket)
+        if module == "aiomysql":
+            return int(raw._writer.transport.get_extra_info("socket").fileno())
+        if module == "asyncpg":
+            return int(raw._transport.get_extra_info("socket").fileno())
+    except Exception:  # closed, or not connected yet
+        return None
+    return None
 
 
 def _of(obj: Any) -> _Attached | None:
@@ -664,6 +712,35 @@ def _aiosqlite(registry: _Registry, conn: Any) -> _Attached:
 
 
 # -- sqlite3 ---------------------------------------------------------------------------------
+class _SqliteAttached(_Attached):
+    """An attached ``sqlite3`` connection. Its points are taken inside sqlite3's trace
+    callback, in the middle of the statement: a task stopped there (its process crashed)
+    holds the connection until it unwinds, when the schedule ends. Closing the connection
+    meanwhile would wait for the statement forever (from another thread) or free it under
+    the statement (from the callback itself: a segmentation fault), so such a connection is
+    only interrupted, and closed when the schedule ends, once no statement runs on it."""
+
+    def __init__(self, registry: _Registry, conn: Any, undo: Callable[[], None]) -> None:
+        super().__init__(registry, conn, undo)
+        #: the threads inside the trace callback of this connection now
+        self.inside: set[int] = set()
+        #: its process crashed while a statement ran on it: close it at the schedule's end
+        self.doomed = False
+
+    def kill(self, conn: Any, in_loop: bool) -> None:
+        if self.inside:
+            self.doomed = True
+            conn.interrupt()  # safe from any thread: the statement fails once it goes on
+            return
+        _terminate(conn, in_loop)
+
+    def restore(self) -> None:
+        live = self.live
+        super().restore()
+        if live and self.doomed and not self.inside:
+            _terminate(self.conn, True)
+
+
 def _sqlite3(registry: _Registry, conn: sqlite3.Connection) -> _Attached:
     def undo() -> None:
         try:
@@ -671,17 +748,21 @@ def _sqlite3(registry: _Registry, conn: sqlite3.Connection) -> _Attached:
         except sqlite3.ProgrammingError:  # closed
             pass
 
-    att = _Attached(registry, conn, undo)
+    att = _SqliteAttached(registry, conn, undo)
 
     def trace(sql: str) -> None:
         # runs as the statement starts; an exception raised here is dropped by sqlite3,
         # so a transient fault interrupts the statement instead
+        me = threading.get_ident()
+        att.inside.add(me)
         try:
             att.point(sql)
         except InjectedFault:
             conn.interrupt()
         except BaseException:  # a crashed task unwinding: do not let the statement run
             conn.interrupt()
+        finally:
+            att.inside.discard(me)
 
     conn.set_trace_callback(trace)
     return att
@@ -706,11 +787,14 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
         return only is None or conn is only
 
     def run(conn: Any, sql: str, work: Callable[[], Any], point: str | None = None) -> Any:
+        # a connection opened before the engine was attached never went through
+        # engine_connect: its statements make it known, for do_commit to find it
+        live_conns.add(conn)
         if is_async:
             from sqlalchemy.util import await_only
 
             fault = await_only(att.apoint(sql, point, conn))
-            with att.io():
+            with att.io(conn):
                 result = work()
         else:
             fault = att.point(sql, point, conn)
@@ -802,13 +886,34 @@ def _sqlalchemy(registry: _Registry, target: Any, kind: str) -> _Attached:
             dialect.__dict__.pop("do_commit", None)
 
     att = _EngineAttached(registry, target, undo)
+    att.engine, att.only = engine, only
     if only is not None:
         live_conns.add(only)
     return att
 
 
+def _sa_engine(target: Any, kind: str) -> tuple[Any, Any]:
+    """(the sync engine, the sync connection or ``None`` for a whole engine) of a SQLAlchemy
+    target of ``kind``."""
+    if kind in ("sa-aengine", "sa-aconn"):
+        target = target.sync_engine if kind == "sa-aengine" else target.sync_connection
+    if kind in ("sa-engine", "sa-aengine"):
+        return target, None
+    return target.engine, target
+
+
 class _EngineAttached(_Attached):
     """An attached SQLAlchemy engine or connection: its owners are its connections."""
+
+    #: the sync engine, and the one connection attached (``None``: the whole engine)
+    engine: Any = None
+    only: Any = None
+
+    def driver_connection(self, conn: Any) -> Any:
+        try:
+            return conn.connection.driver_connection
+        except Exception:  # closed or invalidated
+            return None
 
     def kill(self, conn: Any, in_loop: bool) -> None:
         try:
@@ -911,6 +1016,12 @@ SUPPORTED = (
 def attach(sim: AttachView, conn: C) -> C:
     """Instrument ``conn`` for the rest of ``sim``'s schedule and return it (see the module
     docs). Attaching it again in the same schedule changes nothing."""
+    if sim.stopping:
+        raise ConfigurationError(
+            "conn: this schedule is over (or ending): attach a connection while its scenario "
+            "runs, with the sim the scenario received",
+            argument="conn",
+        )
     kind = _kind(conn)
     if kind is None:
         raise ConfigurationError(
@@ -941,6 +1052,19 @@ def attach(sim: AttachView, conn: C) -> C:
     elif kind == "django":
         att = _django(registry, target)
     else:
+        engine, only = _sa_engine(conn, kind)
+        for other in list(registry.attached):
+            if (
+                not isinstance(other, _EngineAttached)
+                or not other.live
+                or other.engine is not engine
+            ):
+                continue
+            if other.only is None or other.only is only:
+                return conn  # its statements are points already: once each
+            if only is None:  # the whole engine now: its connection's attachment goes
+                other.restore()
+                registry.attached.remove(other)
         att = _sqlalchemy(registry, conn, kind)
     registry.attached.append(att)
     return conn

@@ -81,7 +81,9 @@ class Tape:
     @classmethod
     def parse(cls, text: str) -> Tape:
         picks, _, faults = text.partition("|")
-        names = tuple(p for p in picks.split() if p != "-")
+        names = tuple(picks.split())
+        if names == ("-",):  # no picks at all; elsewhere "-" keeps its decision FIFO
+            names = ()
         found = tuple(parse(f) for f in faults.replace("),", ")\x00").split("\x00") if f.strip())
         return cls(names, found)
 

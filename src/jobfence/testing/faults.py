@@ -28,6 +28,7 @@ the scenario actually hits.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -191,10 +192,11 @@ class Fault:
         if self.seconds is not None and (
             isinstance(self.seconds, bool)
             or not isinstance(self.seconds, (int, float))
-            or not self.seconds > 0
+            or not 0 < self.seconds < math.inf
         ):
             raise ConfigurationError(
-                f"seconds must be a number > 0 or None, got {self.seconds!r}",
+                f"seconds must be a finite number > 0 or None (a process that never goes on "
+                f"is a crash), got {self.seconds!r}",
                 argument="seconds",
             )
 
@@ -203,7 +205,10 @@ class Fault:
         if self.task is not None:
             extra += f"@{self.task}"
         if self.seconds is not None:
-            extra += f"+{self.seconds:g}s"
+            # short where that reads back exactly, else every digit: a printed tape replays
+            # the pause it ran, not a rounded one
+            short = f"{self.seconds:g}"
+            extra += f"+{short if float(short) == self.seconds else repr(float(self.seconds))}s"
         target = f"[{self.target}]" if self.target is not None else ""
         return f"{self.kind}({self.point}{target}#{self.nth}{extra})"
 
@@ -228,12 +233,19 @@ def parse(text: str) -> Fault:
             argument="fault",
         )
     seconds = match["seconds"]
+    try:
+        pause = float(seconds) if seconds is not None else None
+    except ValueError:
+        raise ConfigurationError(
+            f"a fault's seconds are written +<number>s, e.g. '+12.5s'; got {text!r}",
+            argument="fault",
+        ) from None
     return Fault(
         match["kind"],
         match["point"],
         int(match["nth"]),
         match["task"],
-        float(seconds) if seconds is not None else None,
+        pause,
         match["target"],
     )
 

@@ -508,6 +508,13 @@ def _check_fn(fn: object, call: str = "fn(ctx)") -> _Fn:
             f"fn must be a function (async def or def) called as {call}, got {fn!r}",
             argument="fn",
         )
+    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+        raise ConfigurationError(
+            f"fn must be a function (async def or def) called as {call}, got the generator "
+            f"function {getattr(fn, '__qualname__', fn)!r} (it yields): calling it runs none "
+            "of its code",
+            argument="fn",
+        )
     sync = not (
         inspect.iscoroutinefunction(target)
         or inspect.iscoroutinefunction(getattr(target, "__call__", None))  # noqa: B004
