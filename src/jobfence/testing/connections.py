@@ -456,7 +456,9 @@ _PSYCOPG_ACURSOR = {
 }
 
 
-def _pg_commit(self: Any) -> None:
+def _commit(self: Any) -> None:
+    """``commit()`` of an attached blocking driver connection (psycopg, PyMySQL / aiomysql): a
+    ``db.commit`` point, then the commit; a ``commit_unknown`` fault raises after it."""
     att = _of(self)
     if att is None:
         super(type(self), self).commit()
@@ -494,7 +496,9 @@ def _pg_transaction(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
         raise InjectedFault(fault)
 
 
-async def _pg_acommit(self: Any) -> None:
+async def _acommit(self: Any) -> None:
+    """``commit()`` of an attached asyncio driver connection (psycopg, PyMySQL / aiomysql): a
+    ``db.commit`` point, then the commit; a ``commit_unknown`` fault raises after it."""
     att = _of(self)
     if att is None:
         await super(type(self), self).commit()
@@ -532,8 +536,8 @@ async def _pg_atransaction(self: Any, *args: Any, **kwargs: Any) -> AsyncIterato
         raise InjectedFault(fault)
 
 
-_PSYCOPG_CONN = {"commit": _pg_commit, "transaction": _pg_transaction}
-_PSYCOPG_ACONN = {"commit": _pg_acommit, "transaction": _pg_atransaction}
+_PSYCOPG_CONN = {"commit": _commit, "transaction": _pg_transaction}
+_PSYCOPG_ACONN = {"commit": _acommit, "transaction": _pg_atransaction}
 
 
 # -- PyMySQL and aiomysql --------------------------------------------------------------------
@@ -549,18 +553,6 @@ def _my_query(self: Any, sql: Any, unbuffered: bool = False) -> Any:
     return result
 
 
-def _my_commit(self: Any) -> None:
-    att = _of(self)
-    if att is None:
-        super(type(self), self).commit()
-        return
-    fault = att.point("COMMIT")
-    with att.blocking():
-        super(type(self), self).commit()
-    if fault is not None:
-        raise InjectedFault(fault)
-
-
 async def _amy_query(self: Any, sql: Any, unbuffered: bool = False) -> Any:
     att = _of(self)
     if att is None:
@@ -571,18 +563,6 @@ async def _amy_query(self: Any, sql: Any, unbuffered: bool = False) -> Any:
     if fault is not None:
         raise InjectedFault(fault)
     return result
-
-
-async def _amy_commit(self: Any) -> None:
-    att = _of(self)
-    if att is None:
-        await super(type(self), self).commit()
-        return
-    fault = await att.apoint("COMMIT")
-    with att.io():
-        await super(type(self), self).commit()
-    if fault is not None:
-        raise InjectedFault(fault)
 
 
 async def _amy_plain(self: Any, name: str) -> Any:
@@ -626,10 +606,10 @@ async def _amy_read_packet(self: Any, *args: Any, **kwargs: Any) -> Any:
             _reading(self, False)
 
 
-_PYMYSQL = {"query": _my_query, "commit": _my_commit}
+_PYMYSQL = {"query": _my_query, "commit": _commit}
 _AIOMYSQL = {
     "query": _amy_query,
-    "commit": _amy_commit,
+    "commit": _acommit,
     "begin": _amy_begin,
     "rollback": _amy_rollback,
     "_read_packet": _amy_read_packet,
