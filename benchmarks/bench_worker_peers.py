@@ -447,26 +447,26 @@ def measure(brokers: set[str], n: int, rounds: int, systems: set[str] | None = N
 
 
 def table(rows: list[Row]) -> list[str]:
-    """Markdown rows: broker, worker, rate (min-max), CPU per task, ratio to jobfence def."""
+    """Markdown rows: broker and worker, rate median, min-max, CPU per task, ratio to
+    jobfence's ``def`` worker on the same broker."""
     out = [
-        "| broker | worker | tasks/s (min-max) | CPU µs/task | vs jobfence `def` |",
-        "|---|---|---:|---:|---:|",
+        "| case | tasks/s median | tasks/s min-max | CPU µs/task | vs jobfence `def` |",
+        "|:--|--:|--:|--:|--:|",
     ]
     base: dict[str, float] = {}
     for row in rows:
         if row.case.system == "jobfence" and "`def`" in row.case.label and row.rates:
             base[row.case.broker] = statistics.median(row.rates)
     for row in rows:
+        name = f"{row.case.broker}: {row.case.label}"
         if row.error:
-            out.append(f"| {row.case.broker} | {row.case.label} | failed: {row.error} | | |")
+            out.append(f"| {name} | failed: {row.error} | | | |")
             continue
         med = statistics.median(row.rates)
         spread = f"{min(row.rates):,.0f}-{max(row.rates):,.0f}"
         ratio = f"{med / base[row.case.broker]:.2f}x" if row.case.broker in base else "-"
-        out.append(
-            f"| {row.case.broker} | {row.case.label} | {med:,.0f} ({spread}) | "
-            f"{statistics.median(row.cpu_us):,.0f} | {ratio} |"
-        )
+        cpu = statistics.median(row.cpu_us)
+        out.append(f"| {name} | {med:,.0f} | {spread} | {cpu:,.0f} | {ratio} |")
     return out
 
 

@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits, scheduler, idempotency, outbox;
+replicas, etcd, limits, scheduler, idempotency, outbox, peers;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -23,6 +23,7 @@ import os
 import platform
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +51,7 @@ import bench_semaphore
 import bench_sql_locks
 import bench_sqlite_locks
 import bench_worker
+import bench_worker_peers
 from tests.servers import MYSQL_URL, POSTGRES_URL, RABBITMQ_URL, REDIS_URL
 
 HERE = Path(__file__).resolve().parent
@@ -67,6 +69,7 @@ SECTIONS = (
     "scheduler",
     "idempotency",
     "outbox",
+    "peers",
 )
 
 
@@ -86,6 +89,7 @@ class Sizes:
     outbox_rows: int
     outbox_latency_rows: int
     relay_rounds: int
+    peer_tasks: int
 
     def ops_line(self) -> str:
         return (
@@ -100,8 +104,8 @@ class Sizes:
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 2000)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 100)
 
 
 @dataclass
@@ -1000,6 +1004,52 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
         )
 
 
+# -- 14. workers side by side ---------------------------------------------------------------------
+def section_peers(rep: Report, sz: Sizes) -> None:
+    rep.add("## 14. Workers side by side: each system's own worker", "")
+    rep.add(
+        f"Each system's worker process (its own command line) drains {sz.peer_tasks} tasks "
+        "published before it starts; every task runs the same body (an `INCR` on Redis, the "
+        "first and the last stamping the time), so the rate is from the first task to the last "
+        "and the start-up is not counted. CPU per task is the worker's whole process tree's, "
+        "from /proc. Default concurrency for each (Celery prefork: one process per core; "
+        "Dramatiq: 8 threads; arq: 10 jobs; RQ and procrastinate: 1), plus Celery with 8 "
+        f"threads, RQ's SimpleWorker and procrastinate with 8. {sz.worker_rounds} interleaved "
+        "rounds; median (min-max)."
+        + (
+            " `--quick` runs the Redis rows of jobfence, Celery and Dramatiq only."
+            if sz.peer_tasks < 500
+            else ""
+        )
+    )
+    quick = sz.peer_tasks < 500
+    brokers = {"redis"} if quick else {"redis", "rabbitmq", "postgres"}
+    systems = {"jobfence", "dramatiq"} if quick else None
+    rows = bench_worker_peers.measure(brokers, sz.peer_tasks, sz.worker_rounds, systems)
+    rep.add("", *bench_worker_peers.table(rows), "")
+    by_name = {(r.case.broker, r.case.label): r for r in rows}
+    for broker in ("redis", "rabbitmq", "postgres"):
+        ours = by_name.get((broker, bench_worker_peers.jobfence_worker(broker, "tick").label))
+        if ours is None:
+            continue
+        for peer in rows:
+            if peer.case.broker != broker or peer.case.system not in ("celery", "dramatiq"):
+                continue
+            if not ours.rates or not peer.rates:
+                rep.target(
+                    f"{broker}: jobfence `def` worker ≥ {peer.case.label}",
+                    False,
+                    f"did not run: {ours.error or peer.error}",
+                )
+                continue
+            med, theirs = statistics.median(ours.rates), statistics.median(peer.rates)
+            rep.target(
+                f"{broker}: jobfence `def` worker ≥ {peer.case.label}",
+                med >= theirs,
+                f"{med:,.0f} vs {theirs:,.0f} tasks/s, {med / theirs:.2f}x",
+            )
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -1014,6 +1064,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "scheduler": section_scheduler,
     "idempotency": section_idempotency,
     "outbox": section_outbox,
+    "peers": section_peers,
 }
 
 

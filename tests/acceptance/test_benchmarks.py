@@ -182,6 +182,11 @@ SECTION_ROWS = {
             for case in ("hand-written relay loop", "jobfence Relay (defaults)")
         ),
     ],
+    "## 14. Workers side by side": [
+        "redis: jobfence worker, `def` (8, default)",
+        "redis: jobfence worker, `async def` (8, default)",
+        "redis: Dramatiq 1 process x 8 threads",
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick), by section
@@ -252,6 +257,7 @@ TARGETS: dict[str, list[str]] = {
             )
         ),
     ],
+    "peers": ["redis: jobfence `def` worker ≥ Dramatiq 1 process x 8 threads"],
     "leases": [
         f"{db}: {what}"
         for db in ("Redis", "PostgreSQL (lease mode)", "SQLite")
@@ -274,6 +280,7 @@ HEADING_SECTION = {
     11: "scheduler",
     12: "idempotency",
     13: "outbox",
+    14: "peers",
 }
 
 # run.py's sections in two halves of about the same time, run side by side (each is one
@@ -288,6 +295,7 @@ HALVES = {
         "scheduler",
         "idempotency",
         "outbox",
+        "peers",
     ),
 }
 
