@@ -17,6 +17,11 @@ Each page is also run as a newcomer would follow it: all its runnable blocks in 
 page shows them, in one process and one namespace, then the whole page again in a new process on
 the same databases, Redis and directory (an example run twice must still work: no hang on a
 message already handled, no key already used by an earlier example of the page).
+
+A block that, after its setup blocks, is how its page's ordered run starts (the page's first
+block, or one whose setups are every block above it) is run by that ordered run, which starts
+on fresh servers in a fresh directory just as the block's own run would: its own test checks
+only the names it uses.
 """
 
 from __future__ import annotations
@@ -134,9 +139,13 @@ def servers(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterat
     client.close()
     servers = Servers(f"redis://127.0.0.1:{redis_server.port}")
     param = request.param
-    chain: list[Block] = (
-        _in_order(param) if isinstance(param, list) else [*_setup_chain(param), param]
-    )
+    chain: list[Block]
+    if isinstance(param, list):
+        chain = _in_order(param)
+    elif _opens_its_page(param):
+        chain = []  # not run here: its page's ordered run runs it (see test_block_runs)
+    else:
+        chain = [*_setup_chain(param), param]
     code = "".join(b.code for b in chain)
     name = f"docs_{uuid.uuid4().hex[:12]}"
     if POSTGRES.search(code):
@@ -236,7 +245,18 @@ def test_block_runs(block: Block, servers: Servers, tmp_path: Path) -> None:
         "the block that does with <!-- after: NAME -->, or mark it <!-- no-run: REASON -->"
     )
 
+    if _opens_its_page(block):
+        # these blocks, on fresh servers in a fresh directory, are how the page's ordered run
+        # (test_page_runs_in_order_twice) starts: that run is this block's run
+        return
     _run(block.id, chain, servers, tmp_path, timeout=100)
+
+
+def _opens_its_page(block: Block) -> bool:
+    """Whether ``block`` after its setup blocks is the start of its page's ordered run, block
+    for block (a page's first block, or one whose setups are every block above it)."""
+    chain = [*_setup_chain(block), block]
+    return _in_order(PAGES[block.page])[: len(chain)] == chain
 
 
 def _in_order(blocks: list[Block]) -> list[Block]:

@@ -2,15 +2,15 @@
 
 Every client here is cold (a new ``Locks`` / ``AsyncLocks``, no connection yet) and talks to its
 server through a :class:`FaultProxy` that delays every chunk by 0.1 s or 0.3 s each way (a round
-trip of 0.2 s or 0.6 s). It acquires a lease with ttl 2 s or 3 s and holds it for 20 s: the
+trip of 0.2 s or 0.6 s). It acquires a lease with ttl 2 s or 3 s and holds it for 12 s: the
 lease must never be lost, must still be the server's at the end, and right after the acquire
 it must have (nearly) its whole ttl left -- connection setup (handshake, script loading, table
 creation, the LISTEN connection) happens before the lease's clock starts, and the grant and
 every renewal cost one round trip.
 
 The cases of one test run side by side (one thread or task per case, one proxy per delay), so a
-test takes about 20 s whatever the number of cases. Redis runs on a disposable server, so its
-script cache is empty, as on a server that just started.
+test takes about 12 s (and its connection setups) whatever the number of cases. Redis runs on
+a disposable server, so its script cache is empty, as on a server that just started.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from tests.servers import POSTGRES_URL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-#: how long each lease is held
-HOLD = 20.0
+#: how long each lease is held: 4 to 6 of its ttls, a dozen renewals or more (one every third
+#: of the ttl), past PostgreSQL's prepared renewal statement (its fifth run, see below)
+HOLD = 12.0
 #: (delay each way, ttl): round trips of 0.2 s and 0.6 s
 REDIS_CASES = [(0.1, 2.0), (0.1, 3.0), (0.3, 2.0), (0.3, 3.0)]
 #: PostgreSQL prepares a statement on its fifth run on a connection (psycopg's
