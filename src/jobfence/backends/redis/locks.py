@@ -20,6 +20,9 @@ its ``{`` ends it, and a lease key is the only key of a name ending there)::
                          microseconds) on every grant; expires max(10 * ttl, 1 day) after use
     L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
     L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+    L:qf                 STRING "1" while anyone may wait (the queue's expiry): the waiters
+                         flag, read with the lease and the counter in one MGET, so that an
+                         uncontended acquire or release never looks at the queue
     L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
     L:rel                STRING the owner that last released L (60 s): a release that
                          redis-py re-sends after a lost reply still answers True
