@@ -632,3 +632,31 @@ def test_an_uncontended_acquire_keeps_the_counter_ahead_of_the_clock(
     assert backend.release(name, "a") is True
     assert backend.acquire(name, "b", 10) == ahead + 2
     assert int(raw.get(_key(ns, "tok", name)) or 0) == ahead + 2
+
+
+async def test_an_async_release_cancelled_in_flight_is_sent_again_and_answers_true(
+    private_redis: RedisServer,
+) -> None:
+    """``AsyncLease.release()`` runs in its caller's task on Redis. Cancelled while its
+    command waits on the server (a client pause holds it), the release is sent again in the
+    background; the next ``release()`` answers True, and the name is free."""
+    observer = redis.asyncio.Redis.from_url(private_redis.url)
+    locks = jobfence.AsyncLocks(private_redis.url, namespace="cancelled-release")
+    try:
+        lease = await locks.try_acquire("x", ttl=30)
+        assert lease is not None
+        await observer.execute_command("CLIENT", "PAUSE", "300", "WRITE")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(lease.release(), 0.05)
+        assert lease.released and not lease.lost
+        assert await lease.release() is True  # the background send's answer
+        assert not lease.lost
+        assert await observer.exists(lock_key("cancelled-release", "x")) == 0
+        assert await lease.release() is False
+        again = await locks.try_acquire("x", ttl=30)
+        assert again is not None and again.token > lease.token
+        assert await again.release() is True
+    finally:
+        await observer.execute_command("CLIENT", "UNPAUSE")
+        await locks.close()
+        await observer.aclose()

@@ -67,18 +67,19 @@ if v then
   return -1 - math.max(left, 0)
 end
 
--- The lease is free but owners are queued.
-local now = now_ms()
+-- The lease is free but owners are queued (or were: live_head drops a stale flag).
+local t = redis.call('TIME')
+local now = ms_of(t)
 local head = live_head(L, now)
 if not head or head == owner then
   if head then
     dequeue(L, owner)
     redis.call('DEL', L .. ':w:' .. owner)
   end
-  return grant(L, owner, ttl_ms, state[2])
+  return grant(L, owner, ttl_ms, state[2], t)
 end
 -- Someone else is first in line (the previous lease expired without a release).
-local head_ttl = hand_off(L, now)
+local head_ttl = hand_off(L, t)
 if ARGV[3] then
   enqueue(now)
 end

@@ -27,10 +27,13 @@
 -- Numbers are formatted with string.format('%d'): Lua's own number-to-string conversion
 -- prints 16-digit tokens in exponent notation.
 
--- The server's clock in milliseconds.
-local function now_ms()
-  local t = redis.call('TIME')
+-- A TIME reply in milliseconds, and the server's clock in milliseconds.
+local function ms_of(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_ms()
+  return ms_of(redis.call('TIME'))
 end
 
 -- The next fencing token of lease key L: max(counter + 1, server time in microseconds).
@@ -42,14 +45,15 @@ end
 -- backwards by more than the outage would defeat it, as on every backend.) The counter
 -- expires max(10 * ttl, 1 day) after its last use, so counters of names no longer used do
 -- not pile up: a reseeded counter starts at the clock, above every earlier token.
--- prev: the counter's value when the caller read it already (false: no counter), nil to read.
-local function next_token(L, ttl_ms, prev)
+-- prev: the counter's value when the caller read it already (false: no counter), nil to read;
+-- t: the script's TIME reply when it has one, nil to ask.
+local function next_token(L, ttl_ms, prev, t)
   local tok = L .. ':tok'
   if prev == nil then
     prev = redis.call('GET', tok)
   end
   prev = tonumber(prev)
-  local t = redis.call('TIME')
+  t = t or redis.call('TIME')
   local n = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
   if prev and prev >= n then
     n = prev + 1
@@ -69,15 +73,16 @@ local function split_lease(v)
   return string.sub(v, sep + 1), tonumber(string.sub(v, 1, sep - 1))
 end
 
--- Give the lease L to owner for ttl_ms (a decimal string); return its token. prev: as for
+-- Give the lease L to owner for ttl_ms (a decimal string); return its token. prev, t: as for
 -- next_token.
-local function grant(L, owner, ttl_ms, prev)
-  local n = next_token(L, ttl_ms, prev)
+local function grant(L, owner, ttl_ms, prev, t)
+  local n = next_token(L, ttl_ms, prev, t)
   redis.call('SET', L, string.format('%d', n) .. ':' .. owner, 'PX', ttl_ms)
   return n
 end
 
--- Drop the waiters flag of L once its queue is gone (its last entry left).
+-- Drop the waiters flag of L once its queue is gone (its last entry left). A flag left behind
+-- meanwhile only sends the next acquire or release to live_head, which drops it.
 local function tidy(L)
   if redis.call('EXISTS', L .. ':q') == 0 then
     redis.call('DEL', L .. ':qf', L .. ':qd')
@@ -111,19 +116,18 @@ end
 local function dequeue(L, owner)
   redis.call('ZREM', L .. ':q', owner)
   redis.call('HDEL', L .. ':qd', owner)
-  tidy(L)
 end
 
 -- Hand L to the queue's live head: it leaves the queue, owns the lease (new token, its own
 -- ttl), and the token is pushed onto its wake list -- one waiter woken, already the owner.
--- Returns the head's ttl in ms (a string), or nil if nobody live waits.
-local function hand_off(L, now)
-  local head, ttl_ms = live_head(L, now)
+-- Returns the head's ttl in ms (a string), or nil if nobody live waits. t: a TIME reply.
+local function hand_off(L, t)
+  local head, ttl_ms = live_head(L, ms_of(t))
   if not head then
     return nil
   end
   dequeue(L, head)
-  local n = grant(L, head, ttl_ms)
+  local n = grant(L, head, ttl_ms, nil, t)
   local wake = L .. ':w:' .. head
   redis.call('DEL', wake)
   redis.call('LPUSH', wake, string.format('%d', n))

@@ -23,7 +23,7 @@ if not v or (not force and split_lease(v) ~= ARGV[1]) then
   end
   return 0
 end
-if not state[2] or not hand_off(L, now_ms()) then
+if not state[2] or not hand_off(L, redis.call('TIME')) then
   redis.call('DEL', L)
 end
 if not force then
