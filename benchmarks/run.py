@@ -141,25 +141,26 @@ WHY_NOT: tuple[tuple[str, str], ...] = (
     (
         "faster than redis-py",
         "redis-py's `Lock` sends the floor's two commands and nothing else; jobfence's "
-        "acquire and release scripts take about 15 µs of server time each (fencing-token "
-        "counter with its clock floor, FIFO queue check, idempotent-release marker) against "
-        f"2-3 µs for `SET` and 6-7 µs for the delete script ({PERF}#redis-locks)",
+        "acquire and release scripts run seven commands per cycle (fencing-token counter "
+        "with its clock floor, waiters flag, idempotent-release marker) against the floor's "
+        f"three ({PERF}#redis-locks)",
     ),
     (
         "faster than `redis.asyncio`",
-        "as for redis-py's `Lock`: the floor's two commands against jobfence's two scripts of "
-        f"about 15 µs of server time each ({PERF}#redis-locks)",
+        "as for redis-py's `Lock`: the floor's two commands against jobfence's two scripts "
+        f"running seven commands per cycle ({PERF}#redis-locks)",
     ),
     (
         "the sync floor",
-        "server time: about 30 µs of Lua per cycle against 8-10 µs for the floor (the token "
-        "counter, the queue check and the release marker that fencing tokens, FIFO hand-off "
-        f"and an idempotent release need), plus 15-20 µs of client CPU ({PERF}#redis-locks)",
+        "server time: seven commands of Lua per cycle against the floor's three (the token "
+        "counter with its clock floor, the waiters flag and the release marker that fencing "
+        "tokens, FIFO hand-off and an idempotent release need), plus the lease's client "
+        f"bookkeeping ({PERF}#redis-locks)",
     ),
     (
         "the async floor",
-        "server time as for `Locks` (about 30 µs of Lua per cycle against 8-10 µs), plus the "
-        f"write deadline and lease bookkeeping on the event loop ({PERF}#redis-locks)",
+        "server time as for `Locks` (seven commands of Lua per cycle against three), plus "
+        f"the write deadline and lease bookkeeping on the event loop ({PERF}#redis-locks)",
     ),
     (
         "PostgreSQL: jobfence",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import uuid
 
 from ._core.clock import get_clock
 from .backends.base import LockHolder
@@ -50,8 +49,9 @@ _NEVER = float("inf")
 
 
 def new_owner() -> str:
-    """A new owner id (``host:pid:uuid``), unique to one acquire attempt."""
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+    """A new owner id (``host:pid:uuid``, the last part 128 random bits in hex), unique to one
+    acquire attempt."""
+    return f"{_HOST}:{os.getpid()}:{os.urandom(16).hex()}"
 
 
 def wait_length(long_waits: bool, poll_interval: float, remaining: float | None) -> float:

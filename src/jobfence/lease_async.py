@@ -324,6 +324,19 @@ class AsyncLease:
         backend = self._locks.backend
         if ASYNC:
             task = self._releasing
+            if task is None and getattr(backend, "resendable_release", False):
+                # The backend answers a re-sent release as it answered the first: release
+                # in the caller's own task (no task to start, no hop back to the caller). A
+                # caller cancelled meanwhile leaves a release that may or may not have reached
+                # the server: it is sent again in the background, and the next release()
+                # takes that answer, as below.
+                try:
+                    return await backend.release(self.backend_name, self.owner)
+                except asyncio.CancelledError:
+                    self._releasing = self._locks.in_background(
+                        partial(self._release_into, None), "jobfence-release"
+                    )
+                    raise
             waiting: Awaitable[bool]
             if task is None:
                 # The caller waits on a future of its own that the task answers: one hop from
@@ -355,19 +368,20 @@ class AsyncLease:
 
     if ASYNC:
 
-        async def _release_into(self, reply: asyncio.Future[bool]) -> bool:
+        async def _release_into(self, reply: asyncio.Future[bool] | None) -> bool:
             """The release task's body: the owner-checked release, its answer (or error) also
-            set on ``reply`` unless its caller stopped waiting (``reply`` cancelled)."""
+            set on ``reply`` (if any) unless its caller stopped waiting (``reply``
+            cancelled)."""
             try:
                 answer = await self._locks.backend.release(self.backend_name, self.owner)
             except BaseException as exc:
-                if not reply.done():
+                if reply is not None and not reply.done():
                     if isinstance(exc, asyncio.CancelledError):
                         reply.cancel()
                     else:
                         reply.set_exception(exc)
                 raise
-            if not reply.done():
+            if reply is not None and not reply.done():
                 reply.set_result(answer)
             return answer
 

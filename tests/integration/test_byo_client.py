@@ -350,13 +350,15 @@ async def test_asyncio_redis_cluster_client_serves_every_part(cluster: RedisClus
 
 @pytest.mark.parametrize("name", ["plain", "with {braces}", "{tag}x", "a}b", "ü:1"])
 def test_every_key_of_a_lock_name_shares_one_hash_slot(name: str) -> None:
-    """The keys a lock script derives from the lease key (``:tok``, ``:q``, ``:qd``,
+    """The keys a lock script derives from the lease key (``:tok``, ``:q``, ``:qd``, ``:qf``,
     ``:w:<owner>``, ``:rel``) lie in the lease key's slot: Redis Cluster runs a script only
     on the keys of one slot."""
     backend = RedisLockBackend(parse_url(REDIS_URL), namespace="ns")
     try:
         key = backend.lock_key(name)
-        slots = {key_slot((key + s).encode()) for s in ("", ":tok", ":q", ":qd", ":w:o", ":rel")}
+        slots = {
+            key_slot((key + s).encode()) for s in ("", ":tok", ":q", ":qd", ":qf", ":w:o", ":rel")
+        }
         assert len(slots) == 1
     finally:
         backend.close()

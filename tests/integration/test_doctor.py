@@ -164,6 +164,30 @@ def test_redis_keys_are_counted_by_kind() -> None:
         client.close()
 
 
+def test_redis_lock_waiters_and_their_flag_are_counted_as_waiters() -> None:
+    """A queued waiter leaves three keys next to the lease: the queue, its deadlines and the
+    waiters flag; doctor counts all three as lock waiters, none as "lock other"."""
+    namespace = new_namespace()
+    with jobfence.Locks(REDIS_URL, namespace=namespace) as locks:
+        backend = locks.backend
+        try:
+            assert backend.acquire("job", "holder", 30) is not None
+            assert backend.acquire("job", "waiter", 30, wait=30) is None
+            report = diagnose(REDIS_URL, namespace=namespace, probe=False)
+        finally:
+            backend.cancel_wait("job", "waiter")
+            backend.release("job", "holder")
+    assert report.keys["lease"] == 1
+    assert report.keys["lock waiters"] == 3
+    assert "lock other" not in report.keys
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(match=f"{namespace}:*"):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 def test_redis_keys_of_the_previous_layout_are_a_warning() -> None:
     namespace = new_namespace()
     client = redis.Redis.from_url(REDIS_URL)

@@ -471,6 +471,7 @@ def test_keys_are_namespaced(ns: str, raw: redis.Redis, backend: RedisLockBacken
             f"{ns}:lock:{{{name}}}:tok",
             f"{ns}:lock:{{{name}}}:q",
             f"{ns}:lock:{{{name}}}:qd",
+            f"{ns}:lock:{{{name}}}:qf",
             f"{ns}:lock:{{{name}}}:w:w1",
             f"{ns}:lock:{{{name}}}:rel",
         ]
@@ -538,3 +539,124 @@ def test_options() -> None:
         assert locks.capabilities.tokens_survive_data_loss
     finally:
         locks.close()
+
+
+# -- the uncontended path, and keys written by the previous layout -----------------------------
+def test_an_uncontended_cycle_runs_seven_commands(private_redis: RedisServer) -> None:
+    """Acquire reads the lease, the counter and the waiters flag with one MGET, then TIME and
+    two SETs; release one MGET, the DEL and the release marker's SET. No probe of the queue."""
+    observer = redis.Redis.from_url(private_redis.url)
+    locks = jobfence.Locks(private_redis.url, namespace="cycle")
+    try:
+        warm = locks.try_acquire("warm-up", ttl=30)
+        assert warm is not None and warm.release()
+        before = _calls(observer)
+        for _ in range(10):
+            lease = locks.try_acquire("a", ttl=30, renew=False)
+            assert lease is not None and lease.release()
+        after = _calls(observer)
+        ran = {
+            cmd: (after.get(cmd, 0) - before.get(cmd, 0)) // 10
+            for cmd in set(after) | set(before)
+            if cmd not in ("info", "evalsha") and after.get(cmd, 0) != before.get(cmd, 0)
+        }
+        assert ran == {"mget": 2, "time": 1, "set": 3, "del": 1}
+        assert after["evalsha"] - before["evalsha"] == 20
+    finally:
+        locks.close()
+        observer.close()
+
+
+def test_a_lease_of_the_previous_layout_is_not_taken_over(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    """Keys written by a client of the previous layout (a lease, its counter, a queued waiter,
+    no waiters flag): the held lease excludes every new acquire, a new waiter queues behind
+    the old one, and the release hands the lease to the old waiter first, with a larger
+    token than the old counter's."""
+    name = _name()
+    seconds, micros = raw.time()
+    old_token = (seconds + 3600) * 1_000_000 + micros  # a counter ahead of the clock
+    raw.set(_key(ns, "lock", name), f"{old_token}:old-holder", px=30_000)
+    raw.set(_key(ns, "tok", name), str(old_token), px=86_400_000)
+    far = (seconds + 60) * 1000
+    raw.zadd(_key(ns, "q", name), {"old-waiter": 1})
+    raw.hset(_key(ns, "qd", name), "old-waiter", f"{far}:30000")
+    raw.pexpire(_key(ns, "q", name), 61_000)
+    raw.pexpire(_key(ns, "qd", name), 61_000)
+    assert raw.exists(_key(ns, "qf", name)) == 0
+
+    assert backend.acquire(name, "new", 10) is None
+    assert backend.acquire(name, "new", 10, wait=10) is None
+    assert _holder(raw, ns, name) == (old_token, "old-holder")
+    assert raw.zrange(_key(ns, "q", name), 0, -1) == [b"old-waiter", b"new"]
+    assert raw.exists(_key(ns, "qf", name)) == 1
+
+    assert backend.release(name, "old-holder") is True
+    handed = _holder(raw, ns, name)
+    assert handed is not None and handed[1] == "old-waiter" and handed[0] == old_token + 1
+    assert backend.release(name, "old-waiter") is True
+    got = _holder(raw, ns, name)
+    assert got is not None and got == (old_token + 2, "new")
+    assert backend.release(name, "new") is True
+    # the queue drained: its flag went with it, and the next cycle is uncontended
+    assert raw.exists(_key(ns, "q", name), _key(ns, "qd", name), _key(ns, "qf", name)) == 0
+    assert backend.acquire(name, "later", 10) == old_token + 3
+
+
+def test_a_waiters_flag_without_a_queue_is_dropped(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    """A waiters flag whose queue is gone (its waiters left by another version's script,
+    or the queue expired first) only sends the acquire down the queue's path once."""
+    name = _name()
+    raw.set(_key(ns, "qf", name), "1", px=60_000)
+    token = backend.acquire(name, "a", 10)
+    assert token is not None and _holder(raw, ns, name) == (token, "a")
+    assert raw.exists(_key(ns, "qf", name)) == 0
+    raw.set(_key(ns, "qf", name), "1", px=60_000)
+    assert backend.release(name, "a") is True
+    assert raw.exists(_key(ns, "lock", name), _key(ns, "qf", name)) == 0
+
+
+def test_an_uncontended_acquire_keeps_the_counter_ahead_of_the_clock(
+    ns: str, raw: redis.Redis, backend: RedisLockBackend
+) -> None:
+    """The counter read by the acquire's one MGET still counts: a counter ahead of the
+    server clock is continued, not replaced by the clock."""
+    name = _name()
+    seconds, micros = raw.time()
+    ahead = (seconds + 3600) * 1_000_000 + micros
+    raw.set(_key(ns, "tok", name), str(ahead), px=86_400_000)
+    assert backend.acquire(name, "a", 10) == ahead + 1
+    assert backend.release(name, "a") is True
+    assert backend.acquire(name, "b", 10) == ahead + 2
+    assert int(raw.get(_key(ns, "tok", name)) or 0) == ahead + 2
+
+
+async def test_an_async_release_cancelled_in_flight_is_sent_again_and_answers_true(
+    private_redis: RedisServer,
+) -> None:
+    """``AsyncLease.release()`` runs in its caller's task on Redis. Cancelled while its
+    command waits on the server (a client pause holds it), the release is sent again in the
+    background; the next ``release()`` answers True, and the name is free."""
+    observer = redis.asyncio.Redis.from_url(private_redis.url)
+    locks = jobfence.AsyncLocks(private_redis.url, namespace="cancelled-release")
+    try:
+        lease = await locks.try_acquire("x", ttl=30)
+        assert lease is not None
+        await observer.execute_command("CLIENT", "PAUSE", "300", "WRITE")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(lease.release(), 0.05)
+        assert lease.released and not lease.lost
+        assert await lease.release() is True  # the background send's answer
+        assert not lease.lost
+        assert await observer.exists(lock_key("cancelled-release", "x")) == 0
+        assert await lease.release() is False
+        again = await locks.try_acquire("x", ttl=30)
+        assert again is not None and again.token > lease.token
+        assert await again.release() is True
+    finally:
+        await observer.execute_command("CLIENT", "UNPAUSE")
+        await locks.close()
+        await observer.aclose()

@@ -14,7 +14,7 @@ from jobfence.backends.redis import keys as layout
 from jobfence.backends.redis.locks import RedisLockBackend
 
 #: lock suffixes the scripts derive from a lease key (``lua/lock_lib.lua``)
-LOCK_SUFFIXES = ("", ":tok", ":q", ":qd", ":rel", ":w:owner", ":w:o}w{n:er")
+LOCK_SUFFIXES = ("", ":tok", ":q", ":qd", ":qf", ":rel", ":w:owner", ":w:o}w{n:er")
 #: the queue keys' suffixes (``queue_async.py``)
 QUEUE_SUFFIXES = ("s", "f", "o", "d", "ds", "dead", "m", "mx")
 

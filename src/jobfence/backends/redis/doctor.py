@@ -3,11 +3,11 @@
 
 Key kinds (see ``backends/redis/keys.py``, ``backends/redis/lua/lock_lib.lua`` and
 ``backends/redis/queue_async.py``): ``S:lock:{N}`` a lease, ``S:lock:{N}:tok`` a fencing-token
-counter, ``:q``/``:qd``/``:w:O`` a lock's waiters, ``:rel`` a recent release; ``S:q:{Q}:<part>``
-the keys of queue ``Q``; ``jobfence_inbox:<key>`` the inbox records (the inbox's own prefix, not
-the namespace). Keys are read back with ``keys.parse`` (a namespace or name holding a brace is
-percent-encoded under a marked tag, ``S:lock%:{N}``), so a key of another namespace or part is
-never counted as one of these.
+counter, ``:q``/``:qd``/``:qf``/``:w:O`` a lock's waiters, ``:rel`` a recent release;
+``S:q:{Q}:<part>`` the keys of queue ``Q``; ``jobfence_inbox:<key>`` the inbox records (the
+inbox's own prefix, not the namespace). Keys are read back with ``keys.parse`` (a namespace or
+name holding a brace is percent-encoded under a marked tag, ``S:lock%:{N}``), so a key of
+another namespace or part is never counted as one of these.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _kind(key: str, namespace: str) -> str | None:
             return "lease"
         if tail == ":tok":
             return "token counter"
-        if tail in (":q", ":qd") or tail.startswith(":w:"):
+        if tail in (":q", ":qd", ":qf") or tail.startswith(":w:"):
             return "lock waiters"
         if tail == ":rel":
             return "recent release"

@@ -7,7 +7,7 @@ A key names its part, its namespace and its name, and no two different triples
 =========================================  ==============================================
 ``S:lock:{N}``                             lease key of lock ``N`` in namespace ``S``; the
                                            lock scripts derive ``:tok``, ``:q``, ``:qd``,
-                                           ``:w:<owner>``, ``:rel`` by suffix
+                                           ``:qf``, ``:w:<owner>``, ``:rel`` by suffix
 ``S:q:{Q}:<suffix>``                       the keys of queue ``Q`` in namespace ``S``
 ``T:K``                                    inbox record of key ``K`` in table ``T``
 =========================================  ==============================================

@@ -20,6 +20,9 @@ its ``{`` ends it, and a lease key is the only key of a name ending there)::
                          microseconds) on every grant; expires max(10 * ttl, 1 day) after use
     L:q                  ZSET   waiting owners scored by arrival (FIFO queue)
     L:qd                 HASH   owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+    L:qf                 STRING "1" while anyone may wait (the queue's expiry): the waiters
+                         flag, read with the lease and the counter in one MGET, so that an
+                         uncontended acquire or release never looks at the queue
     L:w:<owner>          LIST   the token, pushed when the lease is handed to <owner>
     L:rel                STRING the owner that last released L (60 s): a release that
                          redis-py re-sends after a lost reply still answers True
@@ -112,6 +115,8 @@ DEFAULT_WAITER_SLACK = 1.0
 _BLPOP_SHARE = 0.8
 #: expiry hints kept for owners between a denied acquire and their wait
 _MAX_HINTS = 10_000
+#: lease keys kept for the names used last
+_KEYS_KEPT = 10_000
 
 
 _PACKAGE = "jobfence.backends.redis"
@@ -189,6 +194,11 @@ class RedisLockBackend(LockBackend):
 
     kind = "redis"
     capabilities = CAPABILITIES
+    #: a release sent again (its reply lost, or its caller cancelled in flight) answers as the
+    #: first one did: lock_release.lua remembers the releasing owner for a minute. An
+    #: ``AsyncLease`` then releases in its caller's task and sends the release again in the
+    #: background only if the caller is cancelled meanwhile.
+    resendable_release = True
 
     def __init__(
         self,
@@ -261,13 +271,25 @@ class RedisLockBackend(LockBackend):
         self._holder = LuaScript(self._client, scripts["holder"])
         # owner -> local monotonic time when the lease it waits for expires (a wait bound)
         self._hints: dict[str, float] = {}
+        #: name -> lease key, for the names used last (see :meth:`lock_key`)
+        self._keys: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} namespace={self.namespace!r}>"
 
     # -- keys ----------------------------------------------------------------------------
     def lock_key(self, name: str) -> str:
-        """The lease key of ``name``; every other key of the name derives from it."""
+        """The lease key of ``name``; every other key of the name derives from it (kept for
+        the names used last: one dict look-up per call)."""
+        key = self._keys.get(name)
+        if key is None:
+            key = self._lock_key(name)
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            self._keys[name] = key
+        return key
+
+    def _lock_key(self, name: str) -> str:
         if self.bare_keys:
             if self._cluster and not _has_hash_tag(name):
                 raise ConfigurationError(

@@ -1,6 +1,6 @@
 -- jobfence Redis lock backend: one acquire attempt (lock_lib.lua is prepended).
 --
--- KEYS[1] L = S:lock:{N}   (L..":tok", L..":q", L..":qd", L..":w:"..owner derived)
+-- KEYS[1] L = S:lock:{N}   (L..":tok", L..":q", L..":qd", L..":qf", L..":w:"..owner derived)
 -- ARGV[1] owner
 -- ARGV[2] ttl in ms (integer > 0)
 -- ARGV[3] absent for a plain try, which never enqueues; else the wait in ms
@@ -9,17 +9,19 @@
 -- Returns the fencing token (> 0) when owner holds the lease after the call, else
 -- -1 - (ms until the current lease expires), so the caller knows how long a wait may last.
 --
--- Fast path (lease free, nobody queued): GET, EXISTS, TIME + GET/SET of the counter, SET PX. Fairness: a free lease with a live queue goes to the queue's head,
--- not to the caller (unless the caller is the head); a waiting caller joins the tail of the
--- queue or refreshes its entry's deadline.
+-- Fast path (lease free, nobody queued): MGET of the lease, the counter and the waiters
+-- flag, TIME, SET PX of the lease and of the counter. Fairness: a free lease with a live
+-- queue goes to the queue's head, not to the caller (unless the caller is the head); a
+-- waiting caller joins the tail of the queue or refreshes its entry's deadline.
 
 local L = KEYS[1]
 local owner = ARGV[1]
 local ttl_ms = ARGV[2]
 
-local v = redis.call('GET', L)
-if not v and redis.call('EXISTS', L .. ':q') == 0 then
-  return grant(L, owner, ttl_ms)
+local state = redis.call('MGET', L, L .. ':tok', L .. ':qf')
+local v = state[1]
+if not v and not state[3] then
+  return grant(L, owner, ttl_ms, state[2])
 end
 
 -- Join the queue (or refresh our entry); keep the queue keys while anyone may wait.
@@ -42,6 +44,8 @@ local function enqueue(now)
   if redis.call('PTTL', qd) < keep then
     redis.call('PEXPIRE', qd, keep_ms)
   end
+  -- the flag lives as long as the queue may
+  redis.call('SET', L .. ':qf', '1', 'PX', redis.call('PTTL', q))
 end
 
 if v then
@@ -63,18 +67,19 @@ if v then
   return -1 - math.max(left, 0)
 end
 
--- The lease is free but owners are queued.
-local now = now_ms()
+-- The lease is free but owners are queued (or were: live_head drops a stale flag).
+local t = redis.call('TIME')
+local now = ms_of(t)
 local head = live_head(L, now)
 if not head or head == owner then
   if head then
     dequeue(L, owner)
     redis.call('DEL', L .. ':w:' .. owner)
   end
-  return grant(L, owner, ttl_ms)
+  return grant(L, owner, ttl_ms, state[2], t)
 end
 -- Someone else is first in line (the previous lease expired without a release).
-local head_ttl = hand_off(L, now)
+local head_ttl = hand_off(L, t)
 if ARGV[3] then
   enqueue(now)
 end

@@ -1,6 +1,6 @@
 -- jobfence Redis lock backend: a waiter gives up (lock_lib.lua is prepended).
 --
--- KEYS[1] L = S:lock:{N}   (L..":q", L..":qd", L..":w:"..owner derived)
+-- KEYS[1] L = S:lock:{N}   (L..":q", L..":qd", L..":qf", L..":w:"..owner derived)
 -- ARGV[1] owner
 --
 -- Removes owner from the queue and drops its wake list. Returns owner's token if the lease
@@ -8,6 +8,7 @@
 
 local L, owner = KEYS[1], ARGV[1]
 dequeue(L, owner)
+tidy(L)
 redis.call('DEL', L .. ':w:' .. owner)
 local v = redis.call('GET', L)
 if v then

@@ -11,18 +11,29 @@
 --                          expiring max(10 * ttl, 1 day) after its last use
 --   L..":q"        ZSET    waiting owners scored by arrival sequence (the FIFO queue)
 --   L..":qd"       HASH    owner -> "<deadline_ms>:<ttl_ms>" of each waiter
+--   L..":qf"       STRING  "1" while anyone may wait (PX = the queue's own expiry), so an
+--                          uncontended acquire or release reads the lease, the counter and
+--                          this flag with one MGET instead of probing the queue
 --   L..":w:"..O    LIST    owner O's wake list: the token, pushed when the lease is
 --                          handed to O; PEXPIRE = the handed lease's ttl
 --   L..":rel"      STRING  the owner that last released L, for 60 s, so a re-sent
 --                          release of that owner still answers 1 (idempotent release)
 --
+-- Uncontended, an acquire runs MGET, TIME, SET, SET and a release MGET, DEL, SET.
+-- Waiters queued by an earlier version (which sets no :qf) are not seen by these two
+-- paths: a newcomer may go first, and a release does not hand off to them; they take the
+-- lease by their own polling once it is free. A held lease is never taken over.
+--
 -- Numbers are formatted with string.format('%d'): Lua's own number-to-string conversion
 -- prints 16-digit tokens in exponent notation.
 
--- The server's clock in milliseconds.
-local function now_ms()
-  local t = redis.call('TIME')
+-- A TIME reply in milliseconds, and the server's clock in milliseconds.
+local function ms_of(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_ms()
+  return ms_of(redis.call('TIME'))
 end
 
 -- The next fencing token of lease key L: max(counter + 1, server time in microseconds).
@@ -34,11 +45,16 @@ end
 -- backwards by more than the outage would defeat it, as on every backend.) The counter
 -- expires max(10 * ttl, 1 day) after its last use, so counters of names no longer used do
 -- not pile up: a reseeded counter starts at the clock, above every earlier token.
-local function next_token(L, ttl_ms)
+-- prev: the counter's value when the caller read it already (false: no counter), nil to read;
+-- t: the script's TIME reply when it has one, nil to ask.
+local function next_token(L, ttl_ms, prev, t)
   local tok = L .. ':tok'
-  local t = redis.call('TIME')
+  if prev == nil then
+    prev = redis.call('GET', tok)
+  end
+  prev = tonumber(prev)
+  t = t or redis.call('TIME')
   local n = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
-  local prev = tonumber(redis.call('GET', tok))
   if prev and prev >= n then
     n = prev + 1
   end
@@ -57,11 +73,20 @@ local function split_lease(v)
   return string.sub(v, sep + 1), tonumber(string.sub(v, 1, sep - 1))
 end
 
--- Give the lease L to owner for ttl_ms (a decimal string); return its token.
-local function grant(L, owner, ttl_ms)
-  local n = next_token(L, ttl_ms)
+-- Give the lease L to owner for ttl_ms (a decimal string); return its token. prev, t: as for
+-- next_token.
+local function grant(L, owner, ttl_ms, prev, t)
+  local n = next_token(L, ttl_ms, prev, t)
   redis.call('SET', L, string.format('%d', n) .. ':' .. owner, 'PX', ttl_ms)
   return n
+end
+
+-- Drop the waiters flag of L once its queue is gone (its last entry left). A flag left behind
+-- meanwhile only sends the next acquire or release to live_head, which drops it.
+local function tidy(L)
+  if redis.call('EXISTS', L .. ':q') == 0 then
+    redis.call('DEL', L .. ':qf', L .. ':qd')
+  end
 end
 
 -- The first waiter whose deadline has not passed, and its ttl in ms (a decimal string);
@@ -71,6 +96,7 @@ local function live_head(L, now)
   while true do
     local first = redis.call('ZRANGE', q, 0, 0)
     if #first == 0 then
+      redis.call('DEL', L .. ':qf', qd)
       return nil, nil
     end
     local o = first[1]
@@ -94,14 +120,14 @@ end
 
 -- Hand L to the queue's live head: it leaves the queue, owns the lease (new token, its own
 -- ttl), and the token is pushed onto its wake list -- one waiter woken, already the owner.
--- Returns the head's ttl in ms (a string), or nil if nobody live waits.
-local function hand_off(L, now)
-  local head, ttl_ms = live_head(L, now)
+-- Returns the head's ttl in ms (a string), or nil if nobody live waits. t: a TIME reply.
+local function hand_off(L, t)
+  local head, ttl_ms = live_head(L, ms_of(t))
   if not head then
     return nil
   end
   dequeue(L, head)
-  local n = grant(L, head, ttl_ms)
+  local n = grant(L, head, ttl_ms, nil, t)
   local wake = L .. ':w:' .. head
   redis.call('DEL', wake)
   redis.call('LPUSH', wake, string.format('%d', n))
