@@ -18,6 +18,7 @@ import functools
 import inspect
 import itertools
 import math
+import random
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
-from .strategies import Random, Strategy
+from .strategies import Fifo, Random, Strategy
 
 if TYPE_CHECKING:
     from ..inbox import Inbox
@@ -325,6 +326,69 @@ class _Gate:
         return fault if fault.kind == "commit_unknown" else None
 
 
+@types.coroutine
+def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
+    """The gate of a point with no fault, reached by the driven task being stepped (what
+    :meth:`Simulation.on_point` returns there): the decision of :meth:`Simulation.go_on`
+    made inline for the common case (nothing else ready, no process paused or crashed, no
+    thread waiting, no real I/O, the strategy's pick drawn directly), a generator awaited
+    as is (no gate object, no ``__await__`` call). Anything else goes the full way."""
+    owner = sim._owner
+    if (
+        sim._ready
+        or sim.deferred
+        or sim.external
+        or sim.impaired
+        or sim.sleeping
+        or sim._stepping is not task
+        or owner is None
+        or owner.atask._must_cancel  # type: ignore[union-attr]
+    ):
+        return (yield from _Gate(sim, task, point, None).__await__())
+    if sim.checkers:
+        sim.run_checks()
+    sim._io_deferred = False
+    parked = sim.parked
+    if not parked:
+        return None
+    steps = sim.steps = sim.steps + 1
+    if steps > sim.max_steps:
+        sim._over_budget(f"the schedule took more than max_steps={sim.max_steps} decisions")
+    n = len(parked) + 1
+    bits = sim._getrandbits
+    if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+        k = n.bit_length()
+        i = bits(k)
+        while i >= n:
+            i = bits(k)
+    elif sim._fifo:
+        i = 0
+    else:
+        i = sim._choose(n, task)
+    if not i:
+        sim.picks.append(task.name)
+        return None
+    sim.deviations += 1
+    chosen = parked[i - 1]
+    sim.picks.append(chosen.name)
+    if chosen.driven:  # the stepping switches to it: no loop round
+        del parked[i - 1]
+        chosen.parked_at = None
+        sim._next = chosen
+    else:
+        sim._release(chosen)
+    task.parked_at = point
+    parked.append(task)
+    try:
+        yield _SWITCH
+    except asyncio.CancelledError:
+        sim.unpark(task)
+        raise
+    if sim.stopping and task.process.crashed:
+        raise _Crashed
+    return None
+
+
 def _route(point: str, **info: Any) -> Any:
     sim = _current
     if sim is None:
@@ -360,6 +424,16 @@ class Simulation:
         self.strategy = strategy
         #: the random strategy's draw, called without its choose() around it (same draws)
         self._below: Any = strategy._below if type(strategy) is Random else None
+        #: its generator's getrandbits, when its draw is random.Random's own _randbelow:
+        #: the lean gate draws inline (the same draws)
+        self._getrandbits: Any = None
+        if self._below is not None and getattr(self._below, "__func__", None) is getattr(
+            random.Random, "_randbelow_with_getrandbits", False
+        ):
+            self._getrandbits = self._below.__self__.getrandbits
+        self._fifo = type(strategy) is Fifo
+        #: no fault planned and no trail recorded: a point needs no look-up of its target
+        self._plain = not faults and not record
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
         for f in faults:
@@ -808,6 +882,23 @@ class Simulation:
         return task
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
+        task = self._stepping
+        if (
+            task is not None
+            and self._plain
+            and not self.stopping
+            and self.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
+        ):
+            # the driven task being stepped, no fault to look up: count the hit, the gate
+            # decides
+            points = self.points = self.points + 1
+            if points > self.max_steps:
+                self._over_budget(
+                    f"the schedule's tasks reached more than max_steps={self.max_steps} points"
+                )
+            hits = self.hits
+            hits[point] = hits.get(point, 0) + 1
+            return _lean_gate(self, task, point)
         if self.stopping:
             task = self.current()
             if task is not None and task.process.crashed:
@@ -889,6 +980,10 @@ class Simulation:
         chosen = candidates[i]
         self.picks.append(chosen.name)
         return chosen
+
+    def _choose(self, n: int, task: SimTask) -> int:
+        """The strategy's pick among ``task`` (at its point) and the ``n - 1`` parked tasks."""
+        return self.strategy.choose([task, *self.parked], len(self.picks))
 
     def spinning(self) -> NoReturn:
         self._over_budget(
@@ -1775,6 +1870,18 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     sim = _current
     if sim is None:
         return _PASSED
+    task = sim._stepping
+    if (
+        task is not None and sim._plain and not sim.stopping and sim.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
+    ):  # on_point's lean path, inline: the commonest point of a scenario
+        points = sim.points = sim.points + 1
+        if points > sim.max_steps:
+            sim._over_budget(
+                f"the schedule's tasks reached more than max_steps={sim.max_steps} points"
+            )
+        hits = sim.hits
+        hits[name] = hits.get(name, 0) + 1
+        return _lean_gate(sim, task, name)
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
 
