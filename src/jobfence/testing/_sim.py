@@ -344,7 +344,8 @@ def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, Non
         or owner is None
         or owner.atask._must_cancel  # type: ignore[union-attr]
     ):
-        return (yield from _Gate(sim, task, point, None).__await__())
+        yield from _Gate(sim, task, point, None).__await__()
+        return None
     if sim.checkers:
         sim.run_checks()
     sim._io_deferred = False
@@ -430,7 +431,7 @@ class Simulation:
         if self._below is not None and getattr(self._below, "__func__", None) is getattr(
             random.Random, "_randbelow_with_getrandbits", False
         ):
-            self._getrandbits = self._below.__self__.getrandbits
+            self._getrandbits = strategy._rng.getrandbits  # type: ignore[attr-defined]
         self._fifo = type(strategy) is Fifo
         #: no fault planned and no trail recorded: a point needs no look-up of its target
         self._plain = not faults and not record
