@@ -521,8 +521,11 @@ class Simulation:
             if inspect.iscoroutine(job):
                 job.close()  # never run: no "never awaited" warning on top of the error
             raise ConfigurationError(problem, argument="name")
+        is_coro = type(job) is types.CoroutineType or inspect.iscoroutine(job)
         inner = job.func if isinstance(job, functools.partial) else job
-        if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+        if not is_coro and (
+            inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner)
+        ):
             raise ConfigurationError(
                 "job must be a coroutine, an async function or a function, got the generator "
                 f"function {job!r}: calling it runs none of its code",
@@ -532,8 +535,7 @@ class Simulation:
         task = SimTask(label, proc)
         self.tasks.append(task)
         self._names.add(label)
-        task.finished = self.loop.create_future()
-        if inspect.iscoroutine(job):
+        if is_coro:
             if args or kwargs:
                 job.close()
                 raise ConfigurationError(

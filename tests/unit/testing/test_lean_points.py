@@ -1,0 +1,149 @@
+"""The lean path of a point: a point with no fault, reached by the task being stepped, decides
+inline (no gate object); anything else (a fault planned, a trail recorded, other work ready)
+goes the full way. Both must make the same decisions, and the lean one must keep what
+asyncio's tasks rely on: real futures awaited between points, cancellation and timeouts of a
+task parked at a point, the current task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from jobfence import testing
+from jobfence.testing import Simulation
+
+
+def _tapes(scenario: Any, strategy: str, faults: Any = None) -> list[tuple[str, ...]]:
+    """The picks of schedules 0-24 (every schedule made to fail at its end, so the report
+    lists them all)."""
+
+    async def failing(sim: Simulation) -> None:
+        await scenario(sim)
+        sim.check(False, "the end")
+
+    report = testing.explore(
+        failing,
+        schedules=25,
+        seed=3,
+        strategy=strategy,
+        faults=faults,
+        stop_on_failure=False,
+        shrink=False,
+    )
+    assert len(report.failures) == 25, report
+    return [f.tape.picks for f in report.failures]
+
+
+def _three_tasks(sim_points: int = 12) -> Any:
+    async def job(sim: Simulation, db: Any) -> None:
+        for i in range(sim_points):
+            if i % 3 == 2:
+                await db.read("row")
+            else:
+                await testing.point("p")
+
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("t", {"row": {"n": 0}})
+        for _ in range(3):
+            sim.spawn(job, sim, db)
+        await sim.join()
+
+    return scenario
+
+
+def test_the_lean_path_decides_as_the_full_path_does() -> None:
+    # a fault that is never hit makes every point of the schedule take the full way
+    never = [testing.faults.transient("no.such.point")]
+    for strategy in ("random", "pct", "fifo"):
+        lean = _tapes(_three_tasks(), strategy)
+        full = _tapes(_three_tasks(), strategy, never)
+        assert lean == full, strategy
+        assert any(len(picks) > 10 for picks in lean)  # decisions were made
+
+
+def test_a_task_awaits_real_futures_between_lean_points() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    async def job(sim: Simulation, label: str, box: dict[str, asyncio.Future[str]]) -> None:
+        me = asyncio.current_task()
+        for i in range(6):
+            await testing.point("p")
+            if i == 2:
+                # a future only the loop resolves: the task waits in asyncio, not at a point
+                fut = asyncio.get_running_loop().create_future()
+                box[label] = fut
+                asyncio.get_running_loop().call_later(1.0, fut.set_result, label)
+                seen.append((label, await fut))
+                await asyncio.sleep(0.5)
+            if asyncio.current_task() is not me:
+                seen.append((label, "wrong current task"))
+
+    async def scenario(sim: Simulation) -> None:
+        box: dict[str, asyncio.Future[str]] = {}
+        tasks = [sim.spawn(job, sim, label, box) for label in ("a", "b", "c")]
+        await sim.join()
+        sim.check(all(t.done and t.error is None for t in tasks), "every job ended")
+        sim.check(sim.now() >= 1.5, f"virtual time moved: {sim.now()}")
+
+    report = testing.explore(scenario, schedules=60, seed=5)
+    assert report.ok, report
+    assert seen and all(label == got for label, got in seen), seen[:5]
+    assert len(seen) == 60 * 3
+
+
+def test_cancelling_a_task_parked_at_a_lean_point() -> None:
+    outcomes: list[tuple[str, bool]] = []
+    parked_at: list[str | None] = []
+
+    async def victim(sim: Simulation) -> None:
+        for _ in range(100):
+            await testing.point("v")
+            await testing.point("v")
+            await sim.sleep(1)
+
+    async def killer(sim: Simulation, target: list[Any]) -> None:
+        for _ in range(3):
+            await testing.point("k")
+        parked_at.append(target[0].parked_at)
+        target[0].atask.cancel()
+        await testing.point("k")
+
+    async def scenario(sim: Simulation) -> None:
+        target: list[Any] = []
+        v = sim.spawn(victim, sim)
+        target.append(v)
+        sim.spawn(killer, sim, target)
+        await sim.join()
+        outcomes.append((type(v.error).__name__, v in sim.parked))
+
+    report = testing.explore(scenario, schedules=40, seed=2)
+    assert report.ok, report
+    assert outcomes == [("CancelledError", False)] * 40
+    assert parked_at.count("v") >= 5  # cancelled where it waited at its point, often
+
+
+def test_a_timeout_ends_a_task_looping_over_lean_points() -> None:
+    ends: list[str] = []
+
+    async def looper(sim: Simulation) -> None:
+        try:
+            async with asyncio.timeout(5):
+                while True:
+                    await testing.point("loop")
+                    await sim.sleep(1)
+        except TimeoutError:
+            ends.append(f"timeout at {sim.now():g}")
+
+    async def other(sim: Simulation) -> None:
+        for _ in range(20):
+            await testing.point("other")
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(looper, sim)
+        sim.spawn(other, sim)
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=30, seed=4)
+    assert report.ok, report
+    assert ends == ["timeout at 5"] * 30
