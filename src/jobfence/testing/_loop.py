@@ -55,6 +55,9 @@ class SimLoop(asyncio.SelectorEventLoop):
         #: iterations in a row that found something ready (none was idle)
         self.spins = 0
         self.sim: LoopDriver | None = None
+        #: a future that is done: what ``testing.point`` returns to a task that goes on
+        self.passed: asyncio.Future[None] = self.create_future()
+        self.passed.set_result(None)
         self.set_exception_handler(_quiet)
 
     def time(self) -> float:

@@ -326,13 +326,16 @@ class _Gate:
         return fault if fault.kind == "commit_unknown" else None
 
 
-@types.coroutine
-def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
-    """The gate of a point with no fault, reached by the driven task being stepped (what
-    :meth:`Simulation.on_point` returns there): the decision of :meth:`Simulation.go_on`
-    made inline for the common case (nothing else ready, no process paused or crashed, no
-    thread waiting, no real I/O, the strategy's pick drawn directly), a generator awaited
-    as is (no gate object, no ``__await__`` call). Anything else goes the full way."""
+#: what :func:`_lean_pick` answers when the decision is no common case: the full way
+_FULL: Any = object()
+
+
+def _lean_pick(sim: Simulation, task: SimTask) -> Any:
+    """The decision at a point with no fault reached by the driven task being stepped, for
+    the common case (nothing else ready, no process paused or crashed, no thread waiting, no
+    real I/O): the decision of :meth:`Simulation.go_on`, with the strategy's pick drawn
+    directly. ``None``: ``task`` goes on; else the parked task chosen, or ``_FULL`` (not the
+    common case: the gate decides the full way)."""
     owner = sim._owner
     if (
         sim._ready
@@ -344,8 +347,7 @@ def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, Non
         or owner is None
         or owner.atask._must_cancel  # type: ignore[union-attr]
     ):
-        yield from _Gate(sim, task, point, None).__await__()
-        return None
+        return _FULL
     if sim.checkers:
         sim.run_checks()
     sim._io_deferred = False
@@ -372,8 +374,20 @@ def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, Non
     sim.deviations += 1
     chosen = parked[i - 1]
     sim.picks.append(chosen.name)
-    if chosen.driven:  # the stepping switches to it: no loop round
-        del parked[i - 1]
+    return chosen
+
+
+@types.coroutine
+def _lean_switch(
+    sim: Simulation, task: SimTask, point: str, chosen: SimTask
+) -> Generator[Any, None, None]:
+    """``task`` parks at ``point`` and ``chosen`` (parked, picked by :func:`_lean_pick`) goes
+    on: the stepping switches to it with no loop round if it is driven."""
+    if sim._stepping is not task or chosen.parked_at is None:
+        return None  # not awaited where it was reached: the decision stands, task goes on
+    parked = sim.parked
+    if chosen.driven:
+        parked.remove(chosen)
         chosen.parked_at = None
         sim._next = chosen
     else:
@@ -387,6 +401,21 @@ def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, Non
         raise
     if sim.stopping and task.process.crashed:
         raise _Crashed
+    return None
+
+
+@types.coroutine
+def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
+    """The gate of a point with no fault, reached by the driven task being stepped (what
+    :meth:`Simulation.on_point` returns there): a generator awaited as is (no gate object,
+    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way."""
+    chosen = _lean_pick(sim, task)
+    if chosen is None:
+        return None
+    if chosen is _FULL:
+        yield from _Gate(sim, task, point, None).__await__()
+        return None
+    yield from _lean_switch(sim, task, point, chosen)
     return None
 
 
@@ -1575,6 +1604,10 @@ class Simulation:
         loop = self.loop
         current_tasks = _SWAP_DICT
         self._owner = owner
+        #: owner's job ended in this slice and was concluded here (its driver only returns)
+        over = False
+        #: tasks whose jobs ended in this slice: their drivers are told once it returns
+        ended: list[SimTask] = []
         try:
             while True:
                 coro = cur.coro
@@ -1610,17 +1643,21 @@ class Simulation:
                     if yielded is _SWITCH:
                         chosen = self._next
                         if chosen is None:
-                            return _PARKED
+                            return _PARKED if not over else (_DONE, _CONCLUDED)
                         self._next = None
                         cur, value, error = chosen, None, None
                         continue
                     outcome = (_AWAIT, yielded)
                 self._stepping = None
-                if cur is owner:
-                    return outcome
                 if outcome[0] == _AWAIT:
+                    if cur is owner:
+                        return outcome
                     self._signal(cur, outcome)  # its own driver waits for it
-                    return _PARKED
+                    return _PARKED if not over else (_DONE, _CONCLUDED)
+                if cur is owner:
+                    if not self._may_chain(owner):
+                        return outcome
+                    over = True
                 self._stepping = cur  # its end is its own, as in its own asyncio task
                 try:
                     self._conclude(cur, *outcome)
@@ -1628,10 +1665,58 @@ class Simulation:
                     loop.stop()
                 finally:
                     self._stepping = None
-                self._signal(cur, (_DONE, _CONCLUDED))  # its driver only returns
-                return _PARKED
+                if cur is not owner:
+                    ended.append(cur)
+                chosen = self._chain(cur)
+                if chosen is not None:  # the decision the idle loop would make next, now
+                    cur, value, error = chosen, None, None
+                    continue
+                return _PARKED if not over else (_DONE, _CONCLUDED)
         finally:
             self._owner = self._stepping = None
+            for task in ended:
+                self._signal(task, (_DONE, _CONCLUDED))  # its driver only returns
+
+    def _may_chain(self, task: SimTask) -> bool:
+        """Whether, once ``task``'s job ended in a slice, the loop's next step could be a
+        decision (see :meth:`_chain`): then its driver's slice may conclude it and go on."""
+        loop: Any = self.loop
+        return not (
+            self._ready
+            or self.stopping
+            or self.checkers
+            or self.impaired
+            or self.sleeping
+            or self.thread_tasks
+            or self.external
+            or self.statements
+            or self.deferred
+            or loop._stopping
+            or task.atask._callbacks  # type: ignore[union-attr]  # someone awaits it
+            or self.steps >= self.max_steps
+            or loop.vtime > self.max_time
+            or not self.parked
+        )
+
+    def _chain(self, task: SimTask) -> SimTask | None:
+        """``task``'s job ended (and was concluded) in a slice, where its driver would be
+        woken to end its asyncio task and then, with nothing else ready, the idle loop would
+        decide (:meth:`decide`). When that is so (nothing ready, no check, fault, thread or
+        real I/O, nobody awaiting ``task``'s asyncio task, the decision cannot raise), the
+        decision is made now; the driven task it chooses is returned, for the slice to step
+        at once (no loop round for the wake-up nor for the decision). ``None``: the loop
+        goes on as usual."""
+        if not self._may_chain(task) or self.loop._io_pending():
+            return None
+        parked = self.parked
+        chosen = self._pick(list(parked))
+        if not chosen.driven:
+            self._release(chosen)
+            return None
+        parked.remove(chosen)
+        chosen.parked_at = None
+        self.loop.spins = 0  # as after an idle iteration
+        return chosen
 
     async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
         try:
@@ -1884,7 +1969,13 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
             )
         hits = sim.hits
         hits[name] = hits.get(name, 0) + 1
-        return _lean_gate(sim, task, name)
+        # the decision now: an awaited point is awaited at once, nothing runs in between
+        chosen = _lean_pick(sim, task)
+        if chosen is None:
+            return sim.loop.passed  # a done future: the cheapest await there is
+        if chosen is _FULL:
+            return _lean_gate(sim, task, name)
+        return _lean_switch(sim, task, name, chosen)
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
 

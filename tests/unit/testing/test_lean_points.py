@@ -147,3 +147,74 @@ def test_a_timeout_ends_a_task_looping_over_lean_points() -> None:
     report = testing.explore(scenario, schedules=30, seed=4)
     assert report.ok, report
     assert ends == ["timeout at 5"] * 30
+
+
+def _uneven(sim_points: tuple[int, ...] = (3, 9, 6, 12)) -> Any:
+    """Tasks of different lengths: they end at different moments, most of them while
+    another task's driver steps them."""
+
+    async def job(n: int) -> None:
+        for _ in range(n):
+            await testing.point("p")
+
+    async def scenario(sim: Simulation) -> None:
+        for n in sim_points:
+            sim.spawn(job, n)
+        await sim.join()
+
+    return scenario
+
+
+def _uneven_tapes(strategy: str, checks: list[Any]) -> list[tuple[str, ...]]:
+    async def failing(sim: Simulation) -> None:
+        await _uneven()(sim)
+        sim.check(False, "the end")
+
+    report = testing.explore(
+        failing,
+        schedules=25,
+        seed=7,
+        strategy=strategy,
+        checks=checks,
+        stop_on_failure=False,
+        shrink=False,
+    )
+    assert len(report.failures) == 25, report
+    return [f.tape.picks for f in report.failures]
+
+
+def test_the_decision_after_a_job_ends_is_the_one_the_idle_loop_makes() -> None:
+    # a checker (one that never fails) makes every decision after a job's end wait for the
+    # idle loop, as before; without it the step that ended the job decides at once
+    for strategy in ("random", "pct", "fifo"):
+        at_once = _uneven_tapes(strategy, [])
+        by_loop = _uneven_tapes(strategy, [testing.single_holder()])
+        assert at_once == by_loop, strategy
+        assert any(len(picks) > 15 for picks in at_once)
+
+
+def test_every_task_is_done_in_asyncio_after_join_and_awaiting_one_works() -> None:
+    seen: list[Any] = []
+
+    async def job(n: int) -> int:
+        for _ in range(n):
+            await testing.point("p")
+        return n
+
+    async def waiter(sim: Simulation, other: Any) -> None:
+        await testing.point("w")
+        seen.append(("awaited", await other.atask))  # its asyncio task, awaited directly
+
+    async def scenario(sim: Simulation) -> None:
+        tasks = [sim.spawn(job, n) for n in (2, 5, 4)]
+        sim.spawn(waiter, sim, tasks[1])
+        results = await sim.join()
+        await asyncio.sleep(0)  # the drivers of jobs that ended last finish their tasks
+        seen.append(("results", results[:3]))
+        seen.append(("done", all(t.atask.done() for t in sim.tasks)))
+
+    report = testing.explore(scenario, schedules=30, seed=9)
+    assert report.ok, report
+    assert seen.count(("results", [2, 5, 4])) == 30
+    assert seen.count(("done", True)) == 30
+    assert seen.count(("awaited", None)) == 30  # the driver's asyncio task ends with None
