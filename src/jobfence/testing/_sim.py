@@ -551,7 +551,7 @@ class Simulation:
                 job.close()  # never run: no "never awaited" warning on top of the error
             raise ConfigurationError(problem, argument="name")
         is_coro = type(job) is types.CoroutineType or inspect.iscoroutine(job)
-        inner = job.func if isinstance(job, functools.partial) else job
+        inner = job.func if not is_coro and isinstance(job, functools.partial) else job
         if not is_coro and (
             inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner)
         ):
@@ -590,10 +590,12 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
-            atask = self.loop.create_task(
-                self._run_async(task, self._drive(task)),  # type: ignore[arg-type]
-                context=ctx,  # type: ignore[call-arg]  # 3.11+
-            )
+            driver = self._run_async(task, self._drive(task))  # type: ignore[arg-type]
+            loop: Any = self.loop
+            if loop._task_factory is None:  # create_task's own steps, without its checks
+                atask = asyncio.Task(driver, loop=loop, context=ctx)  # type: ignore[call-arg]
+            else:
+                atask = loop.create_task(driver, context=ctx)
         else:
             atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
         task.atask = atask
