@@ -96,10 +96,10 @@ def test_cancelling_a_task_parked_at_a_lean_point() -> None:
     outcomes: list[tuple[str, bool]] = []
     parked_at: list[str | None] = []
 
-    async def victim(sim: Simulation) -> None:
+    async def victim(sim: Simulation, db: Any) -> None:
         for _ in range(100):
             await testing.point("v")
-            await testing.point("v")
+            await db.read("row")  # a point of a table: the gate on_point returns
             await sim.sleep(1)
 
     async def killer(sim: Simulation, target: list[Any]) -> None:
@@ -111,7 +111,7 @@ def test_cancelling_a_task_parked_at_a_lean_point() -> None:
 
     async def scenario(sim: Simulation) -> None:
         target: list[Any] = []
-        v = sim.spawn(victim, sim)
+        v = sim.spawn(victim, sim, sim.table("t", {"row": {"n": 0}}))
         target.append(v)
         sim.spawn(killer, sim, target)
         await sim.join()
@@ -120,7 +120,8 @@ def test_cancelling_a_task_parked_at_a_lean_point() -> None:
     report = testing.explore(scenario, schedules=40, seed=2)
     assert report.ok, report
     assert outcomes == [("CancelledError", False)] * 40
-    assert parked_at.count("v") >= 5  # cancelled where it waited at its point, often
+    # cancelled where it waited at one of its points, often, at both kinds
+    assert parked_at.count("v") >= 3 and parked_at.count("db.read") >= 3, parked_at
 
 
 def test_a_timeout_ends_a_task_looping_over_lean_points() -> None:
