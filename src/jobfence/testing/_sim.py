@@ -18,6 +18,7 @@ import functools
 import inspect
 import itertools
 import math
+import random
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from .._core.hooks import hook
 from ..errors import ConfigurationError, JobfenceError
 from ._base import _Budget, _Crashed, _Deadlock, _Statement, _Stop
 from .faults import DEFAULT_PAUSE, Fault, InjectedFault, target_of
-from .strategies import Random, Strategy
+from .strategies import Fifo, Random, Strategy
 
 if TYPE_CHECKING:
     from ..inbox import Inbox
@@ -325,6 +326,115 @@ class _Gate:
         return fault if fault.kind == "commit_unknown" else None
 
 
+#: what :func:`_lean_pick` answers when the decision is no common case: the full way
+_FULL: Any = object()
+
+
+def _lean_pick(sim: Simulation, task: SimTask) -> Any:
+    """The decision at a point with no fault reached by the driven task being stepped, for
+    the common case (nothing else ready, no process paused or crashed, no thread waiting, no
+    real I/O): the decision of :meth:`Simulation.go_on`, with the strategy's pick drawn
+    directly. ``None``: ``task`` goes on; else the parked task chosen, or ``_FULL`` (not the
+    common case: the gate decides the full way)."""
+    owner = sim._owner
+    if (
+        sim._ready
+        or sim.deferred
+        or sim.external
+        or sim.impaired
+        or sim.sleeping
+        or sim._stepping is not task
+        or owner is None
+        or owner.atask._must_cancel  # type: ignore[union-attr]
+    ):
+        return _FULL
+    if sim.checkers:
+        sim.run_checks()
+    sim._io_deferred = False
+    parked = sim.parked
+    if not parked:
+        return None
+    steps = sim.steps = sim.steps + 1
+    if steps > sim.max_steps:
+        sim._over_budget(f"the schedule took more than max_steps={sim.max_steps} decisions")
+    n = len(parked) + 1
+    bits = sim._getrandbits
+    if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+        k = n.bit_length()
+        i = bits(k)
+        while i >= n:
+            i = bits(k)
+    elif sim._fifo:
+        i = 0
+    else:
+        i = sim._choose(n, task)
+    if not i:
+        sim.picks.append(task.name)
+        return None
+    sim.deviations += 1
+    chosen = parked[i - 1]
+    sim.picks.append(chosen.name)
+    return chosen
+
+
+@types.coroutine
+def _lean_switch(
+    sim: Simulation, task: SimTask, point: str, chosen: SimTask
+) -> Generator[Any, None, None]:
+    """``task`` parks at ``point`` and ``chosen`` (parked, picked by :func:`_lean_pick`) goes
+    on: the stepping switches to it with no loop round if it is driven."""
+    if sim._stepping is not task or chosen.parked_at is None:
+        return None  # not awaited where it was reached: the decision stands, task goes on
+    parked = sim.parked
+    if chosen.driven:
+        parked.remove(chosen)
+        chosen.parked_at = None
+        sim._next = chosen
+    else:
+        sim._release(chosen)
+    task.parked_at = point
+    parked.append(task)
+    try:
+        yield _SWITCH
+    except asyncio.CancelledError:
+        sim.unpark(task)
+        raise
+    if sim.stopping and task.process.crashed:
+        raise _Crashed
+    return None
+
+
+@types.coroutine
+def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
+    """The gate of a point with no fault, reached by the driven task being stepped (what
+    :meth:`Simulation.on_point` returns there): a generator awaited as is (no gate object,
+    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way."""
+    chosen = _lean_pick(sim, task)
+    if chosen is None:
+        return None
+    if chosen is _FULL:
+        yield from _Gate(sim, task, point, None).__await__()
+        return None
+    # _lean_switch inline (one generator less)
+    parked = sim.parked
+    if chosen.driven:
+        parked.remove(chosen)
+        chosen.parked_at = None
+        sim._next = chosen
+    else:
+        sim._release(chosen)
+    task.parked_at = point
+    parked.append(task)
+    try:
+        yield _SWITCH
+    except asyncio.CancelledError:
+        sim.unpark(task)
+        raise
+    if sim.stopping and task.process.crashed:
+        raise _Crashed
+    return None
+
+
 def _route(point: str, **info: Any) -> Any:
     sim = _current
     if sim is None:
@@ -360,6 +470,16 @@ class Simulation:
         self.strategy = strategy
         #: the random strategy's draw, called without its choose() around it (same draws)
         self._below: Any = strategy._below if type(strategy) is Random else None
+        #: its generator's getrandbits, when its draw is random.Random's own _randbelow:
+        #: the lean gate draws inline (the same draws)
+        self._getrandbits: Any = None
+        if self._below is not None and getattr(self._below, "__func__", None) is getattr(
+            random.Random, "_randbelow_with_getrandbits", False
+        ):
+            self._getrandbits = strategy._rng.getrandbits  # type: ignore[attr-defined]
+        self._fifo = type(strategy) is Fifo
+        #: no fault planned and no trail recorded: a point needs no look-up of its target
+        self._plain = not faults and not record
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
         for f in faults:
@@ -446,8 +566,11 @@ class Simulation:
             if inspect.iscoroutine(job):
                 job.close()  # never run: no "never awaited" warning on top of the error
             raise ConfigurationError(problem, argument="name")
-        inner = job.func if isinstance(job, functools.partial) else job
-        if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+        is_coro = type(job) is types.CoroutineType or inspect.iscoroutine(job)
+        inner = job.func if not is_coro and isinstance(job, functools.partial) else job
+        if not is_coro and (
+            inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner)
+        ):
             raise ConfigurationError(
                 "job must be a coroutine, an async function or a function, got the generator "
                 f"function {job!r}: calling it runs none of its code",
@@ -457,8 +580,7 @@ class Simulation:
         task = SimTask(label, proc)
         self.tasks.append(task)
         self._names.add(label)
-        task.finished = self.loop.create_future()
-        if inspect.iscoroutine(job):
+        if is_coro:
             if args or kwargs:
                 job.close()
                 raise ConfigurationError(
@@ -484,10 +606,12 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
-            atask = self.loop.create_task(
-                self._run_async(task, self._drive(task)),  # type: ignore[arg-type]
-                context=ctx,  # type: ignore[call-arg]  # 3.11+
-            )
+            driver = self._run_async(task, self._drive(task))  # type: ignore[arg-type]
+            loop: Any = self.loop
+            if loop._task_factory is None:  # create_task's own steps, without its checks
+                atask = asyncio.Task(driver, loop=loop, context=ctx)  # type: ignore[call-arg]
+            else:
+                atask = loop.create_task(driver, context=ctx)
         else:
             atask = ctx.run(self.loop.create_task, self._run_async(task, coro))
         task.atask = atask
@@ -808,6 +932,23 @@ class Simulation:
         return task
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
+        task = self._stepping
+        if (
+            task is not None
+            and self._plain
+            and not self.stopping
+            and self.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
+        ):
+            # the driven task being stepped, no fault to look up: count the hit, the gate
+            # decides
+            points = self.points = self.points + 1
+            if points > self.max_steps:
+                self._over_budget(
+                    f"the schedule's tasks reached more than max_steps={self.max_steps} points"
+                )
+            hits = self.hits
+            hits[point] = hits.get(point, 0) + 1
+            return _lean_gate(self, task, point)
         if self.stopping:
             task = self.current()
             if task is not None and task.process.crashed:
@@ -889,6 +1030,10 @@ class Simulation:
         chosen = candidates[i]
         self.picks.append(chosen.name)
         return chosen
+
+    def _choose(self, n: int, task: SimTask) -> int:
+        """The strategy's pick among ``task`` (at its point) and the ``n - 1`` parked tasks."""
+        return self.strategy.choose([task, *self.parked], len(self.picks))
 
     def spinning(self) -> NoReturn:
         self._over_budget(
@@ -1477,6 +1622,10 @@ class Simulation:
         loop = self.loop
         current_tasks = _SWAP_DICT
         self._owner = owner
+        #: owner's job ended in this slice and was concluded here (its driver only returns)
+        over = False
+        #: tasks whose jobs ended in this slice: their drivers are told once it returns
+        ended: list[SimTask] = []
         try:
             while True:
                 coro = cur.coro
@@ -1512,17 +1661,21 @@ class Simulation:
                     if yielded is _SWITCH:
                         chosen = self._next
                         if chosen is None:
-                            return _PARKED
+                            return _PARKED if not over else (_DONE, _CONCLUDED)
                         self._next = None
                         cur, value, error = chosen, None, None
                         continue
                     outcome = (_AWAIT, yielded)
                 self._stepping = None
-                if cur is owner:
-                    return outcome
                 if outcome[0] == _AWAIT:
+                    if cur is owner:
+                        return outcome
                     self._signal(cur, outcome)  # its own driver waits for it
-                    return _PARKED
+                    return _PARKED if not over else (_DONE, _CONCLUDED)
+                if cur is owner:
+                    if not self._may_chain(owner):
+                        return outcome
+                    over = True
                 self._stepping = cur  # its end is its own, as in its own asyncio task
                 try:
                     self._conclude(cur, *outcome)
@@ -1530,10 +1683,58 @@ class Simulation:
                     loop.stop()
                 finally:
                     self._stepping = None
-                self._signal(cur, (_DONE, _CONCLUDED))  # its driver only returns
-                return _PARKED
+                if cur is not owner:
+                    ended.append(cur)
+                chosen = self._chain(cur)
+                if chosen is not None:  # the decision the idle loop would make next, now
+                    cur, value, error = chosen, None, None
+                    continue
+                return _PARKED if not over else (_DONE, _CONCLUDED)
         finally:
             self._owner = self._stepping = None
+            for task in ended:
+                self._signal(task, (_DONE, _CONCLUDED))  # its driver only returns
+
+    def _may_chain(self, task: SimTask) -> bool:
+        """Whether, once ``task``'s job ended in a slice, the loop's next step could be a
+        decision (see :meth:`_chain`): then its driver's slice may conclude it and go on."""
+        loop: Any = self.loop
+        return not (
+            self._ready
+            or self.stopping
+            or self.checkers
+            or self.impaired
+            or self.sleeping
+            or self.thread_tasks
+            or self.external
+            or self.statements
+            or self.deferred
+            or loop._stopping
+            or task.atask._callbacks  # type: ignore[union-attr]  # someone awaits it
+            or self.steps >= self.max_steps
+            or loop.vtime > self.max_time
+            or not self.parked
+        )
+
+    def _chain(self, task: SimTask) -> SimTask | None:
+        """``task``'s job ended (and was concluded) in a slice, where its driver would be
+        woken to end its asyncio task and then, with nothing else ready, the idle loop would
+        decide (:meth:`decide`). When that is so (nothing ready, no check, fault, thread or
+        real I/O, nobody awaiting ``task``'s asyncio task, the decision cannot raise), the
+        decision is made now; the driven task it chooses is returned, for the slice to step
+        at once (no loop round for the wake-up nor for the decision). ``None``: the loop
+        goes on as usual."""
+        if not self._may_chain(task) or self.loop._io_pending():
+            return None
+        parked = self.parked
+        chosen = self._pick(list(parked))
+        if not chosen.driven:
+            self._release(chosen)
+            return None
+        parked.remove(chosen)
+        chosen.parked_at = None
+        self.loop.spins = 0  # as after an idle iteration
+        return chosen
 
     async def _run_async(self, task: SimTask, coro: Awaitable[Any]) -> None:
         try:
@@ -1775,6 +1976,24 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     sim = _current
     if sim is None:
         return _PASSED
+    task = sim._stepping
+    if (
+        task is not None and sim._plain and not sim.stopping and sim.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
+    ):  # on_point's lean path, inline: the commonest point of a scenario
+        points = sim.points = sim.points + 1
+        if points > sim.max_steps:
+            sim._over_budget(
+                f"the schedule's tasks reached more than max_steps={sim.max_steps} points"
+            )
+        hits = sim.hits
+        hits[name] = hits.get(name, 0) + 1
+        # the decision now: an awaited point is awaited at once, nothing runs in between
+        chosen = _lean_pick(sim, task)
+        if chosen is None:
+            return sim.loop.passed  # a done future: the cheapest await there is
+        if chosen is _FULL:
+            return _lean_gate(sim, task, name)
+        return _lean_switch(sim, task, name, chosen)
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
 

@@ -395,7 +395,7 @@ class _Runner:
             main = contextvars.copy_context().run(loop.create_task, self._main(sim))
             self._main_task = main
             try:
-                loop.run_until_complete(main)
+                loop.run_task(main)
             except _NotAScenario as exc:
                 raise exc.error from None  # explore's argument, not the scenario's code
             except (KeyboardInterrupt, SystemExit):

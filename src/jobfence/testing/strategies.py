@@ -19,6 +19,7 @@ strategies:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Protocol
@@ -81,10 +82,14 @@ class PCT(Strategy):
 
     def choose(self, candidates: Sequence[_Named], step: int) -> int:
         prio = self._priority
-        for task in candidates:
-            if task.name not in prio:
-                prio[task.name] = 1.0 + self._rng.random()  # above every lowered priority
-        best = max(range(len(candidates)), key=lambda i: prio[candidates[i].name])
+        best = 0
+        top = -math.inf
+        for i, task in enumerate(candidates):  # the first of the highest priority
+            p = prio.get(task.name)
+            if p is None:
+                p = prio[task.name] = 1.0 + self._rng.random()  # above every lowered one
+            if p > top:
+                best, top = i, p
         while self._changes and self._changes[0] <= step:
             self._changes.pop(0)
             self._lowered += 1

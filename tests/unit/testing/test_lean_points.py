@@ -1,0 +1,221 @@
+"""The lean path of a point: a point with no fault, reached by the task being stepped, decides
+inline (no gate object); anything else (a fault planned, a trail recorded, other work ready)
+goes the full way. Both must make the same decisions, and the lean one must keep what
+asyncio's tasks rely on: real futures awaited between points, cancellation and timeouts of a
+task parked at a point, the current task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from jobfence import testing
+from jobfence.testing import Simulation
+
+
+def _tapes(scenario: Any, strategy: str, faults: Any = None) -> list[tuple[str, ...]]:
+    """The picks of schedules 0-24 (every schedule made to fail at its end, so the report
+    lists them all)."""
+
+    async def failing(sim: Simulation) -> None:
+        await scenario(sim)
+        sim.check(False, "the end")
+
+    report = testing.explore(
+        failing,
+        schedules=25,
+        seed=3,
+        strategy=strategy,
+        faults=faults,
+        stop_on_failure=False,
+        shrink=False,
+    )
+    assert len(report.failures) == 25, report
+    return [f.tape.picks for f in report.failures]
+
+
+def _three_tasks(sim_points: int = 12) -> Any:
+    async def job(sim: Simulation, db: Any) -> None:
+        for i in range(sim_points):
+            if i % 3 == 2:
+                await db.read("row")
+            else:
+                await testing.point("p")
+
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("t", {"row": {"n": 0}})
+        for _ in range(3):
+            sim.spawn(job, sim, db)
+        await sim.join()
+
+    return scenario
+
+
+def test_the_lean_path_decides_as_the_full_path_does() -> None:
+    # a fault that is never hit makes every point of the schedule take the full way
+    never = [testing.faults.transient("no.such.point")]
+    for strategy in ("random", "pct", "fifo"):
+        lean = _tapes(_three_tasks(), strategy)
+        full = _tapes(_three_tasks(), strategy, never)
+        assert lean == full, strategy
+        assert any(len(picks) > 10 for picks in lean)  # decisions were made
+
+
+def test_a_task_awaits_real_futures_between_lean_points() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    async def job(sim: Simulation, label: str, box: dict[str, asyncio.Future[str]]) -> None:
+        me = asyncio.current_task()
+        for i in range(6):
+            await testing.point("p")
+            if i == 2:
+                # a future only the loop resolves: the task waits in asyncio, not at a point
+                fut = asyncio.get_running_loop().create_future()
+                box[label] = fut
+                asyncio.get_running_loop().call_later(1.0, fut.set_result, label)
+                seen.append((label, await fut))
+                await asyncio.sleep(0.5)
+            if asyncio.current_task() is not me:
+                seen.append((label, "wrong current task"))
+
+    async def scenario(sim: Simulation) -> None:
+        box: dict[str, asyncio.Future[str]] = {}
+        tasks = [sim.spawn(job, sim, label, box) for label in ("a", "b", "c")]
+        await sim.join()
+        sim.check(all(t.done and t.error is None for t in tasks), "every job ended")
+        sim.check(sim.now() >= 1.5, f"virtual time moved: {sim.now()}")
+
+    report = testing.explore(scenario, schedules=60, seed=5)
+    assert report.ok, report
+    assert seen and all(label == got for label, got in seen), seen[:5]
+    assert len(seen) == 60 * 3
+
+
+def test_cancelling_a_task_parked_at_a_lean_point() -> None:
+    outcomes: list[tuple[str, bool]] = []
+    parked_at: list[str | None] = []
+
+    async def victim(sim: Simulation, db: Any) -> None:
+        for _ in range(100):
+            await testing.point("v")
+            await db.read("row")  # a point of a table: the gate on_point returns
+            await sim.sleep(1)
+
+    async def killer(sim: Simulation, target: list[Any]) -> None:
+        for _ in range(3):
+            await testing.point("k")
+        parked_at.append(target[0].parked_at)
+        target[0].atask.cancel()
+        await testing.point("k")
+
+    async def scenario(sim: Simulation) -> None:
+        target: list[Any] = []
+        v = sim.spawn(victim, sim, sim.table("t", {"row": {"n": 0}}))
+        target.append(v)
+        sim.spawn(killer, sim, target)
+        await sim.join()
+        outcomes.append((type(v.error).__name__, v in sim.parked))
+
+    report = testing.explore(scenario, schedules=40, seed=2)
+    assert report.ok, report
+    assert outcomes == [("CancelledError", False)] * 40
+    # cancelled where it waited at one of its points, often, at both kinds
+    assert parked_at.count("v") >= 3 and parked_at.count("db.read") >= 3, parked_at
+
+
+def test_a_timeout_ends_a_task_looping_over_lean_points() -> None:
+    ends: list[str] = []
+
+    async def looper(sim: Simulation) -> None:
+        try:
+            async with asyncio.timeout(5):
+                while True:
+                    await testing.point("loop")
+                    await sim.sleep(1)
+        except TimeoutError:
+            ends.append(f"timeout at {sim.now():g}")
+
+    async def other(sim: Simulation) -> None:
+        for _ in range(20):
+            await testing.point("other")
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(looper, sim)
+        sim.spawn(other, sim)
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=30, seed=4)
+    assert report.ok, report
+    assert ends == ["timeout at 5"] * 30
+
+
+def _uneven(sim_points: tuple[int, ...] = (3, 9, 6, 12)) -> Any:
+    """Tasks of different lengths: they end at different moments, most of them while
+    another task's driver steps them."""
+
+    async def job(n: int) -> None:
+        for _ in range(n):
+            await testing.point("p")
+
+    async def scenario(sim: Simulation) -> None:
+        for n in sim_points:
+            sim.spawn(job, n)
+        await sim.join()
+
+    return scenario
+
+
+def _uneven_tapes(strategy: str, checks: list[Any]) -> list[tuple[str, ...]]:
+    async def failing(sim: Simulation) -> None:
+        await _uneven()(sim)
+        sim.check(False, "the end")
+
+    report = testing.explore(
+        failing,
+        schedules=25,
+        seed=7,
+        strategy=strategy,
+        checks=checks,
+        stop_on_failure=False,
+        shrink=False,
+    )
+    assert len(report.failures) == 25, report
+    return [f.tape.picks for f in report.failures]
+
+
+def test_the_decision_after_a_job_ends_is_the_one_the_idle_loop_makes() -> None:
+    # a checker (one that never fails) makes every decision after a job's end wait for the
+    # idle loop, as before; without it the step that ended the job decides at once
+    for strategy in ("random", "pct", "fifo"):
+        at_once = _uneven_tapes(strategy, [])
+        by_loop = _uneven_tapes(strategy, [testing.single_holder()])
+        assert at_once == by_loop, strategy
+        assert any(len(picks) > 15 for picks in at_once)
+
+
+def test_every_task_is_done_in_asyncio_after_join_and_awaiting_one_works() -> None:
+    seen: list[Any] = []
+
+    async def job(n: int) -> int:
+        for _ in range(n):
+            await testing.point("p")
+        return n
+
+    async def waiter(sim: Simulation, other: Any) -> None:
+        await testing.point("w")
+        seen.append(("awaited", await other.atask))  # its asyncio task, awaited directly
+
+    async def scenario(sim: Simulation) -> None:
+        tasks = [sim.spawn(job, n) for n in (2, 5, 4)]
+        sim.spawn(waiter, sim, tasks[1])
+        results = await sim.join()
+        await asyncio.sleep(0)  # the drivers of jobs that ended last finish their tasks
+        seen.append(("results", results[:3]))
+        seen.append(("done", all(t.atask.done() for t in sim.tasks)))
+
+    report = testing.explore(scenario, schedules=30, seed=9)
+    assert report.ok, report
+    assert seen.count(("results", [2, 5, 4])) == 30
+    assert seen.count(("done", True)) == 30
+    assert seen.count(("awaited", None)) == 30  # the driver's asyncio task ends with None
