@@ -288,9 +288,10 @@ WHY_NOT = (
 
 
 WHY_NOT_FRAMEWORKS = (
-    "the guard is five Redis round trips per task (lease, claim, lease check + completion, "
-    "release) and the anchor's task body is a no-op: at one task at a time every round trip "
-    f"adds to the task's time ({PERF}#guarded-tasks-on-their-frameworks)"
+    "the guard is four Redis round trips per task (lease, claim, lease check + completion in "
+    "one script, release) against the alternatives' two (no lease), and the task's body is a "
+    "no-op: at one task at a time every round trip adds to the task's time; the profile is "
+    f"those round trips, not Python ({PERF}#guarded-tasks-on-their-frameworks)"
 )
 
 
