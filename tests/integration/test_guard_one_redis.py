@@ -272,11 +272,13 @@ def test_same_database_compares_server_and_database() -> None:
     b = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=3)
     other_db = redis.Redis.from_url("redis://127.0.0.1:6379/1")
     other_port = redis.Redis.from_url("redis://127.0.0.1:6380/0")
+    other_user = redis.Redis.from_url("redis://inbox:secret@127.0.0.1:6379/0")
     unix = redis.Redis(unix_socket_path="/tmp/redis.sock")
     asyncio_client = redis.asyncio.Redis.from_url("redis://127.0.0.1:6379/0")
     assert _same_database(a, b)
     assert _same_database(a, asyncio_client)
     assert not _same_database(a, other_db)
     assert not _same_database(a, other_port)
+    assert not _same_database(a, other_user)  # an ACL may keep it from the lock's keys
     assert not _same_database(a, unix)
     assert _same_database(unix, redis.Redis(unix_socket_path="/tmp/redis.sock"))

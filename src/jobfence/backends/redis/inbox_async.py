@@ -112,8 +112,9 @@ def _claim_record(reply: Any, owner: str, fingerprint: str | None) -> ClaimRecor
 
 
 def _server(client: Any) -> tuple[Any, ...] | None:
-    """Where a plain redis-py client (sync or asyncio) connects: (host, port, database) or
-    (unix socket path, database); ``None`` when it does not tell (e.g. a Sentinel pool,
+    """Where a plain redis-py client (sync or asyncio) connects, and as whom: (host, port,
+    database, user) or (unix socket path, database, user) -- the user too, since an ACL may
+    let another user read other keys; ``None`` when it does not tell (e.g. a Sentinel pool,
     which finds the primary as it connects)."""
     if type(getattr(client, "connection_pool", None)).__name__.startswith("Sentinel"):
         return None
@@ -121,16 +122,18 @@ def _server(client: Any) -> tuple[Any, ...] | None:
     if not isinstance(kwargs, dict):
         return None
     db = int(kwargs.get("db") or 0)
+    user = kwargs.get("username")
     if kwargs.get("path"):
-        return ("unix", kwargs["path"], db)
+        return ("unix", kwargs["path"], db, user)
     if kwargs.get("host") is None:
         return None
-    return (str(kwargs["host"]).lower(), int(kwargs.get("port") or 6379), db)
+    return (str(kwargs["host"]).lower(), int(kwargs.get("port") or 6379), db, user)
 
 
 def _same_database(a: Any, b: Any) -> bool:
-    """Do the clients ``a`` and ``b`` reach the same database of the same server (as far as
-    their connection settings tell: the same host name, port and database number)?"""
+    """Do the clients ``a`` and ``b`` reach the same database of the same server as the same
+    user (as far as their connection settings tell: the same host name, port, database
+    number and user name)?"""
     where = _server(a)
     return where is not None and where == _server(b)
 
