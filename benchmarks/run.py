@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits, scheduler, idempotency, outbox, peers;
+replicas, etcd, limits, scheduler, idempotency, outbox, frameworks, peers;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the scripts, a
 
 import _harness as h
 import bench_etcd_locks
+import bench_frameworks
 import bench_guarded
 import bench_idempotency
 import bench_inbox
@@ -69,6 +70,7 @@ SECTIONS = (
     "scheduler",
     "idempotency",
     "outbox",
+    "frameworks",
     "peers",
 )
 
@@ -89,6 +91,7 @@ class Sizes:
     outbox_rows: int
     outbox_latency_rows: int
     relay_rounds: int
+    framework_tasks: int
     peer_tasks: int
 
     def ops_line(self) -> str:
@@ -100,12 +103,13 @@ class Sizes:
             f"messages per case, {self.worker_rounds} rounds; {self.leases} live leases; "
             f"outbox: {self.inbox_ops} transactions per add case, relays: "
             f"{self.relay_rounds} rounds of {self.outbox_latency_rows} rows for latency and "
-            f"{self.outbox_rows} rows drained"
+            f"{self.outbox_rows} rows drained; frameworks: {self.framework_tasks} tasks drained "
+            "per variant and round"
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 2000)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 100)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 300, 2000)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 20, 100)
 
 
 @dataclass
@@ -288,11 +292,21 @@ WHY_NOT = (
 )
 
 
+WHY_NOT_FRAMEWORKS = (
+    "the guard is four Redis round trips per task (lease, claim, lease check + completion in "
+    "one script, release) against the alternatives' two (no lease), and the task's body is a "
+    "no-op: at one task at a time every round trip adds to the task's time; the profile is "
+    f"those round trips, not Python ({PERF}#guarded-tasks-on-their-frameworks)"
+)
+
+
 def why_not(text: str) -> str:
     """The reason :data:`WHY_NOT` gives for the target ``text``."""
     for part, reason in WHY_NOT:
         if part in text:
             return reason
+    if "jobfence guard" in text:
+        return WHY_NOT_FRAMEWORKS
     return f"see {PERF}"
 
 
@@ -1005,9 +1019,55 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
         )
 
 
-# -- 14. workers side by side ---------------------------------------------------------------------
+# -- 14. guarded tasks on their frameworks ---------------------------------------------------------
+def section_frameworks(rep: Report, sz: Sizes) -> None:
+    rep.add("## 14. A guarded task on its framework's worker", "")
+    rep.add(
+        f"{sz.framework_tasks} no-op tasks enqueued on a fresh queue of the same Redis, then "
+        "drained by the framework's own worker in this process (Celery `solo` pool, RQ "
+        "`SimpleWorker`, one Dramatiq worker thread, arq `max_jobs=1`: concurrency 1 for "
+        "every variant); µs per task from the first task's start to the last one's end. "
+        "(b) is the framework integration as its how-to page sets it up (`locks` and `inbox` "
+        'on Redis, `lock="item:{n}"`, the framework\'s job id as the key); (c) celery-once '
+        "takes its lock when the task is enqueued (untimed) and deletes it after the run; (d) "
+        "Powertools' `idempotent_function` on its Redis layer wraps the task's body. The table "
+        "has no p99: a figure is one round's time per task, and the p99 column is the "
+        "slowest round. Targets: the guard ≤ 1.15x the unguarded task, and ahead of each "
+        "alternative."
+    )
+    rows: list[tuple[str, ...]] = []
+    verdicts = []
+    for name in bench_frameworks.MEASURES:
+        m = bench_frameworks.MEASURES[name](sz.framework_tasks, sz.rounds)
+        names = {case: f"{m.framework}: {case}" for case in m.timings}
+        anchors = {case: bench_frameworks.UNGUARDED for case in m.timings}
+        anchors[bench_frameworks.UNGUARDED] = ""
+        rows.extend(_stats_rows(m.timings, anchors, names))
+        verdicts.append(m)
+    rep.table(US_HEADER, rows)
+    for m in verdicts:
+        _ratio_target(
+            rep,
+            f"{m.framework}: jobfence guard ≤ 1.15x the unguarded task",
+            m.timings,
+            bench_frameworks.JOBFENCE,
+            bench_frameworks.UNGUARDED,
+            1.15,
+        )
+        for alt in (bench_frameworks.CELERY_ONCE, bench_frameworks.POWERTOOLS):
+            if alt in m.timings:
+                _faster_target(
+                    rep,
+                    f"{m.framework}: jobfence guard faster than {alt[4:]}",
+                    m.timings,
+                    bench_frameworks.JOBFENCE,
+                    alt,
+                )
+
+
+# -- 15. workers side by side ---------------------------------------------------------------------
 def section_peers(rep: Report, sz: Sizes) -> None:
-    rep.add("## 14. Workers side by side: each system's own worker", "")
+    rep.add("## 15. Workers side by side: each system's own worker", "")
     rep.add(
         f"Each system's worker process (its own command line) drains {sz.peer_tasks} tasks "
         "published before it starts; every task runs the same body (an `INCR` on Redis, the "
@@ -1065,6 +1125,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "scheduler": section_scheduler,
     "idempotency": section_idempotency,
     "outbox": section_outbox,
+    "frameworks": section_frameworks,
     "peers": section_peers,
 }
 
@@ -1144,6 +1205,10 @@ LIBRARIES = (
     ("pottery (anchor)", "pottery"),
     ("aws-lambda-powertools (anchor)", "aws-lambda-powertools"),
     ("celery (anchor)", "celery"),
+    ("celery-once (anchor)", "celery-once"),
+    ("RQ", "rq"),
+    ("Dramatiq", "dramatiq"),
+    ("arq", "arq"),
     ("celery-redbeat (anchor)", "celery-redbeat"),
     ("APScheduler (anchor)", "apscheduler"),
     ("FastAPI", "fastapi"),

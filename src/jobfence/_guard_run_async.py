@@ -17,11 +17,13 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
   function (raising :class:`ClaimLost`), and its result is stored only by an owner-checked
   ``complete``;
 * a lost lease releases the claim -- never completes it -- and raises :class:`LockLost`.
-  With both a lock and an inbox, the lease is confirmed on the backend (an owner-checked
-  ``extend``, one round trip) right before the claim is completed, so a lease that is gone on
-  the server but not yet noticed locally cannot let a result be stored; a release that then
-  finds the lease gone (it expired during the completion itself) is logged, not raised: the
-  result is stored and is what a redelivery replays.
+  With both a lock and an inbox, the lease is confirmed on the backend right before the
+  claim is completed -- an owner-checked ``extend``, one round trip; or, when both are on the
+  same Redis, in the completion's own script, which stores nothing unless the lease is still
+  this holder's -- so a lease that is gone on the server but not yet noticed locally cannot
+  let a result be stored; a release that then finds the lease gone (it expired during the
+  completion itself) is logged, not raised: the result is stored and is what a redelivery
+  replays.
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ async def _release_claim(claim: Any) -> None:
         log.warning("releasing the claim on %r failed: %s", claim.key, err)
 
 
-async def _complete(claim: Any, result: Any) -> None:
-    """Store the result. The function has run, so a failure here must not let a redelivery
-    run it again: a transient failure (the backend did not answer) is retried, up to
+async def _complete(claim: Any, result: Any, held: tuple[str, str] | None = None) -> bool:
+    """Store the result (``held``: only while that lease is held, checked in the same
+    script; False if it was not, and then nothing was stored and the claim is still ours).
+    The function has run, so a failure here must not let a redelivery run it again: a
+    transient failure (the backend did not answer) is retried, up to
     ``COMPLETE_ATTEMPTS`` times while the claim is held; if the result still cannot be
     stored, or a retry finds the claim no longer in progress (the first attempt may have
     stored it before its answer was lost), the claim is kept, not released: a redelivery
@@ -76,8 +80,10 @@ async def _complete(claim: Any, result: Any) -> None:
     while True:
         attempt += 1
         try:
-            await claim.complete(result)
-            return
+            if held is None:
+                await claim.complete(result)
+                return True
+            return bool(await claim._complete_if_held(result, *held))
         except ClaimLost:
             raise  # taken over, or stored by an attempt whose answer was lost: keep it
         except BackendError as err:
@@ -111,6 +117,13 @@ async def _confirm(lease: Any) -> None:
     except JobfenceError as err:
         log.warning("could not confirm the lease on %r before completing: %s", lease.name, err)
         lease.check()
+
+
+def _lease_gone(spec: GuardSpec, lease: Any) -> None:
+    """The completion's own lease check found the lease gone or another holder's: marked
+    lost here, as a refused ``extend`` marks it (no longer renewed, ``on_lost`` run)."""
+    spec.locks.stop_renewing(lease)
+    lease.mark_lost("the lease was found gone or held by another owner before completing")
 
 
 async def run_guarded_async(
@@ -251,17 +264,24 @@ async def _run_locked_async(
             finally:
                 current_claim_var.reset(claim_token)
                 current_lease_var.reset(token)
+            held = None
             if lease is not None and (lease.lost or claim is not None):
                 try:
                     lease.check()  # raises LockLost
                     if claim is not None:
-                        await _confirm(lease)
+                        held = spec.held_check(lease)
+                        if held is None:
+                            await _confirm(lease)
                 except BaseException:  # LockLost, a cancellation: let a redelivery in
                     if claim is not None:
                         await _release_claim(claim)
                     raise
             if claim is not None:
-                await _complete(claim, result)
+                if not await _complete(claim, result, held) and lease is not None:
+                    # the lease was gone on the server: nothing stored, let a redelivery in
+                    _lease_gone(spec, lease)
+                    await _release_claim(claim)
+                    lease.check()  # raises LockLost
                 completed = True
             return result
     except LockLost as lost:

@@ -116,6 +116,21 @@ def _check_template(template: NameSpec, argument: str, signature: inspect.Signat
             )
 
 
+def _same_redis(locks: Any, inbox: Any) -> bool:
+    """Are ``locks`` and ``inbox`` a Redis lock backend and a Redis inbox on the same
+    database of the same server, where a lease key may be read by the inbox's scripts?"""
+    lock_backend = getattr(locks, "backend", None)
+    shares = getattr(getattr(inbox, "backend", None), "shares_server", None)
+    if shares is None or getattr(lock_backend, "kind", None) != "redis":
+        return False
+    if getattr(lock_backend, "replica_wait", None) is not None:
+        return False
+    client = getattr(lock_backend, "_client", None)
+    if client is None or not callable(getattr(lock_backend, "lock_key", None)):
+        return False
+    return bool(shares(client))
+
+
 @dataclass
 class GuardSpec:
     signature: inspect.Signature
@@ -130,6 +145,21 @@ class GuardSpec:
     if_locked: str
     skipped_result: Any = None
     limit: LimitSpec = None
+    #: whether the lease can be checked inside the completion's own script (see
+    #: :meth:`held_check`); found on first use
+    _same_redis: bool | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def held_check(self, lease: Any) -> tuple[str, str] | None:
+        """``(lease key, lease owner)`` when the inbox can check ``lease`` in the script that
+        completes the claim (both on the same database of the same Redis, no cluster, no
+        replica ``WAIT``: ``RedisInboxBackend.shares_server``), so the guarded call's lease
+        check and its completion are one round trip; ``None``: the lease is confirmed by an
+        owner-checked ``extend`` of its own first."""
+        if self._same_redis is None:
+            self._same_redis = _same_redis(self.locks, self.inbox)
+        if not self._same_redis:
+            return None
+        return self.locks.backend.lock_key(lease.backend_name), lease.owner
 
     def __post_init__(self) -> None:
         if self.locks is None and self.inbox is None:

@@ -391,6 +391,16 @@ class Claim:
         (``argument="result"``) before anything is sent: the claim stays owned, and
         ``complete`` may be called again with a result that can be stored.
         """
+        self._complete(result, None)
+
+    def _complete_if_held(self, result: Any, lease_key: str, lease_owner: str) -> bool:
+        """Internal (used by :func:`jobfence.guarded`): :meth:`complete`, only while the
+        lease at ``lease_key`` on the inbox's own Redis is ``lease_owner``'s, checked in the
+        same script (``RedisInboxBackend.complete_held``). False: the lease is not held,
+        nothing was stored, and the claim is still ours (renewed, to be released)."""
+        return self._complete(result, (lease_key, lease_owner))
+
+    def _complete(self, result: Any, held: tuple[str, str] | None) -> bool:
         if self._mine is None:
             raise InboxError(
                 f"the claim on {self.key!r} is {self.state.name}, not NEW: only the worker "
@@ -409,7 +419,13 @@ class Claim:
         data = _serialize(inbox.serializer, result)
         self._start_finishing()
         try:
-            ok = inbox.complete_claim(self.key, self._mine, data)
+            if held is None:
+                ok = inbox.complete_claim(self.key, self._mine, data)
+            else:
+                answer = inbox.complete_claim_held(self.key, self._mine, data, *held)
+                if answer < 0:  # the lease is gone: nothing written, the claim still ours
+                    return False
+                ok = answer > 0
             self._finished = "completed" if ok else "lost"
         finally:
             self._finishing = False
@@ -423,6 +439,7 @@ class Claim:
         self.state = ClaimState.COMPLETED
         self._result = result
         self.owner = None
+        return True
 
     def release(self) -> bool:
         """Give the key back so that a redelivery can retry it (its ``attempt`` + 1).
@@ -583,6 +600,27 @@ class Inbox:
         """Internal (used by its claims): complete the claim on ``key`` of ``owner`` with the
         serialised ``result``, through the I/O hook (``inbox.complete``)."""
         return self.call_hooked("inbox.complete", key, self._send_complete, key, owner, result)
+
+    def complete_claim_held(
+        self, key: str, owner: str, result: bytes, lease_key: str, lease_owner: str
+    ) -> int:
+        """Internal (used by its claims): :meth:`complete_claim` while the lease at
+        ``lease_key`` is ``lease_owner``'s, one script on a Redis inbox (through the same
+        I/O hook, ``inbox.complete``): 1 stored, 0 the claim is not ours, -1 the lease is
+        not held."""
+        backend: Any = self.backend  # a Redis inbox's (see RedisInboxBackend.shares_server)
+        answer = self.call_hooked(
+            "inbox.complete",
+            key,
+            backend.complete_held,
+            key,
+            owner,
+            result,
+            self.retention,
+            lease_key,
+            lease_owner,
+        )
+        return int(answer)
 
     def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
         """The backend's complete, kept for the inbox's ``retention`` (async: in the group

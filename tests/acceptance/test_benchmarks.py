@@ -70,6 +70,10 @@ def test_bench_testing_quick_prints_every_row_and_finds_both_bugs() -> None:
 
 RUN = ROOT / "benchmarks" / "run.py"
 
+UNGUARDED = "(a) unguarded"
+JOBFENCE = "(b) jobfence guard"
+POWERTOOLS = "(d) Powertools idempotent_function (Redis)"
+
 # every row run.py promises, by section heading: (first cell, anchor cell)
 SECTION_ROWS = {
     "## 1. Redis: uncontended acquire+release": [
@@ -152,6 +156,16 @@ SECTION_ROWS = {
         "(b) hand-written, replay of a stored response",
         "(c) jobfence Redis, replay of a stored response",
     ],
+    "## 14. A guarded task on its framework's worker": [
+        f"{framework}: {case}"
+        for framework, cases in (
+            ("Celery", (UNGUARDED, JOBFENCE, "(c) celery-once QueueOnce", POWERTOOLS)),
+            ("RQ", (UNGUARDED, JOBFENCE, POWERTOOLS)),
+            ("Dramatiq", (UNGUARDED, JOBFENCE, POWERTOOLS)),
+            ("arq", (UNGUARDED, JOBFENCE, POWERTOOLS)),
+        )
+        for case in cases
+    ],
     "## 13. Transactional outbox": [
         *(
             f"{db}: {case}"
@@ -182,7 +196,7 @@ SECTION_ROWS = {
             for case in ("hand-written relay loop", "jobfence Relay (defaults)")
         ),
     ],
-    "## 14. Workers side by side": [
+    "## 15. Workers side by side": [
         "redis: jobfence worker, `def` (8, default)",
         "redis: jobfence worker, `async def` (8, default)",
         "redis: Dramatiq 1 process x 8 threads",
@@ -191,6 +205,17 @@ SECTION_ROWS = {
 
 # one verdict line per target, by the words that start it (2 processes in --quick), by section
 TARGETS: dict[str, list[str]] = {
+    "frameworks": [
+        *(
+            f"{framework}: jobfence guard ≤ 1.15x the unguarded task"
+            for framework in ("Celery", "RQ", "Dramatiq", "arq")
+        ),
+        "Celery: jobfence guard faster than celery-once QueueOnce",
+        *(
+            f"{framework}: jobfence guard faster than Powertools"
+            for framework in ("Celery", "RQ", "Dramatiq", "arq")
+        ),
+    ],
     "limits": [
         "a limit of 3 on Redis ≤ 1.2x its floor",
         "a limit of 3 on PostgreSQL ≤ 1.2x its floor",
@@ -280,7 +305,8 @@ HEADING_SECTION = {
     11: "scheduler",
     12: "idempotency",
     13: "outbox",
-    14: "peers",
+    14: "frameworks",
+    15: "peers",
 }
 
 # run.py's sections in two halves of about the same time, run side by side (each is one
@@ -295,8 +321,8 @@ HALVES = {
         "scheduler",
         "idempotency",
         "outbox",
-        "peers",
     ),
+    "frameworks-peers": ("frameworks", "peers"),
 }
 
 

@@ -113,6 +113,33 @@ def _claim_record(reply: Any, owner: str, fingerprint: str | None) -> ClaimRecor
     )
 
 
+def _server(client: Any) -> tuple[Any, ...] | None:
+    """Where a plain redis-py client (sync or asyncio) connects, and as whom: (host, port,
+    database, user) or (unix socket path, database, user) -- the user too, since an ACL may
+    let another user read other keys; ``None`` when it does not tell (e.g. a Sentinel pool,
+    which finds the primary as it connects)."""
+    if type(getattr(client, "connection_pool", None)).__name__.startswith("Sentinel"):
+        return None
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    db = int(kwargs.get("db") or 0)
+    user = kwargs.get("username")
+    if kwargs.get("path"):
+        return ("unix", kwargs["path"], db, user)
+    if kwargs.get("host") is None:
+        return None
+    return (str(kwargs["host"]).lower(), int(kwargs.get("port") or 6379), db, user)
+
+
+def _same_database(a: Any, b: Any) -> bool:
+    """Do the clients ``a`` and ``b`` reach the same database of the same server as the same
+    user (as far as their connection settings tell: the same host name, port, database
+    number and user name)?"""
+    where = _server(a)
+    return where is not None and where == _server(b)
+
+
 class RedisInboxBackend(InboxBackend):
     kind = "redis"
     capabilities = InboxCapabilities(cross_process=True, transactional=False, native_expiry=True)
@@ -139,6 +166,7 @@ class RedisInboxBackend(InboxBackend):
             _script("inbox_release"),
             _script("inbox_extend"),
             _script("inbox_info"),
+            _script("inbox_complete_held"),
         ]
         #: whether the client is ours to close (False: the caller passed it in)
         self._owned = client is None
@@ -156,6 +184,7 @@ class RedisInboxBackend(InboxBackend):
         self._release = LuaScript(self.client, scripts[2])
         self._extend = LuaScript(self.client, scripts[3])
         self._info = LuaScript(self.client, scripts[4])
+        self._complete_held = LuaScript(self.client, scripts[5])
 
     batches = True
 
@@ -256,6 +285,30 @@ class RedisInboxBackend(InboxBackend):
                 )
             return [bool(ok) for ok in replies]
         return [bool(ok) for ok in self._complete(keys, args)]
+
+    def shares_server(self, client: Any) -> bool:
+        """Does ``client`` (a lock backend's redis-py client) reach the same database of the
+        same server as this inbox, with nothing between a write and its acknowledgement that
+        this inbox's own scripts would not do (no cluster, no replica ``WAIT``)? Then
+        :meth:`complete_held` can check a lease of that client in the completion itself."""
+        if self._cluster or self.replica_wait is not None or is_cluster(client):
+            return False
+        return _same_database(self.client, client)
+
+    def complete_held(
+        self,
+        key: str,
+        owner: str,
+        result: bytes,
+        retention: float,
+        lease_key: str,
+        lease_owner: str,
+    ) -> int:
+        """:meth:`complete`, only while the lease stored at ``lease_key`` (a lock backend's
+        key on this server: see :meth:`shares_server`) is ``lease_owner``'s, in one script:
+        1 stored, 0 the claim is not ``owner``'s, -1 the lease is not held (nothing written)."""
+        args = (max(1, int(retention * 1000)), owner, result, lease_owner)
+        return int(self._complete_held((self._key(key), lease_key), args))
 
     def release(self, key: str, owner: str) -> bool:
         return bool(self._release((self._key(key),), (owner,)))
