@@ -615,6 +615,36 @@ def test_a_renewed_lease_dropped_without_release_is_given_back_with_a_warning() 
         assert taken[-1].release()
 
 
+async def test_an_async_lease_dropped_without_release_is_given_back_without_a_tick() -> None:
+    """The renewer holds another lease, so it sleeps until that one is due; the clock stands
+    still, so no tick ever comes: the collection itself wakes the renewer to give the
+    dropped lease back, and another client's waiting acquire gets it."""
+    url = _url()
+    with ManualClock() as clock:
+        locks, other = jobfence.AsyncLocks(url), jobfence.AsyncLocks(url)
+        try:
+            kept = await locks.try_acquire("kept", ttl=30)
+            assert kept is not None
+            # the renewer looked at it and sleeps until it is due (10 s away)
+            assert await clock.wait_for_waiters_async(1)
+
+            async def take_and_forget() -> None:
+                lease = await locks.try_acquire("x", ttl=30)
+                assert lease is not None  # an early return: never released
+
+            with pytest.warns(ResourceWarning, match="without release"):
+                await take_and_forget()
+                gc.collect()
+            # a guard in real seconds: without the wake-up it would wait for ever
+            taken = await asyncio.wait_for(other.acquire("x", ttl=30), 10)
+            assert clock.monotonic() == 0.0  # no time passed: no tick gave it back
+            assert len(locks._renewer) == 1 and kept.held
+            assert await taken.release() and await kept.release()
+        finally:
+            await locks.close()
+            await other.close()
+
+
 def test_a_lease_taken_without_renewal_may_be_dropped_it_ends_with_its_ttl() -> None:
     url = _url()
     with jobfence.Locks(url) as locks, jobfence.Locks(url) as other:
