@@ -324,6 +324,11 @@ class AsyncLease:
         backend = self._locks.backend
         if ASYNC:
             task = self._releasing
+            call = backend.release
+            if task is None and getattr(call, "answers_at_once", False):
+                # a backend call that never waits (memory://): no cancellation can cut it
+                # off, so it needs no task of its own
+                return await call(self.backend_name, self.owner)
             waiting: Awaitable[bool]
             if task is None:
                 # The caller waits on a future of its own that the task answers: one hop from

@@ -676,6 +676,27 @@ class _SlowReleaseAsyncBackend(AsyncMemoryLockBackend):
         return await super().release(name, owner)
 
 
+def test_only_a_release_that_never_waits_is_marked_so_not_an_override() -> None:
+    """memory://'s release answers without waiting: a lease awaits it without a task of its
+    own. A subclass overriding it (and maybe waiting) does not inherit the mark, so its
+    release runs in a task a cancelled caller cannot cut off (the test below)."""
+    assert getattr(AsyncMemoryLockBackend(parse_url(_url())).release, "answers_at_once", False)
+    assert not getattr(_SlowReleaseAsyncBackend(_url()).release, "answers_at_once", False)
+
+
+async def test_an_async_release_on_memory_runs_in_the_callers_task() -> None:
+    locks = jobfence.AsyncLocks(_url())
+    try:
+        lease = await locks.try_acquire("x", ttl=30)
+        assert lease is not None
+        tasks = len(asyncio.all_tasks())
+        assert await lease.release() is True
+        assert len(asyncio.all_tasks()) == tasks and not locks._cleanups
+        assert await lease.release() is False
+    finally:
+        await locks.close()
+
+
 async def test_an_async_release_cancelled_in_flight_finishes_and_a_retry_answers_true() -> None:
     backend = _SlowReleaseAsyncBackend(_url())
     locks = jobfence.AsyncLocks(backend)

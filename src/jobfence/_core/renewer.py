@@ -185,18 +185,19 @@ class Renewer:
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
         entry = _Tracked(lease, self._on_collected)
-        lease.state.on_sooner = self._sooner
+        state = lease.state
+        state.on_sooner = self._sooner
         with self._mutex:
             self._leases[entry.key] = entry
-            start = not compat.worker_alive(self._worker)
-            if start:
-                self._worker = compat.spawn(self._run, self._name)
-            elif lease.state.next_check < self._wake_at:
-                self._wake.set()
+            if compat.worker_alive(self._worker):
+                if state.next_check < self._wake_at:
+                    self._wake.set()
+                return
+            self._worker = compat.spawn(self._run, self._name)
 
     def _sooner(self, next_check: float) -> None:
         """A lease's next check came forward (its holder's extend): wake for it if the
-        renewer sleeps past it."""
+        renewer sleeps past it (or start it then, if it has not started yet)."""
         if next_check < self._wake_at:
             self._wake.set()
 

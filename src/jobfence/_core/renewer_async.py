@@ -71,6 +71,7 @@ from .renewable import Renewable
 
 if ASYNC:
     import asyncio
+    import contextvars
 
 __all__ = ["AsyncRenewer"]
 
@@ -183,22 +184,37 @@ class AsyncRenewer:
         self._unbounded = False
         #: the worker is in its wait between two ticks (nothing in hand)
         self._sleeping = False
+        if ASYNC:
+            # on the simulator's clock the worker starts only when the first lease is due:
+            # the loop's timer that starts it, and the context it starts in
+            self._start_timer: asyncio.TimerHandle | None = None
+            self._start_context: contextvars.Context | None = None
+            self._start_loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
         entry = _Tracked(lease, self._on_collected)
-        lease.state.on_sooner = self._sooner
+        state = lease.state
+        state.on_sooner = self._sooner
         with self._mutex:
             self._leases[entry.key] = entry
-            start = not acompat.worker_alive(self._worker)
-            if start:
-                self._worker = acompat.spawn(self._run, self._name)
-            elif lease.state.next_check < self._wake_at:
-                self._wake.set()
+            if acompat.worker_alive(self._worker):
+                if state.next_check < self._wake_at:
+                    self._wake.set()
+                return
+            if ASYNC:
+                if self._start_later(state.next_check):
+                    return
+            self._worker = acompat.spawn(self._run, self._name)
 
     def _sooner(self, next_check: float) -> None:
         """A lease's next check came forward (its holder's extend): wake for it if the
-        renewer sleeps past it."""
+        renewer sleeps past it (or start it then, if it has not started yet)."""
+        if ASYNC:
+            if self._start_timer is not None:
+                with self._mutex:
+                    self._start_later(next_check)
+                return
         if next_check < self._wake_at:
             self._wake.set()
 
@@ -211,6 +227,10 @@ class AsyncRenewer:
                 del self._leases[entry.key]
                 entry.active = False
                 idle = not self._leases
+                if ASYNC:
+                    if idle and self._start_timer is not None and not self._collected:
+                        self._start_timer.cancel()  # not started, and now nothing to start for
+                        self._start_timer = None
         if entry is not None and self._unbounded and idle and self._wake_at != _UNTIL_WOKEN:
             # nothing is left to look at: wake the renewer so that it waits until woken,
             # not until this lease would have been due (a timer, and a tick for nothing)
@@ -246,6 +266,10 @@ class AsyncRenewer:
         returned for the client to give back."""
         self._closed = True
         self._wake.set()
+        if ASYNC:
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+                self._start_timer = None
         if not (self._unbounded and self._sleeping):
             await acompat.join(self._worker, timeout)
         # (a worker asleep on the simulator's clock has nothing in hand: woken, it ends at its
@@ -354,26 +378,65 @@ class AsyncRenewer:
 
     if ASYNC:
 
+        def _start_later(self, at: float) -> bool:
+            """On the simulator's clock (``idle_unbounded``), with the mutex held: start the
+            worker at ``at`` (when the first lease is due), not now, by a timer of the loop --
+            a lease released before its first renewal then costs no worker at all. An earlier
+            ``at`` moves the timer forward. Returns False on any other clock: start it now."""
+            if not getattr(get_clock(), "idle_unbounded", False):
+                return False
+            self._unbounded = True
+            timer = self._start_timer
+            if timer is not None:
+                if timer.when() <= at:
+                    return True
+                timer.cancel()
+            if self._start_context is None:
+                # the worker starts in the context of the task that first needed it, as a
+                # worker spawned at once would (the simulator reads its process from it)
+                self._start_context = contextvars.copy_context()
+            loop = self._start_loop = asyncio.get_running_loop()
+            self._start_timer = loop.call_at(
+                max(at, loop.time()), self._start_now, context=self._start_context
+            )
+            return True
+
+        def _start_now(self) -> None:
+            """The start timer fired (or a collected lease hurries it): start the worker."""
+            with self._mutex:
+                timer, self._start_timer = self._start_timer, None
+                if timer is not None:
+                    timer.cancel()
+                if self._closed or acompat.worker_alive(self._worker):
+                    return
+                self._worker = acompat.spawn(self._run, self._name)
+
         def _wake_from_callback(self) -> None:
-            """Wake the worker to give back a collected lease. A weak reference's callback
-            runs in whichever thread dropped the lease, at any allocation, maybe inside the
-            event's own code: the event is set by a callback of the worker's loop, never in
-            place. (The sync ``Renewer``'s thread finds collected leases at its next tick,
-            at most ``IDLE_WAIT`` later: a ``threading.Event`` cannot be set without a lock
-            that the interrupted code may hold.)"""
+            """Wake the worker to give back a collected lease (start it, if it was to start
+            later). A weak reference's callback runs in whichever thread dropped the lease,
+            at any allocation, maybe inside the event's own code: the event is set by a
+            callback of the worker's loop, never in place. (The sync ``Renewer``'s thread
+            finds collected leases at its next tick, at most ``IDLE_WAIT`` later: a
+            ``threading.Event`` cannot be set without a lock that the interrupted code may
+            hold.)"""
             worker = self._worker
-            if worker is None or worker.done():
-                return  # the next add() starts a worker, which looks first
-            try:
+            wake: Callable[[], None] = self._wake.set
+            loop: asyncio.AbstractEventLoop | None = None
+            if worker is not None and not worker.done():
                 loop = worker.get_loop()
+            elif self._start_timer is not None:
+                loop, wake = self._start_loop, self._start_now
+            if loop is None:
+                return  # no worker: the next add() starts one, which looks first
+            try:
                 try:
                     here = asyncio.get_running_loop() is loop
                 except RuntimeError:
                     here = False
                 if here:
-                    loop.call_soon(self._wake.set)
+                    loop.call_soon(wake, context=self._start_context)
                 else:
-                    loop.call_soon_threadsafe(self._wake.set)
+                    loop.call_soon_threadsafe(wake, context=self._start_context)
             except RuntimeError:  # its loop is closed: the worker runs no more
                 pass
 

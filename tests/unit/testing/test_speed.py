@@ -170,3 +170,31 @@ def test_a_clients_close_does_not_wait_for_background_work_parked_at_a_point() -
     # the renewal of the paused holder timed out (its limit: the 20 s left of its lease);
     # no close's wait for background work (5 s) did
     assert 5.0 not in timed_out and 20.0 in timed_out, timed_out
+
+
+def test_a_renewer_starts_only_when_its_first_lease_is_due() -> None:
+    """A lease released before its first renewal (a third of its ttl) costs no renewer at
+    all; one held longer is renewed from then on, through many ttls."""
+    started: list[bool] = []
+    held: list[bool] = []
+
+    async def quick(locks: Any) -> None:
+        lease = await locks.acquire("quick", ttl=30)
+        await lease.release()
+        started.append(locks._renewer.running)
+
+    async def long(sim: Simulation, locks: Any) -> None:
+        lease = await locks.acquire("long", ttl=30)
+        await sim.sleep(100)  # past three ttls: renewed every 10 s
+        held.append(lease.held and locks._renewer.running)
+        await lease.release()
+
+    async def scenario(sim: Simulation) -> None:
+        sim.spawn(quick, sim.locks())
+        sim.spawn(long, sim, sim.locks())
+        await sim.join()
+
+    report = testing.explore(scenario, schedules=3)
+    assert report.ok, report
+    assert started == [False, False, False]
+    assert held == [True, True, True]
