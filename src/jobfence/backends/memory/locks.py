@@ -28,10 +28,10 @@ __all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_st
 
 _WAITER_SLACK = 1.0
 
-F = TypeVar("F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _at_once(method: F) -> F:
+def _at_once(method: _F) -> _F:
     """Mark an async method that answers without ever waiting (``answers_at_once``): no
     cancellation can cut it off halfway, so its caller needs no task of its own to shield it.
     A subclass that overrides the method (and may wait) does not inherit the mark."""
