@@ -324,6 +324,11 @@ class AsyncLease:
         backend = self._locks.backend
         if ASYNC:
             task = self._releasing
+            call = backend.release
+            if task is None and getattr(call, "answers_at_once", False):
+                # a backend call that never waits (memory://): no cancellation can cut it
+                # off, so it needs no task of its own
+                return await call(self.backend_name, self.owner)
             if task is None and getattr(backend, "resendable_release", False):
                 # The backend answers a re-sent release as it answered the first: release
                 # in the caller's own task (no task to start, no hop back to the caller). A

@@ -615,6 +615,36 @@ def test_a_renewed_lease_dropped_without_release_is_given_back_with_a_warning() 
         assert taken[-1].release()
 
 
+async def test_an_async_lease_dropped_without_release_is_given_back_without_a_tick() -> None:
+    """The renewer holds another lease, so it sleeps until that one is due; the clock stands
+    still, so no tick ever comes: the collection itself wakes the renewer to give the
+    dropped lease back, and another client's waiting acquire gets it."""
+    url = _url()
+    with ManualClock() as clock:
+        locks, other = jobfence.AsyncLocks(url), jobfence.AsyncLocks(url)
+        try:
+            kept = await locks.try_acquire("kept", ttl=30)
+            assert kept is not None
+            # the renewer looked at it and sleeps until it is due (10 s away)
+            assert await clock.wait_for_waiters_async(1)
+
+            async def take_and_forget() -> None:
+                lease = await locks.try_acquire("x", ttl=30)
+                assert lease is not None  # an early return: never released
+
+            with pytest.warns(ResourceWarning, match="without release"):
+                await take_and_forget()
+                gc.collect()
+            # a guard in real seconds: without the wake-up it would wait for ever
+            taken = await asyncio.wait_for(other.acquire("x", ttl=30), 10)
+            assert clock.monotonic() == 0.0  # no time passed: no tick gave it back
+            assert len(locks._renewer) == 1 and kept.held
+            assert await taken.release() and await kept.release()
+        finally:
+            await locks.close()
+            await other.close()
+
+
 def test_a_lease_taken_without_renewal_may_be_dropped_it_ends_with_its_ttl() -> None:
     url = _url()
     with jobfence.Locks(url) as locks, jobfence.Locks(url) as other:
@@ -644,6 +674,27 @@ class _SlowReleaseAsyncBackend(AsyncMemoryLockBackend):
     async def release(self, name: str, owner: str) -> bool:
         await self.gate.wait()  # in flight
         return await super().release(name, owner)
+
+
+def test_only_a_release_that_never_waits_is_marked_so_not_an_override() -> None:
+    """memory://'s release answers without waiting: a lease awaits it without a task of its
+    own. A subclass overriding it (and maybe waiting) does not inherit the mark, so its
+    release runs in a task a cancelled caller cannot cut off (the test below)."""
+    assert getattr(AsyncMemoryLockBackend(parse_url(_url())).release, "answers_at_once", False)
+    assert not getattr(_SlowReleaseAsyncBackend(_url()).release, "answers_at_once", False)
+
+
+async def test_an_async_release_on_memory_runs_in_the_callers_task() -> None:
+    locks = jobfence.AsyncLocks(_url())
+    try:
+        lease = await locks.try_acquire("x", ttl=30)
+        assert lease is not None
+        tasks = len(asyncio.all_tasks())
+        assert await lease.release() is True
+        assert len(asyncio.all_tasks()) == tasks and not locks._cleanups
+        assert await lease.release() is False
+    finally:
+        await locks.close()
 
 
 async def test_an_async_release_cancelled_in_flight_finishes_and_a_retry_answers_true() -> None:

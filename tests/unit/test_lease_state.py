@@ -143,6 +143,25 @@ def test_an_extend_without_a_ttl_keeps_the_ttl(clock: ManualClock) -> None:
     assert state.expires_at == 135.0 and state.next_renew == 115.0
 
 
+def test_an_extend_that_brings_the_next_check_forward_tells_the_renewer(
+    clock: ManualClock,
+) -> None:
+    """The renewer sleeps until the next check it saw; an extend to a shorter ttl moves it
+    earlier, so ``on_sooner`` is called with the new time. One that moves it later, or a
+    failed one, calls nothing (the renewer wakes early enough already)."""
+    state = _state(clock)
+    told: list[float] = []
+    state.on_sooner = told.append
+    state.extend_started()
+    state.extend_done(100.0, 60.0)  # next renewal at 120 instead of 110: later
+    state.extend_started()
+    state.extend_done(None, 3.0)  # failed: nothing moves
+    assert told == []
+    state.extend_started()
+    state.extend_done(103.0, 3.0)  # renewal due at 104, expiry at 106
+    assert told == [104.0] and state.next_check == 104.0
+
+
 def test_a_failed_extend_moves_nothing(clock: ManualClock) -> None:
     state = _state(clock)
     state.extend_started()

@@ -108,3 +108,20 @@ def test_a_percent_encoded_password_is_accepted() -> None:
     parsed = parse_url("redis://:s3%2Fc%3Fr%23et@host:6379/0")
     assert parsed.password == "s3/c?r#et" and parsed.host == "host" and parsed.port == 6379
     assert "s3" not in parsed.masked
+
+
+def test_a_url_parsed_again_is_reused_with_options_of_its_own_and_no_secret_is_kept() -> None:
+    from jobfence.backends import registry
+
+    first = registry.parse_backend_url("memory://reused-url")
+    again = registry.parse_backend_url("memory://reused-url")
+    assert first == again and first.options is not again.options
+    again.options["x"] = "1"  # a caller's own dict: the next one does not see it
+    assert registry.parse_backend_url("memory://reused-url").options == {}
+    for url in (
+        "redis://user:s3cret-in-info@localhost:6379/0",
+        "redis://localhost:6379/0?password=s3cret-in-query",
+        "redis://localhost:6379/0#s3cret-in-fragment",
+    ):
+        assert registry.parse_backend_url(url).scheme == "redis"
+    assert not any("s3cret" in url for url, _argument in registry._PARSED)

@@ -33,11 +33,17 @@ The rules:
   (:attr:`LeaseState.effective_ttl`): the local expiry stays no later than the server's,
   whenever the stray request lands.
 * ``renews=False``: the lease is never due for renewal; it only expires.
+
+The renewer sleeps until the earliest :attr:`LeaseState.next_check` of its leases. An extend
+is the holder's, not the renewer's: when its completion brings the next check forward (a
+shorter ttl, or a renewal due at once after a race), :attr:`LeaseState.on_sooner` (set by the
+renewer) is called with the new time, so that the renewer wakes for it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .clock import Clock, get_clock
@@ -94,6 +100,9 @@ class LeaseState:
         self._overlap = False  # a renewal overlapped the extend in flight
         # the smallest ttl an unanswered renewal or extend carried (it may still land)
         self._stray_ttl = _NEVER
+        #: called (outside the state's lock) with the new :attr:`next_check` when an extend's
+        #: completion brings it forward: the renewer sets it, to wake for that time
+        self.on_sooner: Callable[[float], None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -195,6 +204,14 @@ class LeaseState:
         current ttl). ``answered=False``: it failed without an answer (an error), so it may
         still land later with ``ttl``.
         """
+        before = self.next_check
+        self._extend_done(sent, ttl, answered)
+        after = self.next_check
+        listener = self.on_sooner
+        if after < before and listener is not None:
+            listener(after)
+
+    def _extend_done(self, sent: float | None, ttl: float | None, answered: bool) -> None:
         with self._lock:
             overlap = self._overlap or self._renew_sent is not None
             self._extending = self._overlap = False

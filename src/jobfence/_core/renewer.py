@@ -74,10 +74,12 @@ __all__ = ["Renewer"]
 
 log = logging.getLogger("jobfence.locks")
 
-#: how long an idle renewer sleeps before looking again
+#: the longest a renewer sleeps before looking again, on a real clock (a safety net: every
+#: change it must act on wakes it -- a lease added, an extend that brings a renewal forward,
+#: a lease collected (``AsyncRenewer``), ``close()``)
 IDLE_WAIT = 1.0
-#: what :meth:`AsyncRenewer._tick` returns when there is nothing to look at before an
-#: ``add()`` or ``close()`` wakes the renewer (only on a clock that lets it wait unbounded)
+#: what :meth:`AsyncRenewer._tick` returns when nothing is due before something wakes the
+#: renewer (only on a clock that lets it wait unbounded)
 _UNTIL_WOKEN = float("inf")
 #: leases due within this fraction of their ttl are renewed in the same batch
 BATCH_WINDOW = 0.15
@@ -174,27 +176,44 @@ class Renewer:
         self._worker: Any = None
         self._caller = compat.BoundedCaller(f"{name}-call")
         self._closed = False
-        #: an idle renewer (no lease tracked) waits until woken, without ticks (see _run)
-        self._idle_unbounded = False
+        #: the clock lets the renewer sleep until the next lease is due, without IDLE_WAIT
+        #: ticks in between, or until woken when nothing is due (see _run)
+        self._unbounded = False
+        #: the worker is in its wait between two ticks (nothing in hand)
+        self._sleeping = False
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
         entry = _Tracked(lease, self._on_collected)
+        state = lease.state
+        state.on_sooner = self._sooner
         with self._mutex:
             self._leases[entry.key] = entry
-            start = not compat.worker_alive(self._worker)
-            if start:
-                self._worker = compat.spawn(self._run, self._name)
-            elif lease.state.next_check < self._wake_at:
-                self._wake.set()
+            if compat.worker_alive(self._worker):
+                if state.next_check < self._wake_at:
+                    self._wake.set()
+                return
+            self._worker = compat.spawn(self._run, self._name)
+
+    def _sooner(self, next_check: float) -> None:
+        """A lease's next check came forward (its holder's extend): wake for it if the
+        renewer sleeps past it (or start it then, if it has not started yet)."""
+        if next_check < self._wake_at:
+            self._wake.set()
 
     def discard(self, lease: Renewable) -> None:
         """Stop renewing ``lease`` (released, or found lost by its holder)."""
+        idle = False
         with self._mutex:
             entry = self._leases.get(id(lease))
             if entry is not None and entry.lease() is lease:
                 del self._leases[entry.key]
                 entry.active = False
+                idle = not self._leases
+        if entry is not None and self._unbounded and idle and self._wake_at != _UNTIL_WOKEN:
+            # nothing is left to look at: wake the renewer so that it waits until woken,
+            # not until this lease would have been due (a timer, and a tick for nothing)
+            self._wake.set()
 
     def _forget(self, entry: _Tracked) -> bool:
         """Stop tracking ``entry``; False if it was not tracked any more."""
@@ -226,7 +245,10 @@ class Renewer:
         returned for the client to give back."""
         self._closed = True
         self._wake.set()
-        compat.join(self._worker, timeout)
+        if not (self._unbounded and self._sleeping):
+            compat.join(self._worker, timeout)
+        # (a worker asleep on the simulator's clock has nothing in hand: woken, it ends at its
+        # next step without doing anything, so close need not spend loop rounds waiting)
         self._caller.close()
         # the collected leases first: they are still tracked, and one that is not renewed is
         # left to expire (as the worker does), not given back with the ones still held
@@ -261,7 +283,9 @@ class Renewer:
             if wake_at is None:
                 continue
             self._wake_at = wake_at
+            self._sleeping = True
             clock.wait(self._wake, max(0.0, wake_at - clock.monotonic()))
+            self._sleeping = False
             self._wake_at = float("inf")
 
     def _snapshot(self) -> list[_Tracked]:
@@ -277,9 +301,7 @@ class Renewer:
                 self._give_back(entry.name, entry.owner)
         now = clock.monotonic()
         entries = self._snapshot()
-        if not entries and self._idle_unbounded:
-            return _UNTIL_WOKEN  # nothing to renew, expire or give back until add()/close()
-        wake_at = now + IDLE_WAIT
+        wake_at = _UNTIL_WOKEN if self._unbounded else now + IDLE_WAIT
         due: list[_Tracked] = []
         overdue = False
         for entry in entries:
@@ -296,7 +318,7 @@ class Renewer:
         if overdue:
             self._renew_batch(due)
             return None
-        return wake_at
+        return wake_at  # _UNTIL_WOKEN (unbounded, nothing tracked): until add() or close()
 
     def _on_collected(self, entry: _Tracked) -> None:
         """The weak reference's callback: a tracked lease was garbage-collected."""

@@ -69,14 +69,20 @@ from .flavour import ASYNC
 from .lease_state import LeaseState
 from .renewable import Renewable
 
+if ASYNC:
+    import asyncio
+    import contextvars
+
 __all__ = ["AsyncRenewer"]
 
 log = logging.getLogger("jobfence.locks")
 
-#: how long an idle renewer sleeps before looking again
+#: the longest a renewer sleeps before looking again, on a real clock (a safety net: every
+#: change it must act on wakes it -- a lease added, an extend that brings a renewal forward,
+#: a lease collected (``AsyncRenewer``), ``close()``)
 IDLE_WAIT = 1.0
-#: what :meth:`AsyncRenewer._tick` returns when there is nothing to look at before an
-#: ``add()`` or ``close()`` wakes the renewer (only on a clock that lets it wait unbounded)
+#: what :meth:`AsyncRenewer._tick` returns when nothing is due before something wakes the
+#: renewer (only on a clock that lets it wait unbounded)
 _UNTIL_WOKEN = float("inf")
 #: leases due within this fraction of their ttl are renewed in the same batch
 BATCH_WINDOW = 0.15
@@ -173,27 +179,62 @@ class AsyncRenewer:
         self._worker: Any = None
         self._caller = acompat.BoundedCaller(f"{name}-call")
         self._closed = False
-        #: an idle renewer (no lease tracked) waits until woken, without ticks (see _run)
-        self._idle_unbounded = False
+        #: the clock lets the renewer sleep until the next lease is due, without IDLE_WAIT
+        #: ticks in between, or until woken when nothing is due (see _run)
+        self._unbounded = False
+        #: the worker is in its wait between two ticks (nothing in hand)
+        self._sleeping = False
+        if ASYNC:
+            # on the simulator's clock the worker starts only when the first lease is due:
+            # the loop's timer that starts it, and the context it starts in
+            self._start_timer: asyncio.TimerHandle | None = None
+            self._start_context: contextvars.Context | None = None
+            self._start_loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, lease: Renewable) -> None:
         """Renew ``lease`` from now on (until it is lost, discarded or collected)."""
         entry = _Tracked(lease, self._on_collected)
+        state = lease.state
+        state.on_sooner = self._sooner
         with self._mutex:
             self._leases[entry.key] = entry
-            start = not acompat.worker_alive(self._worker)
-            if start:
-                self._worker = acompat.spawn(self._run, self._name)
-            elif lease.state.next_check < self._wake_at:
-                self._wake.set()
+            if acompat.worker_alive(self._worker):
+                if state.next_check < self._wake_at:
+                    self._wake.set()
+                return
+            if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
+                if self._start_later(state.next_check):
+                    return
+            self._worker = acompat.spawn(self._run, self._name)
+
+    def _sooner(self, next_check: float) -> None:
+        """A lease's next check came forward (its holder's extend): wake for it if the
+        renewer sleeps past it (or start it then, if it has not started yet)."""
+        if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
+            if self._start_timer is not None:
+                with self._mutex:
+                    self._start_later(next_check)
+                return
+        if next_check < self._wake_at:
+            self._wake.set()
 
     def discard(self, lease: Renewable) -> None:
         """Stop renewing ``lease`` (released, or found lost by its holder)."""
+        idle = False
         with self._mutex:
             entry = self._leases.get(id(lease))
             if entry is not None and entry.lease() is lease:
                 del self._leases[entry.key]
                 entry.active = False
+                idle = not self._leases
+                if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
+                    if idle and self._start_timer is not None and not self._collected:
+                        self._start_timer.cancel()  # not started, and now nothing to start for
+                        self._start_timer = None
+        if entry is not None and self._unbounded and idle and self._wake_at != _UNTIL_WOKEN:
+            # nothing is left to look at: wake the renewer so that it waits until woken,
+            # not until this lease would have been due (a timer, and a tick for nothing)
+            self._wake.set()
 
     def _forget(self, entry: _Tracked) -> bool:
         """Stop tracking ``entry``; False if it was not tracked any more."""
@@ -225,7 +266,14 @@ class AsyncRenewer:
         returned for the client to give back."""
         self._closed = True
         self._wake.set()
-        await acompat.join(self._worker, timeout)
+        if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+                self._start_timer = None
+        if not (self._unbounded and self._sleeping):
+            await acompat.join(self._worker, timeout)
+        # (a worker asleep on the simulator's clock has nothing in hand: woken, it ends at its
+        # next step without doing anything, so close need not spend loop rounds waiting)
         self._caller.close()
         # the collected leases first: they are still tracked, and one that is not renewed is
         # left to expire (as the worker does), not given back with the ones still held
@@ -247,11 +295,11 @@ class AsyncRenewer:
         clock = get_clock()
         if ASYNC:
             # A clock whose time moves only when every task waits (jobfence.testing's
-            # simulator, ``idle_unbounded``) would turn an idle renewer's IDLE_WAIT ticks into
-            # hundreds of steps through a long virtual pause: with no lease tracked, nothing
-            # can become due before an add() or close() wakes the renewer, so there it waits
-            # for that alone.
-            self._idle_unbounded = bool(getattr(clock, "idle_unbounded", False))
+            # simulator, ``idle_unbounded``) would turn IDLE_WAIT ticks into hundreds of steps
+            # through a long virtual pause. There the renewer sleeps until its next lease is
+            # due, and with none, until woken: every change it must act on wakes it (add(),
+            # an extend that brings a renewal forward, a lease collected, close()).
+            self._unbounded = bool(getattr(clock, "idle_unbounded", False))
         while not self._closed:
             try:
                 wake_at = await self._tick(clock)
@@ -267,13 +315,15 @@ class AsyncRenewer:
             if wake_at is None:
                 continue
             self._wake_at = wake_at
+            self._sleeping = True
             if ASYNC:
                 if wake_at == _UNTIL_WOKEN:
-                    await acompat.wait_event(self._wake, None)
+                    await self._wake.wait()
                 else:
                     await clock.wait_async(self._wake, max(0.0, wake_at - clock.monotonic()))
             else:
                 await clock.wait_async(self._wake, max(0.0, wake_at - clock.monotonic()))
+            self._sleeping = False
             self._wake_at = float("inf")
 
     def _snapshot(self) -> list[_Tracked]:
@@ -289,9 +339,7 @@ class AsyncRenewer:
                 self._give_back(entry.name, entry.owner)
         now = clock.monotonic()
         entries = self._snapshot()
-        if not entries and self._idle_unbounded:
-            return _UNTIL_WOKEN  # nothing to renew, expire or give back until add()/close()
-        wake_at = now + IDLE_WAIT
+        wake_at = _UNTIL_WOKEN if self._unbounded else now + IDLE_WAIT
         due: list[_Tracked] = []
         overdue = False
         for entry in entries:
@@ -308,13 +356,15 @@ class AsyncRenewer:
         if overdue:
             await self._renew_batch(due)
             return None
-        return wake_at
+        return wake_at  # _UNTIL_WOKEN (unbounded, nothing tracked): until add() or close()
 
     def _on_collected(self, entry: _Tracked) -> None:
         """The weak reference's callback: a tracked lease was garbage-collected."""
         if not entry.active:
             return
         self._collected.append(entry)
+        if ASYNC:
+            self._wake_from_callback()
         if entry.renews:
             try:
                 warnings.warn(
@@ -324,6 +374,70 @@ class AsyncRenewer:
                     stacklevel=2,
                 )
             except Exception:  # e.g. as the interpreter shuts down
+                pass
+
+    if ASYNC:
+
+        def _start_later(self, at: float) -> bool:
+            """On the simulator's clock (``idle_unbounded``), with the mutex held: start the
+            worker at ``at`` (when the first lease is due), not now, by a timer of the loop --
+            a lease released before its first renewal then costs no worker at all. An earlier
+            ``at`` moves the timer forward. Returns False on any other clock: start it now."""
+            if not getattr(get_clock(), "idle_unbounded", False):
+                return False
+            self._unbounded = True
+            timer = self._start_timer
+            if timer is not None:
+                if timer.when() <= at:
+                    return True
+                timer.cancel()
+            if self._start_context is None:
+                # the worker starts in the context of the task that first needed it, as a
+                # worker spawned at once would (the simulator reads its process from it)
+                self._start_context = contextvars.copy_context()
+            loop = self._start_loop = asyncio.get_running_loop()
+            self._start_timer = loop.call_at(
+                max(at, loop.time()), self._start_now, context=self._start_context
+            )
+            return True
+
+        def _start_now(self) -> None:
+            """The start timer fired (or a collected lease hurries it): start the worker."""
+            with self._mutex:
+                timer, self._start_timer = self._start_timer, None
+                if timer is not None:
+                    timer.cancel()
+                if self._closed or acompat.worker_alive(self._worker):
+                    return
+                self._worker = acompat.spawn(self._run, self._name)
+
+        def _wake_from_callback(self) -> None:
+            """Wake the worker to give back a collected lease (start it, if it was to start
+            later). A weak reference's callback runs in whichever thread dropped the lease,
+            at any allocation, maybe inside the event's own code: the event is set by a
+            callback of the worker's loop, never in place. (The sync ``Renewer``'s thread
+            finds collected leases at its next tick, at most ``IDLE_WAIT`` later: a
+            ``threading.Event`` cannot be set without a lock that the interrupted code may
+            hold.)"""
+            worker = self._worker
+            wake: Callable[[], None] = self._wake.set
+            loop: asyncio.AbstractEventLoop | None = None
+            if worker is not None and not worker.done():
+                loop = worker.get_loop()
+            elif self._start_timer is not None:
+                loop, wake = self._start_loop, self._start_now
+            if loop is None:
+                return  # no worker: the next add() starts one, which looks first
+            try:
+                try:
+                    here = asyncio.get_running_loop() is loop
+                except RuntimeError:
+                    here = False
+                if here:
+                    loop.call_soon(wake, context=self._start_context)
+                else:
+                    loop.call_soon_threadsafe(wake, context=self._start_context)
+            except RuntimeError:  # its loop is closed: the worker runs no more
                 pass
 
     def _take_collected(self) -> list[_Tracked]:

@@ -41,8 +41,10 @@ def _split_userinfo(url: str) -> tuple[str, str | None, str]:
         at = url.rfind("@")
         return ("", url[:at], url[at + 1 :]) if at >= 0 else ("", None, url)
     head, body = url[: start + 3], url[start + 3 :]
+    if "@" not in body:  # no user-info
+        return head, None, body
     netloc_end = min((i for i in (body.find(c) for c in "/?#") if i >= 0), default=len(body))
-    if netloc_end == 0 or "@" not in body:  # no authority (sqlite:///a@b.db), or no user-info
+    if netloc_end == 0:  # no authority (sqlite:///a@b.db)
         return head, None, body
     at = body.rfind("@")
     return head, body[:at], body[at + 1 :]

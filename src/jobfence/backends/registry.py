@@ -204,9 +204,34 @@ def registered() -> dict[str, BackendInfo]:
     return dict(_BY_SCHEME)
 
 
+#: the URLs parsed so far, by ``(url, argument)``: clients are made again and again for the
+#: same few URLs (two or three per schedule of ``jobfence.testing``, one per request in some
+#: applications), and parsing one costs more than the rest of a client's set-up. Only URLs
+#: without user-info, query or fragment are kept: no secret outlives its clients here.
+_PARSED: dict[tuple[str, str], BackendURL] = {}
+_PARSED_KEPT = 256
+
+
 def parse_backend_url(url: object, *, argument: str = "url") -> BackendURL:
     """Parse ``url`` (:func:`~jobfence._core.url.parse_url`) and refuse a scheme no registered
     backend serves: :class:`ConfigurationError` naming ``argument``, listing the schemes."""
+    if isinstance(url, str) and not any(c in url for c in "@?#"):
+        parsed = _PARSED.get((url, argument))
+        if parsed is None:
+            parsed = _parse_backend_url(url, argument)
+            if len(_PARSED) >= _PARSED_KEPT:
+                _PARSED.clear()
+            _PARSED[(url, argument)] = parsed
+        # each caller gets a copy with options of its own (a frozen BackendURL holds a dict)
+        mine = object.__new__(BackendURL)
+        fields = mine.__dict__
+        fields.update(parsed.__dict__)
+        fields["options"] = dict(parsed.options)
+        return mine
+    return _parse_backend_url(url, argument)
+
+
+def _parse_backend_url(url: object, argument: str) -> BackendURL:
     known = registered()
     try:
         scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""

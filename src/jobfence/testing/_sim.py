@@ -1792,6 +1792,8 @@ class Simulation:
             yield name, holders
 
     async def close_clients(self) -> None:
+        if self.parked:
+            self._cancel_parked_background()
         blocking = self._blocking_clients
         if blocking:
             self._close_blocking(blocking)
@@ -1802,6 +1804,17 @@ class Simulation:
                 await client.close()
             except Exception:  # a crashed task's client: nothing left to give back
                 pass
+
+    def _cancel_parked_background(self) -> None:
+        """The schedule ends, so nothing is decided any more: a background task of a client
+        parked at a point (a renewal or a give-back of a process paused or crashed as the
+        schedule ended) would never go on. It is cancelled before the clients close, as the
+        teardown would after, so that no ``close()`` waits out its timeout for it (virtual
+        seconds that cost loop rounds). The jobs themselves are left to the teardown."""
+        jobs = set(self.tasks)
+        for atask, task in list(self._by_atask.items()):
+            if task not in jobs and task in self.parked and not atask.done():
+                atask.cancel()
 
     def _close_blocking(self, clients: list[Any], timeout: float = 10.0) -> None:
         """Close the blocking clients of ``sim.locks(sync=True)``... as the schedule ends

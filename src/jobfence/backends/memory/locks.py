@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..._core.clock import get_clock
 from ..._core.options import reject_unknown
@@ -27,6 +27,16 @@ from . import NAMESPACE_LIMIT
 __all__ = ["AsyncMemoryLockBackend", "MemoryLockBackend", "MemoryStore", "get_store"]
 
 _WAITER_SLACK = 1.0
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _at_once(method: _F) -> _F:
+    """Mark an async method that answers without ever waiting (``answers_at_once``): no
+    cancellation can cut it off halfway, so its caller needs no task of its own to shield it.
+    A subclass that overrides the method (and may wait) does not inherit the mark."""
+    method.answers_at_once = True  # type: ignore[attr-defined]
+    return method
 
 
 @dataclass
@@ -335,6 +345,7 @@ class AsyncMemoryLockBackend(AsyncLockBackend):
     async def cancel_wait(self, name: str, owner: str) -> int | None:
         return self.store.cancel_wait(name, owner)
 
+    @_at_once
     async def release(self, name: str, owner: str) -> bool:
         return self.store.release(name, owner)
 
