@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits, scheduler, idempotency, outbox;
+replicas, etcd, limits, scheduler, idempotency, outbox, publish;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -43,6 +43,7 @@ import bench_inbox
 import bench_leases
 import bench_mysql_locks
 import bench_outbox
+import bench_publish
 import bench_redis_locks
 import bench_redis_replicas
 import bench_scheduler
@@ -67,6 +68,7 @@ SECTIONS = (
     "scheduler",
     "idempotency",
     "outbox",
+    "publish",
 )
 
 
@@ -86,6 +88,7 @@ class Sizes:
     outbox_rows: int
     outbox_latency_rows: int
     relay_rounds: int
+    publish_ops: int
 
     def ops_line(self) -> str:
         return (
@@ -96,12 +99,12 @@ class Sizes:
             f"messages per case, {self.worker_rounds} rounds; {self.leases} live leases; "
             f"outbox: {self.inbox_ops} transactions per add case, relays: "
             f"{self.relay_rounds} rounds of {self.outbox_latency_rows} rows for latency and "
-            f"{self.outbox_rows} rows drained"
+            f"{self.outbox_rows} rows drained; publish: {self.publish_ops} messages per case"
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 1000)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 200)
 
 
 @dataclass
@@ -1000,6 +1003,33 @@ def section_outbox(rep: Report, sz: Sizes) -> None:
         )
 
 
+# -- 14. publishing -------------------------------------------------------------------------------
+def section_publish(rep: Report, sz: Sizes) -> None:
+    rep.add("## 14. Publishing: messages per second", "")
+    rep.add(
+        f"{sz.publish_ops} messages per case per round, {sz.rounds} interleaved rounds (the "
+        "order rotated each round); every case returns once the broker has each message "
+        "(RabbitMQ: the publisher confirm of a persistent message on a quorum queue; "
+        "PostgreSQL and SQLite: a committed row; Redis: the reply), except Celery and "
+        "Dramatiq on RabbitMQ, which publish without confirms by default (the row "
+        f"`{bench_publish.CELERY_CONFIRM}` waits for them). Floors: the same on the driver "
+        f"jobfence uses, hand-written, one message per call and {bench_publish.BATCH} per call "
+        "(a Redis pipeline, pika with the batch's confirms awaited together, one transaction "
+        "of `executemany` on PostgreSQL and SQLite). A rate has no per-operation p99: the "
+        "slowest and fastest rounds are given instead; CPU is the publishing process's."
+    )
+    rows = []
+    measured = []
+    for broker in bench_publish.BROKERS:
+        m = bench_publish.measure(broker, sz.publish_ops, sz.rounds)
+        measured.append(m)
+        rows.extend(bench_publish.table(m))
+    rep.table(bench_publish.HEADER, rows)
+    for m in measured:
+        for text, met, figures in bench_publish.targets(m):
+            rep.target(text, met, figures)
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -1014,6 +1044,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "scheduler": section_scheduler,
     "idempotency": section_idempotency,
     "outbox": section_outbox,
+    "publish": section_publish,
 }
 
 

@@ -182,6 +182,16 @@ SECTION_ROWS = {
             for case in ("hand-written relay loop", "jobfence Relay (defaults)")
         ),
     ],
+    "## 14. Publishing: messages per second": [
+        f"{broker}: {case}"
+        for broker in ("redis", "rabbitmq", "postgres", "sqlite")
+        for case in (
+            "Queue.publish",
+            "Queue.publish_many(100)",
+            "AsyncQueue.publish",
+            "AsyncQueue.publish_many(100)",
+        )
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick), by section
@@ -252,6 +262,28 @@ TARGETS: dict[str, list[str]] = {
             )
         ),
     ],
+    "publish": [
+        *(
+            f"{broker}: {case} ≥ 0.50x the hand-written, {n} per call"
+            for broker in ("redis", "rabbitmq", "postgres", "sqlite")
+            for case, n in (
+                ("Queue.publish", 1),
+                ("AsyncQueue.publish", 1),
+                ("Queue.publish_many(100)", 100),
+                ("AsyncQueue.publish_many(100)", 100),
+            )
+        ),
+        *(
+            f"{broker}: {case} ≥ Celery apply_async"
+            for broker in ("redis", "rabbitmq")
+            for case in (
+                "Queue.publish",
+                "AsyncQueue.publish",
+                "Queue.publish_many(100)",
+                "AsyncQueue.publish_many(100)",
+            )
+        ),
+    ],
     "leases": [
         f"{db}: {what}"
         for db in ("Redis", "PostgreSQL (lease mode)", "SQLite")
@@ -274,6 +306,7 @@ HEADING_SECTION = {
     11: "scheduler",
     12: "idempotency",
     13: "outbox",
+    14: "publish",
 }
 
 # run.py's sections in two halves of about the same time, run side by side (each is one
@@ -288,6 +321,7 @@ HALVES = {
         "scheduler",
         "idempotency",
         "outbox",
+        "publish",
     ),
 }
 

@@ -27,6 +27,7 @@ after it was lost; publisher confirms on, ``prefetch_count`` 1 for the consumers
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -64,6 +65,7 @@ from .common import (
     read_settings,
     requeue_copy,
     retry_copy,
+    unconfirmed_text,
     unique_waves,
 )
 
@@ -73,6 +75,11 @@ __all__ = ["AsyncRabbitQueueBackend"]
 _LINK_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 #: dead letters moved per confirmed batch by requeue_dead
 _REQUEUE_BATCH = 256
+#: a publish awaits its confirm only, not also the write of its frame (aiormq's ``wait``,
+#: where the installed version has it): the confirm cannot come before the write
+_NO_DRAIN: dict[str, Any] = (
+    {"wait": False} if "wait" in inspect.signature(aiormq.Channel.basic_publish).parameters else {}
+)
 
 
 def _properties(message: Outgoing) -> spec.Basic.Properties:
@@ -405,37 +412,66 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
     async def _publish_wave(
         self, link: _Link, route: Route, wave: list[Outgoing]
     ) -> list[Outgoing]:
-        results = await asyncio.gather(
-            *(
-                link.channel.basic_publish(
-                    m.body,
-                    exchange="",
-                    routing_key=route.queue,
-                    properties=_properties(m),
-                    mandatory=True,
-                    timeout=self._timeout,
-                )
-                for m in wave
-            ),
-            return_exceptions=True,
-        )
+        """Publish every message of ``wave`` at once, then wait for all their confirms
+        together, within one ``timeout`` for the wave (no timer per message, and no wait for
+        each frame's write: its confirm comes after it anyway); the messages returned as
+        unroutable. :class:`BackendError` naming the messages the broker refused; a lost
+        link: ``ConnectionError`` naming the messages left unconfirmed."""
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        link.channel.basic_publish(
+                            m.body,
+                            exchange="",
+                            routing_key=route.queue,
+                            properties=_properties(m),
+                            mandatory=True,
+                            **_NO_DRAIN,
+                        )
+                        for m in wave
+                    ),
+                    return_exceptions=True,
+                ),
+                self._timeout,
+            )
+        except asyncio.TimeoutError:
+            self._break(link)
+            raise request_timed_out(self._timeout) from None
         returned: list[Outgoing] = []
+        refused: list[Outgoing] = []
+        failure: BaseException | None = None
         for message, result in zip(wave, results, strict=True):
             if isinstance(result, aiormq.exceptions.PublishError):
                 returned.append(message)
             elif isinstance(result, aiormq.exceptions.DeliveryError):
-                raise BackendError(
-                    f"RabbitMQ refused a message for queue {route.queue!r} (basic.nack)",
-                    backend="rabbitmq",
-                    operation="publish",
-                )
+                refused.append(message)
             elif isinstance(result, asyncio.TimeoutError):
                 self._break(link)
                 raise request_timed_out(self._timeout)
-            elif isinstance(result, BaseException):
-                if isinstance(result, _LINK_ERRORS):
-                    self._break(link)
-                raise result
+            elif isinstance(result, BaseException) and failure is None:
+                failure = result
+        if failure is not None:
+            if not isinstance(failure, _LINK_ERRORS):
+                raise failure
+            self._break(link)
+            lost = [
+                m.message_id
+                for m, r in zip(wave, results, strict=True)
+                if isinstance(r, _LINK_ERRORS)
+                and not isinstance(r, aiormq.exceptions.DeliveryError)
+            ]
+            raise ConnectionError(
+                unconfirmed_text(route.queue, lost, len(wave))
+                + f": {type(failure).__name__}: {failure}"
+            ) from failure
+        if refused:
+            raise BackendError(
+                unconfirmed_text(route.queue, [m.message_id for m in refused], len(wave))
+                + ": the broker refused them (basic.nack)",
+                backend="rabbitmq",
+                operation="publish",
+            )
         return returned
 
     async def publish(
