@@ -337,6 +337,33 @@ async def test_a_queue_dropped_by_another_client_is_declared_again(make: Factory
     assert ids(await other.receive("c", 1, 30.0, 5.0)) == ["after-drop"]
 
 
+@pytest.fixture(params=["batched", "per-message"])
+def aio_waves(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the asyncio backend publishes a wave: one write of all its frames (the default),
+    or aiormq's ``basic_publish`` per message (what it falls back to on a driver without
+    the parts the batched write uses)."""
+    if request.param == "per-message":
+        from jobfence.backends.rabbitmq import queue_aio
+
+        monkeypatch.setattr(queue_aio, "_BATCH_NEEDS", ("no_such_part",))
+    return str(request.param)
+
+
+async def test_async_waves_keep_order_ids_and_headers(aio_waves: str, name: str) -> None:
+    backend = open_queue_backend(URL, name, asynchronous=True)
+    try:
+        batch = [(f"m{i}", f"b{i}".encode(), {"n": str(i)}) for i in range(250)]
+        await backend.publish(batch)
+        await backend.publish([("late", b"", {})], 0.05)
+        got = await receive_all(Client(backend, True), "c", 251)
+        assert [(m.id, m.body, m.headers) for m in got[:250]] == batch
+        assert got[250].id == "late"
+    finally:
+        await backend.drop()
+        await backend.close()
+
+
+@pytest.mark.usefixtures("aio_waves")
 async def test_refused_messages_of_a_batch_are_named(flavour: str, name: str) -> None:
     """A publish the broker refuses (``basic.nack``: here a queue full with ``reject-publish``
     overflow) raises, naming exactly the refused messages of the batch; the others of the
