@@ -9,7 +9,7 @@ line per target.
 
 Usage: ``python benchmarks/run.py [--quick] [--rounds N] [--only SECTION,...]
 [--output BENCHMARKS.md]`` (sections: redis, sql, contended, inbox, guarded, worker, leases,
-replicas, etcd, limits, scheduler, idempotency, outbox, frameworks, peers;
+replicas, etcd, limits, scheduler, idempotency, outbox, frameworks, peers, publish;
 ``--quick``: tiny sizes, a smoke run of every row in about a minute, figures meaningless).
 """
 
@@ -45,6 +45,7 @@ import bench_inbox
 import bench_leases
 import bench_mysql_locks
 import bench_outbox
+import bench_publish
 import bench_redis_locks
 import bench_redis_replicas
 import bench_scheduler
@@ -72,6 +73,7 @@ SECTIONS = (
     "outbox",
     "frameworks",
     "peers",
+    "publish",
 )
 
 
@@ -93,6 +95,7 @@ class Sizes:
     relay_rounds: int
     framework_tasks: int
     peer_tasks: int
+    publish_ops: int
 
     def ops_line(self) -> str:
         return (
@@ -104,12 +107,12 @@ class Sizes:
             f"outbox: {self.inbox_ops} transactions per add case, relays: "
             f"{self.relay_rounds} rounds of {self.outbox_latency_rows} rows for latency and "
             f"{self.outbox_rows} rows drained; frameworks: {self.framework_tasks} tasks drained "
-            "per variant and round"
+            f"per variant and round; publish: {self.publish_ops} messages per case"
         )
 
 
-FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 300, 2000)
-QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 20, 100)
+FULL = Sizes(15, 300, 300, 200, 3.0, (4, 8), 1000, 3, 10_000, 10_000, 300, 7, 300, 2000, 1000)
+QUICK = Sizes(2, 50, 50, 30, 1.0, (2,), 100, 1, 500, 200, 10, 1, 20, 100, 100)
 
 
 @dataclass
@@ -297,6 +300,30 @@ WHY_NOT_FRAMEWORKS = (
     "one script, release) against the alternatives' two (no lease), and the task's body is a "
     "no-op: at one task at a time every round trip adds to the task's time; the profile is "
     f"those round trips, not Python ({PERF}#guarded-tasks-on-their-frameworks)"
+)
+
+
+WHY_NOT = (
+    *WHY_NOT,
+    (
+        "rabbitmq: Queue.publish ≥ Celery",
+        "a single publish waits for its publisher confirm (a persistent message on a quorum "
+        "queue: written by a majority), Celery's `apply_async` returns without one unless "
+        "`confirm_publish` is set; the row with it shows the same round trip "
+        f"({PERF}#publishing)",
+    ),
+    (
+        "rabbitmq: AsyncQueue.publish ≥ Celery",
+        "a single publish waits for its publisher confirm; Celery's `apply_async` does not "
+        f"unless `confirm_publish` is set ({PERF}#publishing)",
+    ),
+    (
+        "≥ 0.50x the hand-written",
+        "the floor on the same driver does the same round trips with less work per call: "
+        "Redis runs the idempotent publish script against one `XADD`, SQL builds rows with "
+        "jobfence's columns, RabbitMQ sets jobfence's properties per message; on a machine "
+        f"shared with other work the per-round spread is wider than the gap ({PERF}#publishing)",
+    ),
 )
 
 
@@ -1111,6 +1138,33 @@ def section_peers(rep: Report, sz: Sizes) -> None:
             )
 
 
+# -- 16. publishing -------------------------------------------------------------------------------
+def section_publish(rep: Report, sz: Sizes) -> None:
+    rep.add("## 16. Publishing: messages per second", "")
+    rep.add(
+        f"{sz.publish_ops} messages per case per round, {sz.rounds} interleaved rounds (the "
+        "order rotated each round); every case returns once the broker has each message "
+        "(RabbitMQ: the publisher confirm of a persistent message on a quorum queue; "
+        "PostgreSQL and SQLite: a committed row; Redis: the reply), except Celery and "
+        "Dramatiq on RabbitMQ, which publish without confirms by default (the row "
+        f"`{bench_publish.CELERY_CONFIRM}` waits for them). Floors: the same on the driver "
+        f"jobfence uses, hand-written, one message per call and {bench_publish.BATCH} per call "
+        "(a Redis pipeline, pika with the batch's confirms awaited together, one transaction "
+        "of `executemany` on PostgreSQL and SQLite). A rate has no per-operation p99: the "
+        "slowest and fastest rounds are given instead; CPU is the publishing process's."
+    )
+    rows = []
+    measured = []
+    for broker in bench_publish.BROKERS:
+        m = bench_publish.measure(broker, sz.publish_ops, sz.rounds)
+        measured.append(m)
+        rows.extend(bench_publish.table(m))
+    rep.table(bench_publish.HEADER, rows)
+    for m in measured:
+        for text, met, figures in bench_publish.targets(m):
+            rep.target(text, met, figures)
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "redis": section_redis,
     "sql": section_sql,
@@ -1127,6 +1181,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes], None]] = {
     "outbox": section_outbox,
     "frameworks": section_frameworks,
     "peers": section_peers,
+    "publish": section_publish,
 }
 
 

@@ -201,6 +201,16 @@ SECTION_ROWS = {
         "redis: jobfence worker, `async def` (8, default)",
         "redis: Dramatiq 1 process x 8 threads",
     ],
+    "## 16. Publishing: messages per second": [
+        f"{broker}: {case}"
+        for broker in ("redis", "rabbitmq", "postgres", "sqlite")
+        for case in (
+            "Queue.publish",
+            "Queue.publish_many(100)",
+            "AsyncQueue.publish",
+            "AsyncQueue.publish_many(100)",
+        )
+    ],
 }
 
 # one verdict line per target, by the words that start it (2 processes in --quick), by section
@@ -283,6 +293,28 @@ TARGETS: dict[str, list[str]] = {
         ),
     ],
     "peers": ["redis: jobfence `def` worker ≥ Dramatiq 1 process x 8 threads"],
+    "publish": [
+        *(
+            f"{broker}: {case} ≥ 0.50x the hand-written, {n} per call"
+            for broker in ("redis", "rabbitmq", "postgres", "sqlite")
+            for case, n in (
+                ("Queue.publish", 1),
+                ("AsyncQueue.publish", 1),
+                ("Queue.publish_many(100)", 100),
+                ("AsyncQueue.publish_many(100)", 100),
+            )
+        ),
+        *(
+            f"{broker}: {case} ≥ Celery apply_async"
+            for broker in ("redis", "rabbitmq")
+            for case in (
+                "Queue.publish",
+                "AsyncQueue.publish",
+                "Queue.publish_many(100)",
+                "AsyncQueue.publish_many(100)",
+            )
+        ),
+    ],
     "leases": [
         f"{db}: {what}"
         for db in ("Redis", "PostgreSQL (lease mode)", "SQLite")
@@ -307,6 +339,7 @@ HEADING_SECTION = {
     13: "outbox",
     14: "frameworks",
     15: "peers",
+    16: "publish",
 }
 
 # run.py's sections in two halves of about the same time, run side by side (each is one
@@ -322,7 +355,7 @@ HALVES = {
         "idempotency",
         "outbox",
     ),
-    "frameworks-peers": ("frameworks", "peers"),
+    "frameworks-peers-publish": ("frameworks", "peers", "publish"),
 }
 
 

@@ -27,6 +27,7 @@ from jobfence.backends import open_queue_backend
 from jobfence.backends.base import QueuedMessage
 from jobfence.backends.rabbitmq.common import (
     DELAY_BUCKETS,
+    Route,
     Topology,
     Unsettled,
     delay_bucket,
@@ -34,7 +35,7 @@ from jobfence.backends.rabbitmq.common import (
     parse_incoming,
     unique_waves,
 )
-from jobfence.errors import ConfigurationError
+from jobfence.errors import BackendError, ConfigurationError
 from tests.netproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -334,6 +335,77 @@ async def test_a_queue_dropped_by_another_client_is_declared_again(make: Factory
     await other.drop()
     await q.publish([("after-drop", b"", {})])
     assert ids(await other.receive("c", 1, 30.0, 5.0)) == ["after-drop"]
+
+
+@pytest.fixture(params=["batched", "per-message"])
+def aio_waves(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the asyncio backend publishes a wave: one write of all its frames (the default),
+    or aiormq's ``basic_publish`` per message (what it falls back to on a driver without
+    the parts the batched write uses)."""
+    if request.param == "per-message":
+        from jobfence.backends.rabbitmq import queue_aio
+
+        monkeypatch.setattr(queue_aio, "_BATCH_NEEDS", ("no_such_part",))
+    return str(request.param)
+
+
+async def test_async_waves_keep_order_ids_and_headers(aio_waves: str, name: str) -> None:
+    backend = open_queue_backend(URL, name, asynchronous=True)
+    try:
+        batch = [(f"m{i}", f"b{i}".encode(), {"n": str(i)}) for i in range(250)]
+        await backend.publish(batch)
+        await backend.publish([("late", b"", {})], 0.05)
+        got = await receive_all(Client(backend, True), "c", 251)
+        assert [(m.id, m.body, m.headers) for m in got[:250]] == batch
+        assert got[250].id == "late"
+    finally:
+        await backend.drop()
+        await backend.close()
+
+
+@pytest.mark.usefixtures("aio_waves")
+async def test_refused_messages_of_a_batch_are_named(flavour: str, name: str) -> None:
+    """A publish the broker refuses (``basic.nack``: here a queue full with ``reject-publish``
+    overflow) raises, naming exactly the refused messages of the batch; the others of the
+    same batch were confirmed and are in the queue. The batch is published at once and its
+    confirms awaited together, so the refusals must be told apart per message."""
+    route = Route(
+        f"{name}.limited",
+        {
+            "x-queue-type": "classic",
+            "x-max-length": 1,
+            "x-overflow": "reject-publish",
+            "x-expires": 30_000,
+        },
+    )
+    outgoing = [fresh(f"m{i}", b"{}", {}, time.time()) for i in range(1, 4)]
+    backend = open_queue_backend(URL, name, asynchronous=flavour == "async")
+
+    async def publish(messages: list[Any]) -> None:
+        if flavour == "async":
+            await backend._publish(await backend._connected(), route, messages)
+        else:
+            await asyncio.to_thread(
+                backend._run, lambda link: backend._publish(link, route, messages)
+            )
+
+    try:
+        # the queue does not exist yet: returned, declared (limit 1), published again
+        with pytest.raises(BackendError) as refused:
+            await publish(outgoing)
+        text = str(refused.value)
+        assert "did not confirm 2 of the 3" in text and "basic.nack" in text, text
+        assert "'m2'" in text and "'m3'" in text and "'m1'" not in text, text
+        with pytest.raises(BackendError, match=r"1 of the 1 .*'again'"):
+            await publish([fresh("again", b"{}", {}, time.time())])
+        # a refusal is no link failure: the same client goes on publishing and receiving
+        client = Client(backend, flavour == "async")
+        await client.publish([("after", b"{}", {})])
+        assert ids(await client.receive("c", 1, 30.0, 5.0)) == ["after"]
+    finally:
+        client = Client(backend, flavour == "async")
+        await client.drop()
+        await client.close()
 
 
 # -- dead letters -------------------------------------------------------------------------

@@ -220,6 +220,21 @@ def test_receive_delivers_in_publish_order_across_batches(make: Make) -> None:
     assert got == ids
 
 
+def test_a_batch_is_one_script_run_in_publish_order(make: Make) -> None:
+    """``publish`` of 100 messages (each with its id and headers, the batch delayed or not) is
+    ONE command -- one ``EVALSHA`` -- and they are delivered in publish order."""
+    q = make(counted=True)
+    batch = [(f"m{i}", f"body {i}".encode(), {"n": str(i)}) for i in range(100)]
+    CountingConnection.sent.clear()
+    q.publish(batch)
+    assert _requests() == ["EVALSHA"]
+    got = q.receive("c", 100, 30, 0)
+    assert [(m.id, m.body, m.headers) for m in got] == batch
+    CountingConnection.sent.clear()
+    q.publish([(f"d{i}", b"", {}) for i in range(100)], 30.0)
+    assert _requests() == ["EVALSHA"]
+
+
 def test_ids_are_not_unique_a_message_published_twice_is_delivered_twice(make: Make) -> None:
     q = make()
     q.publish([("same", b"1", {}), ("same", b"2", {})])

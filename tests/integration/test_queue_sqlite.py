@@ -324,6 +324,29 @@ def test_renew_and_an_idle_receive_are_one_statement_each(db: Path) -> None:
         q.close()
 
 
+def test_a_batch_is_one_transaction_in_publish_order(db: Path) -> None:
+    """``publish`` of 100 messages is ONE write transaction (BEGIN IMMEDIATE, the inserts,
+    COMMIT), and they are delivered in publish order."""
+    q = SQLiteQueueBackend(parse_url(_url(db)), name=_new_name())
+    try:
+        q.publish([("warm", b"", {})])  # the table exists: no CREATE in the count
+        assert [m.id for m in q.receive(A, 1, 30.0, 0)] == ["warm"]
+        statements: list[str] = []
+        assert q._conn is not None
+        q._conn.set_trace_callback(statements.append)
+        batch = [(f"m{i}", f"b{i}".encode(), {"n": str(i)}) for i in range(100)]
+        q.publish(batch)
+        q._conn.set_trace_callback(None)
+        words = [s.lstrip().split()[0].upper() for s in statements]
+        assert words.count("BEGIN") == 1 and words.count("COMMIT") == 1, words
+        assert words[0] == "BEGIN" and words[-1] == "COMMIT", words
+        got = q.receive(A, 100, 30.0, 0)
+        assert [(m.id, m.body, m.headers) for m in got] == batch
+    finally:
+        q.drop()
+        q.close()
+
+
 # -- nack, delays ------------------------------------------------------------------------------
 async def test_nack_without_delay(q: Q) -> None:
     await _publish(q, "n")

@@ -436,6 +436,22 @@ def requeue_copy(message: Incoming, now: float) -> Outgoing:
     return _build(message.id, message.body, message.headers, _ms(now))
 
 
+#: the most message ids an error about unconfirmed messages lists
+LISTED_IDS = 20
+
+
+def unconfirmed_text(queue: str, ids: Sequence[str | None], total: int) -> str:
+    """The start of the error of a publish whose messages ``ids`` (of ``total`` published
+    together) were not confirmed: how many, and which (the first ``LISTED_IDS``). The
+    others of the batch were confirmed: the broker has them."""
+    shown = ", ".join(repr(i) for i in ids[:LISTED_IDS])
+    more = f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else ""
+    return (
+        f"RabbitMQ did not confirm {len(ids)} of the {total} message(s) published to queue "
+        f"{queue!r} (ids {shown}{more}; the others are confirmed)"
+    )
+
+
 def unique_waves(messages: Sequence[Outgoing]) -> Iterator[list[Outgoing]]:
     """``messages`` in order, cut into runs without a repeated ``message_id``: aio-pika's
     driver matches a returned (unroutable) message to its publish by ``message_id``, so one

@@ -27,15 +27,18 @@ after it was lost; publisher confirms on, ``prefetch_count`` 1 for the consumers
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import aio_pika
 import aiormq
-from aiormq.abc import DeliveredMessage
+from aiormq.abc import ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
+from pamqp.header import ContentHeader
 from yarl import URL
 
 from ..._core import forks
@@ -64,6 +67,7 @@ from .common import (
     read_settings,
     requeue_copy,
     retry_copy,
+    unconfirmed_text,
     unique_waves,
 )
 
@@ -73,6 +77,11 @@ __all__ = ["AsyncRabbitQueueBackend"]
 _LINK_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 #: dead letters moved per confirmed batch by requeue_dead
 _REQUEUE_BATCH = 256
+#: a publish awaits its confirm only, not also the write of its frame (aiormq's ``wait``,
+#: where the installed version has it): the confirm cannot come before the write
+_NO_DRAIN: dict[str, Any] = (
+    {"wait": False} if "wait" in inspect.signature(aiormq.Channel.basic_publish).parameters else {}
+)
 
 
 def _properties(message: Outgoing) -> spec.Basic.Properties:
@@ -82,6 +91,80 @@ def _properties(message: Outgoing) -> spec.Basic.Properties:
         timestamp=datetime.fromtimestamp(message.timestamp, tz=timezone.utc),
         delivery_mode=2,
     )
+
+
+def _batched(channel: Any) -> bool:
+    """Whether ``channel`` (an aiormq channel) has what :func:`_publish_batch` uses."""
+    return all(hasattr(channel, name) for name in _BATCH_NEEDS) and bool(
+        getattr(channel, "publisher_confirms", False)
+    )
+
+
+#: the parts of aiormq's ``Channel`` that :func:`_publish_batch` uses (those its own
+#: ``basic_publish`` uses per message); without one of them, waves go message by message
+_BATCH_NEEDS = (
+    "lock",
+    "delivery_tag",
+    "confirmations",
+    "message_id_delivery_tag",
+    "write_queue",
+    "number",
+    "create_future",
+    "_split_body",
+)
+
+
+def _forget(ids: dict[str, int], message_id: str, tag: int, _future: Any) -> None:
+    if ids.get(message_id) == tag:
+        del ids[message_id]
+
+
+async def _publish_batch(channel: Any, queue: str, wave: list[Outgoing]) -> list[Any]:
+    """Publish ``wave`` to ``queue`` (mandatory) as ONE write of all its frames, and return
+    the confirmation future of each message, in order: what aiormq's ``basic_publish`` does
+    for one message (a delivery tag, a confirmation future the channel resolves with the
+    broker's ack, nack or return, or rejects when it closes), done for the whole wave under
+    the channel's lock, so the messages go out back to back in one socket write rather than
+    one write and one task per message."""
+    confirms: list[Any] = []
+    frames: list[Any] = []
+    async with channel.lock:
+        first = channel.delivery_tag + 1
+        try:
+            _register(channel, queue, wave, confirms, frames)
+            await channel.write_queue.put(
+                ChannelFrame.marshall(channel_number=channel.number, frames=frames)
+            )
+        except BaseException:
+            # nothing was sent: the broker numbers the next publish ``first`` again
+            channel.delivery_tag = first - 1
+            for offset, confirm in enumerate(confirms):
+                channel.confirmations.pop(first + offset, None)
+                confirm.cancel()
+            raise
+    return confirms
+
+
+def _register(
+    channel: Any, queue: str, wave: list[Outgoing], confirms: list[Any], frames: list[Any]
+) -> None:
+    """A delivery tag and a confirmation future per message of ``wave`` (appended to
+    ``confirms``), and its frames (appended to ``frames``)."""
+    for message in wave:
+        properties = _properties(message)
+        channel.delivery_tag += 1
+        tag = channel.delivery_tag
+        confirm = channel.create_future()
+        channel.confirmations[tag] = confirm
+        if message.message_id is not None:
+            channel.message_id_delivery_tag[message.message_id] = tag
+            confirm.add_done_callback(
+                partial(_forget, channel.message_id_delivery_tag, message.message_id, tag)
+            )
+        frames.append(spec.Basic.Publish(exchange="", routing_key=queue, mandatory=True))
+        frames.append(ContentHeader(properties=properties, body_size=len(message.body)))
+        frames.extend(channel._split_body(message.body))
+        confirms.append(confirm)
 
 
 def _parse(message: DeliveredMessage) -> Incoming:
@@ -405,37 +488,68 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
     async def _publish_wave(
         self, link: _Link, route: Route, wave: list[Outgoing]
     ) -> list[Outgoing]:
-        results = await asyncio.gather(
-            *(
-                link.channel.basic_publish(
-                    m.body,
-                    exchange="",
-                    routing_key=route.queue,
-                    properties=_properties(m),
-                    mandatory=True,
-                    timeout=self._timeout,
+        """Publish every message of ``wave`` at once, then wait for all their confirms
+        together, within one ``timeout`` for the wave (no timer per message, and no wait for
+        each frame's write: its confirm comes after it anyway); the messages returned as
+        unroutable. :class:`BackendError` naming the messages the broker refused; a lost
+        link: ``ConnectionError`` naming the messages left unconfirmed."""
+        try:
+            if _batched(link.channel):
+                confirms = await _publish_batch(link.channel, route.queue, wave)
+                pending: Any = asyncio.gather(*confirms, return_exceptions=True)
+            else:
+                pending = asyncio.gather(
+                    *(
+                        link.channel.basic_publish(
+                            m.body,
+                            exchange="",
+                            routing_key=route.queue,
+                            properties=_properties(m),
+                            mandatory=True,
+                            **_NO_DRAIN,
+                        )
+                        for m in wave
+                    ),
+                    return_exceptions=True,
                 )
-                for m in wave
-            ),
-            return_exceptions=True,
-        )
+            results = await asyncio.wait_for(pending, self._timeout)
+        except asyncio.TimeoutError:
+            self._break(link)
+            raise request_timed_out(self._timeout) from None
         returned: list[Outgoing] = []
+        refused: list[Outgoing] = []
+        failure: BaseException | None = None
         for message, result in zip(wave, results, strict=True):
             if isinstance(result, aiormq.exceptions.PublishError):
                 returned.append(message)
             elif isinstance(result, aiormq.exceptions.DeliveryError):
-                raise BackendError(
-                    f"RabbitMQ refused a message for queue {route.queue!r} (basic.nack)",
-                    backend="rabbitmq",
-                    operation="publish",
-                )
+                refused.append(message)
             elif isinstance(result, asyncio.TimeoutError):
                 self._break(link)
                 raise request_timed_out(self._timeout)
-            elif isinstance(result, BaseException):
-                if isinstance(result, _LINK_ERRORS):
-                    self._break(link)
-                raise result
+            elif isinstance(result, BaseException) and failure is None:
+                failure = result
+        if failure is not None:
+            if not isinstance(failure, _LINK_ERRORS):
+                raise failure
+            self._break(link)
+            lost = [
+                m.message_id
+                for m, r in zip(wave, results, strict=True)
+                if isinstance(r, _LINK_ERRORS)
+                and not isinstance(r, aiormq.exceptions.DeliveryError)
+            ]
+            raise ConnectionError(
+                unconfirmed_text(route.queue, lost, len(wave))
+                + f": {type(failure).__name__}: {failure}"
+            ) from failure
+        if refused:
+            raise BackendError(
+                unconfirmed_text(route.queue, [m.message_id for m in refused], len(wave))
+                + ": the broker refused them (basic.nack)",
+                backend="rabbitmq",
+                operation="publish",
+            )
         return returned
 
     async def publish(

@@ -65,6 +65,7 @@ from .common import (
     read_settings,
     requeue_copy,
     retry_copy,
+    unconfirmed_text,
 )
 
 __all__ = ["RabbitQueueBackend"]
@@ -125,7 +126,8 @@ class _Link:
         self.broken = False
         self._next_seq = 1
         self._unconfirmed: set[int] = set()
-        self._nacked = 0
+        #: publish sequence numbers the broker refused (``basic.nack``) since the last publish
+        self._nacked: set[int] = set()
         self._returned: list[tuple[Any, bytes]] = []
 
     @property
@@ -150,32 +152,41 @@ class _Link:
         done = {s for s in self._unconfirmed if s <= tag} if method.multiple else {tag}
         self._unconfirmed -= done
         if isinstance(method, spec.Basic.Nack):
-            self._nacked += len(done)
+            self._nacked |= done
 
     def _on_return(self, _channel: Any, _method: Any, properties: Any, body: bytes) -> None:
         self._returned.append((properties, body))
 
     def publish(self, queue: str, messages: Sequence[tuple[Any, bytes]]) -> list[Any]:
-        """Publish ``(properties, body)`` pairs to ``queue`` (mandatory) and wait for all
-        their confirms; the pairs the broker returned as unroutable. ``BackendError`` if the
-        broker refused one (``basic.nack``)."""
+        """Publish ``(properties, body)`` pairs to ``queue`` (mandatory), all at once, then
+        wait for all their confirms together (one wait for the batch, not one per message);
+        the pairs the broker returned as unroutable. :class:`BackendError` naming the
+        messages the broker refused (``basic.nack``); if the channel closes before every
+        confirm came, ``ChannelWrongStateError`` naming the unconfirmed ones."""
         self._returned = []
-        nacked = self._nacked
-        sent: set[int] = set()
+        self._nacked = set()
+        sent: dict[int, Any] = {}
         impl = self.channel._impl
         for properties, body in messages:
             impl.basic_publish("", queue, body, properties, mandatory=True)
-            sent.add(self._next_seq)
+            sent[self._next_seq] = properties
             self._unconfirmed.add(self._next_seq)
             self._next_seq += 1
+        unconfirmed = self._unconfirmed
         self.connection._flush_output(
-            lambda: not (sent & self._unconfirmed) or not self.channel.is_open
+            lambda: unconfirmed.isdisjoint(sent) or not self.channel.is_open
         )
-        if sent & self._unconfirmed:
-            raise pika.exceptions.ChannelWrongStateError("the channel closed before confirming")
-        if self._nacked > nacked:
+        missing = [seq for seq in sent if seq in self._unconfirmed]
+        if missing:
+            raise pika.exceptions.ChannelWrongStateError(
+                unconfirmed_text(queue, [sent[seq].message_id for seq in missing], len(sent))
+                + ": the channel closed before confirming them"
+            )
+        refused = [seq for seq in sent if seq in self._nacked]
+        if refused:
             raise BackendError(
-                f"RabbitMQ refused a message for queue {queue!r} (basic.nack)",
+                unconfirmed_text(queue, [sent[seq].message_id for seq in refused], len(sent))
+                + ": the broker refused them (basic.nack)",
                 backend="rabbitmq",
                 operation="publish",
             )

@@ -213,7 +213,11 @@ class RedisQueueBackend(QueueBackend):
             return
         args: list[Any] = [_call_id(), _ms(delay) if delay > 0 else 0]
         for message_id, body, headers in messages:
-            args += [message_id, body, json.dumps(headers, separators=(",", ":"))]
+            args += [
+                message_id,
+                body,
+                json.dumps(headers, separators=(",", ":")) if headers else "{}",
+            ]
         self._run["publish"](self._keys, args)
 
     # -- receiving ----------------------------------------------------------------------

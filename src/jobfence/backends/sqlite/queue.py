@@ -239,7 +239,7 @@ class SQLiteQueueBackend(QueueBackend):
                 "queue": self.name,
                 "id": message_id,
                 "body": body,
-                "headers": json.dumps(headers, separators=(",", ":")),
+                "headers": json.dumps(headers, separators=(",", ":")) if headers else "{}",
                 "delay": delay,
             }
             for message_id, body, headers in messages
