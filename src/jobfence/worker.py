@@ -727,7 +727,42 @@ class Worker:
     def run(self) -> WorkerStats:
         """Receive and handle messages until :meth:`stop` or SIGTERM/SIGINT, then drain.
         Blocks; returns the stats."""
-        return asyncio.run(self._worker.run())
+        return asyncio.run(self._run())
+
+    async def _run(self) -> WorkerStats:
+        aqueue = self._open_native()
+        if aqueue is None:
+            return await self._worker.run()
+        self._worker.queue = aqueue
+        try:
+            return await self._worker.run()
+        finally:
+            self._worker.queue = self._aqueue
+            await aqueue.close()
+
+    def _open_native(self) -> AsyncQueue | None:
+        """The asyncio client of the same queue, for this run's event loop, when the queue
+        was opened from a URL and the backend has one (its receives, batched acks and
+        renewals then run on the loop, and RabbitMQ streams its deliveries, instead of each
+        call taking a thread); ``None`` for a queue on a client or backend object of the
+        caller's, whose calls run in threads."""
+        opened = self.queue._opened_from
+        if opened is None:
+            return None
+        url, options = opened
+        try:
+            aqueue = AsyncQueue(
+                url,
+                self.queue.name,
+                visibility=self.queue.visibility,
+                serializer=self.queue.serializer,
+                **options,
+            )
+        except (ImportError, JobfenceError, TypeError) as exc:
+            log.debug("queue %r: calling the blocking client in threads (%r)", self.queue.name, exc)
+            return None
+        aqueue.url = self.queue.url
+        return aqueue
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop (safe from any thread and from a handler)."""
