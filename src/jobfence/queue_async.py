@@ -520,6 +520,22 @@ class AsyncQueue:
             results = await self.backend.ack_many([(r, self.consumer) for r in receipts])
             return [bool(ok) for ok in results]
 
+        async def _unstream(self) -> list[AsyncMessage]:
+            """Internal (used by the worker as it stops): end the subscription its
+            ``backend.stream`` started and return the deliveries pushed to this client that no
+            receive returned yet, for the caller to give back."""
+            started = get_clock().monotonic()
+            raws = await self._io(
+                "queue.receive",
+                lambda: ahook("queue.receive", queue=self.name, backend=self.backend.kind),
+                self.backend.unstream,
+                self.consumer,
+            )
+            return [
+                AsyncMessage(self, raw, visibility=self.visibility, started=started, renew=False)
+                for raw in raws
+            ]
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("this Queue is closed", argument="self")
