@@ -597,7 +597,8 @@ class Measured:
 
 async def measure(backend: str, n: int, rounds: int, conc: int, tmp: str) -> Measured:
     """Publish and consume ``n`` messages per case and round on ``backend`` (redis, postgres,
-    sqlite, rabbitmq), after a warm-up of each case; then count a guarded message's calls."""
+    sqlite, rabbitmq), after a warm-up of each case (none in a single-round smoke run); then
+    count a guarded message's calls."""
     urls = {
         "redis": (REDIS_URL, REDIS_URL, partial(redis_floor, conc)),
         "postgres": (POSTGRES_URL, POSTGRES_URL, partial(postgres_floor, conc)),
@@ -621,7 +622,7 @@ async def measure(backend: str, n: int, rounds: int, conc: int, tmp: str) -> Mea
     }
     if backend in DRAMATIQ_BROKERS:
         cases[DRAMATIQ] = dramatiq_case(backend)
-    for fn in cases.values():  # warm-up: connections, tables, scripts
+    for fn in cases.values() if rounds > 1 else ():  # warm-up: connections, tables, scripts
         await fn(min(n, 100))
     rates: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}
