@@ -239,6 +239,14 @@ WHY_NOT = (
 WHY_NOT = (
     *WHY_NOT,
     (
+        "guarded def (defaults) ≥ 0.70x",
+        "the blocking guard runs in the handler's thread: its inbox claim and its completion "
+        "are two round trips per message, one after the other and not batched across "
+        "handlers (the asyncio inbox batches them, about 0.25 round trips per message); on "
+        "SQLite each is also a commit that waits for the process's write gate and an fsync "
+        f"({PERF}#workers)",
+    ),
+    (
         "add` ≤ 1.1x the hand-written INSERT",
         "`add` is one statement like the bare `INSERT`; what it adds: on PostgreSQL the "
         "`pg_notify` that wakes the relays, delivered by the commit (a bare `INSERT` + "
