@@ -251,6 +251,14 @@ WHY_NOT = (
 WHY_NOT = (
     *WHY_NOT,
     (
+        "guarded def (defaults) ≥ 0.70x",
+        "the blocking guard runs in the handler's thread: its inbox claim and its completion "
+        "are two round trips per message, one after the other and not batched across "
+        "handlers (the asyncio inbox batches them, about 0.25 round trips per message); on "
+        "SQLite each is also a commit that waits for the process's write gate and an fsync "
+        f"({PERF}#workers)",
+    ),
+    (
         "add` ≤ 1.1x the hand-written INSERT",
         "`add` is one statement like the bare `INSERT`; what it adds: on PostgreSQL the "
         "`pg_notify` that wakes the relays, delivered by the commit (a bare `INSERT` + "
@@ -710,7 +718,12 @@ def section_worker(rep: Report, sz: Sizes) -> None:
         f"has no per-operation p99: the slowest round is given instead. Anchors: a "
         f"hand-written consumer loop on the same server and driver (receive a batch, ack each "
         f"message), and the same loop with a hand-written idempotency mark per message for "
-        f"the guarded handler (RabbitMQ's inbox and mark are on Redis)."
+        f"the guarded handler (RabbitMQ's inbox and mark are on Redis). Plain `def` handlers "
+        f"run at the worker's defaults (`Worker` on a `Queue`, as `jobfence worker` runs them, "
+        f"and `AsyncWorker` on an `AsyncQueue`), against the same loop and, on Redis and "
+        f"RabbitMQ, Dramatiq's worker at its default 8 threads on the same broker, in the same "
+        f"process and rounds. CPU: user + system time of the process (all its threads) while "
+        f"consuming, per message."
     )
     rows = []
     measured = []
@@ -728,6 +741,7 @@ def section_worker(rep: Report, sz: Sizes) -> None:
                         f"{min(values):.0f}",
                         f"{backend}: {anchor}" if anchor else "(anchor)",
                         f"{med / m.median(anchor):.2f}x" if anchor else "1.00x",
+                        f"{m.cpu_us(case):.0f}",
                     )
                 )
             rows.append(
@@ -736,6 +750,7 @@ def section_worker(rep: Report, sz: Sizes) -> None:
                     f"{m.extra_trips:.2f}",
                     f"{m.extra_trips:.2f}",
                     "(counted)",
+                    "-",
                     "-",
                 )
             )
@@ -746,13 +761,27 @@ def section_worker(rep: Report, sz: Sizes) -> None:
                     f"{m.inbox_trips:.2f}",
                     "(counted)",
                     "-",
+                    "-",
                 )
             )
-    rep.table(("case", "msg/s median", "msg/s slowest round", "anchor", "ratio to anchor"), rows)
+    rep.table(
+        (
+            "case",
+            "msg/s median",
+            "msg/s slowest round",
+            "anchor",
+            "ratio to anchor",
+            "CPU µs per message",
+        ),
+        rows,
+    )
     for m in measured:
-        for case, anchor in bench_worker.ANCHORS.items():
+        for case in (bench_worker.ASYNC_NOOP, bench_worker.ASYNC_GUARDED):
+            anchor = bench_worker.ANCHORS[case]
             ratio = m.median(case) / m.median(anchor)
             rep.target(f"{m.backend}: {case} ≥ 0.70x {anchor}", ratio >= 0.70, f"{ratio:.2f}x")
+        for text, met, figures in m.targets():
+            rep.target(text, met, figures)
         rep.target(
             f"{m.backend}: ≤ 5 backend round trips per guarded message on top of receive and ack",
             m.extra_trips <= 5,

@@ -363,6 +363,8 @@ class Queue:
         self.name = check_queue_name(name)
         self.visibility = check_ttl(visibility, argument="visibility")
         self.serializer: Serializer = check_serializer(serializer)
+        #: the URL and options of the backend, when it was opened from a URL
+        self._opened_from: tuple[str, dict[str, Any]] | None = None
         if isinstance(url, QueueBackend):
             self.backend = url
             self.url = f"{url.kind}://"
@@ -371,6 +373,10 @@ class Queue:
                 url = os.environ.get("JOBFENCE_URL") or DEFAULT_QUEUE_URL
             self.backend = open_queue_backend(url, self.name, asynchronous=False, **options)
             self.url = describe_target(url)
+            if isinstance(url, str):
+                # what opens this queue's backend again (a worker of the blocking API opens
+                # the asyncio backend of the same queue for its event loop)
+                self._opened_from = (url, dict(options))
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
         self._closed = False

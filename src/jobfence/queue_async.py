@@ -367,6 +367,8 @@ class AsyncQueue:
         self.name = check_queue_name(name)
         self.visibility = check_ttl(visibility, argument="visibility")
         self.serializer: Serializer = check_serializer(serializer)
+        #: the URL and options of the backend, when it was opened from a URL
+        self._opened_from: tuple[str, dict[str, Any]] | None = None
         if isinstance(url, AsyncQueueBackend):
             self.backend = url
             self.url = f"{url.kind}://"
@@ -375,6 +377,10 @@ class AsyncQueue:
                 url = os.environ.get("JOBFENCE_URL") or DEFAULT_QUEUE_URL
             self.backend = open_queue_backend(url, self.name, asynchronous=True, **options)
             self.url = describe_target(url)
+            if isinstance(url, str):
+                # what opens this queue's backend again (a worker of the blocking API opens
+                # the asyncio backend of the same queue for its event loop)
+                self._opened_from = (url, dict(options))
         #: this client's consumer id (``host:pid:uuid``), the owner of its deliveries
         self.consumer = _new_consumer()
         if ASYNC:
@@ -513,6 +519,22 @@ class AsyncQueue:
         async def _flush_acks(self, receipts: list[str]) -> list[bool]:
             results = await self.backend.ack_many([(r, self.consumer) for r in receipts])
             return [bool(ok) for ok in results]
+
+        async def _unstream(self) -> list[AsyncMessage]:
+            """Internal (used by the worker as it stops): end the subscription its
+            ``backend.stream`` started and return the deliveries pushed to this client that no
+            receive returned yet, for the caller to give back."""
+            started = get_clock().monotonic()
+            raws = await self._io(
+                "queue.receive",
+                lambda: ahook("queue.receive", queue=self.name, backend=self.backend.kind),
+                self.backend.unstream,
+                self.consumer,
+            )
+            return [
+                AsyncMessage(self, raw, visibility=self.visibility, started=started, renew=False)
+                for raw in raws
+            ]
 
     def _check_open(self) -> None:
         if self._closed:

@@ -2,7 +2,9 @@
 
 ``AsyncWorker`` runs on an :class:`~jobfence.AsyncQueue` inside an event loop; ``Worker`` is
 the same loop for a :class:`~jobfence.Queue`, run from blocking code (``Worker.run()`` starts
-its own event loop, and calls the sync backend in threads). One body of logic serves both:
+its own event loop and, for a queue opened from a URL, runs the asyncio client of that URL on
+it; a queue on a client object of the caller's has its backend called in threads). One body
+of logic serves both:
 
 * **bounded concurrency**: at most ``concurrency`` handlers run at once; ``async def``
   handlers run as tasks, plain functions in a pool of ``concurrency`` threads. A handler's
@@ -22,7 +24,9 @@ its own event loop, and calls the sync backend in threads). One body of logic se
   when unknown) plus jitter, WITHOUT counting the delivery, so a message that is only ever
   refused is never dead-lettered and ``last_error`` stays the last real failure. Messages
   received but not yet started when the worker stops are deferred the same way (they never
-  ran); a consumer that dies holding a delivery still uses it up (the poison-message guard);
+  ran; a subscription that pushes, RabbitMQ's, is cancelled first and what it pushed is
+  deferred too); a consumer that dies holding a delivery still uses it up (the poison-message
+  guard);
 * **renewal**: every delivery is kept hidden by the queue's renewer (one batched round trip
   per tick for all in-flight messages) while its handler runs; if a renewal fails the message
   is *lost*: an ``async def`` handler is cancelled, a thread sees ``message.lost`` /
@@ -42,11 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextvars
 import dataclasses
 import inspect
 import logging
+import queue
 import random
 import signal
 import threading
@@ -213,7 +217,7 @@ class AsyncWorker:
         #: the tasks whose handler has not returned yet (each holds one of the slots)
         self._busy: set[asyncio.Task[None]] = set()
         self._slot_free: _Wakeup | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: _HandlerThreads | None = None
         self._running = False
 
     def __repr__(self) -> str:
@@ -274,9 +278,7 @@ class AsyncWorker:
         if self._stop_requested.is_set():
             self._stopping.set()
         if not self._is_async:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.concurrency, thread_name_prefix="jobfence-worker"
-            )
+            self._pool = _HandlerThreads(loop, self.concurrency, "jobfence-worker")
         signals = self._install_signals(loop)
         slot_free = self._slot_free = _Wakeup(loop)
         log.info(
@@ -348,6 +350,10 @@ class AsyncWorker:
                 except JobfenceError:
                     pass
             receiving.clear()
+            try:  # a subscription ends first, so that what it pushed is given back too
+                buffer.extend(await self.queue._unstream())
+            except JobfenceError as exc:
+                log.warning("queue %r: unsubscribing failed: %s", self.queue.name, exc)
             for message in buffer:  # never started: not a delivery used up
                 await self._give_back(message, "the worker is stopping", counted=False)
             buffer.clear()
@@ -357,7 +363,7 @@ class AsyncWorker:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool.shutdown()
                 self._pool = None
             self._loop = None
             self._running = False
@@ -453,8 +459,8 @@ class AsyncWorker:
             if self._is_async:
                 await self.handler(message)
             else:
-                ctx = contextvars.copy_context()
-                await loop.run_in_executor(self._pool, ctx.run, self.handler, message)
+                assert self._pool is not None
+                await self._pool.run(self.handler, message)
         except asyncio.CancelledError:
             if cancelled_for_loss or message.lost:
                 self.stats.lost += 1
@@ -594,6 +600,102 @@ class AsyncWorker:
             log.error("%s of message %r failed: %s", verb, message.id, err, extra=_extra(message))
 
 
+class _HandlerThreads:
+    """The threads of plain-function handlers: at most ``size``, started as needed. A call
+    goes in with the caller's context (so :func:`jobfence.current_message` is its message) and
+    its outcome comes back to the loop on a future; outcomes that finish close together come
+    back in one wake-up of the loop instead of one each (a thread pool executor's future
+    costs a chained future and a wake-up per call). A call whose future was cancelled before
+    a thread took it does not run; one that runs cannot be stopped (its outcome is
+    ignored)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
+        self._loop = loop
+        self._size = size
+        self._name = name
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._finished: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        self._finished = collections.deque()
+        self._lock = threading.Lock()
+        self._wakeup_sent = False
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+
+    def run(self, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+        """Call ``fn(arg)`` in a thread, in a copy of the current context."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._jobs.put((future, contextvars.copy_context(), fn, arg))
+        with self._lock:
+            spawn = self._idle == 0 and len(self._threads) < self._size
+            if spawn:
+                self._idle += 1  # counted now, so that the next call does not spawn too
+        if spawn:
+            thread = threading.Thread(
+                target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=False
+            )
+            self._threads.append(thread)
+            thread.start()
+        return future
+
+    def _work(self) -> None:
+        jobs, finished, lock = self._jobs, self._finished, self._lock
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            with lock:
+                self._idle -= 1
+            future, ctx, fn, arg = job
+            if not future.cancelled():  # (a stale read only runs a call nobody awaits)
+                try:
+                    finished.append((future, ctx.run(fn, arg), None))
+                except BaseException as exc:  # the handler's, for the loop to see
+                    finished.append((future, None, exc))
+                with lock:
+                    wake = not self._wakeup_sent
+                    self._wakeup_sent = True
+                if wake:
+                    try:
+                        self._loop.call_soon_threadsafe(self._deliver)
+                    except RuntimeError:  # the loop is closed: nobody awaits the outcome
+                        pass
+            del job, future, ctx, fn, arg
+            with lock:
+                self._idle += 1
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._wakeup_sent = False
+        finished = self._finished
+        while finished:
+            future, result, exc = finished.popleft()
+            if future.done():  # cancelled meanwhile: the outcome is ignored
+                continue
+            if exc is None:
+                future.set_result(result)
+            elif isinstance(exc, StopIteration):  # cannot be a future's exception
+                future.set_exception(RuntimeError(f"the handler raised {exc!r}"))
+            else:
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Cancel the calls no thread took yet; let each thread end once it is done with its
+        call (nothing waits for that)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads = []
+
+
+_Job = tuple["asyncio.Future[Any]", contextvars.Context, Callable[[Any], Any], Any]
+
+
 class _Wakeup:
     """What the worker's loop waits on, beside its receives, for a handler to finish: a plain
     future armed for one turn of the loop (a task around ``Event.wait()`` would cost a task
@@ -648,6 +750,10 @@ class _ThreadedBackend(AsyncQueueBackend):
     async def ack(self, receipt: str, consumer: str) -> bool:
         return await asyncio.to_thread(self.sync.ack, receipt, consumer)
 
+    async def ack_many(self, items: Sequence[tuple[str, str]]) -> list[bool]:
+        """One thread call (and one round trip where the backend batches) per batch of acks."""
+        return await asyncio.to_thread(self.sync.ack_many, items)
+
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         return await asyncio.to_thread(self.sync.nack, receipt, consumer, delay, error)
 
@@ -684,9 +790,11 @@ class _ThreadedBackend(AsyncQueueBackend):
 
 class Worker:
     """The worker for a blocking :class:`~jobfence.Queue`: the same loop as
-    :class:`AsyncWorker`, run by :meth:`run` in an event loop of its own; the queue's backend
-    is called in threads, and plain-function handlers run in a pool of ``concurrency``
-    threads.
+    :class:`AsyncWorker`, run by :meth:`run` in an event loop of its own. For a queue opened
+    from a URL, each run opens the asyncio client of the same URL and options on that loop
+    (receives, batched acks and renewals without a thread each; RabbitMQ streams) and closes
+    it at the end; a queue on a client or backend object of the caller's has its backend
+    called in threads. Plain-function handlers run in a pool of ``concurrency`` threads.
 
     ``queue``: the :class:`~jobfence.Queue` to consume; ``handler``: called as
     ``handler(message)``, a plain function or an ``async def`` one (returning acks the
@@ -727,7 +835,42 @@ class Worker:
     def run(self) -> WorkerStats:
         """Receive and handle messages until :meth:`stop` or SIGTERM/SIGINT, then drain.
         Blocks; returns the stats."""
-        return asyncio.run(self._worker.run())
+        return asyncio.run(self._run())
+
+    async def _run(self) -> WorkerStats:
+        aqueue = self._open_native()
+        if aqueue is None:
+            return await self._worker.run()
+        self._worker.queue = aqueue
+        try:
+            return await self._worker.run()
+        finally:
+            self._worker.queue = self._aqueue
+            await aqueue.close()
+
+    def _open_native(self) -> AsyncQueue | None:
+        """The asyncio client of the same queue, for this run's event loop, when the queue
+        was opened from a URL and the backend has one (its receives, batched acks and
+        renewals then run on the loop, and RabbitMQ streams its deliveries, instead of each
+        call taking a thread); ``None`` for a queue on a client or backend object of the
+        caller's, whose calls run in threads."""
+        opened = self.queue._opened_from
+        if opened is None:
+            return None
+        url, options = opened
+        try:
+            aqueue = AsyncQueue(
+                url,
+                self.queue.name,
+                visibility=self.queue.visibility,
+                serializer=self.queue.serializer,
+                **options,
+            )
+        except (ImportError, JobfenceError, TypeError) as exc:
+            log.debug("queue %r: calling the blocking client in threads (%r)", self.queue.name, exc)
+            return None
+        aqueue.url = self.queue.url
+        return aqueue
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop (safe from any thread and from a handler)."""

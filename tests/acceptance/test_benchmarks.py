@@ -124,14 +124,20 @@ SECTION_ROWS = {
         )
     ],
     "## 6. Worker: messages per second": [
-        f"{queue}: {case}"
-        for queue in ("redis", "postgres", "sqlite", "rabbitmq")
-        for case in (
-            "hand-written loop",
-            "jobfence AsyncWorker, no-op",
-            "hand-written loop + idempotency mark",
-            "jobfence AsyncWorker, guarded",
-        )
+        *(
+            f"{queue}: {case}"
+            for queue in ("redis", "postgres", "sqlite", "rabbitmq")
+            for case in (
+                "hand-written loop",
+                "jobfence AsyncWorker, no-op",
+                "jobfence Worker, def no-op (defaults)",
+                "jobfence AsyncWorker, def no-op (defaults)",
+                "jobfence Worker, guarded def (defaults)",
+                "hand-written loop + idempotency mark",
+                "jobfence AsyncWorker, guarded",
+            )
+        ),
+        *(f"{queue}: Dramatiq worker, 8 threads (its default)" for queue in ("redis", "rabbitmq")),
     ],
     "## 7. 500 live leases on one client": ["Redis", "PostgreSQL (lease mode)", "SQLite"],
     "## 9. etcd beside Redis and PostgreSQL": [
@@ -265,13 +271,29 @@ TARGETS: dict[str, list[str]] = {
         "Redis (redis-py, sync): claim + complete faster than Powertools",
     ],
     "worker": [
-        f"{queue}: {target}"
-        for queue in ("redis", "postgres", "sqlite", "rabbitmq")
-        for target in (
-            "jobfence AsyncWorker, no-op ≥ 0.70x hand-written loop",
-            "jobfence AsyncWorker, guarded ≥ 0.70x hand-written loop + idempotency mark",
-            "≤ 5 backend round trips per guarded message",
-        )
+        *(
+            f"{queue}: {target}"
+            for queue in ("redis", "postgres", "sqlite", "rabbitmq")
+            for target in (
+                "jobfence AsyncWorker, no-op ≥ 0.70x hand-written loop",
+                "jobfence AsyncWorker, guarded ≥ 0.70x hand-written loop + idempotency mark",
+                "≤ 5 backend round trips per guarded message",
+                "jobfence Worker, def no-op (defaults) ≥ 0.50x hand-written loop",
+                "jobfence Worker, def no-op (defaults) CPU per message ≤ 2x",
+                "jobfence AsyncWorker, def no-op (defaults) ≥ 0.50x hand-written loop",
+                "jobfence AsyncWorker, def no-op (defaults) CPU per message ≤ 2x",
+                "jobfence Worker, guarded def (defaults) ≥ 0.70x jobfence Worker, def no-op",
+            )
+        ),
+        *(
+            f"{queue}: {case} ≥ Dramatiq worker, 8 threads"
+            for queue in ("redis", "rabbitmq")
+            for case in (
+                "jobfence Worker, def no-op (defaults)",
+                "jobfence AsyncWorker, def no-op (defaults)",
+                "jobfence AsyncWorker, no-op",
+            )
+        ),
     ],
     "outbox": [
         *(

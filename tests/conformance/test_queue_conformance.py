@@ -12,6 +12,7 @@ between the flavours sits in ``if ASYNC:`` / ``else:`` branches.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -477,6 +478,46 @@ async def test_worker_processes_each_message_once_and_dead_letters_poison(
     await inbox.close()
 
 
+async def test_a_stopping_worker_gives_back_what_its_def_handler_did_not_start_uncounted(
+    qenv_async: AsyncQueueEnv,
+) -> None:
+    """A plain ``def`` handler at concurrency 1 with three messages received behind it (the
+    prefetch; streamed on RabbitMQ): a stop lets the running one finish and be acked, and the
+    three that never started come back with their delivery not used up."""
+    q = qenv_async.queue(visibility=30)
+    ids = [f"s{i}" for i in range(4)]
+    await q.publish_many([{"n": i} for i in range(4)], ids=ids)
+    started: list[str] = []
+    began = threading.Event()
+    release = threading.Event()
+
+    def handler(message: Any) -> None:
+        started.append(message.id)
+        began.set()
+        assert release.wait(30)
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, prefetch=3)
+
+    async def stop_when_all_received() -> None:
+        assert await flow_async.wait_event(began, 30)
+        deadline = time.monotonic() + 30
+        while worker.stats.received < 4 and time.monotonic() < deadline:
+            await flow_async.sleep(0.02)
+        worker.stop()
+        release.set()
+
+    stopper = flow_async.spawn(stop_when_all_received)
+    stats = await worker.run()  # (the sync worker runs on the test's own thread)
+    await flow_async.result(stopper, 40)
+    assert len(started) == 1 and stats.received == 4, stats
+    assert stats.processed == 1 and stats.given_back == 3, stats
+    got = await _receive_all(qenv_async.queue(), 3)
+    assert sorted(m.id for m in got) == sorted(set(ids) - set(started))
+    assert [m.delivery for m in got] == [1, 1, 1]  # never ran: not counted
+    for m in got:
+        await m.ack()
+
+
 async def test_ack_many_acks_each_delivery_once_and_only_the_owners(
     qenv_async: AsyncQueueEnv,
 ) -> None:
@@ -536,6 +577,31 @@ if ASYNC:  # only an async queue backend streams
         # its second delivery at least (RabbitMQ: a delivery pushed back to a client that was
         # still subscribed, then returned with its channel, counts too)
         assert next(m for m in got if m.id == held.id).delivery >= 2
+        for m in got:
+            await m.ack()
+
+    async def test_ending_a_stream_hands_back_what_was_pushed_and_not_received(
+        qenv_async: AsyncQueueEnv,
+    ) -> None:
+        """What a worker does as it stops: the subscription ends and whatever the server
+        pushed that no receive returned is handed back to the caller, who defers it: nothing
+        is left with the client to go back counted when it closes (a pulling backend hands
+        back nothing and its messages stay queued)."""
+        a, b = qenv_async.queue(), qenv_async.queue()
+        ids = [f"u{i}" for i in range(5)]
+        await a.publish_many([{"n": i} for i in range(5)], ids=ids)
+        await a.backend.stream(5)
+        (first,) = await a.receive(1, wait=5)
+        await first.ack()
+        pushed = await a._unstream()
+        assert {m.id for m in pushed} <= set(ids[1:])
+        assert all(m.delivery == 1 for m in pushed)
+        for m in pushed:
+            assert await m.defer(0)
+        await a.close()  # holding nothing: nothing goes back counted
+        got = await _receive_all(b, 4, wait=10)
+        assert sorted(m.id for m in got) == ids[1:]
+        assert [m.delivery for m in got] == [1, 1, 1, 1]
         for m in got:
             await m.ack()
 

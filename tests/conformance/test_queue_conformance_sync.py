@@ -14,6 +14,7 @@ between the flavours sits in ``if ASYNC:`` / ``else:`` branches.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -464,6 +465,46 @@ def test_worker_processes_each_message_once_and_dead_letters_poison(
     (dead,) = q.dead_letters()
     assert dead.id == "poison" and "poison" in (dead.error or "")
     inbox.close()
+
+
+def test_a_stopping_worker_gives_back_what_its_def_handler_did_not_start_uncounted(
+    qenv: QueueEnv,
+) -> None:
+    """A plain ``def`` handler at concurrency 1 with three messages received behind it (the
+    prefetch; streamed on RabbitMQ): a stop lets the running one finish and be acked, and the
+    three that never started come back with their delivery not used up."""
+    q = qenv.queue(visibility=30)
+    ids = [f"s{i}" for i in range(4)]
+    q.publish_many([{"n": i} for i in range(4)], ids=ids)
+    started: list[str] = []
+    began = threading.Event()
+    release = threading.Event()
+
+    def handler(message: Any) -> None:
+        started.append(message.id)
+        began.set()
+        assert release.wait(30)
+
+    worker = jobfence.Worker(q, handler, concurrency=1, prefetch=3)
+
+    def stop_when_all_received() -> None:
+        assert flow.wait_event(began, 30)
+        deadline = time.monotonic() + 30
+        while worker.stats.received < 4 and time.monotonic() < deadline:
+            flow.sleep(0.02)
+        worker.stop()
+        release.set()
+
+    stopper = flow.spawn(stop_when_all_received)
+    stats = worker.run()  # (the sync worker runs on the test's own thread)
+    flow.result(stopper, 40)
+    assert len(started) == 1 and stats.received == 4, stats
+    assert stats.processed == 1 and stats.given_back == 3, stats
+    got = _receive_all(qenv.queue(), 3)
+    assert sorted(m.id for m in got) == sorted(set(ids) - set(started))
+    assert [m.delivery for m in got] == [1, 1, 1]  # never ran: not counted
+    for m in got:
+        m.ack()
 
 
 def test_ack_many_acks_each_delivery_once_and_only_the_owners(

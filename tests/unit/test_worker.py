@@ -299,6 +299,86 @@ def test_sync_worker_runs_plain_handlers_in_threads_with_the_current_message() -
     q.close()
 
 
+def _spy_on_sync_backend(queue: jobfence.Queue) -> list[tuple[str, int]]:
+    """Record the blocking backend's receive and ack calls of ``queue`` (verb, items)."""
+    calls: list[tuple[str, int]] = []
+    backend = queue.backend
+    receive, ack, ack_many = backend.receive, backend.ack, backend.ack_many
+
+    def spy_receive(*args: Any) -> Any:
+        calls.append(("receive", 1))
+        return receive(*args)
+
+    def spy_ack(*args: Any) -> Any:
+        calls.append(("ack", 1))
+        return ack(*args)
+
+    def spy_ack_many(items: Any) -> Any:
+        calls.append(("ack_many", len(items)))
+        return ack_many(items)
+
+    backend.receive, backend.ack, backend.ack_many = spy_receive, spy_ack, spy_ack_many
+    return calls
+
+
+def _run_sync_until_processed(worker: jobfence.Worker, n: int) -> jobfence.WorkerStats:
+    def watch() -> None:
+        deadline = time.monotonic() + 20
+        while worker.stats.processed < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker.stop()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    stats = worker.run()
+    watcher.join()
+    return stats
+
+
+def test_sync_worker_on_a_url_runs_the_asyncio_client_of_the_queue() -> None:
+    """A Queue opened from a URL: each run opens the asyncio client of that URL (the same
+    queue) on the worker's loop and closes it after; the blocking client is not called."""
+    q = jobfence.Queue(_url(), "native")
+    q.publish_many([{"n": i} for i in range(10)])
+    calls = _spy_on_sync_backend(q)
+    seen: list[int] = []
+    worker = jobfence.Worker(q, lambda m: seen.append(m.body["n"]), concurrency=3)
+    stats = _run_sync_until_processed(worker, 10)
+    assert stats.processed == 10 and stats.in_flight == 0
+    q.publish_many([{"n": i} for i in range(10, 20)])
+    stats = _run_sync_until_processed(worker, 20)  # a fresh client on the run's new loop
+    assert stats.processed == 20 and stats.in_flight == 0
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10, 20))
+    assert calls == []
+    assert worker._worker.queue is worker._aqueue  # restored after each run
+    assert [m.body["n"] for m in q.receive(5, wait=0)] == []  # everything was acked
+    q.close()
+
+
+def test_sync_worker_on_a_backend_object_calls_it_in_threads_with_batched_acks() -> None:
+    """A Queue on a backend object of the caller's has no asyncio twin to open: the worker
+    calls its blocking backend in threads, one ``ack_many`` per batch of acks."""
+    url = _url()
+    owner = jobfence.Queue(url, "threads")
+    q = jobfence.Queue(owner.backend, "threads")
+    q.publish_many([{"n": i} for i in range(12)])
+    calls = _spy_on_sync_backend(q)
+    release = threading.Event()
+
+    def handler(message: Any) -> None:
+        release.wait(5)  # the first handlers finish together: their acks share a batch
+
+    worker = jobfence.Worker(q, handler, concurrency=4)
+    threading.Timer(0.3, release.set).start()
+    stats = _run_sync_until_processed(worker, 12)
+    assert stats.processed == 12
+    assert ("receive", 1) in calls
+    acked = [n for verb, n in calls if verb == "ack_many"]
+    assert sum(acked) == 12 and len(acked) < 12
+    assert not any(verb == "ack" for verb, _n in calls)
+    owner.close()
+
+
 def test_guarded_without_a_key_uses_the_message_id_and_counts_duplicates() -> None:
     url = _url()
     q = jobfence.Queue(url, "dup")

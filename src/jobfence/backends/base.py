@@ -667,6 +667,14 @@ class AsyncQueueBackend(abc.ABC):
         yet returned by :meth:`receive` are this client's: they go back to the queue when it
         closes or dies. Backends that pull do nothing."""
 
+    async def unstream(self, consumer: str) -> list[QueuedMessage]:
+        """Undo :meth:`stream` (the worker stops receiving): unsubscribe, and deliver to
+        ``consumer`` what was pushed and not yet returned by :meth:`receive`, so that the
+        caller gives those deliveries back itself (deferred, uncounted) instead of their going
+        back with a counted redelivery when the client closes. Backends that pull return
+        ``[]``."""
+        return []
+
     @abc.abstractmethod
     async def nack(self, receipt: str, consumer: str, delay: float, error: str | None) -> bool:
         """Give the message back, to be delivered again after ``delay`` seconds (``0``: at

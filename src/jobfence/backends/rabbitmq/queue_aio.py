@@ -269,6 +269,8 @@ class _Link:
         #: subscribed for a worker (``stream``): pushes land in ``leftovers`` and set ``pushed``
         self.streaming = False
         self.pushed = asyncio.Event()
+        #: the consumer tag of that subscription
+        self.stream_tag: str | None = None
 
     def read(self, message: DeliveredMessage) -> Incoming:
         """Parse a delivery of this channel (pushed or got) and note its tag."""
@@ -584,12 +586,35 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
             await link.channel.basic_qos(
                 prefetch_count=self._stream_prefetch, timeout=self._timeout
             )
-            await link.channel.basic_consume(
+            ok = await link.channel.basic_consume(
                 self.name, on_message, no_ack=False, timeout=self._timeout
             )
         except (asyncio.TimeoutError, *_LINK_ERRORS):
             self._break(link)
             raise
+        link.stream_tag = ok.consumer_tag
+
+    async def unstream(self, consumer: str) -> list[QueuedMessage]:
+        """Cancel the subscription of :meth:`stream` and hand ``consumer`` the deliveries it
+        pushed that no receive returned (the worker defers them, uncounted). On a broken
+        connection they are already back in the queue."""
+        self._stream_prefetch = 0
+        link = self._live()
+        if link is None or not link.streaming:
+            return []
+        link.streaming = False
+        tag, link.stream_tag = link.stream_tag, None
+        if tag is not None:
+            try:
+                await link.channel.basic_cancel(tag, timeout=self._timeout)
+            except (asyncio.TimeoutError, *_LINK_ERRORS):
+                self._break(link)
+                return []
+            for _ in range(3):  # a delivery read before the cancel-ok runs its callback first
+                await asyncio.sleep(0)
+        got = link.leftovers[:]
+        del link.leftovers[:]
+        return [link.deliveries.hand_out(m, consumer) for m in got]
 
     async def _receive_streamed(
         self, link: _Link, consumer: str, max_messages: int, wait: float
