@@ -33,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -379,6 +380,9 @@ def run_once(case: Case, n: int) -> tuple[float, float]:
     key = env["PEER_KEY"]
     client = _redis()
     proc: subprocess.Popen[bytes] | None = None
+    # the worker's log goes to a file: a pipe nobody reads fills up (64 KB, a few hundred
+    # lines of arq's or procrastinate's per-job log) and the worker blocks writing to it
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
     try:
         if case.setup:
             case.setup(env)
@@ -388,7 +392,7 @@ def run_once(case: Case, n: int) -> tuple[float, float]:
             env=env,
             cwd=PEERS,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=log,
             start_new_session=True,
         )
         deadline = time.monotonic() + DRAIN_LIMIT
@@ -402,7 +406,8 @@ def run_once(case: Case, n: int) -> tuple[float, float]:
                 cpu1 = _tree_cpu(proc.pid)
                 break
             if proc.poll() is not None and done < n:
-                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+                log.seek(0)
+                err = log.read().decode(errors="replace")[-2000:]
                 raise RuntimeError(f"{case.label}: worker exited after {done} of {n}: {err}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{case.label}: {done} of {n} after {DRAIN_LIMIT} s")
@@ -427,6 +432,7 @@ def run_once(case: Case, n: int) -> tuple[float, float]:
             case.cleanup(env)
         client.delete(key, key + ":t0", key + ":t1")
         client.close()
+        log.close()
 
 
 def measure(brokers: set[str], n: int, rounds: int, systems: set[str] | None = None) -> list[Row]:
