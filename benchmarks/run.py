@@ -314,14 +314,14 @@ WHY_NOT_FRAMEWORKS = (
 WHY_NOT = (
     *WHY_NOT,
     (
-        "rabbitmq: Queue.publish ≥ Celery",
+        "rabbitmq: Queue.publish ≥ Celery apply_async",
         "a single publish waits for its publisher confirm (a persistent message on a quorum "
         "queue: written by a majority), Celery's `apply_async` returns without one unless "
         "`confirm_publish` is set; the row with it shows the same round trip "
         f"({PERF}#publishing)",
     ),
     (
-        "rabbitmq: AsyncQueue.publish ≥ Celery",
+        "rabbitmq: AsyncQueue.publish ≥ Celery apply_async",
         "a single publish waits for its publisher confirm; Celery's `apply_async` does not "
         f"unless `confirm_publish` is set ({PERF}#publishing)",
     ),
@@ -1176,7 +1176,9 @@ def section_publish(rep: Report, sz: Sizes) -> None:
         "(RabbitMQ: the publisher confirm of a persistent message on a quorum queue; "
         "PostgreSQL and SQLite: a committed row; Redis: the reply), except Celery and "
         "Dramatiq on RabbitMQ, which publish without confirms by default (the row "
-        f"`{bench_publish.CELERY_CONFIRM}` waits for them). Floors: the same on the driver "
+        f"`{bench_publish.CELERY_CONFIRM}` waits for them: the same guarantee as jobfence's). "
+        "Celery on PostgreSQL and SQLite is kombu's SQLAlchemy transport, Celery's broker on "
+        "a database, with its defaults. Floors: the same on the driver "
         f"jobfence uses, hand-written, one message per call and {bench_publish.BATCH} per call "
         "(a Redis pipeline, pika with the batch's confirms awaited together, one transaction "
         "of `executemany` on PostgreSQL and SQLite). A rate has no per-operation p99: the "

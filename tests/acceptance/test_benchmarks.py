@@ -328,7 +328,16 @@ TARGETS: dict[str, list[str]] = {
         ),
         *(
             f"{broker}: {case} ≥ Celery apply_async"
-            for broker in ("redis", "rabbitmq")
+            for broker in ("redis", "rabbitmq", "postgres", "sqlite")
+            for case in (
+                "Queue.publish",
+                "AsyncQueue.publish",
+                "Queue.publish_many(100)",
+                "AsyncQueue.publish_many(100)",
+            )
+        ),
+        *(
+            f"rabbitmq: {case} ≥ Celery with confirm_publish"
             for case in (
                 "Queue.publish",
                 "AsyncQueue.publish",
