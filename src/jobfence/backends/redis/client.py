@@ -305,7 +305,39 @@ def connect_redis(
         raise ConfigurationError(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
+    _check_connection_options(client, url, what, own)
     return client
+
+
+def _check_connection_options(
+    client: Redis, url: BackendURL, what: str, own: Sequence[str]
+) -> None:
+    """A query option of the URL that neither jobfence nor redis-py's connection takes raises
+    :class:`ConfigurationError` naming it now (redis-py hands every unknown query option to
+    its connection class, which would refuse it with a ``TypeError`` at the first
+    connection)."""
+    pool: Any = client.connection_pool
+    allowed: set[str] = set()
+    for klass in (pool.connection_class, type(pool)):
+        for base in klass.__mro__:
+            init = base.__dict__.get("__init__")
+            if init is None or not inspect.isfunction(init):
+                continue
+            allowed.update(
+                name
+                for name, param in inspect.signature(init).parameters.items()
+                if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL)
+            )
+    for key in url.options:
+        if key in own or key in TIMEOUT_OPTIONS or key in allowed:
+            continue
+        extra = "".join(f"{name}, " for name in (*own, *TIMEOUT_OPTIONS))
+        raise ConfigurationError(
+            f"unknown query option {key!r} in the url of the {what} ({url.masked}); allowed: "
+            f"{extra}the options of redis-py's connection (client_name, "
+            "health_check_interval, ssl_cert_reqs, ...)",
+            argument="url",
+        )
 
 
 class _SentinelClient(Redis):

@@ -109,7 +109,7 @@ CAPABILITIES = LockCapabilities(
 )
 
 #: options this backend reads itself (never handed to redis-py)
-OWN_OPTIONS = ("waiter_slack",)
+OWN_OPTIONS = ("waiter_slack", "namespace")
 DEFAULT_WAITER_SLACK = 1.0
 #: a BLPOP may last at most this fraction of the socket timeout (the reply must beat it)
 _BLPOP_SHARE = 0.8
@@ -167,6 +167,21 @@ def _idle_open(client: Redis) -> bool:
         return False
 
 
+def _url_namespace(url: BackendURL, namespace: str) -> str:
+    """The namespace: the URL's ``namespace`` query option (as a Redis queue's URL takes it)
+    or the keyword; both given and different is a :class:`ConfigurationError` (the keyword's
+    default, ``"jobfence"``, gives way to the URL's)."""
+    given = url.options.get("namespace")
+    if given is None or given == namespace:
+        return namespace
+    if namespace != "jobfence":
+        raise ConfigurationError(
+            f"the url's namespace {given!r} and namespace={namespace!r} differ; give one",
+            argument="namespace",
+        )
+    return given
+
+
 def _slack(url: BackendURL, options: dict[str, Any]) -> float:
     raw = options.pop("waiter_slack", url.options.get("waiter_slack", DEFAULT_WAITER_SLACK))
     try:
@@ -210,7 +225,7 @@ class RedisLockBackend(LockBackend):
         **options: Any,
     ) -> None:
         self.namespace = check_namespace(
-            namespace, limit=NAMESPACE_LIMIT, backend="redis", identifier=False
+            _url_namespace(url, namespace), limit=NAMESPACE_LIMIT, backend="redis", identifier=False
         )
         self.url = url.masked
         self._slack_ms = round(_slack(url, options) * 1000)
