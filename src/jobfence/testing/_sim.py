@@ -465,6 +465,7 @@ class Simulation:
         max_steps: int,
         max_time: float,
         record: bool,
+        namespace: str | None = None,
     ) -> None:
         self.loop = loop
         self.strategy = strategy
@@ -488,7 +489,10 @@ class Simulation:
         self.max_time = max_time
         self.record = record
         self.id = next(_ids)
-        self.namespace = f"jfsim{self.id}"
+        #: the name of the schedule's ``memory://`` stores; the schedules of one explore
+        #: share it (each drops the stores it made as it ends, so the next one starts
+        #: from none), so that its clients' URL is parsed once, not once per schedule
+        self.namespace = namespace if namespace is not None else f"jfsim{self.id}"
         self.tasks: list[SimTask] = []
         self._by_atask: dict[asyncio.Task[Any], SimTask] = {}
         self._by_thread: dict[int, SimTask] = {}

@@ -306,6 +306,8 @@ class _Runner:
         self._in_session = False
         self._main_task: asyncio.Task[Any] | None = None
         self.loop = SimLoop()
+        #: the ``memory://`` store name of every schedule this runner runs
+        self.namespace = f"jfsim{next(_sim._ids)}"
         from ..backends.memory import inbox, locks, outbox, queue
 
         #: the ``memory://`` backends whose stores a schedule may create, and what
@@ -370,6 +372,7 @@ class _Runner:
             max_steps=self.max_steps,
             max_time=self.max_time,
             record=record,
+            namespace=self.namespace,
         )
         sim.watch(*self.checks)
         strategy.begin()
