@@ -337,10 +337,16 @@ class _Table(_Base):
             raise ConfigurationError(f"name must be a non-empty str, got {name!r}", argument="name")
         self.sim = sim
         self.name = name
-        self.table = self
         self.fenced = fenced
         self.history: list[Write] = []
         self._read: dict[tuple[str, Any], int | None] = {}
+
+    @property
+    def table(self) -> _Table:  # type: ignore[override]  # read-only here, an attribute elsewhere
+        """The table itself (a transaction's ``table`` is the table it runs on). A property,
+        not an attribute: a table that referred to itself would be a reference cycle, left
+        for the garbage collector with the schedule it belongs to."""
+        return self
 
     def _initial(self, rows: Mapping[Any, Mapping[str, Any]]) -> dict[Any, dict[str, Any]]:
         """The starting rows, each a new dict with its version (1 unless given)."""
