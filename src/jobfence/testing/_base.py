@@ -73,7 +73,7 @@ class SimView(Protocol):
 
     @property
     def tables(self) -> Sequence[Any]:
-        """The simulated tables of the schedule."""
+        """The simulated tables of the schedule (none once it has ended)."""
         ...
 
     @property

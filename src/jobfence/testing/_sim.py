@@ -465,6 +465,7 @@ class Simulation:
         max_steps: int,
         max_time: float,
         record: bool,
+        namespace: str | None = None,
     ) -> None:
         self.loop = loop
         self.strategy = strategy
@@ -488,7 +489,10 @@ class Simulation:
         self.max_time = max_time
         self.record = record
         self.id = next(_ids)
-        self.namespace = f"jfsim{self.id}"
+        #: the name of the schedule's ``memory://`` stores; the schedules of one explore
+        #: share it (each drops the stores it made as it ends, so the next one starts
+        #: from none), so that its clients' URL is parsed once, not once per schedule
+        self.namespace = namespace if namespace is not None else f"jfsim{self.id}"
         self.tasks: list[SimTask] = []
         self._by_atask: dict[asyncio.Task[Any], SimTask] = {}
         self._by_thread: dict[int, SimTask] = {}
@@ -930,6 +934,31 @@ class Simulation:
             task = SimTask(f"{proc.name}.{proc.background}", proc)
             self._by_atask[atask] = task
         return task
+
+    def lean_point(self, point: str) -> tuple[SimTask, Any] | None:
+        """A point with no target info, reached where :meth:`on_point` would take its lean
+        path (the driven task being stepped, no fault to look up): the hit counted and the
+        decision made now, as the gate would make it when awaited at once. Returns the task
+        and what it awaits (``None``: it goes on, nothing to await), or ``None`` where the
+        lean path does not apply (the caller goes through :meth:`on_point`)."""
+        task = self._stepping
+        if (
+            task is None or not self._plain or self.stopping or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
+        ):
+            return None
+        points = self.points = self.points + 1
+        if points > self.max_steps:
+            self._over_budget(
+                f"the schedule's tasks reached more than max_steps={self.max_steps} points"
+            )
+        hits = self.hits
+        hits[point] = hits.get(point, 0) + 1
+        chosen = _lean_pick(self, task)
+        if chosen is None:
+            return task, None
+        if chosen is _FULL:
+            return task, _lean_gate(self, task, point)
+        return task, _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
         task = self._stepping

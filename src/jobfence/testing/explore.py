@@ -306,6 +306,8 @@ class _Runner:
         self._in_session = False
         self._main_task: asyncio.Task[Any] | None = None
         self.loop = SimLoop()
+        #: the ``memory://`` store name of every schedule this runner runs
+        self.namespace = f"jfsim{next(_sim._ids)}"
         from ..backends.memory import inbox, locks, outbox, queue
 
         #: the ``memory://`` backends whose stores a schedule may create, and what
@@ -370,6 +372,7 @@ class _Runner:
             max_steps=self.max_steps,
             max_time=self.max_time,
             record=record,
+            namespace=self.namespace,
         )
         sim.watch(*self.checks)
         strategy.begin()
@@ -464,6 +467,12 @@ class _Runner:
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
+        # the tables refer to the simulation, and so does a task cancelled at a gate (through
+        # its error's traceback): without these cycles a schedule's objects are freed as soon
+        # as it ends, not by the garbage collector (whose rounds over them cost more than a
+        # small schedule's share of the rest)
+        sim.tables = []
+        sim._by_atask = {}  # a task cancelled at a gate: its error's traceback holds the gate
         self._drop_stores(stores)
 
     def _outcome(self, sim: Simulation, error: BaseException | None) -> _Outcome:

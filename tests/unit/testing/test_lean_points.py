@@ -219,3 +219,42 @@ def test_every_task_is_done_in_asyncio_after_join_and_awaiting_one_works() -> No
     assert seen.count(("results", [2, 5, 4])) == 30
     assert seen.count(("done", True)) == 30
     assert seen.count(("awaited", None)) == 30  # the driver's asyncio task ends with None
+
+
+def test_a_read_of_a_simulated_table_decides_inline(monkeypatch: Any) -> None:
+    """A table's read reached by the task being stepped takes the lean path (no info dict,
+    no gate, no ``on_point``), and still records what the task read; with a fault planned it
+    goes the full way."""
+    reached: list[str] = []
+    full = Simulation.on_point
+
+    def counting(self: Simulation, point: str, info: dict[str, Any]) -> Any:
+        reached.append(point)
+        return full(self, point, info)
+
+    monkeypatch.setattr(Simulation, "on_point", counting)
+    seen: list[tuple[str, int]] = []
+
+    async def job(sim: Simulation, db: Any, label: str) -> None:
+        for _ in range(4):
+            row = await db.read("row")
+            seen.append((label, row["n"]))
+        await db.write("row", n=row["n"] + 1)
+
+    async def scenario(sim: Simulation) -> None:
+        db = sim.table("t", {"row": {"n": 0}})
+        for label in ("a", "b"):
+            sim.spawn(job, sim, db, label)
+        await sim.join()
+        # the versions each task read are recorded as the full way records them
+        sim.check(set(db._read) == {("t1", "row"), ("t2", "row")}, f"{db._read}")
+
+    testing.explore(scenario, schedules=20, seed=4).assert_ok()
+    assert len(seen) == 20 * 8 and {n for _, n in seen} <= {0, 1}
+    # only schedule 0's reads went the full way (it records the trail auto faults plan from)
+    assert reached.count("db.read") == 8
+    assert reached.count("db.write") == 20 * 2
+    reached.clear()
+    never = [testing.faults.transient("no.such.point")]
+    testing.explore(scenario, schedules=5, seed=4, faults=never).assert_ok()
+    assert reached.count("db.read") == 5 * 8
