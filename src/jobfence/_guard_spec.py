@@ -128,6 +128,8 @@ def _same_redis(locks: Any, inbox: Any) -> bool:
     client = getattr(lock_backend, "_client", None)
     if client is None or not callable(getattr(lock_backend, "lock_key", None)):
         return False
+    if not callable(getattr(inbox.backend, "claim_leased", None)):
+        return False
     return bool(shares(client))
 
 
@@ -149,15 +151,22 @@ class GuardSpec:
     #: :meth:`held_check`); found on first use
     _same_redis: bool | None = dataclasses.field(default=None, init=False, repr=False)
 
+    def one_redis(self) -> bool:
+        """Whether the lock and the inbox are on the same database of one Redis (see
+        :meth:`held_check`): then a call's lease and claim are taken by one script
+        (``RedisInboxBackend.claim_leased``), and its result stored and its lease released
+        by another (``complete_held(..., release=True)``): two round trips, not four."""
+        if self._same_redis is None:
+            self._same_redis = _same_redis(self.locks, self.inbox)
+        return self._same_redis
+
     def held_check(self, lease: Any) -> tuple[str, str] | None:
         """``(lease key, lease owner)`` when the inbox can check ``lease`` in the script that
         completes the claim (both on the same database of the same Redis, no cluster, no
         replica ``WAIT``: ``RedisInboxBackend.shares_server``), so the guarded call's lease
         check and its completion are one round trip; ``None``: the lease is confirmed by an
         owner-checked ``extend`` of its own first."""
-        if self._same_redis is None:
-            self._same_redis = _same_redis(self.locks, self.inbox)
-        if not self._same_redis:
+        if not self.one_redis():
             return None
         return self.locks.backend.lock_key(lease.backend_name), lease.owner
 

@@ -1,8 +1,11 @@
-"""``@jobfence.guarded`` with its lock and its inbox on the same Redis: the lease is checked in
-the completion's own script (``inbox_complete_held.lua``) instead of an ``extend`` of its own,
-one round trip less, with the same outcomes -- a lease gone or taken on the server stores
-nothing and lets a redelivery in, a claim taken over stores nothing, a transient failure is
-retried -- and the extend path is kept where the two are not on the same database."""
+"""``@jobfence.guarded`` with its lock and its inbox on the same Redis: two round trips a call --
+one script takes the lease and claims the key (``guard_claim.lua``), one stores the result
+only while the lease is still held and releases the lease (``guard_complete.lua``) -- with
+the same outcomes as the separate calls: a lease gone or taken on the server stores nothing
+and lets a redelivery in, a claim taken over stores nothing, a transient failure is retried,
+a duplicate or a claim in progress elsewhere leaves the lease free, a waiter queued on the
+lock gets it handed off; and the extend path is kept where the two are not on the same
+database."""
 
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def _scripts(sent: list[str]) -> int:
     return sum(1 for command in sent if command in ("EVALSHA", "EVAL"))
 
 
-def test_a_guarded_call_on_one_redis_is_four_round_trips_and_replays(
+def test_a_guarded_call_on_one_redis_is_two_round_trips_and_replays(
     clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     locks, inbox = clients
@@ -87,17 +90,19 @@ def test_a_guarded_call_on_one_redis_is_four_round_trips_and_replays(
     assert job(0) == {"n": 0}  # opens the connections
     sent = _counting(monkeypatch)
     assert job(1) == {"n": 1}
-    # acquire, claim, lease check + completion, release: no separate confirming extend
-    assert _scripts(sent) == 4 and len(sent) == 4, sent
+    # acquire + claim, lease check + completion + release: no confirming extend
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     sent.clear()
     assert job(1) == {"n": 1}  # a duplicate: the stored result, not run again
     assert runs == [0, 1]
+    # acquire + claim (found completed), the release of the lease
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     lease = locks.try_acquire("res:1", ttl=5)  # released after the call
     assert lease is not None
     lease.release()
 
 
-async def test_async_a_guarded_call_on_one_redis_is_four_round_trips(
+async def test_async_a_guarded_call_on_one_redis_is_two_round_trips(
     async_clients: tuple[jobfence.AsyncLocks, jobfence.AsyncInbox],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -110,7 +115,7 @@ async def test_async_a_guarded_call_on_one_redis_is_four_round_trips(
     assert await job(0) == 0
     sent = _counting(monkeypatch)
     assert await job(1) == 2
-    assert _scripts(sent) == 4 and len(sent) == 4, sent
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     assert await job(1) == 2
 
 
