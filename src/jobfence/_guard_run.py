@@ -29,13 +29,13 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
 
 Round trips with a lock and an inbox, where they are not on one Redis database: acquire,
 claim, the confirming ``extend``, complete, release (batched on the inbox's side where its
-backend batches). On the same database
-of one Redis, two: one script takes the lease and, only if it was free, claims the key; one
-script stores the result, only while the lease is still this holder's, and releases the
-lease (hand-off to a waiter included). A duplicate or a claim in progress elsewhere keeps the
-lease the first script took, and the block gives it back as for any other outcome (so its
-release, and a loss it reports, are those of every other call). A lease not free on the
-first try with ``timeout`` > 0 is waited for as before, and the key then claimed on its own.
+backend batches). On the same database of one Redis, two: one script takes the lease and,
+only if it was free, claims the key; one script stores the result, only while the lease is
+still this holder's, and releases the lease (hand-off to a waiter included). A duplicate or
+a claim in progress elsewhere keeps the lease the first script took, and the block gives it
+back as for any other outcome (so its release, and a loss it reports, are those of every
+other call). A lease not free on the first try with ``timeout`` > 0 is waited for as before,
+and the key then claimed on its own.
 """
 
 from __future__ import annotations
