@@ -150,6 +150,10 @@ class GuardSpec:
     #: whether the lease can be checked inside the completion's own script (see
     #: :meth:`held_check`); found on first use
     _same_redis: bool | None = dataclasses.field(default=None, init=False, repr=False)
+    #: the parameter names of a function whose parameters are all plain positional-or-keyword
+    #: ones (no ``*args``, ``**kwargs``, keyword-only or positional-only): a call passing
+    #: every one of them positionally binds without ``Signature.bind`` (see :meth:`arguments`)
+    _positional: tuple[str, ...] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def one_redis(self) -> bool:
         """Whether the lock and the inbox are on the same database of one Redis (see
@@ -171,6 +175,9 @@ class GuardSpec:
         return self.locks.backend.lock_key(lease.backend_name), lease.owner
 
     def __post_init__(self) -> None:
+        params = self.signature.parameters.values()
+        if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+            self._positional = tuple(p.name for p in params)
         if self.locks is None and self.inbox is None:
             raise ConfigurationError("guarded needs locks=..., inbox=... or both", argument="locks")
         self._check_limit()
@@ -227,6 +234,9 @@ class GuardSpec:
         return check_lock_name(name, argument="limit", limit=n), n
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        names = self._positional
+        if names is not None and not kwargs and len(args) == len(names):
+            return dict(zip(names, args, strict=True))  # what bind() would give, cheaper
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
