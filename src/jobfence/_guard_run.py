@@ -26,6 +26,16 @@ lock -> claim -> run (with retries) -> complete -> release, with the failure rul
   let a result be stored; a release that then finds the lease gone (it expired during the
   completion itself) is logged, not raised: the result is stored and is what a redelivery
   replays.
+
+Round trips with a lock and an inbox, where they are not on one Redis database: acquire,
+claim, the confirming ``extend``, complete, release (batched on the inbox's side where its
+backend batches). On the same database of one Redis, two: one script takes the lease and,
+only if it was free, claims the key; one script stores the result, only while the lease is
+still this holder's, and releases the lease (hand-off to a waiter included). A duplicate or
+a claim in progress elsewhere keeps the lease the first script took, and the block gives it
+back as for any other outcome (so its release, and a loss it reports, are those of every
+other call). A lease not free on the first try with ``timeout`` > 0 is waited for as before,
+and the key then claimed on its own.
 """
 
 from __future__ import annotations
@@ -33,11 +43,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from . import telemetry
 from ._core.clock import get_clock
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
+from .acquire import new_owner
 from .conflicts import is_transient
 from .errors import (
     BackendError,
@@ -68,9 +80,12 @@ def _release_claim(claim: Any) -> None:
         log.warning("releasing the claim on %r failed: %s", claim.key, err)
 
 
-def _complete(claim: Any, result: Any, held: tuple[str, str] | None = None) -> bool:
+def _complete(
+    claim: Any, result: Any, held: tuple[str, str] | None = None, release: Any = None
+) -> bool:
     """Store the result (``held``: only while that lease is held, checked in the same
-    script; False if it was not, and then nothing was stored and the claim is still ours).
+    script; False if it was not, and then nothing was stored and the claim is still ours;
+    ``release``: that lease, released by the same script unless it was not held).
     The function has run, so a failure here must not let a redelivery run it again: a
     transient failure (the backend did not answer) is retried, up to
     ``COMPLETE_ATTEMPTS`` times while the claim is held; if the result still cannot be
@@ -85,7 +100,7 @@ def _complete(claim: Any, result: Any, held: tuple[str, str] | None = None) -> b
             if held is None:
                 claim.complete(result)
                 return True
-            return bool(claim._complete_if_held(result, *held))
+            return bool(claim._complete_if_held(result, *held, release=release))
         except ClaimLost:
             raise  # taken over, or stored by an attempt whose answer was lost: keep it
         except BackendError as err:
@@ -126,6 +141,60 @@ def _lease_gone(spec: GuardSpec, lease: Any) -> None:
     lost here, as a refused ``extend`` marks it (no longer renewed, ``on_lost`` run)."""
     spec.locks.stop_renewing(lease)
     lease.mark_lost("the lease was found gone or held by another owner before completing")
+
+
+def _lease_and_claim(
+    spec: GuardSpec, name: str, key: str, fingerprint: str | None
+) -> tuple[Any, Callable[[], Any] | None]:
+    """The lease and the claim in ONE script, the lock and the inbox being on one Redis
+    database (``RedisInboxBackend.claim_leased``): the lease taken as ``try_acquire`` takes
+    it, then, only if it was, the key claimed as ``claim`` claims it. The call passes the I/O
+    hook points ``lock.acquire`` then ``inbox.claim``. Returns the lease (``None``: it was not
+    free, and nothing was claimed) and what makes the claim of the record the script returned
+    -- awaited first thing in the lease's block, so that a fingerprint mismatch, a duplicate
+    or a claim in progress elsewhere gives the lease back as the block gives it back.
+
+    Interrupted, or its reply lost, the call gives back the lease and the claim (both
+    owner-checked); a grant too late to be of use gives back both too."""
+    locks, inbox = spec.locks, spec.inbox
+    locks._check_open()
+    name, _ = locks._checked(name, 1)
+    key, fingerprint, ttl, owner = inbox._new_claim(key, fingerprint, spec.claim_ttl)
+    if inbox._orphans:
+        inbox._orphans_go(key)
+    lease_owner = new_owner()
+    lease_key = locks.backend.lock_key(name)
+    backend = inbox.backend
+    sent: list[Any] = []  # when the script was sent, then the claim's record
+
+    def claim_leased() -> tuple[int, Any]:
+        return backend.claim_leased(  # type: ignore[no-any-return]
+            key, owner, fingerprint, ttl, lease_key, lease_owner, spec.ttl
+        )
+
+    def grant() -> int | None:
+        sent.append(get_clock().monotonic())
+        token, record = inbox.call_hooked("inbox.claim", key, claim_leased)
+        if record is None:
+            return None
+        sent.append(record)
+        return int(token)
+
+    try:
+        lease = locks._try_acquire(name, lease_owner, spec.ttl, True, grant)
+    except BaseException:
+        # the reply may have been lost with the key claimed: give it back (the lease is
+        # given back by the acquire itself)
+        inbox._abandon_quietly(key, owner)
+        raise
+    if len(sent) < 2:
+        return lease, None  # the lease was not free: nothing was claimed
+    started, record = sent
+    if lease is None:  # granted too late to be of use: the lease was given back
+        if record.mine:
+            inbox._abandon_quietly(key, owner)
+        return None, None
+    return lease, partial(inbox._claimed, key, owner, fingerprint, ttl, started, True, record)
 
 
 def run_guarded(
@@ -203,11 +272,24 @@ def _run_locked(
     arguments: dict[str, Any],
 ) -> Any:
     lease = None
+    key: str | None = None
+    #: the claim taken with the lease by one script (lock and inbox on one Redis)
+    claimed: Callable[[], Any] | None = None
+    one_redis = False
     if spec.locks is not None and spec.lock is not None:
         name = spec.lock_name(arguments)
         span.set_attribute("jobfence.lock.name", name)
-        if spec.timeout == 0:
-            lease = spec.locks.try_acquire(name, ttl=spec.ttl)
+        one_redis = spec.inbox is not None and spec.one_redis()
+        if one_redis:  # the first try also claims the key: one round trip for both
+            key = spec.key_name(arguments)
+            span.set_attribute("jobfence.key", key)
+            fingerprint = spec.fingerprint_of(arguments)
+            lease, claimed = _lease_and_claim(spec, name, key, fingerprint)
+        if lease is not None:
+            pass
+        elif spec.timeout == 0:
+            if not one_redis:
+                lease = spec.locks.try_acquire(name, ttl=spec.ttl)
             if lease is None and spec.if_locked == "raise":
                 # who holds it, and for how long (the refusal's retry_after), where the
                 # backend can tell; one more round trip, only on this path
@@ -234,11 +316,18 @@ def _run_locked(
         with lease if lease is not None else contextlib.nullcontext():
             claim = None
             if spec.inbox is not None:
-                key = spec.key_name(arguments)
-                span.set_attribute("jobfence.key", key)
-                claim = spec.inbox.claim(
-                    key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
-                )
+                if key is None:
+                    key = spec.key_name(arguments)
+                    span.set_attribute("jobfence.key", key)
+                if claimed is not None:
+                    claim = claimed()
+                else:
+                    claim = spec.inbox.claim(
+                        key,
+                        fingerprint=spec.fingerprint_of(arguments),
+                        ttl=spec.claim_ttl,
+                        renew=True,
+                    )
                 state = claim.state.value
                 if state == "completed":
                     note_duplicate()
@@ -279,7 +368,9 @@ def _run_locked(
                         _release_claim(claim)
                     raise
             if claim is not None:
-                if not _complete(claim, result, held) and lease is not None:
+                # on one Redis, the script that stores the result also releases the lease
+                release = lease if one_redis and held is not None else None
+                if not _complete(claim, result, held, release) and lease is not None:
                     # the lease was gone on the server: nothing stored, let a redelivery in
                     _lease_gone(spec, lease)
                     _release_claim(claim)

@@ -128,6 +128,8 @@ def _same_redis(locks: Any, inbox: Any) -> bool:
     client = getattr(lock_backend, "_client", None)
     if client is None or not callable(getattr(lock_backend, "lock_key", None)):
         return False
+    if not callable(getattr(inbox.backend, "claim_leased", None)):
+        return False
     return bool(shares(client))
 
 
@@ -148,6 +150,19 @@ class GuardSpec:
     #: whether the lease can be checked inside the completion's own script (see
     #: :meth:`held_check`); found on first use
     _same_redis: bool | None = dataclasses.field(default=None, init=False, repr=False)
+    #: the parameter names of a function whose parameters are all plain positional-or-keyword
+    #: ones (no ``*args``, ``**kwargs``, keyword-only or positional-only): a call passing
+    #: every one of them positionally binds without ``Signature.bind`` (see :meth:`arguments`)
+    _positional: tuple[str, ...] | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def one_redis(self) -> bool:
+        """Whether the lock and the inbox are on the same database of one Redis (see
+        :meth:`held_check`): then a call's lease and claim are taken by one script
+        (``RedisInboxBackend.claim_leased``), and its result stored and its lease released
+        by another (``complete_held(..., release=True)``): two round trips, not four."""
+        if self._same_redis is None:
+            self._same_redis = _same_redis(self.locks, self.inbox)
+        return self._same_redis
 
     def held_check(self, lease: Any) -> tuple[str, str] | None:
         """``(lease key, lease owner)`` when the inbox can check ``lease`` in the script that
@@ -155,13 +170,14 @@ class GuardSpec:
         replica ``WAIT``: ``RedisInboxBackend.shares_server``), so the guarded call's lease
         check and its completion are one round trip; ``None``: the lease is confirmed by an
         owner-checked ``extend`` of its own first."""
-        if self._same_redis is None:
-            self._same_redis = _same_redis(self.locks, self.inbox)
-        if not self._same_redis:
+        if not self.one_redis():
             return None
         return self.locks.backend.lock_key(lease.backend_name), lease.owner
 
     def __post_init__(self) -> None:
+        params = self.signature.parameters.values()
+        if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+            self._positional = tuple(p.name for p in params)
         if self.locks is None and self.inbox is None:
             raise ConfigurationError("guarded needs locks=..., inbox=... or both", argument="locks")
         self._check_limit()
@@ -218,6 +234,9 @@ class GuardSpec:
         return check_lock_name(name, argument="limit", limit=n), n
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        names = self._positional
+        if names is not None and not kwargs and len(args) == len(names):
+            return dict(zip(names, args, strict=True))  # what bind() would give, cheaper
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:

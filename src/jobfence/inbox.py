@@ -393,14 +393,20 @@ class Claim:
         """
         self._complete(result, None)
 
-    def _complete_if_held(self, result: Any, lease_key: str, lease_owner: str) -> bool:
+    def _complete_if_held(
+        self, result: Any, lease_key: str, lease_owner: str, *, release: Any = None
+    ) -> bool:
         """Internal (used by :func:`jobfence.guarded`): :meth:`complete`, only while the
         lease at ``lease_key`` on the inbox's own Redis is ``lease_owner``'s, checked in the
         same script (``RedisInboxBackend.complete_held``). False: the lease is not held,
-        nothing was stored, and the claim is still ours (renewed, to be released)."""
-        return self._complete(result, (lease_key, lease_owner))
+        nothing was stored, and the claim is still ours (renewed, to be released).
 
-    def _complete(self, result: Any, held: tuple[str, str] | None) -> bool:
+        ``release``: that lease (an ``AsyncLease`` / ``Lease``), released by the same script
+        once the result is stored or the claim found not ours (through the I/O hook points
+        ``inbox.complete`` then ``lock.release``); the lease is then told it was given back."""
+        return self._complete(result, (lease_key, lease_owner), release)
+
+    def _complete(self, result: Any, held: tuple[str, str] | None, release: Any = None) -> bool:
         if self._mine is None:
             raise InboxError(
                 f"the claim on {self.key!r} is {self.state.name}, not NEW: only the worker "
@@ -422,9 +428,14 @@ class Claim:
             if held is None:
                 ok = inbox.complete_claim(self.key, self._mine, data)
             else:
-                answer = inbox.complete_claim_held(self.key, self._mine, data, *held)
+                lease_name = None if release is None else release.name
+                answer = inbox.complete_claim_held(
+                    self.key, self._mine, data, *held, release=lease_name
+                )
                 if answer < 0:  # the lease is gone: nothing written, the claim still ours
                     return False
+                if release is not None:  # the script released the lease too
+                    release._given_back()
                 ok = answer > 0
             self._finished = "completed" if ok else "lost"
         finally:
@@ -602,25 +613,38 @@ class Inbox:
         return self.call_hooked("inbox.complete", key, self._send_complete, key, owner, result)
 
     def complete_claim_held(
-        self, key: str, owner: str, result: bytes, lease_key: str, lease_owner: str
+        self,
+        key: str,
+        owner: str,
+        result: bytes,
+        lease_key: str,
+        lease_owner: str,
+        *,
+        release: str | None = None,
     ) -> int:
         """Internal (used by its claims): :meth:`complete_claim` while the lease at
         ``lease_key`` is ``lease_owner``'s, one script on a Redis inbox (through the same
         I/O hook, ``inbox.complete``): 1 stored, 0 the claim is not ours, -1 the lease is
-        not held."""
+        not held. ``release``: the lease's name; the same script then releases it (unless
+        -1), and the call also passes the I/O hook point ``lock.release`` for it."""
         backend: Any = self.backend  # a Redis inbox's (see RedisInboxBackend.shares_server)
-        answer = self.call_hooked(
-            "inbox.complete",
-            key,
-            backend.complete_held,
-            key,
-            owner,
-            result,
-            self.retention,
-            lease_key,
-            lease_owner,
-        )
-        return int(answer)
+
+        def send() -> int:
+            if release is not None and get_hook() is not None:
+                hook("lock.release", name=release, backend=backend.kind)
+            return int(
+                backend.complete_held(
+                    key,
+                    owner,
+                    result,
+                    self.retention,
+                    lease_key,
+                    lease_owner,
+                    release=release is not None,
+                )
+            )
+
+        return self.call_hooked("inbox.complete", key, send)
 
     def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
         """The backend's complete, kept for the inbox's ``retention`` (async: in the group
@@ -646,13 +670,9 @@ class Inbox:
         inbox's claims), so the work may outlast ``ttl`` while a dead worker's claim is still
         taken over ``ttl`` after its last renewal.
         """
-        self._check_open()
-        key = check_name(key, argument="key")
-        fingerprint = check_fingerprint(fingerprint)
-        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        key, fingerprint, ttl, owner = self._new_claim(key, fingerprint, ttl)
         if self._orphans:
             self._orphans_go(key)
-        owner = _new_owner()
         started = get_clock().monotonic()
         try:
             record = self.call_hooked(
@@ -663,6 +683,34 @@ class Inbox:
             # key all the same, and nobody else would release it before its ttl
             self._abandon_quietly(key, owner)
             raise
+        return self._claimed(key, owner, fingerprint, ttl, started, renew, record)
+
+    def _new_claim(
+        self, key: str, fingerprint: str | None, ttl: float | None
+    ) -> tuple[str, str | None, float, str]:
+        """A claim's key, fingerprint and ttl, checked (the inbox open), and its new owner
+        id. Internal (also used by :func:`jobfence.guarded`, whose claim may go with its
+        lease in one backend call; it then sends the releases that failed earlier,
+        :meth:`_orphans_go`, as a claim does)."""
+        self._check_open()
+        key = check_name(key, argument="key")
+        fingerprint = check_fingerprint(fingerprint)
+        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        return key, fingerprint, ttl, _new_owner()
+
+    def _claimed(
+        self,
+        key: str,
+        owner: str,
+        fingerprint: str | None,
+        ttl: float,
+        started: float,
+        renew: bool,
+        record: ClaimRecord,
+    ) -> Claim:
+        """The claim of ``record``, the backend's answer to a claim of ``key`` as ``owner``
+        sent at ``started``: a fingerprint mismatch raised, the outcome counted, a NEW claim
+        renewed (``renew``). Internal (also used by :func:`jobfence.guarded`)."""
         if (
             not record.mine
             and fingerprint is not None

@@ -303,6 +303,19 @@ class Lease:
             )
         return answer
 
+    def _given_back(self) -> None:
+        """Internal (used by :func:`jobfence.guarded`): the lease was released on the server
+        by another call of its holder (a Redis script that also completed the guarded call's
+        claim), as :meth:`release` releases it: recorded as given back, no longer renewed,
+        and leaving the block releases nothing more."""
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
+        self._gave_back = True
+        self._locks.stop_renewing(self)
+        telemetry.lock_hold(self._locks.backend.kind, self._started)
+
     def _release_failed(self, exc: BaseException) -> None:
         with self._mutex:
             self._released = False  # it may be released again

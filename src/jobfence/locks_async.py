@@ -252,15 +252,22 @@ class AsyncLocks:
         return name, limit
 
     async def _try_acquire(
-        self, name: str, owner: str, ttl: float, renew: bool
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        renew: bool,
+        grant: Callable[[], Awaitable[int | None]] | None = None,
     ) -> AsyncLease | None:
-        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt)."""
+        """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt). ``grant``:
+        the backend call that asks for the lease (default: the backend's plain try), such as
+        :func:`jobfence.guarded`'s script that also claims its key on the same server."""
         await self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
+        if grant is None:
+            grant = partial(self.backend.acquire, name, owner, ttl, wait=None)
         try:
-            token = await self.call_backend(
-                "lock.acquire", name, lambda: self.backend.acquire(name, owner, ttl, wait=None)
-            )
+            token = await self.call_backend("lock.acquire", name, grant)
         except BaseException:  # the grant may have happened with its reply lost: give it back
             await self._abandon_quietly(name, owner, queued=False)
             raise

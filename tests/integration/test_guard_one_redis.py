@@ -1,11 +1,15 @@
-"""``@jobfence.guarded`` with its lock and its inbox on the same Redis: the lease is checked in
-the completion's own script (``inbox_complete_held.lua``) instead of an ``extend`` of its own,
-one round trip less, with the same outcomes -- a lease gone or taken on the server stores
-nothing and lets a redelivery in, a claim taken over stores nothing, a transient failure is
-retried -- and the extend path is kept where the two are not on the same database."""
+"""``@jobfence.guarded`` with its lock and its inbox on the same Redis: two round trips a call --
+one script takes the lease and claims the key (``guard_claim.lua``), one stores the result
+only while the lease is still held and releases the lease (``guard_complete.lua``) -- with
+the same outcomes as the separate calls: a lease gone or taken on the server stores nothing
+and lets a redelivery in, a claim taken over stores nothing, a transient failure is retried,
+a duplicate or a claim in progress elsewhere leaves the lease free, a waiter queued on the
+lock gets it handed off; and the extend path is kept where the two are not on the same
+database."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -73,7 +77,7 @@ def _scripts(sent: list[str]) -> int:
     return sum(1 for command in sent if command in ("EVALSHA", "EVAL"))
 
 
-def test_a_guarded_call_on_one_redis_is_four_round_trips_and_replays(
+def test_a_guarded_call_on_one_redis_is_two_round_trips_and_replays(
     clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     locks, inbox = clients
@@ -87,17 +91,19 @@ def test_a_guarded_call_on_one_redis_is_four_round_trips_and_replays(
     assert job(0) == {"n": 0}  # opens the connections
     sent = _counting(monkeypatch)
     assert job(1) == {"n": 1}
-    # acquire, claim, lease check + completion, release: no separate confirming extend
-    assert _scripts(sent) == 4 and len(sent) == 4, sent
+    # acquire + claim, lease check + completion + release: no confirming extend
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     sent.clear()
     assert job(1) == {"n": 1}  # a duplicate: the stored result, not run again
     assert runs == [0, 1]
+    # acquire + claim (found completed), the release of the lease
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     lease = locks.try_acquire("res:1", ttl=5)  # released after the call
     assert lease is not None
     lease.release()
 
 
-async def test_async_a_guarded_call_on_one_redis_is_four_round_trips(
+async def test_async_a_guarded_call_on_one_redis_is_two_round_trips(
     async_clients: tuple[jobfence.AsyncLocks, jobfence.AsyncInbox],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -110,7 +116,7 @@ async def test_async_a_guarded_call_on_one_redis_is_four_round_trips(
     assert await job(0) == 0
     sent = _counting(monkeypatch)
     assert await job(1) == 2
-    assert _scripts(sent) == 4 and len(sent) == 4, sent
+    assert _scripts(sent) == 2 and len(sent) == 2, sent
     assert await job(1) == 2
 
 
@@ -282,3 +288,347 @@ def test_same_database_compares_server_and_database() -> None:
     assert not _same_database(a, other_user)  # an ACL may keep it from the lock's keys
     assert not _same_database(a, unix)
     assert _same_database(unix, redis.Redis(unix_socket_path="/tmp/redis.sock"))
+
+
+# -- the two scripts: what each outcome costs and leaves ---------------------------------------
+class _Sent:
+    """The commands each thread sends (sync and asyncio redis-py clients), with the digest of
+    each ``EVALSHA``'s script."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[int, str, str | None]] = []
+        sync_send = redis.Redis.execute_command
+        async_send = redis.asyncio.Redis.execute_command
+        calls = self.calls
+
+        def note(args: tuple[Any, ...]) -> None:
+            sha = str(args[1]) if args[0] == "EVALSHA" else None
+            calls.append((threading.get_ident(), str(args[0]), sha))
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note(args)
+            return sync_send(self, *args, **kwargs)
+
+        async def async_counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note(args)
+            return await async_send(self, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", counted)
+        monkeypatch.setattr(redis.asyncio.Redis, "execute_command", async_counted)
+
+    def here(self) -> list[str]:
+        """The commands this thread sent so far (EVALSHA named by its script, see ``named``)."""
+        me = threading.get_ident()
+        return [sha or command for thread, command, sha in self.calls if thread == me]
+
+    def everywhere(self) -> list[str]:
+        """The commands every thread sent so far, but renewals."""
+        return [sha or command for _, command, sha in self.calls]
+
+
+def _named(inbox: jobfence.Inbox, locks: jobfence.Locks) -> dict[str, str]:
+    """Script digest -> the script's name, for the scripts a guarded call may send."""
+    backend: Any = inbox.backend
+    lock_backend: Any = locks.backend
+    return {
+        backend._guard_claim.sha: "guard_claim",
+        backend._guard_complete.sha: "guard_complete",
+        backend._claim.sha: "inbox_claim",
+        backend._release.sha: "inbox_release",
+        backend._complete_held.sha: "inbox_complete_held",
+        lock_backend._acquire.sha: "lock_acquire",
+        lock_backend._release.sha: "lock_release",
+        lock_backend._renew.sha: "lock_renew",
+    }
+
+
+def _scripts_here(sent: _Sent, names: dict[str, str]) -> list[str]:
+    return [names.get(command, command) for command in sent.here()]
+
+
+def _scripts_all(sent: _Sent, names: dict[str, str]) -> list[str]:
+    """The scripts every thread sent (a lease's release at the end of a block that raised
+    runs in the background), renewals left out."""
+    named = [names.get(command, command) for command in sent.everywhere()]
+    return [name for name in named if name != "lock_renew"]
+
+
+def test_a_duplicate_costs_two_round_trips_and_leaves_the_lease_free(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locks, inbox = clients
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> dict[str, int]:
+        runs.append(n)
+        return {"n": n}
+
+    assert job(1) == {"n": 1}
+    sent = _Sent(monkeypatch)
+    names = _named(inbox, locks)
+    assert job(1) == {"n": 1}  # the stored result, not run again
+    assert runs == [1]
+    # the lease taken with the claim (found completed), then given back by the block
+    assert _scripts_here(sent, names) == ["guard_claim", "lock_release"]
+    assert locks.holder("res") is None
+
+
+def test_a_claim_in_progress_elsewhere_raises_and_leaves_the_lease_free(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locks, inbox = clients
+    rival = jobfence.Inbox(REDIS_URL, table=ns)
+    runs: list[int] = []
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> int:
+        runs.append(n)
+        return n
+
+    try:
+        theirs = rival.claim("job:1", ttl=30)
+        assert theirs.state is jobfence.ClaimState.NEW
+        assert job(0) == 0  # the connections are open
+        sent = _Sent(monkeypatch)
+        names = _named(inbox, locks)
+        with pytest.raises(jobfence.ClaimInProgress) as raised:
+            job(1)
+        assert raised.value.owner == theirs.owner
+        # the lease taken with the claim, then given back by the block (in the background)
+        assert _scripts_all(sent, names) == ["guard_claim", "lock_release"]
+        assert locks.holder("res") is None
+        assert runs == [0]
+        info = inbox.claim_info("job:1")  # the rival's claim is untouched
+        assert info is not None and info.owner == theirs.owner and info.attempt == 1
+        theirs.complete(7)
+        assert job(1) == 7
+    finally:
+        rival.close()
+
+
+def test_a_lease_held_elsewhere_claims_nothing(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``timeout=0``: the one script finds the lease taken and claims nothing; LockTimeout
+    names the holder (one more round trip, on that path only)."""
+    locks, inbox = clients
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", timeout=0)
+    def job(n: int) -> int:
+        return n
+
+    assert job(0) == 0
+    other = locks.try_acquire("res", ttl=30)
+    assert other is not None
+    try:
+        sent = _Sent(monkeypatch)
+        names = _named(inbox, locks)
+        with pytest.raises(jobfence.LockTimeout) as raised:
+            job(1)
+        assert raised.value.owner == other.owner
+        assert _scripts_here(sent, names)[0] == "guard_claim"
+        assert len(_scripts_here(sent, names)) == 2  # and who holds the lease
+        assert inbox.claim_info("job:1") is None  # nothing claimed
+    finally:
+        other.release()
+
+
+def test_a_busy_lease_with_a_timeout_is_waited_for_then_the_key_claimed(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``timeout`` > 0: the first try (with the claim) finds the lease taken; the call waits
+    in the lock's FIFO queue as before, is handed the lease by the holder's release, claims
+    the key on its own, and its completion still releases the lease in the same script."""
+    from jobfence.testing import set_hook
+
+    locks, inbox = clients
+    waiting = threading.Event()
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "lock.wait":
+            waiting.set()
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}", timeout=20)
+    def job(n: int) -> int:
+        return current_lease().token  # type: ignore[no-any-return]
+
+    job(0)  # the connections are open
+    holder = locks.try_acquire("res", ttl=30)
+    assert holder is not None
+    sent = _Sent(monkeypatch)
+    names = _named(inbox, locks)
+    tokens: list[int] = []
+    old = set_hook(hook)
+    try:
+        worker = threading.Thread(target=lambda: tokens.append(job(1)))
+        worker.start()
+        assert waiting.wait(10)
+        assert holder.release()  # hands the lease to the queued call
+        worker.join(20)
+    finally:
+        set_hook(old)
+    assert tokens and tokens[0] > holder.token
+    scripts = [
+        name
+        for thread, command, sha in sent.calls
+        if thread == worker.ident
+        for name in [names.get(sha or "", command)]
+    ]
+    assert scripts[0] == "guard_claim" and scripts[-1] == "guard_complete", scripts
+    assert "inbox_claim" in scripts and "lock_release" not in scripts, scripts
+    assert locks.holder("res") is None
+    assert job(1) == tokens[0]  # stored
+
+
+def test_a_waiter_queued_on_the_lock_is_handed_the_lease_by_the_completion(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script that stores the result releases the lease as a release does: the first live
+    waiter of the FIFO queue owns it at once (a new, larger token) and is woken."""
+    from jobfence.testing import set_hook
+
+    locks, inbox = clients
+    waiting = threading.Event()
+    got: list[Any] = []
+
+    def hook(point: str, **info: Any) -> None:
+        if point == "lock.wait":
+            waiting.set()
+
+    def wait_for_it() -> None:
+        got.append(locks.acquire("res", ttl=30, timeout=20))
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> int:
+        if n:
+            old = set_hook(hook)
+            try:
+                waiter.start()
+                assert waiting.wait(10)  # queued behind this call's lease
+            finally:
+                set_hook(old)
+        return current_lease().token  # type: ignore[no-any-return]
+
+    waiter = threading.Thread(target=wait_for_it)
+    job(0)  # the connections are open
+    sent = _Sent(monkeypatch)
+    names = _named(inbox, locks)
+    token = job(1)
+    scripts = _scripts_here(sent, names)
+    held = locks.holder("res")  # handed off by the completion's own script
+    waiter.join(20)
+    assert got and held is not None and held.owner == got[0].owner
+    assert got[0].token == held.token > token
+    assert scripts == ["guard_claim", "guard_complete"]
+    got[0].release()
+
+
+def test_fencing_tokens_increase_across_guarded_calls(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locks, inbox = clients
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> int:
+        return current_lease().token  # type: ignore[no-any-return]
+
+    first = locks.try_acquire("res", ttl=30)
+    assert first is not None
+    first.release()
+    sent = _Sent(monkeypatch)
+    names = _named(inbox, locks)
+    tokens = [job(n) for n in range(5)]
+    assert _scripts_here(sent, names) == ["guard_claim", "guard_complete"] * 5
+    last = locks.try_acquire("res", ttl=30)
+    assert last is not None
+    last.release()
+    assert [first.token, *tokens, last.token] == sorted({first.token, *tokens, last.token})
+
+
+def test_the_hook_points_of_the_two_scripts_and_a_fault_at_each(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race-testing toolkit still sees ``lock.acquire``, ``inbox.claim``,
+    ``inbox.complete`` and ``lock.release``, in that order. A fault at ``inbox.claim`` lands
+    before the script is sent: nothing is held or claimed. A fault at ``lock.release`` lands
+    before the completing script: the completion is tried again, and stores the result and
+    releases the lease."""
+    from jobfence.testing import set_hook
+
+    locks, inbox = clients
+    effects: list[int] = []
+    seen: list[str] = []
+    fail: dict[str, int] = {}
+
+    def hook(point: str, **info: Any) -> None:
+        if point.startswith(("lock.", "inbox.")) and not point.endswith("renew"):
+            seen.append(point)
+        if fail.get(point):
+            fail[point] -= 1
+            raise ConnectionError(f"injected at {point}")
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> int:
+        effects.append(n)
+        return n
+
+    assert job(0) == 0
+    sent = _Sent(monkeypatch)
+    names = _named(inbox, locks)
+    old = set_hook(hook)
+    try:
+        assert job(1) == 1
+        assert seen == ["lock.acquire", "inbox.claim", "inbox.complete", "lock.release"]
+        assert _scripts_here(sent, names) == ["guard_claim", "guard_complete"]
+        fail["inbox.claim"] = 1
+        with pytest.raises(jobfence.BackendError):
+            job(2)
+        assert locks.holder("res") is None and inbox.claim_info("job:2") is None
+        fail["lock.release"] = 1
+        assert job(2) == 2
+    finally:
+        set_hook(old)
+    assert locks.holder("res") is None
+    assert job(2) == 2 and effects == [0, 1, 2]
+
+
+def test_the_scripts_answer_a_re_send_as_the_first_send(
+    clients: tuple[jobfence.Locks, jobfence.Inbox],
+) -> None:
+    """redis-py re-sends a script whose reply was lost: the second send of each answers as the
+    first did and changes nothing more (the lease is not taken or released twice, the result
+    not stored twice)."""
+    locks, inbox = clients
+    backend: Any = inbox.backend
+    lease_key = locks.backend.lock_key("res")  # type: ignore[attr-defined]
+    args = ("job:1", "claim-owner", None, 30.0, lease_key, "lease-owner", 30.0)
+    token, record = backend.claim_leased(*args)
+    again, record2 = backend.claim_leased(*args)
+    assert token > 0 and again == token
+    assert record is not None and record.mine and record2 is not None and record2.mine
+    assert record2.attempt == 1
+    holder = locks.holder("res")
+    assert holder is not None and holder.owner == "lease-owner" and holder.token == token
+    done = (b'"r"', 86400.0, lease_key, "lease-owner")
+    assert backend.complete_held("job:1", "claim-owner", *done[:1], 60.0, *done[2:], release=True)
+    assert locks.holder("res") is None
+    other = locks.try_acquire("res", ttl=30)
+    assert other is not None
+    try:  # the re-sent completion stores nothing new and leaves the new holder's lease alone
+        again_done = backend.complete_held(
+            "job:1", "claim-owner", b'"other"', 60.0, lease_key, "lease-owner", release=True
+        )
+        assert again_done == 1
+        assert locks.holder("res") is not None and other.held
+        assert inbox.claim("job:1").result == "r"
+    finally:
+        other.release()
+    # a lease not taken claims nothing
+    other = locks.try_acquire("res", ttl=30)
+    assert other is not None
+    try:
+        busy, nothing = backend.claim_leased("job:2", "o2", None, 30.0, lease_key, "l2", 30.0)
+        assert busy < 0 and nothing is None and inbox.claim_info("job:2") is None
+    finally:
+        other.release()

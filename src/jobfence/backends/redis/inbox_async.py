@@ -66,6 +66,7 @@ from .client_async import (
     per_slot,
     replica_wait,
 )
+from .locks_async import _ms as lease_ms
 
 __all__ = ["AsyncRedisInboxBackend"]
 
@@ -73,8 +74,11 @@ __all__ = ["AsyncRedisInboxBackend"]
 _PACKAGE = "jobfence.backends.redis"
 
 
-def _script(name: str) -> str:
-    return load_lua(_PACKAGE, f"{name}.lua")
+def _script(name: str, *, lock_lib: bool = False) -> str:
+    """The script ``lua/<name>.lua`` after ``lua/inbox_lib.lua`` (its shared functions), and
+    first ``lua/lock_lib.lua`` for a script that reads or takes a lease (``lock_lib``)."""
+    libs = ("lock_lib.lua", "inbox_lib.lua") if lock_lib else ("inbox_lib.lua",)
+    return load_lua(_PACKAGE, *libs, f"{name}.lua")
 
 
 #: records read by one call of the info script while listing
@@ -161,10 +165,12 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         scripts = [
             _script("inbox_claim"),
             _script("inbox_complete"),
-            _script("inbox_release"),
-            _script("inbox_extend"),
-            _script("inbox_info"),
-            _script("inbox_complete_held"),
+            load_lua(_PACKAGE, "inbox_release.lua"),
+            load_lua(_PACKAGE, "inbox_extend.lua"),
+            load_lua(_PACKAGE, "inbox_info.lua"),
+            _script("inbox_complete_held", lock_lib=True),
+            _script("guard_claim", lock_lib=True),
+            _script("guard_complete", lock_lib=True),
         ]
         #: whether the client is ours to close (False: the caller passed it in)
         self._owned = client is None
@@ -183,6 +189,8 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         self._extend = AsyncLuaScript(self.client, scripts[3])
         self._info = AsyncLuaScript(self.client, scripts[4])
         self._complete_held = AsyncLuaScript(self.client, scripts[5])
+        self._guard_claim = AsyncLuaScript(self.client, scripts[6])
+        self._guard_complete = AsyncLuaScript(self.client, scripts[7])
 
     batches = True
 
@@ -295,6 +303,36 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
             return False
         return _same_database(self.client, client)
 
+    async def claim_leased(
+        self,
+        key: str,
+        owner: str,
+        fingerprint: str | None,
+        ttl: float,
+        lease_key: str,
+        lease_owner: str,
+        lease_ttl: float,
+    ) -> tuple[int, ClaimRecord | None]:
+        """Take the lease stored at ``lease_key`` (a lock backend's key on this server: see
+        :meth:`shares_server`) for ``lease_owner`` as the lock backend's plain try does, then,
+        only if it was taken, :meth:`claim` ``key``: one script, one round trip
+        (``guard_claim.lua``). Returns the lock backend's answer (the fencing token, or
+        ``-1 -`` the milliseconds left on the current lease) and the claim's record (``None``:
+        the lease was not free, nothing was claimed)."""
+        args = (
+            lease_owner,
+            lease_ms(lease_ttl),
+            int(self.retention * 1000),
+            owner,
+            fingerprint or "",
+            int(ttl * 1000),
+        )
+        reply = await self._guard_claim((lease_key, self._key(key)), args)
+        token = int(reply[0])
+        if token <= 0:
+            return token, None
+        return token, _claim_record(reply[1], owner, fingerprint)
+
     async def complete_held(
         self,
         key: str,
@@ -303,12 +341,17 @@ class AsyncRedisInboxBackend(AsyncInboxBackend):
         retention: float,
         lease_key: str,
         lease_owner: str,
+        *,
+        release: bool = False,
     ) -> int:
         """:meth:`complete`, only while the lease stored at ``lease_key`` (a lock backend's
         key on this server: see :meth:`shares_server`) is ``lease_owner``'s, in one script:
-        1 stored, 0 the claim is not ``owner``'s, -1 the lease is not held (nothing written)."""
+        1 stored, 0 the claim is not ``owner``'s, -1 the lease is not held (nothing written).
+        ``release``: the same script then releases the lease as the lock backend's release
+        does, hand-off to a waiter included (``guard_complete.lua``; not on -1)."""
         args = (max(1, int(retention * 1000)), owner, result, lease_owner)
-        return int(await self._complete_held((self._key(key), lease_key), args))
+        script = self._guard_complete if release else self._complete_held
+        return int(await script((self._key(key), lease_key), args))
 
     async def release(self, key: str, owner: str) -> bool:
         return bool(await self._release((self._key(key),), (owner,)))

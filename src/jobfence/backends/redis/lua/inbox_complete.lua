@@ -1,5 +1,5 @@
 -- Complete claims: store each result, owner-checked; one claim (complete) or a batch
--- (complete_many), ONE atomic script.
+-- (complete_many), ONE atomic script (inbox_lib.lua is prepended).
 --
 -- KEYS[i]        the record's hash of claim i: "<table>:<key>"
 -- ARGV[1]        retention, milliseconds: the record then expires natively (no purge needed)
@@ -8,17 +8,10 @@
 --
 -- Returns a list with 1 for each result stored, 0 for each claim that is not its owner's
 -- (taken over, released, expired away).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock_ms()
 local retention = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS do
-    local ok = 0
-    if redis.call('HGET', KEYS[i], 'o') == ARGV[2 * i] then
-        redis.call('HSET', KEYS[i], 's', 'completed', 'r', ARGV[2 * i + 1], 'e', now + retention)
-        redis.call('PEXPIRE', KEYS[i], retention)
-        ok = 1
-    end
-    out[i] = ok
+  out[i] = complete(KEYS[i], ARGV[2 * i], ARGV[2 * i + 1], now, retention)
 end
 return out

@@ -1,5 +1,7 @@
--- jobfence Redis lock backend: helpers shared by lock_acquire.lua, lock_release.lua and
--- lock_cancel_wait.lua (this file is prepended to each when the backend loads it).
+-- jobfence Redis lock backend: helpers shared by lock_acquire.lua, lock_release.lua,
+-- lock_cancel_wait.lua, and by the inbox's scripts that read or take a lease of the same
+-- server (inbox_complete_held.lua, guard_claim.lua, guard_complete.lua): this file is
+-- prepended to each when its backend loads it.
 --
 -- Key layout for a lock name N in namespace S. N sits between literal braces, so all keys
 -- of one name share a Redis Cluster hash tag; N is only ever data (KEYS/ARGV), never code.
@@ -133,4 +135,123 @@ local function hand_off(L, t)
   redis.call('LPUSH', wake, string.format('%d', n))
   redis.call('PEXPIRE', wake, ttl_ms)
   return ttl_ms
+end
+
+-- Whether owner holds the lease L right now.
+local function held_by(L, owner)
+  local v = redis.call('GET', L)
+  if not v then
+    return false
+  end
+  return split_lease(v) == owner
+end
+
+-- One acquire attempt of owner on L for ttl_ms (a decimal string): all of lock_acquire.lua,
+-- shared with guard_claim.lua. wait_ms and slack_ms are nil for a plain try, which never
+-- enqueues; else the wait and the waiter slack in ms (an entry's deadline is now + wait +
+-- slack).
+--
+-- Returns the fencing token (> 0) when owner holds the lease after the call, else
+-- -1 - (ms until the current lease expires), so the caller knows how long a wait may last.
+--
+-- Fast path (lease free, nobody queued): MGET of the lease, the counter and the waiters
+-- flag, TIME, SET PX of the lease and of the counter. Fairness: a free lease with a live
+-- queue goes to the queue's head, not to the caller (unless the caller is the head); a
+-- waiting caller joins the tail of the queue or refreshes its entry's deadline.
+local function acquire(L, owner, ttl_ms, wait_ms, slack_ms)
+  local state = redis.call('MGET', L, L .. ':tok', L .. ':qf')
+  local v = state[1]
+  if not v and not state[3] then
+    return grant(L, owner, ttl_ms, state[2])
+  end
+
+  -- Join the queue (or refresh our entry); keep the queue keys while anyone may wait.
+  local function enqueue(now)
+    local q, qd = L .. ':q', L .. ':qd'
+    if not redis.call('ZSCORE', q, owner) then
+      local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+      local seq = 1
+      if #last == 2 then
+        seq = tonumber(last[2]) + 1
+      end
+      redis.call('ZADD', q, string.format('%d', seq), owner)
+    end
+    local keep = tonumber(wait_ms) + tonumber(slack_ms)
+    redis.call('HSET', qd, owner, string.format('%d', now + keep) .. ':' .. ttl_ms)
+    local keep_ms = string.format('%d', keep + 1000)
+    if redis.call('PTTL', q) < keep then
+      redis.call('PEXPIRE', q, keep_ms)
+    end
+    if redis.call('PTTL', qd) < keep then
+      redis.call('PEXPIRE', qd, keep_ms)
+    end
+    -- the flag lives as long as the queue may
+    redis.call('SET', L .. ':qf', '1', 'PX', redis.call('PTTL', q))
+  end
+
+  if v then
+    local holder, token = split_lease(v)
+    if holder == owner then
+      -- handed to us while we were between two waits: take it, drop the pending wake-up
+      redis.call('DEL', L .. ':w:' .. owner)
+      return token
+    end
+    if wait_ms then
+      enqueue(now_ms())
+    end
+    local left = redis.call('PTTL', L)
+    if left == -1 then
+      -- a key without expiry (not written by jobfence, e.g. redis-py's Lock without a
+      -- timeout): no expiry to wait for; the caller looks again every poll interval
+      left = 2147483647
+    end
+    return -1 - math.max(left, 0)
+  end
+
+  -- The lease is free but owners are queued (or were: live_head drops a stale flag).
+  local t = redis.call('TIME')
+  local now = ms_of(t)
+  local head = live_head(L, now)
+  if not head or head == owner then
+    if head then
+      dequeue(L, owner)
+      redis.call('DEL', L .. ':w:' .. owner)
+    end
+    return grant(L, owner, ttl_ms, state[2], t)
+  end
+  -- Someone else is first in line (the previous lease expired without a release).
+  local head_ttl = hand_off(L, t)
+  if wait_ms then
+    enqueue(now)
+  end
+  return -1 - tonumber(head_ttl)
+end
+
+-- Release L for owner (force: whoever holds it, administrative): all of lock_release.lua,
+-- shared with guard_complete.lua.
+--
+-- Returns 1 if the lease was released, 0 if owner did not hold it (nothing is changed).
+-- Idempotent for its owner: the releasing owner is remembered in L..":rel" for a minute,
+-- so a release that redis-py re-sends after a lost reply (the first one did release)
+-- still answers 1 instead of reporting the lease as lost. Owners are unique per lease.
+-- With live waiters queued, the first one gets the lease at once (new token, its own ttl)
+-- and the token is pushed onto its wake list: one waiter woken, already owning the lease.
+-- Waiters whose deadline passed (they stopped polling: crashed or gave up) are skipped.
+-- Uncontended (no waiters flag): MGET of the lease and the flag, DEL, SET of the marker.
+local function release(L, owner, force)
+  local state = redis.call('MGET', L, L .. ':qf')
+  local v = state[1]
+  if not v or (not force and split_lease(v) ~= owner) then
+    if not force and redis.call('GET', L .. ':rel') == owner then
+      return 1
+    end
+    return 0
+  end
+  if not state[2] or not hand_off(L, redis.call('TIME')) then
+    redis.call('DEL', L)
+  end
+  if not force then
+    redis.call('SET', L .. ':rel', owner, 'PX', 60000)
+  end
+  return 1
 end
