@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from . import telemetry
 from ._core import compat, forks
 from ._core.clock import get_clock
+from ._core.groupcommit_thread import ThreadGroupCommit as GroupCommit
 from ._core.hooks import get_hook, hook
 from ._core.inbox_support import (
     DEFAULT_CLAIM_TTL,
@@ -50,8 +51,10 @@ from ._guard_spec import current_claim_var, default_key
 from .backends import open_inbox_backend, sql_dialect
 from .backends.base import (
     ClaimInfo,
+    ClaimItem,
     ClaimRecord,
     ClaimState,
+    CompleteItem,
     InboxBackend,
 )
 from .backends.clients import Client, describe_target
@@ -556,6 +559,7 @@ class Inbox:
         #: which the claim has expired by itself); retried by the next claim (``_orphans_go``)
         self._orphans: dict[str, tuple[str, float]] = {}
         self._renewer = self._new_renewer()
+        self._new_batches()
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def _new_renewer(self) -> Renewer:
@@ -604,7 +608,9 @@ class Inbox:
             raise ConfigurationError("this Inbox is closed", argument="self")
 
     def _send_claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
-        """The backend's claim (async: in the group commit, where the backend batches)."""
+        """The backend's claim (in the group commit, where the backend batches)."""
+        if self._claims is not None:
+            return self._claims.submit((key, owner, fingerprint, ttl), key)
         return self.backend.claim(key, owner, fingerprint, ttl)
 
     def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
@@ -647,9 +653,35 @@ class Inbox:
         return self.call_hooked("inbox.complete", key, send)
 
     def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
-        """The backend's complete, kept for the inbox's ``retention`` (async: in the group
-        commit, where the backend batches)."""
+        """The backend's complete, kept for the inbox's ``retention`` (in the group commit,
+        where the backend batches)."""
+        if self._completions is not None:
+            return self._completions.submit((key, owner, result), key)
         return self.backend.complete(key, owner, result, self.retention)
+
+    def _new_batches(self) -> None:
+        """Group commit of claims and completions, on a backend that takes a batch in one
+        round trip: the claims (completions) made while one is under way go together in the
+        next; a lone one is sent at once, alone. ``AsyncInbox``: across its tasks
+        (``_core/groupcommit.py``); ``Inbox``: across its threads, the first waiting thread
+        sending the batch (``_core/groupcommit_thread.py``)."""
+        self._claims: GroupCommit[ClaimItem, ClaimRecord] | None = None
+        self._completions: GroupCommit[CompleteItem, bool] | None = None
+        if self.backend.batches:
+            self._claims = GroupCommit(self._flush_claims, name="jobfence-inbox-claims")
+            self._completions = GroupCommit(
+                self._flush_completions, name="jobfence-inbox-completions"
+            )
+
+    def _flush_claims(self, items: list[ClaimItem]) -> list[ClaimRecord]:
+        if len(items) == 1:  # the single-key statement is the cheaper one
+            return [self.backend.claim(*items[0])]
+        return self.backend.claim_many(items)
+
+    def _flush_completions(self, items: list[CompleteItem]) -> list[bool]:
+        if len(items) == 1:
+            return [self.backend.complete(*items[0], self.retention)]
+        return self.backend.complete_many(items, self.retention)
 
     def claim(
         self,
@@ -1026,6 +1058,10 @@ class Inbox:
         self._renewer = self._new_renewer()
         self._cleanups = set()
         self._orphans = {}  # the parent's to retry
+        # batches of the parent's own: a parent thread may have been sending one (its lock
+        # held, the lead taken) at the fork, which no thread of the child would ever end
+        forks.keep(self._claims, self._completions)
+        self._new_batches()
         self.backend.after_fork()
 
     def __enter__(self) -> Inbox:

@@ -70,6 +70,8 @@ if ASYNC:
     import asyncio
 
     from ._core.groupcommit import GroupCommit
+else:
+    from ._core.groupcommit_thread import ThreadGroupCommit as GroupCommit
 
 __all__ = ["DEFAULT_URL", "AsyncClaim", "AsyncInbox"]
 
@@ -600,8 +602,7 @@ class AsyncInbox:
         #: which the claim has expired by itself); retried by the next claim (``_orphans_go``)
         self._orphans: dict[str, tuple[str, float]] = {}
         self._renewer = self._new_renewer()
-        if ASYNC:
-            self._new_batches()
+        self._new_batches()
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def _new_renewer(self) -> AsyncRenewer:
@@ -654,10 +655,9 @@ class AsyncInbox:
     async def _send_claim(
         self, key: str, owner: str, fingerprint: str | None, ttl: float
     ) -> ClaimRecord:
-        """The backend's claim (async: in the group commit, where the backend batches)."""
-        if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
-            if self._claims is not None:
-                return await self._claims.submit((key, owner, fingerprint, ttl), key)
+        """The backend's claim (in the group commit, where the backend batches)."""
+        if self._claims is not None:
+            return await self._claims.submit((key, owner, fingerprint, ttl), key)
         return await self.backend.claim(key, owner, fingerprint, ttl)
 
     async def complete_claim(self, key: str, owner: str, result: bytes) -> bool:
@@ -702,36 +702,35 @@ class AsyncInbox:
         return await self.call_hooked("inbox.complete", key, send)
 
     async def _send_complete(self, key: str, owner: str, result: bytes) -> bool:
-        """The backend's complete, kept for the inbox's ``retention`` (async: in the group
-        commit, where the backend batches)."""
-        if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
-            if self._completions is not None:
-                return await self._completions.submit((key, owner, result), key)
+        """The backend's complete, kept for the inbox's ``retention`` (in the group commit,
+        where the backend batches)."""
+        if self._completions is not None:
+            return await self._completions.submit((key, owner, result), key)
         return await self.backend.complete(key, owner, result, self.retention)
 
-    if ASYNC:
+    def _new_batches(self) -> None:
+        """Group commit of claims and completions, on a backend that takes a batch in one
+        round trip: the claims (completions) made while one is under way go together in the
+        next; a lone one is sent at once, alone. ``AsyncInbox``: across its tasks
+        (``_core/groupcommit.py``); ``Inbox``: across its threads, the first waiting thread
+        sending the batch (``_core/groupcommit_thread.py``)."""
+        self._claims: GroupCommit[ClaimItem, ClaimRecord] | None = None
+        self._completions: GroupCommit[CompleteItem, bool] | None = None
+        if self.backend.batches:
+            self._claims = GroupCommit(self._flush_claims, name="jobfence-inbox-claims")
+            self._completions = GroupCommit(
+                self._flush_completions, name="jobfence-inbox-completions"
+            )
 
-        def _new_batches(self) -> None:
-            """Group commit of claims and completions, on a backend that takes a batch in one
-            round trip: the claims (completions) made while one is under way go together in
-            the next (see ``_core/groupcommit.py``); a lone one is sent at once, alone."""
-            self._claims: GroupCommit[ClaimItem, ClaimRecord] | None = None
-            self._completions: GroupCommit[CompleteItem, bool] | None = None
-            if self.backend.batches:
-                self._claims = GroupCommit(self._flush_claims, name="jobfence-inbox-claims")
-                self._completions = GroupCommit(
-                    self._flush_completions, name="jobfence-inbox-completions"
-                )
+    async def _flush_claims(self, items: list[ClaimItem]) -> list[ClaimRecord]:
+        if len(items) == 1:  # the single-key statement is the cheaper one
+            return [await self.backend.claim(*items[0])]
+        return await self.backend.claim_many(items)
 
-        async def _flush_claims(self, items: list[ClaimItem]) -> list[ClaimRecord]:
-            if len(items) == 1:  # the single-key statement is the cheaper one
-                return [await self.backend.claim(*items[0])]
-            return await self.backend.claim_many(items)
-
-        async def _flush_completions(self, items: list[CompleteItem]) -> list[bool]:
-            if len(items) == 1:
-                return [await self.backend.complete(*items[0], self.retention)]
-            return await self.backend.complete_many(items, self.retention)
+    async def _flush_completions(self, items: list[CompleteItem]) -> list[bool]:
+        if len(items) == 1:
+            return [await self.backend.complete(*items[0], self.retention)]
+        return await self.backend.complete_many(items, self.retention)
 
     async def claim(
         self,
@@ -1110,9 +1109,10 @@ class AsyncInbox:
         self._renewer = self._new_renewer()
         self._cleanups = set()
         self._orphans = {}  # the parent's to retry
-        if ASYNC:
-            forks.keep(self._claims, self._completions)
-            self._new_batches()
+        # batches of the parent's own: a parent thread may have been sending one (its lock
+        # held, the lead taken) at the fork, which no thread of the child would ever end
+        forks.keep(self._claims, self._completions)
+        self._new_batches()
         self.backend.after_fork()
 
     async def __aenter__(self) -> AsyncInbox:
