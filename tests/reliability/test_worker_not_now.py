@@ -12,10 +12,10 @@ PostgreSQL, counted from the database afterwards.
   expire -- never back off through ``max_deliveries`` into the dead letters.
 * ``test_a_crashed_database_leaves_no_claim_that_dead_letters_its_message``: the PostgreSQL of
   the inbox and the ledger (and of the queue, on PostgreSQL) is stopped with ``pg_ctl stop -m
-  immediate`` mid-run and started again. The guard's claims (committed on their own) outlive
-  the aborted effect transactions, whose release fails while the server is down: the inbox
-  releases them with its next claim, and a redelivery that meets one defers instead of
-  burning its deliveries.
+  immediate`` mid-run and started again (one crash, every queue's run in it). The guard's
+  claims (committed on their own) outlive the aborted effect transactions, whose release
+  fails while the server is down: the inbox releases them with its next claim, and a
+  redelivery that meets one defers instead of burning its deliveries.
 
 Each asserts every message's effect exactly once and zero dead letters. The wait is bounded
 by the default claim ttl (30 s), so the message counts are small.
