@@ -35,8 +35,9 @@ def _bin_dir() -> Path:
 
 
 class PostgresServer:
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, *, max_connections: int = 100) -> None:
         self.password = password
+        self.max_connections = max_connections
         self.bin = _bin_dir()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="jobfence-pg-"))
@@ -75,7 +76,8 @@ class PostgresServer:
             (self.dir / "pw").unlink(missing_ok=True)
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c full_page_writes=off -c password_encryption=scram-sha-256"
+            "-c full_page_writes=off -c password_encryption=scram-sha-256 "
+            f"-c max_connections={self.max_connections}"
         )
         self._options = options
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start")
