@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -186,11 +187,16 @@ def _interrupt_main_when(condition: Any) -> threading.Thread:
 
 
 @pytest.fixture
-def in_main_thread() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("a KeyboardInterrupt interrupts a wait in the main thread only")
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's KeyboardInterrupt here")
+def in_main_thread() -> Iterator[None]:
+    """The test runs in the main thread with Python's own SIGINT handler (a KeyboardInterrupt
+    interrupts a wait in the main thread only; pytest-xdist's workers ignore SIGINT, so the
+    handler is put in place for the test and the previous one restored after it)."""
+    assert threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_call_interrupted_before_it_was_sent_is_withdrawn(
