@@ -6,6 +6,7 @@ and the inbox on the same backend)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 import jobfence
+from jobfence._guard_worker import worker_guard
 from jobfence.backends._sql.inbox import SQLInboxBackend
 from jobfence.backends._sql.inbox_async import AsyncSQLInboxBackend
 from jobfence.backends.postgres.inbox import PostgresInboxBackend
@@ -248,3 +250,110 @@ def test_a_claim_held_by_another_owner_defers_the_message_uncounted(
     assert stats.deferred == 1 and stats.retried == 0 and stats.processed == 0
     assert stats.dead_lettered == 0
     assert calls.thread_claims == 0 and calls.loop_claims > 0
+
+
+def test_a_function_cut_off_at_the_stop_keeps_its_claim_and_its_result_is_stored(
+    clients: tuple[jobfence.Queue, jobfence.Inbox], calls: Calls
+) -> None:
+    queue, inbox = clients
+    started, go_on = threading.Event(), threading.Event()
+
+    @jobfence.guarded(inbox=inbox)
+    def handle(message: Any) -> str:
+        started.set()
+        assert go_on.wait(60)
+        return "done"
+
+    message_id = queue.publish({"n": 1})
+    worker = jobfence.Worker(queue, handle, handle_signals=False, shutdown_timeout=0)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(worker.run()))
+    thread.start()
+    given_back = threading.Event()
+
+    class GivenBack(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "given back" in record.msg:
+                given_back.set()
+
+    watch = GivenBack(logging.INFO)
+    logger = logging.getLogger("jobfence.worker")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(watch)
+    try:
+        assert started.wait(60)
+        worker.stop()  # no time to finish: the message is given back at once
+        assert given_back.wait(60)
+    finally:
+        go_on.set()  # the function returns only now, its message given back
+        thread.join(60)
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+    assert not thread.is_alive()
+    stats = outcome[0]
+    assert stats.given_back == 1 and stats.processed == 0
+    # run() returned after the function did, its result stored by its own claim
+    claim = inbox.claim(message_id)
+    assert claim.state.value == "completed" and claim.result == "done"
+    assert calls.loop_completions == 1
+
+
+def test_an_async_worker_runs_a_guarded_def_the_same_way(
+    clients: tuple[jobfence.Queue, jobfence.Inbox], calls: Calls, url: str
+) -> None:
+    queue, inbox = clients
+    n = 20
+    ran: list[str] = []
+    all_ran = threading.Event()
+
+    @jobfence.guarded(inbox=inbox)
+    def handle(message: Any) -> int:
+        assert jobfence.current_message() is message
+        ran.append(message.id)
+        if len(ran) == n:
+            all_ran.set()
+        return int(message.body["n"])
+
+    ids = queue.publish_many([{"n": i} for i in range(n)])
+
+    async def main() -> Any:
+        aqueue = jobfence.AsyncQueue(url, queue.name)
+        worker = jobfence.AsyncWorker(aqueue, handle, handle_signals=False)
+        running = asyncio.ensure_future(worker.run())
+        try:
+            await asyncio.wait_for(asyncio.to_thread(all_ran.wait, 60), 60)
+        finally:
+            worker.stop()
+            stats = await running
+            await aqueue.close()
+        return stats
+
+    stats = asyncio.run(main())
+    assert sorted(ran) == sorted(ids) and stats.processed == n
+    assert calls.thread_claims == 0 and 0 < calls.loop_claims < n
+    assert inbox.claim(ids[-1]).result == n - 1
+
+
+def test_which_guarded_handlers_take_the_loop_path(url: str) -> None:
+    inbox = jobfence.Inbox(url)
+    locks = jobfence.Locks(REDIS_URL)
+    try:
+
+        def fn(message: Any) -> None:
+            pass
+
+        assert worker_guard(jobfence.guarded(inbox=inbox)(fn)) is not None
+        assert worker_guard(jobfence.guarded(inbox=inbox, key="k:{message.id}")(fn)) is not None
+        # a lock, a limit or retries: the whole guarded call runs in the handler thread
+        assert worker_guard(jobfence.guarded(inbox=inbox, locks=locks, lock="l")(fn)) is None
+        assert worker_guard(jobfence.guarded(inbox=inbox, locks=locks, limit=("t", 2))(fn)) is None
+        assert worker_guard(jobfence.guarded(inbox=inbox, attempts=3)(fn)) is None
+        assert worker_guard(jobfence.guarded(locks=locks, lock="l")(fn)) is None
+        assert worker_guard(fn) is None
+        memory = jobfence.Inbox("memory://")  # its store is the client's own
+        assert worker_guard(jobfence.guarded(inbox=memory)(fn)) is None
+        memory.close()
+    finally:
+        inbox.close()
+        locks.close()
