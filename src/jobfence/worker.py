@@ -37,6 +37,12 @@ of logic serves both:
 * :attr:`stats` and logging (logger ``jobfence.worker``; each line names the message id and
   delivery, also as ``extra`` fields ``message_id``, ``delivery``, ``queue``).
 
+A plain-function handler that is ``guarded(inbox=Inbox(url))`` alone (no lock, limit or
+retries; an inbox opened from a URL other than ``memory://``) has its claim and completion
+made on the worker's loop, through the asyncio inbox of the same URL that the worker opens for
+the run and closes at its end (batched across the handlers), and only the function runs in a
+thread; see :mod:`jobfence._guard_worker` for how the guard's rules hold there.
+
 Inside the handler, :func:`jobfence.current_message` is the message, and
 :func:`jobfence.guarded` / ``Inbox.claim_in`` without a key use its id: a redelivery or a
 duplicate publish is then recognised as a duplicate (counted in ``stats.duplicates``).
@@ -391,7 +397,10 @@ class AsyncWorker:
             while self._finishing:
                 await asyncio.wait(list(self._finishing))
         finally:
-            await inbox.close()
+            try:
+                await inbox.close()
+            except Exception as exc:  # its claims expire after their ttl
+                log.warning("closing the inbox of the guarded handler failed: %r", exc)
 
     def _run_in_thread(self, message: AsyncMessage) -> Awaitable[Any]:
         """The plain handler's call for ``message``: in a handler thread, or, for a guarded
