@@ -150,12 +150,15 @@ async def run_guarded_in_worker(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     finishing: set[asyncio.Task[None]],
+    returned: Callable[[], Any] | None = None,
 ) -> Any:
     """One guarded call of a worker's handler: claim on the loop through ``inbox`` (the
     asyncio twin of the guard's inbox), the function in ``pool`` (the worker's handler
     threads), complete or release on the loop. ``finishing``: where a task that completes
     the claim of a function still running when this call was cancelled is kept (the worker
-    awaits them before closing ``inbox``)."""
+    awaits them before closing ``inbox``). ``returned``: called once the function has
+    returned, before its result is stored (the worker frees the handler's slot then: the
+    completion's round trip goes on beside the next handlers, as an ack does)."""
     spec, fn = guard.spec, guard.fn
     function = getattr(fn, "__qualname__", None) or repr(fn)
     with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
@@ -199,5 +202,7 @@ async def run_guarded_in_worker(
         except BaseException:
             await _release_claim(claim)
             raise
+        if returned is not None:
+            returned()
         await _complete(claim, result)
         return result

@@ -407,8 +407,15 @@ class AsyncWorker:
         function whose inbox steps run on the loop, only its function there."""
         assert self._pool is not None
         if self._guard_inbox is not None and self._guard is not None:
+            task = asyncio.current_task()
             return run_guarded_in_worker(
-                self._guard, self._guard_inbox, self._pool, (message,), {}, self._finishing
+                self._guard,
+                self._guard_inbox,
+                self._pool,
+                (message,),
+                {},
+                self._finishing,
+                lambda: self._free_slot(task),
             )
         return self._pool.run(self.handler, message)
 
