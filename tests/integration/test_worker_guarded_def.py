@@ -357,3 +357,56 @@ def test_which_guarded_handlers_take_the_loop_path(url: str) -> None:
     finally:
         inbox.close()
         locks.close()
+
+
+def test_the_guarded_span_and_metrics_as_in_the_thread(
+    clients: tuple[jobfence.Queue, jobfence.Inbox], calls: Calls
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from jobfence import telemetry
+
+    queue, inbox = clients
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    spans = InMemorySpanExporter()
+    tracers = TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(spans))
+    seen: dict[str, int] = {}
+
+    @jobfence.guarded(inbox=inbox)
+    def handle(message: Any) -> None:
+        seen[message.id] = trace.get_current_span().get_span_context().span_id
+
+    ids = queue.publish_many([{"n": i} for i in range(3)])
+    telemetry.configure(meter_provider=meters, tracer_provider=tracers)
+    try:
+        drain(queue, handle, Processed(3))
+    finally:
+        telemetry.configure()
+    guarded = [s for s in spans.get_finished_spans() if s.name == "jobfence.guarded"]
+    assert len(guarded) == 3
+    for span in guarded:  # the function ran inside its call's span
+        assert span.attributes is not None
+        key = span.attributes["jobfence.key"]
+        assert key in ids and span.attributes["jobfence.function"].endswith("handle")
+        assert seen[str(key)] == span.context.span_id
+    data = reader.get_metrics_data()
+    new_claims = sum(
+        point.value
+        for rm in (data.resource_metrics if data is not None else [])
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "jobfence.inbox.claims"
+        for point in metric.data.data_points
+        if dict(point.attributes).get("outcome") == "new"
+    )
+    assert new_claims == 3
+    meters.shutdown()
+    tracers.shutdown()
+    assert calls.thread_claims == 0 and calls.loop_claims > 0
