@@ -242,6 +242,9 @@ def guarded(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             return run_guarded(spec, body, args, kwargs)
 
+        # what a jobfence Worker reads to run the inbox steps on its event loop and only the
+        # function in its handler thread (see jobfence._guard_worker)
+        wrapper._jobfence_guard = (spec, body, policy)  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate

@@ -542,6 +542,8 @@ class Inbox:
         self.ttl = check_ttl(ttl)
         self.retention = check_ttl(retention, argument="retention")
         self.serializer: Serializer = check_serializer(serializer)
+        #: the URL and options of the backend, when it was opened from a URL
+        self._opened_from: tuple[str, dict[str, Any]] | None = None
         if isinstance(url, InboxBackend):
             self.backend = url
             self.url = f"{url.kind}://"
@@ -552,6 +554,19 @@ class Inbox:
                 url, asynchronous=False, table=table, retention=self.retention, **options
             )
             self.url = describe_target(url)
+            if isinstance(url, str):
+                # what opens this inbox's backend again (a jobfence Worker running a guarded
+                # plain function opens the asyncio inbox of the same URL on its event loop)
+                self._opened_from = (
+                    url,
+                    dict(
+                        options,
+                        table=table,
+                        ttl=self.ttl,
+                        retention=self.retention,
+                        serializer=self.serializer,
+                    ),
+                )
         self.table = self.backend.table
         self._closed = False
         self._cleanups: set[Any] = set()  # clean-ups still running (async; sync ones finish)

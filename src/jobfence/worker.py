@@ -37,6 +37,12 @@ of logic serves both:
 * :attr:`stats` and logging (logger ``jobfence.worker``; each line names the message id and
   delivery, also as ``extra`` fields ``message_id``, ``delivery``, ``queue``).
 
+A plain-function handler that is ``guarded(inbox=Inbox(url))`` alone (no lock, limit or
+retries; an inbox opened from a URL other than ``memory://``) has its claim and completion
+made on the worker's loop, through the asyncio inbox of the same URL that the worker opens for
+the run and closes at its end (batched across the handlers), and only the function runs in a
+thread; see :mod:`jobfence._guard_worker` for how the guard's rules hold there.
+
 Inside the handler, :func:`jobfence.current_message` is the message, and
 :func:`jobfence.guarded` / ``Inbox.claim_in`` without a key use its id: a redelivery or a
 duplicate publish is then recognised as a duplicate (counted in ``stats.duplicates``).
@@ -60,6 +66,7 @@ from typing import Any
 from . import telemetry
 from ._core.validate import check_ttl
 from ._guard_spec import current_message_var
+from ._guard_worker import WorkerGuard, run_guarded_in_worker, worker_guard
 from .backends.base import (
     AsyncQueueBackend,
     DeadLetter,
@@ -218,6 +225,12 @@ class AsyncWorker:
         self._busy: set[asyncio.Task[None]] = set()
         self._slot_free: _Wakeup | None = None
         self._pool: _HandlerThreads | None = None
+        #: a guarded plain handler whose inbox steps run on the loop (see _guard_worker),
+        #: the asyncio inbox this worker opens for them during a run, and the tasks that
+        #: complete the claims of functions still running when their handler was cut off
+        self._guard: WorkerGuard | None = None if self._is_async else worker_guard(handler)
+        self._guard_inbox: Any = None
+        self._finishing: set[asyncio.Task[None]] = set()
         self._running = False
 
     def __repr__(self) -> str:
@@ -279,6 +292,8 @@ class AsyncWorker:
             self._stopping.set()
         if not self._is_async:
             self._pool = _HandlerThreads(loop, self.concurrency, "jobfence-worker")
+            if self._guard is not None:
+                self._guard_inbox = self._guard.open_inbox()
         signals = self._install_signals(loop)
         slot_free = self._slot_free = _Wakeup(loop)
         log.info(
@@ -365,11 +380,44 @@ class AsyncWorker:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+            await self._close_guard_inbox()
             self._loop = None
             self._running = False
             self._stop_requested.clear()
             log.info("worker on queue %r stopped: %s", self.queue.name, self.stats)
         return self.stats
+
+    async def _close_guard_inbox(self) -> None:
+        """Close the inbox of a guarded handler's claims, once the functions cut off at the
+        stop have returned and their claims were completed (or released)."""
+        inbox, self._guard_inbox = self._guard_inbox, None
+        if inbox is None:
+            return
+        try:
+            while self._finishing:
+                await asyncio.wait(list(self._finishing))
+        finally:
+            try:
+                await inbox.close()
+            except Exception as exc:  # its claims expire after their ttl
+                log.warning("closing the inbox of the guarded handler failed: %r", exc)
+
+    def _run_in_thread(self, message: AsyncMessage) -> Awaitable[Any]:
+        """The plain handler's call for ``message``: in a handler thread, or, for a guarded
+        function whose inbox steps run on the loop, only its function there."""
+        assert self._pool is not None
+        if self._guard_inbox is not None and self._guard is not None:
+            task = asyncio.current_task()
+            return run_guarded_in_worker(
+                self._guard,
+                self._guard_inbox,
+                self._pool,
+                (message,),
+                {},
+                self._finishing,
+                lambda: self._free_slot(task),
+            )
+        return self._pool.run(self.handler, message)
 
     def _start(
         self, loop: asyncio.AbstractEventLoop, message: AsyncMessage, slot_free: _Wakeup
@@ -459,8 +507,7 @@ class AsyncWorker:
             if self._is_async:
                 await self.handler(message)
             else:
-                assert self._pool is not None
-                await self._pool.run(self.handler, message)
+                await self._run_in_thread(message)
         except asyncio.CancelledError:
             if cancelled_for_loss or message.lost:
                 self.stats.lost += 1
