@@ -304,10 +304,11 @@ WHY_NOT = (
 
 
 WHY_NOT_FRAMEWORKS = (
-    "the guard is four Redis round trips per task (lease, claim, lease check + completion in "
-    "one script, release) against the alternatives' two (no lease), and the task's body is a "
-    "no-op: at one task at a time every round trip adds to the task's time; the profile is "
-    f"those round trips, not Python ({PERF}#guarded-tasks-on-their-frameworks)"
+    "with the lock and the inbox on one Redis the guard is two round trips per task (lease + "
+    "claim in one script, result + release in one), as many as the alternatives, which take "
+    "no lease; the task's body is a no-op, so at one task at a time what remains is the "
+    "server time of the lock and claim scripts and the guard's client work (the lease and the "
+    f"claim with their renewals, the span) ({PERF}#guarded-tasks-on-their-frameworks)"
 )
 
 
