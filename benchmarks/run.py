@@ -252,10 +252,10 @@ WHY_NOT = (
     *WHY_NOT,
     (
         "guarded def (defaults) ≥ 0.70x",
-        "the blocking guard runs in the handler's thread: its inbox claim and its completion "
-        "are two round trips per message, one after the other and not batched across "
-        "handlers (the asyncio inbox batches them, about 0.25 round trips per message); on "
-        "SQLite each is also a commit that waits for the process's write gate and an fsync "
+        "the claim and the completion run on the worker's loop, batched as `AsyncWorker`'s "
+        "(0.25 round trips per message), and the guarded `def` drains at about the rate of "
+        "`AsyncWorker` guarded; what remains is the inbox's own work per message (a claim "
+        "and a completion written, on PostgreSQL and SQLite two more commits per batch) "
         f"({PERF}#workers)",
     ),
     (
