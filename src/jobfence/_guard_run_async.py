@@ -46,12 +46,11 @@ from typing import Any
 
 from . import telemetry
 from ._core.clock import get_clock
-from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
+from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, is_duplicate
 from .acquire_async import new_owner
 from .conflicts import is_transient
 from .errors import (
     BackendError,
-    ClaimInProgress,
     ClaimLost,
     JobfenceError,
     LimitReached,
@@ -326,19 +325,8 @@ async def _run_locked_async(
                         ttl=spec.claim_ttl,
                         renew=True,
                     )
-                state = claim.state.value
-                if state == "completed":
-                    note_duplicate()
+                if is_duplicate(claim, key):
                     return claim.result
-                if state == "in_progress":
-                    owner = getattr(claim, "owner", None)
-                    until = getattr(claim, "expires_at", None)
-                    raise ClaimInProgress(
-                        f"{key!r} is being processed by another worker ({owner}, until {until})",
-                        key=key,
-                        owner=owner,
-                        expires_at=until,
-                    )
             token = current_lease_var.set(lease)
             claim_token = current_claim_var.set(claim)
             try:

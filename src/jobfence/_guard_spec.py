@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._core.validate import check_name, check_timeout, check_ttl
-from .errors import ConfigurationError
+from .errors import ClaimInProgress, ConfigurationError
 from .limits import check_limit, check_lock_name
 
 NameSpec = str | Callable[..., str] | None
@@ -88,6 +88,28 @@ def note_duplicate() -> None:
     message = current_message_var.get()
     if message is not None:
         message.duplicate = True
+
+
+def is_duplicate(claim: Any, key: str) -> bool:
+    """What a guarded call's claim of ``key`` says: True for a duplicate (the key was
+    completed: the call returns ``claim.result``; the worker is told, see
+    :func:`note_duplicate`), False for a new claim (the function runs); a claim in progress
+    elsewhere raises :class:`ClaimInProgress` (a "not now" refusal: a worker defers the
+    message until the holder's claim would expire)."""
+    state = claim.state.value
+    if state == "completed":
+        note_duplicate()
+        return True
+    if state == "in_progress":
+        owner = getattr(claim, "owner", None)
+        until = getattr(claim, "expires_at", None)
+        raise ClaimInProgress(
+            f"{key!r} is being processed by another worker ({owner}, until {until})",
+            key=key,
+            owner=owner,
+            expires_at=until,
+        )
+    return False
 
 
 def _check_template(template: NameSpec, argument: str, signature: inspect.Signature) -> None:

@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 
 from . import telemetry
 from ._guard_run_async import _complete, _release_claim
-from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, note_duplicate
-from .errors import ClaimInProgress, JobfenceError
+from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, is_duplicate
+from .errors import JobfenceError
 
 __all__ = ["WorkerGuard", "run_guarded_in_worker", "worker_guard"]
 
@@ -168,19 +168,8 @@ async def run_guarded_in_worker(
         claim = await inbox.claim(
             key, fingerprint=spec.fingerprint_of(arguments), ttl=spec.claim_ttl, renew=True
         )
-        state = claim.state.value
-        if state == "completed":
-            note_duplicate()
+        if is_duplicate(claim, key):
             return claim.result
-        if state == "in_progress":
-            owner = getattr(claim, "owner", None)
-            until = getattr(claim, "expires_at", None)
-            raise ClaimInProgress(
-                f"{key!r} is being processed by another worker ({owner}, until {until})",
-                key=key,
-                owner=owner,
-                expires_at=until,
-            )
         loop = asyncio.get_running_loop()
         lease_token = current_lease_var.set(None)
         claim_token = current_claim_var.set(_ThreadClaim(claim, spec.inbox, loop))
