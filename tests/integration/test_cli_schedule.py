@@ -138,14 +138,19 @@ def test_scheduler_runs_until_stopped_and_logs_its_fires(
     code, _, err = run("scheduler", where.obj, env={"STOP_AFTER_ONE": "1"})
     assert code == 0, err
     fired = where.lines()
-    assert len(fired) == 1 and fired[0].startswith("schedule:beat@")
-    assert f"fired slot {fired[0].split('@')[1]}" in caplog.text
+    # the first fire stops the scheduler; a fire of the next second's slot that had already
+    # started (a fire slower than a second on a loaded machine) still ends, none starts after
+    assert 1 <= len(fired) <= 2 and all(key.startswith("schedule:beat@") for key in fired)
+    for key in fired:
+        assert f"fired slot {key.split('@')[1]}" in caplog.text
     assert "scheduler stopped" in caplog.text
     code, out, _ = run("schedule", "show", where.obj, "beat", "--json")
     assert code == 0
     shown = json.loads(out)
-    assert [(f["key"], f["outcome"]) for f in shown["history"]] == [(fired[0], "fired")]
-    assert shown["info"]["last"]["key"] == fired[0]
+    assert sorted((f["key"], f["outcome"]) for f in shown["history"]) == [
+        (key, "fired") for key in sorted(fired)
+    ]
+    assert shown["info"]["last"]["key"] in fired
 
 
 def test_list_pause_resume_and_show(where: Where) -> None:
