@@ -1074,7 +1074,7 @@ class Inbox:
         self._cleanups = set()
         self._orphans = {}  # the parent's to retry
         # batches of the parent's own: a parent thread may have been sending one (its lock
-        # held, the lead taken) at the fork, which no thread of the child would ever end
+        # held, the turn to send taken) at the fork, which no thread of the child would ever end
         forks.keep(self._claims, self._completions)
         self._new_batches()
         self.backend.after_fork()

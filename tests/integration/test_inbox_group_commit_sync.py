@@ -237,7 +237,7 @@ def test_a_batch_whose_link_breaks_fails_every_thread_in_it_and_the_next_call_wo
             proxy.reset()
             for call in calls:
                 assert isinstance(call.exception(WAIT), BackendError)
-            assert not inbox._claims._pending and not inbox._claims._leading
+            assert not inbox._claims._pending and not inbox._claims._sending
             proxy.refuse(False)
             proxy.resume()
             again = inbox.claim("after")
@@ -278,7 +278,7 @@ def test_a_batch_the_server_refuses_fails_every_thread_in_it_and_the_next_call_w
             assert isinstance(call.exception(WAIT), BackendError)
         assert sorted(counted.calls["claim"][1]) == [f"locked:{i}" for i in range(3)]
         blocker.execute("COMMIT")
-        assert not inbox._claims._pending and not inbox._claims._leading
+        assert not inbox._claims._pending and not inbox._claims._sending
         for i in range(3):  # the batch's transaction rolled back: every key is free
             assert inbox.claim(f"locked:{i}").state is ClaimState.NEW
     finally:
@@ -294,21 +294,21 @@ def test_a_batch_the_server_refuses_fails_every_thread_in_it_and_the_next_call_w
 def test_a_child_forked_while_a_thread_sends_a_batch_batches_on_its_own(
     inbox: Any, pool: ThreadPoolExecutor
 ) -> None:
-    """A parent thread is in the middle of a batch (the group's lead taken, its lock in use)
+    """A parent thread is in the middle of a batch (the group's turn to send taken, its lock in use)
     when the process forks: the child's inbox has group commits of its own, so its claims
     neither wait for that batch (whose thread does not exist in the child) nor join it."""
     counted = Counted(inbox)
     gate = counted.hold("claim")
     parent_claim: Future[Any] = pool.submit(inbox.claim, "parent", ttl=30)
     assert counted.holding.wait(WAIT)  # a parent thread leads a batch now
-    assert inbox._claims._leading
+    assert inbox._claims._sending
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 if its claims work, batched on its own
         code = 1
         try:
             signal.alarm(20)  # a hang kills the child, and fails the test
             claims = inbox._claims
-            assert not claims._leading and not claims._pending
+            assert not claims._sending and not claims._pending
             with ThreadPoolExecutor(4) as child_pool:
                 got = list(child_pool.map(lambda k: inbox.claim(k, ttl=30), ["c1", "c2", "c3"]))
             done = inbox.claim("c4")

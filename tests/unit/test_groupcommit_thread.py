@@ -77,7 +77,7 @@ def test_a_lone_call_is_sent_at_once_by_its_own_thread() -> None:
     assert server.batches == [["a"]]
     assert server.threads == [threading.current_thread().name]  # no helper thread
     assert (gc.flushes, gc.items) == (1, 1)
-    assert not gc._leading and not gc._pending
+    assert not gc._sending and not gc._pending
 
 
 def test_calls_made_during_a_round_trip_go_together_in_the_next(pool: Any) -> None:
@@ -94,7 +94,7 @@ def test_calls_made_during_a_round_trip_go_together_in_the_next(pool: Any) -> No
     server.go.release()
     assert [f.result(WAIT) for f in later] == ["done:b", "done:c", "done:d"]
     assert (gc.flushes, gc.items) == (2, 4)
-    assert not gc._leading and not gc._pending
+    assert not gc._sending and not gc._pending
 
 
 def test_batches_hold_at_most_limit_items_and_never_one_key_twice(pool: Any) -> None:
@@ -133,10 +133,10 @@ def test_a_failed_flush_fails_every_item_of_its_batch_and_the_next_call_works(
         assert future.exception(WAIT) is boom
     server.go.release()
     assert gc.submit("e") == "done:e"
-    assert not gc._leading and not gc._pending
+    assert not gc._sending and not gc._pending
 
 
-def test_a_leader_interrupted_in_its_flush_fails_the_batch_and_hands_on_the_lead(
+def test_a_sender_interrupted_in_its_flush_fails_the_batch_and_hands_on_the_turn(
     pool: Any,
 ) -> None:
     """The thread sending a batch is interrupted before its answer: that thread raises the
@@ -163,10 +163,10 @@ def test_a_leader_interrupted_in_its_flush_fails_the_batch_and_hands_on_the_lead
     assert sum(exc is stop for exc in outcomes) == 1
     others = [exc for exc in outcomes if exc is not stop]
     assert isinstance(others[0], BatchInterrupted) and others[0].__cause__ is stop
-    assert sorted(server.wait_batches(4)) == ["d", "e"]  # the lead passed on
+    assert sorted(server.wait_batches(4)) == ["d", "e"]  # the turn to send passed on
     server.go.release()
     assert [f.result(WAIT) for f in after] == ["done:d", "done:e"]
-    assert not gc._leading and not gc._pending
+    assert not gc._sending and not gc._pending
 
 
 def _interrupt_main_when(condition: Any) -> threading.Thread:
@@ -216,7 +216,7 @@ def test_a_call_interrupted_before_it_was_sent_is_withdrawn(
     server.go.release()
     assert gc.submit("b") == "done:b"
     assert server.batches == [["a"], ["b"]]  # "never" was never sent
-    assert not gc._leading
+    assert not gc._sending
 
 
 def test_a_call_interrupted_while_its_batch_is_sent_waits_for_the_answer(
@@ -228,7 +228,7 @@ def test_a_call_interrupted_while_its_batch_is_sent_waits_for_the_answer(
     gc: ThreadGroupCommit[str, str] = ThreadGroupCommit(server.flush)
     first = pool.submit(gc.submit, "a")
     server.wait_batches(1)
-    other = pool.submit(gc.submit, "c")  # older than the main thread's: c's thread leads
+    other = pool.submit(gc.submit, "c")  # older than the main thread's: c's thread sends
     waiting(gc, 1)
     handled = threading.Event()
     answered = threading.Event()
@@ -259,4 +259,4 @@ def test_a_call_interrupted_while_its_batch_is_sent_waits_for_the_answer(
     assert first.result(WAIT) == "done:a"
     assert other.result(WAIT) == "done:c"
     assert sorted(server.batches[1]) == ["b", "c"]
-    assert not gc._leading and not gc._pending
+    assert not gc._sending and not gc._pending

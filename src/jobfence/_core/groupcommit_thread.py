@@ -6,8 +6,8 @@ latency); under concurrency, N threads pay about one round trip per batch instea
 Used by the blocking ``Inbox`` for claims and completions.
 
 There is no background thread: the first caller to find no batch under way becomes the
-*leader* and sends the batches, in its own thread, until its own item has been answered;
-then it hands the lead to the oldest thread still waiting to be sent (which wakes and sends
+*sender* and sends the batches, in its own thread, until its own item has been answered;
+then it hands the turn to send to the oldest thread still waiting to be sent (which wakes and sends
 the next batch) and returns. Nothing is left to a thread that may not exist: a batch is
 always sent by a thread that waits for one of its answers, and an instance that nobody uses
 holds no thread (so a forked child, which gets fresh instances, inherits none either).
@@ -20,12 +20,12 @@ The same rules as ``GroupCommit``:
   gives each item its own result, in order.
 * Threads cannot be cancelled, but a thread can be interrupted (``KeyboardInterrupt`` in the
   main thread, or any exception raised into it). One interrupted while its item waits to be
-  sent withdraws it (nothing was sent, there is nothing to undo) and, if the lead had just
+  sent withdraws it (nothing was sent, there is nothing to undo) and, if the turn to send had just
   been handed to it, hands it on. One interrupted while its item is being sent waits for the
   answer before the interruption is raised, so that whatever it does to undo the call
-  (release a claim it may have got) comes after the call, never before it. A leader
+  (release a claim it may have got) comes after the call, never before it. A sender
   interrupted in the middle of a flush fails every item of that batch (their outcome is
-  unknown, as after a lost reply) and raises the interruption; the lead passes on, so that
+  unknown, as after a lost reply) and raises the interruption; the turn to send passes on, so that
   nothing else waits for it.
 """
 
@@ -49,17 +49,18 @@ class BatchInterrupted(RuntimeError):
 
 
 class _Entry(Generic[I, R]):
-    __slots__ = ("done", "error", "item", "key", "lead", "result", "sent", "waiter")
+    __slots__ = ("done", "error", "item", "key", "result", "sending", "sent", "waiter")
 
     def __init__(self, item: I, key: Hashable | None) -> None:
         self.item = item
         self.key = key
-        #: held until the entry is answered or handed the lead (a lock, the cheapest wake-up)
+        #: held until the entry is answered or handed the turn to send (a lock: the cheapest
+        #: wake-up)
         self.waiter = threading.Lock()
         self.waiter.acquire()
         self.sent = False  # taken into a batch
         self.done = False  # answered: ``result`` or ``error`` is set
-        self.lead = False  # its thread holds the lead (it started it, or was handed it)
+        self.sending = False  # its thread holds the turn to send (it started it, or was handed it)
         self.result: R | None = None
         self.error: BaseException | None = None
 
@@ -81,8 +82,8 @@ class ThreadGroupCommit(Generic[I, R]):
         self._mutex = threading.Lock()
         #: items not sent yet, oldest first (a withdrawn one is removed)
         self._pending: list[_Entry[I, R]] = []
-        #: a thread is sending batches, or has been handed the lead and is waking up
-        self._leading = False
+        #: a thread is sending batches, or has been handed the turn to send and is waking up
+        self._sending = False
         #: round trips made and items sent (for tests and benchmarks)
         self.flushes = 0
         self.items = 0
@@ -95,13 +96,13 @@ class ThreadGroupCommit(Generic[I, R]):
         entry: _Entry[I, R] = _Entry(item, key)
         with self._mutex:
             self._pending.append(entry)
-            if not self._leading:
-                self._leading = entry.lead = True
+            if not self._sending:
+                self._sending = entry.sending = True
         try:
-            if not entry.lead:
-                entry.waiter.acquire()  # answered, or handed the lead
-            if entry.lead:
-                self._lead(entry)
+            if not entry.sending:
+                entry.waiter.acquire()  # answered, or handed the turn to send
+            if entry.sending:
+                self._send_batches(entry)
         except BaseException:
             self._interrupted(entry)
             raise
@@ -109,14 +110,14 @@ class ThreadGroupCommit(Generic[I, R]):
             raise entry.error
         return entry.result  # type: ignore[return-value]
 
-    def _lead(self, own: _Entry[I, R]) -> None:
-        """Send batches until ``own`` has been answered, then hand the lead on."""
+    def _send_batches(self, own: _Entry[I, R]) -> None:
+        """Send batches until ``own`` has been answered, then hand the turn to send on."""
         batch: list[_Entry[I, R]] = []
         try:
             while not own.done:
                 with self._mutex:
                     batch = self._take()
-                if not batch:  # (cannot happen: own is pending, and we lead)
+                if not batch:  # (cannot happen: own is pending, and this thread sends)
                     raise RuntimeError("the group commit lost track of a pending item")
                 self._send(batch)
                 batch = []
@@ -132,7 +133,7 @@ class ThreadGroupCommit(Generic[I, R]):
                         entry.waiter.release()
                 if not own.sent:  # interrupted before its own item went: withdraw it
                     self._remove(own)
-                own.lead = False
+                own.sending = False
                 self._hand_on()
 
     def _send(self, batch: list[_Entry[I, R]]) -> None:
@@ -191,14 +192,14 @@ class ThreadGroupCommit(Generic[I, R]):
         return batch
 
     def _hand_on(self) -> None:
-        """(Under the mutex.) Hand the lead to the oldest waiting thread (it wakes and leads),
-        or end the lead."""
+        """(Under the mutex.) Hand the turn to send to the oldest waiting thread (it wakes and
+        sends), or end the turn."""
         if self._pending:
             nxt = self._pending[0]
-            nxt.lead = True
+            nxt.sending = True
             nxt.waiter.release()
         else:
-            self._leading = False
+            self._sending = False
 
     def _remove(self, entry: _Entry[I, R]) -> None:
         try:
@@ -208,15 +209,16 @@ class ThreadGroupCommit(Generic[I, R]):
 
     def _interrupted(self, entry: _Entry[I, R]) -> None:
         """The thread of ``entry`` was interrupted: withdraw its item if it was not sent, and
-        hand on the lead if it holds it (it was handed the lead, or started to lead, but was
-        interrupted before leading); if its item was sent, wait for the batch's answer."""
+        hand on the turn to send if it holds it (it was handed the turn, or started to send,
+        but was interrupted before sending); if its item was sent, wait for the batch's
+        answer."""
         with self._mutex:
             if entry.done:
                 return
             if not entry.sent:
                 self._remove(entry)
-            if entry.lead:  # (a leader's own _lead hands on the lead and clears this)
-                entry.lead = False
+            if entry.sending:  # (a sender's own _send_batches hands on the turn and clears this)
+                entry.sending = False
                 self._hand_on()
             if not entry.sent:
                 return
