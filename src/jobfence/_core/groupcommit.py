@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "take_batch"]
 
 I = TypeVar("I")  # noqa: E741 - an item
 R = TypeVar("R")
@@ -127,21 +127,36 @@ class GroupCommit(Generic[I, R]):
     def _take(self, done: asyncio.Future[None]) -> list[_Entry[I, R]]:
         """The next batch: up to ``limit`` pending items with distinct keys, oldest first;
         ``done`` is the future of the batch, set when it has been answered."""
-        batch: list[_Entry[I, R]] = []
-        rest: list[_Entry[I, R]] = []
-        keys: set[Hashable] = set()
-        for entry in self._pending:
-            if entry.withdrawn:
-                continue
-            if len(batch) >= self._limit or (entry.key is not None and entry.key in keys):
-                rest.append(entry)
-                continue
-            if entry.key is not None:
-                keys.add(entry.key)
+        batch, self._pending = take_batch(
+            [entry for entry in self._pending if not entry.withdrawn], self._limit
+        )
+        for entry in batch:
             entry.batch = done
-            batch.append(entry)
-        self._pending = rest
         return batch
+
+
+class _Keyed(Protocol):
+    key: Hashable | None
+
+
+E = TypeVar("E", bound=_Keyed)
+
+
+def take_batch(pending: list[E], limit: int) -> tuple[list[E], list[E]]:
+    """Split ``pending`` (oldest first) into the next batch, up to ``limit`` entries with
+    distinct keys (an entry whose key is ``None`` conflicts with none), and the rest, both
+    in their order. Shared by :class:`GroupCommit` and its blocking twin."""
+    batch: list[E] = []
+    rest: list[E] = []
+    keys: set[Hashable] = set()
+    for entry in pending:
+        if len(batch) >= limit or (entry.key is not None and entry.key in keys):
+            rest.append(entry)
+            continue
+        if entry.key is not None:
+            keys.add(entry.key)
+        batch.append(entry)
+    return batch, rest
 
 
 async def _wait_uncancelled(future: asyncio.Future[None]) -> None:

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-from .groupcommit import DEFAULT_LIMIT
+from .groupcommit import DEFAULT_LIMIT, take_batch
 
 __all__ = ["BatchInterrupted", "ThreadGroupCommit"]
 
@@ -177,18 +177,9 @@ class ThreadGroupCommit(Generic[I, R]):
     def _take(self) -> list[_Entry[I, R]]:
         """The next batch (under the mutex): up to ``limit`` pending items with distinct
         keys, oldest first."""
-        batch: list[_Entry[I, R]] = []
-        rest: list[_Entry[I, R]] = []
-        keys: set[Hashable] = set()
-        for entry in self._pending:
-            if len(batch) >= self._limit or (entry.key is not None and entry.key in keys):
-                rest.append(entry)
-                continue
-            if entry.key is not None:
-                keys.add(entry.key)
+        batch, self._pending = take_batch(self._pending, self._limit)
+        for entry in batch:
             entry.sent = True
-            batch.append(entry)
-        self._pending = rest
         return batch
 
     def _hand_on(self) -> None:
