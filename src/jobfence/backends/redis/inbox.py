@@ -433,7 +433,9 @@ class RedisInboxBackend(InboxBackend):
         records in ``state`` are found."""
         keys: set[str] = set()
         for pattern in key_layout.inbox_patterns(self.table, prefix):
-            for raw in self.client.scan_iter(match=pattern, count=1000, _type="hash"):
+            for raw in self.client.scan_iter(
+                match=pattern, count=key_layout.SCAN_COUNT, _type="hash"
+            ):
                 name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
                 key = key_layout.inbox_name(self.table, name)
                 if key is not None and key.startswith(prefix):
@@ -463,7 +465,7 @@ class RedisInboxBackend(InboxBackend):
         or queue whose namespace is the table's name keeps its keys)."""
         batch: list[Any] = []
         pattern = key_layout.inbox_patterns(self.table)[0]
-        for name in self.client.scan_iter(match=pattern, count=500):
+        for name in self.client.scan_iter(match=pattern, count=key_layout.SCAN_COUNT):
             text = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
             if key_layout.inbox_name(self.table, text) is None:
                 continue

@@ -70,6 +70,13 @@ _PARTS = (LOCK, QUEUE, INBOX)
 #: appended to the tag of a key whose namespace and name are percent-encoded
 MARK = "%"
 
+#: ``COUNT`` of every listing ``SCAN`` (queue names, lock holders, inbox claims). A listing
+#: visits the whole keyspace whatever it matches, one round trip per page: on a Redis that
+#: also holds an application's 100,000s of keys, pages of 1,000 cost a round trip per
+#: 1,000 keys (200 for 200,000 keys, seconds on a busy server), pages of 10,000 a tenth of
+#: that, each page a few milliseconds of server time.
+SCAN_COUNT = 10_000
+
 _ENCODE = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 _DECODE = {"%25": "%", "%7B": "{", "%7D": "}"}
 

@@ -487,7 +487,9 @@ class RedisLockBackend(LockBackend):
             )
         names: set[str] = set()
         for pattern in key_layout.tagged_patterns(key_layout.LOCK, self.namespace, prefix):
-            for raw in self._client.scan_iter(match=pattern, count=1000, _type="string"):
+            for raw in self._client.scan_iter(
+                match=pattern, count=key_layout.SCAN_COUNT, _type="string"
+            ):
                 key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
                 parts = key_layout.parse(key)
                 if (

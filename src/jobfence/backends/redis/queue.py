@@ -333,7 +333,7 @@ class RedisQueueBackend(QueueBackend):
         KEYS); the scan stops once ``limit`` names are found."""
         found: set[str] = set()
         for pattern in key_layout.tagged_patterns(key_layout.QUEUE, self.namespace):
-            for key in self._client.scan_iter(match=pattern + "}:s", count=1000):
+            for key in self._client.scan_iter(match=pattern + "}:s", count=key_layout.SCAN_COUNT):
                 text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
                 parts = key_layout.parse(text)
                 if (
