@@ -1133,12 +1133,16 @@ class AsyncScheduler:
         start = math.floor(now + self.max_skew + 1)
         oldest = now - self.retention - day
         # this hour, then whole days back to the retention: a dense schedule is read in one
-        # short listing, a sparse one in one listing per day kept
+        # short listing, a sparse one in one listing per day kept; where each listing visits
+        # the whole server (Redis SCAN), this hour then every record of the schedule at once
         prefixes = [slotmath.slot_prefix(name, start, unit="hour")]
-        at = start
-        while at >= oldest:
-            prefixes.append(slotmath.slot_prefix(name, at, unit="day"))
-            at -= day
+        if inbox.capabilities.scanned_listing:
+            prefixes.append(slotmath.slot_prefix(name))
+        else:
+            at = start
+            while at >= oldest:
+                prefixes.append(slotmath.slot_prefix(name, at, unit="day"))
+                at -= day
         for prefix in prefixes:
             if limit is not None and len(keys) >= limit:
                 break

@@ -82,3 +82,20 @@ def test_inbox_claims_take_few_pages(server: RedisServer) -> None:
         claims, taken = pages(server, lambda: inbox.claims())
     assert [info.key for info in claims] == ["order-1"]  # type: ignore[attr-defined]
     assert taken <= MOST_PAGES, f"{taken} SCAN pages for {OTHER_KEYS} other keys"
+
+
+def test_a_schedules_info_lists_the_keyspace_three_times(server: RedisServer) -> None:
+    """``Scheduler.info`` (the dashboard's and ``jobfence schedule list``'s read): this hour's
+    records, then every record of the schedule in one listing, then its missed records:
+    three passes over the keyspace, not one per day of retention."""
+
+    def nightly() -> None:
+        """A sparse schedule's target (never fired here)."""
+
+    with jobfence.Inbox(server.url, table="sched_inbox") as inbox:
+        _, per_pass = pages(server, lambda: inbox.claims())
+    with jobfence.Scheduler(server.url, namespace="sched") as scheduler:
+        scheduler.add("nightly", cron="30 3 * * *", target=nightly)
+        info, taken = pages(server, lambda: scheduler.info("nightly"))
+    assert info.name == "nightly" and info.last is None  # type: ignore[attr-defined]
+    assert taken <= 3 * per_pass, f"{taken} SCAN pages, {per_pass} per pass over the keyspace"

@@ -142,11 +142,15 @@ class InboxCapabilities:
     * ``transactional`` -- :meth:`Inbox.claim_in` works with connections to this database.
     * ``native_expiry`` -- records expire on the server by themselves: ``purge()`` has
       nothing (Redis) or little (etcd: the attempt numbers of claims that ended) to delete.
+    * ``scanned_listing`` -- a listing by prefix (:meth:`Inbox.claims`) visits every key on
+      the server whatever the prefix (Redis ``SCAN``), not an index range: a caller that
+      needs several prefixes of one family lists their common prefix once.
     """
 
     cross_process: bool
     transactional: bool = False
     native_expiry: bool = False
+    scanned_listing: bool = False
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,9 @@ def _same_database(a: Any, b: Any) -> bool:
 
 class AsyncRedisInboxBackend(AsyncInboxBackend):
     kind = "redis"
-    capabilities = InboxCapabilities(cross_process=True, transactional=False, native_expiry=True)
+    capabilities = InboxCapabilities(
+        cross_process=True, transactional=False, native_expiry=True, scanned_listing=True
+    )
 
     def __init__(
         self,

@@ -219,6 +219,10 @@ def inbox_patterns(table: str, prefix: str = "") -> list[str]:
     head = glob_escape(table) + ":"
     if not prefix:
         return [head + "*"]
+    if encode(prefix) == prefix:
+        # one pass over the keyspace for both forms, "T:K" and "T:inbox%:{K" (keys of the
+        # table that hold the prefix further on match too: inbox_name's caller drops them)
+        return [f"{head}*{glob_escape(prefix)}*"]
     escaped = f"{head}{INBOX}{MARK}:{{{glob_escape(encode(prefix))}*"
     if needs_encoding(prefix):
         return [escaped]
