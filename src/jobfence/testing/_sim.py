@@ -131,10 +131,11 @@ class Violation(Exception):
         self.message = message
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class _Process:
     """A group of tasks that stop and die together: a spawned task and every task started
-    from it (its clients' renewers)."""
+    from it (its clients' renewers). Its fields other than ``name`` start as the class's
+    defaults (no assignment per process: a schedule makes one per task)."""
 
     name: str
     paused_until: float | None = None
@@ -146,8 +147,11 @@ class _Process:
     #: seconds its wall clock (``get_clock().time()``) is ahead of the schedule's true time
     skew: float = 0.0
 
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, init=False)
 class SimTask:
     """A task of the simulation: ``name`` (``t1``, ``t2``... in spawn order, or what
     ``spawn`` was given; background tasks are ``t1.1``, ``t1.2``...), its result or error
@@ -179,6 +183,13 @@ class SimTask:
     # a thread task: its thread, and an event set once it runs no more simulated code
     os_thread: threading.Thread | None = field(default=None, repr=False)
     ended: threading.Event | None = field(default=None, repr=False)
+
+    def __init__(self, name: str, process: _Process, thread: bool = False) -> None:
+        # the other fields start as the class's defaults: no assignment per task
+        self.name = name
+        self.process = process
+        if thread:
+            self.thread = True
 
 
 #: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
@@ -953,11 +964,44 @@ class Simulation:
             )
         hits = self.hits
         hits[point] = hits.get(point, 0) + 1
-        chosen = _lean_pick(self, task)
-        if chosen is None:
+        # _lean_pick inline (``task`` being the one stepped): a read is a common point
+        owner = self._owner
+        if (
+            self._ready
+            or self.deferred
+            or self.external
+            or self.impaired
+            or self.sleeping
+            or owner is None
+            or owner.atask._must_cancel  # type: ignore[union-attr]
+        ):
+            return task, _lean_gate(self, task, point)  # no common case: the full way
+        if self.checkers:
+            self.run_checks()
+        self._io_deferred = False
+        parked = self.parked
+        if not parked:
             return task, None
-        if chosen is _FULL:
-            return task, _lean_gate(self, task, point)
+        steps = self.steps = self.steps + 1
+        if steps > self.max_steps:
+            self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
+        n = len(parked) + 1
+        bits = self._getrandbits
+        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+            k = n.bit_length()
+            i = bits(k)
+            while i >= n:
+                i = bits(k)
+        elif self._fifo:
+            i = 0
+        else:
+            i = self._choose(n, task)
+        if not i:
+            self.picks.append(task.name)
+            return task, None
+        self.deviations += 1
+        chosen = parked[i - 1]
+        self.picks.append(chosen.name)
         return task, _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
@@ -2030,11 +2074,44 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
         hits = sim.hits
         hits[name] = hits.get(name, 0) + 1
         # the decision now: an awaited point is awaited at once, nothing runs in between
-        chosen = _lean_pick(sim, task)
-        if chosen is None:
+        # (_lean_pick inline, ``task`` being the one stepped)
+        owner = sim._owner
+        if (
+            sim._ready
+            or sim.deferred
+            or sim.external
+            or sim.impaired
+            or sim.sleeping
+            or owner is None
+            or owner.atask._must_cancel  # type: ignore[union-attr]
+        ):
+            return _lean_gate(sim, task, name)  # no common case: the full way
+        if sim.checkers:
+            sim.run_checks()
+        sim._io_deferred = False
+        parked = sim.parked
+        if not parked:
             return sim.loop.passed  # a done future: the cheapest await there is
-        if chosen is _FULL:
-            return _lean_gate(sim, task, name)
+        steps = sim.steps = sim.steps + 1
+        if steps > sim.max_steps:
+            sim._over_budget(f"the schedule took more than max_steps={sim.max_steps} decisions")
+        n = len(parked) + 1
+        bits = sim._getrandbits
+        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+            k = n.bit_length()
+            i = bits(k)
+            while i >= n:
+                i = bits(k)
+        elif sim._fifo:
+            i = 0
+        else:
+            i = sim._choose(n, task)
+        if not i:
+            sim.picks.append(task.name)
+            return sim.loop.passed
+        sim.deviations += 1
+        chosen = parked[i - 1]
+        sim.picks.append(chosen.name)
         return _lean_switch(sim, task, name, chosen)
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
