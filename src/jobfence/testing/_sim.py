@@ -1695,6 +1695,11 @@ class Simulation:
         loop = self.loop
         current_tasks = _SWAP_DICT
         self._owner = owner
+        #: what asyncio's current task is: owner's while the slice runs, except while the
+        #: code of another task runs (from its step until the next step of another task or
+        #: until the slice handles what it yielded)
+        owner_atask = owner.atask
+        shown = owner_atask
         #: owner's job ended in this slice and was concluded here (its driver only returns)
         over = False
         #: tasks whose jobs ended in this slice: their drivers are told once it returns
@@ -1703,42 +1708,54 @@ class Simulation:
             while True:
                 coro = cur.coro
                 self._stepping = cur
+                outcome: tuple[int, Any] | None
                 try:
                     if cur is owner:
+                        if shown is not owner_atask:
+                            shown = owner_atask
+                            if current_tasks is not None:
+                                current_tasks[loop] = shown
+                            else:
+                                _swap_current(loop, shown)  # type: ignore[misc]
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
                         ctx = cur.ctx
                         assert ctx is not None
-                        # asyncio's current task is cur's while its code runs, then owner's
-                        # again (the task whose step this is)
-                        if current_tasks is not None:
-                            current_tasks[loop] = cur.atask
-                        else:
-                            _swap_current(loop, cur.atask)  # type: ignore[misc]
-                        try:
-                            if error is not None:
-                                yielded = ctx.run(coro.throw, error)
-                            else:
-                                yielded = ctx.run(coro.send, value)
-                        finally:
+                        atask = cur.atask
+                        if shown is not atask:  # cur's code runs as its own asyncio task
+                            shown = atask
                             if current_tasks is not None:
-                                current_tasks[loop] = owner.atask
+                                current_tasks[loop] = atask
                             else:
-                                _swap_current(loop, owner.atask)  # type: ignore[misc]
+                                _swap_current(loop, atask)  # type: ignore[misc]
+                        if error is not None:
+                            yielded = ctx.run(coro.throw, error)
+                        else:
+                            yielded = ctx.run(coro.send, value)
                 except StopIteration as stop:
-                    outcome: tuple[int, Any] = (_DONE, stop.value)
+                    outcome = (_DONE, stop.value)
                 except BaseException as exc:
                     outcome = (_FAILED, exc)
                 else:
-                    self._stepping = None
                     if yielded is _SWITCH:
                         chosen = self._next
-                        if chosen is None:
-                            return _PARKED if not over else (_DONE, _CONCLUDED)
-                        self._next = None
-                        cur, value, error = chosen, None, None
-                        continue
-                    outcome = (_AWAIT, yielded)
+                        if chosen is not None:  # no code runs before chosen's step
+                            self._next = None
+                            cur = chosen
+                            value = error = None
+                            continue
+                        outcome = None
+                    else:
+                        outcome = (_AWAIT, yielded)
+                if shown is not owner_atask:  # asyncio's current task is owner's again
+                    shown = owner_atask
+                    if current_tasks is not None:
+                        current_tasks[loop] = shown
+                    else:
+                        _swap_current(loop, shown)  # type: ignore[misc]
+                if outcome is None:  # parked, no decision now
+                    self._stepping = None
+                    return _PARKED if not over else (_DONE, _CONCLUDED)
                 self._stepping = None
                 if outcome[0] == _AWAIT:
                     if cur is owner:
@@ -1765,6 +1782,11 @@ class Simulation:
                 return _PARKED if not over else (_DONE, _CONCLUDED)
         finally:
             self._owner = self._stepping = None
+            if shown is not owner_atask:
+                if current_tasks is not None:
+                    current_tasks[loop] = owner_atask
+                else:
+                    _swap_current(loop, owner_atask)  # type: ignore[misc]
             for task in ended:
                 self._signal(task, (_DONE, _CONCLUDED))  # its driver only returns
 
