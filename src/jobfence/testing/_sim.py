@@ -134,8 +134,7 @@ class Violation(Exception):
 @dataclass(eq=False, init=False)
 class _Process:
     """A group of tasks that stop and die together: a spawned task and every task started
-    from it (its clients' renewers). Its fields other than ``name`` start as the class's
-    defaults (no assignment per process: a schedule makes one per task)."""
+    from it (its clients' renewers)."""
 
     name: str
     paused_until: float | None = None
@@ -148,7 +147,10 @@ class _Process:
     skew: float = 0.0
 
     def __init__(self, name: str) -> None:
+        # what every decision reads; the others start as the class's defaults
         self.name = name
+        self.paused_until = None
+        self.crashed = False
 
 
 @dataclass(eq=False, init=False)
@@ -185,11 +187,19 @@ class SimTask:
     ended: threading.Event | None = field(default=None, repr=False)
 
     def __init__(self, name: str, process: _Process, thread: bool = False) -> None:
-        # the other fields start as the class's defaults: no assignment per task
+        # the fields every task's scheduling reads; the others (a thread task's, an
+        # undriven task's) start as the class's defaults: no assignment for them per task
         self.name = name
         self.process = process
-        if thread:
-            self.thread = True
+        self.thread = thread
+        self.done = False
+        self.result = None
+        self.error = None
+        self.parked_at = None
+        self.atask = None
+        self.driven = False
+        self.park = None
+        self.command = None
 
 
 #: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
