@@ -67,7 +67,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         """``run_until_complete(task)`` for a task of this loop, with less set-up per call
         (a schedule runs one, thousands of times per explore): the same iterations, the one
         after ``task`` is done included (where ``run_until_complete`` runs its stop
-        callback: what is ready or due then runs, and nothing is decided)."""
+        callback: what is ready or due then runs, and nothing is decided), unless nothing is
+        ready or scheduled then: that iteration would only run the stop callback."""
         me: Any = self  # BaseEventLoop's private attributes, untyped
         if me._thread_id is not None or me._debug or me.is_closed():
             return self.run_until_complete(task)
@@ -79,13 +80,19 @@ class SimLoop(asyncio.SelectorEventLoop):
         asyncio.events._set_running_loop(self)
         try:
             run_once = self._run_once
+            ready = me._ready
+            scheduled = me._scheduled
             while True:
                 run_once()
                 if me._stopping:
                     break
                 if task.done():
-                    me._ready.append(asyncio.Handle(_nothing, (), self, None))
-                    run_once()
+                    sim = self.sim
+                    if ready or scheduled or (sim is not None and self.spins >= sim.max_spins):
+                        me._ready.append(asyncio.Handle(_nothing, (), self, None))
+                        run_once()
+                    else:  # that iteration would run the stop callback alone: only count it
+                        self.spins += 1
                     break
         finally:
             me._stopping = False

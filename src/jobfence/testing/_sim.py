@@ -131,7 +131,7 @@ class Violation(Exception):
         self.message = message
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class _Process:
     """A group of tasks that stop and die together: a spawned task and every task started
     from it (its clients' renewers)."""
@@ -146,8 +146,14 @@ class _Process:
     #: seconds its wall clock (``get_clock().time()``) is ahead of the schedule's true time
     skew: float = 0.0
 
+    def __init__(self, name: str) -> None:
+        # what every decision reads; the others start as the class's defaults
+        self.name = name
+        self.paused_until = None
+        self.crashed = False
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, init=False)
 class SimTask:
     """A task of the simulation: ``name`` (``t1``, ``t2``... in spawn order, or what
     ``spawn`` was given; background tasks are ``t1.1``, ``t1.2``...), its result or error
@@ -179,6 +185,21 @@ class SimTask:
     # a thread task: its thread, and an event set once it runs no more simulated code
     os_thread: threading.Thread | None = field(default=None, repr=False)
     ended: threading.Event | None = field(default=None, repr=False)
+
+    def __init__(self, name: str, process: _Process, thread: bool = False) -> None:
+        # the fields every task's scheduling reads; the others (a thread task's, an
+        # undriven task's) start as the class's defaults: no assignment for them per task
+        self.name = name
+        self.process = process
+        self.thread = thread
+        self.done = False
+        self.result = None
+        self.error = None
+        self.parked_at = None
+        self.atask = None
+        self.driven = False
+        self.park = None
+        self.command = None
 
 
 #: modules whose reads of the clock stand for a server's clock: the ``memory://`` stores of a
@@ -953,11 +974,44 @@ class Simulation:
             )
         hits = self.hits
         hits[point] = hits.get(point, 0) + 1
-        chosen = _lean_pick(self, task)
-        if chosen is None:
+        # _lean_pick inline (``task`` being the one stepped): a read is a common point
+        owner = self._owner
+        if (
+            self._ready
+            or self.deferred
+            or self.external
+            or self.impaired
+            or self.sleeping
+            or owner is None
+            or owner.atask._must_cancel  # type: ignore[union-attr]
+        ):
+            return task, _lean_gate(self, task, point)  # no common case: the full way
+        if self.checkers:
+            self.run_checks()
+        self._io_deferred = False
+        parked = self.parked
+        if not parked:
             return task, None
-        if chosen is _FULL:
-            return task, _lean_gate(self, task, point)
+        steps = self.steps = self.steps + 1
+        if steps > self.max_steps:
+            self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
+        n = len(parked) + 1
+        bits = self._getrandbits
+        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+            k = n.bit_length()
+            i = bits(k)
+            while i >= n:
+                i = bits(k)
+        elif self._fifo:
+            i = 0
+        else:
+            i = self._choose(n, task)
+        if not i:
+            self.picks.append(task.name)
+            return task, None
+        self.deviations += 1
+        chosen = parked[i - 1]
+        self.picks.append(chosen.name)
         return task, _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
@@ -1651,6 +1705,11 @@ class Simulation:
         loop = self.loop
         current_tasks = _SWAP_DICT
         self._owner = owner
+        #: what asyncio's current task is: owner's while the slice runs, except while the
+        #: code of another task runs (from its step until the next step of another task or
+        #: until the slice handles what it yielded)
+        owner_atask = owner.atask
+        shown = owner_atask
         #: owner's job ended in this slice and was concluded here (its driver only returns)
         over = False
         #: tasks whose jobs ended in this slice: their drivers are told once it returns
@@ -1659,42 +1718,54 @@ class Simulation:
             while True:
                 coro = cur.coro
                 self._stepping = cur
+                outcome: tuple[int, Any] | None
                 try:
                     if cur is owner:
+                        if shown is not owner_atask:
+                            shown = owner_atask
+                            if current_tasks is not None:
+                                current_tasks[loop] = shown
+                            else:
+                                _swap_current(loop, shown)  # type: ignore[misc]
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
                         ctx = cur.ctx
                         assert ctx is not None
-                        # asyncio's current task is cur's while its code runs, then owner's
-                        # again (the task whose step this is)
-                        if current_tasks is not None:
-                            current_tasks[loop] = cur.atask
-                        else:
-                            _swap_current(loop, cur.atask)  # type: ignore[misc]
-                        try:
-                            if error is not None:
-                                yielded = ctx.run(coro.throw, error)
-                            else:
-                                yielded = ctx.run(coro.send, value)
-                        finally:
+                        atask = cur.atask
+                        if shown is not atask:  # cur's code runs as its own asyncio task
+                            shown = atask
                             if current_tasks is not None:
-                                current_tasks[loop] = owner.atask
+                                current_tasks[loop] = atask
                             else:
-                                _swap_current(loop, owner.atask)  # type: ignore[misc]
+                                _swap_current(loop, atask)  # type: ignore[misc]
+                        if error is not None:
+                            yielded = ctx.run(coro.throw, error)
+                        else:
+                            yielded = ctx.run(coro.send, value)
                 except StopIteration as stop:
-                    outcome: tuple[int, Any] = (_DONE, stop.value)
+                    outcome = (_DONE, stop.value)
                 except BaseException as exc:
                     outcome = (_FAILED, exc)
                 else:
-                    self._stepping = None
                     if yielded is _SWITCH:
                         chosen = self._next
-                        if chosen is None:
-                            return _PARKED if not over else (_DONE, _CONCLUDED)
-                        self._next = None
-                        cur, value, error = chosen, None, None
-                        continue
-                    outcome = (_AWAIT, yielded)
+                        if chosen is not None:  # no code runs before chosen's step
+                            self._next = None
+                            cur = chosen
+                            value = error = None
+                            continue
+                        outcome = None
+                    else:
+                        outcome = (_AWAIT, yielded)
+                if shown is not owner_atask:  # asyncio's current task is owner's again
+                    shown = owner_atask
+                    if current_tasks is not None:
+                        current_tasks[loop] = shown
+                    else:
+                        _swap_current(loop, shown)  # type: ignore[misc]
+                if outcome is None:  # parked, no decision now
+                    self._stepping = None
+                    return _PARKED if not over else (_DONE, _CONCLUDED)
                 self._stepping = None
                 if outcome[0] == _AWAIT:
                     if cur is owner:
@@ -1721,6 +1792,11 @@ class Simulation:
                 return _PARKED if not over else (_DONE, _CONCLUDED)
         finally:
             self._owner = self._stepping = None
+            if shown is not owner_atask:
+                if current_tasks is not None:
+                    current_tasks[loop] = owner_atask
+                else:
+                    _swap_current(loop, owner_atask)  # type: ignore[misc]
             for task in ended:
                 self._signal(task, (_DONE, _CONCLUDED))  # its driver only returns
 
@@ -2030,11 +2106,44 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
         hits = sim.hits
         hits[name] = hits.get(name, 0) + 1
         # the decision now: an awaited point is awaited at once, nothing runs in between
-        chosen = _lean_pick(sim, task)
-        if chosen is None:
+        # (_lean_pick inline, ``task`` being the one stepped)
+        owner = sim._owner
+        if (
+            sim._ready
+            or sim.deferred
+            or sim.external
+            or sim.impaired
+            or sim.sleeping
+            or owner is None
+            or owner.atask._must_cancel  # type: ignore[union-attr]
+        ):
+            return _lean_gate(sim, task, name)  # no common case: the full way
+        if sim.checkers:
+            sim.run_checks()
+        sim._io_deferred = False
+        parked = sim.parked
+        if not parked:
             return sim.loop.passed  # a done future: the cheapest await there is
-        if chosen is _FULL:
-            return _lean_gate(sim, task, name)
+        steps = sim.steps = sim.steps + 1
+        if steps > sim.max_steps:
+            sim._over_budget(f"the schedule took more than max_steps={sim.max_steps} decisions")
+        n = len(parked) + 1
+        bits = sim._getrandbits
+        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
+            k = n.bit_length()
+            i = bits(k)
+            while i >= n:
+                i = bits(k)
+        elif sim._fifo:
+            i = 0
+        else:
+            i = sim._choose(n, task)
+        if not i:
+            sim.picks.append(task.name)
+            return sim.loop.passed
+        sim.deviations += 1
+        chosen = parked[i - 1]
+        sim.picks.append(chosen.name)
         return _lean_switch(sim, task, name, chosen)
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
