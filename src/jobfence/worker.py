@@ -108,7 +108,8 @@ class WorkerStats:
       (visibility passed, renewal failed); they are redelivered, not acked;
     * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
       not started are returned uncounted);
-    * ``in_flight`` -- handlers running now.
+    * ``in_flight`` -- handlers running now (with a guarded plain function whose inbox steps
+      run on the loop, also the claimed messages waiting for a handler thread).
     """
 
     received: int = 0
