@@ -20,6 +20,12 @@ thread. The rules are those of ``run_guarded`` (see :mod:`jobfence._guard_run_as
   ``jobfence.current_claim().lost`` or call ``.check()``), and its result is then stored
   only by the owner-checked ``complete``, which raises :class:`ClaimLost` (the worker
   defers the message) when the claim is no longer this call's;
+* a message waits for a handler thread with its claim made (the worker starts up to
+  ``prefetch`` messages beyond ``concurrency``, so that their claims go in the same batches
+  and their round trips overlap the running functions; the threads still run at most
+  ``concurrency`` functions at once). If the worker stops before a thread takes it, the
+  function does not run: the claim is released and the message given back uncounted
+  (:class:`NotStarted`), as a received message that never started is;
 * a handler cut off while the function runs (the worker stopped and its shutdown timeout
   passed) gives its message back, but the claim stays the function's: it is completed (or,
   if the function raised, released) when the function returns, and the worker's run returns
@@ -43,9 +49,15 @@ from ._guard_run_async import _complete, _release_claim
 from ._guard_spec import GuardSpec, current_claim_var, current_lease_var, is_duplicate
 from .errors import JobfenceError
 
-__all__ = ["WorkerGuard", "run_guarded_in_worker", "worker_guard"]
+__all__ = ["NotStarted", "WorkerGuard", "run_guarded_in_worker", "worker_guard"]
 
 log = logging.getLogger("jobfence.guard")
+
+
+class NotStarted(Exception):
+    """The function of a claimed message never got a handler thread: the worker stopped while
+    the message waited for one. Its claim was released; the worker gives the message back
+    without counting the delivery."""
 
 
 class WorkerGuard:
@@ -181,6 +193,11 @@ async def run_guarded_in_worker(
         try:
             result = await asyncio.shield(future)
         except asyncio.CancelledError:
+            if future.cancelled():
+                # no thread ever took the call (the worker, stopping, cancelled the calls
+                # still waiting for one): the function did not run, its claim goes back
+                await _release_claim(claim)
+                raise NotStarted(claim.key) from None
             # the worker gave the message back; the function may still run (a thread cannot
             # be stopped): its claim is completed, or released, once it is done (a call no
             # thread took is cancelled at the end of the run, and released then)

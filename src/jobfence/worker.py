@@ -66,7 +66,7 @@ from typing import Any
 from . import telemetry
 from ._core.validate import check_ttl
 from ._guard_spec import current_message_var
-from ._guard_worker import WorkerGuard, run_guarded_in_worker, worker_guard
+from ._guard_worker import NotStarted, WorkerGuard, run_guarded_in_worker, worker_guard
 from .backends.base import (
     AsyncQueueBackend,
     DeadLetter,
@@ -108,7 +108,8 @@ class WorkerStats:
       (visibility passed, renewal failed); they are redelivered, not acked;
     * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
       not started are returned uncounted);
-    * ``in_flight`` -- handlers running now.
+    * ``in_flight`` -- handlers running now (with a guarded plain function whose inbox steps
+      run on the loop, also the claimed messages waiting for a handler thread).
     """
 
     received: int = 0
@@ -320,9 +321,14 @@ class AsyncWorker:
         # wakes it) instead of asking again at once while handlers run
         drained = False
         stop_wait = loop.create_task(self._stopping.wait())
+        # A guarded plain function's messages start (their claims made, batched on the loop)
+        # up to ``prefetch`` beyond ``concurrency``: they wait for a handler thread claimed,
+        # so that a claim's round trip overlaps the functions running, and claims go in
+        # batches twice as large. The threads run at most ``concurrency`` functions at once.
+        starts = self.concurrency + (self.prefetch if self._guard_inbox is not None else 0)
         try:
             while not self._stopping.is_set():
-                while buffer and len(self._busy) < self.concurrency:
+                while buffer and len(self._busy) < starts:
                     self._start(loop, buffer.popleft(), slot_free)
                 room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
                 idle = not (self._tasks or buffer or receiving)
@@ -372,6 +378,9 @@ class AsyncWorker:
             for message in buffer:  # never started: not a delivery used up
                 await self._give_back(message, "the worker is stopping", counted=False)
             buffer.clear()
+            if self._guard_inbox is not None and self._pool is not None:
+                # claimed messages still waiting for a thread go back too (NotStarted)
+                self._pool.cancel_waiting()
             await self._drain()
         finally:
             stop_wait.cancel()
@@ -523,6 +532,10 @@ class AsyncWorker:
                 return
             await asyncio.shield(self._give_back(message, "the worker stopped before it finished"))
             raise
+        except NotStarted:
+            self._free_slot(task)
+            await self._give_back(message, "the worker is stopping", counted=False)
+            return
         except Exception as exc:
             self._free_slot(task)
             await self._failed(message, exc)
@@ -725,9 +738,8 @@ class _HandlerThreads:
             else:
                 future.set_exception(exc)
 
-    def shutdown(self) -> None:
-        """Cancel the calls no thread took yet; let each thread end once it is done with its
-        call (nothing waits for that)."""
+    def cancel_waiting(self) -> None:
+        """Cancel the calls no thread took yet (they never run)."""
         while True:
             try:
                 job = self._jobs.get_nowait()
@@ -735,6 +747,11 @@ class _HandlerThreads:
                 break
             if job is not None:
                 job[0].cancel()
+
+    def shutdown(self) -> None:
+        """Cancel the calls no thread took yet; let each thread end once it is done with its
+        call (nothing waits for that)."""
+        self.cancel_waiting()
         for _ in self._threads:
             self._jobs.put(None)
         self._threads = []

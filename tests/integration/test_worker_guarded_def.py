@@ -299,6 +299,92 @@ def test_a_function_cut_off_at_the_stop_keeps_its_claim_and_its_result_is_stored
     assert calls.loop_completions == 1
 
 
+def test_messages_waiting_for_a_thread_are_claimed_and_at_the_stop_go_back_unclaimed(
+    clients: tuple[jobfence.Queue, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one handler thread and a prefetch of one, the second message is claimed while the
+    first one's function runs (its claim in the same batches as the others'); the worker
+    stops before a thread takes it: its function never runs, its claim is released and the
+    message given back without counting the delivery; the next run handles it once."""
+    queue, inbox = clients
+    claimed: set[str] = set()
+    claimed_changed = threading.Condition()
+
+    def spy(cls: type, name: str) -> None:
+        original = cls.__dict__[name]
+
+        async def recording(self: Any, *args: Any) -> Any:
+            answer = await original(self, *args)
+            items = args[0] if name == "claim_many" else [args]
+            records = answer if name == "claim_many" else [answer]
+            with claimed_changed:
+                claimed.update(
+                    item[0] for item, rec in zip(items, records, strict=True) if rec.mine
+                )
+                claimed_changed.notify_all()
+            return answer
+
+        monkeypatch.setattr(cls, name, recording)
+
+    for cls in LOOP_BACKENDS:
+        for name in ("claim", "claim_many"):
+            if name in cls.__dict__:
+                spy(cls, name)
+
+    ran: list[tuple[str, int]] = []
+    started, go_on = threading.Event(), threading.Event()
+
+    @jobfence.guarded(inbox=inbox)
+    def handle(message: Any) -> str:
+        ran.append((message.id, message.delivery))
+        started.set()
+        assert go_on.wait(60)
+        return message.id
+
+    given_back = threading.Event()
+
+    class GivenBack(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "given back" in record.msg:
+                given_back.set()
+
+    watch = GivenBack(logging.INFO)
+    logger = logging.getLogger("jobfence.worker")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(watch)
+    ids = queue.publish_many([{"n": 1}, {"n": 2}])
+    worker = jobfence.Worker(queue, handle, handle_signals=False, concurrency=1, prefetch=1)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(worker.run()))
+    thread.start()
+    try:
+        assert started.wait(60)
+        first = ran[0][0]
+        (waiting,) = [i for i in ids if i != first]
+        with claimed_changed:  # claimed while the first one's function runs
+            assert claimed_changed.wait_for(lambda: waiting in claimed, 20), claimed
+        worker.stop()
+        assert given_back.wait(60)  # the waiting one, while the first one still runs
+    finally:
+        go_on.set()
+        thread.join(60)
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+    assert not thread.is_alive()
+    stats = outcome[0]
+    assert ran == [(first, 1)]  # the waiting message's function never ran
+    assert stats.processed == 1 and stats.given_back == 1 and stats.retried == 0
+    taken = inbox.claim(waiting)  # released at the stop: taken over at once
+    assert taken.state.value == "new" and taken.attempt == 2
+    taken.release()
+
+    stats = drain(queue, handle, Processed(1), concurrency=1, prefetch=1)
+    assert ran == [(first, 1), (waiting, 1)]  # once each; the give-back counted no delivery
+    assert stats.processed == 1 and stats.duplicates == 0
+    assert inbox.claim(waiting).result == waiting and inbox.claim(first).result == first
+
+
 def test_an_async_worker_runs_a_guarded_def_the_same_way(
     clients: tuple[jobfence.Queue, jobfence.Inbox], calls: Calls, url: str
 ) -> None:
