@@ -214,8 +214,9 @@ if ASYNC:
 
         #: when the call in flight must be done (the loop's clock), 0.0 with none
         _jf_deadline = 0.0
-        #: the watchdog's timer, and the loop it runs on
+        #: the watchdog's timer, when it fires, and the loop it runs on
         _jf_timer: asyncio.TimerHandle | None = None
+        _jf_timer_at = 0.0
         _jf_loop: asyncio.AbstractEventLoop | None = None
         #: the watchdog aborted the transport under the call in flight
         _jf_fired = False
@@ -229,6 +230,7 @@ if ASYNC:
                 return  # nothing in flight: the next call sets the timer again
             if deadline > loop.time():  # a later call: watch it until its deadline
                 self._jf_timer = loop.call_at(deadline, self._jf_watch)
+                self._jf_timer_at = deadline
                 return
             writer = self._writer
             if writer is not None:
@@ -241,9 +243,14 @@ if ASYNC:
             deadline = loop.time() + limit
             self._jf_deadline = deadline
             self._jf_fired = False
-            if self._jf_timer is None or self._jf_loop is not loop:
+            timer = self._jf_timer
+            # none set, set on another loop, or set too late (a shorter socket_timeout now)
+            if timer is None or self._jf_loop is not loop or deadline < self._jf_timer_at:
+                if timer is not None:
+                    timer.cancel()
                 self._jf_loop = loop
                 self._jf_timer = loop.call_at(deadline, self._jf_watch)
+                self._jf_timer_at = deadline
 
         async def _jf_timed_out(self, message: str) -> RedisTimeoutError:
             """The watchdog ended the call: close the connection; the error to raise."""
