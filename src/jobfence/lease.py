@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from . import telemetry
 from ._core import compat
+from ._core.hooks import get_hook, hook
 from ._core.lease_state import LeaseState
 from ._core.validate import check_ttl
 from .backends.base import LockBackend
@@ -54,6 +55,9 @@ class LeaseClient(Protocol):
         self, operation: str, name: str, call: Callable[[], T], *, hooked: bool = True
     ) -> T:
         """Run one backend call through the I/O hook at ``operation``."""
+
+    def backend_error(self, operation: str, name: str, exc: Exception) -> JobfenceError:
+        """What a driver error ``exc`` of a backend call at ``operation`` raises."""
 
     def stop_renewing(self, lease: Lease) -> None:
         """Forget ``lease``: no more renewals, and ``close()`` leaves it alone."""
@@ -283,14 +287,23 @@ class Lease:
             self._released = True
         if locks.closed:
             return False  # close() gives back every lease its renewer still tracked
-        try:
-            answer = bool(locks.call_backend("lock.release", self.name, self._release_call))
+        try:  # locks.call_backend's work, without its layer of calls
+            if get_hook() is not None:
+                hook("lock.release", name=self.name, backend=locks.backend.kind)
+            answer = bool(self._release_call())
             telemetry.lock_hold(locks.backend.kind, self._started)
         except BaseException as exc:
-            if locks.closed and isinstance(exc, JobfenceError):
+            error = exc
+            if isinstance(exc, Exception) and not isinstance(
+                exc, (JobfenceError, NotImplementedError)
+            ):
+                error = locks.backend_error("lock.release", self.name, exc)
+            if locks.closed and isinstance(error, JobfenceError):
                 return False  # closed while we released: close() gave it back
             self._release_failed(exc)
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             locks.stop_renewing(self)  # only now: close() still sees it until here
         if answer:

@@ -66,7 +66,18 @@ DEFAULT_POLL_INTERVAL = 1.0
 CLEANUP_WAIT = 1.0
 #: how many names a client remembers the concurrency limit of (to refuse a second limit)
 _LIMITS_KEPT = 10_000
+#: how many checked lock names a client remembers (not checked again on their next use)
+_NAMES_KEPT = 10_000
 _NEVER = float("inf")
+
+
+def _mapped(exc: BaseException, wrap: Callable[[Exception], BaseException]) -> BaseException:
+    """What a backend call that raised ``exc`` raises, as :meth:`AsyncLocks.call_backend`
+    maps it: a driver error ``wrap(exc)``, anything else (ours, ``NotImplementedError``, a
+    cancellation) itself."""
+    if isinstance(exc, Exception) and not isinstance(exc, (JobfenceError, NotImplementedError)):
+        return wrap(exc)
+    return exc
 
 
 class Locks:
@@ -122,6 +133,8 @@ class Locks:
         self._waiting: dict[tuple[str, str], None] = {}
         #: the concurrency limit each name was used with by this client (limit > 1 only)
         self._limits: dict[str, int] = {}
+        #: the names this client checked (with limit 1) lately: not checked again
+        self._names: dict[str, None] = {}
         forks.register(self)  # a child process forked from here resets it: _after_fork
 
     def _new_renewer(self, give_back: Callable[[str, str], None] | None) -> Renewer:
@@ -158,14 +171,22 @@ class Locks:
         except (JobfenceError, NotImplementedError):  # ours, or a backend lacking a verb
             raise
         except Exception as exc:
-            if self._closed:  # the client was closed under this call (e.g. a waiting acquire)
-                raise ConfigurationError("this Locks client is closed", argument="self") from exc
-            raise BackendError(
-                f"{self.backend.kind} backend ({self.url}): {operation} of {name!r} failed: "
-                f"{type(exc).__name__}: {exc}",
-                backend=self.backend.kind,
-                operation=operation,
-            ) from exc
+            raise self.backend_error(operation, name, exc) from exc
+
+    def backend_error(self, operation: str, name: str, exc: Exception) -> JobfenceError:
+        """Internal (used by the client and its leases): what a driver error ``exc`` of a
+        backend call raises (chained to it): :class:`BackendError`, or
+        :class:`ConfigurationError` if the client was closed under the call (e.g. a waiting
+        acquire). The hot paths call the backend without :meth:`call_backend`'s extra layer
+        of calls and map its errors with this."""
+        if self._closed:
+            return ConfigurationError("this Locks client is closed", argument="self")
+        return BackendError(
+            f"{self.backend.kind} backend ({self.url}): {operation} of {name!r} failed: "
+            f"{type(exc).__name__}: {exc}",
+            backend=self.backend.kind,
+            operation=operation,
+        )
 
     def _lease(
         self,
@@ -233,9 +254,18 @@ class Locks:
     def _checked(self, name: object, limit: object) -> tuple[str, int]:
         """A name and its concurrency limit, validated; a name this client used with another
         limit is refused (every process must use one limit per name)."""
+        limits = self._limits
+        if limit == 1 and type(limit) is int and type(name) is str and name in self._names:
+            # a name this client checked before: only its limit is looked at again
+            if limits and limits.get(name, 1) != 1:
+                raise ConfigurationError(
+                    f"limit: {name!r} was acquired with limit={limits[name]} by this client, "
+                    "now with limit=1; use one limit per name everywhere",
+                    argument="limit",
+                )
+            return name, 1
         limit = check_limit(limit)
         name = check_lock_name(name, limit=limit)
-        limits = self._limits
         known = limits.get(name) if limits else None
         if known is not None and known != limit:
             raise ConfigurationError(
@@ -247,6 +277,10 @@ class Locks:
             if len(limits) >= _LIMITS_KEPT:
                 limits.clear()
             limits[name] = limit
+        if limit == 1:
+            if len(self._names) >= _NAMES_KEPT:
+                self._names.clear()
+            self._names[name] = None
         return name, limit
 
     def _try_acquire(
@@ -260,16 +294,23 @@ class Locks:
         """:meth:`try_acquire` as ``owner`` (an owner id unique to this attempt). ``grant``:
         the backend call that asks for the lease (default: the backend's plain try), such as
         :func:`jobfence.guarded`'s script that also claims its key on the same server."""
+        backend = self.backend
         self._prepare(name, waiting=False)
         started = get_clock().monotonic()  # right before the grant request
-        if grant is None:
-            grant = partial(self.backend.acquire, name, owner, ttl, wait=None)
         try:
-            token = self.call_backend("lock.acquire", name, grant)
-        except BaseException:  # the grant may have happened with its reply lost: give it back
-            self._abandon_quietly(name, owner, queued=False)
-            raise
-        kind = self.backend.kind
+            if grant is not None:
+                token = self.call_backend("lock.acquire", name, grant)
+            else:  # the plain try: call_backend's work, without its layer of calls
+                if get_hook() is not None:
+                    hook("lock.acquire", name=name, backend=backend.kind)
+                token = backend.acquire(name, owner, ttl, wait=None)
+        except BaseException as exc:  # the grant may have happened with its reply lost:
+            error = _mapped(exc, partial(self.backend_error, "lock.acquire", name))
+            self._abandon_quietly(name, owner, queued=False)  # give it back
+            if error is exc:
+                raise
+            raise error from exc
+        kind = backend.kind
         if token is None:
             telemetry.lock_wait(kind, started, False)
             return None
@@ -437,9 +478,12 @@ class Locks:
         """Let the backend open and set up its connection (scripts, tables, a listener) before
         a lease's clock starts: connection setup on a slow link must not eat into the lease.
         Nothing was asked of the lock yet, so a failure here leaves nothing to clean up."""
-        self.call_backend(
-            "lock.acquire", name, partial(self.backend.prepare, waiting=waiting), hooked=False
-        )
+        try:  # call_backend(hooked=False), without its layer of calls
+            self.backend.prepare(waiting=waiting)
+        except (JobfenceError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise self.backend_error("lock.acquire", name, exc) from exc
 
     def _holder(self, name: str) -> LockHolder | None:
         """Who holds ``name`` now, for a :class:`LockTimeout` (``None`` if the backend cannot

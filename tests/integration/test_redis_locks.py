@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -275,6 +276,33 @@ async def test_async_write_to_a_server_that_stopped_reading_fails_within_the_tim
             assert await backend.acquire("a", "me", 30) is not None
         finally:
             await backend.close()
+
+
+async def test_async_requests_are_bounded_without_a_timer_each(ns: str) -> None:
+    """Each read and write of the async client is bounded by the connection's watchdog: one
+    timer per connection, set again only when it fires, never one made and cancelled per
+    request (the stalled-request tests show that the deadline still fires)."""
+    backend = AsyncRedisLockBackend(parse_url(REDIS_URL), namespace=ns)
+    loop = asyncio.get_running_loop()
+    scheduled: list[float] = []
+    call_at = loop.call_at
+
+    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        scheduled.append(when)
+        return call_at(when, *args, **kwargs)
+
+    try:
+        await backend.prepare()  # connections open: only requests are counted below
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        try:
+            for i in range(50):
+                assert await backend.acquire("a", f"owner-{i}", 30) is not None
+                assert await backend.release("a", f"owner-{i}") is True
+        finally:
+            del loop.call_at
+        assert len(scheduled) <= 1, len(scheduled)  # the watchdog's, if none was set yet
+    finally:
+        await backend.close()
 
 
 # -- ownership -----------------------------------------------------------------------------

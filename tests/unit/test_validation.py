@@ -47,6 +47,25 @@ def test_longest_allowed_name_works(locks: jobfence.Locks) -> None:
     assert lease is not None and lease.release()
 
 
+def test_a_name_used_before_is_still_held_to_its_limit(locks: jobfence.Locks) -> None:
+    """A client does not check a name it checked before again, but still its limit: once
+    the name was taken with limit=2, limit=1 is refused, however often it was used before."""
+    for _ in range(2):  # the second use finds the name checked
+        lease = locks.try_acquire("n", ttl=5)
+        assert lease is not None and lease.release()
+    limited = locks.try_acquire("n", ttl=5, limit=2)
+    assert limited is not None
+    with pytest.raises(jobfence.ConfigurationError, match="limit=2") as info:
+        locks.try_acquire("n", ttl=5)
+    assert info.value.argument == "limit"
+    with pytest.raises(jobfence.ConfigurationError, match="limit=2"):
+        locks.acquire("n", ttl=5, timeout=0)
+    assert limited.release()
+    with pytest.raises(jobfence.ConfigurationError) as bad:
+        locks.try_acquire("n", ttl=5, limit=True)  # type: ignore[arg-type]
+    assert bad.value.argument == "limit"
+
+
 @pytest.mark.parametrize("ttl", [0, -1, 0.0, math.nan, math.inf, "30", True, 10**9])
 def test_bad_ttl(locks: jobfence.Locks, ttl: object) -> None:
     with pytest.raises(jobfence.ConfigurationError) as info:

@@ -69,6 +69,9 @@ def _number(value: object, argument: str) -> float:
 
 def check_ttl(ttl: object, *, argument: str = "ttl") -> float:
     """A lease lifetime: seconds, > 0 and at most one year, at millisecond resolution."""
+    kind = type(ttl)
+    if (kind is float or kind is int) and 0.001 <= ttl <= MAX_TTL:  # type: ignore[operator]
+        return float(ttl)  # type: ignore[arg-type]  # the common case (NaN fails the test)
     value = _number(ttl, argument)
     if value < 0.001 or value > MAX_TTL:
         raise ConfigurationError(

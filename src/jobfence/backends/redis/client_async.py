@@ -185,49 +185,127 @@ def not_replicated(
 
 
 if ASYNC:
-    #: ``asyncio.timeout`` (Python >= 3.11): a deadline without a task of its own
-    _deadline: Any = getattr(asyncio, "timeout", None)
 
-    class _BoundedWrite:
-        """Mixed into the connection class of every client jobfence opens: the write of a
-        request on an open connection is bounded by ``socket_timeout`` with
-        ``asyncio.timeout`` -- a timer -- instead of redis-py's ``asyncio.wait_for``, which on
-        Python < 3.12 wraps every write in a task of its own (a task and two more turns of
-        the event loop per command). The deadline and what happens when it passes are the
-        same: the connection is closed and ``TimeoutError("Timeout writing to socket")``
-        raised. A connection still to be opened, a health check due, or Python 3.10 take
-        redis-py's own path."""
+    class _Watched:
+        """Mixed into the connection class of every client jobfence opens: each write of a
+        request and each read of a reply on an open connection is bounded by
+        ``socket_timeout`` with a watchdog of the connection's own, instead of redis-py's
+        per-call deadline (``asyncio.wait_for`` around each write, which on Python < 3.12
+        runs it in a task of its own, and an ``asyncio.timeout`` around each read: a timer
+        made, scheduled and cancelled per call).
+
+        A call records when it must be done (``_jf_deadline``, the loop's clock) and clears
+        it when it ends. The watchdog is one timer per connection, set when the connection
+        is used and nothing watches it: when it fires it looks at the call in flight -- none:
+        it stops; one due later: it waits until then; one past its deadline: the connection's
+        transport is aborted, which ends the stalled read or write at once. The call then
+        closes the connection and raises ``TimeoutError("Timeout reading from ...")`` /
+        ``TimeoutError("Timeout writing to socket")``, as redis-py does after its own
+        deadline (no retry: a timeout is not a connection error). A reply that was already
+        read when the watchdog fired is returned, and its connection closed.
+
+        A connection still to be opened, a health check due, or a read with a timeout of its
+        own (``read_response(timeout=...)``) take redis-py's own path."""
 
         socket_timeout: float | None
         health_check_interval: float
         is_connected: bool
+        _writer: Any
+
+        #: when the call in flight must be done (the loop's clock), 0.0 with none
+        _jf_deadline = 0.0
+        #: the watchdog's timer, when it fires, and the loop it runs on
+        _jf_timer: asyncio.TimerHandle | None = None
+        _jf_timer_at = 0.0
+        _jf_loop: asyncio.AbstractEventLoop | None = None
+        #: the watchdog aborted the transport under the call in flight
+        _jf_fired = False
+
+        def _jf_watch(self) -> None:
+            """The watchdog's timer fired: see the class's docstring."""
+            self._jf_timer = None
+            deadline = self._jf_deadline
+            loop = self._jf_loop
+            if not deadline or loop is None:
+                return  # nothing in flight: the next call sets the timer again
+            if deadline > loop.time():  # a later call: watch it until its deadline
+                self._jf_timer = loop.call_at(deadline, self._jf_watch)
+                self._jf_timer_at = deadline
+                return
+            writer = self._writer
+            if writer is not None:
+                self._jf_fired = True
+                writer.transport.abort()
+
+        def _jf_arm(self, limit: float) -> None:
+            """Watch the call that starts now: it must be done within ``limit`` seconds."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + limit
+            self._jf_deadline = deadline
+            self._jf_fired = False
+            timer = self._jf_timer
+            # none set, set on another loop, or set too late (a shorter socket_timeout now)
+            if timer is None or self._jf_loop is not loop or deadline < self._jf_timer_at:
+                if timer is not None:
+                    timer.cancel()
+                self._jf_loop = loop
+                self._jf_timer = loop.call_at(deadline, self._jf_watch)
+                self._jf_timer_at = deadline
+
+        async def _jf_timed_out(self, message: str) -> RedisTimeoutError:
+            """The watchdog ended the call: close the connection; the error to raise."""
+            self._jf_fired = False
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            return RedisTimeoutError(message)
 
         async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             limit = self.socket_timeout
             send = super().send_packed_command  # type: ignore[misc]
-            if (
-                not limit
-                or _deadline is None
-                or not self.is_connected
-                or (check_health and self.health_check_interval)
-            ):
+            if not limit or not self.is_connected or (check_health and self.health_check_interval):
                 await send(command, check_health)
                 return
-            self.socket_timeout = None  # redis-py's write below: no wait_for
+            self._jf_arm(limit)
+            self.socket_timeout = None  # redis-py's write below: no deadline of its own
             try:
-                async with _deadline(limit):
-                    await send(command, check_health)
-            except TimeoutError:  # ours: redis-py closed the connection as it was cancelled
-                raise RedisTimeoutError("Timeout writing to socket") from None
+                await send(command, check_health)
+            except Exception:
+                if not self._jf_fired:
+                    raise
+                raise await self._jf_timed_out("Timeout writing to socket") from None
             finally:
                 self.socket_timeout = limit
+                self._jf_deadline = 0.0
+            if self._jf_fired:  # the write may not have reached the socket
+                raise await self._jf_timed_out("Timeout writing to socket")
+
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            limit = self.socket_timeout
+            read = super().read_response  # type: ignore[misc]
+            if not limit or len(args) > 1 or kwargs.get("timeout") is not None:
+                return await read(*args, **kwargs)
+            self._jf_arm(limit)
+            self.socket_timeout = None  # redis-py's read below: no deadline of its own
+            try:
+                response = await read(*args, **kwargs)
+            except Exception:
+                if not self._jf_fired:
+                    raise
+                raise await self._jf_timed_out(
+                    f"Timeout reading from {self._host_error()}"  # type: ignore[attr-defined]
+                ) from None
+            finally:
+                self.socket_timeout = limit
+                self._jf_deadline = 0.0
+            if self._jf_fired:  # read in full as the deadline passed: the connection goes
+                await self._jf_timed_out("")
+            return response
 
     @functools.cache
-    def _with_bounded_write(cls: type) -> type:
-        """``cls`` (a redis-py connection class) with :class:`_BoundedWrite` mixed in."""
-        if issubclass(cls, _BoundedWrite):
+    def _watched(cls: type) -> type:
+        """``cls`` (a redis-py connection class) with :class:`_Watched` mixed in."""
+        if issubclass(cls, _Watched):
             return cls
-        return type(cls.__name__, (_BoundedWrite, cls), {"__module__": cls.__module__})
+        return type(cls.__name__, (_Watched, cls), {"__module__": cls.__module__})
 
 
 def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
@@ -359,7 +437,7 @@ def connect_redis(
     _check_connection_options(client, url, what, own)
     if ASYNC:
         pool: Any = client.connection_pool
-        pool.connection_class = _with_bounded_write(pool.connection_class)
+        pool.connection_class = _watched(pool.connection_class)
         pool.__class__ = _following_the_loop(pool.__class__)
     return client
 
