@@ -5,7 +5,9 @@ modules import no lock, inbox or queue module, so there is no import cycle throu
 from __future__ import annotations
 
 import ast
+import gc
 import uuid
+import weakref
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,52 @@ def test_a_handle_asks_its_holder_and_tells_it_of_a_loss() -> None:
     assert handle.released
     handle.mark_lost("gone", background=True)
     assert lost == ["gone"]
+
+
+def test_a_finished_claim_and_delivery_are_freed_without_the_cyclic_collector() -> None:
+    # a holder refers to its handle; the handle must not refer back to it (a cycle would
+    # leave every claim of a worker to the cyclic collector, whose collections it triggers)
+    gc.collect()
+    gc.disable()
+    try:
+        with jobfence.Inbox(_url()) as inbox:
+            claim = inbox.claim("key", renew=True)
+            claim.complete("done")
+            claim_ref = weakref.ref(claim)
+            del claim
+            assert claim_ref() is None
+        with jobfence.Queue(_url(), "q") as queue:
+            queue.publish({"n": 1})
+            (message,) = queue.receive(renew=True)
+            message.ack()
+            message_ref = weakref.ref(message)
+            del message
+            assert message_ref() is None
+    finally:
+        gc.enable()
+
+
+def test_a_handle_whose_holder_is_gone_is_released_and_tells_nobody() -> None:
+    class Holder:
+        def __init__(self) -> None:
+            self.lost: list[str] = []
+
+        def done(self) -> bool:
+            return False
+
+        def tell(self, reason: str) -> None:
+            self.lost.append(reason)
+
+    holder = Holder()
+    handle = RenewableHandle(
+        "n", "o", LeaseState(3.0, 0.0), label="the thing", released=holder.done, lost=holder.tell
+    )
+    assert not handle.released
+    handle.mark_lost("gone")
+    assert holder.lost == ["gone"]
+    del holder
+    assert handle.released
+    handle.mark_lost("gone again")  # nobody to tell
 
 
 @pytest.mark.parametrize("module", ["_core/renewer_async.py", "_core/renewable.py"])

@@ -10,8 +10,9 @@ claim's and the message's own ``state`` attribute means something else).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .lease_state import LeaseState
 
@@ -74,7 +75,12 @@ class RenewableHandle:
     (``released()``) and to record a loss (``lost(reason)``).
 
     The holder keeps the handle for as long as it is renewed (the renewer holds only a weak
-    reference to it).
+    reference to it). A function that is a method of the holder is kept as a weak reference
+    to the holder and the plain function: the holder refers to its handle, so a bound method
+    held here would make a reference cycle, and every claim or delivery garbage for the
+    cyclic collector instead of freed when its last reference goes (in a worker with a large
+    heap, the collections that garbage triggers cost more than the claim itself). A handle
+    whose holder is gone answers ``released`` and is told of no loss.
     """
 
     __slots__ = ("__weakref__", "_lost", "_released", "label", "name", "owner", "state", "token")
@@ -95,8 +101,8 @@ class RenewableHandle:
         self.state = state
         self.label = label
         self.token = token
-        self._released = released
-        self._lost = lost
+        self._released = _unbound(released)
+        self._lost = _unbound(lost)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label}>"
@@ -107,8 +113,31 @@ class RenewableHandle:
 
     @property
     def released(self) -> bool:
-        return self._released()
+        holder, fn = self._released
+        if holder is None:
+            return bool(fn())
+        target = holder()
+        return True if target is None else bool(fn(target))
 
     def mark_lost(self, reason: str, *, background: bool = False) -> None:
         """Tell the holder (``lost(reason)``); its callbacks run in place, background or not."""
-        self._lost(reason)
+        holder, fn = self._lost
+        if holder is None:
+            fn(reason)
+            return
+        target = holder()
+        if target is not None:
+            fn(target, reason)
+
+
+def _unbound(fn: Callable[..., Any]) -> tuple[weakref.ref[Any] | None, Callable[..., Any]]:
+    """``(weak reference to the object, plain function)`` for a bound method of an object
+    that takes weak references; ``(None, fn)`` for anything else."""
+    target = getattr(fn, "__self__", None)
+    func = getattr(fn, "__func__", None)
+    if target is None or func is None:
+        return None, fn
+    try:
+        return weakref.ref(target), func
+    except TypeError:  # e.g. list.append: no weak references, and no cycle through it
+        return None, fn
