@@ -86,35 +86,50 @@ def _counts(table: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+#: what a worker logs once its SIGTERM handler is in place (it starts taking messages then)
+RUNNING = "worker on queue"
+
+
 def _start_worker(url: str, name: str, handler: str, env: dict[str, str]) -> subprocess.Popen[Any]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobfence.cli.app",
-            "worker",
-            f"tests.acceptance._ledger_handlers:{handler}",
-            "--queue",
-            url,
-            "--name",
-            name,
-            "--concurrency",
-            "4",
-            "--visibility",
-            "3",
-            "--max-deliveries",
-            "50",
-            "--shutdown-timeout",
-            "10",
-            "--no-live",
-            "--log-level",
-            "ERROR",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    """A ``jobfence worker`` process; its log goes to a file (``_log``), read at INFO level to
+    see when it runs (``RUNNING``)."""
+    with tempfile.NamedTemporaryFile(prefix="jf-worker-", suffix=".log", delete=False) as log:
+        path = log.name
+    with open(path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobfence.cli.app",
+                "worker",
+                f"tests.acceptance._ledger_handlers:{handler}",
+                "--queue",
+                url,
+                "--name",
+                name,
+                "--concurrency",
+                "4",
+                "--visibility",
+                "3",
+                "--max-deliveries",
+                "50",
+                "--shutdown-timeout",
+                "10",
+                "--no-live",
+                "--log-level",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+    proc.log_path = path  # type: ignore[attr-defined]
+    return proc
+
+
+def _log(proc: subprocess.Popen[Any]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
 
 def _drained(queue: jobfence.Queue) -> bool:
@@ -124,7 +139,13 @@ def _drained(queue: jobfence.Queue) -> bool:
 
 def _stop(workers: list[subprocess.Popen[bytes]], *, check: bool = True) -> None:
     """Stop the workers gracefully (they finish or give back what they hold) and, with
-    ``check``, that each exited cleanly."""
+    ``check``, that each exited cleanly. A worker still starting (a replacement started just
+    now, on a loaded machine) is let run first: a SIGTERM before its handler is in place ends
+    the process as the signal's default does, which is no clean stop."""
+    for proc in workers:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and RUNNING not in _log(proc) and time.monotonic() < deadline:
+            time.sleep(0.05)
     for proc in workers:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -135,7 +156,9 @@ def _stop(workers: list[subprocess.Popen[bytes]], *, check: bool = True) -> None
             proc.kill()
             proc.wait(10)
     for proc in workers if check else ():
-        assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.returncode == 0, _log(proc)
+    for proc in workers:
+        Path(proc.log_path).unlink(missing_ok=True)  # type: ignore[attr-defined]
 
 
 def _run_scenario(url: str, handler: str, ledger_table: str, inbox_table: str) -> dict[str, int]:
@@ -168,7 +191,7 @@ def _run_scenario(url: str, handler: str, ledger_table: str, inbox_table: str) -
                 kills += 1
                 workers.append(_start_worker(url, name, handler, env))
             for proc in workers:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                assert proc.poll() is None, _log(proc)
             if distinct >= MESSAGES and not pending_kills and _drained(queue):
                 break
             time.sleep(0.1)

@@ -716,6 +716,12 @@ def test_composition_worker_with_relay_through_a_killed_worker_and_a_restarted_s
         outbox.close()
     killed_at = time.monotonic()
     victim.wait(10)
+    if held:
+        # a statement the killed relay sent before it was stopped (marking rows published)
+        # is still carried out by the database: those rows were published once, by it
+        with jobfence.Outbox(run.url, table=run.table) as outbox:
+            still = {e.id for e in outbox.entries(state="claimed", limit=1000)}
+        held[:] = [e for e in held if e.id in still]
     survivor = run.worker("worker-2", *worker_args, **short)
     # the queue's server dies while the new worker works, and comes back on its files
     _wait_for(
