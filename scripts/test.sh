@@ -68,8 +68,8 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
 # Most tests wait on servers, timers and other processes: four pytest-xdist workers
-# (PYTEST_WORKERS; 0 runs in this process) run the 3,281 tests (about 2,850 worker-seconds) in
-# about 13 minutes on 2 cores. A fifth is slower (15.5 min): the CPU-bound tests then crowd out.
+# (PYTEST_WORKERS; 0 runs in this process) run the 5,050 tests in about 15 minutes on 2 cores.
+# A fifth is slower: the CPU-bound tests then crowd out.
 # --dist worksteal: a worker that runs out of tests takes some of another's queue, so the 20-50 s
 # tests do not all wait at the end of one worker's list while the others are idle.
 exec .venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist worksteal --durations=20 "$@"
