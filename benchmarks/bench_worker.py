@@ -242,7 +242,8 @@ def redis_floor(conc: int, dedupe: bool = False) -> Consume:
                 for _stream, entries in got or []:
                     for entry_id, _fields in entries:
                         if dedupe:  # the hand-written idempotency mark: SET NX
-                            await client.set(f"{key}:done:{entry_id}", 1, nx=True, px=600_000)
+                            mark = f"{key}:done:{entry_id.decode()}"
+                            await client.set(mark, 1, nx=True, px=600_000)
                         await client.xack(key, "g", entry_id)
                         await client.xdel(key, entry_id)
                         done += 1

@@ -219,3 +219,35 @@ def test_live_status_shows_the_worker_counts(tmp_path: Path) -> None:
         assert column in stderr
     assert "0/2" in stderr  # nothing in flight out of 2 slots at the end
     queue.close()
+
+
+def test_sigterm_while_the_handler_module_loads_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM before the worker runs (its handler's module still importing): status 0, as a
+    graceful stop, and the queue's message is left for the next worker, not received."""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    out = tmp_path / "out.txt"
+    env = {**_env(out), "JF_GO": str(tmp_path / "go")}
+    queue = jobfence.Queue(url, "orders")
+    queue.publish({"n": 1}, id="m-1")
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "jobfence.cli.app", "worker"),
+            "tests.acceptance._cli_slow_import:handle",
+            *("--queue", url, "--name", "orders", "--no-live"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: out.exists() and "importing" in out.read_text())
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _stdout, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    assert out.read_text().splitlines() == ["importing"]  # the handler never ran
+    stats = queue.stats()
+    assert (stats.ready, stats.in_flight) == (1, 0)  # left for the next worker
+    queue.close()

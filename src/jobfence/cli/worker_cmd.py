@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import signal
 import sys
 import threading
 from typing import Any
@@ -138,6 +139,7 @@ def worker(
     queue NAME (or of each --relay-queue) to --queue URL; it finishes its batch in hand and
     stops after the worker.
     """
+    _stop_before_start()
     fn = load_handler(handler)
     scheduler = None if scheduler_spec is None else load_scheduler(scheduler_spec, "--scheduler")
     if relay_queues and relay_url is None:
@@ -198,6 +200,21 @@ def worker(
     finally:
         _finish_all(finishers)
     logging.getLogger("jobfence.worker").info("final stats: %s", stats)
+
+
+def _exit_before_start(signum: int, frame: Any) -> None:
+    """SIGTERM while the worker is not running yet (its handler's module loading, its queue
+    connecting): nothing was received, so the process stops as a graceful stop ends, with
+    status 0 (what is opened is closed on the way out)."""
+    raise SystemExit(0)
+
+
+def _stop_before_start() -> None:
+    """Until the worker's run puts its graceful SIGTERM handler in place, SIGTERM exits 0
+    instead of killing the process (an orchestrator scaling down a pod that is still
+    starting: a user's module can take seconds to import)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_before_start)
 
 
 def _close_runner(is_async: bool, client: Any) -> None:
