@@ -41,14 +41,20 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
-def _worker(url: str, handler: str, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+def _worker(
+    url: str,
+    handler: str,
+    env: dict[str, str],
+    *extra: str,
+    module: str = "tests.acceptance._cli_handlers",
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "jobfence.cli.app",
             "worker",
-            f"tests.acceptance._cli_handlers:{handler}",
+            f"{module}:{handler}",
             "--queue",
             url,
             "--name",
@@ -229,18 +235,7 @@ def test_sigterm_while_the_handler_module_loads_exits_cleanly(tmp_path: Path) ->
     env = {**_env(out), "JF_GO": str(tmp_path / "go")}
     queue = jobfence.Queue(url, "orders")
     queue.publish({"n": 1}, id="m-1")
-    worker = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "jobfence.cli.app", "worker"),
-            "tests.acceptance._cli_slow_import:handle",
-            *("--queue", url, "--name", "orders", "--no-live"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    worker = _worker(url, "handle", env, module="tests.acceptance._cli_slow_import")
     try:
         _wait_for(lambda: out.exists() and "importing" in out.read_text())
     finally:

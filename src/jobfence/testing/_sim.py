@@ -2061,57 +2061,12 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
     sim = _current
     if sim is None:
         return _PASSED
-    task = sim._stepping
-    if (
-        task is not None and sim._plain and not sim.stopping and sim.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
-    ):  # on_point's lean path, inline: the commonest point of a scenario
-        points = sim.points = sim.points + 1
-        if points > sim.max_steps:
-            sim._over_budget(
-                f"the schedule's tasks reached more than max_steps={sim.max_steps} points"
-            )
-        hits = sim.hits
-        hits[name] = hits.get(name, 0) + 1
-        # the decision now: an awaited point is awaited at once, nothing runs in between
-        # (_lean_pick inline, ``task`` being the one stepped)
-        owner = sim._owner
-        if (
-            sim._ready
-            or sim.deferred
-            or sim.external
-            or sim.impaired
-            or sim.sleeping
-            or owner is None
-            or owner.atask._must_cancel  # type: ignore[union-attr]
-        ):
-            return _lean_gate(sim, task, name)  # no common case: the full way
-        if sim.checkers:
-            sim.run_checks()
-        sim._io_deferred = False
-        parked = sim.parked
-        if not parked:
-            return sim.loop.passed  # a done future: the cheapest await there is
-        steps = sim.steps = sim.steps + 1
-        if steps > sim.max_steps:
-            sim._over_budget(f"the schedule took more than max_steps={sim.max_steps} decisions")
-        n = len(parked) + 1
-        bits = sim._getrandbits
-        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
-            k = n.bit_length()
-            i = bits(k)
-            while i >= n:
-                i = bits(k)
-        elif sim._fifo:
-            i = 0
-        else:
-            i = sim._choose(n, task)
-        if not i:
-            sim.picks.append(task.name)
-            return sim.loop.passed
-        sim.deviations += 1
-        chosen = parked[i - 1]
-        sim.picks.append(chosen.name)
-        return _lean_switch(sim, task, name, chosen)
+    # on_point's lean path, decided now: an awaited point is awaited at once, nothing runs in
+    # between (the commonest point of a scenario)
+    lean = sim.lean_point(name)
+    if lean is not None:
+        step = lean[1]
+        return sim.loop.passed if step is None else step  # a done future: the cheapest await
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
 
