@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,14 @@ def outbox_of(kind: str, tmp_path: Path) -> Iterator[OutboxSide]:
         yield side
     finally:
         side.drop()
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    """Poll ``check`` every 10 ms (a relay's counters have no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)
 
 
 class Sink:
@@ -435,6 +444,9 @@ def test_a_relay_rides_out_a_postgres_restart(flavour: str) -> None:
             try:
                 before = add(pg.url, outbox, 3)
                 assert sink.wait_for(before, 20)
+                # sent is not yet marked published: crash only once they are (a crash in
+                # between leaves them held until their lease, to be sent again)
+                wait_until(lambda: runner.relay.stats.published >= 3, 20, "the first rows settled")
                 down.set()
                 pg.crash()
                 for _ in range(3):

@@ -140,26 +140,32 @@ def test_leader_sigkill_keeps_tokens_increasing_and_completed_records(
     assert checked >= 80 and len(run.completed) >= 40
 
 
+def _granted_on_a_settled_cluster(
+    cluster: EtcdCluster, locks: jobfence.Locks, name: str, ttl: float
+) -> jobfence.Lease:
+    """The lease on ``name``, on a cluster an earlier step may have just restarted or paused
+    members of: every member answers, and the lease is granted (a grant that hits a member
+    still catching up times out after the request timeout and is asked again; one that landed
+    anyway holds the name until its etcd lease ends, so the name is asked for until then)."""
+    cluster.wait_ready()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            lease = locks.try_acquire(name, ttl=ttl)
+        except JobfenceError:
+            lease = None
+        if lease is not None:
+            return lease
+        assert time.monotonic() < deadline, f"the lease on {name!r} was never granted"
+        time.sleep(0.1)  # polling for the precondition, not synchronisation
+
+
 def test_a_holder_cut_off_from_the_quorum_learns_it_lost_its_lease(cluster: EtcdCluster) -> None:
     ttl = 3.0
     # a short request timeout, so that renewals give up quickly once the quorum is gone
     locks = jobfence.Locks(cluster.url + "?timeout=1", namespace="q" + uuid.uuid4().hex[:10])
     try:
-        # the precondition, on a cluster an earlier test may have just restarted a member of:
-        # every member answers, and the lease is granted (a grant that hits a member still
-        # catching up times out after 1 s and is asked again; one that landed anyway holds
-        # the name until its etcd lease ends, so the name is asked for until then)
-        cluster.wait_ready()
-        deadline = time.monotonic() + 30
-        lease = None
-        while lease is None:
-            try:
-                lease = locks.try_acquire("cut-off", ttl=ttl)
-            except JobfenceError:
-                pass
-            if lease is None:
-                assert time.monotonic() < deadline, "the lease was never granted"
-                time.sleep(0.1)  # polling for the precondition, not synchronisation
+        lease = _granted_on_a_settled_cluster(cluster, locks, "cut-off", ttl)
         assert lease.renews
         lost = threading.Event()
         lease.on_lost(lambda _lease: lost.set())
@@ -177,9 +183,9 @@ def test_a_holder_cut_off_from_the_quorum_learns_it_lost_its_lease(cluster: Etcd
             cluster.resume(leader)
             cluster.resume(others[0])
         print(f"\netcd quorum loss: the holder learned its lease was lost after {detected:.2f} s")
-        # the quorum is back: the name is free again once the server ended the lease
-        cluster.wait_ready()
-        again = locks.acquire("cut-off", ttl=ttl, timeout=30)
+        # the quorum is back: the name is free again once the server ended the lease (a
+        # member still electing or catching up after the pause answers late: asked again)
+        again = _granted_on_a_settled_cluster(cluster, locks, "cut-off", ttl)
         assert again.token > lease.token
         again.release()
     finally:
