@@ -356,8 +356,7 @@ def _lean_pick(sim: Simulation, task: SimTask) -> Any:
     the common case (nothing else ready, no process paused or crashed, no thread waiting, no
     real I/O): the decision of :meth:`Simulation.go_on`, with the strategy's pick drawn
     directly. ``None``: ``task`` goes on; else the parked task chosen, or ``_FULL`` (not the
-    common case: the gate decides the full way). :meth:`Simulation.lean_point` makes the
-    same decision inline (one call less at the commonest points): a change here goes there."""
+    common case: the gate decides the full way)."""
     owner = sim._owner
     if (
         sim._ready
@@ -978,45 +977,11 @@ class Simulation:
             )
         hits = self.hits
         hits[point] = hits.get(point, 0) + 1
-        # _lean_pick inline (the commonest decision: one call less per point); a change to
-        # one of them goes to the other
-        owner = self._owner
-        if (
-            self._ready
-            or self.deferred
-            or self.external
-            or self.impaired
-            or self.sleeping
-            or owner is None
-            or owner.atask._must_cancel  # type: ignore[union-attr]
-        ):
+        chosen = _lean_pick(self, task)  # ``task`` is the one stepped
+        if chosen is None:
+            return self.passed
+        if chosen is _FULL:
             return _lean_gate(self, task, point)  # no common case: the full way
-        if self.checkers:
-            self.run_checks()
-        self._io_deferred = False
-        parked = self.parked
-        if not parked:
-            return self.passed
-        steps = self.steps = self.steps + 1
-        if steps > self.max_steps:
-            self._over_budget(f"the schedule took more than max_steps={self.max_steps} decisions")
-        n = len(parked) + 1
-        bits = self._getrandbits
-        if bits is not None:  # Random: its _randbelow(n), inline (the same draws)
-            k = n.bit_length()
-            i = bits(k)
-            while i >= n:
-                i = bits(k)
-        elif self._fifo:
-            i = 0
-        else:
-            i = self._choose(n, task)
-        if not i:
-            self.picks.append(task.name)
-            return self.passed
-        self.deviations += 1
-        chosen = parked[i - 1]
-        self.picks.append(chosen.name)
         return _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
