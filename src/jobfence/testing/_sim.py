@@ -565,6 +565,8 @@ class Simulation:
         self._stepping: SimTask | None = None
         #: tasks wait in :attr:`deferred` (in spawn order) for real I/O to answer
         self._io_deferred = False
+        #: what :meth:`lean_point` returns to a task that goes on: a done future
+        self.passed: asyncio.Future[None] = loop.passed
 
     # -- public API ---------------------------------------------------------------------
     def spawn(self, job: Any, *args: Any, name: str | None = None, **kwargs: Any) -> SimTask:
@@ -956,12 +958,13 @@ class Simulation:
             self._by_atask[atask] = task
         return task
 
-    def lean_point(self, point: str) -> tuple[SimTask, Any] | None:
+    def lean_point(self, point: str) -> Any:
         """A point with no target info, reached where :meth:`on_point` would take its lean
         path (the driven task being stepped, no fault to look up): the hit counted and the
-        decision made now, as the gate would make it when awaited at once. Returns the task
-        and what it awaits (``None``: it goes on, nothing to await), or ``None`` where the
-        lean path does not apply (the caller goes through :meth:`on_point`)."""
+        decision made now, as the gate would make it when awaited at once. Returns what the
+        task awaits there (:attr:`passed`, a done future, if it goes on), or ``None`` where
+        the lean path does not apply (the caller goes through :meth:`on_point`). The task is
+        the one being stepped (:attr:`_stepping`, read before the call)."""
         task = self._stepping
         if (
             task is None or not self._plain or self.stopping or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
@@ -976,10 +979,10 @@ class Simulation:
         hits[point] = hits.get(point, 0) + 1
         chosen = _lean_pick(self, task)  # ``task`` is the one stepped
         if chosen is None:
-            return task, None
+            return self.passed
         if chosen is _FULL:
-            return task, _lean_gate(self, task, point)  # no common case: the full way
-        return task, _lean_switch(self, task, point, chosen)
+            return _lean_gate(self, task, point)  # no common case: the full way
+        return _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
         task = self._stepping
@@ -1709,21 +1712,38 @@ class Simulation:
                             yielded = ctx.run(coro.throw, error)
                         else:
                             yielded = ctx.run(coro.send, value)
+                    # the switches at lean points, in a row: the task chosen goes on at once
+                    # (no code runs before its step), as asyncio's current task
+                    while yielded is _SWITCH:
+                        chosen = self._next
+                        if chosen is None:
+                            break
+                        self._next = None
+                        cur = self._stepping = chosen
+                        if chosen is owner:
+                            if shown is not owner_atask:
+                                shown = owner_atask
+                                if current_tasks is not None:
+                                    current_tasks[loop] = shown
+                                else:
+                                    _swap_current(loop, shown)  # type: ignore[misc]
+                            yielded = chosen.coro.send(None)
+                        else:
+                            atask = chosen.atask
+                            if shown is not atask:
+                                shown = atask
+                                if current_tasks is not None:
+                                    current_tasks[loop] = atask
+                                else:
+                                    _swap_current(loop, atask)  # type: ignore[misc]
+                            yielded = chosen.ctx.run(chosen.coro.send, None)  # type: ignore[union-attr]
+                    value = error = None
                 except StopIteration as stop:
                     outcome = (_DONE, stop.value)
                 except BaseException as exc:
                     outcome = (_FAILED, exc)
-                else:
-                    if yielded is _SWITCH:
-                        chosen = self._next
-                        if chosen is not None:  # no code runs before chosen's step
-                            self._next = None
-                            cur = chosen
-                            value = error = None
-                            continue
-                        outcome = None
-                    else:
-                        outcome = (_AWAIT, yielded)
+                else:  # None: parked, and no task chosen to go on now
+                    outcome = None if yielded is _SWITCH else (_AWAIT, yielded)
                 if shown is not owner_atask:  # asyncio's current task is owner's again
                     shown = owner_atask
                     if current_tasks is not None:
@@ -2063,10 +2083,9 @@ def point(name: str, *, target: Any = None) -> Awaitable[None]:
         return _PASSED
     # on_point's lean path, decided now: an awaited point is awaited at once, nothing runs in
     # between (the commonest point of a scenario)
-    lean = sim.lean_point(name)
-    if lean is not None:
-        step = lean[1]
-        return sim.loop.passed if step is None else step  # a done future: the cheapest await
+    step = sim.lean_point(name)
+    if step is not None:
+        return step  # type: ignore[no-any-return]  # sim.passed (a done future) if it goes on
     gate = sim.on_point(name, {} if target is None else {"target": target})
     return _PASSED if gate is None else cast("Awaitable[None]", gate)
 

@@ -464,9 +464,9 @@ class SimTable(_Table):
     ) -> None:
         super().__init__(sim, name, fenced)
         #: the simulation's lean point (``Simulation.lean_point``), if it has one
-        self._lean: Callable[[str], tuple[Any, Any] | None] | None = getattr(
-            sim, "lean_point", None
-        )
+        self._lean: Callable[[str], Any] | None = getattr(sim, "lean_point", None)
+        #: what the lean point returns to a task that goes on (nothing to await)
+        self._passed: Any = getattr(sim, "passed", None)
         self._rows: dict[Any, dict[str, Any]] = self._initial(rows)
         self._tokens: dict[Any, int] = {}
         #: committed inbox markers: (inbox table, key) -> fingerprint
@@ -542,10 +542,10 @@ class SimTable(_Table):
         if lean is not None and not _BLOCKING.get():
             # the driven task being stepped, no fault to look up: decided now, and when it
             # goes on, nothing to await (no info dict, no gate, no look-up of the task)
-            hit = lean("db.read")
-            if hit is not None:
-                task, gate = hit
-                if gate is not None:
+            task = self.sim._stepping  # type: ignore[attr-defined]  # lean_point's task
+            gate = lean("db.read")
+            if gate is not None:
+                if gate is not self._passed:
                     await gate
                 row = self._rows.get(key)
                 self._read[(task.name, key)] = row[self.version_column] if row is not None else None

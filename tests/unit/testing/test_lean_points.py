@@ -258,3 +258,91 @@ def test_a_read_of_a_simulated_table_decides_inline(monkeypatch: Any) -> None:
     never = [testing.faults.transient("no.such.point")]
     testing.explore(scenario, schedules=5, seed=4, faults=never).assert_ok()
     assert reached.count("db.read") == 5 * 8
+
+
+def test_the_points_of_a_plain_schedule_decide_inline_and_switch_without_a_loop_round(
+    monkeypatch: Any,
+) -> None:
+    """3 tasks x 20 points, in memory: after each task's first point (reached while the
+    others' first steps are still ready in the loop, so decided the full way), every point
+    is decided inline by ``lean_point``, which returns what the task awaits (the done future
+    ``sim.passed`` when it goes on, no gate); the tasks switch inside the slice, so a
+    schedule takes a handful of loop rounds whatever its length; and the tapes are those of
+    the full way (forced by a fault that is never hit)."""
+    from jobfence.testing import _sim
+    from jobfence.testing._loop import SimLoop
+
+    counts = {"points": 0, "went_on": 0, "switched": 0, "full": 0, "gates": 0, "rounds": 0}
+    lean_point = _sim.Simulation.lean_point
+    gate_await = _sim._Gate.__await__
+    run_once = SimLoop._run_once
+
+    def counting_lean_point(self: Simulation, point: str) -> Any:
+        step = lean_point(self, point)
+        counts["points"] += 1
+        if step is None:
+            pass
+        elif step is self.passed:
+            counts["went_on"] += 1
+        elif getattr(step, "__name__", "") == "_lean_switch":
+            counts["switched"] += 1
+        else:
+            counts["full"] += 1
+        return step
+
+    def counting_gate(self: Any) -> Any:
+        counts["gates"] += 1
+        return gate_await(self)
+
+    def counting_run_once(self: SimLoop) -> None:
+        counts["rounds"] += 1
+        run_once(self)
+
+    def scenario(tapes: list[str]) -> Any:
+        async def job(db: Any) -> None:
+            for i in range(20):
+                if i % 2:
+                    await db.read("row")
+                else:
+                    await testing.point("p")
+
+        async def run(sim: Simulation) -> None:
+            db = sim.table("t", {"row": {"n": 0}})
+            for _ in range(3):
+                sim.spawn(job(db))
+            await sim.join()
+            tapes.append(" ".join(sim.picks))
+
+        return run
+
+    never = [testing.faults.transient("no.such.point")]
+    for strategy in ("random", "pct", "fifo"):
+        full: list[str] = []
+        report = testing.explore(
+            scenario(full), schedules=40, seed=11, strategy=strategy, faults=never
+        )
+        assert report.ok, report
+        for key in counts:
+            counts[key] = 0
+        monkeypatch.setattr(_sim.Simulation, "lean_point", counting_lean_point)
+        monkeypatch.setattr(_sim._Gate, "__await__", counting_gate)
+        monkeypatch.setattr(SimLoop, "_run_once", counting_run_once)
+        lean: list[str] = []
+        report = testing.explore(scenario(lean), schedules=40, seed=11, strategy=strategy)
+        monkeypatch.undo()
+        assert report.ok, report
+        assert lean == full, strategy
+        assert any(len(tape.split()) > 30 for tape in lean) or strategy == "fifo"
+        # schedule 0 records its trail: every point of it goes the full way (lean_point
+        # answers None); in the others, each task's first point goes the full way (the
+        # other tasks' first steps are ready then), every other point is decided inline
+        assert counts["points"] == 40 * 3 * 20, counts
+        assert counts["full"] == 39 * 3, counts
+        assert counts["went_on"] + counts["switched"] == 39 * 3 * 19, counts
+        assert counts["gates"] == 60 + 39 * 3, counts  # schedule 0's points, first points
+        if strategy == "random":  # a switch at most points (pct's come at its change points)
+            assert counts["switched"] >= 39 * 3 * 5, counts
+        elif strategy == "pct":
+            assert counts["switched"] >= 20, counts
+        # a few loop rounds per schedule (schedule 0's included), not one per switch
+        assert counts["rounds"] <= 40 * 3, counts
