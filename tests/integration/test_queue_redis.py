@@ -802,3 +802,62 @@ def test_resent_scripts_after_a_lost_reply_answer_the_same_and_change_nothing_ag
     fired = _lose_next_reply_of(q.name)
     assert q.purge() == 2
     assert ReplyLosingConnection.fired == fired + 1
+
+
+def _fixed_call_ids(monkeypatch: pytest.MonkeyPatch, *ids: str) -> None:
+    """The next script calls of both flavours carry ``ids``, in order."""
+    given = iter(ids)
+    for module in (sync_queue_module, async_queue_module):
+        monkeypatch.setattr(module, "_call_id", lambda: next(given))
+
+
+def test_a_publish_records_its_call_id_in_mx_alone_and_its_resend_publishes_nothing(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish's answer (how many messages) follows from its arguments, so its call is
+    recorded by one ``ZADD NX`` in ``:mx``, with no result in ``:m``; a re-send (the same
+    call id and messages) finds it and publishes nothing."""
+    q = make()
+    _fixed_call_ids(monkeypatch, "c0ffee01", "c0ffee01")
+    q.publish(_messages("a", "b"))
+    q.publish(_messages("a", "b"))  # the re-send
+    assert _counts(q) == (2, 0, 0, 0)
+    m_key, mx_key = q.keys[6], q.keys[7]
+    assert raw.hlen(m_key) == 0
+    expires = raw.zscore(mx_key, "c0ffee01")
+    assert expires is not None and expires > int(raw.time()[0]) * 1000
+
+
+def test_a_publish_that_fails_is_not_recorded_so_its_resend_publishes(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call is recorded before its messages are appended: a call that then fails (here
+    the stream key holds a string) takes its record back, and a re-send runs it again."""
+    q = make()
+    _fixed_call_ids(monkeypatch, "bad00001", "bad00001")
+    raw.set(q.keys[0], "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        q.publish(_messages("a"))
+    assert raw.zscore(q.keys[7], "bad00001") is None
+    raw.delete(q.keys[0])
+    q.publish(_messages("a"))
+    assert _counts(q) == (1, 0, 0, 0)
+
+
+def test_one_publish_in_16_forgets_expired_call_records(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishes whose call id ends in ``0`` (one in 16 random ids) forget expired records
+    of ``:m`` and ``:mx``; the others leave them to those (a publish adds one record, a
+    forgetting publish removes up to 64)."""
+    q = make()
+    m_key, mx_key = q.keys[6], q.keys[7]
+    raw.zadd(mx_key, {"old-1": 1, "old-2": 2})
+    raw.hset(m_key, mapping={"old-1": "1", "old-2": "1"})
+    _fixed_call_ids(monkeypatch, "aaaa0001", "aaaa0010")
+    q.publish(_messages("a"))
+    assert raw.zcard(mx_key) == 3 and raw.hlen(m_key) == 2
+    q.publish(_messages("b"))
+    assert set(raw.zrange(mx_key, 0, -1)) == {b"aaaa0001", b"aaaa0010"}
+    assert raw.hlen(m_key) == 0
+    assert _counts(q) == (2, 0, 0, 0)

@@ -22,7 +22,8 @@ by ``keys.py``, which percent-encodes a namespace holding a brace and marks the 
 ``S:q:{Q}:ds``     STREAM   the delayed messages' fields
 ``S:q:{Q}:dead``   STREAM   dead letters, oldest first
 ``S:q:{Q}:m``      HASH     call id -> result of a recent call (re-sent calls)
-``S:q:{Q}:mx``     ZSET     call id -> when its result is forgotten (60 s)
+``S:q:{Q}:mx``     ZSET     call id -> when its result is forgotten (60 s); a publish's
+                            call id is here alone (its result follows from its arguments)
 =================  =======  ========================================================
 
 A receipt is ``"<stream entry id>:<delivery>"``: unique per delivery, since a redelivery
@@ -66,6 +67,7 @@ from ..base import (
 from . import NAMESPACE_LIMIT
 from . import keys as key_layout
 from .client_async import (
+    AsyncLuaScript,
     adopt_redis,
     client_socket_timeout,
     connect_redis,
@@ -189,8 +191,12 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
                 scripts=list(scripts.values()),
             )
         self._run = {name: self._client.register_script(text) for name, text in scripts.items()}
+        #: the publish script without the per-call work of redis-py's Script wrapper
+        self._publish = AsyncLuaScript(self._client, scripts["publish"])
         prefix = key_layout.queue_prefix(self.namespace, self.name)
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
+        #: the keys encoded once (publish sends them on every call)
+        self._keys_bytes = [key.encode("utf-8") for key in self._keys]
         self._stream = self._keys[0]
         timeout = client_socket_timeout(self._client)
         self._block_cap: float | None = None if not timeout else float(timeout) * _BLOCK_SHARE
@@ -214,9 +220,9 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
             args += [
                 message_id,
                 body,
-                json.dumps(headers, separators=(",", ":")) if headers else "{}",
+                json.dumps(headers, separators=(",", ":")) if headers else b"{}",
             ]
-        await self._run["publish"](self._keys, args)
+        await self._publish(self._keys_bytes, args)
 
     # -- receiving ----------------------------------------------------------------------
     async def receive(

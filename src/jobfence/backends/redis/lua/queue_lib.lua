@@ -27,7 +27,10 @@
 -- came, and the first send may have run. Every script that changes something takes a call id
 -- (ARGV[1], random per call) and records its result in :m for MEMO_MS; a re-send finds it
 -- there and answers the same without doing anything again (no message published twice, no
--- ack answered False because the first send did ack).
+-- ack answered False because the first send did ack). A publish records its call id in :mx
+-- alone: its answer (the number of messages) follows from its arguments, which a re-send
+-- repeats, so the record's presence is all a re-send needs. Expired records are forgotten
+-- MEMO_TRIM at a time by every call that remembers one in :m, and by one publish in 16.
 --
 -- Numbers are written with string.format('%d'): Lua's own number-to-string conversion would
 -- print large integers in exponent notation.
@@ -65,13 +68,19 @@ local function recall(call)
   return nil
 end
 
--- Record value (a string) as the result of call id, and forget a few expired records.
-local function remember(call, value, now)
+-- Forget up to MEMO_TRIM records whose time is over (a publish's record has no :m field: its
+-- HDEL finds nothing).
+local function forget_expired(now)
   local old = redis.call('ZRANGEBYSCORE', MX, '-inf', int(now), 'LIMIT', 0, MEMO_TRIM)
   if #old > 0 then
     redis.call('HDEL', M, unpack(old))
     redis.call('ZREM', MX, unpack(old))
   end
+end
+
+-- Record value (a string) as the result of call id, and forget a few expired records.
+local function remember(call, value, now)
+  forget_expired(now)
   redis.call('HSET', M, call, value)
   redis.call('ZADD', MX, int(now + MEMO_MS), call)
 end
