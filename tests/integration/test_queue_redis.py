@@ -161,6 +161,12 @@ def _counts(q: Any) -> tuple[int | None, ...]:
     return (s.ready, s.delayed, s.in_flight, s.dead)
 
 
+def _key(q: Any, suffix: str) -> str:
+    """The key of queue backend ``q`` ending in ``:<suffix>``."""
+    [key] = [k for k in q.keys if k.endswith(f":{suffix}")]
+    return key
+
+
 def _wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -199,7 +205,7 @@ def test_a_published_message_is_received_once_and_acked_away(make: Make, raw: re
     assert q.ack(m.receipt, "c1") is False  # a second ack: the delivery is finished
     assert _counts(q) == (0, 0, 0, 0)
     # acked entries leave the stream and every in-flight record: nothing piles up
-    stream, in_flight, owners = q.keys[:3]
+    stream, in_flight, owners = _key(q, "s"), _key(q, "f"), _key(q, "o")
     assert raw.xlen(stream) == 0 and raw.zcard(in_flight) == 0 and raw.hlen(owners) == 0
     assert raw.xpending(stream, "jobfence")["pending"] == 0
     assert q.ack("not-a-receipt", "c1") is False
@@ -822,7 +828,7 @@ def test_a_publish_records_its_call_id_in_mx_alone_and_its_resend_publishes_noth
     q.publish(_messages("a", "b"))
     q.publish(_messages("a", "b"))  # the re-send
     assert _counts(q) == (2, 0, 0, 0)
-    m_key, mx_key = q.keys[6], q.keys[7]
+    m_key, mx_key = _key(q, "m"), _key(q, "mx")
     assert raw.hlen(m_key) == 0
     expires = raw.zscore(mx_key, "c0ffee01")
     assert expires is not None and expires > int(raw.time()[0]) * 1000
@@ -835,11 +841,11 @@ def test_a_publish_that_fails_is_not_recorded_so_its_resend_publishes(
     the stream key holds a string) takes its record back, and a re-send runs it again."""
     q = make()
     _fixed_call_ids(monkeypatch, "bad00001", "bad00001")
-    raw.set(q.keys[0], "not a stream")
+    raw.set(_key(q, "s"), "not a stream")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         q.publish(_messages("a"))
-    assert raw.zscore(q.keys[7], "bad00001") is None
-    raw.delete(q.keys[0])
+    assert raw.zscore(_key(q, "mx"), "bad00001") is None
+    raw.delete(_key(q, "s"))
     q.publish(_messages("a"))
     assert _counts(q) == (1, 0, 0, 0)
 
@@ -851,7 +857,7 @@ def test_one_publish_in_16_forgets_expired_call_records(
     of ``:m`` and ``:mx``; the others leave them to those (a publish adds one record, a
     forgetting publish removes up to 64)."""
     q = make()
-    m_key, mx_key = q.keys[6], q.keys[7]
+    m_key, mx_key = _key(q, "m"), _key(q, "mx")
     raw.zadd(mx_key, {"old-1": 1, "old-2": 2})
     raw.hset(m_key, mapping={"old-1": "1", "old-2": "1"})
     _fixed_call_ids(monkeypatch, "aaaa0001", "aaaa0010")

@@ -107,8 +107,10 @@ _SCRIPTS = (
     "requeue",
     "purge",
 )
-#: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua)
-_KEY_SUFFIXES = ("s", "f", "o", "d", "ds", "dead", "m", "mx")
+#: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua);
+#: the publish script gets the first :data:`_PUBLISH_KEYS` only, the keys it touches
+_KEY_SUFFIXES = ("s", "d", "ds", "m", "mx", "f", "o", "dead")
+_PUBLISH_KEYS = 5
 
 
 def _script(name: str) -> str:
@@ -197,9 +199,10 @@ class RedisQueueBackend(QueueBackend):
         self._publish = LuaScript(self._client, scripts["publish"])
         prefix = key_layout.queue_prefix(self.namespace, self.name)
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
-        #: the keys encoded once (publish sends them on every call)
-        self._keys_bytes = [key.encode("utf-8") for key in self._keys]
+        #: the publish script's keys, encoded once (it sends them on every call)
+        self._publish_keys = [key.encode("utf-8") for key in self._keys[:_PUBLISH_KEYS]]
         self._stream = self._keys[0]
+        self._dead = self._keys[_KEY_SUFFIXES.index("dead")]
         timeout = client_socket_timeout(self._client)
         self._block_cap: float | None = None if not timeout else float(timeout) * _BLOCK_SHARE
 
@@ -224,7 +227,7 @@ class RedisQueueBackend(QueueBackend):
                 body,
                 json.dumps(headers, separators=(",", ":")) if headers else b"{}",
             ]
-        self._publish(self._keys_bytes, args)
+        self._publish(self._publish_keys, args)
 
     # -- receiving ----------------------------------------------------------------------
     def receive(
@@ -317,7 +320,7 @@ class RedisQueueBackend(QueueBackend):
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         if limit <= 0:
             return []
-        entries: Any = self._client.xrange(self._keys[5], "-", "+", count=limit)
+        entries: Any = self._client.xrange(self._dead, "-", "+", count=limit)
         out = []
         for _, raw in entries or ():
             fields = {_text(k): v for k, v in raw.items()}

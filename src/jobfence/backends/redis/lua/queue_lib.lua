@@ -2,18 +2,19 @@
 -- prepended to each when the backend loads it).
 --
 -- Keys of queue Q in namespace S; Q sits between literal braces, so every key of one queue
--- shares a Redis Cluster hash tag. Every script receives all of them, in this order:
+-- shares a Redis Cluster hash tag. Every script receives all of them, in this order, but the
+-- publish script, which touches the first five only and receives those:
 --
 --   KEYS[1] S:q:{Q}:s     STREAM  ready and in-flight messages (consumer group "jobfence")
---   KEYS[2] S:q:{Q}:f     ZSET    entry id of each delivery in flight -> its visibility
---                                 deadline (server time, ms)
---   KEYS[3] S:q:{Q}:o     HASH    entry id -> "<delivery>:<consumer>" of that delivery
---   KEYS[4] S:q:{Q}:d     ZSET    delayed messages: member "<ms:013>-<seq:010>" (the padded
+--   KEYS[2] S:q:{Q}:d     ZSET    delayed messages: member "<ms:013>-<seq:010>" (the padded
 --                                 id of the entry in :ds) -> due time (server time, ms)
---   KEYS[5] S:q:{Q}:ds    STREAM  the delayed messages' fields
---   KEYS[6] S:q:{Q}:dead  STREAM  dead letters, oldest first
---   KEYS[7] S:q:{Q}:m     HASH    call id -> the result of a call that changed something
---   KEYS[8] S:q:{Q}:mx    ZSET    call id -> when its result may be forgotten (server ms)
+--   KEYS[3] S:q:{Q}:ds    STREAM  the delayed messages' fields
+--   KEYS[4] S:q:{Q}:m     HASH    call id -> the result of a call that changed something
+--   KEYS[5] S:q:{Q}:mx    ZSET    call id -> when its result may be forgotten (server ms)
+--   KEYS[6] S:q:{Q}:f     ZSET    entry id of each delivery in flight -> its visibility
+--                                 deadline (server time, ms)
+--   KEYS[7] S:q:{Q}:o     HASH    entry id -> "<delivery>:<consumer>" of that delivery
+--   KEYS[8] S:q:{Q}:dead  STREAM  dead letters, oldest first
 --
 -- Message fields (the same in :s, :ds and :dead): i the message id, b the body, h the headers
 -- (JSON, written and read by the client), n deliveries before this entry (0 when published,
@@ -35,7 +36,7 @@
 -- Numbers are written with string.format('%d'): Lua's own number-to-string conversion would
 -- print large integers in exponent notation.
 
-local S, F, O, D, DS, DEAD, M, MX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+local S, D, DS, M, MX, F, O, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   KEYS[7], KEYS[8]
 local GROUP, GROUP_CONSUMER = 'jobfence', 'jobfence'
 local MEMO_MS = 60000
