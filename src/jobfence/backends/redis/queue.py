@@ -3,7 +3,7 @@
 """``redis://`` / ``rediss://`` -- the Redis queue backend, on Redis Streams
 (``queue_async.py``; ``queue.py`` is generated from it).
 
-Every verb is ONE Lua script (``lua/queue_*.lua`` after ``lua/queue_lib.lua``, loaded as each
+Every verb is ONE Lua script (``lua/queue_*.lua`` after ``lua/queue_lib*.lua``, loaded as each
 connection opens, run by ``EVALSHA``): one round trip, atomic on the server, owner-checked
 there, timed by the server's clock (``TIME``). Only a waiting :meth:`receive` adds a command:
 between two runs of its script it blocks in ``XREAD BLOCK`` on the stream, which returns as
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,6 +107,9 @@ _SCRIPTS = (
     "requeue",
     "purge",
 )
+#: the Lua helpers prepended to a script; those of :data:`_NO_DELIVERY_LIB` need the first only
+_LIBS = ("queue_lib.lua", "queue_lib_delivery.lua")
+_NO_DELIVERY_LIB = ("publish", "purge", "stats")
 #: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua);
 #: the publish script gets the first :data:`_PUBLISH_KEYS` only, the keys it touches
 _KEY_SUFFIXES = ("s", "d", "ds", "m", "mx", "f", "o", "dead")
@@ -114,8 +117,10 @@ _PUBLISH_KEYS = 5
 
 
 def _script(name: str) -> str:
-    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua``."""
-    return load_lua(_PACKAGE, "queue_lib.lua", f"queue_{name}.lua")
+    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua`` and, unless it is one of
+    :data:`_NO_DELIVERY_LIB`, ``lua/queue_lib_delivery.lua``."""
+    libs = ("queue_lib.lua",) if name in _NO_DELIVERY_LIB else _LIBS
+    return load_lua(_PACKAGE, *libs, f"queue_{name}.lua")
 
 
 def _ms(seconds: float) -> int:
@@ -125,7 +130,7 @@ def _ms(seconds: float) -> int:
 
 def _call_id() -> str:
     """A random id for one script call: a re-send of the call carries the same id."""
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 def _text(value: Any) -> str:

@@ -1,5 +1,6 @@
 -- jobfence Redis queue backend: helpers shared by every queue_*.lua script (this file is
--- prepended to each when the backend loads it).
+-- prepended to each when the backend loads it; queue_lib_delivery.lua, after it, to those
+-- that read or finish deliveries).
 --
 -- Keys of queue Q in namespace S; Q sits between literal braces, so every key of one queue
 -- shares a Redis Cluster hash tag. Every script receives all of them, in this order, but the
@@ -84,47 +85,6 @@ local function remember(call, value, now)
   forget_expired(now)
   redis.call('HSET', M, call, value)
   redis.call('ZADD', MX, int(now + MEMO_MS), call)
-end
-
--- The entry id and delivery number of a receipt "<entry id>:<delivery>", or nil.
-local function parse_receipt(receipt)
-  return string.match(receipt, '^(%d+%-%d+):(%d+)$')
-end
-
--- The entry id of a receipt if that delivery is still consumer's, else nil.
-local function owned(receipt, consumer)
-  local id, delivery = parse_receipt(receipt)
-  if not id or redis.call('HGET', O, id) ~= delivery .. ':' .. consumer then
-    return nil, nil
-  end
-  return id, delivery
-end
-
--- A field list {k1, v1, k2, v2, ...} as a table.
-local function field_map(fields)
-  local out = {}
-  for j = 1, #fields, 2 do
-    out[fields[j]] = fields[j + 1]
-  end
-  return out
-end
-
--- The fields of stream entry id, as a table, or nil if it is gone.
-local function entry_fields(id)
-  local found = redis.call('XRANGE', S, id, id)
-  if #found == 0 then
-    return nil
-  end
-  return field_map(found[1][2])
-end
-
--- The delivery of entry id ends: it leaves the group's pending list, the stream (so the
--- stream holds only live messages) and the in-flight records.
-local function finish(id)
-  redis.call('XACK', S, GROUP, id)
-  redis.call('XDEL', S, id)
-  redis.call('ZREM', F, id)
-  redis.call('HDEL', O, id)
 end
 
 -- Append a message to the ready stream (now) or the delayed ones (delay_ms > 0). The
