@@ -34,6 +34,7 @@ from jobfence.backends.redis import queue as sync_queue_module
 from jobfence.backends.redis import queue_async as async_queue_module
 from jobfence.backends.redis.queue import RedisQueueBackend
 from jobfence.errors import ConfigurationError
+from tests.reliability._redis_server import RedisServer
 from tests.servers import REDIS_URL
 
 pytestmark = pytest.mark.timeout(60)
@@ -867,3 +868,74 @@ def test_one_publish_in_16_forgets_expired_call_records(
     assert set(raw.zrange(mx_key, 0, -1)) == {b"aaaa0001", b"aaaa0010"}
     assert raw.hlen(m_key) == 0
     assert _counts(q) == (2, 0, 0, 0)
+
+
+def test_a_publish_after_the_script_cache_was_flushed_loads_its_script_again(
+    flavour: str,
+) -> None:
+    """The publish script is sent by its digest, packed once with the queue's keys on the
+    asyncio client: a server that lost its scripts (``SCRIPT FLUSH``, here on a server of
+    this test's own) answers ``NOSCRIPT``, and the publish loads the script and runs it."""
+    with RedisServer() as server:
+        loop = LoopThread() if flavour == "async" else None
+        backend = open_queue_backend(server.url, "flushed", asynchronous=loop is not None)
+        q = backend if loop is None else AsyncView(backend, loop)
+        try:
+            q.publish(_messages("a"))
+            admin = redis.Redis.from_url(server.url)
+            admin.script_flush()
+            q.publish(_messages("b"))
+            q.publish(_messages("c"))
+            assert [m.id for m in q.receive("c", 10, 30, 0)] == ["a", "b", "c"]
+            admin.close()
+        finally:
+            q.close()
+            if loop is not None:
+                loop.stop()
+
+
+class AsyncReplyLosingConnection(redis.asyncio.Connection):
+    """The asyncio twin of :class:`ReplyLosingConnection` (the same marker and count)."""
+
+    _pending = False
+
+    async def send_command(self, *args: Any, **kwargs: Any) -> None:
+        armed = ReplyLosingConnection.armed
+        self._pending = armed is not None and any(
+            armed in (a if isinstance(a, bytes) else str(a).encode()) for a in args
+        )
+        await super().send_command(*args, **kwargs)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = await super().read_response(*args, **kwargs)
+        if self._pending and ReplyLosingConnection.armed is not None:
+            ReplyLosingConnection.armed = None
+            ReplyLosingConnection.fired += 1
+            await self.disconnect()
+            raise redis.ConnectionError("injected: the reply was lost on the way back")
+        return response
+
+
+def test_an_async_publish_resent_after_a_lost_reply_publishes_once() -> None:
+    """The asyncio client sends the publish script with its digest and keys packed once;
+    redis-py's re-send after a lost reply sends the same call, which publishes nothing."""
+    loop = LoopThread()
+    backend = open_queue_backend(
+        REDIS_URL,
+        "t" + uuid.uuid4().hex[:16],
+        asynchronous=True,
+        connection_class=AsyncReplyLosingConnection,
+    )
+    q = AsyncView(backend, loop)
+    try:
+        fired = _lose_next_reply_of("async-publish")
+        q.publish(_messages("async-publish", "second"))
+        assert ReplyLosingConnection.fired == fired + 1
+        assert _counts(q) == (2, 0, 0, 0)
+        assert [m.id for m in q.receive("c", 10, 30, 0)] == ["async-publish", "second"]
+    finally:
+        try:
+            q.drop()
+        finally:
+            q.close()
+            loop.stop()

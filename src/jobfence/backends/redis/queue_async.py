@@ -198,12 +198,13 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
                 scripts=list(scripts.values()),
             )
         self._run = {name: self._client.register_script(text) for name, text in scripts.items()}
-        #: the publish script without the per-call work of redis-py's Script wrapper
-        self._publish = AsyncLuaScript(self._client, scripts["publish"])
         prefix = key_layout.queue_prefix(self.namespace, self.name)
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
-        #: the publish script's keys, encoded once (it sends them on every call)
-        self._publish_keys = [key.encode("utf-8") for key in self._keys[:_PUBLISH_KEYS]]
+        #: the publish script on its keys, without the per-call work of redis-py's Script
+        #: wrapper (its keys encoded, or packed, once)
+        self._publish = AsyncLuaScript(self._client, scripts["publish"]).with_keys(
+            self._keys[:_PUBLISH_KEYS]
+        )
         self._stream = self._keys[0]
         self._dead = self._keys[_KEY_SUFFIXES.index("dead")]
         timeout = client_socket_timeout(self._client)
@@ -230,7 +231,7 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
                 body,
                 json.dumps(headers, separators=(",", ":")) if headers else b"{}",
             ]
-        await self._publish(self._publish_keys, args)
+        await self._publish(args)
 
     # -- receiving ----------------------------------------------------------------------
     async def receive(
