@@ -3,8 +3,8 @@
 -- that read or finish deliveries).
 --
 -- Keys of queue Q in namespace S; Q sits between literal braces, so every key of one queue
--- shares a Redis Cluster hash tag. Every script receives all of them, in this order, but the
--- publish script, which touches the first five only and receives those:
+-- shares a Redis Cluster hash tag. Every script receives them in this order: all eight, or
+-- the first five for the publish script (the only keys it touches):
 --
 --   KEYS[1] S:q:{Q}:s     STREAM  ready and in-flight messages (consumer group "jobfence")
 --   KEYS[2] S:q:{Q}:d     ZSET    delayed messages: member "<ms:013>-<seq:010>" (the padded
