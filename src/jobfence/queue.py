@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from . import telemetry
 from ._core import forks
 from ._core.clock import get_clock
-from ._core.hooks import hook
+from ._core.hooks import get_hook, hook
 from ._core.inbox_support import Serializer, check_serializer
 from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
@@ -90,6 +90,16 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             )
         out[name] = value
     return out
+
+
+#: uuid4's version (4) and variant (RFC 4122) bits, and the mask of the bits they replace
+_UUID4_BITS = (0x4000 << 64) | (0x8000 << 48)
+_UUID4_MASK = ((1 << 128) - 1) ^ ((0xF000 << 64) | (0xC000 << 48))
+
+
+def _new_id() -> str:
+    """A new random message id: ``uuid.uuid4().hex`` without building a ``UUID``."""
+    return f"{int.from_bytes(os.urandom(16), 'big') & _UUID4_MASK | _UUID4_BITS:032x}"
 
 
 def _check_delay(delay: object, argument: str = "delay") -> float:
@@ -443,7 +453,8 @@ class Queue:
         errors -- and faults a hook injects, which stand for them -- in BackendError."""
         self._check_open()
         try:
-            announce()
+            if get_hook() is not None:  # its keywords are built only when a hook listens
+                announce()
             return fn(*args)
         except JobfenceError:
             raise
@@ -526,11 +537,11 @@ class Queue:
         serialised (JSON by default); ``delay`` seconds before it may be delivered. The same
         id published twice is delivered twice: ids make redeliveries recognisable, they do
         not deduplicate publishing."""
-        return (
-            self.publish_many(
-                [body], ids=None if id is None else [id], headers=headers, delay=delay
-            )
-        )[0]
+        message_id = _new_id() if id is None else check_name(id, argument="id")
+        head = _check_headers(headers)
+        delay = _check_delay(delay)
+        self._publish_encoded([(message_id, self._encode(body), head)], delay)
+        return message_id
 
     def publish_many(
         self,
@@ -545,7 +556,7 @@ class Queue:
         message."""
         bodies = list(bodies)
         if ids is None:
-            id_list = [uuid.uuid4().hex for _ in bodies]
+            id_list = [_new_id() for _ in bodies]
         else:
             id_list = [check_name(i, argument="id") for i in ids]
             if len(id_list) != len(bodies):

@@ -34,6 +34,7 @@ from jobfence.backends.redis import queue as sync_queue_module
 from jobfence.backends.redis import queue_async as async_queue_module
 from jobfence.backends.redis.queue import RedisQueueBackend
 from jobfence.errors import ConfigurationError
+from tests.reliability._redis_server import RedisServer
 from tests.servers import REDIS_URL
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,6 +162,12 @@ def _counts(q: Any) -> tuple[int | None, ...]:
     return (s.ready, s.delayed, s.in_flight, s.dead)
 
 
+def _key(q: Any, suffix: str) -> str:
+    """The key of queue backend ``q`` ending in ``:<suffix>``."""
+    [key] = [k for k in q.keys if k.endswith(f":{suffix}")]
+    return key
+
+
 def _wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -199,7 +206,7 @@ def test_a_published_message_is_received_once_and_acked_away(make: Make, raw: re
     assert q.ack(m.receipt, "c1") is False  # a second ack: the delivery is finished
     assert _counts(q) == (0, 0, 0, 0)
     # acked entries leave the stream and every in-flight record: nothing piles up
-    stream, in_flight, owners = q.keys[:3]
+    stream, in_flight, owners = _key(q, "s"), _key(q, "f"), _key(q, "o")
     assert raw.xlen(stream) == 0 and raw.zcard(in_flight) == 0 and raw.hlen(owners) == 0
     assert raw.xpending(stream, "jobfence")["pending"] == 0
     assert q.ack("not-a-receipt", "c1") is False
@@ -802,3 +809,133 @@ def test_resent_scripts_after_a_lost_reply_answer_the_same_and_change_nothing_ag
     fired = _lose_next_reply_of(q.name)
     assert q.purge() == 2
     assert ReplyLosingConnection.fired == fired + 1
+
+
+def _fixed_call_ids(monkeypatch: pytest.MonkeyPatch, *ids: str) -> None:
+    """The next script calls of both flavours carry ``ids``, in order."""
+    given = iter(ids)
+    for module in (sync_queue_module, async_queue_module):
+        monkeypatch.setattr(module, "_call_id", lambda: next(given))
+
+
+def test_a_publish_records_its_call_id_in_mx_alone_and_its_resend_publishes_nothing(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish's answer (how many messages) follows from its arguments, so its call is
+    recorded by one ``ZADD NX`` in ``:mx``, with no result in ``:m``; a re-send (the same
+    call id and messages) finds it and publishes nothing."""
+    q = make()
+    _fixed_call_ids(monkeypatch, "c0ffee01", "c0ffee01")
+    q.publish(_messages("a", "b"))
+    q.publish(_messages("a", "b"))  # the re-send
+    assert _counts(q) == (2, 0, 0, 0)
+    m_key, mx_key = _key(q, "m"), _key(q, "mx")
+    assert raw.hlen(m_key) == 0
+    expires = raw.zscore(mx_key, "c0ffee01")
+    assert expires is not None and expires > int(raw.time()[0]) * 1000
+
+
+def test_a_publish_that_fails_is_not_recorded_so_its_resend_publishes(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call is recorded before its messages are appended: a call that then fails (here
+    the stream key holds a string) takes its record back, and a re-send runs it again."""
+    q = make()
+    _fixed_call_ids(monkeypatch, "bad00001", "bad00001")
+    raw.set(_key(q, "s"), "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        q.publish(_messages("a"))
+    assert raw.zscore(_key(q, "mx"), "bad00001") is None
+    raw.delete(_key(q, "s"))
+    q.publish(_messages("a"))
+    assert _counts(q) == (1, 0, 0, 0)
+
+
+def test_one_publish_in_16_forgets_expired_call_records(
+    make: Make, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishes whose call id ends in ``0`` (one in 16 random ids) forget expired records
+    of ``:m`` and ``:mx``; the others leave them to those (a publish adds one record, a
+    forgetting publish removes up to 64)."""
+    q = make()
+    m_key, mx_key = _key(q, "m"), _key(q, "mx")
+    raw.zadd(mx_key, {"old-1": 1, "old-2": 2})
+    raw.hset(m_key, mapping={"old-1": "1", "old-2": "1"})
+    _fixed_call_ids(monkeypatch, "aaaa0001", "aaaa0010")
+    q.publish(_messages("a"))
+    assert raw.zcard(mx_key) == 3 and raw.hlen(m_key) == 2
+    q.publish(_messages("b"))
+    assert set(raw.zrange(mx_key, 0, -1)) == {b"aaaa0001", b"aaaa0010"}
+    assert raw.hlen(m_key) == 0
+    assert _counts(q) == (2, 0, 0, 0)
+
+
+def test_a_publish_after_the_script_cache_was_flushed_loads_its_script_again(
+    flavour: str,
+) -> None:
+    """The publish script is sent by its digest, packed once with the queue's keys on the
+    asyncio client: a server that lost its scripts (``SCRIPT FLUSH``, here on a server of
+    this test's own) answers ``NOSCRIPT``, and the publish loads the script and runs it."""
+    with RedisServer() as server:
+        loop = LoopThread() if flavour == "async" else None
+        backend = open_queue_backend(server.url, "flushed", asynchronous=loop is not None)
+        q = backend if loop is None else AsyncView(backend, loop)
+        try:
+            q.publish(_messages("a"))
+            admin = redis.Redis.from_url(server.url)
+            admin.script_flush()
+            q.publish(_messages("b"))
+            q.publish(_messages("c"))
+            assert [m.id for m in q.receive("c", 10, 30, 0)] == ["a", "b", "c"]
+            admin.close()
+        finally:
+            q.close()
+            if loop is not None:
+                loop.stop()
+
+
+class AsyncReplyLosingConnection(redis.asyncio.Connection):
+    """The asyncio twin of :class:`ReplyLosingConnection` (the same marker and count)."""
+
+    _pending = False
+
+    async def send_command(self, *args: Any, **kwargs: Any) -> None:
+        armed = ReplyLosingConnection.armed
+        self._pending = armed is not None and any(
+            armed in (a if isinstance(a, bytes) else str(a).encode()) for a in args
+        )
+        await super().send_command(*args, **kwargs)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = await super().read_response(*args, **kwargs)
+        if self._pending and ReplyLosingConnection.armed is not None:
+            ReplyLosingConnection.armed = None
+            ReplyLosingConnection.fired += 1
+            await self.disconnect()
+            raise redis.ConnectionError("injected: the reply was lost on the way back")
+        return response
+
+
+def test_an_async_publish_resent_after_a_lost_reply_publishes_once() -> None:
+    """The asyncio client sends the publish script with its digest and keys packed once;
+    redis-py's re-send after a lost reply sends the same call, which publishes nothing."""
+    loop = LoopThread()
+    backend = open_queue_backend(
+        REDIS_URL,
+        "t" + uuid.uuid4().hex[:16],
+        asynchronous=True,
+        connection_class=AsyncReplyLosingConnection,
+    )
+    q = AsyncView(backend, loop)
+    try:
+        fired = _lose_next_reply_of("async-publish")
+        q.publish(_messages("async-publish", "second"))
+        assert ReplyLosingConnection.fired == fired + 1
+        assert _counts(q) == (2, 0, 0, 0)
+        assert [m.id for m in q.receive("c", 10, 30, 0)] == ["async-publish", "second"]
+    finally:
+        try:
+            q.drop()
+        finally:
+            q.close()
+            loop.stop()

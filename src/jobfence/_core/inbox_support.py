@@ -48,8 +48,11 @@ class Serializer(Protocol):
 class JSONSerializer:
     """The default: compact JSON, UTF-8."""
 
+    #: what ``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` makes per call
+    _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
     def dumps(self, obj: Any, /) -> bytes:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return self._encoder.encode(obj).encode("utf-8")
 
     def loads(self, data: bytes, /) -> Any:
         return json.loads(data)

@@ -216,6 +216,17 @@ class LuaScript:
             self.sha = self.client.script_load(self.source)
             return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
+    def with_keys(self, keys: Sequence[str]) -> Callable[[Sequence[Any]], Any]:
+        """The script as a call of ``args`` alone, on ``keys`` always (a queue's): the keys
+        encoded once and, on the asyncio client of a client :func:`connect_redis` opened, the
+        digest, the number of keys and the keys packed once for every call."""
+        encoded = [key.encode("utf-8") for key in keys]
+
+        def plain(args: Sequence[Any]) -> Any:
+            return self(encoded, args)
+
+        return plain
+
     def replicated(
         self, keys: Sequence[Any], args: Sequence[Any], wait: ReplicaWait
     ) -> tuple[Any, int]:

@@ -300,6 +300,42 @@ if ASYNC:
                 await self._jf_timed_out("")
             return response
 
+        def pack_command(self, *args: Any) -> list[bytes]:
+            """redis-py's packing, but for a command whose second argument is
+            :class:`PackedArgs` (arguments packed once, sent as they are)."""
+            if len(args) < 2 or type(args[1]) is not PackedArgs:
+                return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+            head: PackedArgs = args[1]
+            name = args[0].encode() if isinstance(args[0], str) else args[0]
+            encode = self.encoder.encode  # type: ignore[attr-defined]
+            parts = [b"*%d\r\n$%d\r\n%b\r\n" % (len(args) + head.args - 1, len(name), name)]
+            parts.append(head)
+            for arg in map(encode, args[2:]):
+                parts += (b"$%d\r\n" % len(arg), bytes(arg), b"\r\n")
+            return [b"".join(parts)]
+
+    class PackedArgs(bytes):
+        """``args`` arguments of a command packed once (their RESP bulk strings), for a
+        connection of a client :func:`connect_redis` opened (:func:`packs_args`), which sends
+        them as they are. A script run many times with the same keys packs its digest, the
+        number of keys and the keys once (:meth:`AsyncLuaScript.with_keys`)."""
+
+        #: how many arguments these are
+        args: int
+
+        @classmethod
+        def of(cls, args: Sequence[bytes]) -> PackedArgs:
+            packed = cls(b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args))
+            packed.args = len(args)
+            return packed
+
+    def packs_args(client: Any) -> bool:
+        """Whether the connections of ``client`` send :class:`PackedArgs` as they are
+        (a client :func:`connect_redis` opened; never a Cluster client's)."""
+        pool = getattr(client, "connection_pool", None)
+        cls = getattr(pool, "connection_class", None)
+        return isinstance(cls, type) and issubclass(cls, _Watched) and not is_cluster(client)
+
     @functools.cache
     def _watched(cls: type) -> type:
         """``cls`` (a redis-py connection class) with :class:`_Watched` mixed in."""
@@ -344,6 +380,32 @@ class AsyncLuaScript:
         except NoScriptError:
             self.sha = await self.client.script_load(self.source)
             return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def with_keys(self, keys: Sequence[str]) -> Callable[[Sequence[Any]], Awaitable[Any]]:
+        """The script as a call of ``args`` alone, on ``keys`` always (a queue's): the keys
+        encoded once and, on the asyncio client of a client :func:`connect_redis` opened, the
+        digest, the number of keys and the keys packed once for every call."""
+        encoded = [key.encode("utf-8") for key in keys]
+        if ASYNC:  # noqa: SIM102 - the sync twin drops this block whole
+            if packs_args(self.client):
+                sha = self.sha
+                head = PackedArgs.of([sha.encode(), b"%d" % len(encoded), *encoded])
+
+                async def packed(args: Sequence[Any]) -> Any:
+                    if self.sha != sha:  # reloaded under another digest: the plain call
+                        return await self(encoded, args)
+                    try:
+                        return await self.client.execute_command("EVALSHA", head, *args)
+                    except NoScriptError:
+                        self.sha = await self.client.script_load(self.source)
+                        return await self(encoded, args)
+
+                return packed
+
+        async def plain(args: Sequence[Any]) -> Any:
+            return await self(encoded, args)
+
+        return plain
 
     async def replicated(
         self, keys: Sequence[Any], args: Sequence[Any], wait: ReplicaWait

@@ -1,7 +1,7 @@
 """``redis://`` / ``rediss://`` -- the Redis queue backend, on Redis Streams
 (``queue_async.py``; ``queue.py`` is generated from it).
 
-Every verb is ONE Lua script (``lua/queue_*.lua`` after ``lua/queue_lib.lua``, loaded as each
+Every verb is ONE Lua script (``lua/queue_*.lua`` after ``lua/queue_lib*.lua``, loaded as each
 connection opens, run by ``EVALSHA``): one round trip, atomic on the server, owner-checked
 there, timed by the server's clock (``TIME``). Only a waiting :meth:`receive` adds a command:
 between two runs of its script it blocks in ``XREAD BLOCK`` on the stream, which returns as
@@ -22,7 +22,8 @@ by ``keys.py``, which percent-encodes a namespace holding a brace and marks the 
 ``S:q:{Q}:ds``     STREAM   the delayed messages' fields
 ``S:q:{Q}:dead``   STREAM   dead letters, oldest first
 ``S:q:{Q}:m``      HASH     call id -> result of a recent call (re-sent calls)
-``S:q:{Q}:mx``     ZSET     call id -> when its result is forgotten (60 s)
+``S:q:{Q}:mx``     ZSET     call id -> when its result is forgotten (60 s); a publish's
+                            call id is here alone (its result follows from its arguments)
 =================  =======  ========================================================
 
 A receipt is ``"<stream entry id>:<delivery>"``: unique per delivery, since a redelivery
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,7 @@ from ..base import (
 from . import NAMESPACE_LIMIT
 from . import keys as key_layout
 from .client_async import (
+    AsyncLuaScript,
     adopt_redis,
     client_socket_timeout,
     connect_redis,
@@ -103,13 +105,20 @@ _SCRIPTS = (
     "requeue",
     "purge",
 )
-#: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua)
-_KEY_SUFFIXES = ("s", "f", "o", "d", "ds", "dead", "m", "mx")
+#: the Lua helpers prepended to a script; those of :data:`_NO_DELIVERY_LIB` need the first only
+_LIBS = ("queue_lib.lua", "queue_lib_delivery.lua")
+_NO_DELIVERY_LIB = ("publish", "purge", "stats")
+#: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua);
+#: the publish script gets the first :data:`_PUBLISH_KEYS` only, the keys it touches
+_KEY_SUFFIXES = ("s", "d", "ds", "m", "mx", "f", "o", "dead")
+_PUBLISH_KEYS = 5
 
 
 def _script(name: str) -> str:
-    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua``."""
-    return load_lua(_PACKAGE, "queue_lib.lua", f"queue_{name}.lua")
+    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua`` and, unless it is one of
+    :data:`_NO_DELIVERY_LIB`, ``lua/queue_lib_delivery.lua``."""
+    libs = ("queue_lib.lua",) if name in _NO_DELIVERY_LIB else _LIBS
+    return load_lua(_PACKAGE, *libs, f"queue_{name}.lua")
 
 
 def _ms(seconds: float) -> int:
@@ -119,7 +128,7 @@ def _ms(seconds: float) -> int:
 
 def _call_id() -> str:
     """A random id for one script call: a re-send of the call carries the same id."""
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 def _text(value: Any) -> str:
@@ -191,7 +200,13 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
         self._run = {name: self._client.register_script(text) for name, text in scripts.items()}
         prefix = key_layout.queue_prefix(self.namespace, self.name)
         self._keys = [prefix + suffix for suffix in _KEY_SUFFIXES]
+        #: the publish script on its keys, without the per-call work of redis-py's Script
+        #: wrapper (its keys encoded, or packed, once)
+        self._publish = AsyncLuaScript(self._client, scripts["publish"]).with_keys(
+            self._keys[:_PUBLISH_KEYS]
+        )
         self._stream = self._keys[0]
+        self._dead = self._keys[_KEY_SUFFIXES.index("dead")]
         timeout = client_socket_timeout(self._client)
         self._block_cap: float | None = None if not timeout else float(timeout) * _BLOCK_SHARE
 
@@ -214,9 +229,9 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
             args += [
                 message_id,
                 body,
-                json.dumps(headers, separators=(",", ":")) if headers else "{}",
+                json.dumps(headers, separators=(",", ":")) if headers else b"{}",
             ]
-        await self._run["publish"](self._keys, args)
+        await self._publish(args)
 
     # -- receiving ----------------------------------------------------------------------
     async def receive(
@@ -309,7 +324,7 @@ class AsyncRedisQueueBackend(AsyncQueueBackend):
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         if limit <= 0:
             return []
-        entries: Any = await self._client.xrange(self._keys[5], "-", "+", count=limit)
+        entries: Any = await self._client.xrange(self._dead, "-", "+", count=limit)
         out = []
         for _, raw in entries or ():
             fields = {_text(k): v for k, v in raw.items()}

@@ -1,19 +1,21 @@
 -- jobfence Redis queue backend: helpers shared by every queue_*.lua script (this file is
--- prepended to each when the backend loads it).
+-- prepended to each when the backend loads it; queue_lib_delivery.lua, after it, to those
+-- that read or finish deliveries).
 --
 -- Keys of queue Q in namespace S; Q sits between literal braces, so every key of one queue
--- shares a Redis Cluster hash tag. Every script receives all of them, in this order:
+-- shares a Redis Cluster hash tag. Every script receives them in this order: all eight, or
+-- the first five for the publish script (the only keys it touches):
 --
 --   KEYS[1] S:q:{Q}:s     STREAM  ready and in-flight messages (consumer group "jobfence")
---   KEYS[2] S:q:{Q}:f     ZSET    entry id of each delivery in flight -> its visibility
---                                 deadline (server time, ms)
---   KEYS[3] S:q:{Q}:o     HASH    entry id -> "<delivery>:<consumer>" of that delivery
---   KEYS[4] S:q:{Q}:d     ZSET    delayed messages: member "<ms:013>-<seq:010>" (the padded
+--   KEYS[2] S:q:{Q}:d     ZSET    delayed messages: member "<ms:013>-<seq:010>" (the padded
 --                                 id of the entry in :ds) -> due time (server time, ms)
---   KEYS[5] S:q:{Q}:ds    STREAM  the delayed messages' fields
---   KEYS[6] S:q:{Q}:dead  STREAM  dead letters, oldest first
---   KEYS[7] S:q:{Q}:m     HASH    call id -> the result of a call that changed something
---   KEYS[8] S:q:{Q}:mx    ZSET    call id -> when its result may be forgotten (server ms)
+--   KEYS[3] S:q:{Q}:ds    STREAM  the delayed messages' fields
+--   KEYS[4] S:q:{Q}:m     HASH    call id -> the result of a call that changed something
+--   KEYS[5] S:q:{Q}:mx    ZSET    call id -> when its result may be forgotten (server ms)
+--   KEYS[6] S:q:{Q}:f     ZSET    entry id of each delivery in flight -> its visibility
+--                                 deadline (server time, ms)
+--   KEYS[7] S:q:{Q}:o     HASH    entry id -> "<delivery>:<consumer>" of that delivery
+--   KEYS[8] S:q:{Q}:dead  STREAM  dead letters, oldest first
 --
 -- Message fields (the same in :s, :ds and :dead): i the message id, b the body, h the headers
 -- (JSON, written and read by the client), n deliveries before this entry (0 when published,
@@ -27,12 +29,15 @@
 -- came, and the first send may have run. Every script that changes something takes a call id
 -- (ARGV[1], random per call) and records its result in :m for MEMO_MS; a re-send finds it
 -- there and answers the same without doing anything again (no message published twice, no
--- ack answered False because the first send did ack).
+-- ack answered False because the first send did ack). A publish records its call id in :mx
+-- alone: its answer (the number of messages) follows from its arguments, which a re-send
+-- repeats, so the record's presence is all a re-send needs. Expired records are forgotten
+-- MEMO_TRIM at a time by every call that remembers one in :m, and by one publish in 16.
 --
 -- Numbers are written with string.format('%d'): Lua's own number-to-string conversion would
 -- print large integers in exponent notation.
 
-local S, F, O, D, DS, DEAD, M, MX = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+local S, D, DS, M, MX, F, O, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   KEYS[7], KEYS[8]
 local GROUP, GROUP_CONSUMER = 'jobfence', 'jobfence'
 local MEMO_MS = 60000
@@ -65,56 +70,21 @@ local function recall(call)
   return nil
 end
 
--- Record value (a string) as the result of call id, and forget a few expired records.
-local function remember(call, value, now)
+-- Forget up to MEMO_TRIM records whose time is over (a publish's record has no :m field: its
+-- HDEL finds nothing).
+local function forget_expired(now)
   local old = redis.call('ZRANGEBYSCORE', MX, '-inf', int(now), 'LIMIT', 0, MEMO_TRIM)
   if #old > 0 then
     redis.call('HDEL', M, unpack(old))
     redis.call('ZREM', MX, unpack(old))
   end
+end
+
+-- Record value (a string) as the result of call id, and forget a few expired records.
+local function remember(call, value, now)
+  forget_expired(now)
   redis.call('HSET', M, call, value)
   redis.call('ZADD', MX, int(now + MEMO_MS), call)
-end
-
--- The entry id and delivery number of a receipt "<entry id>:<delivery>", or nil.
-local function parse_receipt(receipt)
-  return string.match(receipt, '^(%d+%-%d+):(%d+)$')
-end
-
--- The entry id of a receipt if that delivery is still consumer's, else nil.
-local function owned(receipt, consumer)
-  local id, delivery = parse_receipt(receipt)
-  if not id or redis.call('HGET', O, id) ~= delivery .. ':' .. consumer then
-    return nil, nil
-  end
-  return id, delivery
-end
-
--- A field list {k1, v1, k2, v2, ...} as a table.
-local function field_map(fields)
-  local out = {}
-  for j = 1, #fields, 2 do
-    out[fields[j]] = fields[j + 1]
-  end
-  return out
-end
-
--- The fields of stream entry id, as a table, or nil if it is gone.
-local function entry_fields(id)
-  local found = redis.call('XRANGE', S, id, id)
-  if #found == 0 then
-    return nil
-  end
-  return field_map(found[1][2])
-end
-
--- The delivery of entry id ends: it leaves the group's pending list, the stream (so the
--- stream holds only live messages) and the in-flight records.
-local function finish(id)
-  redis.call('XACK', S, GROUP, id)
-  redis.call('XDEL', S, id)
-  redis.call('ZREM', F, id)
-  redis.call('HDEL', O, id)
 end
 
 -- Append a message to the ready stream (now) or the delayed ones (delay_ms > 0). The

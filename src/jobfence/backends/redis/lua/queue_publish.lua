@@ -6,18 +6,34 @@
 --         message i, in publish order
 --
 -- Ready messages are appended to the stream (XADD wakes the consumers waiting on it); delayed
--- ones to the delayed stream, indexed by their due time in :d. Returns how many.
+-- ones to the delayed stream, indexed by their due time in :d. Returns how many. The call id
+-- is recorded in :mx only (see queue_lib.lua), before the messages are appended; a call that
+-- fails is not recorded.
 
 local call, delay = ARGV[1], tonumber(ARGV[2])
-local done = recall(call)
-if done then
-  return tonumber(done)
-end
+local count = (#ARGV - 2) / 3
 local now = now_ms()
-local count = 0
-for j = 3, #ARGV, 3 do
-  append(delay, now, ARGV[j], ARGV[j + 1], ARGV[j + 2], '0', int(now), false)
-  count = count + 1
+-- The call's record, added only if absent (one command): a re-send finds it and answers the
+-- same count without publishing again.
+if redis.call('ZADD', MX, 'NX', int(now + MEMO_MS), call) == 0 then
+  return count
 end
-remember(call, int(count), now)
+local ok, err = pcall(function()
+  for j = 3, #ARGV, 3 do
+    append(delay, now, ARGV[j], ARGV[j + 1], ARGV[j + 2], '0', int(now), false)
+  end
+end)
+if not ok then
+  -- a failed call leaves no record: a re-send runs it again
+  redis.call('ZREM', MX, call)
+  if type(err) == 'table' then
+    return err
+  end
+  return redis.error_reply(tostring(err))
+end
+-- Call ids are random hex: one publish in 16 (its id ends in '0') forgets up to MEMO_TRIM
+-- expired records, four per publish on average against the one each adds.
+if string.byte(call, -1) == 48 then
+  forget_expired(now)
+end
 return count
