@@ -19,7 +19,6 @@ import logging
 import os
 import socket
 import threading
-import uuid
 import warnings
 from collections.abc import Callable
 from datetime import datetime
@@ -91,7 +90,8 @@ _MISSING: Any = object()
 
 
 def _new_owner() -> str:
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex}"
+    # 128 random bits in hex, as a lease's owner id (``acquire.new_owner``): no UUID object
+    return f"{_HOST}:{os.getpid()}:{os.urandom(16).hex()}"
 
 
 def _text(value: Any) -> str | None:

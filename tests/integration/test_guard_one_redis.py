@@ -608,6 +608,34 @@ def test_fencing_tokens_increase_across_guarded_calls(
     assert [first.token, *tokens, last.token] == sorted({first.token, *tokens, last.token})
 
 
+def test_a_guarded_calls_token_is_above_the_server_clock_when_its_counter_is_lost(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], ns: str
+) -> None:
+    """The clock floor in the one script that takes the lease and the claim (it reads the
+    server's clock once for both): a counter lost meanwhile (a restart, an older snapshot)
+    never lets a token be handed out again, and the claim's times are the server's."""
+    locks, inbox = clients
+
+    @guarded(locks=locks, inbox=inbox, lock="res", key="job:{n}")
+    def job(n: int) -> int:
+        return current_lease().token  # type: ignore[no-any-return]
+
+    server = redis.Redis.from_url(REDIS_URL)
+    try:
+        high = job(0)
+        assert server.delete(locks.backend.lock_key("res") + ":tok") == 1
+        seconds, micros = server.time()
+        before = seconds * 1_000_000 + micros
+        token = job(1)
+        seconds, micros = server.time()
+        after = seconds * 1_000_000 + micros
+        assert before <= token <= after and token > high
+        claimed_ms = int(server.hget(inbox.backend._key("job:1"), "c"))
+        assert before // 1000 <= claimed_ms <= after // 1000
+    finally:
+        server.close()
+
+
 def test_the_hook_points_of_the_two_scripts_and_a_fault_at_each(
     clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
 ) -> None:

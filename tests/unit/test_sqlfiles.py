@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from importlib.resources import files
+from pathlib import Path
 
 import pytest
 
@@ -262,6 +263,50 @@ def test_lua_scripts_load_with_their_library_first() -> None:
     body = files(package).joinpath("lua/lock_acquire.lua").read_text(encoding="utf-8")
     assert load_lua(package, "lock_lib.lua", "lock_acquire.lua") == lib + "\n" + body
     assert load_lua(package, "inbox_claim.lua").startswith("--")
+
+
+def _lua_functions(script: str) -> list[str]:
+    return re.findall(r"^local function (\w+)\(", script, re.MULTILINE)
+
+
+def test_a_lua_script_gets_only_the_library_functions_it_calls() -> None:
+    """``needed_only``: the functions the script calls, and those they call, in the
+    libraries' order (each is defined before its callers); none it never runs."""
+    script = load_lua(
+        "jobfence.backends.redis",
+        "lock_lib.lua",
+        "inbox_lib.lua",
+        "guard_complete.lua",
+        needed_only=True,
+    )
+    names = _lua_functions(script)
+    assert {"release", "release_held", "hand_off", "split_lease", "store", "ms_of"} <= set(names)
+    assert not {"acquire", "claim", "complete", "tidy", "held_by", "clock_ms"} & set(names)
+    assert names.index("hand_off") < names.index("release_held") < names.index("release")
+    claim = load_lua(
+        "jobfence.backends.redis", "inbox_lib.lua", "inbox_claim.lua", needed_only=True
+    )
+    assert _lua_functions(claim) == ["clock_ms", "claim"]
+
+
+def test_a_lua_library_with_top_level_code_is_kept_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "jf_lua_fixture"
+    (package / "lua").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    lib = "local LIMIT = 3\n\nlocal function a()\n  return LIMIT\nend\n\nlocal function b()\nend\n"
+    (package / "lua" / "lib.lua").write_text(lib)
+    (package / "lua" / "shaken.lua").write_text("-- b() is not called\nlocal function c()\nend\n")
+    (package / "lua" / "main.lua").write_text("return a()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_lua("jf_lua_fixture", "lib.lua", "main.lua", needed_only=True) == (
+        lib + "\nreturn a()\n"
+    )
+    # a library of functions only gives what is called; a comment is not a call
+    assert (
+        _lua_functions(load_lua("jf_lua_fixture", "shaken.lua", "main.lua", needed_only=True)) == []
+    )
 
 
 def test_the_postgres_batch_claim_takes_keys_by_the_single_claims_rules() -> None:

@@ -306,7 +306,44 @@ def load_sql(
     )
 
 
+#: a library's function: from ``local function NAME(`` to the next ``end`` that starts a line
+_LUA_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end[ \t]*$", re.MULTILINE | re.DOTALL)
+#: a Lua line that is only a comment
+_LUA_COMMENT_LINE = re.compile(r"^[ \t]*--[^\n]*$", re.MULTILINE)
+
+
 @cache
-def load_lua(package: str, *filenames: str) -> str:
-    """The Lua files ``<package>/lua/<filename>``, joined in order (a library first)."""
-    return "\n".join(_read(package, f"lua/{name}") for name in filenames)
+def load_lua(package: str, *filenames: str, needed_only: bool = False) -> str:
+    """The Lua files ``<package>/lua/<filename>``, joined in order (libraries first, the
+    script last).
+
+    ``needed_only``: of the libraries' functions, only those the script calls, directly or
+    through another one, in the libraries' order. Every function of a library is defined
+    again by each call of a script (a closure made per run), so a script that defines only
+    what it uses costs the server less per call. A library with anything but functions and
+    comments at its top level is kept whole."""
+    texts = [_read(package, f"lua/{name}") for name in filenames]
+    if not needed_only:
+        return "\n".join(texts)
+    *libs, script = texts
+    # the libraries in order: a function (its name, its text), or a whole library (name None)
+    pieces: list[tuple[str | None, str]] = []
+    for lib in libs:
+        outside = _LUA_COMMENT_LINE.sub("", _LUA_FUNCTION.sub("", lib))
+        if outside.strip():
+            pieces.append((None, lib))  # top-level code besides functions: kept whole
+        else:
+            pieces.extend((m.group(1), m.group(0)) for m in _LUA_FUNCTION.finditer(lib))
+    wanted: set[str | None] = {None}
+    while True:
+        used = _LUA_COMMENT_LINE.sub(
+            "", "\n".join([script, *(text for name, text in pieces if name in wanted)])
+        )
+        more = {
+            name
+            for name, _ in pieces
+            if name not in wanted and re.search(rf"(?<![\w.:]){name}(?!\w)", used)
+        }
+        if not more:
+            return "\n".join([*(text for name, text in pieces if name in wanted), script])
+        wanted |= more

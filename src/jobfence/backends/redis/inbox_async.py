@@ -75,10 +75,10 @@ _PACKAGE = "jobfence.backends.redis"
 
 
 def _script(name: str, *, lock_lib: bool = False) -> str:
-    """The script ``lua/<name>.lua`` after ``lua/inbox_lib.lua`` (its shared functions), and
-    first ``lua/lock_lib.lua`` for a script that reads or takes a lease (``lock_lib``)."""
+    """The script ``lua/<name>.lua`` after the functions of ``lua/inbox_lib.lua`` it calls, and
+    first those of ``lua/lock_lib.lua`` for a script that reads or takes a lease (``lock_lib``)."""
     libs = ("lock_lib.lua", "inbox_lib.lua") if lock_lib else ("inbox_lib.lua",)
-    return load_lua(_PACKAGE, *libs, f"{name}.lua")
+    return load_lua(_PACKAGE, *libs, f"{name}.lua", needed_only=True)
 
 
 #: records read by one call of the info script while listing

@@ -126,9 +126,9 @@ _PACKAGE = "jobfence.backends.redis"
 
 
 def _script(name: str, *, with_lib: bool = True) -> str:
-    """A script of ``lua/``, after ``lock_lib.lua`` (its shared functions) unless not needed."""
+    """A script of ``lua/``, after the functions of ``lock_lib.lua`` it calls, if any."""
     if with_lib:
-        return load_lua(_PACKAGE, "lock_lib.lua", name)
+        return load_lua(_PACKAGE, "lock_lib.lua", name, needed_only=True)
     return load_lua(_PACKAGE, name)
 
 

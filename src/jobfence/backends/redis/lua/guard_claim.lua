@@ -16,8 +16,11 @@
 -- kept whatever the claim's state (a duplicate, or a claim in progress elsewhere: the caller
 -- releases it, as it releases any lease it took). {-1 - ms until the current lease expires}
 -- when the lease is not free: then nothing was claimed.
-local token = acquire(KEYS[1], ARGV[1], ARGV[2])
+--
+-- The server's clock is read once (TIME), for the lease's token and the claim's times.
+local t = redis.call('TIME')
+local token = acquire(KEYS[1], ARGV[1], ARGV[2], nil, nil, t)
 if token <= 0 then
   return {token}
 end
-return {token, claim(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), clock_ms(), tonumber(ARGV[3]))}
+return {token, claim(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), ms_of(t), tonumber(ARGV[3]))}

@@ -17,14 +17,24 @@
 -- A re-send after a lost reply finds the record completed by this very claim owner (only
 -- this script completes a claim of the guarded call): it answers 1 again, and its release
 -- answers as a re-sent release does (the marker), changing nothing.
+--
+-- Uncontended: HMGET of the record, MGET of the lease and its waiters flag, TIME, HSET and
+-- PEXPIRE of the record, DEL of the lease, SET of the release marker (each key read once:
+-- the owner checks of the completion and of the release use these two reads).
 local rec = redis.call('HMGET', KEYS[1], 's', 'o')
+local L = KEYS[2]
 if rec[1] == 'completed' and rec[2] == ARGV[2] then
-  release(KEYS[2], ARGV[4], false)
+  release(L, ARGV[4], false)
   return 1
 end
-if not held_by(KEYS[2], ARGV[4]) then
+local state = redis.call('MGET', L, L .. ':qf')
+if not state[1] or split_lease(state[1]) ~= ARGV[4] then
   return -1
 end
-local stored = complete(KEYS[1], ARGV[2], ARGV[3], clock_ms(), tonumber(ARGV[1]))
-release(KEYS[2], ARGV[4], false)
+local t = redis.call('TIME')
+local stored = 0
+if rec[2] == ARGV[2] then
+  stored = store(KEYS[1], ARGV[3], ms_of(t), tonumber(ARGV[1]))
+end
+release_held(L, ARGV[4], false, state[2], t)
 return stored

@@ -7,6 +7,8 @@
 -- (absent: none given), r result (serialised), e expiry in ms (in progress: the claim's
 -- deadline; completed: end of retention), c when the current attempt was claimed, in ms
 -- (absent in records written before jobfence recorded it). Time is Redis's clock.
+--
+-- As with lock_lib.lua, a script gets only the functions of this file it calls.
 
 -- The server's clock in milliseconds.
 local function clock_ms()
@@ -65,6 +67,14 @@ local function claim(key, owner, fp, ttl, now, retention)
   return {1, 'in_progress', owner, attempt, fp, false, exp}
 end
 
+-- The second half of complete(): store result as the record key's (its owner checked by the
+-- caller) at server time now; the record then expires after retention ms. Returns 1.
+local function store(key, result, now, retention)
+  redis.call('HSET', key, 's', 'completed', 'r', result, 'e', now + retention)
+  redis.call('PEXPIRE', key, retention)
+  return 1
+end
+
 -- Store result as the record key's, owner-checked, at server time now; the record then
 -- expires after retention ms. Returns 1 if stored, 0 if the claim is not owner's (taken
 -- over, released, expired away).
@@ -72,7 +82,5 @@ local function complete(key, owner, result, now, retention)
   if redis.call('HGET', key, 'o') ~= owner then
     return 0
   end
-  redis.call('HSET', key, 's', 'completed', 'r', result, 'e', now + retention)
-  redis.call('PEXPIRE', key, retention)
-  return 1
+  return store(key, result, now, retention)
 end

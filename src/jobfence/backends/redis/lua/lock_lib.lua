@@ -22,6 +22,11 @@
 --                          release of that owner still answers 1 (idempotent release)
 --
 -- Uncontended, an acquire runs MGET, TIME, SET, SET and a release MGET, DEL, SET.
+--
+-- Each script gets only the functions of this file that it calls (directly or through another
+-- one): the backends load it with load_lua(..., needed_only=True), which drops the rest, so a
+-- call does not define functions it never runs. A function is a block from a line
+-- "local function NAME(" to the next line "end" at the start of a line.
 -- Waiters queued by an earlier version (which sets no :qf) are not seen by these two
 -- paths: a newcomer may go first, and a release does not hand off to them; they take the
 -- lease by their own polling once it is free. A held lease is never taken over.
@@ -48,7 +53,8 @@ end
 -- expires max(10 * ttl, 1 day) after its last use, so counters of names no longer used do
 -- not pile up: a reseeded counter starts at the clock, above every earlier token.
 -- prev: the counter's value when the caller read it already (false: no counter), nil to read;
--- t: the script's TIME reply when it has one, nil to ask.
+-- t: the script's TIME reply when it has one, nil to ask. Returns the token, and as a decimal
+-- string.
 local function next_token(L, ttl_ms, prev, t)
   local tok = L .. ':tok'
   if prev == nil then
@@ -60,9 +66,9 @@ local function next_token(L, ttl_ms, prev, t)
   if prev and prev >= n then
     n = prev + 1
   end
-  redis.call('SET', tok, string.format('%d', n), 'PX',
-    string.format('%d', math.max(tonumber(ttl_ms) * 10, 86400000)))
-  return n
+  local s = string.format('%d', n)
+  redis.call('SET', tok, s, 'PX', string.format('%d', math.max(tonumber(ttl_ms) * 10, 86400000)))
+  return n, s
 end
 
 -- Owner and token of a lease value "<token>:<owner>" (the owner may contain ':');
@@ -78,8 +84,8 @@ end
 -- Give the lease L to owner for ttl_ms (a decimal string); return its token. prev, t: as for
 -- next_token.
 local function grant(L, owner, ttl_ms, prev, t)
-  local n = next_token(L, ttl_ms, prev, t)
-  redis.call('SET', L, string.format('%d', n) .. ':' .. owner, 'PX', ttl_ms)
+  local n, s = next_token(L, ttl_ms, prev, t)
+  redis.call('SET', L, s .. ':' .. owner, 'PX', ttl_ms)
   return n
 end
 
@@ -129,10 +135,11 @@ local function hand_off(L, t)
     return nil
   end
   dequeue(L, head)
-  local n = grant(L, head, ttl_ms, nil, t)
+  local n, s = next_token(L, ttl_ms, nil, t)
+  redis.call('SET', L, s .. ':' .. head, 'PX', ttl_ms)
   local wake = L .. ':w:' .. head
   redis.call('DEL', wake)
-  redis.call('LPUSH', wake, string.format('%d', n))
+  redis.call('LPUSH', wake, s)
   redis.call('PEXPIRE', wake, ttl_ms)
   return ttl_ms
 end
@@ -154,15 +161,18 @@ end
 -- Returns the fencing token (> 0) when owner holds the lease after the call, else
 -- -1 - (ms until the current lease expires), so the caller knows how long a wait may last.
 --
+-- t: the script's TIME reply when the caller has one (guard_claim.lua reads the clock once
+-- for the lease and the claim), nil to ask when needed.
+--
 -- Fast path (lease free, nobody queued): MGET of the lease, the counter and the waiters
 -- flag, TIME, SET PX of the lease and of the counter. Fairness: a free lease with a live
 -- queue goes to the queue's head, not to the caller (unless the caller is the head); a
 -- waiting caller joins the tail of the queue or refreshes its entry's deadline.
-local function acquire(L, owner, ttl_ms, wait_ms, slack_ms)
+local function acquire(L, owner, ttl_ms, wait_ms, slack_ms, t)
   local state = redis.call('MGET', L, L .. ':tok', L .. ':qf')
   local v = state[1]
   if not v and not state[3] then
-    return grant(L, owner, ttl_ms, state[2])
+    return grant(L, owner, ttl_ms, state[2], t)
   end
 
   -- Join the queue (or refresh our entry); keep the queue keys while anyone may wait.
@@ -209,7 +219,7 @@ local function acquire(L, owner, ttl_ms, wait_ms, slack_ms)
   end
 
   -- The lease is free but owners are queued (or were: live_head drops a stale flag).
-  local t = redis.call('TIME')
+  t = t or redis.call('TIME')
   local now = ms_of(t)
   local head = live_head(L, now)
   if not head or head == owner then
@@ -225,6 +235,20 @@ local function acquire(L, owner, ttl_ms, wait_ms, slack_ms)
     enqueue(now)
   end
   return -1 - tonumber(head_ttl)
+end
+
+-- The second half of release(): owner holds L (checked by the caller, which read the lease
+-- and the waiters flag qf with one MGET of L and L..":qf"); it gives the lease up: to the
+-- first live waiter if qf is set, else by deleting it, and remembers owner as the releaser.
+-- t: the script's TIME reply when it has one, nil to ask (only a hand-off needs it).
+local function release_held(L, owner, force, qf, t)
+  if not qf or not hand_off(L, t or redis.call('TIME')) then
+    redis.call('DEL', L)
+  end
+  if not force then
+    redis.call('SET', L .. ':rel', owner, 'PX', 60000)
+  end
+  return 1
 end
 
 -- Release L for owner (force: whoever holds it, administrative): all of lock_release.lua,
@@ -247,11 +271,5 @@ local function release(L, owner, force)
     end
     return 0
   end
-  if not state[2] or not hand_off(L, redis.call('TIME')) then
-    redis.call('DEL', L)
-  end
-  if not force then
-    redis.call('SET', L .. ':rel', owner, 'PX', 60000)
-  end
-  return 1
+  return release_held(L, owner, force, state[2])
 end
