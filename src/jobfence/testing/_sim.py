@@ -1712,38 +1712,21 @@ class Simulation:
                             yielded = ctx.run(coro.throw, error)
                         else:
                             yielded = ctx.run(coro.send, value)
-                    # the switches at lean points, in a row: the task chosen goes on at once
-                    # (no code runs before its step), as asyncio's current task
-                    while yielded is _SWITCH:
-                        chosen = self._next
-                        if chosen is None:
-                            break
-                        self._next = None
-                        cur = self._stepping = chosen
-                        if chosen is owner:
-                            if shown is not owner_atask:
-                                shown = owner_atask
-                                if current_tasks is not None:
-                                    current_tasks[loop] = shown
-                                else:
-                                    _swap_current(loop, shown)  # type: ignore[misc]
-                            yielded = chosen.coro.send(None)
-                        else:
-                            atask = chosen.atask
-                            if shown is not atask:
-                                shown = atask
-                                if current_tasks is not None:
-                                    current_tasks[loop] = atask
-                                else:
-                                    _swap_current(loop, atask)  # type: ignore[misc]
-                            yielded = chosen.ctx.run(chosen.coro.send, None)  # type: ignore[union-attr]
-                    value = error = None
                 except StopIteration as stop:
                     outcome = (_DONE, stop.value)
                 except BaseException as exc:
                     outcome = (_FAILED, exc)
-                else:  # None: parked, and no task chosen to go on now
-                    outcome = None if yielded is _SWITCH else (_AWAIT, yielded)
+                else:
+                    if yielded is _SWITCH:
+                        chosen = self._next
+                        if chosen is not None:  # no code runs before chosen's step
+                            self._next = None
+                            cur = chosen
+                            value = error = None
+                            continue
+                        outcome = None
+                    else:
+                        outcome = (_AWAIT, yielded)
                 if shown is not owner_atask:  # asyncio's current task is owner's again
                     shown = owner_atask
                     if current_tasks is not None:
