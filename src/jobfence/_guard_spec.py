@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._core.clock import get_clock
+from ._core.inbox_support import local_retry_after
 from ._core.validate import check_name, check_timeout, check_ttl
 from .errors import ClaimInProgress, ConfigurationError
 from .limits import check_limit, check_lock_name
@@ -95,7 +97,9 @@ def is_duplicate(claim: Any, key: str) -> bool:
     completed: the call returns ``claim.result``; the worker is told, see
     :func:`note_duplicate`), False for a new claim (the function runs); a claim in progress
     elsewhere raises :class:`ClaimInProgress` (a "not now" refusal: a worker defers the
-    message until the holder's claim would expire)."""
+    message until the holder's claim would expire, or, when a call of this same process holds
+    it, for about as long as that call has run so far: see
+    :func:`~jobfence._core.inbox_support.local_retry_after`)."""
     state = claim.state.value
     if state == "completed":
         note_duplicate()
@@ -103,12 +107,18 @@ def is_duplicate(claim: Any, key: str) -> bool:
     if state == "in_progress":
         owner = getattr(claim, "owner", None)
         until = getattr(claim, "expires_at", None)
-        raise ClaimInProgress(
+        refusal = ClaimInProgress(
             f"{key!r} is being processed by another worker ({owner}, until {until})",
             key=key,
             owner=owner,
             expires_at=until,
         )
+        # held by a call of this very process: ask again after about as long as it has run
+        # (its expiry is a bound, not an estimate: it is renewed while the call runs)
+        local = local_retry_after(owner, get_clock().monotonic())
+        if local is not None and (refusal.retry_after is None or local < refusal.retry_after):
+            refusal.retry_after = local
+        raise refusal
     return False
 
 

@@ -219,7 +219,9 @@ class ClaimInProgress(InboxError, NotNow):
     ``expires_at`` (an aware UTC datetime, by the server's clock), unless it is renewed.
 
     A :class:`NotNow` refusal: ``retry_after`` is the seconds left until ``expires_at`` (by
-    this host's clock), or what the caller passes.
+    this host's clock), or what the caller passes. A guarded call refused by a claim that a
+    call of this same process holds gets a shorter one: as long as that call has run so far,
+    at least half a second (it renews its claim while it runs, so the expiry is only a bound).
     """
 
     def __init__(

@@ -37,6 +37,7 @@ from ._core.inbox_support import (
     Serializer,
     check_fingerprint,
     check_serializer,
+    hold_here,
 )
 from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
@@ -209,9 +210,13 @@ class AsyncClaim:
         self._finishing = False  # a complete() or release() is in flight
         #: a NEW claim's local deadlines, as the renewer sees it (None: not ours)
         self._lease: RenewableHandle | None = None
+        #: a NEW claim's monotonic start time (None: not ours)
+        self._started: float | None = None
         if self._mine is not None:
             if started is None:
                 started = get_clock().monotonic()
+            self._started = started
+            hold_here(self._mine, self)  # a call of this process holds the key
             state = LeaseState(inbox.ttl if ttl is None else ttl, started, renews=renew)
             self._lease = RenewableHandle(
                 key,

@@ -22,6 +22,7 @@ from rq.results import Result
 import jobfence
 from jobfence.errors import ClaimInProgress, ConfigurationError
 from jobfence.integrations.rq import guarded_job
+from tests.claims import held_elsewhere
 from tests.rq_quiet import QuietWorker
 from tests.servers import REDIS_URL, delete_redis_keys
 
@@ -141,7 +142,7 @@ def blocked(queue) -> Iterator[Any]:
     blocked_order = guarded_job(
         inbox=INBOX, key="blocked:{order_id}", retry_delay=0, max_retries=3
     )(_blocked_order)
-    held = INBOX.claim(f"blocked:{queue.name}", ttl=60)
+    held = held_elsewhere(INBOX.claim(f"blocked:{queue.name}", ttl=60))
     assert held.state.value == "new"
     try:
         yield held

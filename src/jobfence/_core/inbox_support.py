@@ -4,6 +4,8 @@ nothing here does I/O. The claim types live in :mod:`jobfence.backends.base`."""
 from __future__ import annotations
 
 import json
+import os
+import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol, cast
@@ -24,7 +26,10 @@ __all__ = [
     "Serializer",
     "check_fingerprint",
     "check_serializer",
+    "held_here",
+    "hold_here",
     "inbox_table",
+    "local_retry_after",
 ]
 
 #: seconds an in-progress claim lives unless completed or released (its worker's deadline)
@@ -34,6 +39,45 @@ DEFAULT_RETENTION = 7 * 86400.0
 DEFAULT_TABLE = "jobfence_inbox"
 #: version of the inbox's SQL schema, stored in ``jobfence_inbox_schema``
 SCHEMA_VERSION = 1
+
+
+#: the claims this process holds now, by owner id (owner ids are random per claim): a claim
+#: found in progress under one of them is held by a call running in this very process
+_HELD: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: the shortest wait before a call refused by a claim of this process asks again (seconds)
+LOCAL_RECHECK = 0.5
+
+
+def hold_here(owner: str, claim: Any) -> None:
+    """Record ``claim`` (a NEW claim, with its monotonic start time ``_started`` and its
+    ``owned`` property) as held by this process under ``owner``, for as long as it exists."""
+    _HELD[owner] = claim
+
+
+def held_here(owner: str | None) -> Any:
+    """The claim this process holds under ``owner`` (not completed or released yet), else
+    None."""
+    if owner is None:
+        return None
+    claim = _HELD.get(owner)
+    return claim if claim is not None and claim.owned else None
+
+
+def local_retry_after(owner: str | None, now: float) -> float | None:
+    """When a call refused by the claim of ``owner`` should ask again, if a call of this
+    process holds that claim (else None: the holder's expiry is what is known): after as long
+    as the holder has run so far (at least :data:`LOCAL_RECHECK` seconds), so that a holder
+    that finishes soon is not waited out to its expiry and a long one is not asked about
+    more often than it ran. ``now``: the clock's monotonic time."""
+    claim = held_here(owner)
+    if claim is None:
+        return None
+    started: float = claim._started
+    return max(LOCAL_RECHECK, now - started)
+
+
+# a child process holds none of its parent's claims (their calls run in the parent)
+os.register_at_fork(after_in_child=_HELD.clear)
 
 
 class Serializer(Protocol):

@@ -22,6 +22,7 @@ from jobfence.errors import (
     LockTimeout,
 )
 from jobfence.integrations import celery as jfcelery
+from tests.claims import held_elsewhere
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_a_claim_in_progress_becomes_celerys_retry_after_the_claims_expiry(app, 
     """In eager mode (``apply``) Celery re-runs a retry inside the call, so there is no
     message to send uncounted: the refusal is an ordinary (counted) retry there, after the
     holder's expiry; a worker sends it again uncounted (tests/frameworks/test_celery.py)."""
-    held = inbox.claim("celery:t-9", ttl=60)  # another worker holds this task's key
+    held = held_elsewhere(inbox.claim("celery:t-9", ttl=60))  # another worker holds the key
     runs: list[int] = []
 
     @app.task(max_retries=5, name=f"work-{uuid.uuid4().hex[:8]}", shared=False)

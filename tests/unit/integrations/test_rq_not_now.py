@@ -16,6 +16,7 @@ from rq.job import Job
 
 import jobfence
 from jobfence.integrations.rq import guarded
+from tests.claims import held_elsewhere
 from tests.rq_quiet import QuietWorker
 from tests.servers import REDIS_URL, delete_redis_keys
 
@@ -55,7 +56,7 @@ def _run_once(queue: rq.Queue, job: Job) -> None:
 
 
 def test_refusals_are_retried_without_using_up_max_retries(queue: rq.Queue) -> None:
-    held = INBOX.claim("order:7", ttl=20)  # another worker is shipping order 7
+    held = held_elsewhere(INBOX.claim("order:7", ttl=20))  # another worker ships order 7
     job = queue.enqueue(ship, 7, job_id=f"{queue.name}-7")
     for _ in range(3):  # refused three times: more than max_retries (1)
         info = INBOX.claim_info("order:7")
