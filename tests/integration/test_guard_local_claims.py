@@ -7,6 +7,7 @@ keeps the expiry as the hint. Real Redis and SQLite, sync and async guards."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._core.inbox_support import LOCAL_RECHECK, local_retry_after
+from jobfence._core.inbox_support import LOCAL_RECHECK, held_here, local_retry_after
 from jobfence.errors import ClaimInProgress
 from tests.claims import held_elsewhere
 from tests.servers import REDIS_URL, delete_redis_keys
@@ -123,3 +124,17 @@ def test_the_wait_grows_with_how_long_the_holder_has_run(inbox: jobfence.Inbox) 
     assert local_retry_after(owner, started + 7.0) is None
     assert local_retry_after("someone-else", started) is None
     assert local_retry_after(None, started) is None
+
+
+def test_a_forked_child_holds_none_of_its_parents_claims(inbox: jobfence.Inbox) -> None:
+    """A child forked while a call of the parent holds a claim: the call runs in the parent,
+    so a call of the child refused by that claim waits for its expiry."""
+    held = inbox.claim("order:5", ttl=TTL)
+    assert held_here(held._mine) is held
+    pid = os.fork()
+    if pid == 0:  # the child: only look, then leave without running any clean-up
+        os._exit(0 if held_here(held._mine) is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert held_here(held._mine) is held  # the parent still holds it
+    held.release()
