@@ -49,6 +49,11 @@ def _namespaces(spec: Spec, base: str) -> list[str]:
 def test_names_and_namespaces_never_meet(spec: Spec, tmp_path: Path) -> None:
     url, base = spec.make_url(tmp_path), new_namespace()
     namespaces = _namespaces(spec, base)
+    if spec.id == "postgres-session":
+        # it hashes the namespace with the name, and holds a connection per lease: two
+        # namespaces (24 connections at once, not 48, beside the other tests' on a server
+        # that allows 100)
+        namespaces = [namespaces[0], namespaces[-1]]
     clients = [jobfence.Locks(url, namespace=ns) for ns in namespaces]
     try:
         leases = [c.try_acquire(name, ttl=60) for c in clients for name in NAMES]
