@@ -107,9 +107,9 @@ _SCRIPTS = (
     "requeue",
     "purge",
 )
-#: the Lua helpers prepended to a script; those of :data:`_NO_DELIVERY_LIB` need the first only
+#: the Lua helpers prepended to a script: the keys and shared helpers (sent whole), then the
+#: delivery helpers, of which each script gets only those it calls
 _LIBS = ("queue_lib.lua", "queue_lib_delivery.lua")
-_NO_DELIVERY_LIB = ("publish", "purge", "stats")
 #: the key suffixes, in the order every script gets them as KEYS (see lua/queue_lib.lua);
 #: the publish script gets the first :data:`_PUBLISH_KEYS` only, the keys it touches
 _KEY_SUFFIXES = ("s", "d", "ds", "m", "mx", "f", "o", "dead")
@@ -117,10 +117,9 @@ _PUBLISH_KEYS = 5
 
 
 def _script(name: str) -> str:
-    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua`` and, unless it is one of
-    :data:`_NO_DELIVERY_LIB`, ``lua/queue_lib_delivery.lua``."""
-    libs = ("queue_lib.lua",) if name in _NO_DELIVERY_LIB else _LIBS
-    return load_lua(_PACKAGE, *libs, f"queue_{name}.lua")
+    """The script ``lua/queue_<name>.lua`` after ``lua/queue_lib.lua`` and the functions of
+    ``lua/queue_lib_delivery.lua`` it calls (none for publish, purge and stats)."""
+    return load_lua(_PACKAGE, *_LIBS, f"queue_{name}.lua", needed_only=True)
 
 
 def _ms(seconds: float) -> int:

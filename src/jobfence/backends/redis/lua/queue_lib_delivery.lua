@@ -1,6 +1,7 @@
--- jobfence Redis queue backend: helpers of the scripts that read or finish deliveries
--- (prepended after queue_lib.lua to all but publish, purge and stats, which need none of them:
--- each helper defined is work done on every run of the script).
+-- jobfence Redis queue backend: helpers of the scripts that read or finish deliveries,
+-- prepended after queue_lib.lua. Each script gets only the functions of this file it calls
+-- (load_lua(..., needed_only=True)): each helper defined is work done on every run of the
+-- script, and publish, purge and stats need none of them.
 
 -- The entry id and delivery number of a receipt "<entry id>:<delivery>", or nil.
 local function parse_receipt(receipt)
