@@ -200,7 +200,10 @@ def run_guarded(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """Run one guarded call inside a ``jobfence.guarded`` span (see :mod:`jobfence.telemetry`):
-    its attributes name the function, and the lock, token and key once they are known."""
+    its attributes name the function, and the lock, token and key once they are known (no
+    span at all while no tracer would record it)."""
+    if not telemetry.spans():
+        return _run_guarded(spec, fn, args, kwargs, telemetry.NO_SPAN)
     function = getattr(fn, "__qualname__", None) or repr(fn)
     with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
         return _run_guarded(spec, fn, args, kwargs, span)

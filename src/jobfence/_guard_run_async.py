@@ -198,7 +198,10 @@ async def run_guarded_async(
     spec: GuardSpec, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """Run one guarded call inside a ``jobfence.guarded`` span (see :mod:`jobfence.telemetry`):
-    its attributes name the function, and the lock, token and key once they are known."""
+    its attributes name the function, and the lock, token and key once they are known (no
+    span at all while no tracer would record it)."""
+    if not telemetry.spans():
+        return await _run_guarded_async(spec, fn, args, kwargs, telemetry.NO_SPAN)
     function = getattr(fn, "__qualname__", None) or repr(fn)
     with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
         return await _run_guarded_async(spec, fn, args, kwargs, span)

@@ -377,6 +377,19 @@ def outbox_dead(backend: str, queue: str) -> None:
         i.outbox_dead.add(1, {"backend": backend, "queue": queue})
 
 
+#: what :func:`span` yields when no span is made (its ``set_attribute`` does nothing)
+NO_SPAN: Any = _NO_SPAN
+
+
+def spans() -> bool:
+    """Whether :func:`span` would make a span now (an SDK's tracer is set). A caller on a hot
+    path runs its block with :data:`NO_SPAN` when it would not, without the context manager."""
+    i = _inst or _load()
+    if not i.on:
+        return False
+    return not isinstance(getattr(i.tracer, "_tracer", i.tracer), i.noop_tracer)
+
+
 @contextlib.contextmanager
 def span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     """A span around a block (current while it runs); error status on an exception."""

@@ -35,6 +35,7 @@ gets the script re-sent by redis-py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
@@ -45,11 +46,13 @@ from urllib.parse import unquote, urlsplit
 
 from redis import Redis
 from redis.backoff import NoBackoff
+from redis.connection import PythonRespSerializer
 from redis.connection import parse_url as parse_redis_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
+from redis.utils import HIREDIS_AVAILABLE
 
 from ..._core.options import DEFAULT_TIMEOUT, TIMEOUT_OPTIONS, option_timeouts
 from ..._core.url import BackendURL
@@ -177,6 +180,78 @@ def not_replicated(
         acknowledged=acked,
         required=wait.replicas,
     )
+
+
+def fast_pack(args: Sequence[Any], utf8: bool, cutoff: int) -> bytes | None:
+    """The RESP request of the command ``args`` as redis-py's pure-Python packer writes it
+    (its own bytes, in one buffer), for the commonest case only: a one-word command name, and
+    arguments that are ``str`` (``utf8``: the client encodes them as UTF-8, strictly), plain
+    ``int`` or ``bytes``, none of them longer than ``cutoff`` bytes. ``None`` for any other
+    command: redis-py packs it (floats, a ``bool`` it refuses, a large value it sends
+    without copying, a command name of two words such as ``"SCRIPT LOAD"``).
+
+    redis-py's packer runs its encoder's type checks on every argument and joins the buffer
+    again for each one: for a script call of ten arguments that is most of the client's cost
+    of packing it."""
+    name = args[0]
+    if type(name) is not str or " " in name or not utf8:
+        return None
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            arg = arg.encode()
+        elif kind is int:
+            arg = b"%d" % arg
+        elif kind is not bytes:
+            return None
+        if len(arg) > cutoff:
+            return None
+        append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+def _is_utf8(encoder: Any) -> bool:
+    """Whether redis-py's ``encoder`` encodes a ``str`` as ``str.encode()`` does."""
+    encoding = str(getattr(encoder, "encoding", "")).lower().replace("_", "-")
+    return encoding in ("utf-8", "utf8") and getattr(encoder, "encoding_errors", "") == "strict"
+
+
+class _FastSerializer(PythonRespSerializer):  # type: ignore[misc]
+    """redis-py's pure-Python packer, with :func:`fast_pack` first."""
+
+    def __init__(self, buffer_cutoff: int, encoder: Any) -> None:
+        super().__init__(buffer_cutoff, encoder.encode)
+        self._utf8 = _is_utf8(encoder)
+
+    def pack(self, *args: Any) -> list[bytes]:
+        packed = fast_pack(args, self._utf8, self._buffer_cutoff)
+        if packed is None:
+            return super().pack(*args)  # type: ignore[no-untyped-call,no-any-return]
+        return [packed]
+
+
+class _FastPacking:
+    """Mixed into the connection class of every client jobfence opens: requests are
+    packed by :class:`_FastSerializer` where redis-py would use its pure-Python packer
+    (hiredis, when installed, packs in C: it is kept)."""
+
+    _buffer_cutoff: int
+    encoder: Any
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        if packer is None and not HIREDIS_AVAILABLE:
+            return _FastSerializer(self._buffer_cutoff, self.encoder)
+        return super()._construct_command_packer(packer)  # type: ignore[misc]
+
+
+@functools.cache
+def _fast_packing(cls: type) -> type:
+    """``cls`` (a redis-py connection class) with :class:`_FastPacking` mixed in."""
+    if issubclass(cls, _FastPacking):
+        return cls
+    return type(cls.__name__, (_FastPacking, cls), {"__module__": cls.__module__})
 
 
 def _load_scripts_on_connect(scripts: Sequence[str]) -> Callable[[Any], Any]:
@@ -317,6 +392,8 @@ def connect_redis(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
     _check_connection_options(client, url, what, own)
+    pool: Any = client.connection_pool
+    pool.connection_class = _fast_packing(pool.connection_class)
     return client
 
 

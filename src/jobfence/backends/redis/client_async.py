@@ -59,6 +59,11 @@ from ...errors import ConfigurationError, NotReplicated
 if ASYNC:
     import asyncio
     import functools
+else:
+    import functools
+
+    from redis.connection import PythonRespSerializer
+    from redis.utils import HIREDIS_AVAILABLE
 
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
@@ -184,6 +189,78 @@ def not_replicated(
     )
 
 
+def fast_pack(args: Sequence[Any], utf8: bool, cutoff: int) -> bytes | None:
+    """The RESP request of the command ``args`` as redis-py's pure-Python packer writes it
+    (its own bytes, in one buffer), for the commonest case only: a one-word command name, and
+    arguments that are ``str`` (``utf8``: the client encodes them as UTF-8, strictly), plain
+    ``int`` or ``bytes``, none of them longer than ``cutoff`` bytes. ``None`` for any other
+    command: redis-py packs it (floats, a ``bool`` it refuses, a large value it sends
+    without copying, a command name of two words such as ``"SCRIPT LOAD"``).
+
+    redis-py's packer runs its encoder's type checks on every argument and joins the buffer
+    again for each one: for a script call of ten arguments that is most of the client's cost
+    of packing it."""
+    name = args[0]
+    if type(name) is not str or " " in name or not utf8:
+        return None
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            arg = arg.encode()
+        elif kind is int:
+            arg = b"%d" % arg
+        elif kind is not bytes:
+            return None
+        if len(arg) > cutoff:
+            return None
+        append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+def _is_utf8(encoder: Any) -> bool:
+    """Whether redis-py's ``encoder`` encodes a ``str`` as ``str.encode()`` does."""
+    encoding = str(getattr(encoder, "encoding", "")).lower().replace("_", "-")
+    return encoding in ("utf-8", "utf8") and getattr(encoder, "encoding_errors", "") == "strict"
+
+
+if not ASYNC:
+
+    class _FastSerializer(PythonRespSerializer):  # type: ignore[misc]
+        """redis-py's pure-Python packer, with :func:`fast_pack` first."""
+
+        def __init__(self, buffer_cutoff: int, encoder: Any) -> None:
+            super().__init__(buffer_cutoff, encoder.encode)
+            self._utf8 = _is_utf8(encoder)
+
+        def pack(self, *args: Any) -> list[bytes]:
+            packed = fast_pack(args, self._utf8, self._buffer_cutoff)
+            if packed is None:
+                return super().pack(*args)  # type: ignore[no-untyped-call,no-any-return]
+            return [packed]
+
+    class _FastPacking:
+        """Mixed into the connection class of every client jobfence opens: requests are
+        packed by :class:`_FastSerializer` where redis-py would use its pure-Python packer
+        (hiredis, when installed, packs in C: it is kept)."""
+
+        _buffer_cutoff: int
+        encoder: Any
+
+        def _construct_command_packer(self, packer: Any) -> Any:
+            if packer is None and not HIREDIS_AVAILABLE:
+                return _FastSerializer(self._buffer_cutoff, self.encoder)
+            return super()._construct_command_packer(packer)  # type: ignore[misc]
+
+    @functools.cache
+    def _fast_packing(cls: type) -> type:
+        """``cls`` (a redis-py connection class) with :class:`_FastPacking` mixed in."""
+        if issubclass(cls, _FastPacking):
+            return cls
+        return type(cls.__name__, (_FastPacking, cls), {"__module__": cls.__module__})
+
+
 if ASYNC:
 
     class _Watched:
@@ -300,11 +377,21 @@ if ASYNC:
                 await self._jf_timed_out("")
             return response
 
+        #: whether the connection's encoder encodes a ``str`` as UTF-8 (see :func:`fast_pack`)
+        _jf_utf8: bool | None = None
+
         def pack_command(self, *args: Any) -> list[bytes]:
-            """redis-py's packing, but for a command whose second argument is
-            :class:`PackedArgs` (arguments packed once, sent as they are)."""
+            """redis-py's packing, but by :func:`fast_pack` where it can, and for a command
+            whose second argument is :class:`PackedArgs` (arguments packed once, sent as they
+            are)."""
             if len(args) < 2 or type(args[1]) is not PackedArgs:
-                return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+                utf8 = self._jf_utf8
+                if utf8 is None:
+                    utf8 = self._jf_utf8 = _is_utf8(self.encoder)  # type: ignore[attr-defined]
+                packed = fast_pack(args, utf8, self._buffer_cutoff)  # type: ignore[attr-defined]
+                if packed is None:
+                    return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+                return [packed]
             head: PackedArgs = args[1]
             name = args[0].encode() if isinstance(args[0], str) else args[0]
             encode = self.encoder.encode  # type: ignore[attr-defined]
@@ -497,10 +584,12 @@ def connect_redis(
             f"invalid redis url {url.masked}: {url.redact(str(exc))}", argument="url"
         ) from None
     _check_connection_options(client, url, what, own)
+    pool: Any = client.connection_pool
     if ASYNC:
-        pool: Any = client.connection_pool
         pool.connection_class = _watched(pool.connection_class)
         pool.__class__ = _following_the_loop(pool.__class__)
+    else:
+        pool.connection_class = _fast_packing(pool.connection_class)
     return client
 
 
