@@ -203,9 +203,13 @@ async def run_guarded_in_worker(
         if is_duplicate(claim, key):
             return claim.result
         loop = asyncio.get_running_loop()
-        future = pool.run(_call, (guard.fn, args, kwargs, _ThreadClaim(claim, spec.inbox, loop)))
+        # awaited: ``waiter``, which gets the outcome while it waits; if this call is
+        # cancelled first, the outcome goes to ``future`` instead (as with a shield of it)
+        waiter: asyncio.Future[Any] = loop.create_future()
+        job = (guard.fn, args, kwargs, _ThreadClaim(claim, spec.inbox, loop))
+        future = pool.run(_call, job, waiter)
         try:
-            result = await asyncio.shield(future)
+            result = await waiter
         except asyncio.CancelledError:
             if future.cancelled():
                 # no thread ever took the call (the worker, stopping, cancelled the calls
@@ -214,8 +218,10 @@ async def run_guarded_in_worker(
                 raise NotStarted(claim.key) from None
             # the worker gave the message back; the function may still run (a thread cannot
             # be stopped): its claim is completed, or released, once it is done (a call no
-            # thread took is cancelled at the end of the run, and released then)
-            task = loop.create_task(_finish_later(claim, future))
+            # thread took is cancelled at the end of the run, and released then). Cancelled
+            # after the outcome reached ``waiter`` (before this call resumed): it is there.
+            outcome = waiter if waiter.done() and not waiter.cancelled() else future
+            task = loop.create_task(_finish_later(claim, outcome))
             finishing.add(task)
             task.add_done_callback(finishing.discard)
             raise
