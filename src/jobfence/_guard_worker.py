@@ -39,6 +39,7 @@ thread while the loop runs them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +69,8 @@ class WorkerGuard:
         self.fn = fn
         self.url = url
         self.options = options
+        #: the span's ``jobfence.function`` attribute
+        self.function = getattr(fn, "__qualname__", None) or repr(fn)
 
     def open_inbox(self) -> Any:
         """The asyncio inbox of the guard's inbox's URL and options (``None``: none here)."""
@@ -107,6 +110,8 @@ class _ThreadClaim:
     """The claim as the function's thread sees it (:func:`jobfence.current_claim`): the asyncio
     claim's attributes, and its coroutines run on the worker's loop, the thread waiting."""
 
+    __slots__ = ("_claim", "_inbox", "_loop")
+
     def __init__(self, claim: Any, inbox: Any, loop: asyncio.AbstractEventLoop) -> None:
         object.__setattr__(self, "_claim", claim)
         #: the guarded function's own (blocking) inbox: a guarded call nested in the function
@@ -136,9 +141,20 @@ class _ThreadClaim:
         return bool(self._on_loop(self._claim.release()))
 
 
-def _call(job: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> Any:
-    fn, args, kwargs = job
+def _call(job: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], _ThreadClaim]) -> Any:
+    """The function, in the handler thread, in its own copy of the call's context (the
+    message, the span): there the claim is :func:`jobfence.current_claim` and no lease is
+    current. (Set here rather than around the submission on the loop: two context changes
+    fewer per message there.)"""
+    fn, args, kwargs, claim = job
+    current_lease_var.set(None)
+    current_claim_var.set(claim)
     return fn(*args, **kwargs)
+
+
+#: stands in for the span when no tracer records one (no span object or context manager
+#: built per message then)
+_UNTRACED = contextlib.nullcontext(telemetry.NO_SPAN)
 
 
 async def _finish_later(claim: Any, future: asyncio.Future[Any]) -> None:
@@ -171,9 +187,13 @@ async def run_guarded_in_worker(
     awaits them before closing ``inbox``). ``returned``: called once the function has
     returned, before its result is stored (the worker frees the handler's slot then: the
     completion's round trip goes on beside the next handlers, as an ack does)."""
-    spec, fn = guard.spec, guard.fn
-    function = getattr(fn, "__qualname__", None) or repr(fn)
-    with telemetry.span("jobfence.guarded", {"jobfence.function": function}) as span:
+    spec = guard.spec
+    traced = (
+        telemetry.span("jobfence.guarded", {"jobfence.function": guard.function})
+        if telemetry.spans()
+        else _UNTRACED
+    )
+    with traced as span:
         arguments = spec.arguments(args, kwargs)
         key = spec.key_name(arguments)
         span.set_attribute("jobfence.key", key)
@@ -183,15 +203,13 @@ async def run_guarded_in_worker(
         if is_duplicate(claim, key):
             return claim.result
         loop = asyncio.get_running_loop()
-        lease_token = current_lease_var.set(None)
-        claim_token = current_claim_var.set(_ThreadClaim(claim, spec.inbox, loop))
-        try:  # the thread runs in a copy of this context: the message, the claim, the span
-            future = pool.run(_call, (fn, args, kwargs))
-        finally:
-            current_claim_var.reset(claim_token)
-            current_lease_var.reset(lease_token)
+        # awaited: ``waiter``, which gets the outcome while it waits; if this call is
+        # cancelled first, the outcome goes to ``future`` instead (as with a shield of it)
+        waiter: asyncio.Future[Any] = loop.create_future()
+        job = (guard.fn, args, kwargs, _ThreadClaim(claim, spec.inbox, loop))
+        future = pool.run(_call, job, waiter)
         try:
-            result = await asyncio.shield(future)
+            result = await waiter
         except asyncio.CancelledError:
             if future.cancelled():
                 # no thread ever took the call (the worker, stopping, cancelled the calls
@@ -200,8 +218,10 @@ async def run_guarded_in_worker(
                 raise NotStarted(claim.key) from None
             # the worker gave the message back; the function may still run (a thread cannot
             # be stopped): its claim is completed, or released, once it is done (a call no
-            # thread took is cancelled at the end of the run, and released then)
-            task = loop.create_task(_finish_later(claim, future))
+            # thread took is cancelled at the end of the run, and released then). Cancelled
+            # after the outcome reached ``waiter`` (before this call resumed): it is there.
+            outcome = waiter if waiter.done() and not waiter.cancelled() else future
+            task = loop.create_task(_finish_later(claim, outcome))
             finishing.add(task)
             task.add_done_callback(finishing.discard)
             raise

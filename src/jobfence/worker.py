@@ -667,24 +667,35 @@ class _HandlerThreads:
     back in one wake-up of the loop instead of one each (a thread pool executor's future
     costs a chained future and a wake-up per call). A call whose future was cancelled before
     a thread took it does not run; one that runs cannot be stopped (its outcome is
-    ignored)."""
+    ignored).
+
+    A call may also have a ``waiter``, a future the caller awaits instead of the call's own:
+    the outcome goes to the waiter while it waits, else (it was cancelled) to the call's
+    future, which the caller may then await for the outcome of a call it stopped waiting
+    for (what ``asyncio.shield`` of the call's future gives, without its second future,
+    callbacks and wake-up per call). :meth:`cancel_waiting` cancels both."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
         self._loop = loop
         self._size = size
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._finished: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        self._finished: collections.deque[
+            tuple[asyncio.Future[Any], asyncio.Future[Any] | None, Any, BaseException | None]
+        ]
         self._finished = collections.deque()
         self._lock = threading.Lock()
         self._wakeup_sent = False
         self._threads: list[threading.Thread] = []
         self._idle = 0
 
-    def run(self, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
-        """Call ``fn(arg)`` in a thread, in a copy of the current context."""
+    def run(
+        self, fn: Callable[[Any], Any], arg: Any, waiter: asyncio.Future[Any] | None = None
+    ) -> asyncio.Future[Any]:
+        """Call ``fn(arg)`` in a thread, in a copy of the current context (``waiter``: see
+        the class)."""
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._jobs.put((future, contextvars.copy_context(), fn, arg))
+        self._jobs.put((future, contextvars.copy_context(), fn, arg, waiter))
         with self._lock:
             spawn = self._idle == 0 and len(self._threads) < self._size
             if spawn:
@@ -705,12 +716,12 @@ class _HandlerThreads:
                 return
             with lock:
                 self._idle -= 1
-            future, ctx, fn, arg = job
+            future, ctx, fn, arg, waiter = job
             if not future.cancelled():  # (a stale read only runs a call nobody awaits)
                 try:
-                    finished.append((future, ctx.run(fn, arg), None))
+                    finished.append((future, waiter, ctx.run(fn, arg), None))
                 except BaseException as exc:  # the handler's, for the loop to see
-                    finished.append((future, None, exc))
+                    finished.append((future, waiter, None, exc))
                 with lock:
                     wake = not self._wakeup_sent
                     self._wakeup_sent = True
@@ -719,7 +730,7 @@ class _HandlerThreads:
                         self._loop.call_soon_threadsafe(self._deliver)
                     except RuntimeError:  # the loop is closed: nobody awaits the outcome
                         pass
-            del job, future, ctx, fn, arg
+            del job, future, ctx, fn, arg, waiter
             with lock:
                 self._idle += 1
 
@@ -728,8 +739,10 @@ class _HandlerThreads:
             self._wakeup_sent = False
         finished = self._finished
         while finished:
-            future, result, exc = finished.popleft()
-            if future.done():  # cancelled meanwhile: the outcome is ignored
+            future, waiter, result, exc = finished.popleft()
+            if waiter is not None and not waiter.done():
+                future = waiter  # the caller still waits on it: the outcome is its only
+            elif future.done():  # cancelled meanwhile: the outcome is ignored
                 continue
             if exc is None:
                 future.set_result(result)
@@ -747,6 +760,8 @@ class _HandlerThreads:
                 break
             if job is not None:
                 job[0].cancel()
+                if job[4] is not None:
+                    job[4].cancel()
 
     def shutdown(self) -> None:
         """Cancel the calls no thread took yet; let each thread end once it is done with its
@@ -757,7 +772,13 @@ class _HandlerThreads:
         self._threads = []
 
 
-_Job = tuple["asyncio.Future[Any]", contextvars.Context, Callable[[Any], Any], Any]
+_Job = tuple[
+    "asyncio.Future[Any]",
+    contextvars.Context,
+    Callable[[Any], Any],
+    Any,
+    "asyncio.Future[Any] | None",
+]
 
 
 class _Wakeup:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import jobfence
-from jobfence._guard_worker import worker_guard
+from jobfence._guard_worker import run_guarded_in_worker, worker_guard
 from jobfence.backends._sql.inbox import SQLInboxBackend
 from jobfence.backends._sql.inbox_async import AsyncSQLInboxBackend
 from jobfence.backends.postgres.inbox import PostgresInboxBackend
@@ -27,6 +27,7 @@ from jobfence.backends.redis.inbox import RedisInboxBackend
 from jobfence.backends.redis.inbox_async import AsyncRedisInboxBackend
 from jobfence.backends.sqlite.inbox import SQLiteInboxBackend
 from jobfence.backends.sqlite.inbox_async import AsyncSQLiteInboxBackend
+from jobfence.worker import _HandlerThreads
 from tests.servers import POSTGRES_URL, REDIS_URL
 
 pytestmark = pytest.mark.timeout(120)
@@ -496,3 +497,52 @@ def test_the_guarded_span_and_metrics_as_in_the_thread(
     meters.shutdown()
     tracers.shutdown()
     assert calls.thread_claims == 0 and calls.loop_claims > 0
+
+
+def test_a_call_cancelled_after_its_outcome_came_back_still_stores_its_result(
+    clients: tuple[jobfence.Queue, jobfence.Inbox],
+) -> None:
+    """The function returned and its outcome reached the worker's loop, but the call was
+    cancelled (a stop cutting handlers off) before it resumed: the claim is still completed
+    with the function's result (by the call's finishing task), not left to expire with a
+    run of the function lost."""
+    _queue, inbox = clients
+    ran: list[int] = []
+
+    @jobfence.guarded(inbox=inbox, key="cut-{n}")
+    def handle(n: int) -> str:
+        ran.append(n)
+        return f"done {n}"
+
+    guard = worker_guard(handle)
+    assert guard is not None
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop_inbox = guard.open_inbox()
+        calls: list[asyncio.Task[Any]] = []
+
+        class CancelledOnDelivery(_HandlerThreads):
+            def _deliver(self) -> None:
+                super()._deliver()  # the outcome handed to the awaiting call ...
+                calls[0].cancel()  # ... which is cancelled before it resumes
+
+        pool = CancelledOnDelivery(loop, 1, "jobfence-test")
+        finishing: set[asyncio.Task[None]] = set()
+        try:
+            call = loop.create_task(
+                run_guarded_in_worker(guard, loop_inbox, pool, (7,), {}, finishing)
+            )
+            calls.append(call)
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert len(finishing) == 1
+            await asyncio.wait_for(asyncio.wait(list(finishing)), 30)
+        finally:
+            pool.shutdown()
+            await loop_inbox.close()
+
+    asyncio.run(scenario())
+    assert ran == [7]
+    claim = inbox.claim("cut-7")
+    assert claim.state.value == "completed" and claim.result == "done 7"
