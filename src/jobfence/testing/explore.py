@@ -311,36 +311,43 @@ class _Runner:
         from ..backends.memory import inbox, locks, outbox, queue
 
         #: the ``memory://`` backends whose stores a schedule may create, and what
-        #: :meth:`_stores` found in them (with their sizes then)
+        #: :meth:`_stores` found in them
         self._store_modules: tuple[Any, ...] = (locks, inbox, queue, outbox)
         self._store_keys: dict[Any, set[str]] = {}
-        self._store_sizes: list[int] | None = None
+        #: the snapshot may be out of date (none taken yet, or a store it holds was removed)
+        self._stale = True
 
     def _stores(self) -> dict[Any, set[str]]:
         """The ``memory://`` stores that exist now, by backend module: as the last schedule
         left them (its new ones dropped) unless their number changed since, so a schedule
         pays a snapshot only when something outside the schedules created or removed one."""
-        sizes = [len(module._stores) for module in self._store_modules]
-        if sizes != self._store_sizes:
-            self._store_keys = _memory_stores()
-            self._store_sizes = [len(keys) for keys in self._store_keys.values()]
-        return self._store_keys
+        known = self._store_keys
+        if not self._stale:
+            for module, keys in known.items():
+                if len(module._stores) != len(keys):
+                    break
+            else:
+                return known
+        known = self._store_keys = _memory_stores()
+        self._stale = False
+        return known
 
     def _drop_stores(self, before: dict[Any, set[str]]) -> None:
         """Drop the ``memory://`` stores the schedule created (see :func:`_drop_new_stores`),
         finding them with a set difference rather than a loop over every store."""
-        sizes: list[int] | None = []
+        for module, keys in before.items():
+            if module._stores.keys() != keys:
+                break
+        else:  # the commonest end: no store made or removed (a C comparison per backend)
+            return
         for module, keys in before.items():
             stores = module._stores
             if len(stores) != len(keys) or stores.keys() != keys:
                 with module._stores_mutex:
                     for key in stores.keys() - keys:
                         del stores[key]
-            if sizes is not None and len(stores) == len(keys):
-                sizes.append(len(stores))
-            else:
-                sizes = None  # a store that existed before was removed: look again
-        self._store_sizes = sizes
+            if len(stores) != len(keys):
+                self._stale = True  # a store that existed before was removed: look again
 
     def close(self) -> None:
         self.loop.close()
