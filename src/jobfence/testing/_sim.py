@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import math
-import random
 import sys
 import threading
 import time
@@ -491,14 +490,13 @@ class Simulation:
         self.loop = loop
         self.strategy = strategy
         #: the random strategy's draw, called without its choose() around it (same draws)
-        self._below: Any = strategy._below if type(strategy) is Random else None
+        self._below: Any = None
         #: its generator's getrandbits, when its draw is random.Random's own _randbelow:
         #: the lean gate draws inline (the same draws)
         self._getrandbits: Any = None
-        if self._below is not None and getattr(self._below, "__func__", None) is getattr(
-            random.Random, "_randbelow_with_getrandbits", False
-        ):
-            self._getrandbits = strategy._rng.getrandbits  # type: ignore[attr-defined]
+        if type(strategy) is Random:
+            self._below = strategy._below
+            self._getrandbits = strategy._getrandbits
         self._fifo = type(strategy) is Fifo
         #: no fault planned and no trail recorded: a point needs no look-up of its target
         self._plain = not faults and not record

@@ -552,8 +552,15 @@ def _describe(error: BaseException, sim: Simulation) -> str:
     return f"{who} raised {error!r}"
 
 
-def _strategy(name: str, seed: int, depth: int, steps: int) -> Strategy:
+def _strategy(
+    name: str, seed: int, depth: int, steps: int, last: Strategy | None = None
+) -> Strategy:
+    """The strategy of the schedule of ``seed``; ``last``, the previous schedule's (done
+    with): a random one is reseeded, the same draws as a new one's."""
     if name == "random":
+        if type(last) is Random:
+            last.reseed(seed)
+            return last
         return Random(seed)
     if name == "pct":
         return PCT(seed, depth=depth, steps=steps)
@@ -706,6 +713,7 @@ def explore(
                     break
             return _report(ran, failures, started, seed, strategy, mode, exhausted)
         singles = len(plan) if mode == "auto" else 0
+        last: Strategy | None = None
         for index in range(1, schedules):
             if only is not None and index != only:
                 continue
@@ -713,7 +721,7 @@ def explore(
                 strat: Strategy = Fifo()
                 faults_used = plan[index]
             else:
-                strat = _strategy(strategy, seed + index, depth, steps)
+                strat = last = _strategy(strategy, seed + index, depth, steps, last)
                 faults_used = plan[(index - singles) % len(plan)] if mode == "auto" else plan[0]
             outcome = runner.run(strat, faults_used)
             ran += 1
