@@ -351,21 +351,20 @@ _FULL: Any = object()
 
 
 def _lean_pick(sim: Simulation, task: SimTask) -> Any:
-    """The decision at a point with no fault reached by the driven task being stepped, for
-    the common case (nothing else ready, no process paused or crashed, no thread waiting, no
-    real I/O): the decision of :meth:`Simulation.go_on`, with the strategy's pick drawn
-    directly. ``None``: ``task`` goes on; else the parked task chosen, or ``_FULL`` (not the
-    common case: the gate decides the full way)."""
-    owner = sim._owner
+    """The decision at a point with no fault reached by ``task``, the driven task being
+    stepped (``sim._stepping``: the caller made sure; so a slice runs, and ``sim._owner``
+    is set), for the common case (nothing else ready, no process paused or crashed, no
+    thread waiting, no real I/O): the decision of :meth:`Simulation.go_on`, with the
+    strategy's pick drawn directly. ``None``: ``task`` goes on; else the parked task chosen,
+    or ``_FULL`` (not the common case: the gate decides the full way)."""
     if (
         sim._ready
         or sim.deferred
         or sim.external
         or sim.impaired
         or sim.sleeping
-        or sim._stepping is not task
-        or owner is None
-        or owner.atask._must_cancel  # type: ignore[union-attr]
+        # a cancellation requested of the task whose driver steps this slice
+        or sim._owner.atask._must_cancel  # type: ignore[union-attr]
     ):
         return _FULL
     if sim.checkers:
@@ -428,8 +427,9 @@ def _lean_switch(
 def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
     """The gate of a point with no fault, reached by the driven task being stepped (what
     :meth:`Simulation.on_point` returns there): a generator awaited as is (no gate object,
-    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way."""
-    chosen = _lean_pick(sim, task)
+    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way (awaited
+    later than it was reached, e.g. by another task: ``task`` is not the one stepped)."""
+    chosen = _lean_pick(sim, task) if sim._stepping is task else _FULL
     if chosen is None:
         return None
     if chosen is _FULL:
