@@ -631,7 +631,7 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
-            driver = self._run_async(task, self._drive(task))  # type: ignore[arg-type]
+            driver = self._drive(task)
             loop: Any = self.loop
             if loop._task_factory is None:  # create_task's own steps, without its checks
                 atask = asyncio.Task(driver, loop=loop, context=ctx)  # type: ignore[call-arg]
@@ -1616,49 +1616,54 @@ class Simulation:
 
     # -- running ----------------------------------------------------------------------------
     @types.coroutine
-    def _drive(self, task: SimTask) -> Generator[Any, Any, Any]:
-        """What the asyncio task of a driven ``task`` awaits: it steps the job's coroutine
+    def _drive(self, task: SimTask) -> Generator[Any, Any, None]:
+        """What the asyncio task of a driven ``task`` runs: it steps the job's coroutine
         (and, through :meth:`_slice`, those of the tasks the decisions at its points choose),
         yields to asyncio whatever the job awaits there (a future, a bare yield), and while
         the job is parked, waits on ``task.park`` until it is let go or handed what the job
-        yielded while another driver stepped it."""
+        yielded while another driver stepped it. Once the job ends, it concludes it (unless
+        the slice that ran its last step did), as :meth:`_run_async` does for an undriven
+        job: the asyncio task runs this generator itself, with no coroutine around it."""
         value: Any = None
         error: BaseException | None = None
-        while True:
-            kind, payload = self._slice(task, value, error)
-            value = error = None
-            while kind == _PARKED[0]:
-                park = task.park
-                if park is None:
-                    park = task.park = self.loop.create_future()
-                try:
-                    yield from park.__await__()
-                except BaseException as exc:  # cancelled (a timeout, teardown, another task)
-                    error = exc
-                task.park = None
-                command, task.command = task.command, None
-                if command is None:  # cancelled while parked: the gate hears of it
-                    kind = _GO
+        try:
+            while True:
+                kind, payload = self._slice(task, value, error)
+                value = error = None
+                while kind == _PARKED[0]:
+                    park = task.park
+                    if park is None:
+                        park = task.park = self.loop.create_future()
+                    try:
+                        yield from park.__await__()
+                    except BaseException as exc:  # cancelled (a timeout, teardown, another task)
+                        error = exc
+                    task.park = None
+                    command, task.command = task.command, None
+                    if command is None:  # cancelled while parked: the gate hears of it
+                        kind = _GO
+                        break
+                    kind, payload = command
+                    if error is not None:
+                        if kind == _AWAIT:
+                            if isinstance(payload, asyncio.Future):
+                                payload.cancel()
+                            kind = _GO  # the job hears of it where it awaited
+                        elif kind == _GO:
+                            pass
+                        else:
+                            error = None  # it ended meanwhile: nothing left to cancel
+                if kind in (_DONE, _FAILED):
                     break
-                kind, payload = command
-                if error is not None:
-                    if kind == _AWAIT:
-                        if isinstance(payload, asyncio.Future):
-                            payload.cancel()
-                        kind = _GO  # the job hears of it where it awaited
-                    elif kind == _GO:
-                        pass
-                    else:
-                        error = None  # it ended meanwhile: nothing left to cancel
-            if kind == _DONE:
-                return payload
-            if kind == _FAILED:
-                raise payload
-            if kind == _AWAIT:
-                try:
-                    value = yield payload
-                except BaseException as exc:
-                    error = exc
+                if kind == _AWAIT:
+                    try:
+                        value = yield payload
+                    except BaseException as exc:
+                        error = exc
+        except BaseException as exc:  # the driving itself failed: the job's end, as in _run_async
+            kind, payload = _FAILED, exc
+        if kind == _FAILED or payload is not _CONCLUDED:  # else a slice concluded it already
+            self._conclude(task, kind, payload)
 
     def _slice(self, owner: SimTask, value: Any, error: BaseException | None) -> tuple[int, Any]:
         """Step ``owner``'s coroutine (sending ``value`` or throwing ``error``) and, each
