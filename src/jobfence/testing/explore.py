@@ -456,7 +456,7 @@ class _Runner:
         if (
             loop._scheduled  # type: ignore[attr-defined]
             or sim.parked
-            or any(not t.done for t in sim.tasks)
+            or not _sim._all_done(sim.tasks)
             or (main is not None and not main.done())  # a check ended the schedule early
         ):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
