@@ -498,7 +498,9 @@ class Simulation:
             self._below = strategy._below
             self._getrandbits = strategy._getrandbits
         self._fifo = type(strategy) is Fifo
-        #: no fault planned and no trail recorded: a point needs no look-up of its target
+        #: points may take the lean path: no fault planned and no trail recorded (a point
+        #: needs no look-up of its target), and the schedule is not ending (cleared with
+        #: :attr:`stopping`, so that a point tests one flag for both)
         self._plain = not faults and not record
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
@@ -965,7 +967,7 @@ class Simulation:
         the one being stepped (:attr:`_stepping`, read before the call)."""
         task = self._stepping
         if (
-            task is None or not self._plain or self.stopping or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
+            task is None or not self._plain or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
         ):
             return None
         points = self.points = self.points + 1
@@ -986,8 +988,7 @@ class Simulation:
         task = self._stepping
         if (
             task is not None
-            and self._plain
-            and not self.stopping
+            and self._plain  # and not stopping
             and self.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
         ):
             # the driven task being stepped, no fault to look up: count the hit, the gate
@@ -1600,6 +1601,7 @@ class Simulation:
         run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
         of the schedule outlives it."""
         self.stopping = True
+        self._plain = False  # no lean point any more (see _plain)
         if not self.thread_tasks:  # an all-async schedule: nothing to stop or join
             return
         for task in list(self.thread_tasks):
