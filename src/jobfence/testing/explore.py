@@ -402,7 +402,14 @@ class _Runner:
         random.setstate(_seeded_state())
         error: BaseException | None = None
         try:
-            main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+            # the scenario's task, in a context of its own (none of its changes leak out)
+            coro = self._main(sim)
+            ctx = contextvars.copy_context()
+            base: Any = loop  # BaseEventLoop's private attributes, untyped
+            if base._task_factory is None:  # create_task's own steps, without its checks
+                main: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=ctx)  # type: ignore[call-arg]
+            else:
+                main = base.create_task(coro, context=ctx)
             self._main_task = main
             try:
                 loop.run_task(main)
