@@ -981,7 +981,9 @@ class Simulation:
         if chosen is None:
             return self.passed
         if chosen is _FULL:
-            return _lean_gate(self, task, point)  # no common case: the full way
+            # no common case: the full way, straight to the gate (the lean one would find
+            # the same when awaited at once, and both ways decide alike when awaited later)
+            return _Gate(self, task, point, None)
         return _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
