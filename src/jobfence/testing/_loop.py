@@ -21,6 +21,7 @@ points is deterministic. This relies on CPython's ``BaseEventLoop`` attributes
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import sys
 import threading
@@ -62,6 +63,18 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.vtime
+
+    def call_soon(  # type: ignore[override]  # the same signature, without its type variables
+        self, callback: Any, *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
+        """``BaseEventLoop.call_soon`` in one frame (every task's steps, wake-ups and
+        futures' callbacks come through here, several per schedule): the same handle,
+        queued last; in debug mode, or once closed, asyncio's own (its checks)."""
+        if self._debug or self._closed:  # type: ignore[attr-defined]
+            return super().call_soon(callback, *args, context=context)
+        handle = asyncio.Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle
 
     def run_task(self, task: asyncio.Future[Any]) -> Any:
         """``run_until_complete(task)`` for a task of this loop, with less set-up per call

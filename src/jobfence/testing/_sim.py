@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import math
-import random
 import sys
 import threading
 import time
@@ -352,21 +351,20 @@ _FULL: Any = object()
 
 
 def _lean_pick(sim: Simulation, task: SimTask) -> Any:
-    """The decision at a point with no fault reached by the driven task being stepped, for
-    the common case (nothing else ready, no process paused or crashed, no thread waiting, no
-    real I/O): the decision of :meth:`Simulation.go_on`, with the strategy's pick drawn
-    directly. ``None``: ``task`` goes on; else the parked task chosen, or ``_FULL`` (not the
-    common case: the gate decides the full way)."""
-    owner = sim._owner
+    """The decision at a point with no fault reached by ``task``, the driven task being
+    stepped (``sim._stepping``: the caller made sure; so a slice runs, and ``sim._owner``
+    is set), for the common case (nothing else ready, no process paused or crashed, no
+    thread waiting, no real I/O): the decision of :meth:`Simulation.go_on`, with the
+    strategy's pick drawn directly. ``None``: ``task`` goes on; else the parked task chosen,
+    or ``_FULL`` (not the common case: the gate decides the full way)."""
     if (
         sim._ready
         or sim.deferred
         or sim.external
         or sim.impaired
         or sim.sleeping
-        or sim._stepping is not task
-        or owner is None
-        or owner.atask._must_cancel  # type: ignore[union-attr]
+        # a cancellation requested of the task whose driver steps this slice
+        or sim._owner.atask._must_cancel  # type: ignore[union-attr]
     ):
         return _FULL
     if sim.checkers:
@@ -429,8 +427,9 @@ def _lean_switch(
 def _lean_gate(sim: Simulation, task: SimTask, point: str) -> Generator[Any, None, None]:
     """The gate of a point with no fault, reached by the driven task being stepped (what
     :meth:`Simulation.on_point` returns there): a generator awaited as is (no gate object,
-    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way."""
-    chosen = _lean_pick(sim, task)
+    no ``__await__`` call) that decides with :func:`_lean_pick`, or the full way (awaited
+    later than it was reached, e.g. by another task: ``task`` is not the one stepped)."""
+    chosen = _lean_pick(sim, task) if sim._stepping is task else _FULL
     if chosen is None:
         return None
     if chosen is _FULL:
@@ -491,16 +490,17 @@ class Simulation:
         self.loop = loop
         self.strategy = strategy
         #: the random strategy's draw, called without its choose() around it (same draws)
-        self._below: Any = strategy._below if type(strategy) is Random else None
+        self._below: Any = None
         #: its generator's getrandbits, when its draw is random.Random's own _randbelow:
         #: the lean gate draws inline (the same draws)
         self._getrandbits: Any = None
-        if self._below is not None and getattr(self._below, "__func__", None) is getattr(
-            random.Random, "_randbelow_with_getrandbits", False
-        ):
-            self._getrandbits = strategy._rng.getrandbits  # type: ignore[attr-defined]
+        if type(strategy) is Random:
+            self._below = strategy._below
+            self._getrandbits = strategy._getrandbits
         self._fifo = type(strategy) is Fifo
-        #: no fault planned and no trail recorded: a point needs no look-up of its target
+        #: points may take the lean path: no fault planned and no trail recorded (a point
+        #: needs no look-up of its target), and the schedule is not ending (cleared with
+        #: :attr:`stopping`, so that a point tests one flag for both)
         self._plain = not faults and not record
         self.faults = faults
         self._by_hit: dict[tuple[str, int], list[Fault]] = {}
@@ -633,7 +633,7 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
-            driver = self._run_async(task, self._drive(task))  # type: ignore[arg-type]
+            driver = self._drive(task)
             loop: Any = self.loop
             if loop._task_factory is None:  # create_task's own steps, without its checks
                 atask = asyncio.Task(driver, loop=loop, context=ctx)  # type: ignore[call-arg]
@@ -650,7 +650,7 @@ class Simulation:
         by other tasks too) are done; return their results (an exception a job ended with is
         its result here, see :attr:`SimTask.error`). A crashed task counts as done."""
         chosen = list(tasks) if tasks else self.tasks
-        while any(not t.done for t in chosen):
+        while not _all_done(chosen):
             # one wake-up once they all are (see _wake_joins), not one per task; a future of
             # its own, so that cancelling the join cancels none of the tasks
             waiter = self.loop.create_future()
@@ -967,7 +967,7 @@ class Simulation:
         the one being stepped (:attr:`_stepping`, read before the call)."""
         task = self._stepping
         if (
-            task is None or not self._plain or self.stopping or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
+            task is None or not self._plain or self.loop._thread_id != _get_ident()  # type: ignore[attr-defined]
         ):
             return None
         points = self.points = self.points + 1
@@ -981,15 +981,16 @@ class Simulation:
         if chosen is None:
             return self.passed
         if chosen is _FULL:
-            return _lean_gate(self, task, point)  # no common case: the full way
+            # no common case: the full way, straight to the gate (the lean one would find
+            # the same when awaited at once, and both ways decide alike when awaited later)
+            return _Gate(self, task, point, None)
         return _lean_switch(self, task, point, chosen)
 
     def on_point(self, point: str, info: dict[str, Any]) -> Any:
         task = self._stepping
         if (
             task is not None
-            and self._plain
-            and not self.stopping
+            and self._plain  # and not stopping
             and self.loop._thread_id == _get_ident()  # type: ignore[attr-defined]
         ):
             # the driven task being stepped, no fault to look up: count the hit, the gate
@@ -1266,7 +1267,7 @@ class Simulation:
     def _wake_joins(self) -> None:
         """Wake each :meth:`join` whose tasks are all done now."""
         for chosen, waiter in self._joins:
-            if not waiter.done() and all(t.done for t in chosen):
+            if not waiter.done() and _all_done(chosen):
                 waiter.set_result(None)
 
     def run_checks(self) -> None:
@@ -1602,6 +1603,7 @@ class Simulation:
         run at all), and is joined (at most ``timeout`` real seconds in all), so no thread
         of the schedule outlives it."""
         self.stopping = True
+        self._plain = False  # no lean point any more (see _plain)
         if not self.thread_tasks:  # an all-async schedule: nothing to stop or join
             return
         for task in list(self.thread_tasks):
@@ -1618,49 +1620,54 @@ class Simulation:
 
     # -- running ----------------------------------------------------------------------------
     @types.coroutine
-    def _drive(self, task: SimTask) -> Generator[Any, Any, Any]:
-        """What the asyncio task of a driven ``task`` awaits: it steps the job's coroutine
+    def _drive(self, task: SimTask) -> Generator[Any, Any, None]:
+        """What the asyncio task of a driven ``task`` runs: it steps the job's coroutine
         (and, through :meth:`_slice`, those of the tasks the decisions at its points choose),
         yields to asyncio whatever the job awaits there (a future, a bare yield), and while
         the job is parked, waits on ``task.park`` until it is let go or handed what the job
-        yielded while another driver stepped it."""
+        yielded while another driver stepped it. Once the job ends, it concludes it (unless
+        the slice that ran its last step did), as :meth:`_run_async` does for an undriven
+        job: the asyncio task runs this generator itself, with no coroutine around it."""
         value: Any = None
         error: BaseException | None = None
-        while True:
-            kind, payload = self._slice(task, value, error)
-            value = error = None
-            while kind == _PARKED[0]:
-                park = task.park
-                if park is None:
-                    park = task.park = self.loop.create_future()
-                try:
-                    yield from park.__await__()
-                except BaseException as exc:  # cancelled (a timeout, teardown, another task)
-                    error = exc
-                task.park = None
-                command, task.command = task.command, None
-                if command is None:  # cancelled while parked: the gate hears of it
-                    kind = _GO
+        try:
+            while True:
+                kind, payload = self._slice(task, value, error)
+                value = error = None
+                while kind == _PARKED[0]:
+                    park = task.park
+                    if park is None:
+                        park = task.park = self.loop.create_future()
+                    try:
+                        yield from park.__await__()
+                    except BaseException as exc:  # cancelled (a timeout, teardown, another task)
+                        error = exc
+                    task.park = None
+                    command, task.command = task.command, None
+                    if command is None:  # cancelled while parked: the gate hears of it
+                        kind = _GO
+                        break
+                    kind, payload = command
+                    if error is not None:
+                        if kind == _AWAIT:
+                            if isinstance(payload, asyncio.Future):
+                                payload.cancel()
+                            kind = _GO  # the job hears of it where it awaited
+                        elif kind == _GO:
+                            pass
+                        else:
+                            error = None  # it ended meanwhile: nothing left to cancel
+                if kind in (_DONE, _FAILED):
                     break
-                kind, payload = command
-                if error is not None:
-                    if kind == _AWAIT:
-                        if isinstance(payload, asyncio.Future):
-                            payload.cancel()
-                        kind = _GO  # the job hears of it where it awaited
-                    elif kind == _GO:
-                        pass
-                    else:
-                        error = None  # it ended meanwhile: nothing left to cancel
-            if kind == _DONE:
-                return payload
-            if kind == _FAILED:
-                raise payload
-            if kind == _AWAIT:
-                try:
-                    value = yield payload
-                except BaseException as exc:
-                    error = exc
+                if kind == _AWAIT:
+                    try:
+                        value = yield payload
+                    except BaseException as exc:
+                        error = exc
+        except BaseException as exc:  # the driving itself failed: the job's end, as in _run_async
+            kind, payload = _FAILED, exc
+        if kind == _FAILED or payload is not _CONCLUDED:  # else a slice concluded it already
+            self._conclude(task, kind, payload)
 
     def _slice(self, owner: SimTask, value: Any, error: BaseException | None) -> tuple[int, Any]:
         """Step ``owner``'s coroutine (sending ``value`` or throwing ``error``) and, each
@@ -1847,10 +1854,11 @@ class Simulation:
         if self._joins:
             self._wake_joins()
         error = task.error
-        # a ConfigurationError ending a job says its code is wrong: a failure, as any bug
-        misuse = isinstance(error, ConfigurationError) and not self.stopping
-        if error is not None and (misuse or not _expected(error)) and self.failure is None:
-            self.failure = error
+        if error is not None and self.failure is None:
+            # a ConfigurationError ending a job says its code is wrong: a failure, as any bug
+            misuse = isinstance(error, ConfigurationError) and not self.stopping
+            if misuse or not _expected(error):
+                self.failure = error
         if self.checkers and not self.stopping:
             self.run_checks()  # a task's last step ends here, with no point after it
 
@@ -1916,6 +1924,15 @@ def verdict(checker: Checker, sim: Simulation, *, end: bool) -> str | None:
         return checker.end(sim) if end else checker.step(sim)
     except Exception as exc:
         return f"the checker raised {exc!r}"
+
+
+def _all_done(tasks: list[SimTask]) -> bool:
+    """Whether every task of ``tasks`` is done: a loop, cheaper than ``all()`` over a
+    generator (asked at every job's end and as the schedule ends)."""
+    for task in tasks:  # noqa: SIM110  # all() over a generator costs more
+        if not task.done:
+            return False
+    return True
 
 
 def _lease_valid(lease: Any, now: float) -> bool:

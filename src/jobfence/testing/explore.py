@@ -311,36 +311,43 @@ class _Runner:
         from ..backends.memory import inbox, locks, outbox, queue
 
         #: the ``memory://`` backends whose stores a schedule may create, and what
-        #: :meth:`_stores` found in them (with their sizes then)
+        #: :meth:`_stores` found in them
         self._store_modules: tuple[Any, ...] = (locks, inbox, queue, outbox)
         self._store_keys: dict[Any, set[str]] = {}
-        self._store_sizes: list[int] | None = None
+        #: the snapshot may be out of date (none taken yet, or a store it holds was removed)
+        self._stale = True
 
     def _stores(self) -> dict[Any, set[str]]:
         """The ``memory://`` stores that exist now, by backend module: as the last schedule
         left them (its new ones dropped) unless their number changed since, so a schedule
         pays a snapshot only when something outside the schedules created or removed one."""
-        sizes = [len(module._stores) for module in self._store_modules]
-        if sizes != self._store_sizes:
-            self._store_keys = _memory_stores()
-            self._store_sizes = [len(keys) for keys in self._store_keys.values()]
-        return self._store_keys
+        known = self._store_keys
+        if not self._stale:
+            for module, keys in known.items():
+                if len(module._stores) != len(keys):
+                    break
+            else:
+                return known
+        known = self._store_keys = _memory_stores()
+        self._stale = False
+        return known
 
     def _drop_stores(self, before: dict[Any, set[str]]) -> None:
         """Drop the ``memory://`` stores the schedule created (see :func:`_drop_new_stores`),
         finding them with a set difference rather than a loop over every store."""
-        sizes: list[int] | None = []
+        for module, keys in before.items():
+            if module._stores.keys() != keys:
+                break
+        else:  # the commonest end: no store made or removed (a C comparison per backend)
+            return
         for module, keys in before.items():
             stores = module._stores
             if len(stores) != len(keys) or stores.keys() != keys:
                 with module._stores_mutex:
                     for key in stores.keys() - keys:
                         del stores[key]
-            if sizes is not None and len(stores) == len(keys):
-                sizes.append(len(stores))
-            else:
-                sizes = None  # a store that existed before was removed: look again
-        self._store_sizes = sizes
+            if len(stores) != len(keys):
+                self._stale = True  # a store that existed before was removed: look again
 
     def close(self) -> None:
         self.loop.close()
@@ -395,7 +402,14 @@ class _Runner:
         random.setstate(_seeded_state())
         error: BaseException | None = None
         try:
-            main = contextvars.copy_context().run(loop.create_task, self._main(sim))
+            # the scenario's task, in a context of its own (none of its changes leak out)
+            coro = self._main(sim)
+            ctx = contextvars.copy_context()
+            base: Any = loop  # BaseEventLoop's private attributes, untyped
+            if base._task_factory is None:  # create_task's own steps, without its checks
+                main: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=ctx)  # type: ignore[call-arg]
+            else:
+                main = base.create_task(coro, context=ctx)
             self._main_task = main
             try:
                 loop.run_task(main)
@@ -449,7 +463,7 @@ class _Runner:
         if (
             loop._scheduled  # type: ignore[attr-defined]
             or sim.parked
-            or any(not t.done for t in sim.tasks)
+            or not _sim._all_done(sim.tasks)
             or (main is not None and not main.done())  # a check ended the schedule early
         ):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
@@ -545,8 +559,15 @@ def _describe(error: BaseException, sim: Simulation) -> str:
     return f"{who} raised {error!r}"
 
 
-def _strategy(name: str, seed: int, depth: int, steps: int) -> Strategy:
+def _strategy(
+    name: str, seed: int, depth: int, steps: int, last: Strategy | None = None
+) -> Strategy:
+    """The strategy of the schedule of ``seed``; ``last``, the previous schedule's (done
+    with): a random one is reseeded, the same draws as a new one's."""
     if name == "random":
+        if type(last) is Random:
+            last.reseed(seed)
+            return last
         return Random(seed)
     if name == "pct":
         return PCT(seed, depth=depth, steps=steps)
@@ -699,6 +720,7 @@ def explore(
                     break
             return _report(ran, failures, started, seed, strategy, mode, exhausted)
         singles = len(plan) if mode == "auto" else 0
+        last: Strategy | None = None
         for index in range(1, schedules):
             if only is not None and index != only:
                 continue
@@ -706,7 +728,7 @@ def explore(
                 strat: Strategy = Fifo()
                 faults_used = plan[index]
             else:
-                strat = _strategy(strategy, seed + index, depth, steps)
+                strat = last = _strategy(strategy, seed + index, depth, steps, last)
                 faults_used = plan[(index - singles) % len(plan)] if mode == "auto" else plan[0]
             outcome = runner.run(strat, faults_used)
             ran += 1

@@ -19,10 +19,14 @@ strategies:
 
 from __future__ import annotations
 
+import _random
 import math
 import random
 from collections.abc import Sequence
 from typing import Protocol
+
+#: the C generator's seed: for an int, what ``random.Random.seed`` does after its checks
+_seed = _random.Random.seed
 
 __all__ = ["PCT", "Exhaustive", "Fifo", "Random", "Strategy", "TapeStrategy"]
 
@@ -58,10 +62,25 @@ class Random(Strategy):
     name = "random"
 
     def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
+        rng = self._rng = random.Random(seed)
         # randrange(n) is _randbelow(n) after checking its argument: the same draws, at half
         # the cost of a decision's pick
-        self._below = getattr(self._rng, "_randbelow", self._rng.randrange)
+        self._below = getattr(rng, "_randbelow", rng.randrange)
+        #: the generator's getrandbits when its _randbelow is random.Random's own (it draws
+        #: getrandbits(n.bit_length()) until below n): a simulation draws the same inline
+        self._getrandbits = (
+            rng.getrandbits
+            if getattr(self._below, "__func__", None)
+            is getattr(random.Random, "_randbelow_with_getrandbits", False)
+            else None
+        )
+
+    def reseed(self, seed: int) -> None:
+        """Start again as ``Random(seed)`` does, with the same generator: explore runs one
+        schedule per seed, and seeding (what ``random.Random(seed)`` does for an int,
+        without its checks of the argument) costs less than a new generator."""
+        _seed(self._rng, seed)
+        self._rng.gauss_next = None  # type: ignore[attr-defined]  # as random.Random.seed does
 
     def choose(self, candidates: Sequence[_Named], step: int) -> int:
         return self._below(len(candidates))  # type: ignore[no-any-return]

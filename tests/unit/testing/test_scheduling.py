@@ -289,3 +289,25 @@ def test_nested_spawns_are_processes_of_their_own() -> None:
     seen.clear()
     report = testing.explore(scenario_with(log), schedules=1, faults=[faults.crash("parent")])
     assert report.ok and seen == [(["t1", "t2", "t3"], ["c1", "c2"])]
+
+
+def test_a_reseeded_random_strategy_draws_as_a_new_one_of_that_seed() -> None:
+    """explore keeps one random strategy and reseeds it for each schedule: after
+    ``reseed(seed)`` it picks, and draws inline, what ``Random(seed)`` does, whatever it drew
+    before."""
+    from types import SimpleNamespace
+
+    from jobfence.testing.strategies import Random
+
+    candidates = [SimpleNamespace(name=f"t{i}") for i in range(1, 6)]
+    kept = Random(3)
+    for seed in (0, 1, 7, 12345, 2**40 + 5):
+        for n in range(2, 6):  # leave it mid-way through its draws
+            kept.choose(candidates[:n], 0)
+        kept.reseed(seed)
+        fresh = Random(seed)
+        assert kept._rng.getstate() == fresh._rng.getstate()
+        picks = [kept.choose(candidates[: 2 + i % 4], i) for i in range(60)]
+        assert picks == [fresh.choose(candidates[: 2 + i % 4], i) for i in range(60)]
+        assert kept._getrandbits is not None
+        assert kept._getrandbits(7) == fresh._getrandbits(7)  # the inline draw's generator
