@@ -62,7 +62,7 @@ def retries() -> Iterator[list[Any]]:
 def test_the_task_id_is_the_default_key_so_a_redelivery_returns_the_stored_result(app, inbox):
     runs: list[tuple[str | None, int, int]] = []
 
-    @app.task(acks_late=True)
+    @app.task(shared=False, acks_late=True)
     @jfcelery.guarded(inbox=inbox)
     def add(x: int, y: int) -> int:
         runs.append((jfcelery.job_key(), x, y))
@@ -83,7 +83,7 @@ def test_the_task_id_is_the_default_key_so_a_redelivery_returns_the_stored_resul
 def test_a_key_template_and_a_lock_template_see_the_task_arguments(app, inbox, locks):
     seen: list[Any] = []
 
-    @app.task
+    @app.task(shared=False)
     @jfcelery.guarded(locks=locks, inbox=inbox, lock="product:{product_id}", key="order:{order_id}")
     def apply_order(order_id: int, product_id: int) -> str:
         seen.append((jobfence.current_lease().name, jobfence.guard.current_claim().key))
@@ -97,7 +97,7 @@ def test_a_key_template_and_a_lock_template_see_the_task_arguments(app, inbox, l
 def test_a_bound_task_keeps_self_out_of_templates_and_fingerprint(app, inbox):
     calls: list[Any] = []
 
-    @app.task(bind=True)
+    @app.task(shared=False, bind=True)
     @jfcelery.guarded(inbox=inbox, key="order:{order_id}", fingerprint=True)
     def apply_order(self: Any, order_id: int, qty: int) -> int:
         calls.append((self.name, self.request.id, order_id, qty))
@@ -143,7 +143,7 @@ def test_a_claim_in_progress_becomes_celerys_retry_after_the_claims_expiry(app, 
 def test_a_lock_timeout_is_retried_until_max_retries_then_fails(app, locks, retries):
     other = locks.acquire("report", ttl=60)
 
-    @app.task(max_retries=2)
+    @app.task(shared=False, max_retries=2)
     @jfcelery.guarded(locks=locks, lock="report", timeout=0, retry_delay=0.25)
     def report() -> str:
         raise AssertionError("must not run while another worker holds the lock")
@@ -157,7 +157,7 @@ def test_a_lock_timeout_is_retried_until_max_retries_then_fails(app, locks, retr
 
 
 def test_a_fingerprint_mismatch_fails_at_once_never_retried(app, inbox, retries):
-    @app.task(max_retries=5)
+    @app.task(shared=False, max_retries=5)
     @jfcelery.guarded(inbox=inbox, key="charge:{charge_id}", fingerprint=True)
     def charge(charge_id: str, cents: int) -> int:
         return cents
@@ -170,7 +170,12 @@ def test_a_fingerprint_mismatch_fails_at_once_never_retried(app, inbox, retries)
 
 
 def test_with_autoretry_for_every_exception_not_retried_stays_final(app, inbox, retries):
-    @app.task(autoretry_for=(Exception,), dont_autoretry_for=jfcelery.NOT_RETRIED, max_retries=3)
+    @app.task(
+        shared=False,
+        autoretry_for=(Exception,),
+        dont_autoretry_for=jfcelery.NOT_RETRIED,
+        max_retries=3,
+    )
     @jfcelery.guarded(inbox=inbox, key="charge:{charge_id}", fingerprint=True)
     def charge(charge_id: str, cents: int) -> int:
         if cents < 0:
@@ -188,7 +193,7 @@ def test_with_autoretry_for_every_exception_not_retried_stays_final(app, inbox, 
 def test_the_task_exceptions_follow_celerys_rules_and_release_the_claim(app, inbox, retries):
     attempts: list[int] = []
 
-    @app.task
+    @app.task(shared=False)
     @jfcelery.guarded(inbox=inbox, retry=jobfence.RetryPolicy(attempts=3, backoff=0.001))
     def flaky() -> str:
         attempts.append(1)
@@ -205,12 +210,12 @@ def test_the_task_exceptions_follow_celerys_rules_and_release_the_claim(app, inb
 
 
 def test_a_direct_call_has_no_task_id(app, inbox, locks):
-    @app.task
+    @app.task(shared=False)
     @jfcelery.guarded(inbox=inbox)
     def no_key() -> int:
         return 1
 
-    @app.task
+    @app.task(shared=False)
     @jfcelery.guarded(inbox=inbox, key="k:{n}")
     def keyed(n: int) -> int:
         return n
@@ -232,7 +237,7 @@ def test_bad_configuration_names_the_argument(app, inbox):
         jfcelery.guarded(inbox=inbox)(coroutine)
     assert info.value.argument == "fn" and "synchronously" in str(info.value)
 
-    @app.task
+    @app.task(shared=False)
     def plain() -> None:
         pass
 
@@ -272,7 +277,7 @@ def test_a_retry_that_cannot_be_sent_requeues_the_message_instead_of_dropping_it
     )
     held = inbox.claim("order:3", ttl=60)  # another worker holds the key: "not now"
 
-    @app.task(acks_late=True, reject_on_worker_lost=True, max_retries=None)
+    @app.task(shared=False, acks_late=True, reject_on_worker_lost=True, max_retries=None)
     @jfcelery.guarded(inbox=inbox, key="order:{order_id}", retry_delay=1)
     def reserve(order_id: int) -> None:
         raise AssertionError("must not run while the key is held")
