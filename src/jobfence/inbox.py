@@ -105,6 +105,14 @@ def _text(value: Any) -> str | None:
 
 #: the states a record can be in, for ``claims(state=...)``
 _LISTED_STATES = (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
+#: the kinds of caller's connection whose MySQL driver may turn a statement's server warning
+#: into a Python ``Warning``: SQLAlchemy's asyncio connections and sessions, whose aiomysql
+#: adapter does (on a bare aiomysql connection jobfence's statements use a cursor that does
+#: not, and PyMySQL does not). ``claim_in``'s ``INSERT IGNORE`` of a key already applied gets
+#: one ("Duplicate entry"), which is filtered out there. ``catch_warnings`` saves and restores
+#: the process's warning filters, which concurrent calls could restore out of order, so it is
+#: entered only where a warning can come.
+_WARNING_KINDS = frozenset({"sa-aconn", "sa-asession"})
 
 
 def _check_state(state: object) -> ClaimState | None:
@@ -889,8 +897,11 @@ class Inbox:
             hook("inbox.claim_in", key=key, backend=sc.dialect)
             # the dialect's statements, each only while the ones before affected no row
             for step in dialect.claim_in_steps:
-                with warnings.catch_warnings():  # a MySQL driver may warn on an ignored duplicate
-                    warnings.filterwarnings("ignore", message="Duplicate entry")
+                if sc.kind in _WARNING_KINDS and dialect.name == "mysql":
+                    with warnings.catch_warnings():  # see _WARNING_KINDS
+                        warnings.filterwarnings("ignore", message="Duplicate entry")
+                        res = sc.execute(queries[step], params)
+                else:
                     res = sc.execute(queries[step], params)
                 # From here a repeat of this unit's commit is detectable (its next claim_in
                 # sees the marker), so retry_unit may re-run it after "commit outcome unknown".

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import jobfence
 from jobfence import ClaimState, FingerprintMismatch, SchemaMissing
 from tests.servers import MYSQL_URL, POSTGRES_URL
 
-from ._sqldrivers import FLAVOUR_IDS, FLAVOURS, Flavour, admin, query, unique
+from ._sqldrivers import FLAVOUR_IDS, FLAVOURS, Aiomysql, Flavour, admin, query, unique
 
 
 @pytest.fixture(params=FLAVOURS, ids=FLAVOUR_IDS)
@@ -217,3 +218,81 @@ def test_claim_in_is_one_statement_on_mysql() -> None:
         conn.close()
         inbox.drop()
         inbox.close()
+
+
+async def test_a_duplicate_claim_in_raises_no_driver_warning(
+    flavour: Flavour, table: str, conn: Any
+) -> None:
+    """A duplicate is claim_in's everyday answer: the caller sees no warning for it."""
+    assert await claim_in(flavour, table, conn, "dup-quiet")
+    await flavour.commit(conn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not await claim_in(flavour, table, conn, "dup-quiet")
+
+
+async def _show_warnings_sent(conn: Any) -> int:
+    cur = await conn.cursor()
+    await cur.execute("SHOW SESSION STATUS LIKE 'Com_show_warnings'")
+    row = await cur.fetchone()
+    await cur.close()
+    return int(row["Value"] if isinstance(row, dict) else row[1])
+
+
+async def test_a_duplicate_claim_in_on_aiomysql_sends_no_show_warnings(tmp_path: Path) -> None:
+    """aiomysql answers a statement's server warning with ``SHOW WARNINGS``, one more round
+    trip inside the caller's transaction: claim_in's ``INSERT IGNORE`` of a key already
+    applied gets one ("Duplicate entry"), and jobfence does not fetch it."""
+    flavour = Aiomysql(tmp_path / "unused.db")
+    name = unique("jf_inbox")
+    inbox = jobfence.AsyncInbox(MYSQL_URL, table=name)
+    await inbox.install()
+    conn = await flavour.connect()
+    try:
+        assert await inbox.claim_in(conn, "k")
+        await flavour.commit(conn)
+        before = await _show_warnings_sent(conn)
+        assert not await inbox.claim_in(conn, "k")
+        assert await _show_warnings_sent(conn) == before
+    finally:
+        await flavour.rollback(conn)
+        await flavour.close(conn)
+        await inbox.drop()
+        await inbox.close()
+
+
+#: a bare asyncio connection of each server dialect, where the second claim_in waits for the
+#: first's commit on the key's row (SQLite has no row lock: its second writer may be refused)
+_BARE_ASYNC = [f for f in FLAVOURS if f.id in ("psycopg-async", "aiomysql")]
+
+
+@pytest.mark.parametrize("bare", _BARE_ASYNC, ids=[f.id for f in _BARE_ASYNC])
+async def test_concurrent_claim_ins_leave_the_warning_filters_as_they_were(
+    bare: type[Flavour], tmp_path: Path
+) -> None:
+    """Two claim_in of one key at once, the second waiting for the first's commit. A
+    ``warnings.catch_warnings`` around each statement would let them restore the process's
+    warning filters out of order, leaving the first one's filter installed for good."""
+    flavour = bare(tmp_path / "app.db")
+    table = unique("jf_inbox")
+    setup = jobfence.Inbox(inbox_url(flavour), table=table)
+    setup.install()
+    first, second = await flavour.connect(), await flavour.connect()
+    before = list(warnings.filters)
+
+    async def take_and_commit() -> bool:
+        taken = await claim_in(flavour, table, first, "both")
+        await flavour.commit(first)
+        return taken
+
+    try:
+        results = await asyncio.gather(take_and_commit(), claim_in(flavour, table, second, "both"))
+        assert sorted(results) == [False, True]
+        assert warnings.filters == before
+    finally:
+        warnings.filters[:] = before
+        for c in (first, second):
+            await flavour.rollback(c)
+            await flavour.close(c)
+        setup.drop()
+        setup.close()
