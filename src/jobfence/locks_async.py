@@ -297,7 +297,9 @@ class AsyncLocks:
         the backend call that asks for the lease (default: the backend's plain try), such as
         :func:`jobfence.guarded`'s script that also claims its key on the same server."""
         backend = self.backend
-        await self._prepare(name, waiting=False)
+        # a grant sent on another client (jobfence.guarded's one script on the inbox's Redis)
+        # does not use this client's own connection: only what its renewals need is set up
+        await self._prepare(name, waiting=False, renewals_only=grant is not None)
         started = get_clock().monotonic()  # right before the grant request
         try:
             if grant is not None:
@@ -482,12 +484,18 @@ class AsyncLocks:
             retry.since = _NEVER  # given back: nothing of ours is pending
         return None
 
-    async def _prepare(self, name: str, *, waiting: bool) -> None:
+    async def _prepare(self, name: str, *, waiting: bool, renewals_only: bool = False) -> None:
         """Let the backend open and set up its connection (scripts, tables, a listener) before
         a lease's clock starts: connection setup on a slow link must not eat into the lease.
-        Nothing was asked of the lock yet, so a failure here leaves nothing to clean up."""
+        Nothing was asked of the lock yet, so a failure here leaves nothing to clean up.
+        ``renewals_only``: the grant is sent on another client, so only what the renewals
+        need is set up, where the backend tells them apart (``prepare_renewals``)."""
         try:  # call_backend(hooked=False), without its layer of calls
-            await self.backend.prepare(waiting=waiting)
+            renewals = getattr(self.backend, "prepare_renewals", None) if renewals_only else None
+            if renewals is not None:
+                await renewals()
+            else:
+                await self.backend.prepare(waiting=waiting)
         except (JobfenceError, NotImplementedError):
             raise
         except Exception as exc:

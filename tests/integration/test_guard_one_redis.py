@@ -104,6 +104,44 @@ def test_a_guarded_call_on_one_redis_is_two_round_trips_and_replays(
     lease.release()
 
 
+def test_a_guarded_call_on_one_redis_leaves_the_lock_clients_connection_alone(
+    clients: tuple[jobfence.Locks, jobfence.Inbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one script runs on the inbox's client: the lock client's own connection is not
+    looked at before the grant (no poll of its idle connection, no checkout), while its
+    renewals' connection is opened by the first call, and a release of the lease that the
+    script did not make still works."""
+    from jobfence.backends.redis import locks as redis_locks
+
+    locks, inbox = clients
+    looked: list[str] = []
+    idle_open = redis_locks._idle_open
+
+    def counted(client: Any) -> bool:
+        looked.append("idle_open")
+        return idle_open(client)
+
+    monkeypatch.setattr(redis_locks, "_idle_open", counted)
+
+    @guarded(locks=locks, inbox=inbox, lock="res:{n}", key="job:{n}")
+    def job(n: int) -> dict[str, int]:
+        if n == 2:
+            raise ValueError("no")
+        return {"n": n}
+
+    assert job(0) == {"n": 0}
+    backend: Any = locks.backend
+    assert backend._renewals_ready  # the renewals' connection was opened by the first call
+    looked.clear()
+    assert job(1) == {"n": 1}
+    assert looked == []
+    with pytest.raises(ValueError):
+        job(2)  # the lease is given back by the lock client itself
+    lease = locks.try_acquire("res:2", ttl=5)
+    assert lease is not None
+    lease.release()
+
+
 async def test_async_a_guarded_call_on_one_redis_is_two_round_trips(
     async_clients: tuple[jobfence.AsyncLocks, jobfence.AsyncInbox],
     monkeypatch: pytest.MonkeyPatch,

@@ -331,6 +331,16 @@ class RedisLockBackend(LockBackend):
         _warm(self._renewals)
         self._renewals_ready = True
 
+    def prepare_renewals(self) -> None:
+        """:meth:`prepare` for a lease granted on another client (``jobfence.guarded``'s one
+        script on the inbox's Redis), whose grant does not use this client's connection: the
+        renewals' connection is opened the first time, and this client's own is not looked
+        at. Where the renewals run on this client itself (a client of the caller's), it is
+        :meth:`prepare`."""
+        if self._cluster or (self._renewals is not self._client and self._renewals_ready):
+            return
+        self.prepare()
+
     def acquire(
         self, name: str, owner: str, ttl: float, *, wait: float | None = None
     ) -> int | None:
