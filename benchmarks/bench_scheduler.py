@@ -46,6 +46,11 @@ POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 SCHEDULES = 5
 #: seconds of each scheduler's loop before the measurement starts
 WARMUP = 3.0
+#: the warm-up and the measured seconds of a quick run (``measure(quick=True)``, run.py
+#: ``--quick``): a smoke run of every case, whose figures are not read; still a few fires per
+#: process after the warm-up, so that the lag and CPU code runs on real fires
+QUICK_WARMUP = 1.0
+QUICK_SECONDS = 2.0
 CASES = (
     "jobfence Scheduler, Redis, 1 process",
     "jobfence Scheduler, Redis, 3 processes",
@@ -63,17 +68,18 @@ def _cpu() -> float:
 
 
 class _Warmup:
-    """The first ``WARMUP`` seconds of a scheduler's loop (connections, tables, the first
-    pass) are not measured: ``cpu`` is the CPU time at their end, and only the fires due
+    """The first ``seconds`` (``WARMUP``) of a scheduler's loop (connections, tables, the
+    first pass) are not measured: ``cpu`` is the CPU time at their end, and only the fires due
     after them count."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
         self.at = float("inf")
         self.cpu = 0.0
 
     def start(self) -> None:
-        self.at = time.time() + WARMUP
-        threading.Timer(WARMUP, self._end).start()
+        self.at = time.time() + self.seconds
+        threading.Timer(self.seconds, self._end).start()
 
     def _end(self) -> None:
         self.cpu = _cpu()
@@ -82,12 +88,12 @@ class _Warmup:
         return due >= self.at
 
 
-def _child_jobfence(url: str, ns: str, seconds: float) -> dict[str, Any]:
+def _child_jobfence(url: str, ns: str, seconds: float, warmup: float) -> dict[str, Any]:
     import jobfence
 
     lags: list[float] = []
     sched = jobfence.Scheduler(url, namespace=ns, lease=30.0)
-    warm = _Warmup()
+    warm = _Warmup(warmup)
 
     def target(slot: jobfence.Slot) -> None:
         at = slot.at.timestamp()
@@ -97,14 +103,14 @@ def _child_jobfence(url: str, ns: str, seconds: float) -> dict[str, Any]:
     for i in range(SCHEDULES):
         sched.add(f"bench.s{i}", every=1, target=target)
     warm.start()
-    threading.Timer(WARMUP + seconds, sched.stop).start()
+    threading.Timer(warmup + seconds, sched.stop).start()
     sched.run()
     cpu = _cpu() - warm.cpu
     sched.close()
     return {"lags": lags, "cpu": cpu}
 
 
-def _child_redbeat(url: str, ns: str, seconds: float) -> dict[str, Any]:
+def _child_redbeat(url: str, ns: str, seconds: float, warmup: float) -> dict[str, Any]:
     from celery import Celery
     from celery.beat import Service
     from celery.signals import before_task_publish
@@ -124,9 +130,9 @@ def _child_redbeat(url: str, ns: str, seconds: float) -> dict[str, Any]:
 
     before_task_publish.connect(sent, weak=False)
     service = Service(app, scheduler_cls=RedBeatScheduler)
-    warm = _Warmup()
+    warm = _Warmup(warmup)
     warm.start()
-    threading.Timer(WARMUP + seconds, service.stop).start()
+    threading.Timer(warmup + seconds, service.stop).start()
     service.start(embedded_process=True)
     cpu = _cpu() - warm.cpu
     # due = the entry's previous send + its interval
@@ -143,7 +149,7 @@ def _noop() -> None:
     """The APScheduler jobs' function."""
 
 
-def _child_apscheduler(url: str, ns: str, seconds: float) -> dict[str, Any]:
+def _child_apscheduler(url: str, ns: str, seconds: float, warmup: float) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
@@ -156,7 +162,7 @@ def _child_apscheduler(url: str, ns: str, seconds: float) -> dict[str, Any]:
     sched = BackgroundScheduler(jobstores={"default": store}, timezone="UTC")
     lags: list[float] = []
 
-    warm = _Warmup()
+    warm = _Warmup(warmup)
 
     def submitted(event: JobSubmissionEvent) -> None:
         now = time.time()
@@ -172,7 +178,7 @@ def _child_apscheduler(url: str, ns: str, seconds: float) -> dict[str, Any]:
         )
     warm.start()
     sched.start()
-    time.sleep(WARMUP + seconds)
+    time.sleep(warmup + seconds)
     sched.shutdown(wait=True)
     cpu = _cpu() - warm.cpu
     store.engine.dispose()
@@ -212,26 +218,29 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _spawn(kind: str, url: str, ns: str, seconds: float) -> subprocess.Popen[str]:
+def _spawn(kind: str, url: str, ns: str, seconds: float, warmup: float) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--child", kind, url, ns, str(seconds)],
+        [
+            *(sys.executable, os.path.abspath(__file__), "--child", kind, url, ns),
+            *(str(seconds), str(warmup)),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
-def _run_case(case: str, seconds: float) -> tuple[list[float], float, int]:
+def _run_case(case: str, seconds: float, warmup: float) -> tuple[list[float], float, int]:
     """Run one case once: (lags, CPU seconds, fires)."""
     ns = "b" + uuid.uuid4().hex[:12]
     url = POSTGRES if "PostgreSQL" in case else REDIS
     kind = "jobfence" if case.startswith("jobfence") else case.split()[0].lower()
     kind = {"celery": "redbeat"}.get(kind, kind)
     count = 3 if "3 processes" in case else 1
-    procs = [_spawn(kind, url, ns, seconds) for _ in range(count)]
+    procs = [_spawn(kind, url, ns, seconds, warmup) for _ in range(count)]
     try:
         results = []
         for proc in procs:
-            out, _ = proc.communicate(timeout=seconds + 120)
+            out, _ = proc.communicate(timeout=warmup + seconds + 120)
             if proc.returncode != 0:
                 raise RuntimeError(f"{case}: a scheduler process exited {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
@@ -265,19 +274,25 @@ def _cleanup(url: str, ns: str) -> None:
             conn.execute("DELETE FROM jobfence_inbox_schema WHERE table_name LIKE %s", (ns + "%",))
 
 
+def warmup_for(quick: bool) -> float:
+    """The warm-up of each scheduler process, in seconds."""
+    return QUICK_WARMUP if quick else WARMUP
+
+
 def measure(
     quick: bool, rounds: int | None = None, seconds: float | None = None
 ) -> dict[str, Case]:
     """Every case, in interleaved rounds (the order rotated each round)."""
-    # quick: one short round per case, a smoke run of every case that keeps run.py --quick
-    # within its time; the figures worth reading come from the full run
+    # quick: one short round per case after a short warm-up, a smoke run of every case that
+    # keeps run.py --quick within its time; the figures worth reading come from the full run
     rounds = rounds or (1 if quick else 3)
-    seconds = seconds or (2.0 if quick else 30.0)
+    seconds = seconds or (QUICK_SECONDS if quick else 30.0)
+    warmup = warmup_for(quick)
     cases = {name: Case() for name in CASES}
     order = list(CASES)
     for r in range(rounds):
         for name in order[r % len(order) :] + order[: r % len(order)]:
-            lags, cpu, fires = _run_case(name, seconds)
+            lags, cpu, fires = _run_case(name, seconds, warmup)
             c = cases[name]
             c.lags += lags
             c.cpu += cpu
@@ -329,11 +344,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--child", nargs=4, metavar=("KIND", "URL", "NS", "SECONDS"))
+    parser.add_argument("--child", nargs=5, metavar=("KIND", "URL", "NS", "SECONDS", "WARMUP"))
     args = parser.parse_args()
     if args.child:
-        kind, url, ns, secs = args.child
-        print(json.dumps(CHILDREN[kind](url, ns, float(secs))), flush=True)
+        kind, url, ns, secs, warmup = args.child
+        print(json.dumps(CHILDREN[kind](url, ns, float(secs), float(warmup))), flush=True)
         return
     started = time.perf_counter()
     cases = measure(False, args.rounds, args.seconds)

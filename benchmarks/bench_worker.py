@@ -70,12 +70,21 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: published to a worker's queue after its stop: wakes the stopping worker's idle receive,
+#: which gives the message back unstarted (see :func:`_drain_worker`)
+WAKE = {"wake": True}
+
+
 async def _drain_worker(
     queue: jobfence.AsyncQueue, handler: Any, n: int, conc: int | None = None
 ) -> Timing:
-    """Seconds until the worker processed all ``n`` messages (its shutdown after that -- up
-    to one idle receive's wait -- is not counted, as the floors' is not); ``conc=None``: the
-    worker's default concurrency."""
+    """Seconds until the worker processed all ``n`` messages (its shutdown after that is not
+    counted, as the floors' is not); ``conc=None``: the worker's default concurrency.
+
+    Once all ``n`` are processed the watcher stops the worker and publishes one more message
+    (``WAKE``): a stopping worker waits for its receive in flight, which would otherwise
+    wait out its idle wait (``RECEIVE_WAIT``, 1 s) on the empty queue; the message ends that
+    wait and the stopping worker gives it back unstarted, and the queue is dropped after."""
     options: dict[str, Any] = {} if conc is None else {"concurrency": conc}
     worker = jobfence.AsyncWorker(queue, handler, handle_signals=False, **options)
     started, cpu = time.perf_counter(), _cpu()
@@ -87,6 +96,7 @@ async def _drain_worker(
             await asyncio.sleep(0.001)
         finished, cpu_used = time.perf_counter(), _cpu() - cpu
         worker.stop()
+        await queue.publish(WAKE)
 
     watcher = asyncio.ensure_future(watch())
     await worker.run()
@@ -98,7 +108,7 @@ async def _drain_worker(
 def _drain_sync_worker(queue: jobfence.Queue, handler: Any, n: int) -> Timing:
     """:func:`_drain_worker` for ``jobfence.Worker`` at its default settings, run in the
     calling thread; a watcher thread stops it once all ``n`` are processed (it looks every
-    5 ms, so that it costs the worker little CPU)."""
+    5 ms, so that it costs the worker little CPU), and wakes its idle receive with ``WAKE``."""
     worker = jobfence.Worker(queue, handler, handle_signals=False)
     started, cpu = time.perf_counter(), _cpu()
     finished, cpu_used = started, 0.0
@@ -109,6 +119,7 @@ def _drain_sync_worker(queue: jobfence.Queue, handler: Any, n: int) -> Timing:
             time.sleep(0.005)
         finished, cpu_used = time.perf_counter(), _cpu() - cpu
         worker.stop()
+        queue.publish(WAKE)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

@@ -902,11 +902,13 @@ def section_limits(rep: Report, sz: Sizes) -> None:
 
 # -- 11. schedulers per fire ----------------------------------------------------------------------
 def section_scheduler(rep: Report, sz: Sizes) -> None:
+    quick = sz.rounds < FULL.rounds
+    warmup = bench_scheduler.warmup_for(quick)
     rep.add("## 11. Schedulers: CPU and lag per fire", "")
     rep.add(
         f"{bench_scheduler.SCHEDULES} schedules every 1 s (a jobfence slot is a whole second: "
         "the fastest schedule the three run alike), each case in processes of its own for "
-        f"a fixed time per round after a warm-up of {bench_scheduler.WARMUP:g} s (connections, "
+        f"a fixed time per round after a warm-up of {warmup:g} s (connections, "
         "tables, the first pass). CPU per fire: the scheduler processes' user + system CPU "
         "while their loop ran, over the fires (servers not counted). Lag: jobfence in the "
         "target (now minus the slot's time); celery beat + RedBeat when beat sends "
@@ -916,7 +918,7 @@ def section_scheduler(rep: Report, sz: Sizes) -> None:
         "the price of exactly-once slots across processes "
         "(docs/reference/performance.md#scheduler)."
     )
-    cases = bench_scheduler.measure(sz.rounds < FULL.rounds)
+    cases = bench_scheduler.measure(quick)
     rep.table(bench_scheduler.HEADER, bench_scheduler.rows(cases))
 
 
