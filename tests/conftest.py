@@ -1,4 +1,5 @@
-"""What every test must leave behind: no open lock client and no running lease renewer.
+"""What every test must leave behind: no open lock client and no running lease renewer; and
+the order in which pytest-xdist workers start the slow tests.
 
 A client a test does not close keeps its renewer (a thread for ``Locks``, a task for
 ``AsyncLocks``) renewing leases nobody uses, and its leases are reported lost long after the
@@ -10,6 +11,7 @@ must have stopped; otherwise the test fails (as an error in its teardown) naming
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 import weakref
@@ -97,3 +99,44 @@ def _no_leaked_clock_or_hook() -> Iterator[None]:
         set_hook(None)
     if leaked:
         pytest.fail(f"the test left {' and '.join(leaked)} replaced", pytrace=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, every worker starts with its share of the ``slow`` tests (processes
+    killed, servers restarted, timeouts waited out: 10-90 s each).
+
+    ``--dist worksteal`` hands worker ``k`` the ``k``-th of equal contiguous chunks of this
+    list, and a worker that runs out takes the back half of another's queue. Slow tests left
+    in collection order would sit in whichever chunks hold their modules, and one of them
+    started last keeps the whole run waiting for it. So the slow tests, a module's kept
+    together (its module-scoped fixtures, such as a disposable server, start once), are dealt
+    to the chunks' fronts, the largest groups first to the chunk with the fewest; the other
+    tests keep their order. The order is a function of the collection alone, the same in
+    every worker, as pytest-xdist requires."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    groups: dict[str, list[pytest.Item]] = {}
+    rest: list[pytest.Item] = []
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            groups.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        else:
+            rest.append(item)
+    if not groups:
+        return
+    fronts: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(fronts, key=len).extend(group)
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    taken = 0
+    for k, front in enumerate(fronts):
+        size = left // (workers - k)  # worksteal's first share for the k-th worker
+        fill = max(0, size - len(front))
+        ordered += front + rest[taken : taken + fill]
+        taken += fill
+        left -= size
+    ordered += rest[taken:]
+    assert len(ordered) == len(items)
+    items[:] = ordered

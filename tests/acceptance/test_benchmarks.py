@@ -412,6 +412,7 @@ def _is_number(cell: str) -> bool:
 
 
 # the run itself may take run_script's 240 s (half the sections, on a shared machine)
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("half", sorted(HALVES))
 def test_run_quick_writes_every_section_row_and_target(half: str, tmp_path: Path) -> None:
