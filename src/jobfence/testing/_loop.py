@@ -60,6 +60,16 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.passed: asyncio.Future[None] = self.create_future()
         self.passed.set_result(None)
         self.set_exception_handler(_quiet)
+        #: the tasks made with ``create_task`` (``asyncio.create_task``, ``ensure_future``, a
+        #: client's background task) since the last schedule ended: one left pending as the
+        #: schedule ends is cancelled then (the loop serves the next schedule too)
+        self.started: list[asyncio.Task[Any]] = []
+
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        """``BaseEventLoop.create_task``, the task noted in :attr:`started`."""
+        task = super().create_task(coro, **kwargs)
+        self.started.append(task)
+        return task
 
     def time(self) -> float:
         return self.vtime

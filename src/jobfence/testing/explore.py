@@ -460,11 +460,14 @@ class _Runner:
         if sim.clients:
             loop.run_until_complete(sim.close_clients())
         main = self._main_task
+        ready = loop._ready  # type: ignore[attr-defined]
         if (
-            loop._scheduled  # type: ignore[attr-defined]
+            ready  # callbacks queued as the schedule ended (a task's next step among them?)
+            or loop._scheduled  # type: ignore[attr-defined]
             or sim.parked
             or not _sim._all_done(sim.tasks)
             or (main is not None and not main.done())  # a check ended the schedule early
+            or not _all_futures_done(loop.started)  # a task the scenario left behind
         ):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for t in pending:
@@ -481,6 +484,13 @@ class _Runner:
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
+        # still queued: they would run in the next schedule (a closed loop drops them)
+        if ready:
+            for handle in ready:
+                handle.cancel()
+            ready.clear()
+        if loop.started:
+            loop.started.clear()
         # the tables refer to the simulation, and so does a task cancelled at a gate (through
         # its error's traceback): without these cycles a schedule's objects are freed as soon
         # as it ends, not by the garbage collector (whose rounds over them cost more than a
@@ -529,6 +539,13 @@ def _seeded_state() -> Any:
         _SEEDED = (_RANDOM_SEED, random.getstate())
         random.setstate(saved)
     return _SEEDED[1]
+
+
+def _all_futures_done(futures: list[asyncio.Task[Any]]) -> bool:
+    for fut in futures:  # noqa: SIM110  # all() over a generator costs more
+        if not fut.done():
+            return False
+    return True
 
 
 def _memory_stores() -> dict[Any, set[str]]:
