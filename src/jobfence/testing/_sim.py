@@ -305,6 +305,7 @@ class _Gate:
         proc = task.process
         if fault is not None:
             sim.impaired = True
+            sim._plain = False  # no lean point decides while a process may be stopped
             if fault.kind == "crash":
                 sim.crash(proc)
             elif fault.kind == "pause_past_ttl":
@@ -361,7 +362,8 @@ def _lean_pick(sim: Simulation, task: SimTask) -> Any:
         sim._ready
         or sim.deferred
         or sim.external
-        or sim.impaired
+        # (no process paused or crashed: ``impaired`` clears ``_plain``, which every caller
+        # tested)
         or sim.sleeping
         # a cancellation requested of the task whose driver steps this slice
         or sim._owner.atask._must_cancel  # type: ignore[union-attr]
@@ -464,6 +466,67 @@ def _route(point: str, **info: Any) -> Any:
 
 class Simulation:
     """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
+
+    # The attributes :meth:`__init__` sets are slots: the decision at every point reads and
+    # writes a dozen of them, and a slot costs less to reach than a key of an instance dict
+    # this large. ``__dict__`` stays for any other attribute (a class default overridden on
+    # one simulation, e.g. ``sim.thread_timeout``).
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_below",
+        "_blocking_clients",
+        "_by_atask",
+        "_by_hit",
+        "_by_thread",
+        "_fifo",
+        "_getrandbits",
+        "_io_deferred",
+        "_joins",
+        "_names",
+        "_next",
+        "_owner",
+        "_plain",
+        "_ready",
+        "_running_mark",
+        "_running_since",
+        "_spawned",
+        "_stepping",
+        "checkers",
+        "clients",
+        "deferred",
+        "deviations",
+        "effects",
+        "external",
+        "failure",
+        "faults",
+        "hits",
+        "id",
+        "impaired",
+        "loop",
+        "main",
+        "max_steps",
+        "max_time",
+        "namespace",
+        "parked",
+        "passed",
+        "picks",
+        "points",
+        "record",
+        "running_threads",
+        "sections",
+        "skewed",
+        "sleeping",
+        "statements",
+        "steps",
+        "stopping",
+        "strategy",
+        "tables",
+        "target_hits",
+        "tasks",
+        "thread_tasks",
+        "trail",
+    )
 
     block_timeout = 1.0
     #: real seconds a thread task may run without reaching a point (or waiting, or a
@@ -1479,6 +1542,7 @@ class Simulation:
         until = None
         if fault is not None:
             self.impaired = True
+            self._plain = False  # no lean point decides while a process may be stopped
             if fault.kind == "crash":
                 proc.crashed = True
                 crashed = proc
@@ -1706,8 +1770,7 @@ class Simulation:
                                 _swap_current(loop, shown)  # type: ignore[misc]
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
-                        ctx = cur.ctx
-                        assert ctx is not None
+                        ctx: Any = cur.ctx  # set for every driven task
                         atask = cur.atask
                         if shown is not atask:  # cur's code runs as its own asyncio task
                             shown = atask
