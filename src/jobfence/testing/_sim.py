@@ -179,6 +179,8 @@ class SimTask:
     driven: bool = False
     coro: Any = field(default=None, repr=False)
     ctx: contextvars.Context | None = field(default=None, repr=False)
+    #: ``coro.send``, bound once: what the slice steps another task's coroutine with
+    send: Any = field(default=None, repr=False)
     park: asyncio.Future[None] | None = field(default=None, repr=False)
     command: tuple[int, Any] | None = field(default=None, repr=False)
     # a thread task: its thread, and an event set once it runs no more simulated code
@@ -696,6 +698,7 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
+            task.send = coro.send
             driver = self._drive(task)
             loop: Any = self.loop
             if loop._task_factory is None:  # create_task's own steps, without its checks
@@ -1781,7 +1784,7 @@ class Simulation:
                         if error is not None:
                             yielded = ctx.run(coro.throw, error)
                         else:
-                            yielded = ctx.run(coro.send, value)
+                            yielded = ctx.run(cur.send, value)
                 except StopIteration as stop:
                     outcome = (_DONE, stop.value)
                 except BaseException as exc:
