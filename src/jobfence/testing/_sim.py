@@ -1760,7 +1760,6 @@ class Simulation:
         ended: list[SimTask] = []
         try:
             while True:
-                coro = cur.coro
                 self._stepping = cur
                 outcome: tuple[int, Any] | None
                 try:
@@ -1771,6 +1770,7 @@ class Simulation:
                                 current_tasks[loop] = shown
                             else:
                                 _swap_current(loop, shown)  # type: ignore[misc]
+                        coro = cur.coro
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
                         ctx: Any = cur.ctx  # set for every driven task
@@ -1782,7 +1782,7 @@ class Simulation:
                             else:
                                 _swap_current(loop, atask)  # type: ignore[misc]
                         if error is not None:
-                            yielded = ctx.run(coro.throw, error)
+                            yielded = ctx.run(cur.coro.throw, error)
                         else:
                             yielded = ctx.run(cur.send, value)
                 except StopIteration as stop:
