@@ -75,7 +75,9 @@ def _late(log: list[Any]) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    "leave", [{"chain"}, {"timer"}, {"task"}, {"chain", "timer", "task"}], ids=str
+    "leave",
+    [{"chain"}, {"timer"}, {"task"}, {"chain", "timer", "task"}],
+    ids=lambda leave: "+".join(sorted(leave)),
 )
 def test_what_a_schedule_leaves_on_the_loop_does_not_reach_the_next_one(leave: set[str]) -> None:
     for strategy in ("random", "fifo", "pct"):
