@@ -24,7 +24,6 @@ import contextvars
 import inspect
 import logging
 import random
-import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -389,8 +388,7 @@ class _Runner:
         _sim.install(sim)
         # what jobs draw from the random module (retry_unit's jitter: how long a backoff
         # sleeps, so which task wakes first) is the same in every run of a schedule
-        if not _still_seeded():
-            random.setstate(_seeded_state())
+        random.setstate(_seeded_state())
         error: BaseException | None = None
         try:
             # the scenario's task, in a context of its own (none of its changes leak out)
@@ -517,7 +515,7 @@ class _NotAScenario(Exception):
         self.error = error
 
 
-_SEEDED: tuple[int, Any, bytes | None] | None = None
+_SEEDED: tuple[int, Any] | None = None
 
 
 def _seeded_state() -> Any:
@@ -527,68 +525,9 @@ def _seeded_state() -> Any:
     if _SEEDED is None or _SEEDED[0] != _RANDOM_SEED:
         saved = random.getstate()
         random.seed(_RANDOM_SEED)
-        state = random.getstate()
-        _SEEDED = (_RANDOM_SEED, state, _raw_of(state))
+        _SEEDED = (_RANDOM_SEED, random.getstate())
         random.setstate(saved)
     return _SEEDED[1]
-
-
-#: the generator behind the ``random`` module's functions (``random.random()``...)
-_MODULE_RANDOM: Any = getattr(random.getstate, "__self__", None)
-#: its C state (the index of the next word, then the 624 words of the Mersenne Twister),
-#: read in place; ``None`` where it cannot be read so (see :func:`_raw_reader`)
-_RAW: Any = None
-_RAW_LOOKED = False
-
-
-def _raw_of(state: Any) -> bytes | None:
-    """The bytes :data:`_RAW` holds when the generator is in ``state`` (``getstate()``'s:
-    the version, the 624 words then the index, ``gauss_next``)."""
-    words = state[1]
-    if len(words) != 625:
-        return None
-    return struct.pack("=i624I", words[624], *words[:624])
-
-
-def _raw_reader() -> Any:
-    """A ``ctypes`` view of the module generator's C state (``RandomObject``'s ``index``
-    and ``state``, right after the object's header), or ``None`` if no view matches what
-    ``getstate()`` says (another layout, another implementation: the state is then
-    restored at every schedule)."""
-    inst = _MODULE_RANDOM
-    if type(inst) is not random.Random or sys.implementation.name != "cpython":
-        return None
-    try:
-        import ctypes
-
-        view = (ctypes.c_char * 2500).from_address(id(inst) + object.__basicsize__)
-        expected = _raw_of(inst.getstate())
-        if expected is None or view.raw != expected:
-            return None
-        return view
-    except Exception:  # no ctypes, or a layout it cannot read
-        return None
-
-
-def _still_seeded() -> bool:
-    """Whether the ``random`` module's generator is still in the state :func:`_seeded_state`
-    restores (nothing drew from it since): its C state compared byte for byte, and no
-    ``gauss()`` value kept; then restoring it again would change nothing. A schedule that
-    draws nothing from ``random`` (most do not) so skips the restore, whose conversion of
-    625 numbers costs more than the rest of a small schedule's set-up."""
-    global _RAW, _RAW_LOOKED
-    seeded = _SEEDED
-    if seeded is None or seeded[0] != _RANDOM_SEED or seeded[2] is None:
-        return False
-    raw = _RAW
-    if raw is None:
-        if _RAW_LOOKED:
-            return False
-        _RAW_LOOKED = True
-        raw = _RAW = _raw_reader()
-        if raw is None:
-            return False
-    return raw.raw == seeded[2] and _MODULE_RANDOM.gauss_next is None  # type: ignore[no-any-return]
 
 
 def _all_futures_done(futures: list[asyncio.Task[Any]]) -> bool:
