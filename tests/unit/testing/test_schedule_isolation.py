@@ -9,6 +9,7 @@ nothing a schedule left behind ran once the next schedule had started."""
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
@@ -92,3 +93,42 @@ def test_what_a_schedule_leaves_on_the_loop_does_not_reach_the_next_one(leave: s
         picks_messy = [e[1] for e in messy if e[0] == "picks"]
         assert len(picks_messy) == 30
         assert picks_messy == picks_clean, strategy
+
+
+def test_every_schedule_starts_with_the_random_module_in_the_same_state() -> None:
+    """Jobs' draws from the ``random`` module (a backoff's jitter) are the same in every run
+    of a schedule: each schedule starts from one state, whatever the one before drew (some
+    draw nothing, some a few numbers, some leave a ``gauss()`` value kept, one reseeds the
+    generator, one draws 700 words, past a regeneration of its state), and the caller's
+    state is back once explore returns."""
+    starts: list[Any] = []
+
+    async def job(n: int) -> None:
+        await testing.point("p")
+        kind = n % 6
+        if kind == 1:
+            random.random()
+        elif kind == 2:
+            random.gauss(0, 1)  # keeps its pair's second value for the next call
+        elif kind == 3:
+            random.seed(n)
+        elif kind == 4:
+            for _ in range(700):
+                random.getrandbits(32)
+        elif kind == 5:
+            random.setstate(random.getstate())  # a restore to where it is: no change
+
+    async def scenario(sim: Simulation) -> None:
+        starts.append(random.getstate())
+        sim.spawn(job, sim.id)
+        await sim.join()
+
+    random.seed(12345)
+    random.random()
+    before = random.getstate()
+    testing.explore(scenario, schedules=40, seed=3).assert_ok()
+    assert random.getstate() == before
+    assert len(starts) == 40
+    assert all(state == starts[0] for state in starts)
+    random.seed(0)
+    assert starts[0] == random.getstate()
