@@ -47,6 +47,23 @@ def _nothing() -> None:
     """What stands for ``run_until_complete``'s stop callback in :meth:`SimLoop.run_task`."""
 
 
+_Handle = asyncio.Handle
+#: ``asyncio.Handle`` has the slots its ``__init__`` fills, and no ``__new__`` of its own: a
+#: handle can be made as its ``__init__`` makes one outside debug mode, in the caller's frame
+_BARE_HANDLE = _Handle.__new__ is object.__new__ and set(_Handle.__slots__) == {
+    "_callback",
+    "_args",
+    "_cancelled",
+    "_loop",
+    "_source_traceback",
+    "_repr",
+    "__weakref__",
+    "_context",
+}
+_new_object = object.__new__
+_copy_context = contextvars.copy_context
+
+
 class SimLoop(asyncio.SelectorEventLoop):
     """An event loop whose time is virtual and whose idle moments are the scheduler's."""
 
@@ -60,6 +77,16 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.passed: asyncio.Future[None] = self.create_future()
         self.passed.set_result(None)
         self.set_exception_handler(_quiet)
+        #: the tasks made with ``create_task`` (``asyncio.create_task``, ``ensure_future``, a
+        #: client's background task) since the last schedule ended: one left pending as the
+        #: schedule ends is cancelled then (the loop serves the next schedule too)
+        self.started: list[asyncio.Task[Any]] = []
+
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        """``BaseEventLoop.create_task``, the task noted in :attr:`started`."""
+        task = super().create_task(coro, **kwargs)
+        self.started.append(task)
+        return task
 
     def time(self) -> float:
         return self.vtime
@@ -70,11 +97,19 @@ class SimLoop(asyncio.SelectorEventLoop):
         """``BaseEventLoop.call_soon`` in one frame (every task's steps, wake-ups and
         futures' callbacks come through here, several per schedule): the same handle,
         queued last; in debug mode, or once closed, asyncio's own (its checks)."""
-        if self._debug or self._closed:  # type: ignore[attr-defined]
+        if self._debug or self._closed or not _BARE_HANDLE:  # type: ignore[attr-defined]
             return super().call_soon(callback, *args, context=context)
-        handle = asyncio.Handle(callback, args, self, context)
+        # Handle.__init__'s assignments (not in debug mode), without its call
+        handle: Any = _new_object(_Handle)
+        handle._context = context if context is not None else _copy_context()
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         self._ready.append(handle)  # type: ignore[attr-defined]
-        return handle
+        return handle  # type: ignore[no-any-return]
 
     def run_task(self, task: asyncio.Future[Any]) -> Any:
         """``run_until_complete(task)`` for a task of this loop, with less set-up per call

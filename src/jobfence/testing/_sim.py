@@ -179,6 +179,8 @@ class SimTask:
     driven: bool = False
     coro: Any = field(default=None, repr=False)
     ctx: contextvars.Context | None = field(default=None, repr=False)
+    #: ``coro.send``, bound once: what the slice steps another task's coroutine with
+    send: Any = field(default=None, repr=False)
     park: asyncio.Future[None] | None = field(default=None, repr=False)
     command: tuple[int, Any] | None = field(default=None, repr=False)
     # a thread task: its thread, and an event set once it runs no more simulated code
@@ -305,6 +307,7 @@ class _Gate:
         proc = task.process
         if fault is not None:
             sim.impaired = True
+            sim._plain = False  # no lean point decides while a process may be stopped
             if fault.kind == "crash":
                 sim.crash(proc)
             elif fault.kind == "pause_past_ttl":
@@ -361,7 +364,8 @@ def _lean_pick(sim: Simulation, task: SimTask) -> Any:
         sim._ready
         or sim.deferred
         or sim.external
-        or sim.impaired
+        # (no process paused or crashed: ``impaired`` clears ``_plain``, which every caller
+        # tested)
         or sim.sleeping
         # a cancellation requested of the task whose driver steps this slice
         or sim._owner.atask._must_cancel  # type: ignore[union-attr]
@@ -464,6 +468,67 @@ def _route(point: str, **info: Any) -> Any:
 
 class Simulation:
     """The ``sim`` a scenario receives: spawn tasks, simulated data, checks, virtual time."""
+
+    # The attributes :meth:`__init__` sets are slots: the decision at every point reads and
+    # writes a dozen of them, and a slot costs less to reach than a key of an instance dict
+    # this large. ``__dict__`` stays for any other attribute (a class default overridden on
+    # one simulation, e.g. ``sim.thread_timeout``).
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_below",
+        "_blocking_clients",
+        "_by_atask",
+        "_by_hit",
+        "_by_thread",
+        "_fifo",
+        "_getrandbits",
+        "_io_deferred",
+        "_joins",
+        "_names",
+        "_next",
+        "_owner",
+        "_plain",
+        "_ready",
+        "_running_mark",
+        "_running_since",
+        "_spawned",
+        "_stepping",
+        "checkers",
+        "clients",
+        "deferred",
+        "deviations",
+        "effects",
+        "external",
+        "failure",
+        "faults",
+        "hits",
+        "id",
+        "impaired",
+        "loop",
+        "main",
+        "max_steps",
+        "max_time",
+        "namespace",
+        "parked",
+        "passed",
+        "picks",
+        "points",
+        "record",
+        "running_threads",
+        "sections",
+        "skewed",
+        "sleeping",
+        "statements",
+        "steps",
+        "stopping",
+        "strategy",
+        "tables",
+        "target_hits",
+        "tasks",
+        "thread_tasks",
+        "trail",
+    )
 
     block_timeout = 1.0
     #: real seconds a thread task may run without reaching a point (or waiting, or a
@@ -633,6 +698,7 @@ class Simulation:
             task.driven = True
             task.coro = coro
             task.ctx = ctx
+            task.send = coro.send
             driver = self._drive(task)
             loop: Any = self.loop
             if loop._task_factory is None:  # create_task's own steps, without its checks
@@ -1479,6 +1545,7 @@ class Simulation:
         until = None
         if fault is not None:
             self.impaired = True
+            self._plain = False  # no lean point decides while a process may be stopped
             if fault.kind == "crash":
                 proc.crashed = True
                 crashed = proc
@@ -1693,7 +1760,6 @@ class Simulation:
         ended: list[SimTask] = []
         try:
             while True:
-                coro = cur.coro
                 self._stepping = cur
                 outcome: tuple[int, Any] | None
                 try:
@@ -1704,10 +1770,10 @@ class Simulation:
                                 current_tasks[loop] = shown
                             else:
                                 _swap_current(loop, shown)  # type: ignore[misc]
+                        coro = cur.coro
                         yielded = coro.throw(error) if error is not None else coro.send(value)
                     else:
-                        ctx = cur.ctx
-                        assert ctx is not None
+                        ctx: Any = cur.ctx  # set for every driven task
                         atask = cur.atask
                         if shown is not atask:  # cur's code runs as its own asyncio task
                             shown = atask
@@ -1716,9 +1782,9 @@ class Simulation:
                             else:
                                 _swap_current(loop, atask)  # type: ignore[misc]
                         if error is not None:
-                            yielded = ctx.run(coro.throw, error)
+                            yielded = ctx.run(cur.coro.throw, error)
                         else:
-                            yielded = ctx.run(coro.send, value)
+                            yielded = ctx.run(cur.send, value)
                 except StopIteration as stop:
                     outcome = (_DONE, stop.value)
                 except BaseException as exc:

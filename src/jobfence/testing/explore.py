@@ -310,44 +310,33 @@ class _Runner:
         self.namespace = f"jfsim{next(_sim._ids)}"
         from ..backends.memory import inbox, locks, outbox, queue
 
-        #: the ``memory://`` backends whose stores a schedule may create, and what
-        #: :meth:`_stores` found in them
+        #: the ``memory://`` backends whose stores a schedule may create, a live view of
+        #: each one's store names, and the names :meth:`_stores` found (in that order)
         self._store_modules: tuple[Any, ...] = (locks, inbox, queue, outbox)
-        self._store_keys: dict[Any, set[str]] = {}
-        #: the snapshot may be out of date (none taken yet, or a store it holds was removed)
-        self._stale = True
+        self._store_views: list[Any] = [m._stores.keys() for m in self._store_modules]
+        self._store_keys: list[set[str]] = []
 
-    def _stores(self) -> dict[Any, set[str]]:
-        """The ``memory://`` stores that exist now, by backend module: as the last schedule
-        left them (its new ones dropped) unless their number changed since, so a schedule
-        pays a snapshot only when something outside the schedules created or removed one."""
+    def _stores(self) -> list[set[str]]:
+        """The names of the ``memory://`` stores that exist now, per backend: as the last
+        schedule left them (its new ones dropped) unless they changed since, so a schedule
+        pays a snapshot only when something outside the schedules created or removed one
+        (one comparison of the live views with the sets, in C, otherwise)."""
         known = self._store_keys
-        if not self._stale:
-            for module, keys in known.items():
-                if len(module._stores) != len(keys):
-                    break
-            else:
-                return known
-        known = self._store_keys = _memory_stores()
-        self._stale = False
+        if self._store_views != known:
+            known = self._store_keys = _memory_stores(self._store_modules)
         return known
 
-    def _drop_stores(self, before: dict[Any, set[str]]) -> None:
+    def _drop_stores(self, before: list[set[str]]) -> None:
         """Drop the ``memory://`` stores the schedule created (see :func:`_drop_new_stores`),
         finding them with a set difference rather than a loop over every store."""
-        for module, keys in before.items():
-            if module._stores.keys() != keys:
-                break
-        else:  # the commonest end: no store made or removed (a C comparison per backend)
+        if self._store_views == before:  # the commonest end: no store made or removed
             return
-        for module, keys in before.items():
+        for module, keys in zip(self._store_modules, before, strict=True):
             stores = module._stores
-            if len(stores) != len(keys) or stores.keys() != keys:
+            if stores.keys() != keys:
                 with module._stores_mutex:
                     for key in stores.keys() - keys:
                         del stores[key]
-            if len(stores) != len(keys):
-                self._stale = True  # a store that existed before was removed: look again
 
     def close(self) -> None:
         self.loop.close()
@@ -454,17 +443,20 @@ class _Runner:
             if quiet:
                 _LOG.setLevel(level)
 
-    def _teardown(self, sim: Simulation, stores: dict[Any, set[str]]) -> None:
+    def _teardown(self, sim: Simulation, stores: list[set[str]]) -> None:
         loop = self.loop
         sim.stop_threads()  # the schedule ends: its thread tasks stop, none outlives it
         if sim.clients:
             loop.run_until_complete(sim.close_clients())
         main = self._main_task
+        ready = loop._ready  # type: ignore[attr-defined]
         if (
-            loop._scheduled  # type: ignore[attr-defined]
+            ready  # callbacks queued as the schedule ended (a task's next step among them?)
+            or loop._scheduled  # type: ignore[attr-defined]
             or sim.parked
             or not _sim._all_done(sim.tasks)
             or (main is not None and not main.done())  # a check ended the schedule early
+            or not _all_futures_done(loop.started)  # a task the scenario left behind
         ):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for t in pending:
@@ -481,6 +473,13 @@ class _Runner:
             closer = getattr(table, "close", None)
             if closer is not None:
                 loop.run_until_complete(closer())
+        # still queued: they would run in the next schedule (a closed loop drops them)
+        if ready:
+            for handle in ready:
+                handle.cancel()
+            ready.clear()
+        if loop.started:
+            loop.started.clear()
         # the tables refer to the simulation, and so does a task cancelled at a gate (through
         # its error's traceback): without these cycles a schedule's objects are freed as soon
         # as it ends, not by the garbage collector (whose rounds over them cost more than a
@@ -531,24 +530,29 @@ def _seeded_state() -> Any:
     return _SEEDED[1]
 
 
-def _memory_stores() -> dict[Any, set[str]]:
-    """The ``memory://`` stores (locks, inbox, queue, outbox) that exist now, by backend
-    module."""
-    from ..backends.memory import inbox, locks, outbox, queue
+def _all_futures_done(futures: list[asyncio.Task[Any]]) -> bool:
+    for fut in futures:  # noqa: SIM110  # all() over a generator costs more
+        if not fut.done():
+            return False
+    return True
 
-    out: dict[Any, set[str]] = {}
-    for module in (locks, inbox, queue, outbox):
+
+def _memory_stores(modules: tuple[Any, ...]) -> list[set[str]]:
+    """The names of the ``memory://`` stores that exist now in each of the backend
+    ``modules`` (locks, inbox, queue, outbox)."""
+    out: list[set[str]] = []
+    for module in modules:
         with module._stores_mutex:
-            out[module] = set(module._stores)
+            out.append(set(module._stores))
     return out
 
 
-def _drop_new_stores(before: dict[Any, set[str]]) -> None:
+def _drop_new_stores(modules: tuple[Any, ...], before: list[set[str]]) -> None:
     """Forget the ``memory://`` stores created during a schedule (``sim.locks()``,
     ``sim.outbox()``, the outbox rows a simulated transaction committed... and a job's own
     clients alike): the next schedule starts from the same state, so each one replays
     alone, and thousands of schedules keep none of them."""
-    for module, keys in before.items():
+    for module, keys in zip(modules, before, strict=True):
         with module._stores_mutex:
             for key in [key for key in module._stores if key not in keys]:
                 del module._stores[key]

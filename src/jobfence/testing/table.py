@@ -340,6 +340,9 @@ class _Table(_Base):
         self.fenced = fenced
         self.history: list[Write] = []
         self._read: dict[tuple[str, Any], int | None] = {}
+        # the class's column name, on the table itself: a read looks it up at every point,
+        # and an attribute of the instance is found faster than one of its class
+        self.version_column = self.version_column
 
     @property
     def table(self) -> _Table:  # type: ignore[override]  # read-only here, an attribute elsewhere
