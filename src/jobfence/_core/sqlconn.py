@@ -747,7 +747,7 @@ class AsyncSqlConn:
             status = await conn.execute(query, *args)
             return Result([], _status_count(status), None, [])
         if kind == "aiomysql":
-            async with conn.cursor(_quiet_aiomysql_cursor()) as cur:
+            async with conn.cursor(quiet_aiomysql_cursor()) as cur:
                 await cur.execute(query, args)
                 rows = list(await cur.fetchall()) if cur.description else []
                 cols = [c[0] for c in cur.description or ()]
@@ -767,18 +767,19 @@ class AsyncSqlConn:
         return _sa_result(res)
 
 
-#: what :func:`_quiet_aiomysql_cursor` made (aiomysql is imported only when a caller's
+#: what :func:`quiet_aiomysql_cursor` made (aiomysql is imported only when a caller's
 #: aiomysql connection is used)
 _QUIET_CURSOR: Any = None
 
 
-def _quiet_aiomysql_cursor() -> Any:
+def quiet_aiomysql_cursor() -> Any:
     """aiomysql's plain ``Cursor``, without its ``SHOW WARNINGS``: after any statement the
     server answers with a warning, aiomysql sends ``SHOW WARNINGS`` (one more round trip, inside
     the caller's transaction) and raises each warning as a Python ``Warning``. jobfence's own
     statements on a caller's connection mean the warnings they may get (``claim_in``'s
     ``INSERT IGNORE`` of a key already applied: "Duplicate entry", its everyday answer to a
-    redelivered message), so they are neither fetched nor shown."""
+    redelivered message; the schema's ``CREATE TABLE IF NOT EXISTS`` of a table that exists:
+    "already exists"), so they are neither fetched nor shown."""
     global _QUIET_CURSOR
     if _QUIET_CURSOR is None:
         from aiomysql import Cursor

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._core.options import option_seconds, option_timeouts
+from ..._core.sqlconn import quiet_aiomysql_cursor
 from ..._core.sqlfiles import convert, load_sql
 from ..._core.url import BackendURL
 from ..._core.validate import check_namespace as _check_namespace
@@ -66,6 +67,18 @@ _DISCONNECT_CODES = {
     4031,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8.0.24+)
 }
 _DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+
+
+def own_cursor(conn: Any) -> Any:
+    """``conn.cursor()`` for jobfence's own statements on a pooled connection. On aiomysql, a
+    cursor that neither fetches nor raises the server's warnings: aiomysql sends
+    ``SHOW WARNINGS`` after a statement that has any (the schema's ``CREATE TABLE IF NOT
+    EXISTS`` of a table that exists has a note) and raises each as a Python ``Warning``,
+    which ``warnings.catch_warnings()`` around an ``await`` cannot hide safely (another task
+    or thread restores the filters meanwhile). PyMySQL's cursor never fetches them."""
+    if type(conn).__module__.startswith("aiomysql"):
+        return conn.cursor(quiet_aiomysql_cursor())
+    return conn.cursor()
 
 
 def check_namespace(namespace: object) -> str:

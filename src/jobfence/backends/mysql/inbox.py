@@ -21,7 +21,6 @@ request's reply; a connection whose request timed out is closed, never reused).
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from functools import partial
@@ -50,7 +49,7 @@ from ..base import (
     info_from_row,
     record_from_row,
 )
-from .common import STYLE, is_timeout
+from .common import STYLE, is_timeout, own_cursor
 from .connect import connect
 from .dialect import DIALECT, TABLE_LIMIT
 
@@ -205,17 +204,16 @@ class MySQLInboxBackend(InboxBackend):
             raise
 
     def install(self) -> None:
-        with warnings.catch_warnings():  # hide the server's "table already exists" notes
-            warnings.simplefilter("ignore")
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                for statement in self._sql.statements("schema"):
-                    try:
-                        self._bounded(partial(cur.execute, statement))
-                    except Exception as exc:
-                        # two installs upgrading a version-1 table at once: both read that
-                        # claimed_at is missing, the second ALTER finds it added (1060)
-                        if not _duplicate_column(exc):
-                            raise
+        # own_cursor: no SHOW WARNINGS for the server's "table already exists" notes
+        with self._pool.connection() as conn, own_cursor(conn) as cur:
+            for statement in self._sql.statements("schema"):
+                try:
+                    self._bounded(partial(cur.execute, statement))
+                except Exception as exc:
+                    # two installs upgrading a version-1 table at once: both read that
+                    # claimed_at is missing, the second ALTER finds it added (1060)
+                    if not _duplicate_column(exc):
+                        raise
         self._installed = True
 
     def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:

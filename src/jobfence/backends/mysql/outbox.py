@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -51,7 +50,7 @@ from .._sql.outbox_rows import (
     stats_from_row,
 )
 from ..base import OutboxBackend, OutboxCapabilities, OutboxEntry, OutboxRow, OutboxStats
-from .common import STYLE, is_disconnect, is_timeout
+from .common import STYLE, is_disconnect, is_timeout, own_cursor
 from .connect import connect
 from .dialect import DIALECT
 
@@ -237,12 +236,11 @@ class MySQLOutboxBackend(OutboxBackend):
     def install(self) -> None:
         """Create the table and its schema row (idempotent; also done on first use), then
         check the schema version."""
-        with warnings.catch_warnings():  # hide the server's "table already exists" notes
-            warnings.simplefilter("ignore")
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                for statement in self._sql.statements("schema"):
-                    self._on(cur, statement)
-                rows, _ = self._on(cur, self._sql["schema_version"])
+        # own_cursor: no SHOW WARNINGS for the server's "table already exists" notes
+        with self._pool.connection() as conn, own_cursor(conn) as cur:
+            for statement in self._sql.statements("schema"):
+                self._on(cur, statement)
+            rows, _ = self._on(cur, self._sql["schema_version"])
         check_schema_version(
             rows[0] if rows else None,
             OUTBOX_SCHEMA_VERSION,
@@ -253,15 +251,13 @@ class MySQLOutboxBackend(OutboxBackend):
 
     def drop(self) -> None:
         """Drop the table and its schema row (tests, uninstall)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                for statement in self._sql.statements("drop"):
-                    try:
-                        self._on(cur, statement)
-                    except Exception as exc:
-                        if not is_undefined_table(exc):
-                            raise
+        with self._pool.connection() as conn, own_cursor(conn) as cur:
+            for statement in self._sql.statements("drop"):
+                try:
+                    self._on(cur, statement)
+                except Exception as exc:
+                    if not is_undefined_table(exc):
+                        raise
         self._installed = False
 
     # -- the relay's verbs ---------------------------------------------------------------
