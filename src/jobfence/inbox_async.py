@@ -42,7 +42,7 @@ from ._core.inbox_support import (
 from ._core.lease_state import LeaseState
 from ._core.renewable import Renewable, RenewableHandle
 from ._core.renewer_async import AsyncRenewer
-from ._core.sqlconn import adapt_async, is_undefined_table
+from ._core.sqlconn import WARNING_KINDS, adapt_async, is_undefined_table
 from ._core.transaction import AsyncTransaction, own_transaction_async
 from ._core.validate import check_listing, check_name, check_namespace, check_ttl
 from ._guard_spec import current_claim_var, default_key
@@ -110,14 +110,6 @@ def _text(value: Any) -> str | None:
 
 #: the states a record can be in, for ``claims(state=...)``
 _LISTED_STATES = (ClaimState.IN_PROGRESS, ClaimState.COMPLETED)
-#: the kinds of caller's connection whose MySQL driver may turn a statement's server warning
-#: into a Python ``Warning``: SQLAlchemy's asyncio connections and sessions, whose aiomysql
-#: adapter does (on a bare aiomysql connection jobfence's statements use a cursor that does
-#: not, and PyMySQL does not). ``claim_in``'s ``INSERT IGNORE`` of a key already applied gets
-#: one ("Duplicate entry"), which is filtered out there. ``catch_warnings`` saves and restores
-#: the process's warning filters, which concurrent calls could restore out of order, so it is
-#: entered only where a warning can come.
-_WARNING_KINDS = frozenset({"sa-aconn", "sa-asession"})
 
 
 def _check_state(state: object) -> ClaimState | None:
@@ -946,8 +938,8 @@ class AsyncInbox:
             await ahook("inbox.claim_in", key=key, backend=sc.dialect)
             # the dialect's statements, each only while the ones before affected no row
             for step in dialect.claim_in_steps:
-                if sc.kind in _WARNING_KINDS and dialect.name == "mysql":
-                    with warnings.catch_warnings():  # see _WARNING_KINDS
+                if sc.kind in WARNING_KINDS and dialect.name == "mysql":
+                    with warnings.catch_warnings():  # see WARNING_KINDS
                         warnings.filterwarnings("ignore", message="Duplicate entry")
                         res = await sc.execute(queries[step], params)
                 else:

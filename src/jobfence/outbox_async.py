@@ -25,7 +25,7 @@ from . import telemetry
 from ._core import forks
 from ._core.hooks import ahook, get_hook
 from ._core.options import option_seconds
-from ._core.sqlconn import adapt_async, is_undefined_table
+from ._core.sqlconn import WARNING_KINDS, adapt_async, is_undefined_table
 from ._core.transaction import own_transaction_async
 from ._core.url import parse_url
 from ._core.validate import MAX_LISTING, check_name, check_namespace, check_queue_name
@@ -408,9 +408,12 @@ class AsyncOutbox:
         )
         try:
             await ahook("outbox.manage", operation="install", backend=sc.dialect)
-            with warnings.catch_warnings():  # a MySQL driver warns "table already exists"
-                warnings.filterwarnings("ignore", message=".*already exists")
-                for statement in dialect.outbox_queries(table).statements("schema"):
+            for statement in dialect.outbox_queries(table).statements("schema"):
+                if sc.kind in WARNING_KINDS and dialect.name == "mysql":
+                    with warnings.catch_warnings():  # see WARNING_KINDS
+                        warnings.filterwarnings("ignore", message=".*already exists")
+                        await sc.execute(statement, {})
+                else:
                     await sc.execute(statement, {})
         except JobfenceError:
             raise

@@ -767,6 +767,17 @@ class AsyncSqlConn:
         return _sa_result(res)
 
 
+#: the kinds of caller's connection whose MySQL driver may turn a statement's server warning
+#: into a Python ``Warning``: SQLAlchemy's asyncio connections and sessions, whose aiomysql
+#: adapter does (on a bare aiomysql connection jobfence's statements use a cursor that does
+#: not, and PyMySQL does not). ``claim_in``'s ``INSERT IGNORE`` of a key already applied gets
+#: one ("Duplicate entry"), ``outbox.install(conn)``'s ``CREATE TABLE IF NOT EXISTS`` of a
+#: table that exists another ("already exists"): each is filtered out there.
+#: ``catch_warnings`` saves and restores the process's warning filters, which concurrent
+#: calls could restore out of order, so it is entered only where a warning can come.
+WARNING_KINDS = frozenset({"sa-aconn", "sa-asession"})
+
+
 #: what :func:`quiet_aiomysql_cursor` made (aiomysql is imported only when a caller's
 #: aiomysql connection is used)
 _QUIET_CURSOR: Any = None
