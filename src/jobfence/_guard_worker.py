@@ -20,10 +20,10 @@ thread. The rules are those of ``run_guarded`` (see :mod:`jobfence._guard_run_as
   ``jobfence.current_claim().lost`` or call ``.check()``), and its result is then stored
   only by the owner-checked ``complete``, which raises :class:`ClaimLost` (the worker
   defers the message) when the claim is no longer this call's;
-* a message waits for a handler thread with its claim made (the worker starts up to
-  ``prefetch`` messages beyond ``concurrency``, so that their claims go in the same batches
-  and their round trips overlap the running functions; the threads still run at most
-  ``concurrency`` functions at once). If the worker stops before a thread takes it, the
+* a message waits for a handler thread with its claim made (the worker starts a plain
+  function's messages up to ``prefetch`` beyond ``concurrency``: here their claims go in the
+  same batches and their round trips overlap the running functions; the threads still run
+  at most ``concurrency`` functions at once). If the worker stops before a thread takes it, the
   function does not run: the claim is released and the message given back uncounted
   (:class:`NotStarted`), as a received message that never started is;
 * a handler cut off while the function runs (the worker stopped and its shutdown timeout

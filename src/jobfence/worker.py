@@ -9,7 +9,9 @@ of logic serves both:
 * **bounded concurrency**: at most ``concurrency`` handlers run at once; ``async def``
   handlers run as tasks, plain functions in a pool of ``concurrency`` threads. A handler's
   slot frees as it returns (or raises): its ack (or nack) round trip then goes on beside the
-  next handlers instead of holding the slot;
+  next handlers instead of holding the slot. A plain function's received messages (up to
+  ``prefetch``) wait in the threads' queue, so that a thread that returns takes the next one
+  at once; at a stop, those no thread took are given back uncounted;
 * **ack after the handler returns**, never before: a worker that dies mid-message leaves it
   to be redelivered (after ``visibility``, or at once where the server redelivers on
   disconnect);
@@ -108,8 +110,8 @@ class WorkerStats:
       (visibility passed, renewal failed); they are redelivered, not acked;
     * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
       not started are returned uncounted);
-    * ``in_flight`` -- handlers running now (with a guarded plain function whose inbox steps
-      run on the loop, also the claimed messages waiting for a handler thread).
+    * ``in_flight`` -- handlers running now (with a plain function, also the received
+      messages waiting in the handler threads' queue for a thread).
     """
 
     received: int = 0
@@ -221,6 +223,10 @@ class AsyncWorker:
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        #: set once a stopping run has ended its subscription: a message that never started
+        #: goes back after that (given back before, on RabbitMQ its copy would be pushed to
+        #: this consumer again)
+        self._unsubscribed: asyncio.Event | None = None
         self._tasks: dict[asyncio.Task[None], AsyncMessage] = {}
         #: the tasks whose handler has not returned yet (each holds one of the slots)
         self._busy: set[asyncio.Task[None]] = set()
@@ -289,10 +295,13 @@ class AsyncWorker:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopping = asyncio.Event()
+        unsubscribed = self._unsubscribed = asyncio.Event()
         if self._stop_requested.is_set():
             self._stopping.set()
         if not self._is_async:
-            self._pool = _HandlerThreads(loop, self.concurrency, "jobfence-worker")
+            self._pool = _HandlerThreads(
+                loop, self.concurrency, "jobfence-worker", self._stop_requested
+            )
             if self._guard is not None:
                 self._guard_inbox = self._guard.open_inbox()
         signals = self._install_signals(loop)
@@ -321,11 +330,13 @@ class AsyncWorker:
         # wakes it) instead of asking again at once while handlers run
         drained = False
         stop_wait = loop.create_task(self._stopping.wait())
-        # A guarded plain function's messages start (their claims made, batched on the loop)
-        # up to ``prefetch`` beyond ``concurrency``: they wait for a handler thread claimed,
-        # so that a claim's round trip overlaps the functions running, and claims go in
-        # batches twice as large. The threads run at most ``concurrency`` functions at once.
-        starts = self.concurrency + (self.prefetch if self._guard_inbox is not None else 0)
+        # A plain function's messages start up to ``prefetch`` beyond ``concurrency``: they
+        # wait in the handler threads' queue, and a thread that returns takes the next one at
+        # once instead of sleeping until the loop has seen its outcome and handed it another
+        # (a sleep, a wake-up and two hand-overs of the interpreter lock per message). A
+        # guarded function's claims are then made (batched on the loop) while the running
+        # functions hold the threads. The threads run at most ``concurrency`` at once.
+        starts = self.concurrency + (0 if self._is_async else self.prefetch)
         try:
             while not self._stopping.is_set():
                 while buffer and len(self._busy) < starts:
@@ -364,6 +375,10 @@ class AsyncWorker:
                     drained = not got
                     self.stats.received += len(got)
                     buffer.extend(got)
+            if self._pool is not None:
+                # the calls no thread took yet never run: their messages go back uncounted
+                # (NotStarted), as the received messages that never started do
+                self._pool.cancel_waiting()
             # stopping: what was received but not started goes back at once
             for pending in list(receiving):
                 try:
@@ -375,14 +390,13 @@ class AsyncWorker:
                 buffer.extend(await self.queue._unstream())
             except JobfenceError as exc:
                 log.warning("queue %r: unsubscribing failed: %s", self.queue.name, exc)
+            unsubscribed.set()
             for message in buffer:  # never started: not a delivery used up
                 await self._give_back(message, "the worker is stopping", counted=False)
             buffer.clear()
-            if self._guard_inbox is not None and self._pool is not None:
-                # claimed messages still waiting for a thread go back too (NotStarted)
-                self._pool.cancel_waiting()
             await self._drain()
         finally:
+            unsubscribed.set()
             stop_wait.cancel()
             for sig in signals:
                 loop.remove_signal_handler(sig)
@@ -534,6 +548,8 @@ class AsyncWorker:
             raise
         except NotStarted:
             self._free_slot(task)
+            if self._unsubscribed is not None:
+                await self._unsubscribed.wait()
             await self._give_back(message, "the worker is stopping", counted=False)
             return
         except Exception as exc:
@@ -665,9 +681,11 @@ class _HandlerThreads:
     goes in with the caller's context (so :func:`jobfence.current_message` is its message) and
     its outcome comes back to the loop on a future; outcomes that finish close together come
     back in one wake-up of the loop instead of one each (a thread pool executor's future
-    costs a chained future and a wake-up per call). A call whose future was cancelled before
-    a thread took it does not run; one that runs cannot be stopped (its outcome is
-    ignored).
+    costs a chained future and a wake-up per call). Calls queue beyond the threads: a thread
+    that returns takes the next waiting call itself, without sleeping until the loop hands it
+    one. A call whose future was cancelled before a thread took it does not run, nor does a
+    call taken once ``stopping`` is set (it fails with :class:`NotStarted`); one that runs
+    cannot be stopped (its outcome is ignored).
 
     A call may also have a ``waiter``, a future the caller awaits instead of the call's own:
     the outcome goes to the waiter while it waits, else (it was cancelled) to the call's
@@ -675,10 +693,18 @@ class _HandlerThreads:
     for (what ``asyncio.shield`` of the call's future gives, without its second future,
     callbacks and wake-up per call). :meth:`cancel_waiting` cancels both."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        size: int,
+        name: str,
+        stopping: threading.Event | None = None,
+    ) -> None:
         self._loop = loop
         self._size = size
         self._name = name
+        #: once set, a thread runs no further call: each one it takes fails with NotStarted
+        self._stopping = stopping
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._finished: collections.deque[
             tuple[asyncio.Future[Any], asyncio.Future[Any] | None, Any, BaseException | None]
@@ -709,7 +735,7 @@ class _HandlerThreads:
         return future
 
     def _work(self) -> None:
-        jobs, finished, lock = self._jobs, self._finished, self._lock
+        jobs, finished, lock, stopping = self._jobs, self._finished, self._lock, self._stopping
         while True:
             job = jobs.get()
             if job is None:
@@ -718,10 +744,14 @@ class _HandlerThreads:
                 self._idle -= 1
             future, ctx, fn, arg, waiter = job
             if not future.cancelled():  # (a stale read only runs a call nobody awaits)
-                try:
-                    finished.append((future, waiter, ctx.run(fn, arg), None))
-                except BaseException as exc:  # the handler's, for the loop to see
-                    finished.append((future, waiter, None, exc))
+                if stopping is not None and stopping.is_set():
+                    # taken after a stop, before the loop took the waiting calls back
+                    finished.append((future, waiter, None, NotStarted("the worker is stopping")))
+                else:
+                    try:
+                        finished.append((future, waiter, ctx.run(fn, arg), None))
+                    except BaseException as exc:  # the handler's, for the loop to see
+                        finished.append((future, waiter, None, exc))
                 with lock:
                     wake = not self._wakeup_sent
                     self._wakeup_sent = True
@@ -752,16 +782,21 @@ class _HandlerThreads:
                 future.set_exception(exc)
 
     def cancel_waiting(self) -> None:
-        """Cancel the calls no thread took yet (they never run)."""
+        """Take back the calls no thread took yet (they never run): a call with a waiter has
+        both cancelled, one without has its future fail with :class:`NotStarted`."""
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job[0].cancel()
-                if job[4] is not None:
-                    job[4].cancel()
+            if job is None:
+                continue
+            future, waiter = job[0], job[4]
+            if waiter is not None:
+                future.cancel()
+                waiter.cancel()
+            elif not future.done():
+                future.set_exception(NotStarted("no handler thread took the call"))
 
     def shutdown(self) -> None:
         """Cancel the calls no thread took yet; let each thread end once it is done with its

@@ -299,6 +299,71 @@ def test_sync_worker_runs_plain_handlers_in_threads_with_the_current_message() -
     q.close()
 
 
+async def test_a_handler_thread_takes_the_next_message_without_waiting_for_the_loop() -> None:
+    """A plain handler: the received messages waiting for a thread are already in the
+    threads' queue, so a thread that returns runs the next one while the loop is busy (here:
+    blocked until then); the loop only settles the outcomes."""
+    q = jobfence.AsyncQueue(_url(), "ahead", visibility=30)
+    await q.publish_many([{"n": 0}, {"n": 1}], ids=["first", "second"])
+    loop = asyncio.get_running_loop()
+    loop_blocked = threading.Event()
+    second_ran = threading.Event()
+    ran_while_blocked: list[bool] = []
+
+    def block_loop() -> None:
+        loop_blocked.set()
+        ran_while_blocked.append(second_ran.wait(5))
+
+    def handler(message: Any) -> None:
+        if message.id == "first":
+            loop.call_soon_threadsafe(block_loop)
+            assert loop_blocked.wait(10)
+        else:
+            second_ran.set()
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, handle_signals=False)
+    await _run_until(worker, lambda: worker.stats.processed == 2)
+    assert ran_while_blocked == [True]
+    await q.close()
+
+
+async def test_a_handler_thread_runs_no_waiting_message_once_the_worker_is_stopping() -> None:
+    """concurrency=1, prefetch=3: the first handler stops the worker and returns while the
+    loop is busy (blocked until the thread has taken every waiting call); the thread runs
+    none of them, and they go back without using up a delivery."""
+    url = _url()
+    q = jobfence.AsyncQueue(url, "waiting", visibility=30)
+    await q.publish_many([{"n": i} for i in range(4)], ids=[f"w{i}" for i in range(4)])
+    loop = asyncio.get_running_loop()
+    loop_blocked = threading.Event()
+    ran: list[str] = []
+
+    def block_loop() -> None:
+        loop_blocked.set()
+        jobs = worker._pool._jobs  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while not jobs.empty() and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the thread has taken every waiting call
+
+    def handler(message: Any) -> None:
+        ran.append(message.id)
+        if len(ran) == 1:
+            loop.call_soon_threadsafe(block_loop)
+            assert loop_blocked.wait(10)
+            worker.stop()
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, prefetch=3, handle_signals=False)
+    stats = await asyncio.wait_for(worker.run(), 30)
+    assert len(ran) == 1 and stats.processed == 1, (ran, stats)
+    assert stats.given_back == 3 and stats.in_flight == 0
+    back = await q.receive(max_messages=10, wait=2)
+    assert sorted(m.id for m in back) == sorted({f"w{i}" for i in range(4)} - set(ran))
+    assert all(m.delivery == 1 for m in back)  # never ran: not counted
+    for m in back:
+        await m.ack()
+    await q.close()
+
+
 def _spy_on_sync_backend(queue: jobfence.Queue) -> list[tuple[str, int]]:
     """Record the blocking backend's receive and ack calls of ``queue`` (verb, items)."""
     calls: list[tuple[str, int]] = []
