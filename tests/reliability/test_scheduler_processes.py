@@ -25,7 +25,8 @@ and the scheduler's own records say ``fired`` for each); a slot has more than on
 only when an earlier attempt was the killed or frozen pod's, and the slots those pods were
 running were fired by another pod. A live pod's attempt finds its slot applied only where the
 killed or frozen pod made that slot's effect and was stopped before it recorded the fire (a pod
-runs two targets at once when one starts late): the live pod's fire is then recorded.
+runs two targets at once when one starts late), within two slots of the kill or the freeze:
+the live pod's fire is then recorded.
 ``JOBFENCE_PROOF_REPORT=<file>`` appends each run's figures to that file as a JSON line.
 
 The naive control runs three plain per-process loops (sleep to the next second, write the
@@ -239,14 +240,26 @@ def test_killed_and_frozen_pods_every_slot_has_one_effect(
     # an attempt that made no effect is the killed or the frozen pod's, or a live pod's that
     # took over a slot one of those two had applied and not yet recorded as fired when it was
     # killed or frozen (it can run two targets at once, and the signal can land between one's
-    # commit and its record): its claim expired, and the ledger inbox found the slot applied
+    # commit and its record): its claim expired, and the ledger inbox found the slot applied.
+    # Only next to the kill or the freeze: a live pod re-running a slot at any other time is
+    # a slot run twice, which the inbox hid from the effects but not from the attempts.
     wasted = [(slot, pod, applied) for slot, _, pod, applied in attempts if applied is not True]
     assert wasted, "the killed and frozen pods' attempts are in the ledger"
+    slot_ats = {slot: at for slot, at, _, _ in attempts}
+    applied_by = {(slot, pod) for slot, _, pod, applied in attempts if applied is True}
+    moments = {KILLED: slot_ats[killed], STOPPED: slot_ats[stopped]}
     taken_over = [(slot, pod, applied) for slot, pod, applied in wasted if pod not in SPENT]
-    assert all(owner[slot] in SPENT and applied is False for slot, _, applied in taken_over), (
-        taken_over,
-        {slot: owner.get(slot) for slot, _, _ in taken_over},
-    )
+    bad = [
+        (slot, pod, applied, owner.get(slot))
+        for slot, pod, applied in taken_over
+        if not (
+            applied is False
+            and owner.get(slot) in SPENT
+            and (slot, owner[slot]) in applied_by
+            and abs(slot_ats[slot] - moments[owner[slot]]) <= 2
+        )
+    ]
+    assert not bad, (bad, moments)
     assert {slot for slot, _, _ in wasted} >= {killed, stopped}
     # the frozen pod finished the target it was running: claim_in found the slot applied
     assert (stopped, STOPPED, False) in wasted, wasted
