@@ -109,10 +109,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     list, and a worker that runs out takes the back half of another's queue. Slow tests left
     in collection order would sit in whichever chunks hold their modules, and one of them
     started last keeps the whole run waiting for it. So the slow tests, a module's kept
-    together (its module-scoped fixtures, such as a disposable server, start once), are dealt
-    to the chunks' fronts, the largest groups first to the chunk with the fewest; the other
-    tests keep their order. The order is a function of the collection alone, the same in
+    together (its module-scoped fixtures, such as a disposable server, start once for them;
+    a module with fast tests too starts them again for those), are dealt to the chunks'
+    fronts, the largest groups first to the chunk with the fewest; the other tests keep
+    their order. The order is a function of the collection alone, the same in
     every worker, as pytest-xdist requires."""
+    if not hasattr(config, "workerinput"):  # not a pytest-xdist worker (a pytest it runs
+        return  # inherits PYTEST_XDIST_WORKER_COUNT, and keeps its own order)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2:
         return
