@@ -9,9 +9,10 @@ of logic serves both:
 * **bounded concurrency**: at most ``concurrency`` handlers run at once; ``async def``
   handlers run as tasks, plain functions in a pool of ``concurrency`` threads. A handler's
   slot frees as it returns (or raises): its ack (or nack) round trip then goes on beside the
-  next handlers instead of holding the slot. A plain function's received messages (up to
-  ``prefetch``) wait in the threads' queue, so that a thread that returns takes the next one
-  at once; at a stop, those no thread took are given back uncounted;
+  next handlers instead of holding the slot, nor does it hold room from the receives (up to
+  another ``concurrency + prefetch`` messages settling at once). A plain function's received
+  messages (up to ``prefetch``) wait in the threads' queue, so that a thread that returns
+  takes the next one at once; at a stop, those no thread took are given back uncounted;
 * **ack after the handler returns**, never before: a worker that dies mid-message leaves it
   to be redelivered (after ``visibility``, or at once where the server redelivers on
   disconnect);
@@ -110,8 +111,9 @@ class WorkerStats:
       (visibility passed, renewal failed); they are redelivered, not acked;
     * ``given_back`` -- deliveries returned unfinished at shutdown (those whose handler had
       not started are returned uncounted);
-    * ``in_flight`` -- handlers running now (with a plain function, also the received
-      messages waiting in the handler threads' queue for a thread).
+    * ``in_flight`` -- messages started and not yet settled: handlers running now, messages
+      whose ack (or nack) is under way, and, with a plain function, the received messages
+      waiting in the handler threads' queue for a thread.
     """
 
     received: int = 0
@@ -171,7 +173,8 @@ class AsyncWorker:
     exception; ``shutdown_timeout`` how long :meth:`run` lets in-flight handlers finish after
     a stop; ``prefetch`` how many received messages may wait for a free slot (default:
     ``concurrency``): the next batch is received while handlers run, and waiting messages are
-    renewed like running ones and given back at a stop. ``queue``: the
+    renewed like running ones and given back at a stop (messages whose handler returned and
+    whose ack is under way take no room, up to another ``concurrency + prefetch``). ``queue``: the
     :class:`~jobfence.AsyncQueue` to consume; ``concurrency``: how many handlers run at once
     (default 8). ``handle_signals`` (default ``True``): :meth:`run`, in the main thread,
     stops on SIGTERM/SIGINT (a second one gives the in-flight messages back at once).
@@ -341,7 +344,17 @@ class AsyncWorker:
             while not self._stopping.is_set():
                 while buffer and len(self._busy) < starts:
                     self._start(loop, buffer.popleft(), slot_free)
-                room = room_limit - len(self._tasks) - len(buffer) - sum(receiving.values())
+                # a message whose handler returned (its ack, or a guarded function's stored
+                # result, under way) takes no room, up to another ``room_limit`` of them: the
+                # settling round trips overlap the next messages' instead of holding them back
+                settling = len(self._tasks) - len(self._busy)
+                room = (
+                    room_limit
+                    - len(self._busy)
+                    - max(0, settling - room_limit)
+                    - len(buffer)
+                    - sum(receiving.values())
+                )
                 idle = not (self._tasks or buffer or receiving)
                 waiting = idle or drained
                 if (

@@ -5,6 +5,7 @@ to end in the conformance suite; real processes and SIGKILL in tests/acceptance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -105,6 +106,71 @@ async def test_a_slot_frees_when_its_handler_returns_not_when_its_ack_is_answere
         await run
     assert worker.stats.processed == (1 if fail else 2)
     assert worker.stats.retried == (1 if fail else 0)
+
+
+async def test_a_message_whose_ack_is_under_way_takes_no_room_from_the_receives() -> None:
+    """concurrency=1, prefetch=0: room for one message. While the first message's ack is held
+    at the I/O hook, the worker receives and runs the second one (the settling message does not
+    hold the room), and the first is acked once the hook lets it go."""
+    q = jobfence.AsyncQueue(_url(), "settling", visibility=10)
+    await q.publish_many([{"n": 0}, {"n": 1}])
+    second_started = asyncio.Event()
+    held: list[int] = []
+
+    async def hook(point: str, **info: Any) -> None:
+        if point == "queue.ack" and not held:
+            held.append(False)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(second_started.wait(), 5)
+            held[0] = second_started.is_set()  # the second ran while this ack was held
+
+    async def handler(message: Any) -> None:
+        if message.body["n"] == 1:
+            second_started.set()
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, prefetch=0, handle_signals=False)
+    with hooked(hook):
+        await _run_until(worker, lambda: worker.stats.processed == 2)
+    assert held == [True]
+    assert worker.stats.processed == 2 and worker.stats.lost == 0
+    await q.close()
+
+
+async def test_settling_messages_beyond_the_room_hold_back_the_receives() -> None:
+    """The settling messages that take no room are bounded: with every ack held, a worker with
+    room for one (concurrency=1, prefetch=0) runs two messages, then receives no more until an
+    ack is answered; then the rest run and all are acked once."""
+    q = jobfence.AsyncQueue(_url(), "bounded", visibility=10)
+    await q.publish_many([{"n": i} for i in range(5)])
+    release = asyncio.Event()
+    two_held = asyncio.Event()
+    held = 0
+    ran: list[int] = []
+
+    async def hook(point: str, **info: Any) -> None:
+        nonlocal held
+        if point == "queue.ack" and not release.is_set():
+            held += 1
+            if held == 2:
+                two_held.set()
+            await release.wait()
+
+    async def handler(message: Any) -> None:
+        ran.append(message.body["n"])
+
+    worker = jobfence.AsyncWorker(q, handler, concurrency=1, prefetch=0, handle_signals=False)
+    with hooked(hook):
+        run = asyncio.ensure_future(worker.run())
+        await asyncio.wait_for(two_held.wait(), 10)
+        # nothing signals "did not receive": give a wrongly unbounded worker time to run more
+        await asyncio.sleep(0.3)
+        assert len(ran) == 2 and held == 2 and worker.stats.in_flight == 2, (ran, held)
+        release.set()
+        await _run_until_stats(worker, lambda s: s.processed == 5)
+        worker.stop()
+        await run
+    assert sorted(ran) == list(range(5)) and worker.stats.processed == 5
+    await q.close()
 
 
 async def _run_until_stats(worker: jobfence.AsyncWorker, done: Any, limit: float = 20.0) -> None:
