@@ -255,8 +255,9 @@ WHY_NOT = (
         "the claim and the completion run on the worker's loop, batched as `AsyncWorker`'s "
         "(0.25 round trips per message), and the guarded `def` drains at about the rate of "
         "`AsyncWorker` guarded; what remains is the inbox's own work per message (a claim "
-        "and a completion written, on PostgreSQL and SQLite two more commits per batch) "
-        f"({PERF}#workers)",
+        "and a completion written, on PostgreSQL and SQLite two more commits per batch): "
+        "a hand-written consumer pays the same for its mark alone (its ratio is in the "
+        f"figures) ({PERF}#workers)",
     ),
     (
         "add` ≤ 1.1x the hand-written INSERT",
