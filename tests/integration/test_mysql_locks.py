@@ -327,6 +327,45 @@ def test_a_timed_out_waiter_leaves_no_reservation_behind(
     assert again is not None and again.release()
 
 
+async def test_a_waiter_cancelled_before_its_answer_arrives_leaves_no_turn_behind(
+    namespace: str,
+) -> None:
+    """The waiter's acquire makes it next in line on the server, and is cancelled while the
+    answer is held on the way back (a proxy delays it): the cancelled acquire clears the turn,
+    so the name is free for a newcomer once the holder releases it (not held for nobody until
+    the turn's window ends)."""
+    from tests.netproxy import FaultProxy
+
+    name = "job:cut-off"
+    async with jobfence.AsyncLocks(MYSQL_URL, namespace=namespace) as holder:
+        held = await holder.try_acquire(name, ttl=30)
+        assert held is not None
+        with FaultProxy(_U.port or 3306) as proxy:
+            url = proxy.url_for(MYSQL_URL, _U.port or 3306)
+            url += ("&" if "?" in url else "?") + "next_in_line=30"
+            async with jobfence.AsyncLocks(url, namespace=namespace) as waiter:
+                warm = await waiter.try_acquire("job:warm", ttl=5)  # connected, tables ready
+                assert warm is not None and await warm.release()
+                proxy.latency(1.0)  # every chunk held 1 s each way
+                task = asyncio.create_task(waiter.acquire(name, ttl=10, timeout=None))
+                deadline = time.monotonic() + 10
+                while (row := await asyncio.to_thread(_row, namespace, name)) is None or row[
+                    3
+                ] is None:
+                    assert time.monotonic() < deadline, "the waiter never became next in line"
+                    await asyncio.sleep(0.005)
+                assert not task.done()  # the server answered; the answer is still on its way
+                proxy.latency(0.0)  # the cancelled acquire's clean-up goes at once
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        assert _row(namespace, name)[3] is None  # type: ignore[index]
+        assert await held.release()
+        again = await holder.try_acquire(name, ttl=30)
+        assert again is not None, "the cancelled waiter's turn still holds the name"
+        assert await again.release()
+
+
 # -- connection loss -------------------------------------------------------------------------
 def _kill(thread_id: int) -> None:
     conn = _admin()

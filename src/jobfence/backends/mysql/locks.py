@@ -275,6 +275,11 @@ class MySQLLockBackend(LockBackend):
         window = None
         if wait is not None and self.options.next_in_line > 0:
             window = micros(min(self.options.next_in_line, max(wait, 0.001)))
+            # the statement may make this owner next in line on the server and be cut off
+            # before its answer arrives (cancelled, timed out): until the answer says
+            # otherwise, cancel_wait must clear the turn, or it would hold the name free for
+            # nobody until its window ends
+            self._next.add((name, owner))
         _, token, _ = self._execute(
             self.queries["acquire"],
             {
