@@ -322,9 +322,16 @@ class AsyncWorker:
         # receive round trip does not leave slots idle. A receive starts once a quarter of the
         # room is free, so batches stay large.
         room_limit = self.concurrency + self.prefetch
+        # A message whose handler returned (its ack, or a guarded function's stored result,
+        # under way) takes no room, up to another ``room_limit`` of them: the settling round
+        # trips overlap the next messages' instead of holding them back. Not where the server
+        # pushes: its window counts the unacknowledged deliveries, settling ones included.
+        settle_room = room_limit
         try:  # a backend whose server pushes (RabbitMQ) subscribes now
-            await self.queue.backend.stream(room_limit)
+            if await self.queue.backend.stream(room_limit):
+                settle_room = 0
         except Exception as exc:  # the receives will report a broken link again
+            settle_room = 0  # it may subscribe when it connects again
             log.warning("queue %r: subscribing failed: %r", self.queue.name, exc)
         batch = max(1, room_limit // 4)
         buffer: collections.deque[AsyncMessage] = collections.deque()
@@ -344,14 +351,11 @@ class AsyncWorker:
             while not self._stopping.is_set():
                 while buffer and len(self._busy) < starts:
                     self._start(loop, buffer.popleft(), slot_free)
-                # a message whose handler returned (its ack, or a guarded function's stored
-                # result, under way) takes no room, up to another ``room_limit`` of them: the
-                # settling round trips overlap the next messages' instead of holding them back
                 settling = len(self._tasks) - len(self._busy)
                 room = (
                     room_limit
                     - len(self._busy)
-                    - max(0, settling - room_limit)
+                    - max(0, settling - settle_room)
                     - len(buffer)
                     - sum(receiving.values())
                 )

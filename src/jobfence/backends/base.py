@@ -664,12 +664,15 @@ class AsyncQueueBackend(abc.ABC):
         backend can; one bool per item, in order."""
         return [await self.ack(receipt, consumer) for receipt, consumer in items]
 
-    async def stream(self, prefetch: int) -> None:  # noqa: B027 - optional, a no-op by default
+    async def stream(self, prefetch: int) -> bool:
         """A hint from a client that will receive continuously (a worker): a backend whose
         server pushes deliveries may subscribe now, with at most ``prefetch`` deliveries on
         their way to this client, instead of asking for each batch. Deliveries pushed and not
         yet returned by :meth:`receive` are this client's: they go back to the queue when it
-        closes or dies. Backends that pull do nothing."""
+        closes or dies. Returns whether the server pushes from now on (its window, not the
+        client, then bounds the unacknowledged deliveries). Backends that pull do nothing and
+        return ``False``."""
+        return False
 
     async def unstream(self, consumer: str) -> list[QueuedMessage]:
         """Undo :meth:`stream` (the worker stops receiving): unsubscribe, and deliver to

@@ -566,12 +566,14 @@ class AsyncRabbitQueueBackend(AsyncQueueBackend):
 
     # -- receiving ------------------------------------------------------------------------
 
-    async def stream(self, prefetch: int) -> None:
+    async def stream(self, prefetch: int) -> bool:
         """Subscribe this client to the queue with ``prefetch`` (a worker receives
         continuously): from then on the broker pushes deliveries into the client's leftovers
-        and :meth:`receive` takes them from there, with no ``basic.get`` round trips."""
+        and :meth:`receive` takes them from there, with no ``basic.get`` round trips (a link
+        opened again subscribes again)."""
         self._stream_prefetch = max(1, min(int(prefetch), 65535))
         await self._start_stream(await self._connected())
+        return True
 
     async def _start_stream(self, link: _Link) -> None:
         if self._stream_prefetch <= 0 or link.streaming or not link.usable:
