@@ -68,7 +68,8 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
 # Most tests wait on servers, timers and other processes: four pytest-xdist workers
-# (PYTEST_WORKERS; 0 runs in this process) run the 5,142 tests in about 12-13 minutes on 2 cores.
+# (PYTEST_WORKERS; 0 runs in this process) run the 5,145 tests in about 12-13 minutes on 2 cores
+# (16.5 minutes on a machine whose loopback round trips cost about 3x more).
 # A fifth is slower: the CPU-bound tests then crowd out.
 # --dist worksteal: a worker that runs out of tests takes some of another's queue, so the 20-50 s
 # tests do not all wait at the end of one worker's list while the others are idle.
