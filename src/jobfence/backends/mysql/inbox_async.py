@@ -208,17 +208,22 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
                 raise request_timed_out(self.timeouts.request) from exc
             raise
 
-    async def install(self) -> None:
-        # own_cursor: no SHOW WARNINGS for the server's "table already exists" notes
+    async def _statements(self, section: str, tolerated: Callable[[Exception], bool]) -> None:
+        """Run the statements of ``section`` of the SQL file in order, each bounded by the
+        request timeout; an error ``tolerated`` accepts is skipped. ``own_cursor``: no
+        ``SHOW WARNINGS`` for the server's notes ("table already exists" and the like)."""
         async with self._pool.connection() as conn, own_cursor(conn) as cur:
-            for statement in self._sql.statements("schema"):
+            for statement in self._sql.statements(section):
                 try:
                     await self._bounded(partial(cur.execute, statement))
                 except Exception as exc:
-                    # two installs upgrading a version-1 table at once: both read that
-                    # claimed_at is missing, the second ALTER finds it added (1060)
-                    if not _duplicate_column(exc):
+                    if not tolerated(exc):
                         raise
+
+    async def install(self) -> None:
+        # two installs upgrading a version-1 table at once: both read that claimed_at is
+        # missing, the second ALTER finds it added (1060)
+        await self._statements("schema", _duplicate_column)
         self._installed = True
 
     async def claim(self, key: str, owner: str, fingerprint: str | None, ttl: float) -> ClaimRecord:
@@ -294,13 +299,7 @@ class AsyncMySQLInboxBackend(AsyncInboxBackend):
         return count == 1
 
     async def drop(self) -> None:
-        async with self._pool.connection() as conn, conn.cursor() as cur:
-            for statement in self._sql.statements("drop"):
-                try:
-                    await self._bounded(partial(cur.execute, statement))
-                except Exception as exc:
-                    if not is_undefined_table(exc):
-                        raise
+        await self._statements("drop", is_undefined_table)
         self._installed = False
 
     async def close(self) -> None:
