@@ -272,10 +272,12 @@ if ASYNC:  # one spec for both flavours: the async file runs it
 async def test_extend_resets_the_lifetime_and_fails_once_lost(env_async: AsyncEnv) -> None:
     a, b = env_async.client(), env_async.client()
     name = _name()
-    lease = await a.try_acquire(name, ttl=0.5, renew=False)
+    # a ttl the acquire and the extend fit in on a loaded machine (the client counts it
+    # from before the acquire was sent; a slow etcd round trip took more than 0.5 s)
+    lease = await a.try_acquire(name, ttl=2, renew=False)
     assert lease is not None
     await lease.extend(5)
-    await flow_async.sleep(0.7)  # past the original ttl: only the extension keeps it
+    await flow_async.sleep(2.2)  # past the original ttl: only the extension keeps it
     assert not lease.lost
     assert await b.try_acquire(name, ttl=1) is None
     assert await a.force_release(name)

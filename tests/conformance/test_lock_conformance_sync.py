@@ -230,10 +230,12 @@ def test_closing_a_client_takes_its_waiters_out_of_the_queue(env: Env) -> None:
 def test_extend_resets_the_lifetime_and_fails_once_lost(env: Env) -> None:
     a, b = env.client(), env.client()
     name = _name()
-    lease = a.try_acquire(name, ttl=0.5, renew=False)
+    # a ttl the acquire and the extend fit in on a loaded machine (the client counts it
+    # from before the acquire was sent; a slow etcd round trip took more than 0.5 s)
+    lease = a.try_acquire(name, ttl=2, renew=False)
     assert lease is not None
     lease.extend(5)
-    flow.sleep(0.7)  # past the original ttl: only the extension keeps it
+    flow.sleep(2.2)  # past the original ttl: only the extension keeps it
     assert not lease.lost
     assert b.try_acquire(name, ttl=1) is None
     assert a.force_release(name)
